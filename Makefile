@@ -1,0 +1,38 @@
+# deltacoord — the two commands a newcomer needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: test demo lint bench jars venv clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# Reinstall when the project's dependencies change.
+$(STAMP): pyproject.toml | $(BIN)/python
+	@echo "installing deltacoord and its test/dev dependencies into $(VENV) ..."
+	$(BIN)/pip install -q -e '.[test,dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+jars: $(STAMP)
+	$(BIN)/deltacoord jars fetch all
+
+test: jars
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: jars
+	$(BIN)/deltacoord demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check schemas reader writer coordinator tests bench
+	$(BIN)/mypy
+
+bench: jars
+	$(BIN)/deltacoord bench --writers 16 --commits-per-writer 50
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

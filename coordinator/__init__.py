@@ -1,0 +1,1 @@
+"""The commit coordinator: conflict rules, the Kafka loop, publication and its CLI."""

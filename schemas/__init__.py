@@ -1,0 +1,1 @@
+"""Wire contract: Delta actions, Avro messages and shared exceptions."""

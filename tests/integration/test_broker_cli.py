@@ -1,0 +1,64 @@
+"""`deltacoord broker start|status|stop` manages exactly one local broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator.cli", "broker", "--home", str(home), *args],
+        capture_output=True, text=True, timeout=180, env=os.environ.copy(),
+    )
+
+
+def _java_pids_for(home: Path) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(home / "server.properties").encode() in cmd and b"kafka.Kafka" in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_start_status_stop_twice_and_start_is_idempotent(tmp_path: Path) -> None:
+    home = tmp_path / "broker"
+    for _round in range(2):
+        started = _cli(home, "start")
+        assert started.returncode == 0, started.stderr
+        status = _cli(home, "status")
+        assert status.returncode == 0, status.stderr
+        info = json.loads(status.stdout)
+        assert info["running"] is True and info["bootstrap_servers"].startswith("127.0.0.1:")
+        assert Path(info["log_path"]).parent == home
+
+        again = _cli(home, "start")
+        assert again.returncode == 0 and "already running" in again.stdout
+        assert _java_pids_for(home) == [info["pid"]], "a second start must not launch a second broker"
+
+        stopped = _cli(home, "stop")
+        assert stopped.returncode == 0 and "stopped" in stopped.stdout
+        assert _java_pids_for(home) == []
+        after = _cli(home, "status")
+        assert after.returncode == 1 and json.loads(after.stdout)["running"] is False
+
+
+def test_taken_port_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = _cli(tmp_path / "b", "start", "--port", str(port))
+    assert res.returncode != 0
+    assert f"port {port}" in res.stderr and "already in use" in res.stderr

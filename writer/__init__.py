@@ -1,0 +1,1 @@
+"""Writers: the batch client that stages data and proposes commits."""
