@@ -1,0 +1,456 @@
+"""Delta Lake log actions as typed dataclasses, and their exact JSON form.
+
+The JSON form is the one PROTOCOL.md defines for `_delta_log/<version>.json`
+(one action per line, camelCase keys). Serialisation is deterministic so that a
+commit re-published from the commits topic is byte-identical to the first copy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+PartitionValues = Mapping[str, "str | None"]
+
+
+def _compact(d: dict[str, Any]) -> dict[str, Any]:
+    """Drop optional keys whose value is None: Delta omits absent optionals."""
+    return {k: v for k, v in d.items() if v is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class DeletionVector:
+    """Descriptor of a deletion vector attached to a data file."""
+
+    storage_type: str
+    path_or_inline_dv: str
+    size_in_bytes: int
+    cardinality: int
+    offset: int | None = None
+    max_row_index: int | None = None
+
+    def unique_id(self) -> str:
+        """Delta's DV unique id: storage type + path (+ '@offset')."""
+        base = f"{self.storage_type}{self.path_or_inline_dv}"
+        return base if self.offset is None else f"{base}@{self.offset}"
+
+    def to_json(self) -> dict[str, Any]:
+        return _compact(
+            {
+                "storageType": self.storage_type,
+                "pathOrInlineDv": self.path_or_inline_dv,
+                "offset": self.offset,
+                "sizeInBytes": self.size_in_bytes,
+                "cardinality": self.cardinality,
+                "maxRowIndex": self.max_row_index,
+            }
+        )
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> DeletionVector:
+        return DeletionVector(
+            storage_type=d["storageType"],
+            path_or_inline_dv=d["pathOrInlineDv"],
+            offset=d.get("offset"),
+            size_in_bytes=d["sizeInBytes"],
+            cardinality=d["cardinality"],
+            max_row_index=d.get("maxRowIndex"),
+        )
+
+
+def _dv(d: Mapping[str, Any] | None) -> DeletionVector | None:
+    return None if d is None else DeletionVector.from_json(d)
+
+
+@dataclass(frozen=True, slots=True)
+class AddFile:
+    """`add`: a data file that becomes part of the table."""
+
+    path: str
+    partition_values: PartitionValues
+    size: int
+    modification_time: int
+    data_change: bool
+    stats: str | None = None
+    tags: Mapping[str, str] | None = None
+    deletion_vector: DeletionVector | None = None
+    base_row_id: int | None = None
+    default_row_commit_version: int | None = None
+    clustering_provider: str | None = None
+
+    def key(self) -> tuple[str, str | None]:
+        """Logical file key: (path, deletion vector unique id)."""
+        return (self.path, self.deletion_vector.unique_id() if self.deletion_vector else None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "add": _compact(
+                {
+                    "path": self.path,
+                    "partitionValues": dict(self.partition_values),
+                    "size": self.size,
+                    "modificationTime": self.modification_time,
+                    "dataChange": self.data_change,
+                    "stats": self.stats,
+                    "tags": None if self.tags is None else dict(self.tags),
+                    "deletionVector": None if self.deletion_vector is None else self.deletion_vector.to_json(),
+                    "baseRowId": self.base_row_id,
+                    "defaultRowCommitVersion": self.default_row_commit_version,
+                    "clusteringProvider": self.clustering_provider,
+                }
+            )
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> AddFile:
+        return AddFile(
+            path=d["path"],
+            partition_values=dict(d.get("partitionValues") or {}),
+            size=d["size"],
+            modification_time=d["modificationTime"],
+            data_change=d["dataChange"],
+            stats=d.get("stats"),
+            tags=d.get("tags"),
+            deletion_vector=_dv(d.get("deletionVector")),
+            base_row_id=d.get("baseRowId"),
+            default_row_commit_version=d.get("defaultRowCommitVersion"),
+            clustering_provider=d.get("clusteringProvider"),
+        )
+
+    def to_remove(self, deletion_timestamp: int, data_change: bool = True) -> RemoveFile:
+        """The `remove` that logically deletes this file (extended metadata kept)."""
+        return RemoveFile(
+            path=self.path,
+            deletion_timestamp=deletion_timestamp,
+            data_change=data_change,
+            extended_file_metadata=True,
+            partition_values=self.partition_values,
+            size=self.size,
+            stats=self.stats,
+            tags=self.tags,
+            deletion_vector=self.deletion_vector,
+            base_row_id=self.base_row_id,
+            default_row_commit_version=self.default_row_commit_version,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveFile:
+    """`remove`: a data file logically deleted from the table (a tombstone)."""
+
+    path: str
+    deletion_timestamp: int | None
+    data_change: bool
+    extended_file_metadata: bool | None = None
+    partition_values: PartitionValues | None = None
+    size: int | None = None
+    stats: str | None = None
+    tags: Mapping[str, str] | None = None
+    deletion_vector: DeletionVector | None = None
+    base_row_id: int | None = None
+    default_row_commit_version: int | None = None
+
+    def key(self) -> tuple[str, str | None]:
+        return (self.path, self.deletion_vector.unique_id() if self.deletion_vector else None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "remove": _compact(
+                {
+                    "path": self.path,
+                    "deletionTimestamp": self.deletion_timestamp,
+                    "dataChange": self.data_change,
+                    "extendedFileMetadata": self.extended_file_metadata,
+                    "partitionValues": None if self.partition_values is None else dict(self.partition_values),
+                    "size": self.size,
+                    "stats": self.stats,
+                    "tags": None if self.tags is None else dict(self.tags),
+                    "deletionVector": None if self.deletion_vector is None else self.deletion_vector.to_json(),
+                    "baseRowId": self.base_row_id,
+                    "defaultRowCommitVersion": self.default_row_commit_version,
+                }
+            )
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> RemoveFile:
+        pv = d.get("partitionValues")
+        return RemoveFile(
+            path=d["path"],
+            deletion_timestamp=d.get("deletionTimestamp"),
+            data_change=d["dataChange"],
+            extended_file_metadata=d.get("extendedFileMetadata"),
+            partition_values=None if pv is None else dict(pv),
+            size=d.get("size"),
+            stats=d.get("stats"),
+            tags=d.get("tags"),
+            deletion_vector=_dv(d.get("deletionVector")),
+            base_row_id=d.get("baseRowId"),
+            default_row_commit_version=d.get("defaultRowCommitVersion"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AddCDCFile:
+    """`cdc`: a change-data file; never part of a snapshot."""
+
+    path: str
+    partition_values: PartitionValues
+    size: int
+    data_change: bool = False
+    tags: Mapping[str, str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cdc": _compact(
+                {
+                    "path": self.path,
+                    "partitionValues": dict(self.partition_values),
+                    "size": self.size,
+                    "dataChange": self.data_change,
+                    "tags": None if self.tags is None else dict(self.tags),
+                }
+            )
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> AddCDCFile:
+        return AddCDCFile(
+            path=d["path"],
+            partition_values=dict(d.get("partitionValues") or {}),
+            size=d["size"],
+            data_change=d.get("dataChange", False),
+            tags=d.get("tags"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """`metaData`: schema, partitioning and table properties."""
+
+    id: str
+    schema_string: str
+    partition_columns: tuple[str, ...] = ()
+    configuration: Mapping[str, str] = field(default_factory=dict)
+    name: str | None = None
+    description: str | None = None
+    format_provider: str = "parquet"
+    format_options: Mapping[str, str] = field(default_factory=dict)
+    created_time: int | None = None
+
+    def schema(self) -> dict[str, Any]:
+        """The table schema as Delta's JSON struct type."""
+        parsed: dict[str, Any] = json.loads(self.schema_string)
+        return parsed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metaData": _compact(
+                {
+                    "id": self.id,
+                    "name": self.name,
+                    "description": self.description,
+                    "format": {"provider": self.format_provider, "options": dict(self.format_options)},
+                    "schemaString": self.schema_string,
+                    "partitionColumns": list(self.partition_columns),
+                    "configuration": dict(self.configuration),
+                    "createdTime": self.created_time,
+                }
+            )
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Metadata:
+        fmt = d.get("format") or {}
+        return Metadata(
+            id=d["id"],
+            name=d.get("name"),
+            description=d.get("description"),
+            format_provider=fmt.get("provider", "parquet"),
+            format_options=dict(fmt.get("options") or {}),
+            schema_string=d["schemaString"],
+            partition_columns=tuple(d.get("partitionColumns") or ()),
+            configuration=dict(d.get("configuration") or {}),
+            created_time=d.get("createdTime"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Protocol:
+    """`protocol`: reader/writer versions and table features."""
+
+    min_reader_version: int
+    min_writer_version: int
+    reader_features: tuple[str, ...] | None = None
+    writer_features: tuple[str, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "protocol": _compact(
+                {
+                    "minReaderVersion": self.min_reader_version,
+                    "minWriterVersion": self.min_writer_version,
+                    "readerFeatures": None if self.reader_features is None else list(self.reader_features),
+                    "writerFeatures": None if self.writer_features is None else list(self.writer_features),
+                }
+            )
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Protocol:
+        rf = d.get("readerFeatures")
+        wf = d.get("writerFeatures")
+        return Protocol(
+            min_reader_version=d["minReaderVersion"],
+            min_writer_version=d["minWriterVersion"],
+            reader_features=None if rf is None else tuple(rf),
+            writer_features=None if wf is None else tuple(wf),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SetTransaction:
+    """`txn`: the latest version an application (appId) committed."""
+
+    app_id: str
+    version: int
+    last_updated: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"txn": _compact({"appId": self.app_id, "version": self.version, "lastUpdated": self.last_updated})}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> SetTransaction:
+        return SetTransaction(app_id=d["appId"], version=d["version"], last_updated=d.get("lastUpdated"))
+
+
+@dataclass(frozen=True, slots=True)
+class DomainMetadata:
+    """`domainMetadata`: named configuration; `removed` is a tombstone."""
+
+    domain: str
+    configuration: str
+    removed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"domainMetadata": {"domain": self.domain, "configuration": self.configuration, "removed": self.removed}}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> DomainMetadata:
+        return DomainMetadata(domain=d["domain"], configuration=d.get("configuration", ""), removed=d.get("removed", False))
+
+
+@dataclass(frozen=True, slots=True)
+class CommitInfo:
+    """`commitInfo`: free-form provenance; a few keys matter to conflict checks.
+
+    `values` holds the JSON object as written (key order preserved), so fields
+    written by other engines survive a round trip.
+    """
+
+    values: Mapping[str, Any]
+
+    @property
+    def operation(self) -> str | None:
+        op = self.values.get("operation")
+        return op if isinstance(op, str) else None
+
+    @property
+    def txn_id(self) -> str | None:
+        t = self.values.get("txnId")
+        return t if isinstance(t, str) else None
+
+    @property
+    def is_blind_append(self) -> bool:
+        """A missing flag means not blind, as Delta Spark reads it."""
+        return self.values.get("isBlindAppend") is True
+
+    @property
+    def in_commit_timestamp(self) -> int | None:
+        t = self.values.get("inCommitTimestamp")
+        return t if isinstance(t, int) else None
+
+    @property
+    def timestamp(self) -> int | None:
+        t = self.values.get("timestamp")
+        return t if isinstance(t, int) else None
+
+    def with_values(self, **updates: Any) -> CommitInfo:
+        """A copy with keys set (None removes a key)."""
+        merged = dict(self.values)
+        for k, v in updates.items():
+            if v is None:
+                merged.pop(k, None)
+            else:
+                merged[k] = v
+        return CommitInfo(merged)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commitInfo": dict(self.values)}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> CommitInfo:
+        return CommitInfo(dict(d))
+
+
+Action: TypeAlias = AddFile | RemoveFile | AddCDCFile | Metadata | Protocol | SetTransaction | DomainMetadata | CommitInfo
+FileAction: TypeAlias = AddFile | RemoveFile | AddCDCFile
+
+_PARSERS: dict[str, Any] = {
+    "add": AddFile.from_json,
+    "remove": RemoveFile.from_json,
+    "cdc": AddCDCFile.from_json,
+    "metaData": Metadata.from_json,
+    "protocol": Protocol.from_json,
+    "txn": SetTransaction.from_json,
+    "domainMetadata": DomainMetadata.from_json,
+    "commitInfo": CommitInfo.from_json,
+}
+
+#: Action keys that may appear in a log but carry nothing a snapshot needs.
+IGNORED_ACTION_KEYS = frozenset({"checkpointMetadata", "sidecar"})
+
+
+class ActionParseError(ValueError):
+    """A log line is not a Delta action this project understands."""
+
+
+def action_from_json(d: Mapping[str, Any]) -> Action | None:
+    """Parse one JSON action object; None for actions a snapshot ignores."""
+    if len(d) != 1:
+        raise ActionParseError(f"an action line must have exactly one key, got {sorted(d)}")
+    (key, body), = d.items()
+    parser = _PARSERS.get(key)
+    if parser is None:
+        if key in IGNORED_ACTION_KEYS:
+            return None
+        raise ActionParseError(f"unknown action {key!r}")
+    try:
+        return parser(body)  # type: ignore[no-any-return]
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ActionParseError(f"malformed {key!r} action: missing or bad field {e}") from e
+
+
+def commit_to_json_lines(actions: Iterable[Action]) -> bytes:
+    """Serialise a commit file: one compact JSON object per line, newline-terminated."""
+    lines = [json.dumps(a.to_json(), separators=(",", ":"), ensure_ascii=False) for a in actions]
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def parse_commit(data: bytes | str) -> list[Action]:
+    """Parse a commit file's lines into actions (blank lines ignored)."""
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    out: list[Action] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ActionParseError(f"line {lineno} is not JSON: {e}") from e
+        action = action_from_json(obj)
+        if action is not None:
+            out.append(action)
+    return out

@@ -1,0 +1,209 @@
+"""Exceptions shared by writers, readers and the coordinator.
+
+Conflict classes carry Delta Lake's names so users recognise them from Delta's
+documentation. `retryable` says whether re-running the whole operation (read a
+fresh snapshot, redo the work, propose again) may succeed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+
+def format_partition(partition_values: Mapping[str, str | None] | None, partition_columns: tuple[str, ...] | list[str]) -> str | None:
+    """Delta's partition hint, e.g. `[date=2024-01-01, country=US]`; None if unpartitioned."""
+    if not partition_columns or not partition_values:
+        return None
+    parts = []
+    for col in partition_columns:
+        v = partition_values.get(col)
+        parts.append(f"{col}={'null' if v is None else v}")
+    return "[" + ", ".join(parts) + "]"
+
+
+class DeltaCoordError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class DeltaConcurrentModificationException(DeltaCoordError):
+    """A commit lost to a concurrent winning commit.
+
+    Attributes name the winning commit so the message and callers can say what
+    conflicted: its version, its operation and (when known) the partition.
+    """
+
+    retryable: ClassVar[bool] = True
+    error_class: ClassVar[str] = "DELTA_CONCURRENT_MODIFICATION"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        winning_version: int | None = None,
+        winning_operation: str | None = None,
+        partition: str | None = None,
+        table: str | None = None,
+    ) -> None:
+        self.winning_version = winning_version
+        self.winning_operation = winning_operation
+        self.partition = partition
+        self.table = table
+        super().__init__(message or self.default_message())
+
+    @classmethod
+    def conflict_type(cls) -> str:
+        """Class name without the 'Exception' suffix, as Delta reports it."""
+        return cls.__name__.removesuffix("Exception")
+
+    def default_message(self) -> str:
+        return f"{type(self).__name__}: transaction conflict at version {self.winning_version}."
+
+    def _table(self) -> str:
+        return f" to table {self.table}" if self.table else ""
+
+    def _in_partition(self) -> str:
+        return f" in the partition {self.partition}" if self.partition else ""
+
+
+class ConcurrentAppendException(DeltaConcurrentModificationException):
+    """Files were added to data this transaction read."""
+
+    error_class = "DELTA_CONCURRENT_APPEND"
+
+    def default_message(self) -> str:
+        return (
+            f"ConcurrentAppendException: Files were added{self._in_partition()}{self._table()} by a concurrent "
+            f"update ({self.winning_operation or 'TRANSACTION'} committed at version {self.winning_version}). "
+            "The concurrent operation added data that should have been read by this operation. Please try the operation again."
+        )
+
+
+class ConcurrentDeleteReadException(DeltaConcurrentModificationException):
+    """A file this transaction read was deleted concurrently."""
+
+    error_class = "DELTA_CONCURRENT_DELETE_READ"
+
+    def default_message(self) -> str:
+        return (
+            f"ConcurrentDeleteReadException: This transaction attempted to read one or more files that were deleted"
+            f"{self._in_partition()} by a concurrent update ({self.winning_operation or 'TRANSACTION'} committed at "
+            f"version {self.winning_version}). Please try the operation again."
+        )
+
+
+class ConcurrentDeleteDeleteException(DeltaConcurrentModificationException):
+    """A file this transaction deletes was deleted concurrently."""
+
+    error_class = "DELTA_CONCURRENT_DELETE_DELETE"
+
+    def default_message(self) -> str:
+        return (
+            f"ConcurrentDeleteDeleteException: This transaction attempted to delete one or more files that were deleted"
+            f"{self._in_partition()} by a concurrent update ({self.winning_operation or 'TRANSACTION'} committed at "
+            f"version {self.winning_version}). Please try the operation again."
+        )
+
+
+class MetadataChangedException(DeltaConcurrentModificationException):
+    """The table's metadata (schema, partitioning, properties) changed concurrently."""
+
+    error_class = "DELTA_METADATA_CHANGED"
+
+    def default_message(self) -> str:
+        return (
+            f"MetadataChangedException: The metadata of the Delta table{self._table()} has been changed by a concurrent "
+            f"update ({self.winning_operation or 'TRANSACTION'} committed at version {self.winning_version}). "
+            "Please try the operation again."
+        )
+
+
+class ProtocolChangedException(DeltaConcurrentModificationException):
+    """The table's protocol changed concurrently (or two writers created it)."""
+
+    retryable = False
+    error_class = "DELTA_PROTOCOL_CHANGED"
+
+    def default_message(self) -> str:
+        hint = (
+            " This happens when multiple writers are writing to an empty directory. "
+            "Creating the table ahead of time will avoid this conflict."
+            if self.winning_version == 0
+            else ""
+        )
+        return (
+            "ProtocolChangedException: The protocol version of the Delta table has been changed by a concurrent update "
+            f"({self.winning_operation or 'TRANSACTION'} committed at version {self.winning_version}).{hint}"
+        )
+
+
+class ConcurrentTransactionException(DeltaConcurrentModificationException):
+    """Another writer committed with an app id this transaction depends on."""
+
+    retryable = False
+    error_class = "DELTA_CONCURRENT_TRANSACTION"
+
+    def default_message(self) -> str:
+        return (
+            "ConcurrentTransactionException: This error occurs when multiple streaming queries are using the same "
+            "checkpoint to write into this table. Did you run multiple instances of the same streaming query at the "
+            f"same time? (winning commit at version {self.winning_version})"
+        )
+
+
+class ConcurrentWriteException(DeltaConcurrentModificationException):
+    """A generic concurrent write (used where Delta has no finer class)."""
+
+    error_class = "DELTA_CONCURRENT_WRITE"
+
+
+#: Every conflict class by Delta's name, for decoding decisions.
+CONFLICT_CLASSES: dict[str, type[DeltaConcurrentModificationException]] = {
+    c.__name__: c
+    for c in (
+        ConcurrentAppendException,
+        ConcurrentDeleteReadException,
+        ConcurrentDeleteDeleteException,
+        MetadataChangedException,
+        ProtocolChangedException,
+        ConcurrentTransactionException,
+        ConcurrentWriteException,
+    )
+}
+
+
+class InvalidProposalError(DeltaCoordError):
+    """A proposal that can never commit: malformed, unsafe or against the protocol.
+
+    `reason` is a stable machine-readable code (e.g. `PATH_ESCAPES_TABLE`).
+    """
+
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {message}")
+
+
+class DecodeError(DeltaCoordError):
+    """Bytes that are not a valid message of a known schema."""
+
+
+class CommitOutcomeUnknownError(DeltaCoordError):
+    """No decision arrived in time: the proposal may still commit.
+
+    Never treat this as a failure: look the proposal up by id on the commits
+    topic (`deltacoord tail` or `Table.lookup_decision(proposal_id)`).
+    """
+
+    def __init__(self, proposal_id: str, table_id: str, timeout_s: float) -> None:
+        self.proposal_id = proposal_id
+        self.table_id = table_id
+        super().__init__(
+            f"no decision for proposal {proposal_id} on table {table_id} within {timeout_s:.1f}s; the outcome is "
+            f"unknown (it may still commit). Look it up by proposal id on the commits topic."
+        )
+
+
+class TableHaltedError(DeltaCoordError):
+    """The coordinator stopped publishing a table: `_delta_log` disagrees with Kafka."""

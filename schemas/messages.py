@@ -1,0 +1,90 @@
+"""The two messages on the wire: a writer's commit proposal and the coordinator's decision.
+
+A proposal carries exactly what Delta's conflict checker needs about a
+transaction: what it read (version, partition predicates, files, whole table,
+app ids) and what it changes (actions plus commitInfo).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, PartitionValues, RemoveFile
+
+
+@dataclass(frozen=True, slots=True)
+class FileRead:
+    """A data file the transaction scanned, with its partition values."""
+
+    path: str
+    partition_values: PartitionValues = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """A writer's request to commit `actions` on top of `read_version`.
+
+    `read_version` is -1 when the proposal creates the table. `read_predicates`
+    are SQL boolean expressions over partition columns. `actions` never holds
+    the commitInfo: that travels in `commit_info`, whose `txnId` equals
+    `proposal_id`.
+    """
+
+    table_id: str
+    table_uri: str
+    proposal_id: str
+    read_version: int
+    operation: str
+    changes_data: bool
+    actions: tuple[Action, ...]
+    commit_info: CommitInfo
+    read_predicates: tuple[str, ...] = ()
+    read_files: tuple[FileRead, ...] = ()
+    read_whole_table: bool = False
+    read_app_ids: tuple[str, ...] = ()
+    writer: str | None = None
+    operation_parameters: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def is_blind_append(self) -> bool:
+        """Delta's rule: every file action is an add, and nothing was read.
+
+        Non-file actions (txn, metaData) and app-id reads do not count.
+        """
+        only_adds = all(isinstance(a, AddFile) for a in self.actions if isinstance(a, (AddFile, RemoveFile, AddCDCFile)))
+        return only_adds and not (self.read_predicates or self.read_files or self.read_whole_table)
+
+
+class Outcome(StrEnum):
+    COMMITTED = "COMMITTED"
+    REJECTED = "REJECTED"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The coordinator's ruling on one proposal, recorded on the commits topic.
+
+    A committed decision holds the full commit (commitInfo first) exactly as
+    published to `_delta_log/<version>.json`. A rejection names the conflict
+    class (Delta's exception name) or an invalid-input reason code.
+    """
+
+    table_id: str
+    table_uri: str
+    proposal_id: str
+    outcome: Outcome
+    version: int | None = None
+    actions: tuple[Action, ...] = ()
+    error_type: str | None = None
+    error_message: str | None = None
+    reason_code: str | None = None
+    winning_version: int | None = None
+    #: For an already-committed proposal (redelivery), the original version.
+    duplicate_of: int | None = None
+    decided_at_ms: int = 0
+
+    @property
+    def committed(self) -> bool:
+        return self.outcome is Outcome.COMMITTED
