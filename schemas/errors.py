@@ -189,6 +189,10 @@ class DecodeError(DeltaCoordError):
     """Bytes that are not a valid message of a known schema."""
 
 
+class EncodeError(DeltaCoordError, ValueError):
+    """A message that cannot be encoded: a field of the wrong type or out of range."""
+
+
 class CommitOutcomeUnknownError(DeltaCoordError):
     """No decision arrived in time: the proposal may still commit.
 
