@@ -1,0 +1,463 @@
+"""Writing classic (V1) Parquet checkpoints and `_last_checkpoint`.
+
+* `write_checkpoint(table_uri, version, items)` writes `<v>.checkpoint.parquet`
+  from an iterable of reconciled actions and/or Arrow record batches in
+  checkpoint schema, in bounded row groups (ParquetWriter), atomically: a
+  temporary file in `_delta_log` is hard-linked into place, so an existing
+  checkpoint is never overwritten (if one exists with different content it is
+  kept and ours is discarded). Then `_last_checkpoint` is updated unless it
+  already points at a newer version.
+* `checkpoint_actions(table_uri, version)` builds the checkpoint's contents from
+  the previous checkpoint (streamed in batches, filtered with Arrow) plus the
+  JSON commits since it, so memory is bounded by the commits since the last
+  checkpoint, not by the table.
+* `create_checkpoint(table_uri, version)` does both (the daemon's `checkpoint_fn`).
+
+Checkpoint contents per PROTOCOL.md: one protocol, one metaData, live adds,
+unexpired remove tombstones (kept until `deletionTimestamp +
+delta.deletedFileRetentionDuration`, default one week), txns (dropped after
+`delta.setTransactionRetentionDuration` when set), non-removed domainMetadata;
+never commitInfo or cdc. Adds and removes are written with dataChange=false.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeAlias
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from reader.checkpoint import (
+    CHECKPOINT_SCHEMA,
+    DEFAULT_BATCH_ROWS,
+    SMALL_ACTION_COLUMNS,
+    actions_to_record_batch,
+    checkpoint_schema_json,
+    conform_batch,
+    file_key_strings,
+    iter_checkpoint_batches,
+    small_actions_from_table,
+)
+from reader.log import (
+    LAST_CHECKPOINT_NAME,
+    LastCheckpoint,
+    checkpoint_file_name,
+    commit_file_name,
+    list_log,
+    log_dir,
+    log_segment,
+    read_commit,
+    read_last_checkpoint,
+    table_root,
+)
+from reader.snapshot import LogReplayState, Snapshot
+from schemas.actions import (
+    Action,
+    AddFile,
+    DomainMetadata,
+    Metadata,
+    Protocol,
+    RemoveFile,
+    SetTransaction,
+)
+
+DEFAULT_ROW_GROUP_ROWS = 50_000
+#: Python actions are converted to Arrow in small chunks (Arrow rows are far smaller than dicts).
+_ACTIONS_PER_CONVERSION = 8_192
+DEFAULT_TOMBSTONE_RETENTION = "interval 1 week"
+
+CheckpointItem: TypeAlias = Action | pa.RecordBatch
+
+_UNIT_MS = {
+    "nanosecond": 1e-6,
+    "microsecond": 1e-3,
+    "millisecond": 1,
+    "second": 1_000,
+    "minute": 60_000,
+    "hour": 3_600_000,
+    "day": 86_400_000,
+    "week": 604_800_000,
+}
+_INTERVAL_PART = re.compile(r"(-?\d+(?:\.\d+)?)\s*([a-zA-Z]+)")
+
+
+def parse_interval_ms(text: str) -> int:
+    """Milliseconds of a Delta/Spark interval string such as `interval 1 week` or `7 days 12 hours`."""
+    s = text.strip().lower()
+    if s.startswith("interval"):
+        s = s[len("interval") :]
+    total = 0.0
+    matched = False
+    for num, unit in _INTERVAL_PART.findall(s):
+        u = unit.rstrip("s") if unit not in ("ms",) else "millisecond"
+        u = {"sec": "second", "min": "minute", "msec": "millisecond", "usec": "microsecond"}.get(u, u)
+        if u not in _UNIT_MS:
+            raise ValueError(f"unknown interval unit {unit!r} in {text!r}")
+        total += float(num) * _UNIT_MS[u]
+        matched = True
+    if not matched:
+        raise ValueError(f"not an interval: {text!r}")
+    return int(total)
+
+
+def tombstone_retention_ms(metadata: Metadata) -> int:
+    return parse_interval_ms(metadata.configuration.get("delta.deletedFileRetentionDuration") or DEFAULT_TOMBSTONE_RETENTION)
+
+
+def txn_retention_ms(metadata: Metadata) -> int | None:
+    v = metadata.configuration.get("delta.setTransactionRetentionDuration")
+    return None if not v else parse_interval_ms(v)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointResult:
+    version: int
+    path: Path
+    size: int  # rows (actions) in the checkpoint file
+    size_in_bytes: int
+    num_of_add_files: int | None  # None when an existing checkpoint was kept
+    written: bool  # False: a checkpoint for this version already existed and was kept
+    last_checkpoint_updated: bool
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _with_data_change_false(col: pa.Array) -> pa.Array:
+    idx = col.type.get_field_index("dataChange")
+    if idx < 0 or len(col) == 0:
+        return col
+    children = [col.field(i) for i in range(col.type.num_fields)]
+    children[idx] = pa.array([False] * len(col), type=pa.bool_())
+    return pa.StructArray.from_arrays(children, fields=list(col.type), mask=col.is_null() if col.null_count else None)
+
+
+def _normalise_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    b = conform_batch(batch, CHECKPOINT_SCHEMA)
+    cols = list(b.columns)
+    for name in ("add", "remove"):
+        i = CHECKPOINT_SCHEMA.get_field_index(name)
+        if cols[i].null_count < len(cols[i]):
+            cols[i] = _with_data_change_false(cols[i])
+    return pa.RecordBatch.from_arrays(cols, schema=CHECKPOINT_SCHEMA)
+
+
+class _BoundedWriter:
+    """Buffers rows and writes row groups of `row_group_rows` to a ParquetWriter."""
+
+    def __init__(self, path: Path, row_group_rows: int) -> None:
+        self.writer = pq.ParquetWriter(str(path), CHECKPOINT_SCHEMA, compression="snappy")
+        self.row_group_rows = row_group_rows
+        self.batches: list[pa.RecordBatch] = []
+        self.buffered = 0
+        self.rows = 0
+        self.adds = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        self.adds += batch.num_rows - batch.column(CHECKPOINT_SCHEMA.get_field_index("add")).null_count
+        self.batches.append(batch)
+        self.buffered += batch.num_rows
+        while self.buffered >= self.row_group_rows:
+            self._write(self.row_group_rows)
+
+    def _write(self, n: int) -> None:
+        table = pa.Table.from_batches(self.batches, schema=CHECKPOINT_SCHEMA)
+        head = table.slice(0, n)
+        self.writer.write_table(head, row_group_size=n)
+        self.rows += head.num_rows
+        rest = table.slice(n)
+        self.batches = rest.combine_chunks().to_batches() if rest.num_rows else []
+        self.buffered = rest.num_rows
+
+    def close(self) -> None:
+        try:
+            if self.buffered:
+                self._write(self.buffered)
+        finally:
+            self.writer.close()
+
+
+def write_checkpoint(
+    table_uri: str | os.PathLike[str],
+    version: int,
+    items: Iterable[CheckpointItem],
+    *,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+    update_last_checkpoint: bool = True,
+    include_checkpoint_schema: bool = True,
+) -> CheckpointResult:
+    """Write `<version>.checkpoint.parquet` from reconciled actions (and/or checkpoint-schema batches).
+
+    Items may be schema actions (commitInfo/cdc and removed domainMetadata are
+    dropped; adds/removes get dataChange=false) or `pyarrow.RecordBatch`es with
+    checkpoint columns (conformed to the classic schema). The stream must hold
+    exactly one protocol and one metaData. Memory is bounded by
+    `row_group_rows` buffered rows.
+    """
+    if row_group_rows <= 0:
+        raise ValueError("row_group_rows must be positive")
+    root = table_root(table_uri)
+    ld = log_dir(root)
+    if not (ld / commit_file_name(version)).exists():
+        raise FileNotFoundError(f"cannot checkpoint version {version} of {root}: {commit_file_name(version)} does not exist")
+    final = ld / checkpoint_file_name(version)
+    tmp = ld / f".{checkpoint_file_name(version)}.{uuid.uuid4().hex}.tmp"
+    writer = _BoundedWriter(tmp, row_group_rows)
+    protocols = metadatas = 0
+    pending: list[Action] = []
+    try:
+        try:
+            for item in items:
+                if isinstance(item, pa.RecordBatch):
+                    if pending:
+                        writer.add(actions_to_record_batch(pending))
+                        pending = []
+                    b = _normalise_batch(item)
+                    protocols += b.num_rows - b.column(CHECKPOINT_SCHEMA.get_field_index("protocol")).null_count
+                    metadatas += b.num_rows - b.column(CHECKPOINT_SCHEMA.get_field_index("metaData")).null_count
+                    writer.add(b)
+                    continue
+                if isinstance(item, Protocol):
+                    protocols += 1
+                elif isinstance(item, Metadata):
+                    metadatas += 1
+                elif isinstance(item, DomainMetadata) and item.removed:
+                    continue
+                elif not isinstance(item, (AddFile, RemoveFile, SetTransaction, DomainMetadata)):
+                    continue  # commitInfo, cdc
+                pending.append(item)
+                if len(pending) >= _ACTIONS_PER_CONVERSION:
+                    writer.add(actions_to_record_batch(pending))
+                    pending = []
+            if pending:
+                writer.add(actions_to_record_batch(pending))
+                pending = []
+        finally:
+            writer.close()
+        if protocols != 1 or metadatas != 1:
+            raise ValueError(
+                f"a checkpoint needs exactly one protocol and one metaData action, got {protocols} and {metadatas}"
+            )
+        size_in_bytes = tmp.stat().st_size
+        written = _publish(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+    if written:
+        rows, nbytes, nadds = writer.rows, size_in_bytes, writer.adds
+    else:
+        rows, nbytes, nadds = pq.ParquetFile(final).metadata.num_rows, final.stat().st_size, None
+    updated = False
+    if update_last_checkpoint:
+        lc = LastCheckpoint(
+            version=version,
+            size=rows,
+            size_in_bytes=nbytes,
+            num_of_add_files=nadds,
+            checkpoint_schema=checkpoint_schema_json() if (include_checkpoint_schema and written) else None,
+        )
+        updated = write_last_checkpoint(root, lc)
+    return CheckpointResult(
+        version=version,
+        path=final,
+        size=rows,
+        size_in_bytes=nbytes,
+        num_of_add_files=nadds,
+        written=written,
+        last_checkpoint_updated=updated,
+    )
+
+
+def _publish(tmp: Path, final: Path) -> bool:
+    """Move `tmp` to `final` without ever replacing an existing file; True if ours landed."""
+    try:
+        os.link(tmp, final)
+        return True
+    except FileExistsError:
+        # never replace: an identical file counts as ours, a different one is kept as is
+        return filecmp.cmp(tmp, final, shallow=False)
+    except OSError:
+        # filesystems without hard links: exclusive-create a copy, then fill it
+        try:
+            fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as out, open(tmp, "rb") as src:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        return True
+
+
+def write_last_checkpoint(root: Path, lc: LastCheckpoint) -> bool:
+    """Atomically replace `_last_checkpoint` unless it already names a newer version."""
+    current = read_last_checkpoint(root)
+    if current is not None and current.version > lc.version:
+        return False
+    d = log_dir(root)
+    tmp = d / f".{LAST_CHECKPOINT_NAME}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(lc.to_json(), f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, d / LAST_CHECKPOINT_NAME)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+# --------------------------------------------------------------------------- building the contents
+
+
+def _now_ms(now_ms: int | None) -> int:
+    return int(time.time() * 1000) if now_ms is None else now_ms
+
+
+def _keep_txn(t: SetTransaction, cutoff: int | None) -> bool:
+    return cutoff is None or t.last_updated is None or t.last_updated >= cutoff
+
+
+def _unexpired(r: RemoveFile, cutoff: int) -> bool:
+    return (r.deletion_timestamp or 0) > cutoff
+
+
+def checkpoint_actions(
+    table_uri: str | os.PathLike[str],
+    version: int | None = None,
+    *,
+    now_ms: int | None = None,
+    from_checkpoint: bool = True,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+) -> Iterator[CheckpointItem]:
+    """The contents of a checkpoint for `version` (default latest), streamed.
+
+    Starts from the newest checkpoint <= version (unless `from_checkpoint` is
+    False: full JSON replay from version 0), applies the commits after it, and
+    yields protocol, metaData, txns and domains as actions, then the previous
+    checkpoint's adds/unexpired removes not superseded by later commits as
+    Arrow batches of at most `batch_rows` rows, then the commits' live adds and
+    unexpired removes.
+    """
+    root = table_root(table_uri)
+    listing = list_log(root)
+    segment = log_segment(listing, version, use_checkpoint=from_checkpoint)
+    now = _now_ms(now_ms)
+    state = LogReplayState()
+    for _v, p in segment.commits:
+        state.apply(read_commit(p))
+
+    ckpt_protocol: Protocol | None = None
+    ckpt_metadata: Metadata | None = None
+    ckpt_txns: dict[str, SetTransaction] = {}
+    ckpt_domains: dict[str, DomainMetadata] = {}
+    if segment.checkpoint is not None:
+        for batch in iter_checkpoint_batches(segment.checkpoint.paths, SMALL_ACTION_COLUMNS, batch_rows):
+            for a in small_actions_from_table(batch):
+                if isinstance(a, Protocol):
+                    ckpt_protocol = a
+                elif isinstance(a, Metadata):
+                    ckpt_metadata = a
+                elif isinstance(a, SetTransaction):
+                    ckpt_txns[a.app_id] = a
+                elif isinstance(a, DomainMetadata):
+                    ckpt_domains[a.domain] = a
+    protocol = state.protocol or ckpt_protocol
+    metadata = state.metadata or ckpt_metadata
+    if protocol is None or metadata is None:
+        raise ValueError(f"{root}: no protocol/metaData up to version {segment.version}")
+    tomb_cutoff = now - tombstone_retention_ms(metadata)
+    txn_ret = txn_retention_ms(metadata)
+    txn_cutoff = None if txn_ret is None else now - txn_ret
+
+    yield protocol
+    yield metadata
+    txns = {**ckpt_txns, **state.txns}
+    for t in txns.values():
+        if _keep_txn(t, txn_cutoff):
+            yield t
+    domains = {**ckpt_domains, **state.domains}
+    for d in domains.values():
+        if not d.removed:
+            yield d
+
+    touched = pa.array(list(state.files.keys()), type=pa.string())
+    if segment.checkpoint is not None:
+        for batch in iter_checkpoint_batches(segment.checkpoint.paths, ["add", "remove"], batch_rows):
+            add, rem = batch.column(0), batch.column(1)
+            keep_add = pc.and_(add.is_valid(), pc.invert(pc.is_in(file_key_strings(add), value_set=touched)))
+            keep_rem = pc.and_(
+                pc.and_(rem.is_valid(), pc.invert(pc.is_in(file_key_strings(rem), value_set=touched))),
+                pc.greater(rem.field("deletionTimestamp"), pa.scalar(tomb_cutoff, pa.int64())),
+            )
+            mask = pc.fill_null(pc.or_(pc.fill_null(keep_add, False), pc.fill_null(keep_rem, False)), False)
+            out = batch.filter(mask)
+            if out.num_rows:
+                yield out
+    for a in state.files.values():
+        if isinstance(a, AddFile) or (isinstance(a, RemoveFile) and _unexpired(a, tomb_cutoff)):
+            yield a
+
+
+def checkpoint_actions_from_snapshot(snapshot: Snapshot, *, now_ms: int | None = None, batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[CheckpointItem]:
+    """Checkpoint contents of an already-loaded snapshot (live adds streamed as Arrow slices)."""
+    now = _now_ms(now_ms)
+    md = snapshot.metadata
+    tomb_cutoff = now - tombstone_retention_ms(md)
+    txn_ret = txn_retention_ms(md)
+    txn_cutoff = None if txn_ret is None else now - txn_ret
+    yield snapshot.protocol
+    yield md
+    for t in snapshot.txns.values():
+        if _keep_txn(t, txn_cutoff):
+            yield t
+    yield from snapshot.domain_metadata.values()
+    adds = snapshot.add_files_struct()
+    for start in range(0, len(adds), batch_rows):
+        chunk = adds.slice(start, batch_rows)
+        yield pa.RecordBatch.from_arrays([chunk], names=["add"])
+    for r in snapshot.tombstones():
+        if _unexpired(r, tomb_cutoff):
+            yield r
+
+
+def create_checkpoint(
+    table_uri: str | os.PathLike[str],
+    version: int | None = None,
+    *,
+    now_ms: int | None = None,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+) -> CheckpointResult:
+    """Checkpoint `version` (default latest) from the previous checkpoint + commits, then update `_last_checkpoint`."""
+    root = table_root(table_uri)
+    if version is None:
+        latest = list_log(root).latest_commit_version
+        if latest is None:
+            raise FileNotFoundError(f"no commits in {root}")
+        version = latest
+    items = checkpoint_actions(root, version, now_ms=now_ms, batch_rows=min(row_group_rows, DEFAULT_BATCH_ROWS))
+    return write_checkpoint(root, version, items, row_group_rows=row_group_rows)
+
+
+__all__ = [
+    "CheckpointResult",
+    "checkpoint_actions",
+    "checkpoint_actions_from_snapshot",
+    "create_checkpoint",
+    "parse_interval_ms",
+    "write_checkpoint",
+    "write_last_checkpoint",
+]

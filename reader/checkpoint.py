@@ -1,0 +1,633 @@
+"""The classic (V1) Delta checkpoint as Arrow: schema, batched reading, conversions.
+
+`CHECKPOINT_SCHEMA` is the schema Delta Spark writes (all fields nullable,
+maps of string to nullable string, lists of nullable strings). Reading is
+column-projected and batched; every batch is conformed to this schema, so
+checkpoints written by Spark (extra `add.partitionValues_parsed`,
+`add.stats_parsed`, ...), delta-rs (extra `sidecar`, `clusteringProvider`, non-null
+fields) or this project all look the same to callers.
+
+V2 checkpoints (UUID-named `.parquet`/`.json` with `_sidecars/`) are read too:
+their `sidecar` actions are followed and the sidecar files' rows are yielded
+after the checkpoint's own rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from reader.log import parse_commit_lines, table_root
+from schemas.actions import (
+    Action,
+    AddFile,
+    DeletionVector,
+    DomainMetadata,
+    Metadata,
+    Protocol,
+    RemoveFile,
+    SetTransaction,
+)
+
+_STR_MAP = pa.map_(pa.string(), pa.string())
+_STR_LIST = pa.list_(pa.string())
+
+DV_TYPE = pa.struct(
+    [
+        ("storageType", pa.string()),
+        ("pathOrInlineDv", pa.string()),
+        ("offset", pa.int32()),
+        ("sizeInBytes", pa.int32()),
+        ("cardinality", pa.int64()),
+        ("maxRowIndex", pa.int64()),
+    ]
+)
+TXN_TYPE = pa.struct([("appId", pa.string()), ("version", pa.int64()), ("lastUpdated", pa.int64())])
+ADD_TYPE = pa.struct(
+    [
+        ("path", pa.string()),
+        ("partitionValues", _STR_MAP),
+        ("size", pa.int64()),
+        ("modificationTime", pa.int64()),
+        ("dataChange", pa.bool_()),
+        ("tags", _STR_MAP),
+        ("deletionVector", DV_TYPE),
+        ("baseRowId", pa.int64()),
+        ("defaultRowCommitVersion", pa.int64()),
+        ("stats", pa.string()),
+    ]
+)
+REMOVE_TYPE = pa.struct(
+    [
+        ("path", pa.string()),
+        ("deletionTimestamp", pa.int64()),
+        ("dataChange", pa.bool_()),
+        ("extendedFileMetadata", pa.bool_()),
+        ("partitionValues", _STR_MAP),
+        ("size", pa.int64()),
+        ("deletionVector", DV_TYPE),
+        ("baseRowId", pa.int64()),
+        ("defaultRowCommitVersion", pa.int64()),
+    ]
+)
+METADATA_TYPE = pa.struct(
+    [
+        ("id", pa.string()),
+        ("name", pa.string()),
+        ("description", pa.string()),
+        ("format", pa.struct([("provider", pa.string()), ("options", _STR_MAP)])),
+        ("schemaString", pa.string()),
+        ("partitionColumns", _STR_LIST),
+        ("configuration", _STR_MAP),
+        ("createdTime", pa.int64()),
+    ]
+)
+PROTOCOL_TYPE = pa.struct(
+    [
+        ("minReaderVersion", pa.int32()),
+        ("minWriterVersion", pa.int32()),
+        ("readerFeatures", _STR_LIST),
+        ("writerFeatures", _STR_LIST),
+    ]
+)
+DOMAIN_METADATA_TYPE = pa.struct([("domain", pa.string()), ("configuration", pa.string()), ("removed", pa.bool_())])
+
+#: The classic checkpoint schema, column order as Delta Spark writes it.
+CHECKPOINT_SCHEMA = pa.schema(
+    [
+        ("txn", TXN_TYPE),
+        ("add", ADD_TYPE),
+        ("remove", REMOVE_TYPE),
+        ("metaData", METADATA_TYPE),
+        ("protocol", PROTOCOL_TYPE),
+        ("domainMetadata", DOMAIN_METADATA_TYPE),
+    ]
+)
+ACTION_COLUMNS: tuple[str, ...] = tuple(CHECKPOINT_SCHEMA.names)
+SMALL_ACTION_COLUMNS: tuple[str, ...] = ("txn", "metaData", "protocol", "domainMetadata")
+
+DEFAULT_BATCH_ROWS = 65_536
+
+
+class CheckpointReadError(ValueError):
+    """A checkpoint file exists but cannot be read as a Delta checkpoint."""
+
+
+# --------------------------------------------------------------------------- Spark schema JSON
+
+
+def _spark_type(t: pa.DataType) -> Any:
+    if pa.types.is_struct(t):
+        return {
+            "type": "struct",
+            "fields": [
+                {"name": f.name, "type": _spark_type(f.type), "nullable": True, "metadata": {}} for f in t
+            ],
+        }
+    if pa.types.is_map(t):
+        return {"type": "map", "keyType": _spark_type(t.key_type), "valueType": _spark_type(t.item_type),
+                "valueContainsNull": True}
+    if pa.types.is_list(t):
+        return {"type": "array", "elementType": _spark_type(t.value_type), "containsNull": True}
+    simple = {
+        pa.string(): "string",
+        pa.int64(): "long",
+        pa.int32(): "integer",
+        pa.bool_(): "boolean",
+    }
+    if t in simple:
+        return simple[t]
+    raise TypeError(f"no Spark type for {t}")
+
+
+def checkpoint_schema_json(schema: pa.Schema = CHECKPOINT_SCHEMA) -> dict[str, Any]:
+    """Spark StructType JSON of a checkpoint schema (`_last_checkpoint.checkpointSchema`)."""
+    return {
+        "type": "struct",
+        "fields": [{"name": f.name, "type": _spark_type(f.type), "nullable": True, "metadata": {}} for f in schema],
+    }
+
+
+# --------------------------------------------------------------------------- conforming
+
+
+def conform_array(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    """Project/cast `arr` to `target`: struct fields by name (missing ones null, extra ones dropped)."""
+    if arr.type == target:
+        return arr
+    if pa.types.is_struct(target) and pa.types.is_struct(arr.type):
+        names = {arr.type.field(i).name: i for i in range(arr.type.num_fields)}
+        children = []
+        for f in target:
+            idx = names.get(f.name)
+            children.append(pa.nulls(len(arr), f.type) if idx is None else conform_array(arr.field(idx), f.type))
+        mask = arr.is_null() if arr.null_count else None
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
+    if pa.types.is_null(arr.type):
+        return pa.nulls(len(arr), target)
+    return arr.cast(target)
+
+
+def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """A batch with exactly `schema`'s columns (absent ones all-null)."""
+    cols = []
+    for f in schema:
+        idx = batch.schema.get_field_index(f.name)
+        cols.append(pa.nulls(batch.num_rows, f.type) if idx < 0 else conform_array(batch.column(idx), f.type))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def _chunked_conform(col: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
+    if col.type == target:
+        return col
+    return pa.chunked_array([conform_array(c, target) for c in col.chunks], type=target)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _projection(schema: pa.Schema, columns: Sequence[str]) -> tuple[list[str], pa.Schema]:
+    target = pa.schema([CHECKPOINT_SCHEMA.field(c) for c in columns])
+    present = [c for c in columns if schema.get_field_index(c) >= 0]
+    return present, target
+
+
+def _sidecar_dir(path: Path) -> Path:
+    return path.parent / "_sidecars"
+
+
+def _sidecar_paths_from_parquet(pf: pq.ParquetFile, path: Path) -> list[Path]:
+    if pf.schema_arrow.get_field_index("sidecar") < 0:
+        return []
+    col = pf.read(columns=["sidecar"]).column("sidecar")
+    out: list[Path] = []
+    for row in col.to_pylist():
+        if row and row.get("path"):
+            out.append(_resolve_sidecar(path, row["path"]))
+    return out
+
+
+def _resolve_sidecar(checkpoint_path: Path, p: str) -> Path:
+    if "://" in p:
+        return table_root(p)
+    decoded = unquote(p)
+    return Path(decoded) if decoded.startswith("/") else _sidecar_dir(checkpoint_path) / decoded
+
+
+def _json_checkpoint_batches(path: Path, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Rows of a V2 JSON checkpoint (then its sidecars)."""
+    sidecars: list[Path] = []
+    lines: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if '"sidecar"' in line:
+                obj = json.loads(line)
+                if "sidecar" in obj:
+                    sidecars.append(_resolve_sidecar(path, obj["sidecar"]["path"]))
+                    continue
+            lines.append(line)
+            if len(lines) >= batch_rows:
+                yield actions_to_record_batch(parse_commit_lines("".join(lines), source=str(path)), columns=columns)
+                lines = []
+    if lines:
+        yield actions_to_record_batch(parse_commit_lines("".join(lines), source=str(path)), columns=columns)
+    for sc in sidecars:
+        yield from _parquet_batches(sc, columns, batch_rows, follow_sidecars=False)
+
+
+def _parquet_batches(path: Path, columns: Sequence[str], batch_rows: int, *, follow_sidecars: bool = True) -> Iterator[pa.RecordBatch]:
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        raise CheckpointReadError(f"cannot read checkpoint file {path}: {e}") from e
+    present, target = _projection(pf.schema_arrow, columns)
+    sidecars = _sidecar_paths_from_parquet(pf, path) if follow_sidecars else []
+    if present:
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=present, use_threads=True):
+            yield conform_batch(batch, target)
+    else:
+        # none of the requested columns exist: all-null rows keep row counts honest
+        remaining = pf.metadata.num_rows
+        while remaining > 0:
+            n = min(remaining, batch_rows)
+            yield pa.RecordBatch.from_arrays([pa.nulls(n, f.type) for f in target], schema=target)
+            remaining -= n
+    for sc in sidecars:
+        yield from _parquet_batches(sc, columns, batch_rows, follow_sidecars=False)
+
+
+def iter_checkpoint_batches(
+    paths: Iterable[Path], columns: Sequence[str] = ACTION_COLUMNS, batch_rows: int = DEFAULT_BATCH_ROWS
+) -> Iterator[pa.RecordBatch]:
+    """Record batches (at most `batch_rows` rows) of a checkpoint's parts, conformed to `columns`.
+
+    Memory is bounded by one batch (plus Parquet's row-group buffers).
+    """
+    for c in columns:
+        if c not in ACTION_COLUMNS:
+            raise ValueError(f"unknown checkpoint column {c!r}")
+    for p in paths:
+        if p.name.endswith(".json"):
+            yield from _json_checkpoint_batches(p, columns, batch_rows)
+        else:
+            yield from _parquet_batches(p, columns, batch_rows)
+
+
+def read_checkpoint_table(paths: Iterable[Path], columns: Sequence[str] = ACTION_COLUMNS) -> pa.Table:
+    """A whole checkpoint (selected columns) as one Arrow table, read with Parquet's threads."""
+    target = pa.schema([CHECKPOINT_SCHEMA.field(c) for c in columns])
+    tables: list[pa.Table] = []
+    for p in paths:
+        if p.name.endswith(".json"):
+            tables.append(pa.Table.from_batches(list(_json_checkpoint_batches(p, columns, DEFAULT_BATCH_ROWS)), schema=target))
+            continue
+        try:
+            pf = pq.ParquetFile(p)
+            present, _ = _projection(pf.schema_arrow, columns)
+            t = pf.read(columns=present, use_threads=True) if present else None
+            sidecars = _sidecar_paths_from_parquet(pf, p)
+        except (OSError, pa.ArrowException) as e:
+            raise CheckpointReadError(f"cannot read checkpoint file {p}: {e}") from e
+        n = pf.metadata.num_rows
+        cols = []
+        for f in target:
+            if t is not None and t.schema.get_field_index(f.name) >= 0:
+                cols.append(_chunked_conform(t.column(f.name), f.type))
+            else:
+                cols.append(pa.chunked_array([pa.nulls(n, f.type)], type=f.type))
+        tables.append(pa.Table.from_arrays(cols, schema=target))
+        for sc in sidecars:
+            tables.append(pa.Table.from_batches(list(_parquet_batches(sc, columns, DEFAULT_BATCH_ROWS, follow_sidecars=False)), schema=target))
+    if not tables:
+        return target.empty_table()
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def non_null(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """The non-null rows of a struct column as one StructArray."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if col.null_count == 0:
+        return col
+    if col.null_count == len(col):
+        return col.slice(0, 0)
+    return col.filter(col.is_valid())
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def string_array(values: Sequence[str]) -> pa.Array:
+    """A StringArray built from raw buffers (no per-value Python->Arrow conversion, no pandas import)."""
+    encoded = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+    if encoded:
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    data = b"".join(encoded)
+    return pa.StringArray.from_buffers(len(encoded), pa.py_buffer(offsets.tobytes()), pa.py_buffer(data))
+
+
+def key_string(path: str, dv_unique_id: str | None) -> str:
+    """Logical file key as one string (paths never contain NUL)."""
+    return path if dv_unique_id is None else f"{path}\x00{dv_unique_id}"
+
+
+def dv_unique_ids(dv: pa.Array) -> pa.Array:
+    """Delta's DV unique id per row (`<storageType><pathOrInlineDv>[@<offset>]`), null without a DV."""
+    st = dv.field("storageType")
+    p = dv.field("pathOrInlineDv")
+    off = dv.field("offset")
+    base = pc.binary_join_element_wise(st, p, "")
+    with_off = pc.binary_join_element_wise(base, off.cast(pa.string()), "@")
+    uid = pc.if_else(off.is_valid(), with_off, base)
+    return pc.if_else(dv.is_valid(), uid, pa.scalar(None, pa.string()))
+
+
+def file_key_strings(files: pa.Array) -> pa.Array:
+    """`key_string` of every row of an add/remove StructArray."""
+    path = files.field("path")
+    dv = files.field("deletionVector")
+    if dv.null_count == len(dv):
+        return path
+    uid = dv_unique_ids(dv)
+    joined = pc.binary_join_element_wise(path, uid, "\x00")
+    return pc.if_else(uid.is_valid(), joined, path)
+
+
+# --------------------------------------------------------------------------- Arrow -> actions
+
+
+def _map_list(values: list[Any]) -> list[dict[str, Any] | None]:  # map rows arrive as lists of pairs
+    return [None if v is None else dict(v) for v in values]
+
+
+def _dv_list(dv: pa.Array) -> list[DeletionVector | None]:
+    if dv.null_count == len(dv):
+        return [None] * len(dv)
+    out: list[DeletionVector | None] = []
+    for d in dv.to_pylist():
+        out.append(
+            None
+            if d is None
+            else DeletionVector(
+                storage_type=d["storageType"],
+                path_or_inline_dv=d["pathOrInlineDv"],
+                size_in_bytes=d["sizeInBytes"],
+                cardinality=d["cardinality"],
+                offset=d.get("offset"),
+                max_row_index=d.get("maxRowIndex"),
+            )
+        )
+    return out
+
+
+def _field_list(arr: pa.Array, name: str) -> list[Any]:
+    idx = arr.type.get_field_index(name)
+    if idx < 0:
+        return [None] * len(arr)
+    child = arr.field(idx)
+    if child.null_count == len(child):
+        return [None] * len(arr)
+    return list(child.to_pylist())
+
+
+def adds_from_struct(arr: pa.Array) -> list[AddFile]:
+    """AddFiles of a non-null `add` StructArray, built column-wise (fast)."""
+    n = len(arr)
+    if n == 0:
+        return []
+    paths = _field_list(arr, "path")
+    pvs = _map_list(_field_list(arr, "partitionValues"))
+    sizes = _field_list(arr, "size")
+    mtimes = _field_list(arr, "modificationTime")
+    dcs = _field_list(arr, "dataChange")
+    stats = _field_list(arr, "stats")
+    tags = _map_list(_field_list(arr, "tags"))
+    dvs = _dv_list(arr.field("deletionVector")) if arr.type.get_field_index("deletionVector") >= 0 else [None] * n
+    brid = _field_list(arr, "baseRowId")
+    drcv = _field_list(arr, "defaultRowCommitVersion")
+    cprov = _field_list(arr, "clusteringProvider")
+    return [
+        AddFile(
+            path=paths[i],
+            partition_values=pvs[i] or {},
+            size=sizes[i],
+            modification_time=mtimes[i],
+            data_change=bool(dcs[i]),
+            stats=stats[i],
+            tags=tags[i],
+            deletion_vector=dvs[i],
+            base_row_id=brid[i],
+            default_row_commit_version=drcv[i],
+            clustering_provider=cprov[i],
+        )
+        for i in range(n)
+    ]
+
+
+def removes_from_struct(arr: pa.Array) -> list[RemoveFile]:
+    """RemoveFiles of a non-null `remove` StructArray."""
+    n = len(arr)
+    if n == 0:
+        return []
+    paths = _field_list(arr, "path")
+    dts = _field_list(arr, "deletionTimestamp")
+    dcs = _field_list(arr, "dataChange")
+    efm = _field_list(arr, "extendedFileMetadata")
+    pvs = _map_list(_field_list(arr, "partitionValues"))
+    sizes = _field_list(arr, "size")
+    stats = _field_list(arr, "stats")
+    tags = _map_list(_field_list(arr, "tags"))
+    dvs = _dv_list(arr.field("deletionVector")) if arr.type.get_field_index("deletionVector") >= 0 else [None] * n
+    brid = _field_list(arr, "baseRowId")
+    drcv = _field_list(arr, "defaultRowCommitVersion")
+    return [
+        RemoveFile(
+            path=paths[i],
+            deletion_timestamp=dts[i],
+            data_change=bool(dcs[i]),
+            extended_file_metadata=efm[i],
+            partition_values=pvs[i],
+            size=sizes[i],
+            stats=stats[i],
+            tags=tags[i],
+            deletion_vector=dvs[i],
+            base_row_id=brid[i],
+            default_row_commit_version=drcv[i],
+        )
+        for i in range(n)
+    ]
+
+
+def _metadata_from_row(d: dict[str, Any]) -> Metadata:
+    fmt = d.get("format") or {}
+    return Metadata(
+        id=d["id"],
+        name=d.get("name"),
+        description=d.get("description"),
+        format_provider=fmt.get("provider") or "parquet",
+        format_options=dict(fmt.get("options") or []),
+        schema_string=d["schemaString"],
+        partition_columns=tuple(d.get("partitionColumns") or ()),
+        configuration=dict(d.get("configuration") or []),
+        created_time=d.get("createdTime"),
+    )
+
+
+def _protocol_from_row(d: dict[str, Any]) -> Protocol:
+    rf = d.get("readerFeatures")
+    wf = d.get("writerFeatures")
+    return Protocol(
+        min_reader_version=d["minReaderVersion"],
+        min_writer_version=d["minWriterVersion"],
+        reader_features=None if rf is None else tuple(rf),
+        writer_features=None if wf is None else tuple(wf),
+    )
+
+
+def small_actions_from_table(t: pa.Table | pa.RecordBatch) -> list[Action]:
+    """protocol, metaData, txn and domainMetadata actions of a checkpoint table (few rows)."""
+    out: list[Action] = []
+    names = t.schema.names
+    if "protocol" in names:
+        out.extend(_protocol_from_row(d) for d in non_null(t.column("protocol")).to_pylist())
+    if "metaData" in names:
+        out.extend(_metadata_from_row(d) for d in non_null(t.column("metaData")).to_pylist())
+    if "txn" in names:
+        out.extend(
+            SetTransaction(app_id=d["appId"], version=d["version"], last_updated=d.get("lastUpdated"))
+            for d in non_null(t.column("txn")).to_pylist()
+        )
+    if "domainMetadata" in names:
+        out.extend(
+            DomainMetadata(domain=d["domain"], configuration=d.get("configuration") or "", removed=bool(d.get("removed")))
+            for d in non_null(t.column("domainMetadata")).to_pylist()
+        )
+    return out
+
+
+def actions_from_batch(batch: pa.RecordBatch | pa.Table) -> Iterator[Action]:
+    """Every action of a checkpoint batch (column by column, not in row order)."""
+    yield from small_actions_from_table(batch)
+    names = batch.schema.names
+    if "add" in names:
+        yield from adds_from_struct(non_null(batch.column("add")))
+    if "remove" in names:
+        yield from removes_from_struct(non_null(batch.column("remove")))
+
+
+def read_checkpoint_actions(
+    paths: Iterable[Path], columns: Sequence[str] = ACTION_COLUMNS, batch_rows: int = DEFAULT_BATCH_ROWS
+) -> Iterator[Action]:
+    """All actions of a checkpoint, converted batch by batch (bounded memory)."""
+    for batch in iter_checkpoint_batches(paths, columns, batch_rows):
+        yield from actions_from_batch(batch)
+
+
+# --------------------------------------------------------------------------- actions -> Arrow
+
+
+def _dv_dict(dv: DeletionVector | None) -> dict[str, Any] | None:
+    if dv is None:
+        return None
+    return {
+        "storageType": dv.storage_type,
+        "pathOrInlineDv": dv.path_or_inline_dv,
+        "offset": dv.offset,
+        "sizeInBytes": dv.size_in_bytes,
+        "cardinality": dv.cardinality,
+        "maxRowIndex": dv.max_row_index,
+    }
+
+
+def _row(action: Action, checkpoint_form: bool) -> tuple[str, dict[str, Any]] | None:
+    if isinstance(action, AddFile):
+        return "add", {
+            "path": action.path,
+            "partitionValues": dict(action.partition_values),
+            "size": action.size,
+            "modificationTime": action.modification_time,
+            "dataChange": False if checkpoint_form else action.data_change,
+            "tags": None if action.tags is None else dict(action.tags),
+            "deletionVector": _dv_dict(action.deletion_vector),
+            "baseRowId": action.base_row_id,
+            "defaultRowCommitVersion": action.default_row_commit_version,
+            "stats": action.stats,
+        }
+    if isinstance(action, RemoveFile):
+        return "remove", {
+            "path": action.path,
+            "deletionTimestamp": action.deletion_timestamp,
+            "dataChange": False if checkpoint_form else action.data_change,
+            "extendedFileMetadata": action.extended_file_metadata,
+            "partitionValues": None if action.partition_values is None else dict(action.partition_values),
+            "size": action.size,
+            "deletionVector": _dv_dict(action.deletion_vector),
+            "baseRowId": action.base_row_id,
+            "defaultRowCommitVersion": action.default_row_commit_version,
+        }
+    if isinstance(action, Metadata):
+        return "metaData", {
+            "id": action.id,
+            "name": action.name,
+            "description": action.description,
+            "format": {"provider": action.format_provider, "options": dict(action.format_options)},
+            "schemaString": action.schema_string,
+            "partitionColumns": list(action.partition_columns),
+            "configuration": dict(action.configuration),
+            "createdTime": action.created_time,
+        }
+    if isinstance(action, Protocol):
+        rf, wf = action.reader_features, action.writer_features
+        if checkpoint_form:
+            # table-features protocols must carry non-null feature lists in checkpoints
+            if action.min_reader_version >= 3 and rf is None:
+                rf = ()
+            if action.min_writer_version >= 7 and wf is None:
+                wf = ()
+        return "protocol", {
+            "minReaderVersion": action.min_reader_version,
+            "minWriterVersion": action.min_writer_version,
+            "readerFeatures": None if rf is None else list(rf),
+            "writerFeatures": None if wf is None else list(wf),
+        }
+    if isinstance(action, SetTransaction):
+        return "txn", {"appId": action.app_id, "version": action.version, "lastUpdated": action.last_updated}
+    if isinstance(action, DomainMetadata):
+        return "domainMetadata", {"domain": action.domain, "configuration": action.configuration, "removed": action.removed}
+    return None  # commitInfo and cdc never go into a checkpoint
+
+
+def actions_to_record_batch(
+    actions: Sequence[Action], *, columns: Sequence[str] = ACTION_COLUMNS, checkpoint_form: bool = True
+) -> pa.RecordBatch:
+    """One checkpoint row per action (commitInfo/cdc dropped).
+
+    `checkpoint_form` writes dataChange=false for adds/removes and non-null
+    feature lists for table-features protocols, as checkpoints require.
+    """
+    per_col: dict[str, list[dict[str, Any] | None]] = {c: [] for c in columns}
+    n = 0
+    for a in actions:
+        r = _row(a, checkpoint_form)
+        if r is None:
+            continue
+        name, value = r
+        if name not in per_col:
+            continue
+        for c, lst in per_col.items():
+            lst.append(value if c == name else None)
+        n += 1
+    schema = pa.schema([CHECKPOINT_SCHEMA.field(c) for c in columns])
+    if n == 0:
+        return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
+    arrays = [pa.array(per_col[f.name], type=f.type) for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

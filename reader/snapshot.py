@@ -1,0 +1,947 @@
+"""Snapshots of a Delta table reconstructed from `_delta_log` (log replay and time travel).
+
+`Snapshot.load(table_uri, version=None, timestamp=None)` picks the newest
+complete checkpoint at or before the target version, reads it with Arrow
+(only the columns needed) and applies the JSON commits after it, reconciling
+per PROTOCOL.md "Action Reconciliation":
+
+* the latest `protocol` and `metaData` win;
+* the latest `txn` per appId wins;
+* the latest `domainMetadata` per domain wins, `removed=true` drops it;
+* files are keyed by (path, deletion-vector unique id); the newest action for
+  a key decides whether it is live (`add`) or a tombstone (`remove`).
+
+Live files from the checkpoint stay an Arrow StructArray; Python `AddFile`
+objects are only built when `files()` is called. `to_pyarrow()` reads the data
+with partition pruning, partition columns restored with their Delta types and
+deletion vectors applied.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import functools
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from reader.checkpoint import (
+    ADD_TYPE,
+    SMALL_ACTION_COLUMNS,
+    CheckpointReadError,
+    actions_to_record_batch,
+    adds_from_struct,
+    file_key_strings,
+    key_string,
+    non_null,
+    read_checkpoint_table,
+    removes_from_struct,
+    small_actions_from_table,
+    string_array,
+)
+from reader.deletion_vectors import keep_mask, read_deletion_vector
+from reader.log import (
+    CorruptLogError,
+    LogListing,
+    LogSegment,
+    VersionNotFoundError,
+    file_mtime_ms,
+    iter_commits,
+    list_log,
+    log_segment,
+    read_commit_info,
+    resolve_data_path,
+    table_root,
+)
+from schemas.actions import (
+    Action,
+    AddFile,
+    DeletionVector,
+    DomainMetadata,
+    Metadata,
+    Protocol,
+    RemoveFile,
+    SetTransaction,
+)
+from schemas.errors import DeltaCoordError
+
+FileAction: TypeAlias = AddFile | RemoveFile
+TimestampLike: TypeAlias = dt.datetime | dt.date | int | float | str
+FilterTuple: TypeAlias = tuple[str, str, Any]
+Filter: TypeAlias = str | Sequence[FilterTuple] | Sequence[Sequence[FilterTuple]]
+
+#: Reader features this reader honours when reading data.
+SUPPORTED_READER_FEATURES = frozenset(
+    {
+        "deletionVectors",
+        "columnMapping",
+        "timestampNtz",
+        "v2Checkpoint",
+        "vacuumProtocolCheck",
+        "typeWidening",
+        "typeWidening-preview",
+        "catalogManaged",
+        "catalogOwned-preview",
+    }
+)
+
+
+class UnsupportedTableFeatureError(DeltaCoordError, NotImplementedError):
+    """The table uses a feature this reader cannot honour."""
+
+
+# --------------------------------------------------------------------------- Delta schema -> Arrow
+
+
+def delta_type_to_arrow(t: Any) -> pa.DataType:
+    """Arrow type of a Delta schema type (primitive name or complex JSON object)."""
+    if isinstance(t, str):
+        prim = {
+            "string": pa.string(),
+            "long": pa.int64(),
+            "integer": pa.int32(),
+            "short": pa.int16(),
+            "byte": pa.int8(),
+            "float": pa.float32(),
+            "double": pa.float64(),
+            "boolean": pa.bool_(),
+            "binary": pa.binary(),
+            "date": pa.date32(),
+            "timestamp": pa.timestamp("us", tz="UTC"),
+            "timestamp_ntz": pa.timestamp("us"),
+            "void": pa.null(),
+        }
+        if t in prim:
+            return prim[t]
+        if t.startswith("decimal"):
+            inner = t[t.index("(") + 1 : t.index(")")]
+            p, s = (int(x) for x in inner.split(","))
+            return pa.decimal128(p, s)
+        raise UnsupportedTableFeatureError(f"unsupported Delta type {t!r}")
+    kind = t.get("type")
+    if kind == "struct":
+        return pa.struct([_delta_field_to_arrow(f) for f in t["fields"]])
+    if kind == "array":
+        return pa.list_(pa.field("element", delta_type_to_arrow(t["elementType"]), nullable=t.get("containsNull", True)))
+    if kind == "map":
+        return pa.map_(
+            delta_type_to_arrow(t["keyType"]),
+            pa.field("value", delta_type_to_arrow(t["valueType"]), nullable=t.get("valueContainsNull", True)),
+        )
+    raise UnsupportedTableFeatureError(f"unsupported Delta type {t!r}")
+
+
+def _delta_field_to_arrow(f: Mapping[str, Any]) -> pa.Field:
+    return pa.field(f["name"], delta_type_to_arrow(f["type"]), nullable=f.get("nullable", True))
+
+
+def delta_schema_to_arrow(schema: Mapping[str, Any]) -> pa.Schema:
+    """Arrow schema of a Delta struct type (logical column names)."""
+    return pa.schema([_delta_field_to_arrow(f) for f in schema["fields"]])
+
+
+def _physical_name(f: Mapping[str, Any], mode: str) -> str:
+    if mode in ("name", "id"):
+        meta = f.get("metadata") or {}
+        name = meta.get("delta.columnMapping.physicalName")
+        if isinstance(name, str):
+            return name
+    return str(f["name"])
+
+
+# --------------------------------------------------------------------------- partition values
+
+
+def _parse_timestamp(s: str, tz: bool) -> dt.datetime:
+    text = s.strip().replace("T", " ")
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    value = dt.datetime.fromisoformat(text)
+    if tz:
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+    return value.replace(tzinfo=None)
+
+
+def parse_partition_value(s: str | None, t: pa.DataType) -> Any:
+    """The typed value of one serialised partition value (None and '' are null)."""
+    if s is None or s == "":
+        return None
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return s
+    if pa.types.is_integer(t):
+        return int(s)
+    if pa.types.is_floating(t):
+        return float(s)
+    if pa.types.is_boolean(t):
+        low = s.lower()
+        if low not in ("true", "false"):
+            raise ValueError(f"bad boolean partition value {s!r}")
+        return low == "true"
+    if pa.types.is_date(t):
+        return dt.date.fromisoformat(s.strip()[:10])
+    if pa.types.is_timestamp(t):
+        return _parse_timestamp(s, tz=t.tz is not None)
+    if pa.types.is_decimal(t):
+        return decimal.Decimal(s)
+    if pa.types.is_binary(t):
+        return s.encode("utf-8")
+    if pa.types.is_null(t):
+        return None
+    raise UnsupportedTableFeatureError(f"partition column type {t} is not supported")
+
+
+def _typed_partition_array(values: pa.Array, t: pa.DataType) -> pa.Array:
+    """Parse a string array of partition values into type `t` (unique values parsed once)."""
+    if pa.types.is_string(t):
+        return pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
+    enc = pc.dictionary_encode(values)
+    uniq = [parse_partition_value(v, t) for v in enc.dictionary.to_pylist()]
+    typed_dict = pa.array(uniq, type=t)
+    return typed_dict.take(enc.indices)
+
+
+# --------------------------------------------------------------------------- filters
+
+
+def _col_type(schema: pa.Schema, name: str) -> tuple[str, pa.DataType]:
+    idx = schema.get_field_index(name)
+    if idx < 0:
+        lowered = [n for n in schema.names if n.lower() == name.lower()]
+        if len(lowered) != 1:
+            raise ValueError(f"filter references unknown column {name!r}")
+        name = lowered[0]
+        idx = schema.get_field_index(name)
+    return name, schema.field(idx).type
+
+
+def _literal(value: Any, t: pa.DataType) -> pa.Scalar:
+    if value is None:
+        return pa.scalar(None, t)
+    if isinstance(value, str) and not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        return pa.scalar(parse_partition_value(value, t), t)
+    if pa.types.is_timestamp(t) and isinstance(value, dt.datetime):
+        if t.tz is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return pa.scalar(value, t)
+    if pa.types.is_decimal(t) and not isinstance(value, decimal.Decimal):
+        return pa.scalar(decimal.Decimal(str(value)), t)
+    try:
+        return pa.scalar(value, t)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        return pa.scalar(value).cast(t)
+
+
+# A small predicate tree: ("and"|"or", [nodes]) | ("not", node) | ("cmp", op, col, value)
+# | ("in", col, values, negated) | ("isnull", col, negated) | ("const", bool)
+Node = tuple[Any, ...]
+
+_OPS = {"=": "==", "==": "==", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
+def _dnf_to_tree(filters: Sequence[Any]) -> Node:
+    if not filters:
+        return ("const", True)
+    first = filters[0]
+    groups: list[Sequence[FilterTuple]] = list(filters) if isinstance(first, list) else [filters]
+    ors: list[Node] = []
+    for group in groups:
+        ands: list[Node] = []
+        for item in group:
+            if len(item) != 3:
+                raise ValueError(f"a filter predicate is (column, op, value), got {item!r}")
+            col, op, value = item
+            op_l = str(op).lower().strip()
+            if op_l in _OPS:
+                ands.append(("cmp", _OPS[op_l], col, value))
+            elif op_l in ("in", "not in"):
+                ands.append(("in", col, list(value), op_l == "not in"))
+            elif op_l in ("is", "is not") and value is None:
+                ands.append(("isnull", col, op_l == "is not"))
+            else:
+                raise ValueError(f"unsupported filter operator {op!r}")
+        ors.append(("and", ands))
+    return ors[0] if len(ors) == 1 else ("or", ors)
+
+
+def _sql_literal(e: Any) -> Any:
+    from sqlglot import exp
+
+    if isinstance(e, exp.Paren):
+        return _sql_literal(e.this)
+    if isinstance(e, exp.Null):
+        return None
+    if isinstance(e, exp.Boolean):
+        return bool(e.this)
+    if isinstance(e, exp.Literal):
+        if e.is_string:
+            return e.this
+        text = str(e.this)
+        try:
+            return int(text)
+        except ValueError:
+            return decimal.Decimal(text) if "e" not in text.lower() else float(text)
+    if isinstance(e, exp.Neg):
+        v = _sql_literal(e.this)
+        if isinstance(v, (int, float, decimal.Decimal)):
+            return -v
+    if isinstance(e, exp.Cast):
+        return _sql_literal(e.this)
+    raise ValueError(f"unsupported literal in filter: {e.sql()}")
+
+
+def _sql_to_tree(e: Any) -> Node:
+    from sqlglot import exp
+
+    if isinstance(e, exp.Paren):
+        return _sql_to_tree(e.this)
+    if isinstance(e, exp.And):
+        return ("and", [_sql_to_tree(e.this), _sql_to_tree(e.expression)])
+    if isinstance(e, exp.Or):
+        return ("or", [_sql_to_tree(e.this), _sql_to_tree(e.expression)])
+    if isinstance(e, exp.Not):
+        inner = e.this
+        if isinstance(inner, exp.Is):
+            t = _sql_to_tree(inner)
+            return ("isnull", t[1], not t[2])
+        if isinstance(inner, exp.In):
+            t = _sql_to_tree(inner)
+            return ("in", t[1], t[2], not t[3])
+        return ("not", _sql_to_tree(inner))
+    if isinstance(e, exp.Boolean):
+        return ("const", bool(e.this))
+    if isinstance(e, exp.Is):
+        if not isinstance(e.this, exp.Column) or not isinstance(e.expression, exp.Null):
+            raise ValueError(f"unsupported IS predicate: {e.sql()}")
+        return ("isnull", e.this.name, False)
+    if isinstance(e, exp.In):
+        if not isinstance(e.this, exp.Column):
+            raise ValueError(f"unsupported IN predicate: {e.sql()}")
+        return ("in", e.this.name, [_sql_literal(x) for x in e.expressions], False)
+    if isinstance(e, exp.Between):
+        col = e.this
+        if not isinstance(col, exp.Column):
+            raise ValueError(f"unsupported BETWEEN predicate: {e.sql()}")
+        return ("and", [("cmp", ">=", col.name, _sql_literal(e.args["low"])), ("cmp", "<=", col.name, _sql_literal(e.args["high"]))])
+    cmp_ops = {exp.EQ: "==", exp.NEQ: "!=", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
+    flipped = {"==": "==", "!=": "!=", ">": "<", ">=": "<=", "<": ">", "<=": ">="}
+    for cls, op in cmp_ops.items():
+        if isinstance(e, cls):
+            left, right = e.this, e.expression
+            if isinstance(left, exp.Column) and not isinstance(right, exp.Column):
+                return ("cmp", op, left.name, _sql_literal(right))
+            if isinstance(right, exp.Column) and not isinstance(left, exp.Column):
+                return ("cmp", flipped[op], right.name, _sql_literal(left))
+            raise ValueError(f"a comparison must be between a column and a literal: {e.sql()}")
+    raise ValueError(f"unsupported filter expression: {e.sql()}")
+
+
+def filter_to_tree(flt: Filter) -> Node:
+    """Parse a filter (SQL string or DNF tuples) into the predicate tree."""
+    if isinstance(flt, str):
+        import sqlglot
+
+        try:
+            parsed = sqlglot.parse_one(flt, dialect="spark")
+        except sqlglot.errors.ParseError as e:
+            raise ValueError(f"cannot parse filter {flt!r}: {e}") from e
+        return _sql_to_tree(parsed)
+    return _dnf_to_tree(flt)
+
+
+def _tree_columns(node: Node) -> set[str]:
+    kind = node[0]
+    if kind in ("and", "or"):
+        out: set[str] = set()
+        for c in node[1]:
+            out |= _tree_columns(c)
+        return out
+    if kind == "not":
+        return _tree_columns(node[1])
+    if kind == "cmp":
+        return {node[2]}
+    if kind in ("in", "isnull"):
+        return {node[1]}
+    return set()
+
+
+def _implied_by(node: Node, allowed: set[str]) -> Node | None:
+    """A predicate over `allowed` columns only that is TRUE whenever `node` is (None: no such predicate)."""
+    if {c.lower() for c in _tree_columns(node)} <= allowed:
+        return node
+    kind = node[0]
+    if kind == "and":
+        parts = [p for p in (_implied_by(c, allowed) for c in node[1]) if p is not None]
+        return ("and", parts) if parts else None
+    if kind == "or":
+        ors = [_implied_by(c, allowed) for c in node[1]]
+        if any(p is None for p in ors):
+            return None
+        return ("or", [p for p in ors if p is not None])
+    return None
+
+
+def tree_to_expression(node: Node, schema: pa.Schema) -> pc.Expression:
+    kind = node[0]
+    if kind == "const":
+        return pc.scalar(bool(node[1]))
+    if kind in ("and", "or"):
+        children = [tree_to_expression(c, schema) for c in node[1]]
+        if not children:
+            return pc.scalar(kind == "and")
+        out = children[0]
+        for c in children[1:]:
+            out = (out & c) if kind == "and" else (out | c)
+        return out
+    if kind == "not":
+        return ~tree_to_expression(node[1], schema)
+    if kind == "cmp":
+        _, op, col, value = node
+        name, t = _col_type(schema, col)
+        f = pc.field(name)
+        lit = _literal(value, t)
+        if op == "==":
+            return f == lit
+        if op == "!=":
+            return f != lit
+        if op == "<":
+            return f < lit
+        if op == "<=":
+            return f <= lit
+        if op == ">":
+            return f > lit
+        return f >= lit
+    if kind == "in":
+        _, col, values, negated = node
+        name, t = _col_type(schema, col)
+        arr = pa.array([_literal(v, t).as_py() for v in values], type=t)
+        e = pc.field(name).isin(arr)
+        return ~e if negated else e
+    if kind == "isnull":
+        _, col, negated = node
+        name, _t = _col_type(schema, col)
+        e = pc.field(name).is_null()
+        return ~e if negated else e
+    raise ValueError(f"bad predicate node {node!r}")
+
+
+# --------------------------------------------------------------------------- timestamps
+
+
+def to_epoch_ms(ts: TimestampLike) -> int:
+    """Milliseconds since the epoch of a datetime (naive = UTC), a date, an ISO string or ms."""
+    if isinstance(ts, bool):
+        raise TypeError("a timestamp cannot be a bool")
+    if isinstance(ts, (int, float)):
+        return int(ts)
+    if isinstance(ts, str):
+        ts = _parse_timestamp(ts, tz=True)
+    if isinstance(ts, dt.datetime):
+        if ts.tzinfo is None:
+            ts = ts.replace(tzinfo=dt.UTC)
+        return int(ts.timestamp() * 1000)
+    if isinstance(ts, dt.date):
+        return int(dt.datetime(ts.year, ts.month, ts.day, tzinfo=dt.UTC).timestamp() * 1000)
+    raise TypeError(f"unsupported timestamp {ts!r}")
+
+
+def _is_true(v: str | None) -> bool:
+    return v is not None and v.strip().lower() == "true"
+
+
+def ict_enabled(protocol: Protocol, metadata: Metadata) -> bool:
+    """In-commit timestamps are on: writer 7 + `inCommitTimestamp` feature + the table property."""
+    if not _is_true(metadata.configuration.get("delta.enableInCommitTimestamps")):
+        return False
+    return protocol.min_writer_version >= 7 and "inCommitTimestamp" in (protocol.writer_features or ())
+
+
+def _ict_enablement(metadata: Metadata) -> tuple[int, int | None]:
+    conf = metadata.configuration
+    v = conf.get("delta.inCommitTimestampEnablementVersion")
+    t = conf.get("delta.inCommitTimestampEnablementTimestamp")
+    return (int(v) if v else 0), (int(t) if t else None)
+
+
+# --------------------------------------------------------------------------- replay
+
+
+@dataclass
+class LogReplayState:
+    protocol: Protocol | None = None
+    metadata: Metadata | None = None
+    txns: dict[str, SetTransaction] = field(default_factory=dict)
+    domains: dict[str, DomainMetadata] = field(default_factory=dict)
+    files: dict[str, FileAction] = field(default_factory=dict)  # key string -> newest action
+
+    def apply(self, actions: Iterable[Action]) -> None:
+        for a in actions:
+            if isinstance(a, AddFile | RemoveFile):
+                self.files[key_string(*a.key())] = a
+            elif isinstance(a, Metadata):
+                self.metadata = a
+            elif isinstance(a, Protocol):
+                self.protocol = a
+            elif isinstance(a, SetTransaction):
+                self.txns[a.app_id] = a
+            elif isinstance(a, DomainMetadata):
+                self.domains[a.domain] = a
+
+
+def _filter_out_keys(files: pa.Array, keys: Iterable[str]) -> pa.Array:
+    ks = list(keys)
+    if not ks or len(files) == 0:
+        return files
+    key_col = file_key_strings(files)
+    touched = pc.is_in(key_col, value_set=string_array(ks))
+    return files.filter(pc.invert(touched))
+
+
+@dataclass(eq=False)
+class Snapshot:
+    """The state of a table at one version."""
+
+    table_uri: str
+    root: Path
+    version: int
+    protocol: Protocol
+    metadata: Metadata
+    txns: Mapping[str, SetTransaction]
+    domain_metadata: Mapping[str, DomainMetadata]
+    segment: LogSegment = field(repr=False)
+    _checkpoint_adds: pa.Array = field(repr=False)  # live adds from the checkpoint (StructArray of ADD_TYPE)
+    _commit_files: Mapping[str, FileAction] = field(repr=False)  # newest action per key from later commits
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(
+        cls,
+        table_uri: str | os.PathLike[str],
+        version: int | None = None,
+        timestamp: TimestampLike | None = None,
+    ) -> Snapshot:
+        """Reconstruct the table at `version` (default latest) or as of `timestamp`.
+
+        With a timestamp, the snapshot is the newest version whose commit
+        timestamp is <= it (in-commit timestamps when enabled, else monotonised
+        commit-file modification times); a timestamp after the latest commit
+        gives the latest version, one before the earliest commit is an error.
+        """
+        if version is not None and timestamp is not None:
+            raise ValueError("give a version or a timestamp, not both")
+        root = table_root(table_uri)
+        listing = list_log(root)
+        if timestamp is not None:
+            version = _version_at_timestamp(root, listing, to_epoch_ms(timestamp))
+        return cls._load_from_listing(str(table_uri), root, listing, version)
+
+    @classmethod
+    def _load_from_listing(cls, uri: str, root: Path, listing: LogListing, version: int | None, *, with_files: bool = True) -> Snapshot:
+        target = listing.latest_version if version is None else version
+        candidates = listing.checkpoint_candidates(target if target is not None else 0)
+        errors: list[str] = []
+        for cp in [*candidates, None]:
+            try:
+                if cp is None:
+                    segment = log_segment(listing, version, use_checkpoint=False)
+                else:
+                    segment = log_segment(listing, version, checkpoint=cp)
+            except (VersionNotFoundError, CorruptLogError):
+                if cp is None and errors:
+                    raise CorruptLogError(f"cannot load {uri}: " + "; ".join(errors)) from None
+                if cp is None:
+                    raise
+                continue
+            try:
+                return cls._replay(uri, root, segment, with_files=with_files)
+            except CheckpointReadError as e:
+                errors.append(str(e))
+                continue
+        raise CorruptLogError(f"cannot load {uri}: " + "; ".join(errors))
+
+    @classmethod
+    def _replay(cls, uri: str, root: Path, segment: LogSegment, *, with_files: bool = True) -> Snapshot:
+        state = LogReplayState()
+        for _v, actions in iter_commits(segment):
+            state.apply(actions)
+        ckpt_adds: pa.Array = pa.nulls(0, ADD_TYPE)
+        if segment.checkpoint is not None:
+            columns = [*SMALL_ACTION_COLUMNS, "add"] if with_files else list(SMALL_ACTION_COLUMNS)
+            table = read_checkpoint_table(segment.checkpoint.paths, columns)
+            for a in small_actions_from_table(table):
+                if isinstance(a, Protocol):
+                    state.protocol = state.protocol or a
+                elif isinstance(a, Metadata):
+                    state.metadata = state.metadata or a
+                elif isinstance(a, SetTransaction):
+                    state.txns.setdefault(a.app_id, a)
+                elif isinstance(a, DomainMetadata):
+                    state.domains.setdefault(a.domain, a)
+            if with_files:
+                ckpt_adds = _filter_out_keys(non_null(table.column("add")), state.files.keys())
+        if state.protocol is None:
+            raise CorruptLogError(f"{uri}: no protocol action found up to version {segment.version}")
+        if state.metadata is None:
+            raise CorruptLogError(f"{uri}: no metaData action found up to version {segment.version}")
+        return cls(
+            table_uri=uri,
+            root=root,
+            version=segment.version,
+            protocol=state.protocol,
+            metadata=state.metadata,
+            txns=dict(state.txns),
+            domain_metadata={k: d for k, d in state.domains.items() if not d.removed},
+            segment=segment,
+            _checkpoint_adds=ckpt_adds,
+            _commit_files=dict(state.files),
+        )
+
+    # ------------------------------------------------------------------ table state
+
+    @property
+    def partition_columns(self) -> list[str]:
+        return list(self.metadata.partition_columns)
+
+    def properties(self) -> dict[str, str]:
+        return dict(self.metadata.configuration)
+
+    @property
+    def app_versions(self) -> dict[str, int]:
+        """Latest `txn` version per appId."""
+        return {k: t.version for k, t in self.txns.items()}
+
+    @property
+    def domains(self) -> dict[str, str]:
+        """Configuration of every live (non-removed) metadata domain."""
+        return {k: d.configuration for k, d in self.domain_metadata.items()}
+
+    def schema_json(self) -> dict[str, Any]:
+        return self.metadata.schema()
+
+    def schema(self) -> pa.Schema:
+        """The table schema (logical names, partition columns included) as Arrow."""
+        return delta_schema_to_arrow(self.metadata.schema())
+
+    @property
+    def num_files(self) -> int:
+        return len(self._checkpoint_adds) + sum(1 for a in self._commit_files.values() if isinstance(a, AddFile))
+
+    def add_files_struct(self) -> pa.Array:
+        """All live files as one Arrow StructArray (checkpoint `add` column type)."""
+        commit_adds = [a for a in self._commit_files.values() if isinstance(a, AddFile)]
+        if not commit_adds:
+            return self._checkpoint_adds
+        extra = actions_to_record_batch(commit_adds, columns=["add"], checkpoint_form=False).column(0)
+        if len(self._checkpoint_adds) == 0:
+            return extra
+        return pa.concat_arrays([self._checkpoint_adds, extra])
+
+    def files(self) -> list[AddFile]:
+        """The live AddFiles (built once, on first call)."""
+        return list(self._files_cached)
+
+    @functools.cached_property
+    def _files_cached(self) -> tuple[AddFile, ...]:
+        out = adds_from_struct(self._checkpoint_adds)
+        out.extend(a for a in self._commit_files.values() if isinstance(a, AddFile))
+        return tuple(out)
+
+    def file_paths(self) -> list[str]:
+        """`add.path` of every live file (no Python objects built for checkpoint rows)."""
+        paths: list[str] = self._checkpoint_adds.field("path").to_pylist() if len(self._checkpoint_adds) else []
+        paths.extend(a.path for a in self._commit_files.values() if isinstance(a, AddFile))
+        return paths
+
+    def tombstones(self) -> list[RemoveFile]:
+        """Remove tombstones of this version (unexpired or not; expiry is the checkpointer's call)."""
+        out: list[RemoveFile] = []
+        if self.segment.checkpoint is not None:
+            t = read_checkpoint_table(self.segment.checkpoint.paths, ["remove"])
+            removes = _filter_out_keys(non_null(t.column("remove")), self._commit_files.keys())
+            out.extend(removes_from_struct(removes))
+        out.extend(a for a in self._commit_files.values() if isinstance(a, RemoveFile))
+        return out
+
+    # ------------------------------------------------------------------ timestamps and history
+
+    @functools.cached_property
+    def timestamp(self) -> int:
+        """Commit timestamp (ms) of this version: in-commit timestamp when enabled, else the commit file's mtime."""
+        return _commit_timestamp(self.root, self.version, self.protocol, self.metadata, self.segment)
+
+    @property
+    def timestamp_datetime(self) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self.timestamp / 1000, tz=dt.UTC)
+
+    def history(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """commitInfo of each available commit up to this version, newest first, with `version` added."""
+        listing = list_log(self.root)
+        out: list[dict[str, Any]] = []
+        for v in sorted((v for v in listing.commits if v <= self.version), reverse=True):
+            if limit is not None and len(out) >= limit:
+                break
+            path = listing.commits[v]
+            ci = read_commit_info(path)
+            entry: dict[str, Any] = dict(ci.values) if ci is not None else {"timestamp": file_mtime_ms(path)}
+            entry["version"] = v
+            out.append(entry)
+        return out
+
+    # ------------------------------------------------------------------ data
+
+    def check_readable(self) -> None:
+        """Raise if the protocol needs reader features this reader lacks."""
+        p = self.protocol
+        if p.min_reader_version > 3:
+            raise UnsupportedTableFeatureError(f"{self.table_uri}: reader version {p.min_reader_version} is not supported")
+        if p.min_reader_version == 3:
+            missing = sorted(set(p.reader_features or ()) - SUPPORTED_READER_FEATURES)
+            if missing:
+                raise UnsupportedTableFeatureError(f"{self.table_uri}: unsupported reader features {missing}")
+        mode = self._column_mapping_mode()
+        if mode == "id":
+            raise UnsupportedTableFeatureError(f"{self.table_uri}: column mapping mode 'id' is not supported (only 'none' and 'name')")
+
+    def _column_mapping_mode(self) -> str:
+        return (self.metadata.configuration.get("delta.columnMapping.mode") or "none").lower()
+
+    def to_pyarrow(self, columns: Sequence[str] | None = None, filter: Filter | None = None) -> pa.Table:
+        """Read the table's rows as one Arrow table.
+
+        `columns`: logical column names (default all, in schema order).
+        `filter`: a SQL predicate string (`"p = 'a' AND x > 3"`) or DNF tuples
+        (`[("p", "=", "a")]`, or a list of such lists OR-ed together). Conjuncts
+        over partition columns prune files; the whole filter is then applied to
+        the rows.
+        """
+        self.check_readable()
+        schema_json = self.metadata.schema()
+        full_schema = delta_schema_to_arrow(schema_json)
+        mode = self._column_mapping_mode()
+        fields_json = {f["name"]: f for f in schema_json["fields"]}
+        part_cols = list(self.metadata.partition_columns)
+        part_set = {c.lower() for c in part_cols}
+
+        tree = filter_to_tree(filter) if filter is not None else None
+        filter_cols: set[str] = set()
+        if tree is not None:
+            filter_cols = {_col_type(full_schema, c)[0] for c in _tree_columns(tree)}
+
+        out_names = list(full_schema.names) if columns is None else [_col_type(full_schema, c)[0] for c in columns]
+        read_names = list(out_names) + [c for c in full_schema.names if c in filter_cols and c not in out_names]
+        read_schema = pa.schema([full_schema.field(n) for n in read_names])
+
+        adds = self.add_files_struct()
+        n_files = len(adds)
+        # ---- partition values (typed) for pruning and for materialising columns
+        pv_map = adds.field("partitionValues") if n_files else None
+        part_arrays: dict[str, pa.Array] = {}
+        for c in part_cols:
+            phys = _physical_name(fields_json[c], mode) if c in fields_json else c
+            t = full_schema.field(c).type if full_schema.get_field_index(c) >= 0 else pa.string()
+            if n_files and pv_map is not None:
+                raw = pc.map_lookup(pv_map, pa.scalar(phys), "first")
+                part_arrays[c] = _typed_partition_array(raw.cast(pa.string()), t)
+            else:
+                part_arrays[c] = pa.array([], type=t)
+        selected = np.arange(n_files)
+        if tree is not None and part_cols and n_files:
+            pruning = _implied_by(tree, part_set)
+            if pruning is not None:
+                ptable = pa.table({**{c: part_arrays[c] for c in part_cols}, "__file_index": pa.array(np.arange(n_files))})
+                kept = ptable.filter(tree_to_expression(pruning, ptable.schema))
+                selected = kept.column("__file_index").to_numpy()
+
+        # ---- read the selected files
+        paths = adds.field("path").to_pylist() if n_files else []
+        dv_col = adds.field("deletionVector") if n_files else None
+        has_dvs = dv_col is not None and dv_col.null_count < len(dv_col)
+        dv_list: list[Any] = dv_col.to_pylist() if has_dvs and dv_col is not None else []
+        part_values = {c: part_arrays[c].to_pylist() for c in part_cols}
+        data_fields = [(n, fields_json[n]) for n in read_names if n not in part_cols]
+
+        def read_one(i: int) -> pa.Table:
+            dv = dv_list[i] if has_dvs else None
+            path = resolve_data_path(self.root, paths[i])
+            return _read_data_file(
+                path,
+                data_fields,
+                mode,
+                read_schema,
+                {c: part_values[c][i] for c in part_cols},
+                None if dv is None else DeletionVector.from_json(dv),
+                self.root,
+            )
+
+        idx = [int(i) for i in selected]
+        if len(idx) > 1:
+            with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as ex:
+                pieces = list(ex.map(read_one, idx))
+        else:
+            pieces = [read_one(i) for i in idx]
+        result = pa.concat_tables(pieces) if pieces else read_schema.empty_table()
+        if tree is not None:
+            result = result.filter(tree_to_expression(tree, result.schema))
+        return result.select(out_names)
+
+
+def _to_logical(arr: pa.Array, field_json: Mapping[str, Any] | None, target: pa.DataType, mode: str) -> pa.Array:
+    """Cast a file column to its logical type, renaming nested physical fields (column mapping)."""
+    if arr.type == target:
+        return arr
+    if pa.types.is_struct(target) and pa.types.is_struct(arr.type):
+        ftype = field_json.get("type") if field_json else None
+        nested = {f["name"]: f for f in ftype["fields"]} if isinstance(ftype, dict) and ftype.get("type") == "struct" else {}
+        children = []
+        for f in target:
+            fj = nested.get(f.name)
+            phys = _physical_name(fj, mode) if fj else f.name
+            idx = arr.type.get_field_index(phys)
+            children.append(pa.nulls(len(arr), f.type) if idx < 0 else _to_logical(arr.field(idx), fj, f.type, mode))
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=arr.is_null() if arr.null_count else None)
+    if pa.types.is_timestamp(target) and pa.types.is_timestamp(arr.type):
+        if arr.type.tz is None and target.tz is not None:
+            arr = pc.assume_timezone(arr, "UTC") if arr.type.unit == target.unit else pc.assume_timezone(arr.cast(pa.timestamp(target.unit)), "UTC")
+        return arr.cast(target, safe=False)
+    return arr.cast(target)
+
+
+def _read_data_file(
+    path: Path,
+    data_fields: Sequence[tuple[str, Mapping[str, Any]]],
+    mode: str,
+    read_schema: pa.Schema,
+    partition_values: Mapping[str, Any],
+    dv: DeletionVector | None,
+    root: Path,
+) -> pa.Table:
+    try:
+        pf = pq.ParquetFile(path, coerce_int96_timestamp_unit="us")
+    except FileNotFoundError:
+        raise CorruptLogError(f"data file {path} of the snapshot does not exist") from None
+    file_names = set(pf.schema_arrow.names)
+    phys_names = {name: _physical_name(fj, mode) for name, fj in data_fields}
+    want = [p for p in phys_names.values() if p in file_names]
+    t = pf.read(columns=want, use_threads=False)
+    n = pf.metadata.num_rows
+    mask: Any = None
+    if dv is not None:
+        mask = pa.array(keep_mask(n, read_deletion_vector(root, dv)))
+    cols: list[pa.Array] = []
+    for f in read_schema:
+        if f.name in partition_values:
+            v = partition_values[f.name]
+            cols.append(pa.nulls(n, f.type) if v is None else pa.nulls(n, f.type).fill_null(pa.scalar(v, f.type)))
+            continue
+        phys = phys_names[f.name]
+        if phys in file_names:
+            col = t.column(phys)
+            arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+            fj = next(fj for name, fj in data_fields if name == f.name)
+            cols.append(_to_logical(arr, fj, f.type, mode))
+        else:
+            cols.append(pa.nulls(n, f.type))
+    out = pa.Table.from_arrays(cols, schema=read_schema)
+    if mask is not None:
+        out = out.filter(mask)
+    return out
+
+
+# --------------------------------------------------------------------------- commit timestamps
+
+
+def _commit_timestamp(root: Path, version: int, protocol: Protocol, metadata: Metadata, segment: LogSegment | None = None) -> int:
+    listing_path = root / "_delta_log" / f"{version:020d}.json"
+    if ict_enabled(protocol, metadata):
+        ev, _et = _ict_enablement(metadata)
+        if version >= ev:
+            try:
+                ci = read_commit_info(listing_path)
+            except FileNotFoundError:
+                ci = None
+            if ci is not None and ci.in_commit_timestamp is not None:
+                return ci.in_commit_timestamp
+    try:
+        return file_mtime_ms(listing_path)
+    except FileNotFoundError:
+        if segment is not None and segment.checkpoint is not None and segment.checkpoint.version == version:
+            return file_mtime_ms(segment.checkpoint.paths[0])
+        raise VersionNotFoundError(f"commit {version} of {root} is not available to read its timestamp") from None
+
+
+def _version_at_timestamp(root: Path, listing: LogListing, ts_ms: int) -> int:
+    """Newest version whose commit timestamp is <= ts_ms."""
+    latest = Snapshot._load_from_listing(str(root), root, listing, None, with_files=False)
+    versions = sorted(listing.commits)
+    if not versions:
+        raise VersionNotFoundError(f"{root}: no commit files to resolve a timestamp against")
+    use_ict = ict_enabled(latest.protocol, latest.metadata)
+    ev, et = _ict_enablement(latest.metadata) if use_ict else (versions[-1] + 1, None)
+    if use_ict and (et is None or ts_ms >= et or ev <= versions[0]):
+        cands = [v for v in versions if v >= ev]
+
+        def ict(v: int) -> int:
+            ci = read_commit_info(listing.commits[v])
+            if ci is None or ci.in_commit_timestamp is None:
+                return file_mtime_ms(listing.commits[v])
+            return ci.in_commit_timestamp
+
+        lo, hi = 0, len(cands)
+        while lo < hi:  # first candidate with ts > ts_ms
+            mid = (lo + hi) // 2
+            if ict(cands[mid]) <= ts_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == 0:
+            if ev > versions[0]:
+                # before ICT enablement: fall through to file times of the older commits
+                pass
+            else:
+                raise VersionNotFoundError(
+                    f"timestamp {ts_ms} is before the earliest available commit (version {cands[0]}, ts {ict(cands[0])})"
+                )
+        else:
+            return cands[lo - 1]
+    older = [v for v in versions if v < ev]
+    best: int | None = None
+    prev = -(2**63)
+    earliest_ts: int | None = None
+    for v in older:
+        t = max(file_mtime_ms(listing.commits[v]), prev + 1)  # monotonise like Delta's history manager
+        prev = t
+        if earliest_ts is None:
+            earliest_ts = t
+        if t <= ts_ms:
+            best = v
+        else:
+            break
+    if best is None:
+        raise VersionNotFoundError(f"timestamp {ts_ms} is before the earliest available commit (ts {earliest_ts})")
+    return best
+
+
+def load_snapshot(table_uri: str | os.PathLike[str], version: int | None = None, timestamp: TimestampLike | None = None) -> Snapshot:
+    """Alias of `Snapshot.load`."""
+    return Snapshot.load(table_uri, version=version, timestamp=timestamp)
+
+
+__all__ = [
+    "Snapshot",
+    "UnsupportedTableFeatureError",
+    "delta_schema_to_arrow",
+    "delta_type_to_arrow",
+    "filter_to_tree",
+    "load_snapshot",
+    "parse_partition_value",
+    "to_epoch_ms",
+]
