@@ -1,0 +1,505 @@
+"""The pure decision function: check a proposal against the commits it did not see.
+
+`decide(state, proposal, now_ms)` = redelivery check + validation + window
+lookup + `check`. `check` follows Delta Spark's ConflictChecker, winner by
+winner in version order, first failure wins:
+
+    protocol -> metadata -> domain metadata -> app ids -> appends
+             -> delete-read -> delete-delete
+
+Isolation. The table's `delta.isolationLevel` (default WriteSerializable, as
+the Databricks documentation states; Delta OSS defaults to Serializable) is
+downgraded to SnapshotIsolation exactly as Delta's
+`canDowngradeToSnapshotIsolation`: every own action is a file action with
+dataChange=false (or there are none; a `delta.rowTracking` domainMetadata is
+allowed), and at WriteSerializable the operation does not change data.
+
+Deliberate choices where this engine is stricter than Delta Spark (the seed
+documents state that metadata and protocol changes fail concurrent writes):
+
+* any winner `protocol` fails the transaction with ProtocolChangedException
+  (Spark lets a transaction without its own protocol action adopt a winner
+  that only adds features);
+* any winner `metaData` fails it with MetadataChangedException (Spark has an
+  allow-list of config-only changes such as enabling row tracking, deletion
+  vectors or in-commit timestamps; delta-rs and Kernel fail on any metaData);
+* a winner and the current transaction both writing `delta.rowTracking` domain
+  metadata is a retryable ConcurrentWriteException: Spark resolves it by
+  re-assigning row ids, a rewrite this engine does not do.
+
+Rebase never re-runs the query: the accepted commit is the proposal's actions
+at head+1 with commitInfo first (readVersion, isolationLevel, isBlindAppend,
+txnId, operation, operationParameters, timestamp, and inCommitTimestamp when
+in-commit timestamps are enabled), identical SetTransactions de-duplicated,
+and the ICT enablement version/timestamp moved to the real version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator.predicates import (
+    PartitionSchema,
+    Row,
+    compile_read_predicates,
+    partition_schema,
+    row_of,
+    row_to_mapping,
+)
+from coordinator.state import TableState, WindowExceededError, WinningCommit
+from coordinator.validate import check_txn_versions, table_isolation_level, validate_proposal
+from schemas.actions import (
+    Action,
+    AddCDCFile,
+    AddFile,
+    CommitInfo,
+    DomainMetadata,
+    Metadata,
+    Protocol,
+    RemoveFile,
+    SetTransaction,
+)
+from schemas.errors import (
+    ConcurrentAppendException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentDeleteReadException,
+    ConcurrentTransactionException,
+    ConcurrentWriteException,
+    DeltaConcurrentModificationException,
+    DeltaCoordError,
+    InvalidProposalError,
+    MetadataChangedException,
+    ProtocolChangedException,
+    format_partition,
+)
+from schemas.messages import Proposal
+
+SERIALIZABLE = "Serializable"
+WRITE_SERIALIZABLE = "WriteSerializable"
+SNAPSHOT_ISOLATION = "SnapshotIsolation"
+ROW_TRACKING_DOMAIN = "delta.rowTracking"
+ICT_ENABLED_KEY = "delta.enableInCommitTimestamps"
+ICT_ENABLEMENT_VERSION_KEY = "delta.inCommitTimestampEnablementVersion"
+ICT_ENABLEMENT_TIMESTAMP_KEY = "delta.inCommitTimestampEnablementTimestamp"
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The proposal commits as `version`; `actions` is the commit, commitInfo first."""
+
+    version: int
+    actions: tuple[Action, ...]
+
+    @property
+    def commit_info(self) -> CommitInfo:
+        ci = self.actions[0]
+        assert isinstance(ci, CommitInfo)
+        return ci
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The proposal does not commit: a Delta conflict or an InvalidProposalError."""
+
+    error: DeltaCoordError
+    winning_version: int | None
+
+    @property
+    def retryable(self) -> bool:
+        return bool(getattr(self.error, "retryable", False))
+
+    @property
+    def reason(self) -> str:
+        """Delta's exception name for a conflict, the reason code for invalid input."""
+        if isinstance(self.error, InvalidProposalError):
+            return self.error.reason
+        return type(self.error).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """The proposal id already committed at `version` (a redelivery)."""
+
+    version: int
+
+
+# ---------------------------------------------------------------------------
+# Isolation level
+# ---------------------------------------------------------------------------
+
+
+def can_downgrade_to_snapshot_isolation(actions: Sequence[Action], changes_data: bool, level: str) -> bool:
+    """Delta's rule, evaluated on the transaction's own actions (commitInfo excluded)."""
+    for a in actions:
+        if isinstance(a, (AddFile, RemoveFile, AddCDCFile)):
+            if a.data_change:
+                return False
+        elif isinstance(a, DomainMetadata) and a.domain == ROW_TRACKING_DOMAIN:
+            continue
+        else:
+            return False  # txn, metaData, protocol, other domains: never downgraded
+    if level == SERIALIZABLE:
+        return True
+    if level == WRITE_SERIALIZABLE:
+        return not changes_data
+    return False
+
+
+def isolation_level_to_use(proposal: Proposal, metadata: Metadata | None) -> str:
+    """The level a proposal is checked (and recorded) at."""
+    level = table_isolation_level(metadata)
+    if can_downgrade_to_snapshot_isolation(proposal.actions, proposal.changes_data, level):
+        return SNAPSHOT_ISOLATION
+    return level
+
+
+# ---------------------------------------------------------------------------
+# Conflict check
+# ---------------------------------------------------------------------------
+
+
+class _Conflict(Exception):
+    def __init__(self, error: DeltaConcurrentModificationException, version: int | None) -> None:
+        self.error = error
+        self.version = version
+
+
+def _hint(pv: Mapping[str, str | None] | None, schema: PartitionSchema) -> str | None:
+    if not schema:
+        return None
+    return format_partition(row_to_mapping(row_of(pv, schema), schema), [c.name for c in schema])
+
+
+def _row_hint(row: Row, schema: PartitionSchema) -> str | None:
+    if not schema:
+        return None
+    return format_partition(row_to_mapping(row, schema), [c.name for c in schema])
+
+
+class _Current:
+    """What the conflict checks need about the proposal, computed once."""
+
+    __slots__ = (
+        "blind",
+        "domains",
+        "has_metadata",
+        "has_protocol",
+        "level",
+        "matcher",
+        "new_metadata",
+        "read_app_ids",
+        "read_files",
+        "read_paths",
+        "read_schema",
+        "remove_pvs",
+        "whole_table",
+    )
+
+    def __init__(self, state: TableState, winners: Sequence[WinningCommit], proposal: Proposal) -> None:
+        new_metadata: Metadata | None = None
+        has_protocol = False
+        domains: set[str] = set()
+        remove_pvs: dict[str, Mapping[str, str | None] | None] = {}
+        for a in proposal.actions:
+            if isinstance(a, RemoveFile):
+                remove_pvs.setdefault(a.path, a.partition_values)
+            elif isinstance(a, Metadata):
+                new_metadata = a
+            elif isinstance(a, Protocol):
+                has_protocol = True
+            elif isinstance(a, DomainMetadata):
+                domains.add(a.domain)
+        self.new_metadata = new_metadata
+        self.has_metadata = new_metadata is not None
+        self.has_protocol = has_protocol
+        self.domains = frozenset(domains)
+        self.remove_pvs = remove_pvs
+        read_md = winners[0].prior_metadata if winners else state.metadata
+        if proposal.read_version < 0:
+            read_md = new_metadata
+        self.read_schema: PartitionSchema = partition_schema(read_md)
+        self.level = isolation_level_to_use(proposal, new_metadata if new_metadata is not None else read_md)
+        self.blind = proposal.is_blind_append
+        self.whole_table = proposal.read_whole_table
+        self.read_files = proposal.read_files
+        self.read_paths = frozenset(f.path for f in proposal.read_files)
+        self.read_app_ids = frozenset(proposal.read_app_ids)
+        # Compiled only when the append check can use it (never for blind appends or SnapshotIsolation).
+        self.matcher = (
+            compile_read_predicates(proposal.read_predicates, self.read_schema)
+            if self.read_schema
+            and not self.whole_table
+            and not self.blind
+            and self.level != SNAPSHOT_ISOLATION
+            and proposal.read_predicates
+            else None
+        )
+
+
+def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
+    v = w.version
+    op = w.operation
+    # 1. protocol
+    if w.protocol is not None:
+        raise _Conflict(ProtocolChangedException(winning_version=v, winning_operation=op, table=table), v)
+    # 2. metadata
+    if w.metadata is not None:
+        raise _Conflict(MetadataChangedException(winning_version=v, winning_operation=op, table=table), v)
+    # 3. domain metadata
+    if cur.domains and w.domains:
+        both = cur.domains & w.domains
+        if both:
+            domain = min(both)
+            if domain == ROW_TRACKING_DOMAIN and len(both) == 1:
+                raise _Conflict(
+                    ConcurrentWriteException(
+                        f"ConcurrentWriteException: a concurrent update ({op or 'TRANSACTION'} committed at version "
+                        f"{v}) also assigned row ids (domain {ROW_TRACKING_DOMAIN}); this coordinator does not "
+                        "re-assign row ids. Please try the operation again.",
+                        winning_version=v,
+                        winning_operation=op,
+                        table=table,
+                    ),
+                    v,
+                )
+            domain = min(both - {ROW_TRACKING_DOMAIN})
+            raise _Conflict(
+                ConcurrentTransactionException(
+                    f"A conflicting metadata domain {domain} is added.",
+                    winning_version=v,
+                    winning_operation=op,
+                    table=table,
+                ),
+                v,
+            )
+    # 4. app ids the transaction read
+    if cur.read_app_ids and not w.app_ids.isdisjoint(cur.read_app_ids):
+        raise _Conflict(ConcurrentTransactionException(winning_version=v, winning_operation=op, table=table), v)
+    # 5. appends
+    if (
+        w.partition_rows
+        and not cur.blind
+        and cur.level != SNAPSHOT_ISOLATION
+        and (not w.is_blind_append or cur.level == SERIALIZABLE or cur.has_metadata)
+    ):
+        schema = cur.read_schema
+        hit: Row | None = None
+        rows = w.partition_rows if w.partition_schema == schema else _rows_for(w, schema)
+        if cur.whole_table or not schema:
+            hit = rows[0]
+        else:
+            matcher = cur.matcher  # None: no read predicates, nothing matches (Spark)
+            if matcher is not None and not matcher.matches_none:
+                for row in rows:
+                    if matcher(row):
+                        hit = row
+                        break
+        if hit is not None:
+            raise _Conflict(
+                ConcurrentAppendException(
+                    winning_version=v, winning_operation=op, partition=_row_hint(hit, schema), table=table
+                ),
+                v,
+            )
+    removed = w.removed_paths
+    if removed:
+        # 6. delete-read
+        if cur.read_paths and not removed.isdisjoint(cur.read_paths):
+            first = next(f for f in cur.read_files if f.path in removed)
+            raise _Conflict(
+                ConcurrentDeleteReadException(
+                    winning_version=v,
+                    winning_operation=op,
+                    partition=_hint(first.partition_values, cur.read_schema),
+                    table=table,
+                ),
+                v,
+            )
+        if cur.whole_table:
+            raise _Conflict(ConcurrentDeleteReadException(winning_version=v, winning_operation=op, table=table), v)
+        # 7. delete-delete
+        if cur.remove_pvs and not removed.isdisjoint(cur.remove_pvs):
+            path = next(p for p in cur.remove_pvs if p in removed)
+            raise _Conflict(
+                ConcurrentDeleteDeleteException(
+                    winning_version=v,
+                    winning_operation=op,
+                    partition=_hint(cur.remove_pvs[path], cur.read_schema),
+                    table=table,
+                ),
+                v,
+            )
+
+
+def _rows_for(w: WinningCommit, schema: PartitionSchema) -> tuple[Row, ...]:
+    """Partition rows of a winner's files under another schema (only after a partitioning change)."""
+    if not w.added:
+        return ()
+    if not schema:
+        return ((),)
+    return tuple(dict.fromkeys(row_of(a.partition_values, schema) for a in w.added))
+
+
+def check(state: TableState, winners: Sequence[WinningCommit], proposal: Proposal, now_ms: int) -> Accepted | Rejected:
+    """Check `proposal` against `winners` (versions read_version+1..head) and rebase it.
+
+    Pure: `state` is not modified. Input errors (a predicate that does not
+    compile) are returned as Rejected, never raised.
+    """
+    table = state.table_uri or state.table_id
+    if proposal.read_version < 0 and state.version >= 0:
+        # Two writers created the table: the loser saw no table, the winner wrote version 0.
+        err = ProtocolChangedException(winning_version=0, winning_operation=state.creation_operation, table=table)
+        return Rejected(err, 0)
+    try:
+        cur = _Current(state, winners, proposal)
+        for w in winners:
+            _check_winner(cur, w, table)
+    except _Conflict as c:
+        return Rejected(c.error, c.version)
+    except InvalidProposalError as e:
+        return Rejected(e, None)
+    stale = check_txn_versions(state, proposal)
+    if stale is not None:
+        return Rejected(stale, None)
+    return Accepted(state.version + 1, _rebase(state, proposal, cur, now_ms))
+
+
+# ---------------------------------------------------------------------------
+# Rebase
+# ---------------------------------------------------------------------------
+
+_CONTROLLED_KEYS = frozenset(
+    {
+        "timestamp",
+        "inCommitTimestamp",
+        "operation",
+        "operationParameters",
+        "readVersion",
+        "isolationLevel",
+        "isBlindAppend",
+        "txnId",
+    }
+)
+
+
+def _ict_enabled(metadata: Metadata | None) -> bool:
+    return metadata is not None and metadata.configuration.get(ICT_ENABLED_KEY, "false").lower() == "true"
+
+
+def _rebase(state: TableState, proposal: Proposal, cur: _Current, now_ms: int) -> tuple[Action, ...]:
+    version = state.version + 1
+    new_md = cur.new_metadata
+    effective_md = new_md if new_md is not None else state.metadata
+    ict: int | None = None
+    if _ict_enabled(effective_md):
+        previous = state.last_ict if state.last_ict is not None else state.last_commit_timestamp
+        ict = now_ms if previous is None else max(now_ms, previous + 1)
+
+    written = proposal.commit_info.values
+    params: Any = dict(proposal.operation_parameters)
+    if not params and isinstance(written.get("operationParameters"), Mapping):
+        params = dict(written["operationParameters"])
+    values: dict[str, Any] = {"timestamp": now_ms}
+    if ict is not None:
+        values["inCommitTimestamp"] = ict
+    values["operation"] = proposal.operation
+    values["operationParameters"] = params
+    for k, val in written.items():
+        if k not in _CONTROLLED_KEYS:
+            values[k] = val
+    if proposal.read_version >= 0:
+        values["readVersion"] = proposal.read_version
+    values["isolationLevel"] = cur.level
+    values["isBlindAppend"] = cur.blind
+    values["txnId"] = proposal.proposal_id
+    commit_info = CommitInfo(values)
+
+    actions = proposal.actions
+    needs_fixup = new_md is not None and ict is not None and ICT_ENABLEMENT_VERSION_KEY in new_md.configuration
+    has_txn = False
+    for a in actions:
+        if isinstance(a, SetTransaction):
+            has_txn = True
+            break
+    if not needs_fixup and not has_txn:
+        return (commit_info, *actions)
+
+    out: list[Action] = [commit_info]
+    seen_txn: set[tuple[str, int]] = set()
+    for a in actions:
+        if isinstance(a, SetTransaction):
+            key = (a.app_id, a.version)
+            if key in seen_txn:
+                continue  # identical duplicates are de-duplicated, as Delta Spark does
+            seen_txn.add(key)
+        elif needs_fixup and isinstance(a, Metadata) and not _ict_enabled(state.metadata):
+            conf = dict(a.configuration)
+            conf[ICT_ENABLEMENT_VERSION_KEY] = str(version)
+            conf[ICT_ENABLEMENT_TIMESTAMP_KEY] = str(ict)
+            a = Metadata(
+                id=a.id,
+                schema_string=a.schema_string,
+                partition_columns=a.partition_columns,
+                configuration=conf,
+                name=a.name,
+                description=a.description,
+                format_provider=a.format_provider,
+                format_options=a.format_options,
+                created_time=a.created_time,
+            )
+        out.append(a)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------
+
+
+def decide(state: TableState, proposal: Proposal, now_ms: int) -> Accepted | Rejected | Duplicate:
+    """Decide one proposal. Never raises for bad input; does not modify `state`.
+
+    The caller publishes an Accepted commit and then calls
+    `state.apply(accepted.version, accepted.actions)`.
+    """
+    committed = state.committed_version_of(proposal.proposal_id)
+    if committed is not None:
+        return Duplicate(committed)
+    try:
+        validate_proposal(state, proposal)
+    except InvalidProposalError as e:
+        return Rejected(e, None)
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        # A structurally broken object (e.g. partitionValues that is not a map): bad input, not a crash.
+        bad = InvalidProposalError("MALFORMED_PROPOSAL", f"{type(e).__name__}: {e}")
+        return Rejected(bad, None)
+    if proposal.read_version < 0:
+        winners: Sequence[WinningCommit] = ()
+    else:
+        try:
+            winners = state.winners_since(proposal.read_version)
+        except WindowExceededError as e:
+            err = ConcurrentWriteException(
+                f"ConcurrentWriteException: {e}",
+                winning_version=None,
+                table=state.table_uri or state.table_id,
+            )
+            return Rejected(err, None)
+    return check(state, winners, proposal, now_ms)
+
+
+__all__ = [
+    "SERIALIZABLE",
+    "SNAPSHOT_ISOLATION",
+    "WRITE_SERIALIZABLE",
+    "Accepted",
+    "Duplicate",
+    "Rejected",
+    "can_downgrade_to_snapshot_isolation",
+    "check",
+    "decide",
+    "isolation_level_to_use",
+]

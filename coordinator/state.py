@@ -1,0 +1,376 @@
+"""Per-table state the conflict checks need, kept compact and updated once per commit.
+
+`TableState` is what one coordinator holds for one table: the head version,
+protocol, metadata, app-id versions, domains, the last in-commit timestamp,
+and three bounded indexes:
+
+* **Winners window** -- a `WinningCommit` summary of each recent commit,
+  computed once in `apply` (added files with their partition rows, removed
+  paths, app ids, domains, blind-append flag). A check reads only the summaries
+  of the commits after the proposal's read version, so its cost grows with the
+  winners' size and never with the table's. The window keeps at most
+  `max_window_commits` commits and at most `max_window_files` file actions
+  (adds + removes) in total, but always the newest commit. A proposal that read
+  an older version cannot be checked and is rejected as retryable.
+* **txnId index** -- proposal id -> committed version for the last
+  `txn_index_limit` commits (default 100,000), so a redelivered proposal is
+  answered with its original version instead of committing twice. A
+  redelivery older than that bound is not recognised by this index (the
+  coordinator's consumer offsets make such old redeliveries impossible).
+* **Live-file set** -- one 64-bit hash per live logical file key
+  (path, deletion-vector id); no AddFile bodies. About 70-100 bytes per file
+  in CPython, i.e. < 100 MB for 1,000,000 live files. The hashes use Python's
+  per-process string hashing: they are never persisted, the state is rebuilt
+  from the log on start.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import islice
+
+from coordinator.predicates import PartitionSchema, Row, partition_schema, row_of
+from schemas.actions import (
+    Action,
+    AddCDCFile,
+    AddFile,
+    CommitInfo,
+    DomainMetadata,
+    Metadata,
+    Protocol,
+    RemoveFile,
+    SetTransaction,
+)
+
+DEFAULT_MAX_WINDOW_COMMITS = 50_000
+DEFAULT_MAX_WINDOW_FILES = 100_000
+DEFAULT_TXN_INDEX_LIMIT = 100_000
+
+_EMPTY: frozenset[str] = frozenset()
+
+
+class WindowExceededError(LookupError):
+    """The commits after a read version are no longer retained, so they cannot be checked."""
+
+    def __init__(self, table_id: str, read_version: int, oldest_retained: int, head: int) -> None:
+        self.read_version = read_version
+        self.oldest_retained = oldest_retained
+        self.head = head
+        super().__init__(
+            f"read version {read_version} of table {table_id} is too old to check: the coordinator retains "
+            f"commits {oldest_retained}..{head} only. Retry the operation from a fresh snapshot."
+        )
+
+
+@dataclass(slots=True)
+class WinningCommit:
+    """Summary of one committed version, precomputed once at apply time."""
+
+    version: int
+    commit_info: CommitInfo | None
+    added: tuple[AddFile, ...]
+    removed_paths: frozenset[str]
+    metadata: Metadata | None
+    protocol: Protocol | None
+    app_ids: frozenset[str]
+    domains: frozenset[str]
+    is_blind_append: bool
+    operation: str | None
+    #: Distinct partition rows of `added`, in `partition_schema` order (first-seen order).
+    partition_rows: tuple[Row, ...] = ()
+    #: Partition schema in force for this commit's files (after its own metaData, if any).
+    partition_schema: PartitionSchema = ()
+    #: Table metadata in force before this commit (the read-time metadata of a txn that read version-1).
+    prior_metadata: Metadata | None = None
+    in_commit_timestamp: int | None = None
+    num_file_actions: int = 0
+
+
+def file_key_hash(action: AddFile | RemoveFile) -> int:
+    """64-bit hash of a file action's logical key (path, deletion vector id)."""
+    dv = action.deletion_vector
+    return hash((action.path, dv.unique_id() if dv is not None else None))
+
+
+def _slim(a: AddFile) -> AddFile:
+    """Drop stats and tags, which no check needs, before keeping a file in the window."""
+    if a.stats is None and a.tags is None:
+        return a
+    return AddFile(
+        path=a.path,
+        partition_values=a.partition_values,
+        size=a.size,
+        modification_time=a.modification_time,
+        data_change=a.data_change,
+        deletion_vector=a.deletion_vector,
+        base_row_id=a.base_row_id,
+        default_row_commit_version=a.default_row_commit_version,
+        clustering_provider=a.clustering_provider,
+    )
+
+
+class TableState:
+    """Everything the conflict engine knows about one table at its head version."""
+
+    def __init__(
+        self,
+        table_id: str,
+        table_uri: str,
+        *,
+        max_window_commits: int = DEFAULT_MAX_WINDOW_COMMITS,
+        max_window_files: int = DEFAULT_MAX_WINDOW_FILES,
+        txn_index_limit: int = DEFAULT_TXN_INDEX_LIMIT,
+    ) -> None:
+        if max_window_commits < 1 or max_window_files < 0 or txn_index_limit < 0:
+            raise ValueError("window and index bounds must be positive")
+        self.table_id = table_id
+        self.table_uri = table_uri
+        self.version = -1
+        self.protocol: Protocol | None = None
+        self.metadata: Metadata | None = None
+        self.app_versions: dict[str, int] = {}
+        self.domains: dict[str, DomainMetadata] = {}
+        self.last_ict: int | None = None
+        #: commitInfo.timestamp of the newest commit (ICT fallback when ICT was just enabled).
+        self.last_commit_timestamp: int | None = None
+        #: Operation of version 0, for the "two creators" ProtocolChangedException.
+        self.creation_operation: str | None = None
+        self.max_window_commits = max_window_commits
+        self.max_window_files = max_window_files
+        self.txn_index_limit = txn_index_limit
+        self._partition_schema: PartitionSchema = ()
+        self._winners: deque[WinningCommit] = deque()
+        self._window_files = 0
+        self._oldest_retained = 0  # version of the oldest retained winner when the window is empty: head+1
+        self._txn_index: dict[str, int] = {}
+        self._txn_order: deque[str] = deque()
+        self._live: set[int] = set()
+
+    # -- construction ----------------------------------------------------------
+
+    @classmethod
+    def empty(
+        cls,
+        table_id: str,
+        table_uri: str,
+        *,
+        max_window_commits: int = DEFAULT_MAX_WINDOW_COMMITS,
+        max_window_files: int = DEFAULT_MAX_WINDOW_FILES,
+        txn_index_limit: int = DEFAULT_TXN_INDEX_LIMIT,
+    ) -> TableState:
+        """State of a table that does not exist yet (version -1)."""
+        return cls(
+            table_id,
+            table_uri,
+            max_window_commits=max_window_commits,
+            max_window_files=max_window_files,
+            txn_index_limit=txn_index_limit,
+        )
+
+    @classmethod
+    def restore(
+        cls,
+        table_id: str,
+        table_uri: str,
+        *,
+        version: int,
+        protocol: Protocol,
+        metadata: Metadata,
+        live_files: Iterable[AddFile],
+        app_versions: Mapping[str, int] | None = None,
+        domains: Iterable[DomainMetadata] = (),
+        last_ict: int | None = None,
+        committed_txn_ids: Iterable[tuple[str, int]] = (),
+        **bounds: int,
+    ) -> TableState:
+        """State at `version` from a snapshot (e.g. a checkpoint), with an empty window.
+
+        Proposals that read a version older than `version` are rejected as
+        too old until enough commits have been applied; `committed_txn_ids`
+        (txnId, version) seeds the redelivery index.
+        """
+        st = cls(table_id, table_uri, **bounds)
+        st.version = version
+        st.protocol = protocol
+        st.metadata = metadata
+        st._partition_schema = partition_schema(metadata)
+        st.app_versions = dict(app_versions or {})
+        st.domains = {d.domain: d for d in domains if not d.removed}
+        st.last_ict = last_ict
+        st._oldest_retained = version + 1
+        st._live = {file_key_hash(a) for a in live_files}
+        for txn_id, v in committed_txn_ids:
+            st._remember_txn(txn_id, v)
+        return st
+
+    # -- queries -----------------------------------------------------------------
+
+    @property
+    def live_file_count(self) -> int:
+        return len(self._live)
+
+    @property
+    def partition_schema(self) -> PartitionSchema:
+        """Partition schema of the current metadata."""
+        return self._partition_schema
+
+    @property
+    def oldest_retained_version(self) -> int:
+        """Oldest version whose summary is still in the window (head+1 when empty)."""
+        return self._winners[0].version if self._winners else self._oldest_retained
+
+    @property
+    def window_size(self) -> int:
+        return len(self._winners)
+
+    def is_live(self, action: AddFile | RemoveFile) -> bool:
+        """Whether the file key is live (hash based; false positives ~ n/2^64)."""
+        return file_key_hash(action) in self._live
+
+    def committed_version_of(self, txn_id: str) -> int | None:
+        """Version at which a proposal (by txnId) committed, if still in the index."""
+        return self._txn_index.get(txn_id)
+
+    def winners_since(self, read_version: int) -> Sequence[WinningCommit]:
+        """Summaries of versions read_version+1..head, in version order.
+
+        Raises WindowExceededError if some of them are no longer retained, and
+        ValueError for a read version beyond the head.
+        """
+        if read_version > self.version:
+            raise ValueError(f"read version {read_version} is beyond the head {self.version} of {self.table_id}")
+        if read_version == self.version:
+            return ()
+        oldest = self.oldest_retained_version
+        first = read_version + 1
+        if first < oldest:
+            raise WindowExceededError(self.table_id, read_version, oldest, self.version)
+        winners = self._winners
+        n = self.version - read_version
+        if n <= len(winners) // 2:
+            out = list(islice(reversed(winners), n))
+            out.reverse()
+            return out
+        return list(islice(winners, first - oldest, None))
+
+    # -- mutation ------------------------------------------------------------------
+
+    def _remember_txn(self, txn_id: str, version: int) -> None:
+        if self.txn_index_limit == 0:
+            return
+        if txn_id not in self._txn_index:
+            self._txn_order.append(txn_id)
+        self._txn_index[txn_id] = version
+        while len(self._txn_order) > self.txn_index_limit:
+            old = self._txn_order.popleft()
+            self._txn_index.pop(old, None)
+
+    def apply(self, version: int, actions: Sequence[Action]) -> None:
+        """Advance the state by one committed version (must be head + 1)."""
+        if version != self.version + 1:
+            raise ValueError(f"cannot apply version {version} to {self.table_id} at version {self.version}")
+        prior_metadata = self.metadata
+        commit_info: CommitInfo | None = None
+        adds: list[AddFile] = []
+        removed: set[str] = set()
+        metadata: Metadata | None = None
+        protocol: Protocol | None = None
+        app_ids: set[str] = set()
+        domains: set[str] = set()
+        live = self._live
+        n_files = 0
+        for a in actions:
+            if isinstance(a, AddFile):
+                adds.append(a)
+                dv = a.deletion_vector
+                live.add(hash((a.path, dv.unique_id() if dv is not None else None)))
+            elif isinstance(a, RemoveFile):
+                removed.add(a.path)
+                n_files += 1
+                dv = a.deletion_vector
+                live.discard(hash((a.path, dv.unique_id() if dv is not None else None)))
+            elif isinstance(a, CommitInfo):
+                commit_info = a
+            elif isinstance(a, Metadata):
+                metadata = a
+            elif isinstance(a, Protocol):
+                protocol = a
+            elif isinstance(a, SetTransaction):
+                app_ids.add(a.app_id)
+                self.app_versions[a.app_id] = a.version
+            elif isinstance(a, DomainMetadata):
+                domains.add(a.domain)
+                if a.removed:
+                    self.domains.pop(a.domain, None)
+                else:
+                    self.domains[a.domain] = a
+            elif isinstance(a, AddCDCFile):
+                n_files += 1
+        if protocol is not None:
+            self.protocol = protocol
+        if metadata is not None:
+            self.metadata = metadata
+            self._partition_schema = partition_schema(metadata)
+        schema = self._partition_schema
+        if adds:
+            n_files += len(adds)
+            rows = tuple(dict.fromkeys(row_of(a.partition_values, schema) for a in adds)) if schema else ((),)
+            kept = tuple(_slim(a) for a in adds)
+        else:
+            rows = ()
+            kept = ()
+        ict: int | None = None
+        operation: str | None = None
+        blind = False
+        if commit_info is not None:
+            ict = commit_info.in_commit_timestamp
+            operation = commit_info.operation
+            blind = commit_info.is_blind_append
+            txn_id = commit_info.txn_id
+            if txn_id is not None:
+                self._remember_txn(txn_id, version)
+            if ict is not None:
+                self.last_ict = ict
+            self.last_commit_timestamp = commit_info.timestamp
+        if version == 0:
+            self.creation_operation = operation
+        self.version = version
+        winner = WinningCommit(
+            version=version,
+            commit_info=commit_info,
+            added=kept,
+            removed_paths=frozenset(removed) if removed else _EMPTY,
+            metadata=metadata,
+            protocol=protocol,
+            app_ids=frozenset(app_ids) if app_ids else _EMPTY,
+            domains=frozenset(domains) if domains else _EMPTY,
+            is_blind_append=blind,
+            operation=operation,
+            partition_rows=rows,
+            partition_schema=schema,
+            prior_metadata=prior_metadata,
+            in_commit_timestamp=ict,
+            num_file_actions=n_files,
+        )
+        winners = self._winners
+        winners.append(winner)
+        self._window_files += n_files
+        while len(winners) > 1 and (
+            len(winners) > self.max_window_commits or self._window_files > self.max_window_files
+        ):
+            gone = winners.popleft()
+            self._window_files -= gone.num_file_actions
+        self._oldest_retained = winners[0].version
+
+
+__all__ = [
+    "DEFAULT_MAX_WINDOW_COMMITS",
+    "DEFAULT_MAX_WINDOW_FILES",
+    "DEFAULT_TXN_INDEX_LIMIT",
+    "TableState",
+    "WindowExceededError",
+    "WinningCommit",
+    "file_key_hash",
+]

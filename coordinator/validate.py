@@ -1,0 +1,331 @@
+"""Pure input validation of a proposal: reason codes for proposals that can never commit.
+
+Every problem is reported as `InvalidProposalError(reason, message)`; the
+reason codes are stable (see `REASONS`). `validate_proposal` raises,
+`proposal_error` returns the error (or None).
+
+Checked here, before any conflict check:
+
+* the proposal names this table, and its read version is in -1..head
+  (`UNKNOWN_TABLE` when the table does not exist and this is not a creation);
+* `commitInfo.txnId`, when given, equals the proposal id; no commitInfo
+  inside `actions`;
+* at most one metaData and one protocol action; a creation (read version -1)
+  carries both; protocol versions this project supports (reader <= 3,
+  writer <= 7);
+* at most one SetTransaction per appId (identical duplicates are allowed and
+  de-duplicated at rebase, as Delta Spark does), at most one domainMetadata per
+  domain;
+* file actions: no duplicate add or remove of one logical key (path, DV id), no
+  add and remove of the same key, non-negative sizes, paths inside the table
+  root, partition values keyed exactly by the partition columns;
+* `delta.isolationLevel` is Serializable or WriteSerializable; an append-only
+  table gets no data-changing removes;
+* read predicates compile against the read-time partition schema.
+
+`check_txn_versions` (STALE_TXN_VERSION: a SetTransaction whose version is not
+greater than the version recorded for its appId) is deliberately separate: the
+conflict check runs it *after* the winner checks, so that two concurrent
+instances of one streaming query get Delta's ConcurrentTransactionException
+when the loser declared the appId as read, and the exactly-once rejection
+otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+from coordinator.predicates import compile_predicate, partition_schema
+from coordinator.state import TableState
+from schemas.actions import (
+    AddCDCFile,
+    AddFile,
+    CommitInfo,
+    DomainMetadata,
+    Metadata,
+    Protocol,
+    RemoveFile,
+    SetTransaction,
+)
+from schemas.errors import InvalidProposalError
+from schemas.messages import Proposal
+
+ISOLATION_LEVEL_KEY = "delta.isolationLevel"
+VALID_ISOLATION_LEVELS = frozenset({"Serializable", "WriteSerializable"})
+MAX_READER_VERSION = 3
+MAX_WRITER_VERSION = 7
+
+#: Every reason code this module can report.
+REASONS = frozenset(
+    {
+        "TABLE_MISMATCH",
+        "UNKNOWN_TABLE",
+        "BAD_READ_VERSION",
+        "READ_VERSION_AHEAD",
+        "TXN_ID_MISMATCH",
+        "BAD_PROPOSAL_ID",
+        "COMMIT_INFO_IN_ACTIONS",
+        "UNKNOWN_ACTION",
+        "MULTIPLE_METADATA",
+        "MULTIPLE_PROTOCOL",
+        "MISSING_METADATA",
+        "MISSING_PROTOCOL",
+        "UNSUPPORTED_PROTOCOL",
+        "DUPLICATE_APP_ID",
+        "DUPLICATE_DOMAIN",
+        "DUPLICATE_FILE_ACTION",
+        "ADD_AND_REMOVE_SAME_FILE",
+        "NEGATIVE_SIZE",
+        "PATH_ESCAPES_TABLE",
+        "PARTITION_VALUES_MISMATCH",
+        "BAD_ISOLATION_LEVEL",
+        "BAD_SCHEMA",
+        "APPEND_ONLY",
+        "BAD_PREDICATE",
+        "STALE_TXN_VERSION",
+        "MALFORMED_PROPOSAL",
+    }
+)
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
+
+
+def _err(reason: str, message: str) -> InvalidProposalError:
+    return InvalidProposalError(reason, message)
+
+
+def _normalize_location(uri: str) -> str:
+    """Canonical text of a location for prefix tests (file: forms collapse to a plain path)."""
+    u = uri
+    m = _SCHEME.match(u)
+    if m:
+        scheme = m.group(0)[:-1].lower()
+        rest = u[m.end() :]
+        if scheme == "file":
+            if rest.startswith("//"):
+                rest = rest[2:]
+                # file://host/path: only an empty host or localhost is local
+                slash = rest.find("/")
+                host = rest[:slash] if slash >= 0 else rest
+                if host not in ("", "localhost"):
+                    return f"file://{rest}"
+                rest = rest[slash:] if slash >= 0 else "/"
+            u = rest
+        else:
+            u = f"{scheme}:{rest}"
+    return u.rstrip("/")
+
+
+def path_problem(path: str, table_uri: str) -> str | None:
+    """Why a data-file path is not acceptable for this table, or None.
+
+    Relative paths (the normal form) must not climb out with `..` segments or
+    point into `_delta_log`. An absolute path or URI is accepted only inside
+    the table root.
+    """
+    if not path:
+        return "empty path"
+    if "\x00" in path:
+        return "path contains a NUL character"
+    rel = path
+    if path[0] in "/\\" or _SCHEME.match(path):
+        root = _normalize_location(table_uri)
+        full = _normalize_location(path)
+        if not root or not full.startswith(root + "/"):
+            return f"absolute path {path!r} is outside the table root {table_uri!r}"
+        rel = full[len(root) + 1 :]
+    if ".." in rel or "%" in rel or "\\" in rel or rel.startswith("_delta_log"):
+        decoded = unquote(rel).replace("\\", "/")
+        segments = decoded.split("/")
+        if ".." in segments:
+            return f"path {path!r} escapes the table root with a '..' segment"
+        if segments[0] == "_delta_log":
+            return f"path {path!r} points into _delta_log"
+        if decoded.startswith("/"):
+            return f"path {path!r} decodes to an absolute path"
+    return None
+
+
+def table_isolation_level(metadata: Metadata | None) -> str:
+    """The table's configured level; WriteSerializable when unset (the seed documents' default)."""
+    if metadata is None:
+        return "WriteSerializable"
+    return metadata.configuration.get(ISOLATION_LEVEL_KEY, "WriteSerializable")
+
+
+def read_time_metadata(state: TableState, proposal: Proposal, new_metadata: Metadata | None) -> Metadata | None:
+    """Metadata the proposal's reads refer to (its own metaData when it creates the table)."""
+    if proposal.read_version < 0:
+        return new_metadata
+    if proposal.read_version == state.version:
+        return state.metadata
+    try:
+        winners = state.winners_since(proposal.read_version)
+    except (LookupError, ValueError):
+        return state.metadata
+    return winners[0].prior_metadata if winners else state.metadata
+
+
+def validate_proposal(state: TableState, proposal: Proposal) -> None:
+    """Raise InvalidProposalError for a proposal that can never commit (see module doc)."""
+    p = proposal
+    if p.table_id != state.table_id:
+        raise _err("TABLE_MISMATCH", f"proposal for table {p.table_id!r} delivered to table {state.table_id!r}")
+    if not p.proposal_id:
+        raise _err("BAD_PROPOSAL_ID", "proposal_id is empty")
+    rv = p.read_version
+    if rv < -1:
+        raise _err("BAD_READ_VERSION", f"read version {rv} is below -1")
+    if rv > state.version:
+        if state.version < 0:
+            raise _err(
+                "UNKNOWN_TABLE",
+                f"table {state.table_id!r} does not exist and the proposal (read version {rv}) does not create it",
+            )
+        raise _err("READ_VERSION_AHEAD", f"read version {rv} is beyond the table head {state.version}")
+    txn_id = p.commit_info.txn_id
+    if txn_id is not None and txn_id != p.proposal_id:
+        raise _err("TXN_ID_MISMATCH", f"commitInfo.txnId {txn_id!r} differs from proposal id {p.proposal_id!r}")
+
+    root = state.table_uri or p.table_uri  # the coordinator's record of the table root is authoritative
+    new_metadata: Metadata | None = None
+    new_protocol: Protocol | None = None
+    add_keys: set[tuple[str, str | None]] = set()
+    remove_keys: set[tuple[str, str | None]] = set()
+    app_versions: dict[str, int] = {}
+    domains: set[str] = set()
+    data_removes = False
+    adds: list[AddFile] = []
+    for a in p.actions:
+        if isinstance(a, AddFile):
+            dv = a.deletion_vector
+            key = (a.path, dv.unique_id() if dv is not None else None)
+            if key in add_keys:
+                raise _err("DUPLICATE_FILE_ACTION", f"file {a.path!r} is added twice in one commit")
+            add_keys.add(key)
+            if a.size < 0:
+                raise _err("NEGATIVE_SIZE", f"add {a.path!r} has negative size {a.size}")
+            problem = path_problem(a.path, root)
+            if problem:
+                raise _err("PATH_ESCAPES_TABLE", problem)
+            adds.append(a)
+        elif isinstance(a, RemoveFile):
+            dv = a.deletion_vector
+            key = (a.path, dv.unique_id() if dv is not None else None)
+            if key in remove_keys:
+                raise _err("DUPLICATE_FILE_ACTION", f"file {a.path!r} is removed twice in one commit")
+            remove_keys.add(key)
+            if a.size is not None and a.size < 0:
+                raise _err("NEGATIVE_SIZE", f"remove {a.path!r} has negative size {a.size}")
+            problem = path_problem(a.path, root)
+            if problem:
+                raise _err("PATH_ESCAPES_TABLE", problem)
+            data_removes = data_removes or a.data_change
+        elif isinstance(a, AddCDCFile):
+            if a.size < 0:
+                raise _err("NEGATIVE_SIZE", f"cdc {a.path!r} has negative size {a.size}")
+            problem = path_problem(a.path, root)
+            if problem:
+                raise _err("PATH_ESCAPES_TABLE", problem)
+        elif isinstance(a, SetTransaction):
+            seen = app_versions.get(a.app_id)
+            if seen is not None and seen != a.version:
+                raise _err(
+                    "DUPLICATE_APP_ID",
+                    f"two SetTransaction actions for appId {a.app_id!r} with different versions {seen} and {a.version}",
+                )
+            app_versions[a.app_id] = a.version
+        elif isinstance(a, Metadata):
+            if new_metadata is not None:
+                raise _err("MULTIPLE_METADATA", "cannot change the metadata more than once in a transaction")
+            new_metadata = a
+        elif isinstance(a, Protocol):
+            if new_protocol is not None:
+                raise _err("MULTIPLE_PROTOCOL", "cannot change the protocol more than once in a transaction")
+            new_protocol = a
+        elif isinstance(a, DomainMetadata):
+            if a.domain in domains:
+                raise _err("DUPLICATE_DOMAIN", f"domain {a.domain!r} appears twice in one commit")
+            domains.add(a.domain)
+        elif isinstance(a, CommitInfo):
+            raise _err("COMMIT_INFO_IN_ACTIONS", "commitInfo belongs in Proposal.commit_info, not in actions")
+        else:
+            raise _err("UNKNOWN_ACTION", f"unsupported action type {type(a).__name__}")
+
+    both = add_keys & remove_keys
+    if both:
+        path, dv_id = sorted(both, key=lambda k: (k[0], k[1] or ""))[0]
+        raise _err("ADD_AND_REMOVE_SAME_FILE", f"file {path!r} (dv {dv_id}) is both added and removed")
+
+    if rv == -1:
+        if new_metadata is None:
+            raise _err("MISSING_METADATA", "the first version of a table must contain a metaData action")
+        if new_protocol is None:
+            raise _err("MISSING_PROTOCOL", "the first version of a table must contain a protocol action")
+    if new_protocol is not None and (
+        new_protocol.min_reader_version > MAX_READER_VERSION
+        or new_protocol.min_writer_version > MAX_WRITER_VERSION
+        or new_protocol.min_reader_version < 1
+        or new_protocol.min_writer_version < 1
+    ):
+        raise _err(
+            "UNSUPPORTED_PROTOCOL",
+            f"protocol ({new_protocol.min_reader_version}, {new_protocol.min_writer_version}) is not supported "
+            f"(reader <= {MAX_READER_VERSION}, writer <= {MAX_WRITER_VERSION})",
+        )
+
+    effective = new_metadata if new_metadata is not None else state.metadata
+    level = table_isolation_level(effective)
+    if level not in VALID_ISOLATION_LEVELS:
+        raise _err(
+            "BAD_ISOLATION_LEVEL",
+            f"{ISOLATION_LEVEL_KEY}={level!r}; must be one of {sorted(VALID_ISOLATION_LEVELS)}",
+        )
+    if effective is not None:
+        schema = partition_schema(effective)  # raises BAD_SCHEMA
+        if adds:
+            names = {c.physical_name for c in schema}
+            n = len(names)
+            for a in adds:
+                pv = a.partition_values
+                if len(pv) != n or any(k not in names for k in pv):
+                    raise _err(
+                        "PARTITION_VALUES_MISMATCH",
+                        f"add {a.path!r} has partition values for {sorted(pv)} but the table is partitioned by "
+                        f"{sorted(names)}",
+                    )
+        if data_removes and effective.configuration.get("delta.appendOnly", "false").lower() == "true":
+            raise _err("APPEND_ONLY", "the table is append-only (delta.appendOnly=true) and cannot remove data")
+
+    if p.read_predicates:
+        read_md = read_time_metadata(state, p, new_metadata)
+        read_schema = partition_schema(read_md)
+        for text in p.read_predicates:
+            compile_predicate(text, read_schema)
+
+
+def proposal_error(state: TableState, proposal: Proposal) -> InvalidProposalError | None:
+    """The validation error of a proposal, or None if it is valid."""
+    try:
+        validate_proposal(state, proposal)
+    except InvalidProposalError as e:
+        return e
+    return None
+
+
+def check_txn_versions(state: TableState, proposal: Proposal) -> InvalidProposalError | None:
+    """STALE_TXN_VERSION: a SetTransaction must advance its appId's recorded version."""
+    recorded = state.app_versions
+    if not recorded:
+        return None
+    for a in proposal.actions:
+        if isinstance(a, SetTransaction):
+            last = recorded.get(a.app_id)
+            if last is not None and a.version <= last:
+                return _err(
+                    "STALE_TXN_VERSION",
+                    f"SetTransaction for appId {a.app_id!r} has version {a.version}, but version {last} is already "
+                    "committed (exactly-once: this batch was committed before)",
+                )
+    return None

@@ -1,0 +1,256 @@
+"""Validation of a proposal on its own: every reason code, and what is deliberately allowed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from coordinator.conflicts import Accepted, Rejected, decide
+from coordinator.state import TableState
+from coordinator.validate import (
+    REASONS,
+    check_txn_versions,
+    path_problem,
+    proposal_error,
+    validate_proposal,
+)
+from schemas.actions import AddFile, CommitInfo, Protocol
+from schemas.errors import InvalidProposalError
+from schemas.messages import FileRead, Proposal
+from tests.unit.builders import (
+    NOW,
+    TABLE_ID,
+    TABLE_URI,
+    Harness,
+    add,
+    domain,
+    metadata,
+    proposal,
+    protocol,
+    remove,
+    txn,
+)
+
+
+@dataclass
+class Case:
+    id: str
+    reason: str
+    build: Callable[[Harness], Proposal]
+    harness: Callable[[], Harness] = Harness
+
+
+def _plain() -> Harness:
+    return Harness()
+
+
+def _dated() -> Harness:
+    return Harness(("date",))
+
+
+def _append_only() -> Harness:
+    return Harness(config={"delta.appendOnly": "true"}, files=[add("a.parquet")])
+
+
+def _with_txn() -> Harness:
+    h = Harness()
+    h.must_commit(proposal(0, [txn("q", 5)], operation="STREAMING UPDATE"))
+    return h
+
+
+CASES = [
+    Case("other-table", "TABLE_MISMATCH", lambda h: proposal(0, [add("a.parquet")], table_id="tbl-other")),
+    Case("read-version-below-minus-one", "BAD_READ_VERSION", lambda h: proposal(-2, [add("a.parquet")])),
+    Case("read-version-ahead", "READ_VERSION_AHEAD", lambda h: proposal(h.head + 1, [add("a.parquet")])),
+    Case("txn-id-mismatch", "TXN_ID_MISMATCH",
+         lambda h: proposal(0, [add("a.parquet")], proposal_id="p-1", commit_info={"txnId": "p-2"})),
+    Case("empty-proposal-id", "BAD_PROPOSAL_ID", lambda h: proposal(0, [], proposal_id="", commit_info={})),
+    Case("commit-info-in-actions", "COMMIT_INFO_IN_ACTIONS",
+         lambda h: proposal(0, [CommitInfo({"operation": "WRITE"}), add("a.parquet")])),
+    Case("not-an-action", "UNKNOWN_ACTION",
+         lambda h: proposal(0, [FileRead("a.parquet")])),  # type: ignore[list-item]
+    Case("two-metadata", "MULTIPLE_METADATA", lambda h: proposal(0, [metadata(), metadata()])),
+    Case("two-protocols", "MULTIPLE_PROTOCOL", lambda h: proposal(0, [protocol(2, 3), protocol(1, 4)])),
+    Case("reader-4", "UNSUPPORTED_PROTOCOL", lambda h: proposal(0, [protocol(4, 7)])),
+    Case("writer-8", "UNSUPPORTED_PROTOCOL", lambda h: proposal(0, [protocol(3, 8)])),
+    Case("writer-0", "UNSUPPORTED_PROTOCOL", lambda h: proposal(0, [Protocol(1, 0)])),
+    Case("app-id-two-versions", "DUPLICATE_APP_ID", lambda h: proposal(0, [txn("app", 1), txn("app", 2)])),
+    Case("domain-twice", "DUPLICATE_DOMAIN", lambda h: proposal(0, [domain("d"), domain("d", "{}", True)])),
+    Case("add-twice", "DUPLICATE_FILE_ACTION", lambda h: proposal(0, [add("a.parquet"), add("a.parquet")])),
+    Case("remove-twice", "DUPLICATE_FILE_ACTION", lambda h: proposal(0, [remove("a.parquet"), remove("a.parquet")])),
+    Case("add-twice-same-dv", "DUPLICATE_FILE_ACTION",
+         lambda h: proposal(0, [add("a.parquet", dv="x"), add("a.parquet", dv="x")])),
+    Case("add-and-remove-same-key", "ADD_AND_REMOVE_SAME_FILE",
+         lambda h: proposal(0, [remove("a.parquet"), add("a.parquet")])),
+    Case("negative-add-size", "NEGATIVE_SIZE",
+         lambda h: proposal(0, [AddFile("a.parquet", {}, -1, NOW, True)])),
+    Case("dotdot", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("../other/a.parquet")])),
+    Case("dotdot-inside", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("x/../../a.parquet")])),
+    Case("dotdot-encoded", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("x/%2E%2E/%2e%2e/a.parquet")])),
+    Case("absolute-outside", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("/etc/passwd")])),
+    Case("other-bucket", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("s3://other/warehouse/orders/a.parquet")])),
+    Case("sibling-prefix", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("s3://lake/warehouse/orders2/a.parquet")])),
+    Case("absolute-with-dotdot", "PATH_ESCAPES_TABLE",
+         lambda h: proposal(0, [add("s3://lake/warehouse/orders/../secrets/a.parquet")])),
+    Case("other-scheme", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("hdfs://nn/warehouse/orders/a.parquet")])),
+    Case("into-delta-log", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("_delta_log/00000000000000000009.json")])),
+    Case("remove-escapes", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [remove("../x.parquet")])),
+    Case("empty-path", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("")])),
+    Case("partition-values-missing", "PARTITION_VALUES_MISMATCH", lambda h: proposal(0, [add("a.parquet")]), _dated),
+    Case("partition-values-extra", "PARTITION_VALUES_MISMATCH",
+         lambda h: proposal(0, [add("a.parquet", date="2024-01-01", country="US")]), _dated),
+    Case("partition-values-on-unpartitioned", "PARTITION_VALUES_MISMATCH",
+         lambda h: proposal(0, [add("a.parquet", date="2024-01-01")])),
+    Case("isolation-level-bogus", "BAD_ISOLATION_LEVEL",
+         lambda h: proposal(0, [metadata(isolation="SnapshotIsolation")], changes_data=False)),
+    Case("isolation-level-case", "BAD_ISOLATION_LEVEL",
+         lambda h: proposal(0, [metadata(isolation="serializable")], changes_data=False)),
+    Case("schema-not-json", "BAD_SCHEMA",
+         lambda h: proposal(0, [metadata().__class__(id="m", schema_string="{not json", partition_columns=("a",))])),
+    Case("partition-column-not-in-schema", "BAD_SCHEMA", lambda h: proposal(0, [metadata(("nope",))])),
+    Case("append-only", "APPEND_ONLY", lambda h: proposal(1, [remove("a.parquet")]), _append_only),
+    Case("bad-predicate", "BAD_PREDICATE", lambda h: proposal(0, [], predicates=["date >"]), _dated),
+    Case("create-without-metadata", "MISSING_METADATA",
+         lambda h: proposal(-1, [protocol()]), lambda: _empty_harness()),
+    Case("create-without-protocol", "MISSING_PROTOCOL",
+         lambda h: proposal(-1, [metadata()]), lambda: _empty_harness()),
+    Case("unknown-table", "UNKNOWN_TABLE", lambda h: proposal(0, [add("a.parquet")]), lambda: _empty_harness()),
+    Case("stale-txn-equal", "STALE_TXN_VERSION", lambda h: proposal(h.head, [txn("q", 5)]), _with_txn),
+    Case("partition-values-not-a-map", "MALFORMED_PROPOSAL",
+         lambda h: proposal(0, [AddFile("a.parquet", None, 1, NOW, True)])),  # type: ignore[arg-type]
+    Case("stale-txn-lower", "STALE_TXN_VERSION", lambda h: proposal(h.head, [txn("q", 2)]), _with_txn),
+]
+
+
+def _empty_harness() -> Harness:
+    h = Harness.__new__(Harness)
+    h.state = TableState.empty(TABLE_ID, TABLE_URI)
+    h.clock = NOW
+    return h
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_reason_codes(case: Case) -> None:
+    h = case.harness()
+    p = case.build(h)
+    before = h.state.version
+    r = decide(h.state, p, NOW)
+    assert isinstance(r, Rejected), f"{case.id}: expected {case.reason}, got {r}"
+    assert isinstance(r.error, InvalidProposalError)
+    assert r.error.reason == case.reason, str(r.error)
+    assert r.reason == case.reason and r.winning_version is None
+    assert not r.retryable
+    assert str(r.error).startswith(case.reason + ": ")
+    assert h.state.version == before
+
+
+def test_every_reason_code_is_exercised() -> None:
+    assert {c.reason for c in CASES} == set(REASONS)
+
+
+def test_validate_raises_and_proposal_error_returns() -> None:
+    h = Harness()
+    bad = proposal(0, [add("../x.parquet")])
+    with pytest.raises(InvalidProposalError):
+        validate_proposal(h.state, bad)
+    err = proposal_error(h.state, bad)
+    assert err is not None and err.reason == "PATH_ESCAPES_TABLE" and "../x.parquet" in str(err)
+    assert proposal_error(h.state, proposal(0, [add("ok.parquet")])) is None
+
+
+# -- what is allowed ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "part-00000-1b2c.c000.snappy.parquet",
+        "date=2024-01-01/country=US/part-0.parquet",
+        "date=2024-01-01%2012%3A00%3A00/part-0.parquet",
+        "s3://lake/warehouse/orders/date=2024-01-01/abs.parquet",
+        "S3://lake/warehouse/orders/abs.parquet",
+        "x..y/file..parquet",
+        "deletion_vector_0b1c.bin",
+    ],
+)
+def test_paths_inside_the_table_are_allowed(path: str) -> None:
+    assert path_problem(path, TABLE_URI) is None
+
+
+def test_path_root_is_the_coordinators_not_the_proposals() -> None:
+    """A proposal claiming a wider table_uri cannot widen what counts as inside the table."""
+    h = Harness()
+    p = proposal(0, [add("s3://lake/elsewhere/a.parquet")], table_uri="s3://lake")
+    err = proposal_error(h.state, p)
+    assert err is not None and err.reason == "PATH_ESCAPES_TABLE"
+
+
+def test_file_uri_forms_are_normalised() -> None:
+    assert path_problem("file:/tmp/t/a.parquet", "file:///tmp/t") is None
+    assert path_problem("/tmp/t/a.parquet", "file:/tmp/t/") is None
+    assert path_problem("file:///tmp/t2/a.parquet", "/tmp/t") is not None
+
+
+def test_identical_set_transactions_are_allowed() -> None:
+    """Spark de-duplicates identical SetTransactions (OTS 'removes duplicate SetTransactions')."""
+    h = Harness()
+    assert proposal_error(h.state, proposal(0, [txn("a", 1), txn("a", 1)])) is None
+
+
+def test_dv_update_of_one_file_is_not_add_and_remove_of_the_same_key() -> None:
+    h = Harness(files=[add("a.parquet", dv="d1")])
+    p = proposal(1, [remove("a.parquet", dv="d1"), add("a.parquet", dv="d2")])
+    assert proposal_error(h.state, p) is None
+
+
+def test_append_only_allows_data_change_false_removes() -> None:
+    h = _append_only()
+    p = proposal(1, [remove("a.parquet", data_change=False), add("b.parquet", data_change=False)],
+                 operation="OPTIMIZE", changes_data=False)
+    assert isinstance(decide(h.state, p, NOW), Accepted)
+
+
+def test_txn_version_greater_than_recorded_is_fine() -> None:
+    h = _with_txn()
+    assert check_txn_versions(h.state, proposal(h.head, [txn("q", 6)])) is None
+    assert check_txn_versions(h.state, proposal(h.head, [txn("new-app", 0)])) is None
+    err = check_txn_versions(h.state, proposal(h.head, [txn("q", 5)]))
+    assert err is not None and err.reason == "STALE_TXN_VERSION"
+
+
+def test_valid_isolation_levels_and_default() -> None:
+    for level in ("Serializable", "WriteSerializable"):
+        h = Harness(isolation=level)
+        r = decide(h.state, proposal(0, [add("a.parquet")]), NOW)
+        assert isinstance(r, Accepted) and r.commit_info.values["isolationLevel"] == level
+    r = decide(Harness().state, proposal(0, [add("a.parquet")]), NOW)
+    assert isinstance(r, Accepted) and r.commit_info.values["isolationLevel"] == "WriteSerializable"
+
+
+def test_supported_protocols() -> None:
+    h = Harness()
+    for reader, writer in ((1, 2), (2, 5), (3, 7)):
+        p = proposal(0, [Protocol(reader, writer)], changes_data=False)
+        assert proposal_error(h.state, p) is None
+
+
+def test_creation_with_files_and_partitions_in_first_commit() -> None:
+    """spark-OTS 'can set partition columns in first commit'."""
+    st = TableState.empty(TABLE_ID, TABLE_URI)
+    p = proposal(-1, [protocol(), metadata(("country",)), add("country=US/a.parquet", country="US")],
+                 operation="CREATE TABLE AS SELECT")
+    r = decide(st, p, NOW)
+    assert isinstance(r, Accepted) and r.version == 0
+    st.apply(r.version, r.actions)
+    assert st.metadata is not None and st.metadata.partition_columns == ("country",)
+    assert st.live_file_count == 1
+
+
+def test_predicates_are_validated_against_read_time_schema() -> None:
+    """A predicate typed for the read-time schema stays valid even if it would not parse against new columns."""
+    h = Harness(("part",))
+    assert proposal_error(h.state, proposal(0, [], predicates=["part = 3"])) is None
+    err = proposal_error(h.state, proposal(0, [], predicates=["part = 'three'"]))
+    assert err is not None and err.reason == "BAD_PREDICATE"
