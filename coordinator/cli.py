@@ -90,5 +90,120 @@ def broker_status(broker: LocalBroker) -> None:
     click.echo(json.dumps({"running": True, **asdict(info)}))
 
 
+# -- coordinator ----------------------------------------------------------------
+def _kafka_settings(config_file: Path | None, pairs: tuple[str, ...]) -> dict[str, str]:
+    """Kafka client settings: config file [kafka] table, then DELTACOORD_KAFKA_* env, then --kafka k=v."""
+    import os
+    import tomllib
+
+    out: dict[str, str] = {}
+    if config_file is not None:
+        with open(config_file, "rb") as fh:
+            doc = tomllib.load(fh)
+        out.update({k: str(v) for k, v in doc.get("kafka", {}).items()})
+    for k, v in os.environ.items():
+        if k.startswith("DELTACOORD_KAFKA_"):
+            out[k.removeprefix("DELTACOORD_KAFKA_").lower().replace("_", ".")] = v
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"expected key=value, got {pair!r}", param_hint="--kafka")
+        k, v = pair.split("=", 1)
+        out[k.strip()] = v
+    return out
+
+
+def _file_defaults(config_file: Path | None) -> dict[str, object]:
+    if config_file is None:
+        return {}
+    import tomllib
+
+    with open(config_file, "rb") as fh:
+        return dict(tomllib.load(fh).get("coordinator", {}))
+
+
+@main.group("coordinator")
+def coordinator_group() -> None:
+    """Run the commit coordinator."""
+
+
+@coordinator_group.command("run")
+@click.option("--config", "config_file", type=click.Path(exists=True, path_type=Path), envvar="DELTACOORD_CONFIG",
+              help="TOML file with [coordinator] and [kafka] tables.")
+@click.option("--bootstrap-servers", envvar="DELTACOORD_BOOTSTRAP_SERVERS", default=None)
+@click.option("--topic-prefix", envvar="DELTACOORD_TOPIC_PREFIX", default=None, help="Topics are <prefix>.proposals/.commits/.deadletters.")
+@click.option("--partitions", envvar="DELTACOORD_PARTITIONS", default=None, help="Comma-separated proposals partitions to own (default: all).")
+@click.option("--num-partitions", type=int, envvar="DELTACOORD_NUM_PARTITIONS", default=None, help="Partitions when creating topics.")
+@click.option("--group-id", envvar="DELTACOORD_GROUP_ID", default=None)
+@click.option("--transactional-id-prefix", envvar="DELTACOORD_TRANSACTIONAL_ID_PREFIX", default=None)
+@click.option("--max-batch", type=int, envvar="DELTACOORD_MAX_BATCH", default=None)
+@click.option("--metrics-port", type=int, envvar="DELTACOORD_METRICS_PORT", default=None, help="Serve /metrics and /healthz.")
+@click.option("--no-fsync", is_flag=True, help="Do not fsync published files (Kafka stays the durable copy).")
+@click.option("--no-checkpoints", is_flag=True, help="Do not write checkpoints.")
+@click.option("--kafka", "kafka_pairs", multiple=True, help="Extra Kafka client setting key=value (repeatable).")
+@click.option("--log-level", default="INFO", envvar="DELTACOORD_LOG_LEVEL")
+def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None, partitions: str | None,
+                    num_partitions: int | None, group_id: str | None, transactional_id_prefix: str | None, max_batch: int | None,
+                    metrics_port: int | None, no_fsync: bool, no_checkpoints: bool, kafka_pairs: tuple[str, ...], log_level: str) -> None:
+    """Consume proposals, decide them, record decisions in Kafka, publish _delta_log."""
+    from coordinator.daemon import Coordinator
+    from coordinator.logs import setup_logging
+    from coordinator.service import CoordinatorSettings
+    from schemas.routing import Topics
+
+    setup_logging(log_level)
+    cfg = _file_defaults(config_file)
+
+    def pick(value: object, key: str, default: object) -> object:
+        return value if value is not None else cfg.get(key, default)
+
+    bootstrap = pick(bootstrap_servers, "bootstrap_servers", None)
+    if not bootstrap:
+        raise click.UsageError("no Kafka bootstrap servers: pass --bootstrap-servers, DELTACOORD_BOOTSTRAP_SERVERS or the config file")
+    prefix = str(pick(topic_prefix, "topic_prefix", "deltacoord"))
+    settings = CoordinatorSettings(
+        bootstrap_servers=str(bootstrap),
+        topics=Topics.with_prefix(prefix),
+        kafka=_kafka_settings(config_file, kafka_pairs),
+        group_id=str(pick(group_id, "group_id", f"{prefix}-coordinator")),
+        transactional_id_prefix=str(pick(transactional_id_prefix, "transactional_id_prefix", f"{prefix}-coordinator")),
+        max_batch=int(str(pick(max_batch, "max_batch", 500))),
+    )
+    parts_raw = pick(partitions, "partitions", None)
+    parts = [int(p) for p in str(parts_raw).split(",")] if parts_raw not in (None, "") else None
+    checkpoint_fn = None
+    if not (no_checkpoints or cfg.get("checkpoints") is False):
+        from coordinator.checkpointer import create_checkpoint
+
+        checkpoint_fn = create_checkpoint
+    coord = Coordinator(
+        settings, partitions=parts, num_partitions=int(str(pick(num_partitions, "num_partitions", 1))),
+        metrics_port=pick(metrics_port, "metrics_port", None),  # type: ignore[arg-type]
+        publish_fsync=not (no_fsync or cfg.get("fsync") is False), checkpoint_fn=checkpoint_fn,
+    )
+    coord.install_signal_handlers()
+    sys.exit(coord.run())
+
+
+@main.command("bench")
+@click.option("--writers", type=int, default=16, show_default=True)
+@click.option("--commits-per-writer", type=int, default=50, show_default=True)
+@click.option("--memory-files", type=int, default=1_000_000, show_default=True,
+              help="Live files for the memory measurements (0 skips them).")
+@click.option("--bootstrap-servers", default=None, help="Use this broker instead of the local one.")
+def bench_cmd(writers: int, commits_per_writer: int, memory_files: int, bootstrap_servers: str | None) -> None:
+    """Commits/s and propose-to-decision latency vs delta-rs, in one run; last line is JSON."""
+    from coordinator.bench import run
+
+    click.echo(json.dumps(run(writers, commits_per_writer, memory_files, bootstrap_servers)))
+
+
+@main.command("demo")
+def demo_cmd() -> None:
+    """Broker + coordinator + concurrent writers + conflicts + delta-rs verification; last line is JSON."""
+    from coordinator.demo import main as demo_main
+
+    demo_main()
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,259 @@
+"""`deltacoord bench`: N writer processes doing one-row blind appends, deltacoord vs delta-rs.
+
+Both systems run in the same invocation on the same disk. For deltacoord the
+latency is propose -> decision (the Kafka round trip and the decision; staging
+the Parquet file is excluded and reported separately). For delta-rs it is the
+`write_deltalake` call, which includes writing its file and its own retries.
+The memory part builds a coordinator `TableState` holding 1,000,000 live files
+and checkpoints such a table, each in a fresh process, and reports peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+SCHEMA_FIELDS = [("id", "int64"), ("writer", "int64"), ("value", "string")]
+
+
+def _say(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = min(len(s) - 1, max(0, round(q * (len(s) - 1))))
+    return s[k]
+
+
+def _summary(writers: int, latencies: list[float], failed: int, elapsed: float) -> dict[str, Any]:
+    commits = len(latencies)
+    return {
+        "writers": writers, "commits": commits, "failed": failed,
+        "commits_per_s": round(commits / elapsed, 1) if elapsed > 0 else 0.0,
+        "p50_ms": round(_percentile(latencies, 0.5), 2), "p99_ms": round(_percentile(latencies, 0.99), 2),
+    }
+
+
+# -- deltacoord writers ---------------------------------------------------------------
+def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, barrier: Any, out: str) -> None:
+    import pyarrow as pa
+
+    from schemas.errors import DeltaCoordError
+    from schemas.routing import Topics
+    from writer import staging
+    from writer.table import Table
+
+    t = Table(table, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"bench-{w}")
+    snap = t.snapshot()
+    t.client.partition_of(t.table_id)
+    t.client._listener(t.client.partition_of(t.table_id))  # warm the decision listener before timing
+    lat: list[float] = []
+    stage: list[float] = []
+    failed = 0
+    barrier.wait()
+    for i in range(k):
+        s0 = time.perf_counter()
+        tx = t.begin(snap)
+        tx.stage(staging.write_data_files(t.root, pa.table({"id": [i], "writer": [w], "value": [f"{w}-{i}"]})))
+        s1 = time.perf_counter()
+        try:
+            tx.commit("WRITE", parameters={"mode": "Append"})
+            lat.append((time.perf_counter() - s1) * 1000)
+        except DeltaCoordError:
+            failed += 1
+        stage.append((s1 - s0) * 1000)
+    t.close()
+    Path(out).write_text(json.dumps({"lat": lat, "failed": failed, "stage": stage, "end": time.time()}))
+
+
+def _rs_writer(table: str, w: int, k: int, barrier: Any, out: str) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    lat: list[float] = []
+    failed = 0
+    barrier.wait()
+    for i in range(k):
+        s0 = time.perf_counter()
+        try:
+            write_deltalake(table, pa.table({"id": [i], "writer": [w], "value": [f"{w}-{i}"]}), mode="append")
+            lat.append((time.perf_counter() - s0) * 1000)
+        except Exception:
+            failed += 1
+    Path(out).write_text(json.dumps({"lat": lat, "failed": failed, "end": time.time()}))
+
+
+def _run_processes(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[list[dict[str, Any]], float]:
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(n + 1)
+    outs = [workdir / f"out-{uuid.uuid4().hex[:6]}-{i}.json" for i in range(n)]
+    procs = [ctx.Process(target=target, args=(*args_for(i), barrier, str(outs[i]))) for i in range(n)]
+    for p in procs:
+        p.start()
+    barrier.wait(timeout=300)
+    t0 = time.time()
+    for p in procs:
+        p.join()
+    results = [json.loads(o.read_text()) for o in outs if o.exists()]
+    end = max((r["end"] for r in results), default=time.time())
+    return results, end - t0
+
+
+def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path) -> dict[str, Any]:
+    import pyarrow as pa
+    from confluent_kafka.admin import AdminClient
+
+    from coordinator.topics import ensure_topics
+    from schemas.routing import Topics
+    from writer.table import Table
+
+    prefix = f"bench-{uuid.uuid4().hex[:6]}"
+    topics = Topics.with_prefix(prefix)
+    ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), topics)
+    log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - lives as long as the child
+    coord = subprocess.Popen(
+        [sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+         "--topic-prefix", prefix, "--log-level", "WARNING"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    table = workdir / "deltacoord-table"
+    try:
+        with Table(table, bootstrap, topics=topics) as t:
+            t.create(pa.schema([(n, getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS]))
+        _say(f"deltacoord: {writers} writers x {k} blind appends ...")
+        results, elapsed = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, str(table), i, k), writers, workdir)
+    finally:
+        coord.terminate()
+        coord.wait(60)
+        log.close()
+    lat = [x for r in results for x in r["lat"]]
+    failed = sum(r["failed"] for r in results) + (writers - len(results)) * k
+    out = _summary(writers, lat, failed, elapsed)
+    out["stage_p50_ms"] = round(_percentile([x for r in results for x in r["stage"]], 0.5), 2)
+    return out
+
+
+def bench_delta_rs(writers: int, k: int, workdir: Path) -> dict[str, Any]:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    table = workdir / "delta-rs-table"
+    write_deltalake(str(table), pa.table({n: pa.array([], getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS}), mode="overwrite")
+    _say(f"delta-rs: {writers} processes x {k} write_deltalake appends ...")
+    results, elapsed = _run_processes(_rs_writer, lambda i: (str(table), i, k), writers, workdir)
+    lat = [x for r in results for x in r["lat"]]
+    failed = sum(r["failed"] for r in results) + (writers - len(results)) * k
+    return _summary(writers, lat, failed, elapsed)
+
+
+# -- memory --------------------------------------------------------------------------
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024 / 1024
+
+
+def memory_state(files: int) -> dict[str, float]:
+    """RSS of a TableState holding `files` live files (built by applying commits of 10,000 adds)."""
+    from coordinator.state import TableState
+    from schemas.actions import AddFile, Metadata, Protocol
+
+    st = TableState.empty("bench", "file:///bench")
+    md = Metadata(id="bench", schema_string='{"type":"struct","fields":[{"name":"d","type":"string","nullable":true,"metadata":{}}]}',
+                  partition_columns=("d",))
+    st.apply(0, [Protocol(1, 2), md])
+    base = _rss_mb()
+    per = 10_000
+    for v in range(1, files // per + 1):
+        st.apply(v, [AddFile(f"d={v % 100}/part-{v}-{i}-{uuid.uuid4()}.parquet", {"d": str(v % 100)}, 1000, 0, True,
+                             stats='{"numRecords":1}') for i in range(per)])
+    return {"live_files": st.live_file_count, "rss_mb": round(_rss_mb(), 1), "rss_before_mb": round(base, 1),
+            "peak_rss_mb": round(_peak_rss_mb(), 1)}
+
+
+def memory_checkpoint(files: int, workdir: Path) -> dict[str, float]:
+    """Peak RSS while checkpointing a table of `files` live files (from the previous checkpoint + 10 commits)."""
+    from coordinator.checkpointer import create_checkpoint
+    from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, commit_to_json_lines
+
+    root = workdir / "ckpt-table"
+    log_dir = root / "_delta_log"
+    log_dir.mkdir(parents=True)
+    md = Metadata(id="bench", schema_string='{"type":"struct","fields":[{"name":"d","type":"string","nullable":true,"metadata":{}}]}',
+                  partition_columns=("d",), configuration={"delta.checkpointInterval": "10"})
+    (log_dir / f"{0:020d}.json").write_bytes(commit_to_json_lines([CommitInfo({"operation": "CREATE TABLE"}), Protocol(1, 2), md]))
+    per = files // 100
+    t_last = 0.0
+    for v in range(1, 101):
+        adds = [AddFile(f"d={i % 100}/part-{v}-{i}.parquet", {"d": str(i % 100)}, 1000, 0, True, stats='{"numRecords":1}')
+                for i in range(per)]
+        (log_dir / f"{v:020d}.json").write_bytes(commit_to_json_lines([CommitInfo({"operation": "WRITE"}), *adds]))
+        if v % 10 == 0:
+            before = _peak_rss_mb()
+            t0 = time.perf_counter()
+            create_checkpoint(str(root), v)
+            t_last = time.perf_counter() - t0
+            _say(f"  checkpoint v{v}: {v * per} files, {t_last:.1f}s, peak RSS {max(before, _peak_rss_mb()):.0f} MB")
+    return {"live_files": 100 * per, "last_checkpoint_s": round(t_last, 2), "peak_rss_mb": round(_peak_rss_mb(), 1)}
+
+
+def _in_subprocess(fn: str, *args: Any) -> dict[str, Any]:
+    code = f"import json,sys; from coordinator.bench import {fn}; print(json.dumps({fn}(*json.loads(sys.argv[1]))))"
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps([str(a) if isinstance(a, Path) else a for a in args])],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{fn} failed:\n{proc.stderr[-3000:]}")
+    sys.stderr.write(proc.stderr)
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def run(writers: int, commits_per_writer: int, memory_files: int, bootstrap: str | None) -> dict[str, Any]:
+    from coordinator.broker import LocalBroker
+
+    workdir = Path(tempfile.mkdtemp(prefix="deltacoord-bench-"))
+    broker = LocalBroker()
+    started = False
+    if bootstrap is None:
+        started = broker.status() is None
+        _say("starting the local broker ..." if started else "reusing the running local broker")
+        bootstrap = broker.start().bootstrap_servers
+    try:
+        dc = bench_deltacoord(bootstrap, writers, commits_per_writer, workdir)
+        _say(f"deltacoord: {json.dumps(dc)}")
+        rs = bench_delta_rs(writers, commits_per_writer, workdir)
+        _say(f"delta-rs:   {json.dumps(rs)}")
+        result: dict[str, Any] = {"deltacoord": dc, "delta_rs": rs}
+        if memory_files > 0:
+            _say(f"memory: coordinator state with {memory_files:,} live files ...")
+            result["memory"] = {"state": _in_subprocess("memory_state", memory_files)}
+            _say(f"memory: checkpointing a {memory_files:,}-file table ...")
+            result["memory"]["checkpoint"] = _in_subprocess("memory_checkpoint", memory_files, workdir)
+        ratio = dc["commits_per_s"] / rs["commits_per_s"] if rs["commits_per_s"] else float("inf")
+        _say(f"deltacoord/delta-rs commits/s ratio: {ratio:.1f}x (target >= 10x); p99 {dc['p99_ms']} ms (target < 100 ms); "
+             f"failed {dc['failed']} vs {rs['failed']}")
+        return result
+    finally:
+        if started:
+            broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), None)))

@@ -1,0 +1,75 @@
+"""Prometheus metrics and the `/metrics` + `/healthz` HTTP endpoint."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """The coordinator's metrics, on a registry of its own (several coordinators per process in tests)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.proposals = Counter("deltacoord_proposals_total", "Proposals consumed", ["partition"], registry=r)
+        self.commits = Counter("deltacoord_commits_total", "Versions ratified", ["partition"], registry=r)
+        self.conflicts = Counter("deltacoord_conflicts_total", "Proposals rejected for a conflict, by Delta exception", ["type"], registry=r)
+        self.rejections = Counter("deltacoord_rejections_total", "Proposals rejected as invalid, by reason code", ["reason"], registry=r)
+        self.dead_letters = Counter("deltacoord_dead_letters_total", "Undecodable messages sent to the dead-letter topic", registry=r)
+        self.duplicates = Counter("deltacoord_duplicate_proposals_total", "Redelivered proposals answered with their original decision", registry=r)
+        self.decision_latency = Histogram(
+            "deltacoord_decision_latency_seconds", "From proposal produce time to decision commit in Kafka", registry=r,
+            buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10),
+        )
+        self.batch_size = Histogram("deltacoord_batch_size", "Proposals decided per Kafka transaction", registry=r,
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+        self.publish_lag = Gauge("deltacoord_publish_lag_versions", "Ratified versions not yet in _delta_log", registry=r)
+        self.checkpoint_duration = Histogram("deltacoord_checkpoint_duration_seconds", "Time to write one checkpoint", registry=r,
+                                             buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60))
+        self.halted_tables = Gauge("deltacoord_halted_tables", "Tables whose publication is halted", registry=r)
+        self.tables = Gauge("deltacoord_tables", "Tables whose state this coordinator holds", registry=r)
+
+
+class MetricsServer:
+    """Serves `/metrics` (Prometheus text) and `/healthz` (JSON from `health()`)."""
+
+    def __init__(self, metrics: Metrics, health: Callable[[], tuple[bool, dict[str, object]]], port: int, host: str = "0.0.0.0") -> None:
+        registry = metrics.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.startswith("/metrics"):
+                    body = generate_latest(registry)
+                    self._send(200, CONTENT_TYPE_LATEST, body)
+                elif self.path.startswith("/healthz"):
+                    ok, detail = health()
+                    self._send(200 if ok else 503, "application/json", json.dumps({"ok": ok, **detail}).encode())
+                else:
+                    self._send(404, "text/plain", b"not found\n")
+
+            def _send(self, code: int, ctype: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.port = int(self.server.server_address[1])
+        self._thread = threading.Thread(target=self.server.serve_forever, name="deltacoord-metrics", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,204 @@
+"""Publication of ratified commits to `_delta_log`, strictly in version order.
+
+A version is ratified once its decision is committed in Kafka; publication is
+its view for Delta readers. Files are written under a temporary name and
+hard-linked into place, which fails if the name exists (put-if-absent). An
+existing identical file is fine (re-publication after a crash or by a fenced
+peer); a different one means someone wrote around the coordinator, so the table
+halts and nothing is overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from schemas.actions import Action, commit_to_json_lines
+from schemas.errors import TableHaltedError
+
+log = logging.getLogger(__name__)
+
+
+def table_root(table_uri: str) -> Path:
+    """Local path of a table URI (`/path` or `file:///path`)."""
+    parsed = urlparse(table_uri)
+    if parsed.scheme in ("", "file"):
+        return Path(parsed.path if parsed.scheme else table_uri)
+    raise ValueError(f"unsupported table URI scheme {parsed.scheme!r} in {table_uri!r}; only local paths and file:// are supported")
+
+
+def commit_path(root: Path, version: int) -> Path:
+    return root / "_delta_log" / f"{version:020d}.json"
+
+
+def put_if_absent(path: Path, data: bytes, *, fsync: bool = True) -> bool:
+    """Write `data` at `path` unless it exists. True if written, False if an identical file was there.
+
+    Raises TableHaltedError if a different file is already there.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            existing = path.read_bytes()
+            if existing == data:
+                return False
+            raise TableHaltedError(
+                f"{path} already exists with different content ({len(existing)} bytes, expected {len(data)}): "
+                "something wrote to this table around the coordinator. The table is halted; nothing was overwritten."
+            ) from None
+        if fsync:
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+@dataclass(frozen=True)
+class PublishTask:
+    table_id: str
+    table_uri: str
+    version: int
+    actions: tuple[Action, ...]
+
+
+@dataclass
+class TablePublication:
+    """What the publisher knows of one table."""
+
+    ratified: int = -1
+    published: int = -1
+    halted: str | None = None
+
+
+#: Called after version v of a table is published: (table_id, table_uri, version, actions).
+PublishedHook = Callable[[str, str, int, Sequence[Action]], None]
+
+
+@dataclass
+class Publisher:
+    """A thread that publishes ratified versions in order, off the deciding path."""
+
+    fsync: bool = True
+    on_published: PublishedHook | None = None
+    tables: dict[str, TablePublication] = field(default_factory=dict)
+    _q: queue.Queue[PublishTask | None] = field(default_factory=queue.Queue)
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _idle: threading.Condition = field(init=False)
+    _pending: int = 0
+    _abandoned: bool = False
+
+    def __post_init__(self) -> None:
+        self._idle = threading.Condition(self._lock)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="deltacoord-publisher", daemon=True)
+        self._thread.start()
+
+    def submit(self, task: PublishTask) -> None:
+        """Queue a ratified version; versions of a table must be submitted in order."""
+        with self._lock:
+            t = self.tables.setdefault(task.table_id, TablePublication())
+            t.ratified = max(t.ratified, task.version)
+            self._pending += 1
+        self._q.put(task)
+
+    def lag(self) -> int:
+        """Ratified but not yet published versions, over all tables."""
+        with self._lock:
+            return sum(max(0, t.ratified - t.published) for t in self.tables.values() if t.halted is None)
+
+    def halted(self, table_id: str) -> str | None:
+        with self._lock:
+            t = self.tables.get(table_id)
+            return None if t is None else t.halted
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Block until every submitted task was handled."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._idle:
+            while self._pending:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Publish what is queued, then end the thread."""
+        if self._thread is None:
+            return
+        self._q.put(None)
+        self._thread.join(timeout_s)
+        self._thread = None
+
+    def abandon(self) -> None:
+        """Drop what is queued and end the thread (a fenced coordinator publishes nothing)."""
+        self._abandoned = True
+        self.stop(timeout_s=5.0)
+
+    def _run(self) -> None:
+        while True:
+            task = self._q.get()
+            if task is None:
+                return
+            try:
+                self._publish(task)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _publish(self, task: PublishTask) -> None:
+        with self._lock:
+            t = self.tables.setdefault(task.table_id, TablePublication())
+            if self._abandoned or t.halted is not None or task.version <= t.published:
+                return
+        data = commit_to_json_lines(task.actions)
+        path = commit_path(table_root(task.table_uri), task.version)
+        # Retry transient I/O errors (disk full, read-only mount) until they clear:
+        # deciding goes on meanwhile and the lag metric shows the backlog.
+        delay = 0.05
+        while True:
+            try:
+                put_if_absent(path, data, fsync=self.fsync)
+                break
+            except TableHaltedError as e:
+                log.error("halting table %s: %s", task.table_id, e)
+                with self._lock:
+                    t.halted = str(e)
+                return
+            except OSError as e:
+                log.warning("publishing %s failed (%s); retrying in %.2fs", path, e, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        with self._lock:
+            t.published = task.version
+        if self.on_published is not None:
+            try:
+                self.on_published(task.table_id, task.table_uri, task.version, task.actions)
+            except Exception:
+                log.exception("post-publication hook failed for %s v%d", task.table_id, task.version)

@@ -1,0 +1,94 @@
+"""Provisioning and validation of the proposals, commits and dead-letter topics.
+
+The commits topic is the source of truth, so it is never compacted and keeps
+its records forever by default (retention.ms=-1); proposals only need to live
+until decided. Replication follows the cluster: RF = min(3, brokers) and
+min.insync.replicas = RF - 1 (at least 1), with unclean leader election off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
+
+from schemas.routing import Topics
+
+WEEK_MS = 7 * 24 * 3600 * 1000
+
+
+class TopicConfigError(RuntimeError):
+    """A topic exists with settings the coordinator cannot work with."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str] = field(default_factory=dict)
+
+
+def topic_specs(topics: Topics, partitions: int, replication_factor: int) -> list[TopicSpec]:
+    min_isr = str(max(1, replication_factor - 1))
+    common = {"min.insync.replicas": min_isr, "unclean.leader.election.enable": "false", "cleanup.policy": "delete"}
+    return [
+        TopicSpec(topics.proposals, partitions, replication_factor, {**common, "retention.ms": str(WEEK_MS)}),
+        TopicSpec(topics.commits, partitions, replication_factor, {**common, "retention.ms": "-1", "retention.bytes": "-1"}),
+        TopicSpec(topics.dead_letters, 1, replication_factor, {**common, "retention.ms": str(4 * WEEK_MS)}),
+    ]
+
+
+def ensure_topics(admin: AdminClient, topics: Topics, partitions: int = 1, replication_factor: int | None = None) -> int:
+    """Create missing topics, validate existing ones; returns the proposals partition count."""
+    md = admin.list_topics(timeout=30)
+    rf = replication_factor or min(3, max(1, len(md.brokers)))
+    specs = topic_specs(topics, partitions, rf)
+    missing = [s for s in specs if s.name not in md.topics]
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication_factor, config=s.config) for s in missing]
+        )
+        for name, f in futures.items():
+            try:
+                f.result(30)
+            except Exception as e:
+                if "TOPIC_ALREADY_EXISTS" not in str(e):
+                    raise TopicConfigError(f"cannot create topic {name}: {e}") from e
+        md = _wait_visible(admin, [s.name for s in specs])
+    validate_topics(admin, topics, specs)
+    return len(md.topics[topics.proposals].partitions)
+
+
+def _wait_visible(admin: AdminClient, names: Sequence[str], timeout_s: float = 30.0) -> Any:
+    """Metadata right after creation may lag: wait until every topic has its partitions."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        md = admin.list_topics(timeout=10)
+        if all(n in md.topics and md.topics[n].partitions and md.topics[n].error is None for n in names):
+            return md
+        if time.monotonic() > deadline:
+            raise TopicConfigError(f"topics {list(names)} were created but are not visible after {timeout_s:.0f}s")
+        time.sleep(0.1)
+
+
+def validate_topics(admin: AdminClient, topics: Topics, specs: Sequence[TopicSpec]) -> None:
+    md = _wait_visible(admin, [s.name for s in specs])
+    p = len(md.topics[topics.proposals].partitions)
+    c = len(md.topics[topics.commits].partitions)
+    if p != c:
+        raise TopicConfigError(
+            f"{topics.proposals} has {p} partitions but {topics.commits} has {c}: a table's proposals and decisions "
+            "must share a partition index, so both topics need the same count"
+        )
+    resources = [ConfigResource("topic", topics.commits)]
+    for res, f in admin.describe_configs(resources).items():
+        cfg = f.result(30)
+        policy = cfg["cleanup.policy"].value if "cleanup.policy" in cfg else "delete"
+        if "compact" in (policy or ""):
+            raise TopicConfigError(
+                f"{res.name} has cleanup.policy={policy}: the commits topic is the source of truth and must not be compacted"
+            )

@@ -1,0 +1,72 @@
+"""Where messages go: topic names, the table-to-partition mapping and message headers.
+
+A table's proposals and decisions live on the same partition index of the
+proposals and commits topics. The partition is murmur2(table id) like Kafka's
+Java default partitioner, so clients in any language agree on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Header carrying the proposal id on proposals and decisions, so a writer can
+#: skip other writers' decisions without decoding them.
+H_PROPOSAL_ID = "deltacoord.proposal_id"
+H_TABLE_ID = "deltacoord.table_id"
+#: On decisions: the committed version (decimal text) or absent for rejections.
+H_VERSION = "deltacoord.version"
+H_OUTCOME = "deltacoord.outcome"
+#: On dead letters: why the message could not be decided.
+H_ERROR = "deltacoord.error"
+H_SOURCE = "deltacoord.source"
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The three topics of one deltacoord deployment, named from a prefix."""
+
+    proposals: str
+    commits: str
+    dead_letters: str
+
+    @staticmethod
+    def with_prefix(prefix: str = "deltacoord") -> Topics:
+        return Topics(f"{prefix}.proposals", f"{prefix}.commits", f"{prefix}.deadletters")
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (as in the Java client's `Utils.murmur2`), a signed 32-bit int."""
+    length = len(data)
+    seed = 0x9747B28C
+    m = 0x5BD1E995
+    r = 24
+    h = (seed ^ length) & 0xFFFFFFFF
+    length4 = length // 4
+    for i in range(length4):
+        i4 = i * 4
+        k = (data[i4] & 0xFF) + ((data[i4 + 1] & 0xFF) << 8) + ((data[i4 + 2] & 0xFF) << 16) + ((data[i4 + 3] & 0xFF) << 24)
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    rem = length % 4
+    tail = length4 * 4
+    if rem == 3:
+        h ^= (data[tail + 2] & 0xFF) << 16
+    if rem >= 2:
+        h ^= (data[tail + 1] & 0xFF) << 8
+    if rem >= 1:
+        h ^= data[tail] & 0xFF
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(table_id: str, num_partitions: int) -> int:
+    """The proposals/commits partition serialising `table_id` (Java default partitioner)."""
+    if num_partitions <= 0:
+        raise ValueError(f"num_partitions must be positive, got {num_partitions}")
+    return (murmur2(table_id.encode("utf-8")) & 0x7FFFFFFF) % num_partitions

@@ -1,0 +1,92 @@
+"""Run a real coordinator (in a thread or a child process) against the test broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from coordinator.daemon import Coordinator
+from coordinator.service import CoordinatorSettings
+from coordinator.topics import ensure_topics
+from schemas.routing import Topics
+
+
+def fresh_topics(bootstrap: str, partitions: int = 1) -> Topics:
+    topics = Topics.with_prefix(f"t{uuid.uuid4().hex[:8]}")
+    ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), topics, partitions=partitions)
+    return topics
+
+
+@contextmanager
+def coordinator_thread(bootstrap: str, topics: Topics, **kwargs: object) -> Iterator[Coordinator]:
+    """A coordinator in this process; stopped gracefully at exit."""
+    settings = CoordinatorSettings(bootstrap_servers=bootstrap, topics=topics,
+                                   group_id=f"{topics.proposals}-coord", transactional_id_prefix=f"{topics.proposals}-tx")
+    coord = Coordinator(settings, publish_fsync=False, **kwargs)  # type: ignore[arg-type]
+    result: dict[str, int] = {}
+    t = threading.Thread(target=lambda: result.setdefault("code", coord.run()), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 60
+    while not coord.ready and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert coord.ready, "coordinator did not become ready"
+    try:
+        yield coord
+    finally:
+        coord.stop_event.set()
+        t.join(60)
+
+
+@dataclass
+class CoordinatorProcess:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        self.proc.send_signal(sig)
+        self.proc.wait(30)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def start_coordinator_process(bootstrap: str, topics: Topics, log_dir: Path, *extra: str,
+                              env: dict[str, str] | None = None) -> CoordinatorProcess:
+    """`deltacoord coordinator run` as a child process (for SIGKILL and fencing tests)."""
+    log = log_dir / f"coordinator-{uuid.uuid4().hex[:6]}.log"
+    prefix = topics.proposals.removesuffix(".proposals")
+    cmd = [sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+           "--topic-prefix", prefix, "--group-id", f"{topics.proposals}-coord",
+           "--transactional-id-prefix", f"{topics.proposals}-tx", "--no-fsync", *extra]
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    return CoordinatorProcess(proc, log)
+
+
+def append_worker(bootstrap: str, prefix: str, table_path: str, writer: int, count: int, out: str) -> None:
+    """Body of one writer process: `count` one-row blind appends; records versions and latencies as JSON."""
+    import json
+
+    import pyarrow as pa
+
+    from writer.table import Table
+
+    t = Table(table_path, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"w{writer}")
+    results = []
+    for i in range(count):
+        t0 = time.monotonic()
+        r = t.append(pa.table({"id": [writer * 1_000_000 + i], "date": [f"2024-01-{writer % 28 + 1:02d}"], "value": [f"w{writer}-{i}"]}))
+        results.append({"version": r.version, "proposal_id": r.proposal_id, "ms": (time.monotonic() - t0) * 1000})
+    t.close()
+    Path(out).write_text(json.dumps(results))

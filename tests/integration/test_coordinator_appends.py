@@ -1,0 +1,78 @@
+"""16 concurrent writer processes x 50 blind appends through one coordinator."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from coordinator.checkpointer import create_checkpoint
+from coordinator.service import CoordinatorSettings, read_decisions
+from schemas.actions import parse_commit
+from schemas.messages import Outcome
+from tests.integration.coord_harness import append_worker, coordinator_thread, fresh_topics
+from writer.table import Table
+
+WRITERS = 16
+PER_WRITER = 50
+SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.string())])
+
+
+def test_sixteen_writers_fifty_blind_appends_each(kafka_bootstrap: str, tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap)
+    prefix = topics.proposals.removesuffix(".proposals")
+    table_path = tmp_path / "events"
+    with coordinator_thread(kafka_bootstrap, topics, checkpoint_fn=create_checkpoint) as coord:
+        with Table(table_path, kafka_bootstrap, topics=topics) as t:
+            t.create(SCHEMA, partition_by=["date"], properties={"delta.checkpointInterval": "10"})
+        ctx = mp.get_context("spawn")
+        outs = [tmp_path / f"w{i}.json" for i in range(WRITERS)]
+        procs = [ctx.Process(target=append_worker, args=(kafka_bootstrap, prefix, str(table_path), i, PER_WRITER, str(outs[i])))
+                 for i in range(WRITERS)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(300)
+            assert p.exitcode == 0, "a writer process failed"
+        assert coord.publisher.wait_idle(60)
+        head = max(st.version for w in coord._workers for st in w.states.values())
+
+    results = [r for o in outs for r in json.loads(o.read_text())]
+    versions = sorted(r["version"] for r in results)
+    # Every append committed, at distinct contiguous versions after the creation.
+    assert versions == list(range(1, WRITERS * PER_WRITER + 1))
+    assert head == WRITERS * PER_WRITER
+
+    # Exactly one decision per proposal on the commits topic, all committed.
+    settings = CoordinatorSettings(bootstrap_servers=kafka_bootstrap, topics=topics, group_id="verify")
+    decisions = list(read_decisions(settings, 0))
+    by_proposal: dict[str, int] = {}
+    for d in decisions:
+        by_proposal[d.proposal_id] = by_proposal.get(d.proposal_id, 0) + 1
+        assert d.outcome is Outcome.COMMITTED
+    assert len(decisions) == WRITERS * PER_WRITER + 1
+    assert all(n == 1 for n in by_proposal.values())
+
+    # _delta_log equals the commits topic, byte for byte.
+    from schemas.actions import commit_to_json_lines
+
+    log_dir = table_path / "_delta_log"
+    for d in decisions:
+        assert d.version is not None
+        assert (log_dir / f"{d.version:020d}.json").read_bytes() == commit_to_json_lines(d.actions)
+        assert parse_commit((log_dir / f"{d.version:020d}.json").read_bytes())[0] == d.actions[0]
+
+    # Checkpoints every 10 versions, and delta-rs reads every version with the expected row counts.
+    assert (log_dir / "_last_checkpoint").exists()
+    assert (log_dir / f"{800:020d}.checkpoint.parquet").exists()
+    for v in range(0, WRITERS * PER_WRITER + 1):
+        adds = DeltaTable(str(table_path), version=v).get_add_actions(flatten=True)
+        assert sum(adds.column("num_records").to_pylist()) == v, f"version {v}"
+    for v in [1, 10, 11, 399, 655]:
+        assert DeltaTable(str(table_path), version=v).to_pyarrow_table().num_rows == v
+    # All rows, each once.
+    final = DeltaTable(str(table_path)).to_pyarrow_table()
+    assert sorted(final.column("id").to_pylist()) == sorted(w * 1_000_000 + i for w in range(WRITERS) for i in range(PER_WRITER))

@@ -1,0 +1,238 @@
+"""Stage data as Parquet files under the table root, with Delta's per-file statistics.
+
+Files land in Hive-style partition directories with unique names; each yields
+an `add` action carrying partition values serialised as Delta specifies and a
+stats JSON (numRecords, minValues, maxValues, nullCount).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import decimal
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from schemas.actions import AddFile
+
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+#: Delta truncates string statistics to this many characters.
+STRING_STATS_PREFIX = 32
+_HIVE_ESCAPE = set('"#%\'*/:=?\\\x7f{[]}^')
+
+
+class SchemaError(ValueError):
+    """Data whose schema this writer cannot express in Delta, or that does not match the table."""
+
+
+# -- schema ---------------------------------------------------------------------------
+def delta_type(t: pa.DataType) -> Any:
+    """The Delta (Spark JSON) type of an Arrow type."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_int64(t):
+        return "long"
+    if pa.types.is_int32(t):
+        return "integer"
+    if pa.types.is_int16(t):
+        return "short"
+    if pa.types.is_int8(t):
+        return "byte"
+    if pa.types.is_float32(t):
+        return "float"
+    if pa.types.is_float64(t):
+        return "double"
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "binary"
+    if pa.types.is_date32(t):
+        return "date"
+    if pa.types.is_timestamp(t):
+        if t.tz is None:
+            raise SchemaError("timestamps without a time zone (timestamp_ntz) are not supported yet; use a UTC timestamp")
+        return "timestamp"
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_struct(t):
+        return {"type": "struct", "fields": [_field(t.field(i)) for i in range(t.num_fields)]}
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return {"type": "array", "elementType": delta_type(t.value_type), "containsNull": True}
+    if pa.types.is_map(t):
+        return {"type": "map", "keyType": delta_type(t.key_type), "valueType": delta_type(t.item_type), "valueContainsNull": True}
+    raise SchemaError(f"Arrow type {t} has no Delta equivalent")
+
+
+def _field(f: pa.Field) -> dict[str, Any]:
+    return {"name": f.name, "type": delta_type(f.type), "nullable": f.nullable, "metadata": {}}
+
+
+def schema_string(schema: pa.Schema) -> str:
+    """Delta's `schemaString` for an Arrow schema."""
+    return json.dumps({"type": "struct", "fields": [_field(f) for f in schema]}, separators=(",", ":"))
+
+
+def normalize_arrow_type(t: pa.DataType) -> pa.DataType:
+    """The Arrow type this project writes for a Delta type (large/small variants unified)."""
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", tz="UTC")
+    return t
+
+
+# -- values ------------------------------------------------------------------------------
+def serialize_partition_value(v: Any) -> str | None:
+    """Delta's partition value serialisation (PROTOCOL.md "Partition Value Serialization")."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, dt.datetime):
+        if v.tzinfo is not None:
+            v = v.astimezone(dt.UTC).replace(tzinfo=None)
+        return str(v.isoformat(sep=" ", timespec="microseconds"))
+    if isinstance(v, dt.date):
+        return v.isoformat()
+    if isinstance(v, bytes):
+        return v.decode("latin-1")
+    return str(v)  # numbers and strings: their decimal / literal text
+
+
+def _hive_escape(s: str) -> str:
+    return "".join(f"%{ord(c):02X}" if c in _HIVE_ESCAPE or ord(c) < 0x20 else c for c in s)
+
+
+def _dir_value(v: str | None) -> str:
+    return HIVE_NULL if v is None else _hive_escape(v)
+
+
+def _stat_value(v: Any) -> Any:
+    if isinstance(v, dt.datetime):
+        if v.tzinfo is not None:
+            v = v.astimezone(dt.UTC).replace(tzinfo=None)
+        return v.isoformat(timespec="milliseconds") + "Z"
+    if isinstance(v, dt.date):
+        return v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    return v
+
+
+def file_stats(table: pa.Table, columns: Iterable[str]) -> str:
+    """Delta stats JSON for the given (non-partition) columns of one file."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in columns:
+        col = table.column(name)
+        nulls[name] = col.null_count
+        t = col.type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+                or pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_decimal(t)):
+            continue
+        if col.null_count == len(col):
+            continue
+        mm = pc.min_max(col)
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if isinstance(lo, str):
+            lo = lo[:STRING_STATS_PREFIX]
+            if len(hi) > STRING_STATS_PREFIX:
+                hi = None  # a truncated max would not bound the data
+        if isinstance(lo, float) and lo != lo:  # NaN bounds are meaningless
+            continue
+        mins[name] = _stat_value(lo)
+        if hi is not None:
+            maxs[name] = _stat_value(hi)
+    return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}, separators=(",", ":"))
+
+
+# -- files --------------------------------------------------------------------------------
+def write_data_files(
+    root: Path,
+    data: pa.Table,
+    partition_by: Sequence[str] = (),
+    *,
+    data_change: bool = True,
+    max_rows_per_file: int = 1_000_000,
+) -> list[AddFile]:
+    """Write `data` as Parquet under `root`, one or more files per partition; returns their adds."""
+    for c in partition_by:
+        if c not in data.column_names:
+            raise SchemaError(f"partition column {c!r} is missing from the data (columns: {data.column_names})")
+    data_cols = [c for c in data.column_names if c not in partition_by]
+    adds: list[AddFile] = []
+    if data.num_rows == 0:
+        return adds
+    groups: list[tuple[dict[str, Any], pa.Table]]
+    if partition_by:
+        keys = data.select(list(partition_by)).group_by(list(partition_by)).aggregate([]).to_pylist()
+        groups = []
+        for key in keys:
+            mask = None
+            for c, v in key.items():
+                m = pc.is_null(data.column(c)) if v is None else pc.equal(data.column(c), pa.scalar(v, data.schema.field(c).type))
+                mask = m if mask is None else pc.and_(mask, m)
+            groups.append((key, data.filter(mask)))
+    else:
+        groups = [({}, data)]
+    now_ms = int(time.time() * 1000)
+    for key, part in groups:
+        pvals = {c: serialize_partition_value(key[c]) for c in partition_by}
+        rel_dir = "/".join(f"{_hive_escape(c)}={_dir_value(pvals[c])}" for c in partition_by)
+        for start in range(0, part.num_rows, max_rows_per_file):
+            chunk = part.slice(start, max_rows_per_file).select(data_cols)
+            name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(chunk, path, compression="snappy")
+            adds.append(
+                AddFile(
+                    path=quote(rel, safe="/=-_.~"),
+                    partition_values=pvals,
+                    size=os.path.getsize(path),
+                    modification_time=now_ms,
+                    data_change=data_change,
+                    stats=file_stats(chunk, data_cols),
+                )
+            )
+    return adds
+
+
+def delete_staged(root: Path, adds: Iterable[AddFile]) -> None:
+    """Remove files staged for a proposal that did not commit."""
+    from urllib.parse import unquote
+
+    for a in adds:
+        with contextlib.suppress(FileNotFoundError):
+            (root / unquote(a.path)).unlink()
+
+
+def to_arrow(data: Any) -> pa.Table:
+    """Accept a pyarrow Table, RecordBatchReader, RecordBatch or pandas DataFrame."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatchReader):
+        return data.read_all()
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover
+        pd = None
+    if pd is not None and isinstance(data, pd.DataFrame):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise TypeError(f"expected a pyarrow Table, RecordBatchReader or pandas DataFrame, got {type(data).__name__}")

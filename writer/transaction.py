@@ -1,0 +1,177 @@
+"""The low-level transaction: record what was read, collect actions, propose, raise typed conflicts.
+
+Everything Delta's conflict checker distinguishes is expressible here: the read
+version, partition predicates, files scanned, a whole-table read, app ids read,
+and any mix of add/remove/metaData/protocol/txn/domainMetadata actions.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from schemas.actions import Action, AddFile, CommitInfo, RemoveFile
+from schemas.errors import CONFLICT_CLASSES, DeltaConcurrentModificationException, DeltaCoordError, InvalidProposalError
+from schemas.messages import Decision, FileRead, Proposal
+
+if TYPE_CHECKING:
+    from writer.table import Table
+
+ENGINE_INFO = "deltacoord-writer/0.1"
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What a successful commit returns."""
+
+    version: int
+    proposal_id: str
+    operation: str
+    #: True when the proposal had already committed (redelivery) or an app version was already recorded.
+    already_committed: bool = False
+    metrics: Mapping[str, int] = field(default_factory=dict)
+
+
+def error_from_decision(d: Decision) -> DeltaCoordError:
+    """The typed exception a rejected decision stands for."""
+    cls = CONFLICT_CLASSES.get(d.error_type or "")
+    if cls is not None:
+        return cls(d.error_message, winning_version=d.winning_version)
+    return InvalidProposalError(d.reason_code or d.error_type or "REJECTED", d.error_message or "proposal rejected")
+
+
+class Transaction:
+    """One optimistic transaction against a table at `read_version`."""
+
+    def __init__(self, table: Table, read_version: int) -> None:
+        self.table = table
+        self.read_version = read_version
+        self.proposal_id = str(uuid.uuid4())
+        self.read_predicates: list[str] = []
+        self.read_files: list[FileRead] = []
+        self.read_whole_table = False
+        self.read_app_ids: list[str] = []
+        self.actions: list[Action] = []
+        self.staged: list[AddFile] = []
+
+    # -- reads ----------------------------------------------------------------------
+    def read_predicate(self, predicate: str) -> None:
+        """Record a filter on partition columns (data-column conjuncts are widened by the coordinator)."""
+        self.read_predicates.append(predicate)
+
+    def read_file(self, add: AddFile) -> None:
+        self.read_files.append(FileRead(add.path, dict(add.partition_values)))
+
+    def read_files_from(self, adds: Iterable[AddFile]) -> None:
+        for a in adds:
+            self.read_file(a)
+
+    def read_whole(self) -> None:
+        self.read_whole_table = True
+
+    def read_app_id(self, app_id: str) -> None:
+        self.read_app_ids.append(app_id)
+
+    # -- writes ---------------------------------------------------------------------
+    def add(self, *actions: Action) -> None:
+        for a in actions:
+            if isinstance(a, CommitInfo):
+                raise ValueError("commitInfo is written by the coordinator; pass operation parameters to commit()")
+            self.actions.append(a)
+
+    def stage(self, adds: Iterable[AddFile]) -> None:
+        """Add files this transaction wrote (deleted again if the commit is rejected)."""
+        for a in adds:
+            self.staged.append(a)
+            self.actions.append(a)
+
+    def remove(self, add: AddFile, data_change: bool = True) -> None:
+        self.actions.append(add.to_remove(int(time.time() * 1000), data_change=data_change))
+
+    # -- commit ---------------------------------------------------------------------
+    def proposal(self, operation: str, changes_data: bool, parameters: Mapping[str, Any] | None = None) -> Proposal:
+        params = {k: v if isinstance(v, str) else _json(v) for k, v in (parameters or {}).items()}
+        info = {
+            "timestamp": int(time.time() * 1000),
+            "operation": operation,
+            "operationParameters": params,
+            "engineInfo": ENGINE_INFO,
+            "txnId": self.proposal_id,
+        }
+        return Proposal(
+            table_id=self.table.table_id,
+            table_uri=self.table.uri,
+            proposal_id=self.proposal_id,
+            read_version=self.read_version,
+            operation=operation,
+            changes_data=changes_data,
+            actions=tuple(self.actions),
+            commit_info=CommitInfo(info),
+            read_predicates=tuple(self.read_predicates),
+            read_files=tuple(self.read_files),
+            read_whole_table=self.read_whole_table,
+            read_app_ids=tuple(self.read_app_ids),
+            writer=self.table.writer_name,
+            operation_parameters=params,
+        )
+
+    def commit(self, operation: str, *, changes_data: bool = True, parameters: Mapping[str, Any] | None = None,
+               timeout_s: float | None = None) -> CommitResult:
+        """Propose and wait. Conflicts raise `schemas.errors` classes; staged files of a rejection are deleted."""
+        p = self.proposal(operation, changes_data, parameters)
+        d = self.table.client.commit(p, timeout_s or self.table.decision_timeout_s)
+        if d.committed and d.version is not None:
+            return CommitResult(
+                d.version, p.proposal_id, operation, already_committed=d.duplicate_of is not None,
+                metrics=_metrics(self.actions),
+            )
+        from writer.staging import delete_staged
+
+        delete_staged(Path(self.table.root), self.staged)
+        raise error_from_decision(d)
+
+
+def _json(v: Any) -> str:
+    import json
+
+    return json.dumps(v, separators=(",", ":"), default=str)
+
+
+def _metrics(actions: Iterable[Action]) -> dict[str, int]:
+    adds = [a for a in actions if isinstance(a, AddFile)]
+    removes = [a for a in actions if isinstance(a, RemoveFile)]
+    return {
+        "numAddedFiles": len(adds),
+        "numRemovedFiles": len(removes),
+        "numAddedBytes": sum(a.size for a in adds),
+    }
+
+
+T = TypeVar("T")
+
+
+def retry(fn: Callable[[], T], *, attempts: int = 5, base_delay_s: float = 0.05, max_delay_s: float = 2.0,
+          on_retry: Callable[[int, DeltaConcurrentModificationException], None] | None = None) -> T:
+    """Re-run `fn` on retryable conflicts, with bounded attempts and jittered exponential backoff.
+
+    Non-retryable errors (ProtocolChanged, ConcurrentTransaction, invalid
+    proposals, unknown outcomes) are raised at once.
+    """
+    if attempts < 1:
+        raise ValueError("attempts must be >= 1")
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except DeltaConcurrentModificationException as e:
+            if not e.retryable or attempt == attempts:
+                raise
+            if on_retry is not None:
+                on_retry(attempt, e)
+            delay = min(max_delay_s, base_delay_s * 2 ** (attempt - 1))
+            time.sleep(random.uniform(0, delay))
+    raise AssertionError("unreachable")
