@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from coordinator.faults import fault_point
 from reader.checkpoint import (
     CHECKPOINT_SCHEMA,
     DEFAULT_BATCH_ROWS,
@@ -251,6 +252,7 @@ def write_checkpoint(
                 f"a checkpoint needs exactly one protocol and one metaData action, got {protocols} and {metadatas}"
             )
         size_in_bytes = tmp.stat().st_size
+        fault_point("checkpoint_before_publish")
         written = _publish(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)

@@ -11,6 +11,7 @@ without publishing anything.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -21,6 +22,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from coordinator.conflicts import Accepted, Duplicate, Rejected, decide
+from coordinator.faults import fault_point
 from coordinator.metrics import Metrics
 from coordinator.publisher import Publisher, PublishTask
 from coordinator.state import TableState
@@ -141,7 +143,8 @@ class PartitionCoordinator:
             self.consumer.close()
             self.consumer = None
         if self.producer is not None:
-            self.producer.flush(5)
+            with contextlib.suppress(KafkaException):  # a fenced producer fails every call, flush included
+                self.producer.flush(5)
             self.producer = None
 
     def _recover(self) -> None:
@@ -195,6 +198,7 @@ class PartitionCoordinator:
         if not batch:
             return 0
         decisions, dead = self._decide_batch(batch)
+        fault_point("after_decide")
         try:
             self._transact(batch, decisions, dead)
         except FencedError:
@@ -203,6 +207,7 @@ class PartitionCoordinator:
             log.warning("partition %d: transaction failed (%s); rebuilding state and retrying the batch", self.partition, e)
             self._abort_and_rewind(e)
             return 0
+        fault_point("after_kafka_commit")
         now = time.time()
         for m in batch:
             ts = m.timestamp()[1]

@@ -1,0 +1,34 @@
+"""Named crash points for fault-injection tests.
+
+`DELTACOORD_FAULT=<point>:<n>` makes the process SIGKILL itself the n-th time
+it reaches `<point>` (1-based). Unset, a fault point costs one dict lookup.
+Points: `after_decide` (batch decided, no Kafka transaction yet),
+`after_kafka_commit` (decisions committed, nothing published),
+`checkpoint_before_publish` (checkpoint Parquet written to its temp name only).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_counts: dict[str, int] = {}
+
+
+def _parse(spec: str | None) -> tuple[str, int] | None:
+    if not spec:
+        return None
+    name, _, n = spec.partition(":")
+    return name, int(n or "1")
+
+
+_SPEC = _parse(os.environ.get("DELTACOORD_FAULT"))
+
+
+def fault_point(name: str) -> None:
+    """Crash here if the environment asks for it (tests only)."""
+    if _SPEC is None or _SPEC[0] != name:
+        return
+    _counts[name] = _counts.get(name, 0) + 1
+    if _counts[name] >= _SPEC[1]:
+        os.kill(os.getpid(), signal.SIGKILL)
