@@ -29,9 +29,10 @@ def fresh_topics(bootstrap: str, partitions: int = 1) -> Topics:
 
 
 @contextmanager
-def coordinator_thread(bootstrap: str, topics: Topics, **kwargs: object) -> Iterator[Coordinator]:
+def coordinator_thread(bootstrap: str, topics: Topics, max_proposal_bytes: int = 4 * 1024 * 1024,
+                       **kwargs: object) -> Iterator[Coordinator]:
     """A coordinator in this process; stopped gracefully at exit."""
-    settings = CoordinatorSettings(bootstrap_servers=bootstrap, topics=topics,
+    settings = CoordinatorSettings(bootstrap_servers=bootstrap, topics=topics, max_proposal_bytes=max_proposal_bytes,
                                    group_id=f"{topics.proposals}-coord", transactional_id_prefix=f"{topics.proposals}-tx")
     coord = Coordinator(settings, publish_fsync=False, **kwargs)  # type: ignore[arg-type]
     result: dict[str, int] = {}
