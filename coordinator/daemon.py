@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import signal
@@ -11,11 +12,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from coordinator.metrics import Metrics, MetricsServer
 from coordinator.publisher import Publisher
-from coordinator.service import CoordinatorSettings, FencedError, PartitionCoordinator
+from coordinator.service import CoordinatorSettings, FencedError, PartitionCoordinator, make_consumer
 from coordinator.topics import ensure_topics
 from schemas.actions import Action, Metadata
 
@@ -46,9 +48,8 @@ class Coordinator:
     stop_event: threading.Event = field(default_factory=threading.Event)
     fenced: bool = False
     ready: bool = False
-    _workers: list[PartitionCoordinator] = field(default_factory=list)
+    _workers: dict[int, PartitionCoordinator] = field(default_factory=dict)
     _last_loop: float = 0.0
-    _intervals: dict[str, int] = field(default_factory=dict)
     _ckpt_q: queue.Queue[_CheckpointRequest | None] = field(default_factory=queue.Queue)
     _server: MetricsServer | None = None
 
@@ -57,13 +58,19 @@ class Coordinator:
 
     # -- checkpoints (never on the deciding thread) -------------------------------
     def _on_published(self, table_id: str, table_uri: str, version: int, actions: Sequence[Action]) -> None:
-        for a in actions:
-            if isinstance(a, Metadata):
-                self._intervals[table_id] = _checkpoint_interval(a)
-        interval = self._intervals.get(table_id, 10)
+        md = next((a for a in actions if isinstance(a, Metadata)), None) or self._metadata_of(table_id)
+        interval = _checkpoint_interval(md) if md is not None else 10
         if self.checkpoint_fn is not None and version > 0 and version % interval == 0:
             self._ckpt_q.put(_CheckpointRequest(table_id, table_uri, version))
         self.metrics.publish_lag.set(self.publisher.lag())
+
+    def _metadata_of(self, table_id: str) -> Metadata | None:
+        """The table's current metadata from the owning partition's state (read from the publisher thread)."""
+        for w in list(self._workers.values()):
+            st = w.states.get(table_id)
+            if st is not None:
+                return st.metadata
+        return None
 
     def _checkpoint_loop(self) -> None:
         while True:
@@ -84,34 +91,84 @@ class Coordinator:
         ok = self.ready and not self.fenced and stale is not None and stale < 30
         halted = {t: p.halted for t, p in self.publisher.tables.items() if p.halted}
         return ok, {
-            "ready": self.ready, "fenced": self.fenced, "partitions": [w.partition for w in self._workers],
+            "ready": self.ready, "fenced": self.fenced, "partitions": sorted(self._workers),
             "publish_lag": self.publisher.lag(), "halted_tables": halted,
         }
 
+    # -- partitions ------------------------------------------------------------------
+    def _take(self, consumer: Consumer, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
+        """Own these partitions: fence their previous owner, rebuild their tables, resume at committed offsets."""
+        out = []
+        for tp in partitions:
+            w = PartitionCoordinator(self.settings, tp.partition, self.publisher, self.metrics, consumer)
+            start = w.start()
+            self._workers[tp.partition] = w
+            out.append(TopicPartition(tp.topic, tp.partition, start))
+        log.info("owning partitions %s", sorted(self._workers))
+        return out
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.assign(self._take(consumer, partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Batches are decided and committed synchronously in the loop, so nothing is
+        # half-done here; drop the partition's producer and stop publishing its tables.
+        for tp in partitions:
+            w = self._workers.pop(tp.partition, None)
+            if w is not None:
+                self.publisher.forget(w.states.keys())
+                w.close()
+        log.info("released partitions %s; owning %s", sorted(tp.partition for tp in partitions), sorted(self._workers))
+
     # -- run -------------------------------------------------------------------------
     def run(self) -> int:
-        """Run until `stop_event` is set (graceful) or this coordinator is fenced. Returns an exit code."""
+        """Run until `stop_event` is set (graceful) or this coordinator is fenced. Returns an exit code.
+
+        With explicit `partitions` the coordinator owns exactly those (static
+        assignment); otherwise it joins the consumer group and owns what Kafka
+        assigns it, so more instances split the partitions between them.
+        """
         admin = AdminClient(self.settings.client())
-        n = ensure_topics(admin, self.settings.topics, partitions=self.num_partitions)
+        ensure_topics(admin, self.settings.topics, partitions=self.num_partitions)
         del admin  # an idle admin client would keep reconnecting for the life of the process
-        parts = list(self.partitions) if self.partitions is not None else list(range(n))
         if self.metrics_port is not None:
             self._server = MetricsServer(self.metrics, self.health, self.metrics_port)
             self._server.start()
         self.publisher.start()
         ckpt = threading.Thread(target=self._checkpoint_loop, name="deltacoord-checkpointer", daemon=True)
         ckpt.start()
-        self._workers = [PartitionCoordinator(self.settings, p, self.publisher, self.metrics) for p in parts]
+        consumer = make_consumer(self.settings)
+        topic = self.settings.topics.proposals
         code = 0
         try:
-            for w in self._workers:
-                w.start()
+            if self.partitions is not None:
+                consumer.assign(self._take(consumer, [TopicPartition(topic, p) for p in self.partitions]))
+            else:
+                consumer.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                   on_lost=self._on_revoke)
             self.ready = True
-            log.info("coordinator ready on %s partitions %s", self.settings.topics.proposals, parts)
+            log.info("coordinator ready on %s (%s)", topic, "static" if self.partitions is not None else "group")
+            s = self.settings
             while not self.stop_event.is_set():
                 self._last_loop = time.monotonic()
-                for w in self._workers:
-                    w.step()
+                first = consumer.poll(s.poll_timeout_s)
+                if first is None:
+                    continue
+                msgs = [first, *consumer.consume(s.max_batch - 1, 0)] if s.max_batch > 1 else [first]
+                by_partition: dict[int, list[Message]] = {}
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            raise KafkaException(err)
+                        continue
+                    p = m.partition()
+                    if p is not None:
+                        by_partition.setdefault(p, []).append(m)
+                for p, batch in by_partition.items():
+                    w = self._workers.get(p)
+                    if w is not None:  # a message of a partition just revoked is someone else's now
+                        w.process(batch)
         except FencedError as e:
             # A newer coordinator owns the partition: publish nothing more, exit at once.
             log.error("fenced: %s; stopping without publishing", e)
@@ -119,8 +176,10 @@ class Coordinator:
             code = 3
         finally:
             self.ready = False
-            for w in self._workers:
+            for w in self._workers.values():
                 w.close()
+            with contextlib.suppress(KafkaException, RuntimeError):
+                consumer.close()
             if self.fenced:
                 self.publisher.abandon()
             else:

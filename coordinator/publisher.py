@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -38,6 +38,26 @@ def table_root(table_uri: str) -> Path:
 
 def commit_path(root: Path, version: int) -> Path:
     return root / "_delta_log" / f"{version:020d}.json"
+
+
+def sweep_temp_files(table_uri: str) -> int:
+    """Delete publication temp files a killed publisher left in `_delta_log`; returns how many.
+
+    Only names this module creates (`.<name>.<32 hex>.tmp`) are touched. A
+    zombie publisher whose temp file disappears just retries with a new one.
+    """
+    log_dir = table_root(table_uri) / "_delta_log"
+    removed = 0
+    try:
+        names = os.listdir(log_dir)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        if name.startswith(".") and name.endswith(".tmp") and len(name.rsplit(".", 2)[-2]) == 32:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(log_dir / name)
+                removed += 1
+    return removed
 
 
 def put_if_absent(path: Path, data: bytes, *, fsync: bool = True) -> bool:
@@ -110,6 +130,7 @@ class Publisher:
     _idle: threading.Condition = field(init=False)
     _pending: int = 0
     _abandoned: bool = False
+    _forgotten: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._idle = threading.Condition(self._lock)
@@ -121,6 +142,7 @@ class Publisher:
     def submit(self, task: PublishTask) -> None:
         """Queue a ratified version; versions of a table must be submitted in order."""
         with self._lock:
+            self._forgotten.discard(task.table_id)
             t = self.tables.setdefault(task.table_id, TablePublication())
             t.ratified = max(t.ratified, task.version)
             self._pending += 1
@@ -155,6 +177,13 @@ class Publisher:
         self._thread.join(timeout_s)
         self._thread = None
 
+    def forget(self, table_ids: Iterable[str]) -> None:
+        """Stop publishing these tables (their partition moved to another coordinator)."""
+        with self._lock:
+            for t in table_ids:
+                self.tables.pop(t, None)
+                self._forgotten.add(t)
+
     def abandon(self) -> None:
         """Drop what is queued and end the thread (a fenced coordinator publishes nothing)."""
         self._abandoned = True
@@ -175,7 +204,7 @@ class Publisher:
     def _publish(self, task: PublishTask) -> None:
         with self._lock:
             t = self.tables.setdefault(task.table_id, TablePublication())
-            if self._abandoned or t.halted is not None or task.version <= t.published:
+            if self._abandoned or task.table_id in self._forgotten or t.halted is not None or task.version <= t.published:
                 return
         data = commit_to_json_lines(task.actions)
         path = commit_path(table_root(task.table_uri), task.version)

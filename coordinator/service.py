@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from coordinator.conflicts import Accepted, Duplicate, Rejected, decide
 from coordinator.faults import fault_point
 from coordinator.metrics import Metrics
-from coordinator.publisher import Publisher, PublishTask
+from coordinator.publisher import Publisher, PublishTask, sweep_temp_files
 from coordinator.state import TableState
 from schemas.codec import decode_decision, decode_proposal, encode_decision
 from schemas.errors import DecodeError, InvalidProposalError
@@ -92,22 +92,55 @@ class _DeadLetter:
     source: str
 
 
-class PartitionCoordinator:
-    """Owns one proposals partition: its table states, producer and consumer."""
+def make_consumer(settings: CoordinatorSettings) -> Consumer:
+    """The proposals consumer: read_committed, offsets only ever committed inside transactions."""
+    s = settings
+    return Consumer(
+        s.client(
+            {
+                "fetch.wait.max.ms": 5,
+                "fetch.message.max.bytes": max(s.max_proposal_bytes * 2, 1_048_576),
+                # A dead coordinator's partitions move after this long (group mode).
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 1_000,
+                "partition.assignment.strategy": "range",
+            },
+            **{
+                "group.id": s.group_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+            },
+        )
+    )
 
-    def __init__(self, settings: CoordinatorSettings, partition: int, publisher: Publisher, metrics: Metrics) -> None:
+
+class PartitionCoordinator:
+    """Owns one proposals partition: its table states and its transactional producer.
+
+    The consumer is shared by every partition of the process; this object only
+    ever handles messages of its own partition.
+    """
+
+    def __init__(self, settings: CoordinatorSettings, partition: int, publisher: Publisher, metrics: Metrics,
+                 consumer: Consumer) -> None:
         self.settings = settings
         self.partition = partition
         self.publisher = publisher
         self.metrics = metrics
+        self.consumer = consumer
         self.states: dict[str, TableState] = {}
         self.producer: Producer | None = None
-        self.consumer: Consumer | None = None
         self._label = str(partition)
+        self._tp = TopicPartition(settings.topics.proposals, partition)
 
     # -- lifecycle ---------------------------------------------------------------
-    def start(self) -> None:
-        """Fence older owners, rebuild state from the commits topic, publish what is missing."""
+    def start(self) -> int:
+        """Fence older owners, rebuild state from the commits topic, publish what is missing.
+
+        Returns the proposals offset to resume from (the last transactionally committed one).
+        """
         s = self.settings
         self.producer = Producer(
             s.client(
@@ -124,24 +157,14 @@ class PartitionCoordinator:
         )
         # Completes or aborts any transaction a previous owner left open, and fences it.
         self.producer.init_transactions(60)
-        self.consumer = Consumer(
-            s.client(
-                {"fetch.wait.max.ms": 5, "fetch.message.max.bytes": max(s.max_proposal_bytes * 2, 1_048_576)},
-                **{
-                    "group.id": s.group_id,
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    "isolation.level": "read_committed",
-                    "auto.offset.reset": "earliest",
-                },
-            )
-        )
         self._recover()
+        return self.committed_offset()
+
+    def committed_offset(self) -> int:
+        committed = _committed_with_retry(self.consumer, self._tp)
+        return committed[0].offset if committed and committed[0].offset >= 0 else 0
 
     def close(self) -> None:
-        if self.consumer is not None:
-            self.consumer.close()
-            self.consumer = None
         if self.producer is not None:
             with contextlib.suppress(KafkaException):  # a fenced producer fails every call, flush included
                 self.producer.flush(5)
@@ -154,7 +177,6 @@ class PartitionCoordinator:
         commit and publication) are handed to the publisher, oldest first; the
         newest version already on disk is re-checked byte for byte.
         """
-        assert self.consumer is not None
         s = self.settings
         self.states = {}
         on_disk: dict[str, int] = {}
@@ -166,6 +188,9 @@ class PartitionCoordinator:
                 st = TableState.empty(d.table_id, d.table_uri)
                 self.states[d.table_id] = st
                 on_disk[d.table_id] = newest_published_version(d.table_uri)
+                swept = sweep_temp_files(d.table_uri)
+                if swept:
+                    log.info("removed %d temp files a killed publisher left in %s", swept, d.table_uri)
             if d.version != st.version + 1:
                 raise RuntimeError(
                     f"commits topic is not contiguous for table {d.table_id}: version {d.version} after {st.version}"
@@ -174,29 +199,14 @@ class PartitionCoordinator:
             if d.version >= on_disk[d.table_id]:
                 self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
         self.metrics.tables.set(len(self.states))
-        committed = _committed_with_retry(self.consumer, TopicPartition(s.topics.proposals, self.partition))
-        start = committed[0].offset if committed and committed[0].offset >= 0 else 0
-        self.consumer.assign([TopicPartition(s.topics.proposals, self.partition, start)])
-        log.info("partition %d: recovered %d tables; consuming proposals from offset %d", self.partition, len(self.states), start)
+        log.info("partition %d: recovered %d tables from %s", self.partition, len(self.states), s.topics.commits)
 
     # -- the loop ---------------------------------------------------------------
-    def step(self) -> int:
-        """Decide one batch. Returns the number of proposals consumed."""
-        assert self.consumer is not None and self.producer is not None
-        # Wait for the first proposal only; then take what is already buffered (group commit).
-        first = self.consumer.poll(self.settings.poll_timeout_s)
-        if first is None:
-            return 0
-        msgs = [first, *self.consumer.consume(self.settings.max_batch - 1, 0)] if self.settings.max_batch > 1 else [first]
-        batch: list[Message] = []
-        for m in msgs:
-            err = m.error()
-            if err is None:
-                batch.append(m)
-            elif err.code() != KafkaError._PARTITION_EOF:
-                raise KafkaException(err)
+    def process(self, batch: Sequence[Message]) -> None:
+        """Decide one batch of this partition's proposals and commit the decisions with the offsets."""
+        assert self.producer is not None
         if not batch:
-            return 0
+            return
         decisions, dead = self._decide_batch(batch)
         fault_point("after_decide")
         try:
@@ -206,7 +216,7 @@ class PartitionCoordinator:
         except KafkaException as e:
             log.warning("partition %d: transaction failed (%s); rebuilding state and retrying the batch", self.partition, e)
             self._abort_and_rewind(e)
-            return 0
+            return
         fault_point("after_kafka_commit")
         now = time.time()
         for m in batch:
@@ -227,7 +237,6 @@ class PartitionCoordinator:
                 self.metrics.rejections.labels(d.reason_code or "UNKNOWN").inc()
         self.metrics.dead_letters.inc(len(dead))
         self.metrics.publish_lag.set(self.publisher.lag())
-        return len(batch)
 
     def _decide_batch(self, batch: Sequence[Message]) -> tuple[list[Decision], list[_DeadLetter]]:
         decisions: list[Decision] = []
@@ -292,7 +301,7 @@ class PartitionCoordinator:
         return rejection(p.table_id, p.table_uri, p.proposal_id, result.error, result.winning_version, now_ms)
 
     def _transact(self, batch: Sequence[Message], decisions: Sequence[Decision], dead: Sequence[_DeadLetter]) -> None:
-        assert self.producer is not None and self.consumer is not None
+        assert self.producer is not None
         s = self.settings
         try:
             self.producer.begin_transaction()
@@ -337,8 +346,10 @@ class PartitionCoordinator:
             kerr = e.args[0]
             if isinstance(kerr, KafkaError) and kerr.fatal():
                 raise FencedError(f"partition {self.partition}: {kerr}") from cause
-        # In-memory states may hold this batch's tentative commits: rebuild them.
+        # In-memory states may hold this batch's tentative commits: rebuild them,
+        # and consume again from the last committed offset.
         self._recover()
+        self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.committed_offset()))
 
 
 def _committed_with_retry(consumer: Consumer, tp: TopicPartition, timeout_s: float = 60.0) -> list[TopicPartition]:
