@@ -69,6 +69,24 @@ def _header(msg: Message, name: str) -> str | None:
     return None
 
 
+#: Table property naming the writers allowed to propose commits (comma-separated).
+ALLOWED_WRITERS_KEY = "deltacoord.allowedWriters"
+
+
+def allowed_writers(st: TableState) -> frozenset[str] | None:
+    """The table's writer allow-list at its head, or None when every writer may commit.
+
+    Writer names are declared by the writer; Kafka ACLs (see deploy/) decide who
+    may produce proposals at all, this list narrows it per table.
+    """
+    if st.metadata is None:
+        return None
+    raw = st.metadata.configuration.get(ALLOWED_WRITERS_KEY)
+    if raw is None:
+        return None
+    return frozenset(w.strip() for w in raw.split(",") if w.strip())
+
+
 def decision_headers(d: Decision) -> list[tuple[str, str | bytes | None]]:
     h: list[tuple[str, str | bytes | None]] = [(H_PROPOSAL_ID, d.proposal_id.encode()), (H_TABLE_ID, d.table_id.encode()), (H_OUTCOME, d.outcome.value.encode())]
     if d.committed and d.version is not None:
@@ -279,6 +297,12 @@ class PartitionCoordinator:
             st = TableState.empty(p.table_id, p.table_uri)
         elif st.table_uri != p.table_uri:
             err = InvalidProposalError("TABLE_URI_MISMATCH", f"table {p.table_id} lives at {st.table_uri}, not {p.table_uri}")
+            return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
+        allowed = allowed_writers(st)
+        if allowed is not None and p.writer not in allowed:
+            err = InvalidProposalError(
+                "WRITER_NOT_ALLOWED", f"writer {p.writer!r} is not in the allow-list of table {p.table_id} ({ALLOWED_WRITERS_KEY})"
+            )
             return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
         halted = self.publisher.halted(p.table_id)
         if halted is not None:

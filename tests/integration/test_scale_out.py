@@ -1,0 +1,92 @@
+"""Two coordinators split a 4-partition proposals topic; one is SIGKILLed and the other takes over."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow as pa
+
+from coordinator.service import CoordinatorSettings
+from coordinator.verify import assert_verified, verify_table
+from schemas.routing import partition_for
+from tests.integration.coord_harness import fresh_topics, start_coordinator_process
+from writer.table import Table
+
+TABLES = 8
+PER_TABLE = 12
+SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.string())])
+
+
+def _health(port: int) -> dict[str, object]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+        out: dict[str, object] = json.loads(r.read())
+        return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_survivor_takes_over_the_partitions_of_a_killed_coordinator(kafka_bootstrap: str, tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap, partitions=4)
+    ports = [_free_port(), _free_port()]
+    coords = [start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--metrics-port", str(p)) for p in ports]
+
+    # Both members of the group own part of the topic before the run starts.
+    deadline = time.monotonic() + 60
+    owned: list[list[int]] = [[], []]
+    while time.monotonic() < deadline:
+        try:
+            owned = [list(_health(p)["partitions"]) for p in ports]  # type: ignore[call-overload]
+        except OSError:
+            owned = [[], []]
+        if all(owned) and sorted(owned[0] + owned[1]) == [0, 1, 2, 3]:
+            break
+        time.sleep(0.5)
+    assert sorted(owned[0] + owned[1]) == [0, 1, 2, 3] and all(owned), f"partitions not split: {owned}"
+
+    paths = [tmp_path / f"table{i}" for i in range(TABLES)]
+    assert len({partition_for(p.resolve().as_uri(), 4) for p in paths}) > 1, "tables should spread over partitions"
+    versions: dict[int, list[int]] = {i: [] for i in range(TABLES)}
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        try:
+            with Table(paths[i], kafka_bootstrap, topics=topics, decision_timeout_s=180) as t:
+                t.create(SCHEMA)
+                for j in range(PER_TABLE):
+                    versions[i].append(t.append(pa.table({"id": [j], "k": [f"t{i}"]})).version)
+                    time.sleep(0.05)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(TABLES)]
+    for th in threads:
+        th.start()
+    time.sleep(1.5)
+    coords[0].kill()  # SIGKILL mid-run
+    for th in threads:
+        th.join(300)
+    assert not errors, errors
+
+    survivor = _health(ports[1])
+    assert sorted(survivor["partitions"]) == [0, 1, 2, 3]  # type: ignore[call-overload]
+    for i in range(TABLES):
+        assert versions[i] == list(range(1, PER_TABLE + 1)), f"table {i}: {versions[i]}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all((p / "_delta_log" / f"{PER_TABLE:020d}.json").exists() for p in paths):
+        time.sleep(0.2)
+    coords[1].kill(15)
+    settings = CoordinatorSettings(bootstrap_servers=kafka_bootstrap, topics=topics, group_id="verify")
+    for p in paths:
+        rep = verify_table(settings, p.resolve().as_uri(), p.resolve().as_uri(), num_partitions=4)
+        assert_verified(rep)
+        assert rep.topic_versions == PER_TABLE + 1
