@@ -19,23 +19,22 @@ SCHEMA = pa.schema([("id", pa.int64())])
 def test_writer_outside_the_allow_list_is_rejected(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = fresh_topics(kafka_bootstrap)
     path = tmp_path / "t"
-    with coordinator_thread(kafka_bootstrap, topics):
-        with Table(path, kafka_bootstrap, topics=topics, writer_name="etl") as etl:
-            etl.create(SCHEMA, properties={ALLOWED_WRITERS_KEY: "etl, backfill"})
-            deadline = time.monotonic() + 30
-            while not (path / "_delta_log" / f"{0:020d}.json").exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert etl.append(pa.table({"id": [1]})).version == 1
-            with Table(path, kafka_bootstrap, topics=topics, writer_name="intruder", client=etl.client) as intruder:
-                with pytest.raises(InvalidProposalError) as ei:
-                    intruder.append(pa.table({"id": [2]}))
-                assert ei.value.reason == "WRITER_NOT_ALLOWED"
-                assert "intruder" in str(ei.value)
-            with Table(path, kafka_bootstrap, topics=topics, client=etl.client) as anonymous:
-                with pytest.raises(InvalidProposalError):
-                    anonymous.append(pa.table({"id": [3]}))
-            with Table(path, kafka_bootstrap, topics=topics, writer_name="backfill", client=etl.client) as backfill:
-                assert backfill.append(pa.table({"id": [4]})).version == 2
+    with coordinator_thread(kafka_bootstrap, topics), Table(path, kafka_bootstrap, topics=topics, writer_name="etl") as etl:
+        etl.create(SCHEMA, properties={ALLOWED_WRITERS_KEY: "etl, backfill"})
+        deadline = time.monotonic() + 30
+        while not (path / "_delta_log" / f"{0:020d}.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert etl.append(pa.table({"id": [1]})).version == 1
+        intruder = Table(path, kafka_bootstrap, topics=topics, writer_name="intruder", client=etl.client)
+        with pytest.raises(InvalidProposalError) as ei:
+            intruder.append(pa.table({"id": [2]}))
+        assert ei.value.reason == "WRITER_NOT_ALLOWED"
+        assert "intruder" in str(ei.value)
+        anonymous = Table(path, kafka_bootstrap, topics=topics, client=etl.client)
+        with pytest.raises(InvalidProposalError):
+            anonymous.append(pa.table({"id": [3]}))
+        backfill = Table(path, kafka_bootstrap, topics=topics, writer_name="backfill", client=etl.client)
+        assert backfill.append(pa.table({"id": [4]})).version == 2
     from deltalake import DeltaTable
 
     assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("id").to_pylist()) == [1, 4]
