@@ -1,0 +1,386 @@
+"""`deltacoord table ...` and `deltacoord tail`: table commands for people and scripts.
+
+    deltacoord table create PATH --schema "id:long,date:string,amount:decimal(10,2)" --partition-by date --property k=v
+    deltacoord table append PATH --json-rows rows.jsonl        (or --parquet file.parquet)
+    deltacoord table delete PATH --where "date = '2024-01-01'"
+    deltacoord table history PATH [--limit N]                  (JSON lines, newest first, from _delta_log)
+    deltacoord table describe PATH [--version V]               (one JSON object, from _delta_log)
+    deltacoord tail TABLE [--from-version N|latest]            (one JSON line per committed version, from Kafka)
+
+Writes go through the coordinator (`writer.table.Table`), so they need
+`--bootstrap-servers` (or DELTACOORD_BOOTSTRAP_SERVERS) and the deployment's
+`--topic-prefix` (or DELTACOORD_TOPIC_PREFIX, default `deltacoord`). Reads of
+`history`/`describe` only need the table directory. `tail` reads the commits
+topic (`reader.stream.CommitStream`), so it shows a version as soon as it is
+decided, before it is published to `_delta_log`.
+
+Every command prints JSON on stdout (progress and notices go to stderr). Exit
+codes: 0 success, 1 error (a conflict, a bad argument, a missing table), 3 the
+outcome of a write is unknown (it may still commit: look it up by proposal id).
+
+`register(main)` adds the `table` group and the `tail` command to the main
+`deltacoord` group.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import click
+import pyarrow as pa
+
+from reader.snapshot import Snapshot, delta_type_to_arrow
+from schemas.errors import CommitOutcomeUnknownError, DeltaCoordError
+from schemas.routing import Topics
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Type names accepted by --schema besides Delta's own (long, integer, ..., decimal(p,s)).
+_TYPE_ALIASES = {
+    "int": "integer",
+    "bigint": "long",
+    "smallint": "short",
+    "tinyint": "byte",
+    "bool": "boolean",
+    "str": "string",
+    "real": "float",
+    "float64": "double",
+    "int64": "long",
+    "int32": "integer",
+}
+
+EXIT_UNKNOWN_OUTCOME = 3
+
+
+class UnknownOutcome(click.ClickException):
+    exit_code = EXIT_UNKNOWN_OUTCOME
+
+
+def _split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on `sep` outside parentheses/angle brackets (so decimal(10,2) stays whole)."""
+    parts: list[str] = []
+    depth = 0
+    cur: list[str] = []
+    for ch in text:
+        if ch in "(<":
+            depth += 1
+        elif ch in ")>":
+            depth -= 1
+        if ch == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_schema(spec: str) -> pa.Schema:
+    """`"id:long,date:string not null,amount:decimal(10,2)"` -> an Arrow schema (nullable unless `not null`)."""
+    fields: list[pa.Field] = []
+    for item in _split_top_level(spec):
+        if ":" not in item:
+            raise click.BadParameter(f"expected name:type, got {item!r}", param_hint="--schema")
+        name, type_text = (s.strip() for s in item.split(":", 1))
+        nullable = True
+        low = type_text.lower()
+        if low.endswith(" not null"):
+            nullable = False
+            low = low[: -len(" not null")].strip()
+        low = low.replace(" ", "")
+        delta_name = _TYPE_ALIASES.get(low, low)
+        if not name:
+            raise click.BadParameter(f"a column without a name in {item!r}", param_hint="--schema")
+        try:
+            arrow_type = delta_type_to_arrow(delta_name)
+        except (DeltaCoordError, ValueError) as e:
+            raise click.BadParameter(f"column {name!r}: unknown type {type_text!r} ({e})", param_hint="--schema") from e
+        fields.append(pa.field(name, arrow_type, nullable=nullable))
+    if not fields:
+        raise click.BadParameter("the schema has no columns", param_hint="--schema")
+    names = [f.name for f in fields]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise click.BadParameter(f"duplicate columns {dupes}", param_hint="--schema")
+    return pa.schema(fields)
+
+
+def _pairs(values: tuple[str, ...], hint: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in values:
+        if "=" not in pair:
+            raise click.BadParameter(f"expected key=value, got {pair!r}", param_hint=hint)
+        k, v = pair.split("=", 1)
+        out[k.strip()] = v
+    return out
+
+
+def _echo_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, separators=(",", ":"), default=str))
+
+
+def kafka_options(f: F) -> F:
+    """--bootstrap-servers, --topic-prefix and --kafka k=v for commands that talk to Kafka."""
+    f = click.option("--kafka", "kafka_pairs", multiple=True, metavar="KEY=VALUE",
+                     help="Extra Kafka client setting (repeatable), e.g. security.protocol=SSL.")(f)
+    f = click.option("--topic-prefix", envvar="DELTACOORD_TOPIC_PREFIX", default="deltacoord", show_default=True,
+                     help="Topics are <prefix>.proposals/.commits/.deadletters.")(f)
+    f = click.option("--bootstrap-servers", envvar="DELTACOORD_BOOTSTRAP_SERVERS", required=True,
+                     help="Kafka bootstrap servers (or DELTACOORD_BOOTSTRAP_SERVERS).")(f)
+    return f
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Project errors as clean CLI errors (no traceback)."""
+    from writer.staging import SchemaError
+
+    try:
+        yield
+    except CommitOutcomeUnknownError as e:
+        raise UnknownOutcome(str(e)) from e
+    except (DeltaCoordError, SchemaError, FileNotFoundError) as e:
+        raise click.ClickException(f"{type(e).__name__}: {e}") from e
+
+
+def _table(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None) -> Any:
+    from writer.table import Table
+
+    kafka: dict[str, Any] = _pairs(kafka_pairs, "--kafka")
+    return Table(path, bootstrap_servers, table_id=table_id, topics=Topics.with_prefix(topic_prefix), **kafka)
+
+
+def _result_json(r: Any) -> dict[str, Any]:
+    return {
+        "version": r.version,
+        "operation": r.operation,
+        "proposalId": r.proposal_id,
+        "alreadyCommitted": bool(getattr(r, "already_committed", False)),
+        "metrics": dict(getattr(r, "metrics", {}) or {}),
+    }
+
+
+def _table_id_option(f: F) -> F:
+    return click.option("--table-id", default=None,
+                        help="The table's id on the wire (default: its absolute file:// URI).")(f)
+
+
+def _writes(f: F) -> F:
+    return _table_id_option(kafka_options(f))
+
+
+@click.group("table")
+def table_group() -> None:
+    """Create, write and inspect coordinated Delta tables."""
+
+
+@table_group.command("create")
+@click.argument("path", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--schema", "schema_spec", required=True,
+              help='Columns as "name:type,...", types: long, integer, short, byte, double, float, boolean, string, '
+                   'binary, date, timestamp, decimal(p,s); append " not null" to a type for a required column.')
+@click.option("--partition-by", "partition_by", multiple=True,
+              help="Partition column (repeatable, or comma-separated).")
+@click.option("--property", "properties", multiple=True, metavar="KEY=VALUE", help="Table property (repeatable).")
+@click.option("--name", default=None, help="Table name recorded in metaData.")
+@_writes
+def create_cmd(path: Path, schema_spec: str, partition_by: tuple[str, ...], properties: tuple[str, ...], name: str | None,
+               bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None) -> None:
+    """CREATE TABLE at PATH (version 0)."""
+    schema = parse_schema(schema_spec)
+    parts = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
+    props = _pairs(properties, "--property")
+    with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id) as t:
+        _echo_json(_result_json(t.create(schema, partition_by=parts, properties=props, name=name)))
+
+
+def _read_json_rows(source: str) -> list[dict[str, Any]]:
+    """A JSON array, or JSON lines (one object per line), inline, from a file, or from stdin (`-`)."""
+    text: str
+    stripped = source.lstrip()
+    if source == "-":
+        text = sys.stdin.read()
+    elif stripped.startswith(("[", "{")):
+        text = source
+    else:
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except OSError as e:
+            raise click.BadParameter(f"cannot read {source!r}: {e}", param_hint="--json-rows") from e
+    text = text.strip()
+    rows: list[Any]
+    try:
+        if text.startswith("["):
+            rows = json.loads(text)
+        else:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON rows: {e}", param_hint="--json-rows") from e
+    if not all(isinstance(r, dict) for r in rows):
+        raise click.BadParameter("every row must be a JSON object", param_hint="--json-rows")
+    return rows
+
+
+@table_group.command("append")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json-rows", "json_rows", default=None, metavar="FILE|-|JSON",
+              help="Rows as a JSON array or JSON lines: a file, '-' for stdin, or inline text.")
+@click.option("--parquet", "parquet_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A Parquet file whose rows to append.")
+@click.option("--app-id", default=None, help="Idempotent writes: the application id (with --app-version).")
+@click.option("--app-version", type=int, default=None, help="Idempotent writes: the application's version.")
+@_writes
+def append_cmd(path: Path, json_rows: str | None, parquet_file: Path | None, app_id: str | None, app_version: int | None,
+               bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None) -> None:
+    """Append rows (a blind INSERT) to the table at PATH."""
+    if (json_rows is None) == (parquet_file is None):
+        raise click.UsageError("give exactly one of --json-rows and --parquet")
+    if (app_id is None) != (app_version is None):
+        raise click.UsageError("give both --app-id and --app-version, or neither")
+    if parquet_file is not None:
+        import pyarrow.parquet as pq
+
+        data = pq.read_table(parquet_file)
+    else:
+        assert json_rows is not None
+        rows = _read_json_rows(json_rows)
+        if not rows:
+            raise click.UsageError("no rows to append")
+        try:
+            data = pa.Table.from_pylist(rows)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise click.BadParameter(f"rows cannot be converted to a table: {e}", param_hint="--json-rows") from e
+    with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id) as t:
+        try:
+            r = t.append(data, app_id=app_id, app_version=app_version)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            raise click.ClickException(f"the rows do not fit the table schema: {e}") from e
+        _echo_json(_result_json(r))
+
+
+@table_group.command("delete")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--where", required=True, help="SQL condition of the rows to delete, e.g. \"date = '2024-01-01'\".")
+@_writes
+def delete_cmd(path: Path, where: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...],
+               table_id: str | None) -> None:
+    """DELETE FROM the table at PATH WHERE a condition."""
+    with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id) as t:
+        _echo_json(_result_json(t.delete(where)))
+
+
+def _load(path: Path, version: int | None = None) -> Snapshot:
+    with _errors():
+        return Snapshot.load(path, version=version)
+
+
+@table_group.command("history")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the newest N versions.")
+def history_cmd(path: Path, limit: int | None) -> None:
+    """commitInfo of each version as JSON lines, newest first (from _delta_log)."""
+    with _errors():
+        for entry in _load(path).history(limit):
+            _echo_json(entry)
+
+
+@table_group.command("describe")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--version", "version", type=click.IntRange(min=0), default=None, help="Describe this version (default latest).")
+def describe_cmd(path: Path, version: int | None) -> None:
+    """Version, schema, partition columns, properties and file count (from _delta_log)."""
+    import pyarrow.compute as pc
+
+    snap = _load(path, version)
+    md, proto = snap.metadata, snap.protocol
+    files = snap.add_files_struct()
+    size = pc.sum(files.field("size")).as_py() if len(files) else 0
+    _echo_json({
+        "location": str(snap.root),
+        "version": snap.version,
+        "id": md.id,
+        "name": md.name,
+        "description": md.description,
+        "schema": md.schema().get("fields", []),
+        "partitionColumns": list(md.partition_columns),
+        "properties": dict(md.configuration),
+        "numFiles": snap.num_files,
+        "sizeInBytes": size or 0,
+        "createdTime": md.created_time,
+        "protocol": proto.to_json()["protocol"],
+    })
+
+
+def _from_version(value: str) -> int | Literal["latest"]:
+    if value == "latest":
+        return "latest"
+    try:
+        v = int(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a version >= 0 or 'latest', got {value!r}", param_hint="--from-version") from None
+    if v < 0:
+        raise click.BadParameter(f"expected a version >= 0 or 'latest', got {value!r}", param_hint="--from-version")
+    return v
+
+
+@click.command("tail")
+@click.argument("table")
+@kafka_options
+@click.option("--from-version", "from_version", default="latest", show_default=True,
+              help="First version to print: a number (0 replays the whole history) or 'latest' (only new versions).")
+@click.option("--actions", "with_actions", is_flag=True, help="Include every action of each commit.")
+@click.option("--until-version", type=click.IntRange(min=0), default=None, help="Exit after printing this version.")
+@click.option("--idle-timeout", type=click.FloatRange(min=0), default=None,
+              help="Exit when no version was decided for this many seconds.")
+def tail_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], from_version: str,
+             with_actions: bool, until_version: int | None, idle_timeout: float | None) -> None:
+    """Print each committed version of TABLE (a path, file:// URI or table id) as one JSON line, as it is decided.
+
+    Reads the commits topic, so a version shows before it is in _delta_log.
+    Runs until Ctrl-C (or --until-version / --idle-timeout).
+    """
+    from reader.stream import CommitStream
+
+    start = _from_version(from_version)
+    kafka: dict[str, Any] = _pairs(kafka_pairs, "--kafka")
+    with _errors():
+        stream = CommitStream(table, bootstrap_servers, topics=Topics.with_prefix(topic_prefix),
+                              starting_version=start,
+                              include_all_commits=True, **kafka)
+    announced = False
+    last_seen = time.monotonic()
+    try:
+        with _errors(), stream:
+            while True:
+                events = stream.poll(0.5)
+                if not announced and stream.position is not None:
+                    announced = True
+                    click.echo(f"tailing {stream.table_id} on {stream.topics.commits}[{stream.partition}] "
+                               f"from version {stream.position}", err=True)
+                for e in events:
+                    _echo_json(e.to_json(with_actions=with_actions))
+                    if until_version is not None and e.version >= until_version:
+                        return
+                now = time.monotonic()
+                if events:
+                    last_seen = now
+                elif idle_timeout is not None and now - last_seen >= idle_timeout:
+                    return
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)
+
+
+def register(main: click.Group) -> None:
+    """Add the `table` group and the `tail` command to the `deltacoord` CLI."""
+    main.add_command(table_group)
+    main.add_command(tail_cmd)
+
+
+__all__ = ["kafka_options", "parse_schema", "register", "table_group", "tail_cmd"]
+

@@ -1,0 +1,169 @@
+"""`deltacoord table ...` and `deltacoord tail` against the real broker and an in-process coordinator.
+
+The commands are registered on a throwaway click group, as the lead registers
+them on the main `deltacoord` group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+import click
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner, Result
+
+from coordinator.cli_tables import parse_schema, register
+from reader.snapshot import Snapshot
+from schemas.routing import Topics
+from tests.integration.coord_harness import coordinator_thread, fresh_topics
+from writer.table import Table
+
+pytestmark = pytest.mark.kafka
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cli() -> click.Group:
+    group = click.Group("deltacoord")
+    register(group)
+    return group
+
+
+def prefix_of(topics: Topics) -> str:
+    return topics.proposals.removesuffix(".proposals")
+
+
+def run(cli: click.Group, *args: str, ok: bool = True) -> Result:
+    result = CliRunner().invoke(cli, list(args))
+    if ok:
+        assert result.exit_code == 0, f"{args}: exit {result.exit_code}\n{result.output}\n{result.exception!r}"
+    return result
+
+
+def lines(result: Result) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+
+
+def test_parse_schema() -> None:
+    s = parse_schema("id:long, date:string not null,amount:decimal(10,2),n:int,flag:bool,ts:timestamp")
+    assert s.names == ["id", "date", "amount", "n", "flag", "ts"]
+    assert s.field("amount").type == pa.decimal128(10, 2)
+    assert s.field("n").type == pa.int32() and not s.field("date").nullable and s.field("id").nullable
+    for bad in ("id", "id:nosuchtype", "id:long,id:long", ""):
+        with pytest.raises(click.BadParameter):
+            parse_schema(bad)
+
+
+def test_create_append_delete_history_describe_and_tail(cli: click.Group, kafka_bootstrap: str, tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap)
+    path = str(tmp_path / "t")
+    kafka = ["--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix_of(topics)]
+    with coordinator_thread(kafka_bootstrap, topics) as coord:
+        created = lines(run(cli, "table", "create", path, "--schema", "id:long,date:string,amount:decimal(10,2)",
+                            "--partition-by", "date", "--property", "owner=me", *kafka))
+        assert created == [{"version": 0, "operation": "CREATE TABLE", "proposalId": created[0]["proposalId"],
+                            "alreadyCommitted": False, "metrics": created[0]["metrics"]}]
+
+        inline = json.dumps([{"id": 1, "date": "2024-01-01", "amount": 1.5}, {"id": 2, "date": "2024-01-02", "amount": 2}])
+        assert lines(run(cli, "table", "append", path, "--json-rows", inline, *kafka))[0]["version"] == 1
+        jsonl = tmp_path / "rows.jsonl"
+        jsonl.write_text('{"id": 3, "date": "2024-01-01"}\n{"id": 4, "date": "2024-01-03", "amount": 4.25}\n')
+        assert lines(run(cli, "table", "append", path, "--json-rows", str(jsonl), *kafka))[0]["version"] == 2
+        parquet = tmp_path / "rows.parquet"
+        pq.write_table(pa.table({"id": [5], "date": ["2024-01-04"]}), parquet)
+        assert lines(run(cli, "table", "append", path, "--parquet", str(parquet), *kafka))[0]["version"] == 3
+        deleted = lines(run(cli, "table", "delete", path, "--where", "date = '2024-01-01'", *kafka))
+        assert deleted[0]["version"] == 4 and deleted[0]["operation"] == "DELETE"
+
+        # Errors: a clean message and a non-zero exit, never a traceback.
+        again = run(cli, "table", "create", path, "--schema", "id:long", *kafka, ok=False)
+        assert again.exit_code == 1 and "TableExistsError" in again.output
+        unknown_col = run(cli, "table", "append", path, "--json-rows", '[{"nope": 1}]', *kafka, ok=False)
+        assert unknown_col.exit_code == 1 and "nope" in unknown_col.output
+        assert run(cli, "table", "append", path, *kafka, ok=False).exit_code == 2
+        assert run(cli, "table", "create", str(tmp_path / "u"), "--schema", "id:huge", *kafka, ok=False).exit_code == 2
+        assert run(cli, "table", "describe", str(tmp_path / "missing"), ok=False).exit_code == 2
+
+        assert coord.publisher.wait_idle(30)
+        history = lines(run(cli, "table", "history", path))
+        assert [h["version"] for h in history] == [4, 3, 2, 1, 0]
+        assert [h["operation"] for h in history] == ["DELETE", "WRITE", "WRITE", "WRITE", "CREATE TABLE"]
+        assert len(lines(run(cli, "table", "history", path, "--limit", "2"))) == 2
+
+        described = lines(run(cli, "table", "describe", path))[0]
+        snap = Snapshot.load(path)
+        assert described["version"] == 4 == snap.version
+        assert [f["name"] for f in described["schema"]] == ["id", "date", "amount"]
+        assert described["partitionColumns"] == ["date"]
+        assert described["properties"] == {"owner": "me"}
+        assert described["numFiles"] == snap.num_files == 3
+        assert described["sizeInBytes"] == sum(a.size for a in snap.files())
+        assert lines(run(cli, "table", "describe", path, "--version", "1"))[0]["numFiles"] == 2
+        rows = sorted(snap.to_pyarrow().column("id").to_pylist())
+        assert rows == [2, 4, 5]
+
+        # tail replays every version (data or not) from Kafka, one JSON line each.
+        tailed = lines(run(cli, "tail", path, *kafka, "--from-version", "0", "--until-version", "4"))
+        assert [e["version"] for e in tailed] == [0, 1, 2, 3, 4]
+        assert [e["operation"] for e in tailed] == [h["operation"] for h in reversed(history)]
+        assert tailed[0]["dataChange"] is False and tailed[1]["numAddedFiles"] == 2
+        assert tailed[4]["numRemovedFiles"] == 2
+        with_actions = lines(run(cli, "tail", path, *kafka, "--from-version", "4", "--until-version", "4", "--actions"))
+        assert with_actions[0]["actions"][0]["commitInfo"]["operation"] == "DELETE"
+        idle = run(cli, "tail", path, *kafka, "--from-version", "latest", "--idle-timeout", "0.5")
+        assert lines(idle) == [] and "from version 5" in idle.stderr
+        assert run(cli, "tail", path, *kafka, "--from-version", "-1", ok=False).exit_code == 2
+
+
+def _reader(stream: IO[str], out: queue.Queue[str]) -> None:
+    for line in stream:
+        out.put(line)
+
+
+def _next_line(q: queue.Queue[str], timeout_s: float, what: str) -> str:
+    try:
+        return q.get(timeout=timeout_s)
+    except queue.Empty:
+        raise AssertionError(f"no {what} within {timeout_s}s") from None
+
+
+def test_tail_follows_new_versions_until_ctrl_c(kafka_bootstrap: str, tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap)
+    path = tmp_path / "t"
+    code = "import click; from coordinator.cli_tables import register; g = click.Group(); register(g); g()"
+    with coordinator_thread(kafka_bootstrap, topics), Table(path, kafka_bootstrap, topics=topics) as t:
+        t.create(pa.schema([("id", pa.int64())]))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, "tail", str(path), "--topic-prefix", prefix_of(topics)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "DELTACOORD_BOOTSTRAP_SERVERS": kafka_bootstrap, "PYTHONPATH": str(REPO)},
+        )
+        out: queue.Queue[str] = queue.Queue()
+        err: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=_reader, args=(proc.stdout, out), daemon=True).start()
+        threading.Thread(target=_reader, args=(proc.stderr, err), daemon=True).start()
+        try:
+            notice = _next_line(err, 30, "start notice")
+            assert "from version 1" in notice, notice
+            t.append(pa.table({"id": [1]}))
+            t.append(pa.table({"id": [2]}))
+            got = [json.loads(_next_line(out, 20, f"line {i}")) for i in range(2)]
+            assert [g["version"] for g in got] == [1, 2]
+            assert all(g["operation"] == "WRITE" and g["numAddedFiles"] == 1 for g in got)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(20) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
