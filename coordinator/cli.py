@@ -100,7 +100,7 @@ def _kafka_settings(config_file: Path | None, pairs: tuple[str, ...]) -> dict[st
     if config_file is not None:
         with open(config_file, "rb") as fh:
             doc = tomllib.load(fh)
-        out.update({k: str(v) for k, v in doc.get("kafka", {}).items()})
+        out.update(_flatten(doc.get("kafka", {})))
     for k, v in os.environ.items():
         if k.startswith("DELTACOORD_KAFKA_"):
             out[k.removeprefix("DELTACOORD_KAFKA_").lower().replace("_", ".")] = v
@@ -109,6 +109,20 @@ def _kafka_settings(config_file: Path | None, pairs: tuple[str, ...]) -> dict[st
             raise click.BadParameter(f"expected key=value, got {pair!r}", param_hint="--kafka")
         k, v = pair.split("=", 1)
         out[k.strip()] = v
+    return out
+
+
+def _flatten(table: dict[str, object], prefix: str = "") -> dict[str, str]:
+    """`[kafka]` keys as librdkafka names; an unquoted dotted TOML key becomes nested tables, so rejoin it."""
+    out: dict[str, str] = {}
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        elif isinstance(v, bool):
+            out[key] = "true" if v else "false"
+        else:
+            out[key] = str(v)
     return out
 
 
@@ -169,7 +183,12 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         max_batch=int(str(pick(max_batch, "max_batch", 500))),
     )
     parts_raw = pick(partitions, "partitions", None)
-    parts = [int(p) for p in str(parts_raw).split(",")] if parts_raw not in (None, "") else None
+    if isinstance(parts_raw, list):
+        parts: list[int] | None = [int(p) for p in parts_raw]
+    elif parts_raw not in (None, ""):
+        parts = [int(p) for p in str(parts_raw).split(",")]
+    else:
+        parts = None
     checkpoint_fn = None
     if not (no_checkpoints or cfg.get("checkpoints") is False):
         from coordinator.checkpointer import create_checkpoint
@@ -204,6 +223,16 @@ def demo_cmd() -> None:
 
     demo_main()
 
+
+def _register_extensions() -> None:
+    from coordinator import acls, cli_tables, cli_topics
+
+    cli_tables.register(main)
+    cli_topics.register(main)
+    acls.register(main)
+
+
+_register_extensions()
 
 if __name__ == "__main__":
     main()

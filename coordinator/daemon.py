@@ -63,6 +63,7 @@ class Coordinator:
         if self.checkpoint_fn is not None and version > 0 and version % interval == 0:
             self._ckpt_q.put(_CheckpointRequest(table_id, table_uri, version))
         self.metrics.publish_lag.set(self.publisher.lag())
+        self.metrics.halted_tables.set(self.publisher.halted_count())
 
     def _metadata_of(self, table_id: str) -> Metadata | None:
         """The table's current metadata from the owning partition's state (read from the publisher thread)."""
@@ -117,6 +118,7 @@ class Coordinator:
             w = self._workers.pop(tp.partition, None)
             if w is not None:
                 self.publisher.forget(w.states.keys())
+                self.metrics.tables.dec(len(w.states))
                 w.close()
         log.info("released partitions %s; owning %s", sorted(tp.partition for tp in partitions), sorted(self._workers))
 

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from schemas.actions import Action, commit_to_json_lines
 from schemas.errors import TableHaltedError
@@ -31,8 +31,10 @@ log = logging.getLogger(__name__)
 def table_root(table_uri: str) -> Path:
     """Local path of a table URI (`/path` or `file:///path`)."""
     parsed = urlparse(table_uri)
-    if parsed.scheme in ("", "file"):
-        return Path(parsed.path if parsed.scheme else table_uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))  # file:///tmp/a%20b -> /tmp/a b
+    if parsed.scheme == "":
+        return Path(table_uri)
     raise ValueError(f"unsupported table URI scheme {parsed.scheme!r} in {table_uri!r}; only local paths and file:// are supported")
 
 
@@ -157,6 +159,10 @@ class Publisher:
         with self._lock:
             t = self.tables.get(table_id)
             return None if t is None else t.halted
+
+    def halted_count(self) -> int:
+        with self._lock:
+            return sum(1 for t in self.tables.values() if t.halted is not None)
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Block until every submitted task was handled."""

@@ -196,6 +196,7 @@ class PartitionCoordinator:
         newest version already on disk is re-checked byte for byte.
         """
         s = self.settings
+        self.metrics.tables.dec(len(self.states))
         self.states = {}
         on_disk: dict[str, int] = {}
         for d in read_decisions(s, self.partition):
@@ -216,7 +217,7 @@ class PartitionCoordinator:
             st.apply(d.version, d.actions)
             if d.version >= on_disk[d.table_id]:
                 self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
-        self.metrics.tables.set(len(self.states))
+        self.metrics.tables.inc(len(self.states))
         log.info("partition %d: recovered %d tables from %s", self.partition, len(self.states), s.topics.commits)
 
     # -- the loop ---------------------------------------------------------------
@@ -255,6 +256,7 @@ class PartitionCoordinator:
                 self.metrics.rejections.labels(d.reason_code or "UNKNOWN").inc()
         self.metrics.dead_letters.inc(len(dead))
         self.metrics.publish_lag.set(self.publisher.lag())
+        self.metrics.halted_tables.set(self.publisher.halted_count())
 
     def _decide_batch(self, batch: Sequence[Message]) -> tuple[list[Decision], list[_DeadLetter]]:
         decisions: list[Decision] = []
@@ -311,6 +313,8 @@ class PartitionCoordinator:
         result = decide(st, p, now_ms)
         if isinstance(result, Accepted):
             st.apply(result.version, result.actions)
+            if p.table_id not in self.states:
+                self.metrics.tables.inc()
             self.states[p.table_id] = st
             return Decision(
                 table_id=p.table_id, table_uri=p.table_uri, proposal_id=p.proposal_id, outcome=Outcome.COMMITTED,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -62,6 +63,20 @@ class CoordinatorProcess:
         return self.proc.poll() is None
 
 
+_STARTED: list[subprocess.Popen[bytes]] = []
+
+
+def _kill_leftovers() -> None:
+    """A failing test must not leave coordinators running after the session."""
+    for proc in _STARTED:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+atexit.register(_kill_leftovers)
+
+
 def start_coordinator_process(bootstrap: str, topics: Topics, log_dir: Path, *extra: str,
                               env: dict[str, str] | None = None) -> CoordinatorProcess:
     """`deltacoord coordinator run` as a child process (for SIGKILL and fencing tests)."""
@@ -72,6 +87,7 @@ def start_coordinator_process(bootstrap: str, topics: Topics, log_dir: Path, *ex
            "--transactional-id-prefix", f"{topics.proposals}-tx", "--no-fsync", *extra]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    _STARTED.append(proc)
     return CoordinatorProcess(proc, log)
 
 
