@@ -164,6 +164,8 @@ class CoordinatorClient:
         try:
             tp = TopicPartition(self.topics.commits, partition)
             low, high = c.get_watermark_offsets(tp, timeout=timeout_s)
+            if high <= low:
+                return None  # nothing decided on this partition yet
             c.assign([TopicPartition(self.topics.commits, partition, low)])
             want = proposal_id.encode()
             deadline = time.monotonic() + timeout_s
@@ -172,6 +174,7 @@ class CoordinatorClient:
                     value = m.value()
                     if m.error() is None and value is not None and _header(m.headers(), H_PROPOSAL_ID) == want:
                         return decode_decision(value)
+                # The position, not the last message offset: transaction markers are never delivered.
                 if c.position([tp])[0].offset >= high:
                     return None
             return None

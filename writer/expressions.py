@@ -156,3 +156,64 @@ def evaluate(text: str, table: pa.Table) -> pa.Array:
     import pyarrow.dataset as ds
 
     return ds.dataset(table).to_table(columns={"v": expr}).column("v").combine_chunks()
+
+
+# -- MERGE ------------------------------------------------------------------------------
+def strip_qualifiers(text: str) -> str:
+    """`t.date = '2024-01-01'` -> `date = '2024-01-01'` (what a read predicate or a filter needs)."""
+    tree = parse(text).transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) and n.table else n)
+    return str(tree.sql(dialect="spark"))
+
+
+def split_merge_condition(text: str, source_alias: str, target_alias: str) -> tuple[list[tuple[str, str]], str | None]:
+    """A MERGE ON condition as key pairs (source column, target column) plus the target-only conjuncts.
+
+    Supported: conjuncts `s.k = t.k` (equi-join keys) and conjuncts naming only
+    target columns with literals (`t.date = '2024-01-01'`), which prune files
+    and become the read predicate, so merges into disjoint partitions do not
+    conflict. Anything else is rejected rather than evaluated loosely.
+    """
+    keys: list[tuple[str, str]] = []
+    target_only: list[str] = []
+    for c in conjuncts(parse(text)):
+        cols = list(c.find_all(exp.Column))
+        tables = {col.table for col in cols}
+        if "" in tables:
+            raise ExpressionError(text, f"qualify every column with {source_alias!r} or {target_alias!r}: {c.sql()}")
+        unknown = tables - {source_alias, target_alias}
+        if unknown:
+            raise ExpressionError(text, f"unknown table alias(es) {sorted(unknown)}")
+        if isinstance(c, exp.EQ) and isinstance(c.left, exp.Column) and isinstance(c.right, exp.Column) \
+                and {c.left.table, c.right.table} == {source_alias, target_alias}:
+            s, t = (c.left, c.right) if c.left.table == source_alias else (c.right, c.left)
+            keys.append((s.name, t.name))
+        elif cols and tables == {target_alias}:
+            target_only.append(f"({strip_qualifiers(c.sql(dialect='spark'))})")
+        else:
+            raise ExpressionError(text, f"unsupported MERGE condition conjunct {c.sql()} (use s.k = t.k keys and target-only filters)")
+    if not keys:
+        raise ExpressionError(text, "a MERGE condition needs at least one source = target key equality")
+    return keys, " AND ".join(target_only) or None
+
+
+def evaluate_qualified(text: str, table: pa.Table, prefixes: dict[str, str], sides: dict[str, set[str]]) -> pa.Array:
+    """Evaluate an expression over a joined table whose columns carry per-alias prefixes.
+
+    `prefixes` maps an alias (`s`, `t`) to its column prefix in `table`;
+    `sides` maps each alias to its column names, to resolve unqualified
+    columns (an unqualified name present on both sides is ambiguous, as in Spark).
+    """
+
+    def rename(n: exp.Expr) -> exp.Expr:
+        if not isinstance(n, exp.Column):
+            return n
+        if n.table:
+            if n.table not in prefixes:
+                raise ExpressionError(text, f"unknown table alias {n.table!r}")
+            return exp.column(prefixes[n.table] + n.name)
+        owners = [a for a, names in sides.items() if n.name in names]
+        if len(owners) != 1:
+            raise ExpressionError(text, f"column {n.name!r} is {'ambiguous' if owners else 'unknown'}; qualify it")
+        return exp.column(prefixes[owners[0]] + n.name)
+
+    return evaluate(parse(text).transform(rename).sql(dialect="spark"), table)

@@ -1,10 +1,19 @@
 """`Table`: the batch writer people call.
 
 Each operation reads the snapshot it needs from `_delta_log`, stages Parquet
-files, and proposes one commit declaring precisely what it read: a blind
-append reads nothing; DELETE/UPDATE declare their condition and the files
-they scanned after partition pruning; OPTIMIZE declares the files it
-compacted and changes no data.
+files, and proposes one commit declaring precisely what it read, because the
+coordinator can only be as permissive as the declarations are narrow:
+
+* a blind append reads nothing (it conflicts only with metadata changes);
+* DELETE/UPDATE declare their condition and the files they scanned after
+  partition pruning (files pruned away were never read);
+* MERGE declares its target-only conjuncts and the target files it scanned;
+* OVERWRITE with `replace_where` declares that predicate and the files it
+  replaces; a full overwrite reads the whole table;
+* OPTIMIZE declares only the files it compacted and changes no data.
+
+Every operation accepts `snapshot=` so callers can run several operations
+from one snapshot (as concurrent writers would) and see Delta's conflicts.
 """
 
 from __future__ import annotations
@@ -12,21 +21,48 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from reader.snapshot import Snapshot, delta_schema_to_arrow, parse_partition_value
+from reader.deletion_vectors import keep_mask, read_deletion_vector
+from reader.log import TableNotFoundError, list_log
+from reader.snapshot import Snapshot, UnsupportedTableFeatureError, delta_schema_to_arrow, parse_partition_value
 from schemas.actions import AddFile, Metadata, Protocol, SetTransaction
+from schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
+from schemas.messages import Decision
 from schemas.routing import Topics
 from writer import expressions, staging
 from writer.client import CoordinatorClient
 from writer.transaction import CommitResult, Transaction
+
+#: A MERGE clause: "*" (all columns from the source) or target column -> SQL expression over `s.`/`t.` columns.
+Assignments = Mapping[str, str] | Literal["*"]
+
+
+class PublicationLagError(DeltaCoordError):
+    """A version this handle committed is not in `_delta_log` in time: the publisher is behind or halted."""
+
+
+class TableExistsError(ProtocolChangedException):
+    """`create` on a location that already holds a Delta table.
+
+    A ProtocolChangedException because it is the creators' race lost before
+    proposing: code that tolerates a concurrent creator catches both.
+    """
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(f"TableExistsError: a Delta table already exists at {uri}", winning_version=0, table=uri)
+
+
+class MergeError(InvalidProposalError):
+    """A MERGE that Delta would refuse (e.g. several source rows matching one target row)."""
 
 
 def _root_of(uri: str) -> Path:
@@ -39,29 +75,77 @@ def default_table_id(root: Path) -> str:
 
 
 class Table:
-    """A handle on one coordinated Delta table."""
+    """A handle on one coordinated Delta table.
+
+    A handle reads its own writes: after it commits version v, snapshots wait
+    (up to `publish_timeout_s`) until v is published to `_delta_log`, since
+    the coordinator publishes after recording the decision.
+    """
 
     def __init__(self, uri: str | Path, bootstrap_servers: str, *, table_id: str | None = None, topics: Topics | None = None,
-                 writer_name: str | None = None, decision_timeout_s: float = 60.0, client: CoordinatorClient | None = None,
-                 **kafka_config: Any) -> None:
+                 writer_name: str | None = None, decision_timeout_s: float = 60.0, publish_timeout_s: float = 60.0,
+                 client: CoordinatorClient | None = None, **kafka_config: Any) -> None:
         self.root = _root_of(str(uri)).resolve()
         self.uri = self.root.as_uri()
         self.table_id = table_id or default_table_id(self.root)
         self.writer_name = writer_name
         self.decision_timeout_s = decision_timeout_s
+        self.publish_timeout_s = publish_timeout_s
         self._own_client = client is None
         self.client = client or CoordinatorClient(bootstrap_servers, topics=topics, **kafka_config)
         self._snapshot: Snapshot | None = None
+        self._floor = -1  # newest version this handle committed
 
     # -- snapshots ------------------------------------------------------------------
+    def committed(self, version: int, *, changed_metadata: bool = False) -> None:
+        """Called by Transaction on success: later snapshots must include `version`."""
+        self._floor = max(self._floor, version)
+        if changed_metadata:
+            self._snapshot = None  # a cached pre-change snapshot would make our own appends conflict
+
+    @property
+    def last_committed_version(self) -> int | None:
+        """The newest version this handle committed (None before its first commit)."""
+        return self._floor if self._floor >= 0 else None
+
+    def invalidate(self) -> None:
+        """Forget the cached snapshot (after a conflict, so a retry reads a fresh one)."""
+        self._snapshot = None
+
+    def wait_published(self, version: int, timeout_s: float | None = None) -> None:
+        """Block until `_delta_log` holds `version` (publication follows the decision)."""
+        timeout = self.publish_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        delay = 0.002
+        while True:
+            try:
+                latest = list_log(self.root).latest_version
+            except TableNotFoundError:
+                latest = None
+            if latest is not None and latest >= version:
+                return
+            if time.monotonic() >= deadline:
+                raise PublicationLagError(
+                    f"version {version} of {self.uri} was committed but is not in _delta_log after {timeout:.1f}s "
+                    f"(published: {latest}); the coordinator's publisher is behind or the table is halted"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
     def snapshot(self, version: int | None = None) -> Snapshot:
-        """The published snapshot (latest by default); cached for blind appends."""
-        snap = Snapshot.load(self.uri, version=version)
-        if version is None:
-            self._snapshot = snap
+        """The published snapshot (latest by default), never older than this handle's own commits."""
+        if version is not None:
+            if version <= self._floor:
+                self.wait_published(version)
+            return Snapshot.load(self.uri, version=version)
+        if self._floor >= 0:
+            self.wait_published(self._floor)
+        snap = Snapshot.load(self.uri)
+        self._snapshot = snap
         return snap
 
     def _cached(self) -> Snapshot:
+        """For blind appends: any recent snapshot will do (they conflict only with metadata changes)."""
         return self._snapshot or self.snapshot()
 
     def begin(self, snapshot: Snapshot | None = None) -> Transaction:
@@ -69,9 +153,16 @@ class Table:
         snap = snapshot or self.snapshot()
         return Transaction(self, snap.version)
 
+    def exists(self) -> bool:
+        try:
+            return list_log(self.root).latest_version is not None
+        except TableNotFoundError:
+            return False
+
     # -- DDL ------------------------------------------------------------------------
-    def create(self, schema: pa.Schema, partition_by: Sequence[str] = (), properties: Mapping[str, str] | None = None,
-               name: str | None = None) -> CommitResult:
+    def begin_create(self, schema: pa.Schema, partition_by: Sequence[str] = (), properties: Mapping[str, str] | None = None,
+                     name: str | None = None) -> Transaction:
+        """A transaction creating the table (read version -1); `create` = existence check + this + commit."""
         props = dict(properties or {})
         for c in partition_by:
             if c not in schema.names:
@@ -84,36 +175,57 @@ class Table:
         )
         tx = Transaction(self, -1)
         tx.add(protocol, md)
+        return tx
+
+    def create(self, schema: pa.Schema, partition_by: Sequence[str] = (), properties: Mapping[str, str] | None = None,
+               name: str | None = None) -> CommitResult:
+        """CREATE TABLE. Two writers racing on an empty directory: the loser gets ProtocolChangedException."""
+        if self.exists():
+            raise TableExistsError(self.uri)
+        tx = self.begin_create(schema, partition_by, properties, name)
+        props = dict(properties or {})
         return tx.commit("CREATE TABLE", changes_data=False,
                          parameters={"partitionBy": list(partition_by), "properties": props, "isManaged": "false"})
 
-    def set_properties(self, properties: Mapping[str, str]) -> CommitResult:
-        snap = self.snapshot()
-        md = snap.metadata
-        new = Metadata(id=md.id, schema_string=md.schema_string, partition_columns=md.partition_columns,
-                       configuration={**md.configuration, **properties}, name=md.name, description=md.description,
-                       created_time=md.created_time)
+    def _replace_metadata(self, md: Metadata, *, schema_string: str | None = None,
+                          configuration: Mapping[str, str] | None = None) -> Metadata:
+        return Metadata(id=md.id, schema_string=schema_string or md.schema_string, partition_columns=md.partition_columns,
+                        configuration=dict(md.configuration if configuration is None else configuration), name=md.name,
+                        description=md.description, created_time=md.created_time)
+
+    def set_properties(self, properties: Mapping[str, str], *, snapshot: Snapshot | None = None) -> CommitResult:
+        """ALTER TABLE SET TBLPROPERTIES (a metaData action: concurrent writers get MetadataChangedException)."""
+        snap = snapshot or self.snapshot()
         tx = Transaction(self, snap.version)
-        tx.add(new)
+        tx.add(self._replace_metadata(snap.metadata, configuration={**snap.metadata.configuration, **properties}))
         return tx.commit("SET TBLPROPERTIES", changes_data=False, parameters={"properties": dict(properties)})
 
-    def add_columns(self, fields: Sequence[pa.Field]) -> CommitResult:
-        snap = self.snapshot()
-        md = snap.metadata
-        schema = json.loads(md.schema_string)
-        existing = {f["name"] for f in schema["fields"]}
+    def add_columns(self, fields: Sequence[pa.Field], *, snapshot: Snapshot | None = None) -> CommitResult:
+        """ALTER TABLE ADD COLUMNS (nullable, as Delta requires for existing rows)."""
+        snap = snapshot or self.snapshot()
+        schema = json.loads(snap.metadata.schema_string)
+        existing = {f["name"].lower() for f in schema["fields"]}
         for f in fields:
-            if f.name in existing:
+            if f.name.lower() in existing:
                 raise staging.SchemaError(f"column {f.name!r} already exists")
+            existing.add(f.name.lower())
             schema["fields"].append({"name": f.name, "type": staging.delta_type(f.type), "nullable": True, "metadata": {}})
-        new = Metadata(id=md.id, schema_string=json.dumps(schema, separators=(",", ":")), partition_columns=md.partition_columns,
-                       configuration=md.configuration, name=md.name, description=md.description, created_time=md.created_time)
         tx = Transaction(self, snap.version)
-        tx.add(new)
+        tx.add(self._replace_metadata(snap.metadata, schema_string=json.dumps(schema, separators=(",", ":"))))
         return tx.commit("ADD COLUMNS", changes_data=False, parameters={"columns": [f.name for f in fields]})
 
-    # -- writes ---------------------------------------------------------------------
+    # -- helpers --------------------------------------------------------------------
+    @staticmethod
+    def _check_writable(snap: Snapshot) -> None:
+        """Refuse tables whose files this writer would corrupt (it writes logical column names only)."""
+        mode = (snap.metadata.configuration.get("delta.columnMapping.mode") or "none").lower()
+        if mode != "none":
+            raise UnsupportedTableFeatureError(f"{snap.table_uri}: writing tables with column mapping ({mode}) is not supported")
+        if snap.protocol.min_writer_version > 7:
+            raise UnsupportedTableFeatureError(f"{snap.table_uri}: writer version {snap.protocol.min_writer_version} is not supported")
+
     def _conform(self, data: Any, snap: Snapshot) -> pa.Table:
+        """Data cast to the table schema (missing nullable columns as nulls, extra columns refused)."""
         t = staging.to_arrow(data)
         target = delta_schema_to_arrow(snap.metadata.schema())
         missing = [n for n in t.column_names if n not in target.names]
@@ -123,46 +235,38 @@ class Table:
         for f in target:
             if f.name in t.column_names:
                 try:
-                    cols.append(t.column(f.name).cast(f.type))
+                    col = t.column(f.name).cast(f.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
                     raise staging.SchemaError(f"column {f.name!r}: cannot write {t.column(f.name).type} as {f.type}: {e}") from e
             else:
-                cols.append(pa.nulls(t.num_rows, f.type))
+                col = pa.chunked_array([pa.nulls(t.num_rows, f.type)], type=f.type)
+            if not f.nullable and col.null_count:
+                raise staging.SchemaError(f"column {f.name!r} is NOT NULL but the data has {col.null_count} null(s)")
+            cols.append(col)
         return pa.Table.from_arrays(cols, schema=target)
 
-    def append(self, data: Any, *, app_id: str | None = None, app_version: int | None = None) -> CommitResult:
-        """A blind append (reads nothing). With app_id/app_version, exactly once per app version."""
-        if (app_id is None) != (app_version is None):
-            raise ValueError("give both app_id and app_version, or neither")
-        snap = self.snapshot() if app_id is not None else self._cached()
-        tx = Transaction(self, snap.version)
-        if app_id is not None and app_version is not None:
-            recorded = snap.app_versions.get(app_id, -1)
-            if app_version <= recorded:
-                return CommitResult(snap.version, tx.proposal_id, "WRITE", already_committed=True)
-            tx.read_app_id(app_id)
-            tx.add(SetTransaction(app_id, app_version, int(time.time() * 1000)))
-        table = self._conform(data, snap)
-        tx.stage(staging.write_data_files(self.root, table, snap.partition_columns))
-        return tx.commit("WRITE", changes_data=True, parameters={"mode": "Append", "partitionBy": snap.partition_columns})
-
     def _read_file(self, snap: Snapshot, add: AddFile, schema: pa.Schema) -> pa.Table:
+        """The rows of one data file in the table schema, deletion vector applied."""
         t = pq.read_table(self.root / unquote(add.path))
+        n = t.num_rows
         cols = []
         for f in schema:
             if f.name in snap.partition_columns:
                 v = parse_partition_value(add.partition_values.get(f.name), f.type)
-                cols.append(pa.array([v] * t.num_rows, type=f.type))
+                cols.append(pa.array([v] * n, type=f.type))
             elif f.name in t.column_names:
                 cols.append(t.column(f.name).cast(f.type))
             else:
-                cols.append(pa.nulls(t.num_rows, f.type))
-        return pa.Table.from_arrays(cols, schema=schema)
+                cols.append(pa.nulls(n, f.type))
+        out = pa.Table.from_arrays(cols, schema=schema)
+        if add.deletion_vector is not None:
+            out = out.filter(pa.array(keep_mask(n, read_deletion_vector(self.root, add.deletion_vector))))
+        return out
 
     def _candidates(self, snap: Snapshot, where: str | None) -> list[AddFile]:
         """Files that may hold matching rows: partition pruning on the partition-only conjuncts."""
         files = snap.files()
-        if where is None:
+        if where is None or not files:
             return files
         part_sql = expressions.partition_only(where, snap.partition_columns)
         if part_sql is None:
@@ -173,59 +277,267 @@ class Table:
             [{c: parse_partition_value(a.partition_values.get(c), pschema.field(c).type) for c in snap.partition_columns} for a in files],
             schema=pschema,
         )
-        import pyarrow.dataset as ds
-
         mask = ds.dataset(rows.append_column("__i", pa.array(range(len(files))))).to_table(
             filter=expressions.compile_filter(part_sql, pschema), columns=["__i"]
         )
         return [files[i] for i in mask.column("__i").to_pylist()]
 
-    def _rewrite(self, where: str, operation: str, change: Any, snapshot: Snapshot | None) -> CommitResult:
-        snap = snapshot or self.snapshot()
-        schema = delta_schema_to_arrow(snap.metadata.schema())
-        cond = expressions.compile_filter(where, schema)
+    @staticmethod
+    def _mask(t: pa.Table, cond: Any) -> pa.Array:
+        """Rows where `cond` is TRUE (NULL counts as false, as in SQL WHERE)."""
+        m = ds.dataset(t).to_table(columns={"m": cond}).column("m")
+        return pc.fill_null(m.combine_chunks(), False)
+
+    @staticmethod
+    def _noop(snap: Snapshot, tx: Transaction, operation: str, metrics: Mapping[str, int]) -> CommitResult:
+        return CommitResult(snap.version, tx.proposal_id, operation, metrics=dict(metrics), noop=True)
+
+    # -- writes ---------------------------------------------------------------------
+    def append(self, data: Any, *, app_id: str | None = None, app_version: int | None = None,
+               snapshot: Snapshot | None = None) -> CommitResult:
+        """A blind append (reads nothing). With app_id/app_version, exactly once per app version.
+
+        An app version <= the recorded one is skipped (`already_committed=True`);
+        two pipelines with one app id racing get ConcurrentTransactionException.
+        """
+        if (app_id is None) != (app_version is None):
+            raise ValueError("give both app_id and app_version, or neither")
+        snap = snapshot or (self.snapshot() if app_id is not None else self._cached())
+        self._check_writable(snap)
         tx = Transaction(self, snap.version)
-        tx.read_predicate(where)
+        if app_id is not None and app_version is not None:
+            recorded = snap.app_versions.get(app_id, -1)
+            if app_version <= recorded:
+                return CommitResult(snap.version, tx.proposal_id, "WRITE", already_committed=True)
+            tx.read_app_id(app_id)
+            tx.add(SetTransaction(app_id, app_version, int(time.time() * 1000)))
+        table = self._conform(data, snap)
+        tx.stage(staging.write_data_files(self.root, table, snap.partition_columns))
+        return tx.commit("WRITE", changes_data=True, parameters={"mode": "Append", "partitionBy": snap.partition_columns},
+                         metrics={"numOutputRows": table.num_rows})
+
+    def overwrite(self, data: Any, replace_where: str | None = None, *, snapshot: Snapshot | None = None) -> CommitResult:
+        """INSERT OVERWRITE: replace the whole table, or only the partitions `replace_where` selects.
+
+        `replace_where` may name partition columns only; every written row must
+        satisfy it (else REPLACE_WHERE_MISMATCH, as Delta's
+        DELTA_REPLACE_WHERE_MISMATCH). It declares the predicate and the
+        replaced files as read, so overwrites of disjoint partitions commit
+        concurrently; a full overwrite reads the whole table.
+        """
+        snap = snapshot or self.snapshot()
+        self._check_writable(snap)
+        table = self._conform(data, snap)
+        tx = Transaction(self, snap.version)
+        if replace_where is None:
+            tx.read_whole()
+            replaced = snap.files()
+        else:
+            cols = expressions.columns_of(expressions.parse(replace_where))
+            part = set(snap.partition_columns)
+            if not cols or not cols <= part:
+                raise InvalidProposalError(
+                    "BAD_REPLACE_WHERE", f"replace_where {replace_where!r} must name partition columns only ({sorted(part)})")
+            ok = self._mask(table, expressions.compile_filter(replace_where, table.schema))
+            bad = table.num_rows - pc.sum(ok.cast(pa.int64())).as_py() if table.num_rows else 0
+            if bad:
+                raise InvalidProposalError(
+                    "REPLACE_WHERE_MISMATCH",
+                    f"{bad} written row(s) do not satisfy replace_where {replace_where!r}; nothing was written")
+            tx.read_predicate(replace_where)
+            replaced = self._candidates(snap, replace_where)
+            tx.read_files_from(replaced)
+        for a in replaced:
+            tx.remove(a)
+        tx.stage(staging.write_data_files(self.root, table, snap.partition_columns))
+        params: dict[str, Any] = {"mode": "Overwrite", "partitionBy": snap.partition_columns}
+        if replace_where is not None:
+            params["predicate"] = json.dumps([replace_where])
+        return tx.commit("WRITE", changes_data=True, parameters=params,
+                         metrics={"numOutputRows": table.num_rows, "numRemovedFiles": len(replaced)})
+
+    def _rewrite(self, where: str | None, operation: str, change: Callable[[pa.Table, pa.Array], pa.Table],
+                 snapshot: Snapshot | None, count_name: str) -> CommitResult:
+        """DELETE/UPDATE: scan files surviving partition pruning, rewrite those with matching rows."""
+        snap = snapshot or self.snapshot()
+        self._check_writable(snap)
+        schema = delta_schema_to_arrow(snap.metadata.schema())
+        tx = Transaction(self, snap.version)
+        if where is None:
+            tx.read_whole()
+            cond: Any = pc.scalar(True)
+        else:
+            cond = expressions.compile_filter(where, schema)
+            tx.read_predicate(where)
         candidates = self._candidates(snap, where)
         tx.read_files_from(candidates)
-        rewritten = 0
-        import pyarrow.dataset as ds
-
+        touched = copied = 0
         for add in candidates:
             t = self._read_file(snap, add, schema)
-            mask = ds.dataset(t).to_table(columns={"m": cond}).column("m")
-            mask = pc.fill_null(mask, False)
-            if not pc.any(mask).as_py():
+            mask = self._mask(t, cond)
+            hits = pc.sum(mask.cast(pa.int64())).as_py() or 0
+            if not hits:
                 continue
-            rewritten += 1
+            touched += hits
+            copied += t.num_rows - hits
             tx.remove(add)
             out = change(t, mask)
             if out.num_rows:
                 tx.stage(staging.write_data_files(self.root, out, snap.partition_columns))
-        return tx.commit(operation, changes_data=True, parameters={"predicate": json.dumps([where])})
+        metrics = {count_name: touched, "numCopiedRows": copied}
+        if not touched:
+            return self._noop(snap, tx, operation, metrics)
+        return tx.commit(operation, changes_data=True, parameters={"predicate": json.dumps([where] if where else [])},
+                         metrics=metrics)
 
-    def delete(self, where: str, *, snapshot: Snapshot | None = None) -> CommitResult:
-        """DELETE FROM table WHERE `where` (a SQL condition), reading `snapshot` (default: latest)."""
-        return self._rewrite(where, "DELETE", lambda t, mask: t.filter(pc.invert(mask)), snapshot)
+    def delete(self, where: str | None = None, *, snapshot: Snapshot | None = None) -> CommitResult:
+        """DELETE FROM table [WHERE `where`], reading `snapshot` (default: latest)."""
+        return self._rewrite(where, "DELETE", lambda t, mask: t.filter(pc.invert(mask)), snapshot, "numDeletedRows")
 
-    def update(self, where: str, set: Mapping[str, str], *, snapshot: Snapshot | None = None) -> CommitResult:
-        """UPDATE table SET col = <SQL expression> ... WHERE `where`, reading `snapshot` (default: latest)."""
+    def update(self, where: str | None, set: Mapping[str, str], *, snapshot: Snapshot | None = None) -> CommitResult:
+        """UPDATE table SET col = <SQL expression> ... [WHERE `where`], reading `snapshot` (default: latest)."""
 
-        def change(t: pa.Table, mask: pa.ChunkedArray) -> pa.Table:
-            m = mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
+        def change(t: pa.Table, mask: pa.Array) -> pa.Table:
             for col, value_sql in set.items():
                 if col not in t.column_names:
                     raise staging.SchemaError(f"UPDATE sets unknown column {col!r}")
                 new = expressions.evaluate(value_sql, t).cast(t.schema.field(col).type)
-                t = t.set_column(t.column_names.index(col), col, pc.if_else(m, new, t.column(col)))
+                t = t.set_column(t.column_names.index(col), col, pc.if_else(mask, new, t.column(col).combine_chunks()))
             return t
 
-        return self._rewrite(where, "UPDATE", change, snapshot)
+        return self._rewrite(where, "UPDATE", change, snapshot, "numUpdatedRows")
+
+    def merge(self, source: Any, on: str | Sequence[str], *, when_matched_update: Assignments | None = None,
+              when_not_matched_insert: Assignments | None = None, source_alias: str = "s", target_alias: str = "t",
+              snapshot: Snapshot | None = None) -> CommitResult:
+        """MERGE INTO table t USING source s ON `on` (an upsert by equi-join keys).
+
+        `on` is key column names (same on both sides) or SQL such as
+        ``s.id = t.id AND t.date = '2024-01-01'``. Target-only conjuncts prune
+        files and are declared as the read predicate, so merges into disjoint
+        partitions commit concurrently; without them MERGE reads the whole
+        table. Clauses: "*" or {target column: SQL over s./t. columns}.
+        """
+        if when_matched_update is None and when_not_matched_insert is None:
+            raise ValueError("give when_matched_update and/or when_not_matched_insert")
+        snap = snapshot or self.snapshot()
+        self._check_writable(snap)
+        schema = delta_schema_to_arrow(snap.metadata.schema())
+        src = staging.to_arrow(source)
+        if isinstance(on, str):
+            keys, target_filter = expressions.split_merge_condition(on, source_alias, target_alias)
+        else:
+            keys, target_filter = [(k, k) for k in on], None
+        for s_col, t_col in keys:
+            if s_col not in src.column_names:
+                raise staging.SchemaError(f"MERGE key {s_col!r} is not a source column ({src.column_names})")
+            if t_col not in schema.names:
+                raise staging.SchemaError(f"MERGE key {t_col!r} is not a target column ({schema.names})")
+
+        tx = Transaction(self, snap.version)
+        if target_filter is None:
+            tx.read_whole()
+            cond: Any = pc.scalar(True)
+        else:
+            tx.read_predicate(target_filter)
+            cond = expressions.compile_filter(target_filter, schema)
+        candidates = self._candidates(snap, target_filter)
+        tx.read_files_from(candidates)
+
+        # Source keys, typed as the target's, with their row numbers; NULL keys never match (SQL equality).
+        src_keys = pa.table({f"__k{i}": src.column(s).cast(schema.field(t).type) for i, (s, t) in enumerate(keys)})
+        src_keys = src_keys.append_column("__src", pa.array(range(src.num_rows), pa.int64()))
+        src_keys = src_keys.filter(_all_valid(src_keys, len(keys)))
+        aliases = (source_alias, target_alias)
+
+        matched_src: set[int] = set()
+        updated = copied = 0
+        for add in candidates:
+            t = self._read_file(snap, add, schema)
+            tk = pa.table({f"__k{i}": t.column(tc) for i, (_s, tc) in enumerate(keys)})
+            tk = tk.append_column("__row", pa.array(range(t.num_rows), pa.int64()))
+            tk = tk.filter(pc.and_(self._mask(t, cond), _all_valid(tk, len(keys))))
+            if not tk.num_rows:
+                continue
+            joined = tk.join(src_keys, [f"__k{i}" for i in range(len(keys))], join_type="inner")
+            if not joined.num_rows:
+                continue
+            rows = joined.column("__row").to_numpy()
+            srcs = joined.column("__src").to_numpy()
+            matched_src.update(int(i) for i in srcs)
+            if when_matched_update is None:
+                continue
+            if len(set(rows.tolist())) != len(rows):
+                raise MergeError("MULTIPLE_SOURCE_ROWS_MATCHED",
+                                 "several source rows matched the same target row; MERGE cannot decide which to apply")
+            is_matched = pc.is_in(pa.array(range(t.num_rows), pa.int64()), value_set=pa.array(rows))
+            target_rows = t.take(pa.array(rows))
+            source_rows = src.take(pa.array(srcs))
+            new_rows = self._assign(when_matched_update, schema, source_rows, target_rows, aliases, "UPDATE SET *")
+            out = pa.concat_tables([t.filter(pc.invert(is_matched)), new_rows])
+            updated += len(rows)
+            copied += t.num_rows - len(rows)
+            tx.remove(add)
+            tx.stage(staging.write_data_files(self.root, out, snap.partition_columns))
+
+        inserted = 0
+        if when_not_matched_insert is not None:
+            todo = [i for i in range(src.num_rows) if i not in matched_src]
+            if todo:
+                source_rows = src.take(pa.array(todo, pa.int64()))
+                new_rows = self._assign(when_not_matched_insert, schema, source_rows, None, aliases, "INSERT *")
+                inserted = new_rows.num_rows
+                tx.stage(staging.write_data_files(self.root, new_rows, snap.partition_columns))
+        metrics = {"numSourceRows": src.num_rows, "numTargetRowsUpdated": updated, "numTargetRowsInserted": inserted,
+                   "numTargetRowsCopied": copied}
+        if not updated and not inserted:
+            return self._noop(snap, tx, "MERGE", metrics)
+        params = {
+            "predicate": json.dumps([on if isinstance(on, str) else " AND ".join(f"s.{k} = t.{k}" for k in on)]),
+            "matchedPredicates": json.dumps([{"actionType": "update"}] if when_matched_update is not None else []),
+            "notMatchedPredicates": json.dumps([{"actionType": "insert"}] if when_not_matched_insert is not None else []),
+        }
+        return tx.commit("MERGE", changes_data=True, parameters=params, metrics=metrics)
+
+    @staticmethod
+    def _assign(clause: Assignments, schema: pa.Schema, source_rows: pa.Table, target_rows: pa.Table | None,
+                aliases: tuple[str, str], star: str) -> pa.Table:
+        """The rows a MERGE clause produces, in the table schema (an INSERT sees no target columns)."""
+        n = source_rows.num_rows
+        if clause == "*":
+            absent = [f.name for f in schema if f.name not in source_rows.column_names]
+            if absent:
+                raise staging.SchemaError(f"{star} needs every target column in the source; missing {absent}")
+            return pa.Table.from_arrays([source_rows.column(f.name).cast(f.type) for f in schema], schema=schema)
+        unknown = [c for c in clause if c not in schema.names]
+        if unknown:
+            raise staging.SchemaError(f"MERGE assigns unknown column(s) {unknown}")
+        s_alias, t_alias = aliases
+        prefixes = {s_alias: "s__", t_alias: "t__"}
+        sides = {s_alias: set(source_rows.column_names), t_alias: set(target_rows.column_names if target_rows else ())}
+        view = {f"s__{c}": source_rows.column(c) for c in source_rows.column_names}
+        if target_rows is not None:
+            view.update({f"t__{c}": target_rows.column(c) for c in target_rows.column_names})
+        joined = pa.table(view)
+        cols = []
+        for f in schema:
+            if f.name in clause:
+                cols.append(expressions.evaluate_qualified(clause[f.name], joined, prefixes, sides).cast(f.type))
+            elif target_rows is not None:
+                cols.append(target_rows.column(f.name).combine_chunks())
+            else:
+                cols.append(pa.nulls(n, f.type))
+        return pa.Table.from_arrays(cols, schema=schema)
 
     def optimize(self, where: str | None = None, target_file_size: int = 128 * 1024 * 1024, min_files: int = 2,
                  *, snapshot: Snapshot | None = None) -> CommitResult:
-        """Compact small files per partition; data does not change (dataChange=false)."""
+        """Compact small files per partition; data does not change (dataChange=false).
+
+        Declares only the compacted files as read, so it loses (ConcurrentDeleteReadException)
+        only to a concurrent removal of one of them.
+        """
         snap = snapshot or self.snapshot()
+        self._check_writable(snap)
         schema = delta_schema_to_arrow(snap.metadata.schema())
         tx = Transaction(self, snap.version)
         if where is not None:
@@ -239,21 +551,27 @@ class Table:
             if len(files) < min_files:
                 continue
             tx.read_files_from(files)
-            tables = [self._read_file(snap, a, schema) for a in files]
+            merged = pa.concat_tables([self._read_file(snap, a, schema) for a in files])
             for a in files:
                 tx.remove(a, data_change=False)
-            merged = pa.concat_tables(tables)
             tx.stage(staging.write_data_files(self.root, merged, snap.partition_columns, data_change=False))
             compacted += len(files)
+        if not compacted:
+            return self._noop(snap, tx, "OPTIMIZE", {"numRemovedFiles": 0, "numAddedFiles": 0})
         return tx.commit("OPTIMIZE", changes_data=False,
                          parameters={"predicate": json.dumps([where] if where else []), "filesCompacted": str(compacted)})
 
     # -- reads ----------------------------------------------------------------------
     def history(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """commitInfo of each version, newest first (includes this handle's own commits)."""
         return self.snapshot().history(limit)
 
     def to_pyarrow(self, version: int | None = None, **kwargs: Any) -> pa.Table:
         return self.snapshot(version).to_pyarrow(**kwargs)
+
+    def lookup_decision(self, proposal_id: str, timeout_s: float = 30.0) -> Decision | None:
+        """The decision of a proposal whose outcome was unknown (None if none is recorded yet)."""
+        return self.client.lookup_decision(self.table_id, proposal_id, timeout_s)
 
     def close(self) -> None:
         if self._own_client:
@@ -264,3 +582,11 @@ class Table:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _all_valid(t: pa.Table, n_keys: int) -> pa.Array:
+    """Rows whose n key columns (`__k0..`) are all non-null."""
+    m = pc.is_valid(t.column("__k0"))
+    for i in range(1, n_keys):
+        m = pc.and_(m, pc.is_valid(t.column(f"__k{i}")))
+    return m

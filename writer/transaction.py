@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from schemas.actions import Action, AddFile, CommitInfo, RemoveFile
+from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
 from schemas.errors import CONFLICT_CLASSES, DeltaConcurrentModificationException, DeltaCoordError, InvalidProposalError
 from schemas.messages import Decision, FileRead, Proposal
 
@@ -27,7 +27,11 @@ ENGINE_INFO = "deltacoord-writer/0.1"
 
 @dataclass(frozen=True)
 class CommitResult:
-    """What a successful commit returns."""
+    """What a successful operation returns.
+
+    `version` is the committed version; for a skipped operation
+    (`already_committed` or `noop`) it is the version of the snapshot read.
+    """
 
     version: int
     proposal_id: str
@@ -35,6 +39,8 @@ class CommitResult:
     #: True when the proposal had already committed (redelivery) or an app version was already recorded.
     already_committed: bool = False
     metrics: Mapping[str, int] = field(default_factory=dict)
+    #: True when the operation had nothing to change and, like Delta's commitIfNeeded, made no commit.
+    noop: bool = False
 
 
 def error_from_decision(d: Decision) -> DeltaCoordError:
@@ -65,6 +71,7 @@ class Transaction:
         self.read_predicates.append(predicate)
 
     def read_file(self, add: AddFile) -> None:
+        """Record a scanned file: its concurrent removal is a ConcurrentDeleteReadException."""
         self.read_files.append(FileRead(add.path, dict(add.partition_values)))
 
     def read_files_from(self, adds: Iterable[AddFile]) -> None:
@@ -72,9 +79,11 @@ class Transaction:
             self.read_file(a)
 
     def read_whole(self) -> None:
+        """Record that every row was read: any concurrent add or remove conflicts. Use only when true."""
         self.read_whole_table = True
 
     def read_app_id(self, app_id: str) -> None:
+        """Record a dependency on an app id's version: a concurrent txn for it is a ConcurrentTransactionException."""
         self.read_app_ids.append(app_id)
 
     # -- writes ---------------------------------------------------------------------
@@ -94,15 +103,19 @@ class Transaction:
         self.actions.append(add.to_remove(int(time.time() * 1000), data_change=data_change))
 
     # -- commit ---------------------------------------------------------------------
-    def proposal(self, operation: str, changes_data: bool, parameters: Mapping[str, Any] | None = None) -> Proposal:
+    def proposal(self, operation: str, changes_data: bool, parameters: Mapping[str, Any] | None = None,
+                 metrics: Mapping[str, int] | None = None) -> Proposal:
+        """The wire proposal; `metrics` become commitInfo.operationMetrics (strings, as Delta writes them)."""
         params = {k: v if isinstance(v, str) else _json(v) for k, v in (parameters or {}).items()}
-        info = {
+        info: dict[str, Any] = {
             "timestamp": int(time.time() * 1000),
             "operation": operation,
             "operationParameters": params,
             "engineInfo": ENGINE_INFO,
             "txnId": self.proposal_id,
         }
+        if metrics:
+            info["operationMetrics"] = {k: str(v) for k, v in metrics.items()}
         return Proposal(
             table_id=self.table.table_id,
             table_uri=self.table.uri,
@@ -121,18 +134,25 @@ class Transaction:
         )
 
     def commit(self, operation: str, *, changes_data: bool = True, parameters: Mapping[str, Any] | None = None,
-               timeout_s: float | None = None) -> CommitResult:
-        """Propose and wait. Conflicts raise `schemas.errors` classes; staged files of a rejection are deleted."""
-        p = self.proposal(operation, changes_data, parameters)
+               timeout_s: float | None = None, metrics: Mapping[str, int] | None = None) -> CommitResult:
+        """Propose and wait. Conflicts raise `schemas.errors` classes; staged files of a rejection are deleted.
+
+        An unknown outcome (CommitOutcomeUnknownError) keeps the staged files:
+        the proposal may still commit and then references them.
+        """
+        all_metrics = {**_metrics(self.actions), **(metrics or {})}
+        p = self.proposal(operation, changes_data, parameters, all_metrics)
         d = self.table.client.commit(p, timeout_s or self.table.decision_timeout_s)
         if d.committed and d.version is not None:
+            changed_metadata = any(isinstance(a, (Metadata, Protocol)) for a in self.actions)
+            self.table.committed(d.version, changed_metadata=changed_metadata)
             return CommitResult(
-                d.version, p.proposal_id, operation, already_committed=d.duplicate_of is not None,
-                metrics=_metrics(self.actions),
+                d.version, p.proposal_id, operation, already_committed=d.duplicate_of is not None, metrics=all_metrics,
             )
         from writer.staging import delete_staged
 
         delete_staged(Path(self.table.root), self.staged)
+        self.table.invalidate()  # the next attempt must read a fresh snapshot
         raise error_from_decision(d)
 
 
