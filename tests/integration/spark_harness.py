@@ -1,0 +1,112 @@
+"""Spark helpers for the `deltacoord` data-source tests: a local session with the Delta jars, and a child driver.
+
+`child_main` is the body of a separate driver process (``python -c "from
+tests.integration.spark_harness import child_main; child_main()" <json>``)
+that streams a directory of JSON files into a coordinated table. With
+``crash_after_batch`` set it SIGKILLs its own process group (driver, JVM,
+Python workers) right after the coordinator decided that batch and before
+Spark wrote its commit log: the worst moment for exactly-once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from coordinator.jars import classpath
+from writer.spark_sink import DeltaCoordDataSource, DeltaCoordStreamWriter, SinkOptions, _stage_plan, ensure_table
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def spark_env() -> None:
+    """Python workers must run this interpreter and find this repository."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
+
+
+def build_session(app: str = "deltacoord-tests") -> SparkSession:
+    spark_env()
+    jars = classpath("delta").replace(os.pathsep, ",")
+    spark = (
+        SparkSession.builder.master("local[2]").appName(app)
+        .config("spark.jars", jars)
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+class _CrashingStreamWriter(DeltaCoordStreamWriter):
+    def __init__(self, inner: DeltaCoordStreamWriter, crash_after_batch: int, marker: str, driver_pid: int) -> None:
+        super().__init__(inner.opts, inner.plan, inner.overwrite)
+        self.crash_after_batch = crash_after_batch
+        self.marker = marker
+        self.driver_pid = driver_pid
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        super().commit(messages, batchId)
+        if batchId == self.crash_after_batch and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(batchId))
+            # Decided in Kafka, not yet in Spark's commit log: kill the driver and its JVM (their process
+            # group: the test starts the driver in a session of its own), then the Python workers' group.
+            os.killpg(os.getpgid(self.driver_pid), signal.SIGKILL)
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+class CrashingDataSource(DeltaCoordDataSource):
+    """`deltacoord` whose stream commit kills the whole driver after one chosen batch (option `test.crashAfterBatch`)."""
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        inner = super().streamWriter(schema, overwrite)
+        crash = int(self.options.get("test.crashAfterBatch", "-1"))
+        marker = self.options.get("test.crashMarker", "")
+        if crash < 0:
+            return inner
+        assert isinstance(inner, DeltaCoordStreamWriter)
+        return _CrashingStreamWriter(inner, crash, marker, int(self.options["test.driverPid"]))
+
+
+def child_main() -> None:
+    """Stream JSON files (`id long, value string`) from a directory into a coordinated table."""
+    args: dict[str, Any] = json.loads(sys.argv[1])
+    spark = build_session("deltacoord-child")
+    spark.dataSource.register(CrashingDataSource)
+    df = spark.readStream.schema("id long, value string").option("maxFilesPerTrigger", 1).json(args["source"])
+    w = (
+        df.writeStream.format("deltacoord")
+        .option("path", args["table"])
+        .option("bootstrap.servers", args["bootstrap"])
+        .option("topic.prefix", args["prefix"])
+        .option("checkpointLocation", args["checkpoint"])
+        .option("metricsPath", args["metrics"])
+        .option("test.crashAfterBatch", str(args.get("crash_after_batch", -1)))
+        .option("test.crashMarker", args["marker"])
+        .option("test.driverPid", str(os.getpid()))
+    )
+    q = w.trigger(availableNow=True).start()
+    q.awaitTermination()
+    spark.stop()
+
+
+__all__ = ["CrashingDataSource", "SinkOptions", "_stage_plan", "build_session", "child_main", "ensure_table", "spark_env"]
