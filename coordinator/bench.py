@@ -187,9 +187,11 @@ def memory_state(files: int) -> dict[str, float]:
             "peak_rss_mb": round(_peak_rss_mb(), 1)}
 
 
-def memory_checkpoint(files: int, workdir: Path) -> dict[str, float]:
+def memory_checkpoint(files: int, workdir: Path | str) -> dict[str, float]:
     """Peak RSS while checkpointing a table of `files` live files (from the previous checkpoint + 10 commits)."""
     from coordinator.checkpointer import create_checkpoint
+
+    workdir = Path(workdir)
     from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, commit_to_json_lines
 
     root = workdir / "ckpt-table"

@@ -17,7 +17,7 @@ SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.stri
 
 def test_create_append_conflict_and_delta_rs_reads(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = fresh_topics(kafka_bootstrap)
-    with coordinator_thread(kafka_bootstrap, topics) as coord:
+    with coordinator_thread(kafka_bootstrap, topics):
         t = Table(tmp_path / "t", kafka_bootstrap, topics=topics)
         assert t.create(SCHEMA, partition_by=["date"]).version == 0
         r1 = t.append(pa.table({"id": [1, 2], "date": ["2024-01-01", "2024-01-02"], "value": ["a", "b"]}))
@@ -36,7 +36,8 @@ def test_create_append_conflict_and_delta_rs_reads(kafka_bootstrap: str, tmp_pat
         with pytest.raises(ConcurrentAppendException) as ei:
             tx.commit("UPDATE")
         assert ei.value.winning_version == 2
-        assert coord.publisher.wait_idle(30)
+        # Publication follows the Kafka commit; wait for the version this handle committed.
+        t.wait_published(2)
         t.close()
     dt = DeltaTable(str(tmp_path / "t"))
     assert dt.version() == 2
