@@ -16,8 +16,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from confluent_kafka.admin import AdminClient
 
 from coordinator.metrics import Metrics, MetricsServer
-from coordinator.publisher import Publisher
-from coordinator.service import CoordinatorSettings, FencedError, PartitionCoordinator, make_consumer
+from coordinator.publisher import Publisher, table_root
+from coordinator.service import (
+    CoordinatorSettings,
+    FencedError,
+    PartitionCoordinator,
+    make_consumer,
+    newest_published_version,
+)
 from coordinator.topics import ensure_topics
 from schemas.actions import Action, Metadata
 
@@ -104,9 +110,23 @@ class Coordinator:
             w = PartitionCoordinator(self.settings, tp.partition, self.publisher, self.metrics, consumer)
             start = w.start()
             self._workers[tp.partition] = w
+            self._schedule_missing_checkpoints(w)
             out.append(TopicPartition(tp.topic, tp.partition, start))
         log.info("owning partitions %s", sorted(self._workers))
         return out
+
+    def _schedule_missing_checkpoints(self, w: PartitionCoordinator) -> None:
+        """After a crash the newest due checkpoint may be missing (publication got ahead of it): write it."""
+        if self.checkpoint_fn is None:
+            return
+        for table_id, st in w.states.items():
+            if st.metadata is None:
+                continue
+            interval = _checkpoint_interval(st.metadata)
+            published = newest_published_version(st.table_uri)
+            due = published - published % interval
+            if due > 0 and not (table_root(st.table_uri) / "_delta_log" / f"{due:020d}.checkpoint.parquet").exists():
+                self._ckpt_q.put(_CheckpointRequest(table_id, st.table_uri, due))
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.assign(self._take(consumer, partitions))

@@ -53,8 +53,16 @@ def test_survivor_takes_over_the_partitions_of_a_killed_coordinator(kafka_bootst
         time.sleep(0.5)
     assert sorted(owned[0] + owned[1]) == [0, 1, 2, 3] and all(owned), f"partitions not split: {owned}"
 
-    paths = [tmp_path / f"table{i}" for i in range(TABLES)]
-    assert len({partition_for(p.resolve().as_uri(), 4) for p in paths}) > 1, "tables should spread over partitions"
+    # Two tables on every partition, so both coordinators' partitions carry traffic.
+    per_partition: dict[int, list[Path]] = {0: [], 1: [], 2: [], 3: []}
+    i = 0
+    while any(len(v) < TABLES // 4 for v in per_partition.values()):
+        p = (tmp_path / f"table{i}").resolve()
+        bucket = per_partition[partition_for(p.as_uri(), 4)]
+        if len(bucket) < TABLES // 4:
+            bucket.append(p)
+        i += 1
+    paths = [p for v in per_partition.values() for p in v]
     versions: dict[int, list[int]] = {i: [] for i in range(TABLES)}
     errors: list[BaseException] = []
 
@@ -77,8 +85,10 @@ def test_survivor_takes_over_the_partitions_of_a_killed_coordinator(kafka_bootst
         th.join(300)
     assert not errors, errors
 
-    survivor = _health(ports[1])
-    assert sorted(survivor["partitions"]) == [0, 1, 2, 3]  # type: ignore[call-overload]
+    deadline = time.monotonic() + 60
+    while sorted(_health(ports[1])["partitions"]) != [0, 1, 2, 3] and time.monotonic() < deadline:  # type: ignore[call-overload]
+        time.sleep(0.5)
+    assert sorted(_health(ports[1])["partitions"]) == [0, 1, 2, 3]  # type: ignore[call-overload]
     for i in range(TABLES):
         assert versions[i] == list(range(1, PER_TABLE + 1)), f"table {i}: {versions[i]}"
     deadline = time.monotonic() + 60
