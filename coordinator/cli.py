@@ -225,11 +225,12 @@ def demo_cmd() -> None:
 
 
 def _register_extensions() -> None:
-    from coordinator import acls, cli_tables, cli_topics
+    from coordinator import acls, cli_tables, cli_topics, cli_verify
 
     cli_tables.register(main)
     cli_topics.register(main)
     acls.register(main)
+    cli_verify.register(main)
 
 
 _register_extensions()

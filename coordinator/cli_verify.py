@@ -1,0 +1,92 @@
+"""`deltacoord verify TABLE`: check a table against the commits topic (see `coordinator.verify`).
+
+    deltacoord verify /data/events --bootstrap-servers kafka:9092 --topic-prefix prod
+
+Prints one JSON report on stdout. Exit codes: 0 the table verifies, 1 it has
+problems (listed in the report's `problems`), 2 bad arguments or no proposals
+topic. `--table-id` defaults to the table's absolute `file://` URI (what
+`writer.table.Table` uses) and `--num-partitions` to the partition count of
+`<prefix>.proposals`.
+
+`register(main)` adds the command to the main `deltacoord` group.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from coordinator.publisher import table_root
+from coordinator.service import CoordinatorSettings
+from schemas.routing import Topics
+
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+
+
+def _kafka_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"expected key=value, got {pair!r}", param_hint="--kafka")
+        k, v = pair.split("=", 1)
+        out[k.strip()] = v
+    return out
+
+
+def proposals_partitions(settings: CoordinatorSettings, timeout_s: float = 30.0) -> int:
+    """The partition count of the proposals topic (raises click.UsageError when it does not exist)."""
+    from confluent_kafka.admin import AdminClient
+
+    topic = settings.topics.proposals
+    md = AdminClient(settings.client()).list_topics(topic, timeout=timeout_s)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None or not t.partitions:
+        why = "" if t is None or t.error is None else f" ({t.error})"
+        raise click.UsageError(f"proposals topic {topic} not found on {settings.bootstrap_servers}{why}; "
+                               "check --topic-prefix or pass --num-partitions")
+    return len(t.partitions)
+
+
+def table_location(table: str) -> str:
+    """The table's absolute `file://` URI from a path or a `file://` URI."""
+    try:
+        root = table_root(table)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="TABLE") from e
+    return Path(root).resolve().as_uri()
+
+
+@click.command("verify")
+@click.argument("table")
+@click.option("--bootstrap-servers", envvar="DELTACOORD_BOOTSTRAP_SERVERS", required=True,
+              help="Kafka bootstrap servers (or DELTACOORD_BOOTSTRAP_SERVERS).")
+@click.option("--topic-prefix", envvar="DELTACOORD_TOPIC_PREFIX", default="deltacoord", show_default=True,
+              help="Topics are <prefix>.proposals/.commits/.deadletters.")
+@click.option("--table-id", default=None, help="The table's id on the wire (default: its file:// URI).")
+@click.option("--num-partitions", type=click.IntRange(min=1), default=None,
+              help="Partitions of the proposals topic (default: read from the topic).")
+@click.option("--allow-unpublished", is_flag=True,
+              help="Do not report ratified versions missing at the end of _delta_log (a coordinator still publishing).")
+@click.option("--kafka", "kafka_pairs", multiple=True, help="Extra Kafka client setting key=value (repeatable).")
+def verify_cmd(table: str, bootstrap_servers: str, topic_prefix: str, table_id: str | None, num_partitions: int | None,
+               allow_unpublished: bool, kafka_pairs: tuple[str, ...]) -> None:
+    """Check TABLE's _delta_log, checkpoints and data files against the commits topic; print a JSON report."""
+    from coordinator.verify import verify_table
+
+    uri = table_location(table)
+    settings = CoordinatorSettings(bootstrap_servers=bootstrap_servers, topics=Topics.with_prefix(topic_prefix),
+                                   kafka=_kafka_pairs(kafka_pairs), group_id=f"{topic_prefix}-verify")
+    partitions = num_partitions if num_partitions is not None else proposals_partitions(settings)
+    rep = verify_table(settings, uri, table_id or uri, partitions, require_published=not allow_unpublished)
+    click.echo(json.dumps(rep.to_json(), indent=2, ensure_ascii=False))
+    if not rep.ok:
+        sys.exit(EXIT_PROBLEMS)
+
+
+def register(main: click.Group) -> None:
+    """Add `verify` to the `deltacoord` group."""
+    main.add_command(verify_cmd)
