@@ -34,6 +34,10 @@ from schemas.routing import H_ERROR, H_OUTCOME, H_PROPOSAL_ID, H_SOURCE, H_TABLE
 log = logging.getLogger(__name__)
 
 
+class RecoveryError(RuntimeError):
+    """The commits topic could not be read to its end; state must not be rebuilt from part of it."""
+
+
 class FencedError(RuntimeError):
     """A newer coordinator owns this partition; this one must stop."""
 
@@ -410,7 +414,8 @@ def newest_published_version(table_uri: str) -> int:
 
 
 def read_decisions(
-    settings: CoordinatorSettings, partition: int, *, table_id: str | None = None, min_version: int = 0
+    settings: CoordinatorSettings, partition: int, *, table_id: str | None = None, min_version: int = 0,
+    stall_timeout_s: float = 120.0,
 ) -> Iterator[Decision]:
     """Committed decisions on one commits partition, in order (read_committed), streamed."""
     c = Consumer(
@@ -425,7 +430,10 @@ def read_decisions(
         if high <= low:
             return
         c.assign([TopicPartition(settings.topics.commits, partition, low)])
-        quiet_since = time.monotonic()
+        # Read up to the high watermark, however long the broker takes: a partial
+        # history would rebuild wrong table states. Only lack of progress is an error.
+        last_progress = time.monotonic()
+        last_pos = low
         while True:
             msgs = c.consume(1000, 0.2)
             for m in msgs:
@@ -446,10 +454,13 @@ def read_decisions(
             pos = c.position([tp])[0].offset
             if pos >= high:
                 break
-            if msgs:
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since > 5.0:
-                # Only transaction markers remain before the high watermark.
-                break
+            if msgs or pos > last_pos:
+                last_progress = time.monotonic()
+                last_pos = max(last_pos, pos)
+            elif time.monotonic() - last_progress > stall_timeout_s:
+                raise RecoveryError(
+                    f"reading {settings.topics.commits}[{partition}] stalled at offset {pos} of {high} for "
+                    f"{stall_timeout_s:.0f}s; refusing to continue with a partial history"
+                )
     finally:
         c.close()

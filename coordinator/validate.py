@@ -33,10 +33,18 @@ otherwise.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote
 
-from coordinator.predicates import compile_predicate, partition_schema
+from coordinator.predicates import (
+    MAX_PREDICATES,
+    MAX_TOTAL_PREDICATE_CHARS,
+    compile_predicate,
+    partition_schema,
+)
 from coordinator.state import TableState
 from schemas.actions import (
     AddCDCFile,
@@ -85,6 +93,8 @@ REASONS = frozenset(
         "BAD_PREDICATE",
         "STALE_TXN_VERSION",
         "MALFORMED_PROPOSAL",
+        "COMMIT_INFO_TOO_DEEP",
+        "COMMIT_INFO_TOO_LARGE",
     }
 )
 
@@ -167,6 +177,27 @@ def read_time_metadata(state: TableState, proposal: Proposal, new_metadata: Meta
     return winners[0].prior_metadata if winners else state.metadata
 
 
+#: commitInfo is copied into the published commit, which every Delta reader parses:
+#: deep nesting breaks readers (delta-rs fails past ~127 levels), so it is bounded.
+MAX_COMMIT_INFO_DEPTH = 16
+MAX_COMMIT_INFO_CHARS = 64 * 1024
+
+
+def _check_commit_info(values: Mapping[str, Any]) -> None:
+    stack: list[tuple[Any, int]] = [(values, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_COMMIT_INFO_DEPTH:
+            raise _err("COMMIT_INFO_TOO_DEEP", f"commitInfo nests deeper than {MAX_COMMIT_INFO_DEPTH} levels")
+        if isinstance(v, Mapping):
+            stack.extend((x, depth + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, depth + 1) for x in v)
+    size = len(json.dumps(values, separators=(",", ":"), default=str))
+    if size > MAX_COMMIT_INFO_CHARS:
+        raise _err("COMMIT_INFO_TOO_LARGE", f"commitInfo is {size} characters; the limit is {MAX_COMMIT_INFO_CHARS}")
+
+
 def validate_proposal(state: TableState, proposal: Proposal) -> None:
     """Raise InvalidProposalError for a proposal that can never commit (see module doc)."""
     p = proposal
@@ -184,6 +215,7 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
                 f"table {state.table_id!r} does not exist and the proposal (read version {rv}) does not create it",
             )
         raise _err("READ_VERSION_AHEAD", f"read version {rv} is beyond the table head {state.version}")
+    _check_commit_info(p.commit_info.values)
     txn_id = p.commit_info.txn_id
     if txn_id is not None and txn_id != p.proposal_id:
         raise _err("TXN_ID_MISMATCH", f"commitInfo.txnId {txn_id!r} differs from proposal id {p.proposal_id!r}")
@@ -298,6 +330,10 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
         if data_removes and effective.configuration.get("delta.appendOnly", "false").lower() == "true":
             raise _err("APPEND_ONLY", "the table is append-only (delta.appendOnly=true) and cannot remove data")
 
+    if len(p.read_predicates) > MAX_PREDICATES:
+        raise _err("BAD_PREDICATE", f"{len(p.read_predicates)} read predicates; at most {MAX_PREDICATES} are accepted")
+    if sum(len(t) for t in p.read_predicates) > MAX_TOTAL_PREDICATE_CHARS:
+        raise _err("BAD_PREDICATE", f"read predicates longer than {MAX_TOTAL_PREDICATE_CHARS} characters in total")
     if p.read_predicates:
         read_md = read_time_metadata(state, p, new_metadata)
         read_schema = partition_schema(read_md)

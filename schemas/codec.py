@@ -899,7 +899,7 @@ def _commit_info_rec(a: CommitInfo) -> Record:
         raise EncodeError(f"commit info must be a CommitInfo, got {type(a).__name__}")
     try:
         text = json.dumps(dict(a.values), separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise EncodeError(f"commitInfo values are not JSON-serialisable: {e}") from e
     return {"valuesJson": text}
 

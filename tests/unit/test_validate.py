@@ -60,12 +60,27 @@ def _with_txn() -> Harness:
     return h
 
 
+def _nested(levels: int) -> object:
+    v: object = 1
+    for _ in range(levels):
+        v = {"k": v}
+    return v
+
+
 CASES = [
     Case("other-table", "TABLE_MISMATCH", lambda h: proposal(0, [add("a.parquet")], table_id="tbl-other")),
     Case("read-version-below-minus-one", "BAD_READ_VERSION", lambda h: proposal(-2, [add("a.parquet")])),
     Case("read-version-ahead", "READ_VERSION_AHEAD", lambda h: proposal(h.head + 1, [add("a.parquet")])),
     Case("txn-id-mismatch", "TXN_ID_MISMATCH",
          lambda h: proposal(0, [add("a.parquet")], proposal_id="p-1", commit_info={"txnId": "p-2"})),
+    Case("commit-info-nested-17-deep", "COMMIT_INFO_TOO_DEEP",
+         lambda h: proposal(0, [add("a.parquet")], proposal_id="p-1", commit_info={"txnId": "p-1", "x": _nested(16)})),
+    Case("commit-info-over-64k", "COMMIT_INFO_TOO_LARGE",
+         lambda h: proposal(0, [add("a.parquet")], proposal_id="p-1", commit_info={"txnId": "p-1", "x": "y" * 70_000})),
+    Case("predicate-nested-65-deep", "BAD_PREDICATE",
+         lambda h: proposal(0, [add("a.parquet")], predicates=["(" * 65 + "date = 'a'" + ")" * 65])),
+    Case("65-predicates", "BAD_PREDICATE",
+         lambda h: proposal(0, [add("a.parquet")], predicates=["date = 'a'"] * 65)),
     Case("empty-proposal-id", "BAD_PROPOSAL_ID", lambda h: proposal(0, [], proposal_id="", commit_info={})),
     Case("commit-info-in-actions", "COMMIT_INFO_IN_ACTIONS",
          lambda h: proposal(0, [CommitInfo({"operation": "WRITE"}), add("a.parquet")])),
