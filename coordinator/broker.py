@@ -126,7 +126,8 @@ class LocalBroker:
     """Manage one local broker rooted at `home`."""
 
     def __init__(self, home: Path | None = None) -> None:
-        self.home = (home or jars.cache_home() / "broker").resolve()
+        env = os.environ.get("DELTACOORD_BROKER_HOME")
+        self.home = (home or (Path(env) if env else jars.cache_home() / "broker")).resolve()
         self.state_file = self.home / "broker.json"
         self.data_dir = self.home / "data"
         self.log_path = self.home / "broker.log"

@@ -76,16 +76,17 @@ def run_demo(table_dir: Path | None = None, writers: int = 4, appends_per_writer
 
         # An UPDATE and a DELETE read the same snapshot of partition 2024-01-01.
         snap = table.snapshot()
-        upd = table.update("date = '2024-01-01' AND amount >= 0", {"amount": "amount + 100"}, snapshot=snap)
+        upd = table.update("date = '2024-01-01'", {"amount": "amount + 100"}, snapshot=snap)
         events.append(f"UPDATE committed at version {upd.version}")
         try:
-            table.delete("date = '2024-01-01' AND amount < 5", snapshot=snap)
-            events.append("DELETE committed (no overlap)")
+            # Deletes row 0, which the UPDATE just rewrote: the two read the same partition.
+            res = table.delete("date = '2024-01-01' AND id = 0", snapshot=snap)
+            events.append(f"DELETE committed at version {res.version} (no conflict)")
         except DeltaConcurrentModificationException as e:
             conflicts[type(e).__name__] += 1
             events.append(f"DELETE lost to the UPDATE: {type(e).__name__} (winning version {e.winning_version})")
             _say(f"conflict: {e}")
-            res = table.delete("date = '2024-01-01' AND amount < 5")
+            res = table.delete("date = '2024-01-01' AND id = 0")
             events.append(f"DELETE retried on a fresh snapshot, committed at version {res.version}")
 
         # OPTIMIZE and a DELETE on another partition, from one snapshot: the DELETE rewrites a file OPTIMIZE compacts.

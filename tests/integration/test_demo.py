@@ -1,0 +1,32 @@
+"""`deltacoord demo`, the README's main command: progress lines, then one JSON summary line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_demo_runs_end_to_end_and_ends_with_its_json_summary(tmp_path: Path) -> None:
+    env = {**os.environ, "DELTACOORD_BROKER_HOME": str(tmp_path / "broker")}
+    proc = subprocess.run([sys.executable, "-m", "coordinator.cli", "demo"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    assert any(ln.startswith("[demo") for ln in lines[:-1]), "the demo prints progress while it works"
+    summary = json.loads(lines[-1])
+    assert set(summary) == {"table", "versions", "commits", "conflicts", "verified_with"}
+    assert summary["table"].startswith("file://")
+    assert summary["versions"] == summary["commits"] >= 40
+    # The UPDATE/DELETE race and the OPTIMIZE/DELETE race each produce a real conflict.
+    assert summary["conflicts"].get("ConcurrentAppendException") == 1
+    assert summary["conflicts"].get("ConcurrentDeleteReadException") == 1
+    assert summary["verified_with"].startswith("deltalake ")
+    log_dir = Path(summary["table"].removeprefix("file://")) / "_delta_log"
+    assert (log_dir / f"{summary['versions'] - 1:020d}.json").exists()
+    # The demo stops the broker it started.
+    status = subprocess.run([sys.executable, "-m", "coordinator.cli", "broker", "status"], capture_output=True,
+                            text=True, env=env)
+    assert status.returncode == 1
