@@ -154,10 +154,13 @@ def coordinator_group() -> None:
 @click.option("--no-fsync", is_flag=True, help="Do not fsync published files (Kafka stays the durable copy).")
 @click.option("--no-checkpoints", is_flag=True, help="Do not write checkpoints.")
 @click.option("--kafka", "kafka_pairs", multiple=True, help="Extra Kafka client setting key=value (repeatable).")
+@click.option("--watchdog-seconds", type=float, envvar="DELTACOORD_WATCHDOG_SECONDS", default=None,
+              help="Exit (code 4) when no progress is made this long, for the supervisor to restart (default 120; 0 disables).")
 @click.option("--log-level", default="INFO", envvar="DELTACOORD_LOG_LEVEL")
 def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None, partitions: str | None,
                     num_partitions: int | None, group_id: str | None, transactional_id_prefix: str | None, max_batch: int | None,
-                    metrics_port: int | None, no_fsync: bool, no_checkpoints: bool, kafka_pairs: tuple[str, ...], log_level: str) -> None:
+                    metrics_port: int | None, no_fsync: bool, no_checkpoints: bool, kafka_pairs: tuple[str, ...],
+                    watchdog_seconds: float | None, log_level: str) -> None:
     """Consume proposals, decide them, record decisions in Kafka, publish _delta_log."""
     from coordinator.daemon import Coordinator
     from coordinator.logs import setup_logging
@@ -198,6 +201,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         settings, partitions=parts, num_partitions=int(str(pick(num_partitions, "num_partitions", 1))),
         metrics_port=pick(metrics_port, "metrics_port", None),  # type: ignore[arg-type]
         publish_fsync=not (no_fsync or cfg.get("fsync") is False), checkpoint_fn=checkpoint_fn,
+        watchdog_s=(float(str(pick(watchdog_seconds, "watchdog_seconds", 120.0))) or None),
     )
     coord.install_signal_handlers()
     sys.exit(coord.run())

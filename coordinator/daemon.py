@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import signal
 import threading
@@ -50,6 +51,10 @@ class Coordinator:
     metrics_port: int | None = None
     publish_fsync: bool = True
     checkpoint_fn: CheckpointFn | None = None
+    #: Exit the process (code 4) when the deciding loop makes no progress this long;
+    #: None disables it (in-process use). A supervisor restarts the coordinator,
+    #: and fencing plus recovery make that restart safe.
+    watchdog_s: float | None = None
     metrics: Metrics = field(default_factory=Metrics)
     stop_event: threading.Event = field(default_factory=threading.Event)
     fenced: bool = False
@@ -92,6 +97,20 @@ class Coordinator:
             except Exception:
                 log.exception("checkpoint of %s at version %d failed", req.table_uri, req.version)
 
+    # -- liveness ---------------------------------------------------------------------
+    def heartbeat(self) -> None:
+        self._last_loop = time.monotonic()
+
+    def _watchdog(self) -> None:
+        assert self.watchdog_s is not None
+        while not self.stop_event.wait(min(5.0, self.watchdog_s / 4)):
+            if self._last_loop and time.monotonic() - self._last_loop > self.watchdog_s:
+                # The loop thread may be stuck inside librdkafka (seen after a broker restart:
+                # send_offsets_to_transaction ignoring its timeout), so only a process exit frees it.
+                log.critical("no progress for %.0fs; exiting so the supervisor restarts this coordinator", self.watchdog_s)
+                logging.shutdown()
+                os._exit(4)
+
     # -- health --------------------------------------------------------------------
     def health(self) -> tuple[bool, dict[str, object]]:
         stale = time.monotonic() - self._last_loop if self._last_loop else None
@@ -107,7 +126,7 @@ class Coordinator:
         """Own these partitions: fence their previous owner, rebuild their tables, resume at committed offsets."""
         out = []
         for tp in partitions:
-            w = PartitionCoordinator(self.settings, tp.partition, self.publisher, self.metrics, consumer)
+            w = PartitionCoordinator(self.settings, tp.partition, self.publisher, self.metrics, consumer, self.heartbeat)
             start = w.start()
             self._workers[tp.partition] = w
             self._schedule_missing_checkpoints(w)
@@ -161,6 +180,9 @@ class Coordinator:
         ckpt.start()
         consumer = make_consumer(self.settings)
         topic = self.settings.topics.proposals
+        self.heartbeat()
+        if self.watchdog_s is not None:
+            threading.Thread(target=self._watchdog, name="deltacoord-watchdog", daemon=True).start()
         code = 0
         try:
             if self.partitions is not None:
@@ -172,7 +194,7 @@ class Coordinator:
             log.info("coordinator ready on %s (%s)", topic, "static" if self.partitions is not None else "group")
             s = self.settings
             while not self.stop_event.is_set():
-                self._last_loop = time.monotonic()
+                self.heartbeat()
                 first = consumer.poll(s.poll_timeout_s)
                 if first is None:
                     continue

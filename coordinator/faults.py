@@ -1,7 +1,8 @@
 """Named crash points for fault-injection tests.
 
-`DELTACOORD_FAULT=<point>:<n>` makes the process SIGKILL itself the n-th time
-it reaches `<point>` (1-based). Unset, a fault point costs one dict lookup.
+`DELTACOORD_FAULT=<point>:<n>[:hang]` makes the process SIGKILL itself the
+n-th time it reaches `<point>` (1-based), or with `:hang` block that thread
+forever (as a client library stuck in a call would; the watchdog must act). Unset, a fault point costs one dict lookup.
 Points: `after_decide` (batch decided, no Kafka transaction yet),
 `after_kafka_commit` (decisions committed, nothing published),
 `checkpoint_before_publish` (checkpoint Parquet written to its temp name only).
@@ -11,15 +12,17 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 _counts: dict[str, int] = {}
 
 
-def _parse(spec: str | None) -> tuple[str, int] | None:
+def _parse(spec: str | None) -> tuple[str, int, str] | None:
     if not spec:
         return None
-    name, _, n = spec.partition(":")
-    return name, int(n or "1")
+    name, _, rest = spec.partition(":")
+    n, _, action = rest.partition(":")
+    return name, int(n or "1"), action or "kill"
 
 
 _SPEC = _parse(os.environ.get("DELTACOORD_FAULT"))
@@ -31,4 +34,6 @@ def fault_point(name: str) -> None:
         return
     _counts[name] = _counts.get(name, 0) + 1
     if _counts[name] >= _SPEC[1]:
+        if _SPEC[2] == "hang":
+            threading.Event().wait()
         os.kill(os.getpid(), signal.SIGKILL)

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,8 +146,9 @@ class PartitionCoordinator:
     """
 
     def __init__(self, settings: CoordinatorSettings, partition: int, publisher: Publisher, metrics: Metrics,
-                 consumer: Consumer) -> None:
+                 consumer: Consumer, heartbeat: Callable[[], None] | None = None) -> None:
         self.settings = settings
+        self._heartbeat = heartbeat or (lambda: None)
         self.partition = partition
         self.publisher = publisher
         self.metrics = metrics
@@ -169,10 +170,10 @@ class PartitionCoordinator:
                 # The broker writes a transaction's markers after EndTxn returns; the next
                 # transaction's AddOffsetsToTxn is answered CONCURRENT_TRANSACTIONS until then.
                 # librdkafka's default 100 ms retry backoff made that ~100 ms per batch.
-                {"linger.ms": 0, "retry.backoff.ms": 2, "retry.backoff.max.ms": 10},
+                {"linger.ms": 0, "retry.backoff.ms": 2, "retry.backoff.max.ms": 10,
+                 "transaction.timeout.ms": s.transaction_timeout_ms},
                 **{
                     "transactional.id": s.transactional_id(self.partition),
-                    "transaction.timeout.ms": s.transaction_timeout_ms,
                     "message.max.bytes": max(s.max_proposal_bytes * 2, 1_000_000),
                 },
             )
@@ -203,7 +204,9 @@ class PartitionCoordinator:
         self.metrics.tables.dec(len(self.states))
         self.states = {}
         on_disk: dict[str, int] = {}
-        for d in read_decisions(s, self.partition):
+        for i, d in enumerate(read_decisions(s, self.partition)):
+            if i % 1000 == 0:
+                self._heartbeat()  # a long recovery is progress, not a hang
             if not d.committed or d.duplicate_of is not None or d.version is None:
                 continue
             st = self.states.get(d.table_id)

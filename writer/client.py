@@ -14,7 +14,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from schemas.codec import decode_decision, encode_proposal
 from schemas.errors import CommitOutcomeUnknownError
@@ -29,6 +29,21 @@ def _header(headers: Any, name: str) -> bytes | None:
     return None
 
 
+def _end_offset(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> int:
+    """The partition's end offset, retried while leadership settles (new topic, moving leader)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            return int(high)
+        except KafkaException as e:
+            err = e.args[0]
+            if time.monotonic() > deadline or not (isinstance(err, KafkaError) and (err.retriable() or err.code() in (
+                    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART))):
+                raise
+            time.sleep(0.2)
+
+
 class _PartitionListener:
     """Tails one commits partition from a fixed offset and resolves pending futures."""
 
@@ -41,7 +56,7 @@ class _PartitionListener:
             "fetch.wait.max.ms": 5,
         })
         tp = TopicPartition(topic, partition)
-        _low, high = self._consumer.get_watermark_offsets(tp, timeout=30)
+        high = _end_offset(self._consumer, tp)
         # Start at the end as of now: every proposal produced after this point
         # has its decision at a later offset.
         self._consumer.assign([TopicPartition(topic, partition, high)])

@@ -128,3 +128,26 @@ def test_second_coordinator_fences_the_first(kafka_bootstrap: str, tmp_path: Pat
     from deltalake import DeltaTable
 
     assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("id").to_pylist()) == list(range(20))
+
+
+def test_watchdog_exits_a_coordinator_whose_loop_is_stuck(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A loop stuck inside a client call (seen: librdkafka after a broker restart) must not hang forever."""
+    topics = fresh_topics(kafka_bootstrap)
+    path = tmp_path / "t"
+    stuck = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", "--watchdog-seconds", "4",
+                                      env={"DELTACOORD_FAULT": "after_decide:2:hang"})
+    with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120) as t:
+        t.create(SCHEMA)
+        result: list[int] = []
+        th = threading.Thread(target=lambda: result.append(t.append(pa.table({"id": [1], "date": ["d"]})).version))
+        th.start()
+        stuck.proc.wait(60)
+        assert stuck.proc.returncode == 4, f"watchdog exit code {stuck.proc.returncode}"
+        assert "no progress" in stuck.log.read_text()
+        # A restarted coordinator decides the proposal the stuck one never committed.
+        fresh = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0")
+        try:
+            th.join(120)
+            assert result == [1]
+        finally:
+            fresh.kill(15)
