@@ -120,7 +120,7 @@ def make_consumer(settings: CoordinatorSettings) -> Consumer:
     return Consumer(
         s.client(
             {
-                "fetch.wait.max.ms": 5,
+                "fetch.wait.max.ms": 100,
                 "fetch.message.max.bytes": max(s.max_proposal_bytes * 2, 1_048_576),
                 # A dead coordinator's partitions move after this long (group mode).
                 "session.timeout.ms": 10_000,

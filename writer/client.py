@@ -53,7 +53,7 @@ class _PartitionListener:
             "group.id": f"deltacoord-writer-{id(self)}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
-            "fetch.wait.max.ms": 5,
+            "fetch.wait.max.ms": 100,
         })
         tp = TopicPartition(topic, partition)
         high = _end_offset(self._consumer, tp)
