@@ -324,8 +324,8 @@ def _stage_plan(opts: SinkOptions, snap: Snapshot, replace_where: str | None = N
 # --------------------------------------------------------------------------- streaming writer
 
 
-class DeltaCoordStreamWriter(DataSourceStreamArrowWriter):
-    """Micro-batch writer: executors stage files, the driver proposes one commit per batch."""
+class _StagingWriter:
+    """What the streaming and batch writers share: executors stage files per the plan."""
 
     def __init__(self, opts: SinkOptions, plan: StagePlan, overwrite: bool) -> None:
         self.opts = opts
@@ -334,6 +334,10 @@ class DeltaCoordStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCoordCommitMessage:
         return self.plan.stage(iterator)
+
+
+class DeltaCoordStreamWriter(_StagingWriter, DataSourceStreamArrowWriter):
+    """Micro-batch writer: executors stage files, the driver proposes one commit per batch."""
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         t_start = time.monotonic()
@@ -406,16 +410,8 @@ def _abort(opts: SinkOptions, messages: Sequence[WriterCommitMessage | None]) ->
 # --------------------------------------------------------------------------- batch writer
 
 
-class DeltaCoordBatchWriter(DataSourceArrowWriter):
+class DeltaCoordBatchWriter(_StagingWriter, DataSourceArrowWriter):
     """`df.write.format("deltacoord")`: append, overwrite, or overwrite with replaceWhere."""
-
-    def __init__(self, opts: SinkOptions, plan: StagePlan, overwrite: bool) -> None:
-        self.opts = opts
-        self.plan = plan
-        self.overwrite = overwrite
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCoordCommitMessage:
-        return self.plan.stage(iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         opts = self.opts
