@@ -179,13 +179,22 @@ class Table:
 
     def create(self, schema: pa.Schema, partition_by: Sequence[str] = (), properties: Mapping[str, str] | None = None,
                name: str | None = None) -> CommitResult:
-        """CREATE TABLE. Two writers racing on an empty directory: the loser gets ProtocolChangedException."""
-        if self.exists():
+        """CREATE TABLE. Two writers racing on an empty directory: the loser gets ProtocolChangedException.
+
+        An existing table is TableExistsError whether it is seen in `_delta_log`
+        or only by the coordinator (version 0 ratified, not yet published).
+        """
+        if self._floor >= 0 or self.exists():
             raise TableExistsError(self.uri)
         tx = self.begin_create(schema, partition_by, properties, name)
         props = dict(properties or {})
-        return tx.commit("CREATE TABLE", changes_data=False,
-                         parameters={"partitionBy": list(partition_by), "properties": props, "isManaged": "false"})
+        try:
+            return tx.commit("CREATE TABLE", changes_data=False,
+                             parameters={"partitionBy": list(partition_by), "properties": props, "isManaged": "false"})
+        except ProtocolChangedException as e:
+            if e.winning_version == 0 and not isinstance(e, TableExistsError):
+                raise TableExistsError(self.uri) from e
+            raise
 
     def _replace_metadata(self, md: Metadata, *, schema_string: str | None = None,
                           configuration: Mapping[str, str] | None = None) -> Metadata:
