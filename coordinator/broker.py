@@ -202,7 +202,7 @@ class LocalBroker:
             java = os.environ.get("JAVA_HOME", "")
             java_bin = str(Path(java) / "bin" / "java") if java else "java"
             if not (self.data_dir / "meta.properties").exists():
-                cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+                cluster_id = _cluster_id()
                 fmt = subprocess.run(
                     [java_bin, "-Xmx256m", "-cp", cp, f"-Dlog4j2.configurationFile={log4j}",
                      "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config_path), "--ignore-formatted"],
@@ -285,6 +285,16 @@ class LocalBroker:
                 os.kill(info.pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(info.pid, 0)
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: 22 URL-safe base64 chars of a random UUID, never starting with '-'
+    (the storage tool's argument parser would read such an id as an option; Kafka's own
+    generator avoids it for the same reason)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
 
 
 def _silent_logger() -> logging.Logger:

@@ -179,7 +179,10 @@ class PartitionCoordinator:
             )
         )
         # Completes or aborts any transaction a previous owner left open, and fences it.
+        log.info("partition %d: fencing the previous owner (init_transactions %s)", self.partition, s.transactional_id(self.partition))
+        t0 = time.monotonic()
         self.producer.init_transactions(60)
+        log.info("partition %d: transactional producer ready in %.1fs; recovering", self.partition, time.monotonic() - t0)
         self._recover()
         return self.committed_offset()
 
@@ -424,7 +427,8 @@ def read_decisions(
     c = Consumer(
         settings.client(
             {"fetch.message.max.bytes": max(settings.max_proposal_bytes * 2, 1_048_576)},
-            **{"group.id": f"{settings.group_id}-recovery", "enable.auto.commit": False, "isolation.level": "read_committed"},
+            **{"group.id": f"{settings.group_id}-recovery", "enable.auto.commit": False, "isolation.level": "read_committed",
+               "enable.partition.eof": True},
         )
     )
     try:
@@ -435,14 +439,17 @@ def read_decisions(
         c.assign([TopicPartition(settings.topics.commits, partition, low)])
         # Read up to the high watermark, however long the broker takes: a partial
         # history would rebuild wrong table states. Only lack of progress is an error.
-        last_progress = time.monotonic()
+        last_progress = last_report = time.monotonic()
         last_pos = low
-        while True:
+        at_end = False
+        while not at_end:
             msgs = c.consume(1000, 0.2)
             for m in msgs:
                 merr = m.error()
                 if merr is not None:
                     if merr.code() == KafkaError._PARTITION_EOF:
+                        # The fetcher reached the end, control records and aborted batches included.
+                        at_end = (m.offset() or 0) >= high
                         continue
                     raise KafkaException(merr)
                 if table_id is not None and _header(m, H_TABLE_ID) != table_id:
@@ -460,7 +467,10 @@ def read_decisions(
             if msgs or pos > last_pos:
                 last_progress = time.monotonic()
                 last_pos = max(last_pos, pos)
-            elif time.monotonic() - last_progress > stall_timeout_s:
+            elif time.monotonic() - last_report > 10:
+                last_report = time.monotonic()
+                log.warning("reading %s[%d]: waiting at offset %d of %d", settings.topics.commits, partition, pos, high)
+            if not at_end and time.monotonic() - last_progress > stall_timeout_s:
                 raise RecoveryError(
                     f"reading {settings.topics.commits}[{partition}] stalled at offset {pos} of {high} for "
                     f"{stall_timeout_s:.0f}s; refusing to continue with a partial history"
