@@ -19,8 +19,8 @@ from pathlib import Path
 
 import click
 
-from coordinator.publisher import table_root
 from coordinator.service import CoordinatorSettings
+from reader.log import table_root
 from schemas.routing import Topics
 
 EXIT_PROBLEMS = 1

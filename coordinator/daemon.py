@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from confluent_kafka.admin import AdminClient
 
 from coordinator.metrics import Metrics, MetricsServer
-from coordinator.publisher import Publisher, table_root
+from coordinator.publisher import Publisher
 from coordinator.service import (
     CoordinatorSettings,
     FencedError,
@@ -26,6 +26,7 @@ from coordinator.service import (
     newest_published_version,
 )
 from coordinator.topics import ensure_topics
+from reader.log import table_root
 from schemas.actions import Action, Metadata
 
 log = logging.getLogger(__name__)

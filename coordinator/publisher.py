@@ -20,26 +20,16 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
+from reader.log import commit_file_name, log_dir, table_root
 from schemas.actions import Action, commit_to_json_lines
 from schemas.errors import TableHaltedError
 
 log = logging.getLogger(__name__)
 
 
-def table_root(table_uri: str) -> Path:
-    """Local path of a table URI (`/path` or `file:///path`)."""
-    parsed = urlparse(table_uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))  # file:///tmp/a%20b -> /tmp/a b
-    if parsed.scheme == "":
-        return Path(table_uri)
-    raise ValueError(f"unsupported table URI scheme {parsed.scheme!r} in {table_uri!r}; only local paths and file:// are supported")
-
-
 def commit_path(root: Path, version: int) -> Path:
-    return root / "_delta_log" / f"{version:020d}.json"
+    return log_dir(root) / commit_file_name(version)
 
 
 def sweep_temp_files(table_uri: str) -> int:

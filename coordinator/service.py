@@ -26,10 +26,11 @@ from coordinator.faults import fault_point
 from coordinator.metrics import Metrics
 from coordinator.publisher import Publisher, PublishTask, sweep_temp_files
 from coordinator.state import TableState
+from reader.log import table_root
 from schemas.codec import decode_decision, decode_proposal, encode_decision
 from schemas.errors import DecodeError, InvalidProposalError
 from schemas.messages import Decision, Outcome, Proposal
-from schemas.routing import H_ERROR, H_OUTCOME, H_PROPOSAL_ID, H_SOURCE, H_TABLE_ID, H_VERSION, Topics
+from schemas.routing import H_ERROR, H_OUTCOME, H_PROPOSAL_ID, H_SOURCE, H_TABLE_ID, H_VERSION, Topics, header
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +67,8 @@ class CoordinatorSettings:
 
 
 def _header(msg: Message, name: str) -> str | None:
-    headers: Any = msg.headers() or ()
-    for k, v in headers:
-        if k == name and v is not None:
-            return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
-    return None
+    v = header(msg, name)
+    return None if v is None else v.decode("utf-8", errors="replace")
 
 
 #: Table property naming the writers allowed to propose commits (comma-separated).
@@ -406,8 +404,6 @@ def _committed_with_retry(consumer: Consumer, tp: TopicPartition, timeout_s: flo
 
 def newest_published_version(table_uri: str) -> int:
     """The newest `<v>.json` in a table's `_delta_log`, or -1."""
-    from coordinator.publisher import table_root
-
     newest = -1
     try:
         names = os.listdir(table_root(table_uri) / "_delta_log")

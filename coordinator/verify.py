@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.checkpointer import txn_retention_ms
-from coordinator.publisher import commit_path, table_root
+from coordinator.publisher import commit_path
 from coordinator.service import CoordinatorSettings, read_decisions
 from reader.checkpoint import key_string, read_checkpoint_actions
 from reader.log import (
@@ -49,6 +49,7 @@ from reader.log import (
     parse_commit_lines,
     read_last_checkpoint,
     resolve_data_path,
+    table_root,
 )
 from reader.snapshot import LogReplayState
 from schemas.actions import (

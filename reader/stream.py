@@ -73,7 +73,7 @@ from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, Rem
 from schemas.codec import decode_decision
 from schemas.errors import DeltaCoordError, MetadataChangedException
 from schemas.messages import Decision, Outcome
-from schemas.routing import H_OUTCOME, H_TABLE_ID, H_VERSION, Topics, partition_for
+from schemas.routing import H_OUTCOME, H_TABLE_ID, H_VERSION, Topics, header, partition_for
 
 log = logging.getLogger(__name__)
 
@@ -170,14 +170,6 @@ def normalize_table_id(table_uri_or_id: str | os.PathLike[str]) -> str:
     if s.startswith(("/", ".", "~")) or os.path.exists(s):
         return Path(s).expanduser().resolve().as_uri()
     return s
-
-
-def _header(msg: Message, name: str) -> bytes | None:
-    headers: Any = msg.headers() or ()
-    for k, v in headers:
-        if k == name:
-            return v.encode() if isinstance(v, str) else v
-    return None
 
 
 def _strip_field_metadata(t: Any) -> Any:
@@ -415,11 +407,11 @@ class CommitStream:
             else:
                 log.warning("commit stream of %s: %s (retrying)", self.table_id, err)
             return
-        if _header(m, H_TABLE_ID) != self.table_id.encode():
+        if header(m, H_TABLE_ID) != self.table_id.encode():
             return
-        if _header(m, H_OUTCOME) != Outcome.COMMITTED.value.encode():
+        if header(m, H_OUTCOME) != Outcome.COMMITTED.value.encode():
             return
-        raw_version = _header(m, H_VERSION)
+        raw_version = header(m, H_VERSION)
         if raw_version is None:
             return
         try:

@@ -8,6 +8,7 @@ Java default partitioner, so clients in any language agree on it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 #: Header carrying the proposal id on proposals and decisions, so a writer can
 #: skip other writers' decisions without decoding them.
@@ -19,6 +20,18 @@ H_OUTCOME = "deltacoord.outcome"
 #: On dead letters: why the message could not be decided.
 H_ERROR = "deltacoord.error"
 H_SOURCE = "deltacoord.source"
+
+
+class _HasHeaders(Protocol):
+    def headers(self) -> Any: ...
+
+
+def header(msg: _HasHeaders, name: str) -> bytes | None:
+    """The first value of header `name` on a Kafka message, as bytes (None if absent)."""
+    for k, v in msg.headers() or ():
+        if k == name:
+            return v.encode() if isinstance(v, str) else v
+    return None
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from schemas.codec import decode_decision, encode_proposal
 from schemas.errors import CommitOutcomeUnknownError
 from schemas.messages import Decision, Proposal
-from schemas.routing import H_PROPOSAL_ID, H_TABLE_ID, Topics, partition_for
-
-
-def _header(headers: Any, name: str) -> bytes | None:
-    for k, v in headers or ():
-        if k == name:
-            return v.encode() if isinstance(v, str) else v
-    return None
+from schemas.routing import H_PROPOSAL_ID, H_TABLE_ID, Topics, header, partition_for
 
 
 def _end_offset(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> int:
@@ -88,7 +81,7 @@ class _PartitionListener:
                     if err.code() != KafkaError._PARTITION_EOF:
                         time.sleep(0.1)
                     continue
-                pid = _header(m.headers(), H_PROPOSAL_ID)
+                pid = header(m, H_PROPOSAL_ID)
                 if pid is None:
                     continue
                 with self._lock:
@@ -187,7 +180,7 @@ class CoordinatorClient:
             while time.monotonic() < deadline:
                 for m in c.consume(500, 0.2):
                     value = m.value()
-                    if m.error() is None and value is not None and _header(m.headers(), H_PROPOSAL_ID) == want:
+                    if m.error() is None and value is not None and header(m, H_PROPOSAL_ID) == want:
                         return decode_decision(value)
                 # The position, not the last message offset: transaction markers are never delivered.
                 if c.position([tp])[0].offset >= high:

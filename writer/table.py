@@ -32,7 +32,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from reader.deletion_vectors import keep_mask, read_deletion_vector
-from reader.log import TableNotFoundError, list_log
+from reader.log import TableNotFoundError, list_log, table_root
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError, delta_schema_to_arrow, parse_partition_value
 from schemas.actions import AddFile, Metadata, Protocol, SetTransaction
 from schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
@@ -65,10 +65,6 @@ class MergeError(InvalidProposalError):
     """A MERGE that Delta would refuse (e.g. several source rows matching one target row)."""
 
 
-def _root_of(uri: str) -> Path:
-    return Path(uri[len("file://"):]) if uri.startswith("file://") else Path(uri)
-
-
 def default_table_id(root: Path) -> str:
     """A table's id on the wire: its absolute location (stable across writers on one machine)."""
     return root.resolve().as_uri()
@@ -85,7 +81,7 @@ class Table:
     def __init__(self, uri: str | Path, bootstrap_servers: str, *, table_id: str | None = None, topics: Topics | None = None,
                  writer_name: str | None = None, decision_timeout_s: float = 60.0, publish_timeout_s: float = 60.0,
                  client: CoordinatorClient | None = None, **kafka_config: Any) -> None:
-        self.root = _root_of(str(uri)).resolve()
+        self.root = table_root(str(uri)).resolve()
         self.uri = self.root.as_uri()
         self.table_id = table_id or default_table_id(self.root)
         self.writer_name = writer_name
