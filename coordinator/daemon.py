@@ -170,6 +170,10 @@ class Coordinator:
         assignment); otherwise it joins the consumer group and owns what Kafka
         assigns it, so more instances split the partitions between them.
         """
+        # Watch startup too: a client call can hang before the loop ever runs.
+        self.heartbeat()
+        if self.watchdog_s is not None:
+            threading.Thread(target=self._watchdog, name="deltacoord-watchdog", daemon=True).start()
         admin = AdminClient(self.settings.client())
         ensure_topics(admin, self.settings.topics, partitions=self.num_partitions)
         del admin  # an idle admin client would keep reconnecting for the life of the process
@@ -182,8 +186,6 @@ class Coordinator:
         consumer = make_consumer(self.settings)
         topic = self.settings.topics.proposals
         self.heartbeat()
-        if self.watchdog_s is not None:
-            threading.Thread(target=self._watchdog, name="deltacoord-watchdog", daemon=True).start()
         code = 0
         try:
             if self.partitions is not None:

@@ -48,6 +48,36 @@ def _appenders(bootstrap: str, topics: Topics, path: Path, writers: int, per_wri
     return threads
 
 
+class _Supervisor:
+    """Restarts a coordinator that exits with the watchdog's code 4, as systemd's
+    Restart=on-failure or Kubernetes would (a client call can hang after the shared
+    test broker was restarted by an earlier test; the watchdog turns that into an exit)."""
+
+    def __init__(self, bootstrap: str, topics: Topics, log_dir: Path) -> None:
+        self.args = (bootstrap, topics, log_dir, "--partitions", "0", "--watchdog-seconds", "30")
+        self.proc = start_coordinator_process(*self.args)
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            if self.proc.proc.poll() == 4:
+                self.restarts += 1
+                self.proc = start_coordinator_process(*self.args)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        if self.proc.alive():
+            self.proc.kill(15)
+
+
+def _supervised(bootstrap: str, topics: Topics, log_dir: Path) -> _Supervisor:
+    return _Supervisor(bootstrap, topics, log_dir)
+
+
 def _settings(bootstrap: str, topics: Topics) -> CoordinatorSettings:
     return CoordinatorSettings(bootstrap_servers=bootstrap, topics=topics, group_id="verify")
 
@@ -68,7 +98,7 @@ def test_sigkill_at_a_chosen_point_then_restart(kafka_bootstrap: str, tmp_path: 
     threads = _appenders(kafka_bootstrap, topics, path, writers=4, per_writer=8, results=results, errors=errors)
     first.proc.wait(120)
     assert first.proc.returncode == -9, f"the fault point {point} was not reached (exit {first.proc.returncode})"
-    second = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0")
+    second = _supervised(kafka_bootstrap, topics, tmp_path)
     try:
         for th in threads:
             th.join(180)
@@ -76,7 +106,7 @@ def test_sigkill_at_a_chosen_point_then_restart(kafka_bootstrap: str, tmp_path: 
         assert sorted(results) == list(range(1, 33)), "every append commits exactly once at contiguous versions"
         _wait_until(lambda: (path / "_delta_log" / f"{32:020d}.json").exists(), 60, "publication of the last version")
     finally:
-        second.kill(15)
+        second.stop()
     rep = verify_table(_settings(kafka_bootstrap, topics), path.as_uri(), path.resolve().as_uri())
     assert_verified(rep)
     assert rep.topic_versions == 33 and rep.published_versions == 33
