@@ -1,0 +1,27 @@
+"""`deltacoord bench` runs both systems and ends with the issue's JSON line (figures are not asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+KEYS = {"writers", "commits", "failed", "commits_per_s", "p50_ms", "p99_ms", "first_commit_p50_ms"}
+
+
+def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "coordinator.cli", "bench", "--writers", "2", "--commits-per-writer", "3",
+         "--memory-files", "0", "--bootstrap-servers", kafka_bootstrap],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "deltacoord: 2 writers x 3 blind appends" in proc.stderr, "the bench prints progress"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(out) == {"deltacoord", "delta_rs"}
+    dc, rs = out["deltacoord"], out["delta_rs"]
+    assert KEYS <= set(dc) and KEYS <= set(rs)
+    # Blind appends through the coordinator never fail; each timed commit is counted once.
+    assert dc["writers"] == 2 and dc["commits"] == 6 and dc["failed"] == 0
+    assert rs["commits"] + rs["failed"] == 6
+    assert dc["commits_per_s"] > 0 and 0 < dc["p50_ms"] <= dc["p99_ms"]
