@@ -59,6 +59,7 @@ from reader.log import (
     log_segment,
     read_commit,
     read_last_checkpoint,
+    segment_from_last_checkpoint,
     table_root,
 )
 from reader.snapshot import LogReplayState, Snapshot
@@ -313,7 +314,7 @@ def write_last_checkpoint(root: Path, lc: LastCheckpoint) -> bool:
     tmp = d / f".{LAST_CHECKPOINT_NAME}.{uuid.uuid4().hex}.tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(lc.to_json(), f, separators=(",", ":"))
+            f.write(json.dumps(lc.to_json(), separators=(",", ":")))  # dumps has the C encoder; dump does not
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, d / LAST_CHECKPOINT_NAME)
@@ -355,8 +356,8 @@ def checkpoint_actions(
     unexpired removes.
     """
     root = table_root(table_uri)
-    listing = list_log(root)
-    segment = log_segment(listing, version, use_checkpoint=from_checkpoint)
+    hinted = segment_from_last_checkpoint(root, version) if (from_checkpoint and version is not None) else None
+    segment = hinted or log_segment(list_log(root), version, use_checkpoint=from_checkpoint)
     now = _now_ms(now_ms)
     state = LogReplayState()
     for _v, p in segment.commits:

@@ -106,12 +106,40 @@ class CheckpointRef:
         return len(self.paths)
 
 
+class CommitPaths(Mapping[int, Path]):
+    """Commit files by version, holding the names as strings.
+
+    A log of many thousand commits is listed at every checkpoint, and callers
+    mostly look at versions only; building a `Path` per file dominated that.
+    """
+
+    __slots__ = ("_raw",)
+
+    def __init__(self) -> None:
+        self._raw: dict[int, str] = {}
+
+    def __getitem__(self, version: int) -> Path:
+        return Path(self._raw[version])
+
+    def __contains__(self, version: object) -> bool:
+        return version in self._raw
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def set(self, version: int, path: str) -> None:
+        self._raw[version] = path
+
+
 @dataclass(slots=True)
 class LogListing:
     """What one directory listing of `_delta_log` found."""
 
     root: Path
-    commits: dict[int, Path] = field(default_factory=dict)
+    commits: CommitPaths = field(default_factory=CommitPaths)
     checkpoints: dict[int, list[CheckpointRef]] = field(default_factory=dict)
 
     @property
@@ -168,7 +196,7 @@ def list_log(root: Path) -> LogListing:
             continue
         m = _COMMIT_RE.match(name)
         if m:
-            listing.commits[int(m.group(1))] = Path(entry.path)
+            listing.commits.set(int(m.group(1)), entry.path)
             continue
         m = _CLASSIC_CKPT_RE.match(name)
         if m:
@@ -355,6 +383,35 @@ def log_segment(listing: LogListing, version: int | None = None, *, checkpoint: 
             raise CorruptLogError(f"cannot reconstruct version {target} of {listing.root}: commit file {commit_file_name(v)} is missing")
         commits.append((v, p))
     return LogSegment(root=listing.root, version=target, checkpoint=cp, commits=tuple(commits))
+
+
+#: Beyond this many commits after the hinted checkpoint, one listing is cheaper than a stat each.
+_HINT_MAX_COMMITS = 1000
+
+
+def segment_from_last_checkpoint(root: Path, version: int) -> LogSegment | None:
+    """The segment for `version` found through `_last_checkpoint`, without listing `_delta_log`.
+
+    Stats the hinted classic checkpoint and each commit after it. None when the
+    hint is absent, newer than `version`, multi-part, or leads to a missing
+    file: the caller then lists the directory (`list_log` + `log_segment`).
+    Any complete checkpoint at or before `version` gives the same state, so an
+    older hint is still correct, only slower.
+    """
+    lc = read_last_checkpoint(root)
+    if lc is None or lc.version > version or lc.parts not in (None, 1) or version - lc.version > _HINT_MAX_COMMITS:
+        return None
+    d = log_dir(root)
+    ckpt = d / checkpoint_file_name(lc.version)
+    if not ckpt.is_file():
+        return None
+    commits: list[tuple[int, Path]] = []
+    for v in range(lc.version + 1, version + 1):
+        p = d / commit_file_name(v)
+        if not p.is_file():
+            return None
+        commits.append((v, p))
+    return LogSegment(root=root, version=version, checkpoint=CheckpointRef(lc.version, (ckpt,), "classic"), commits=tuple(commits))
 
 
 def iter_commits(segment: LogSegment) -> Iterator[tuple[int, list[Action]]]:
