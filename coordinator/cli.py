@@ -194,9 +194,9 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         parts = None
     checkpoint_fn = None
     if not (no_checkpoints or cfg.get("checkpoints") is False):
-        from coordinator.checkpointer import create_checkpoint
+        from coordinator.checkpoint_worker import CheckpointWorker
 
-        checkpoint_fn = create_checkpoint
+        checkpoint_fn = CheckpointWorker()
     coord = Coordinator(
         settings, partitions=parts, num_partitions=int(str(pick(num_partitions, "num_partitions", 1))),
         metrics_port=pick(metrics_port, "metrics_port", None),  # type: ignore[arg-type]

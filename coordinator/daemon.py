@@ -16,6 +16,7 @@ from types import FrameType
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from coordinator.checkpoint_worker import CheckpointWorker
 from coordinator.metrics import Metrics, MetricsServer
 from coordinator.publisher import Publisher
 from coordinator.service import (
@@ -87,16 +88,45 @@ class Coordinator:
 
     def _checkpoint_loop(self) -> None:
         while True:
-            req = self._ckpt_q.get()
-            if req is None:
+            first = self._ckpt_q.get()
+            if first is None:
                 return
-            assert self.checkpoint_fn is not None
-            t0 = time.monotonic()
+            for req in self._coalesce(first):
+                if req is None:
+                    return
+                self._checkpoint(req)
+
+    def _coalesce(self, first: _CheckpointRequest) -> list[_CheckpointRequest | None]:
+        """Pending requests, keeping only the newest version per table.
+
+        When checkpoints fall behind the commit rate, writing the older ones
+        would only add work: readers start from the newest checkpoint anyway.
+        A stop request (None) stays last.
+        """
+        newest: dict[str, _CheckpointRequest] = {first.table_id: first}
+        stop = False
+        while True:
             try:
-                self.checkpoint_fn(req.table_uri, req.version)
-                self.metrics.checkpoint_duration.observe(time.monotonic() - t0)
-            except Exception:
-                log.exception("checkpoint of %s at version %d failed", req.table_uri, req.version)
+                req = self._ckpt_q.get_nowait()
+            except queue.Empty:
+                break
+            if req is None:
+                stop = True
+                break
+            cur = newest.get(req.table_id)
+            if cur is None or req.version > cur.version:
+                newest[req.table_id] = req
+        out: list[_CheckpointRequest | None] = list(newest.values())
+        return [*out, None] if stop else out
+
+    def _checkpoint(self, req: _CheckpointRequest) -> None:
+        assert self.checkpoint_fn is not None
+        t0 = time.monotonic()
+        try:
+            self.checkpoint_fn(req.table_uri, req.version)
+            self.metrics.checkpoint_duration.observe(time.monotonic() - t0)
+        except Exception:
+            log.exception("checkpoint of %s at version %d failed", req.table_uri, req.version)
 
     # -- liveness ---------------------------------------------------------------------
     def heartbeat(self) -> None:
@@ -233,6 +263,8 @@ class Coordinator:
                 self.publisher.stop()
             self._ckpt_q.put(None)
             ckpt.join(300 if not self.fenced else 0.1)
+            if isinstance(self.checkpoint_fn, CheckpointWorker):
+                self.checkpoint_fn.close(wait=not self.fenced)
             if self._server is not None:
                 self._server.stop()
         return code

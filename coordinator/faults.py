@@ -15,6 +15,13 @@ import signal
 import threading
 
 _counts: dict[str, int] = {}
+_parent: int | None = None
+
+
+def crash_parent_too(pid: int) -> None:
+    """In a helper process (the checkpoint worker): a kill here also kills `pid`, its coordinator."""
+    global _parent
+    _parent = pid
 
 
 def _parse(spec: str | None) -> tuple[str, int, str] | None:
@@ -36,4 +43,6 @@ def fault_point(name: str) -> None:
     if _counts[name] >= _SPEC[1]:
         if _SPEC[2] == "hang":
             threading.Event().wait()
+        if _parent is not None:
+            os.kill(_parent, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)

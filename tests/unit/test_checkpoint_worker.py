@@ -1,0 +1,124 @@
+"""Checkpoints off the deciding process: the hinted log segment, the worker process, coalescing."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from coordinator.checkpoint_worker import CheckpointWorker
+from coordinator.checkpointer import create_checkpoint
+from coordinator.daemon import Coordinator, _CheckpointRequest
+from coordinator.service import CoordinatorSettings
+from reader.log import commit_file_name, list_log, log_segment, segment_from_last_checkpoint
+
+
+def _table(path: Path, commits: int) -> None:
+    for i in range(commits):
+        write_deltalake(path, pa.table({"id": pa.array([i], pa.int64())}), mode="append")
+
+
+def _rows(path: Path) -> list[str]:
+    return sorted(json.dumps({k: v for k, v in r.items() if v is not None}, sort_keys=True, default=str)
+                  for r in pq.read_table(path).to_pylist())
+
+
+def test_hinted_segment_equals_the_listed_one(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    _table(path, 8)  # versions 0..7
+    create_checkpoint(path, 3, now_ms=0)
+    hinted = segment_from_last_checkpoint(path, 7)
+    listed = log_segment(list_log(path), 7)
+    assert hinted is not None and listed.checkpoint is not None and hinted.checkpoint is not None
+    assert hinted.checkpoint.version == listed.checkpoint.version == 3
+    assert hinted.checkpoint.paths == listed.checkpoint.paths
+    assert [v for v, _ in hinted.commits] == [v for v, _ in listed.commits] == [4, 5, 6, 7]
+    assert [p.name for _, p in hinted.commits] == [p.name for _, p in listed.commits]
+
+
+def test_checkpoint_through_the_hint_equals_one_through_a_listing(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    _table(path, 12)
+    create_checkpoint(path, 5, now_ms=0)
+    other = tmp_path / "copy"
+    shutil.copytree(path, other)
+    (other / "_delta_log" / "_last_checkpoint").unlink()  # forces the full listing
+    a = create_checkpoint(path, 11, now_ms=0)
+    b = create_checkpoint(other, 11, now_ms=0)
+    assert _rows(a.path) == _rows(b.path)
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 12
+
+
+@pytest.mark.parametrize("case", ["newer_than_target", "missing_commit", "missing_checkpoint", "multi_part", "absent"])
+def test_hint_that_does_not_lead_there_falls_back(tmp_path: Path, case: str) -> None:
+    path = tmp_path / "t"
+    _table(path, 8)
+    create_checkpoint(path, 3, now_ms=0)
+    ld = path / "_delta_log"
+    lc = json.loads((ld / "_last_checkpoint").read_text())
+    if case == "newer_than_target":
+        assert segment_from_last_checkpoint(path, 2) is None
+        return
+    if case == "missing_commit":
+        (ld / commit_file_name(5)).rename(ld / "moved-away")
+    elif case == "missing_checkpoint":
+        next(ld.glob("*.checkpoint.parquet")).unlink()
+    elif case == "multi_part":
+        (ld / "_last_checkpoint").write_text(json.dumps({**lc, "parts": 2}))
+    else:
+        (ld / "_last_checkpoint").unlink()
+    assert segment_from_last_checkpoint(path, 7) is None
+
+
+def test_worker_writes_the_checkpoint_in_a_child_process(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    _table(path, 11)
+    worker = CheckpointWorker()
+    try:
+        assert worker(str(path), 10) == 10
+        children = multiprocessing.active_children()
+        assert children and all(c.pid != os.getpid() for c in children)
+    finally:
+        worker.close()
+    assert not multiprocessing.active_children(), "close() ends the worker process"
+    assert (path / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
+    dt = DeltaTable(str(path))
+    assert dt.version() == 10 and dt.to_pyarrow_table().num_rows == 11
+
+
+def test_a_dead_worker_is_an_error_and_the_next_checkpoint_starts_a_new_one(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    _table(path, 21)
+    worker = CheckpointWorker()
+    try:
+        worker(str(path), 10)
+        (child,) = multiprocessing.active_children()
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(10)
+        with pytest.raises(RuntimeError, match="checkpoint worker died"):
+            worker(str(path), 20)
+        assert worker(str(path), 20) == 20
+    finally:
+        worker.close()
+    assert (path / "_delta_log" / f"{20:020d}.checkpoint.parquet").exists()
+
+
+def test_pending_checkpoints_coalesce_to_the_newest_per_table() -> None:
+    c = Coordinator(CoordinatorSettings(bootstrap_servers="127.0.0.1:1"))
+    for req in [_CheckpointRequest("b", "file:///b", 10), _CheckpointRequest("a", "file:///a", 30),
+                _CheckpointRequest("b", "file:///b", 30), _CheckpointRequest("a", "file:///a", 20), None]:
+        c._ckpt_q.put(req)
+    first = _CheckpointRequest("a", "file:///a", 10)
+    out = c._coalesce(first)
+    assert out[-1] is None, "a stop request stays last"
+    assert sorted((r.table_id, r.version) for r in out if r is not None) == [("a", 30), ("b", 30)]
+    assert c._ckpt_q.empty()
