@@ -16,6 +16,7 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -27,6 +28,15 @@ log = logging.getLogger(__name__)
 def _init_worker(parent_pid: int) -> None:
     # A fault point reached here stands for the coordinator crashing mid-checkpoint.
     faults.crash_parent_too(parent_pid)
+    # The worker holds both ends of its task pipe, so it never sees EOF when the
+    # coordinator dies (SIGKILL, OOM): watch the parent and end with it.
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="deltacoord-parent-watch", daemon=True).start()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
+    os._exit(0)
 
 
 def _checkpoint(table_uri: str, version: int) -> int:

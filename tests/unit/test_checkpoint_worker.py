@@ -7,6 +7,10 @@ import multiprocessing
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -122,3 +126,37 @@ def test_pending_checkpoints_coalesce_to_the_newest_per_table() -> None:
     assert out[-1] is None, "a stop request stays last"
     assert sorted((r.table_id, r.version) for r in out if r is not None) == [("a", 30), ("b", 30)]
     assert c._ckpt_q.empty()
+
+
+def test_the_worker_ends_when_its_coordinator_is_killed(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    _table(path, 11)
+    code = textwrap.dedent(f"""
+        import multiprocessing, sys, time
+        from coordinator.checkpoint_worker import CheckpointWorker
+        w = CheckpointWorker()
+        w({str(path)!r}, 10)
+        print(multiprocessing.active_children()[0].pid, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        assert _alive(child)
+        proc.kill()  # SIGKILL: no atexit, no pool shutdown
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(child), "the checkpoint worker outlived its coordinator"
+    finally:
+        proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
