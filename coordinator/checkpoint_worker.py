@@ -39,6 +39,12 @@ def _exit_with_parent(parent_pid: int) -> None:
     os._exit(0)
 
 
+def _warm() -> int:
+    import coordinator.checkpointer  # noqa: F401 - pyarrow, the reader: seconds of imports
+
+    return os.getpid()
+
+
 def _checkpoint(table_uri: str, version: int) -> int:
     from coordinator.checkpointer import create_checkpoint
 
@@ -60,6 +66,11 @@ class CheckpointWorker:
                     initializer=_init_worker, initargs=(os.getpid(),),
                 )
             return self._pool
+
+    def start(self) -> int:
+        """Spawn the worker and import what it needs now, at coordinator start-up, not during
+        the first checkpoint (where a second of imports would compete with deciding). Returns its pid."""
+        return self._executor().submit(_warm).result()
 
     def __call__(self, table_uri: str, version: int) -> int:
         pool = self._executor()

@@ -211,6 +211,8 @@ class Coordinator:
             self._server = MetricsServer(self.metrics, self.health, self.metrics_port)
             self._server.start()
         self.publisher.start()
+        if isinstance(self.checkpoint_fn, CheckpointWorker):
+            log.info("checkpoint worker started (pid %d)", self.checkpoint_fn.start())
         ckpt = threading.Thread(target=self._checkpoint_loop, name="deltacoord-checkpointer", daemon=True)
         ckpt.start()
         consumer = make_consumer(self.settings)

@@ -87,9 +87,10 @@ def test_worker_writes_the_checkpoint_in_a_child_process(tmp_path: Path) -> None
     _table(path, 11)
     worker = CheckpointWorker()
     try:
+        pid = worker.start()
+        assert pid != os.getpid() and [c.pid for c in multiprocessing.active_children()] == [pid]
         assert worker(str(path), 10) == 10
-        children = multiprocessing.active_children()
-        assert children and all(c.pid != os.getpid() for c in children)
+        assert [c.pid for c in multiprocessing.active_children()] == [pid], "one worker serves every checkpoint"
     finally:
         worker.close()
     assert not multiprocessing.active_children(), "close() ends the worker process"
