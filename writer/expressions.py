@@ -102,7 +102,7 @@ def to_arrow(node: exp.Expr, schema: pa.Schema, text: str) -> Any:
         values = [_literal(v, text) for v in node.expressions]
         col = to_arrow(node.this, schema, text)
         typ = schema.field(node.this.name).type if isinstance(node.this, exp.Column) else None
-        return col.isin(pa.array(values, type=typ) if typ is not None else values)
+        return col.isin(_in_values(values, typ, text) if typ is not None else values)
     if isinstance(node, exp.Between):
         col = node.this
         return to_arrow(exp.GTE(this=col, expression=node.args["low"]), schema, text) & to_arrow(
@@ -113,6 +113,18 @@ def to_arrow(node: exp.Expr, schema: pa.Schema, text: str) -> Any:
     if isinstance(node, (exp.Literal, exp.Null, exp.Boolean, exp.Neg, exp.Cast)):
         return pc.scalar(_literal(node, text))
     raise ExpressionError(text, f"unsupported construct {node.key.upper()} ({node.sql()})")
+
+
+def _in_values(values: list[Any], typ: pa.DataType, text: str) -> pa.Array:
+    """IN-list literals as the column's type; strings are cast as Spark casts them ('2024-01-01' to a date)."""
+    try:
+        return pa.array(values, type=typ)
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        pass
+    try:
+        return pa.array(values).cast(typ)
+    except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise ExpressionError(text, f"IN values {values!r} are not of the column's type {typ}: {e}") from None
 
 
 def _operand(node: exp.Expr, schema: pa.Schema, text: str) -> Any:

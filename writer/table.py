@@ -6,8 +6,9 @@ coordinator can only be as permissive as the declarations are narrow:
 
 * a blind append reads nothing (it conflicts only with metadata changes);
 * DELETE/UPDATE declare their condition and the files they scanned after
-  partition pruning (files pruned away were never read);
-* MERGE declares its target-only conjuncts and the target files it scanned;
+  partition pruning and min/max data skipping (files skipped were never read);
+* MERGE declares its target-only conjuncts and the target files it scanned
+  (pruned and skipped the same way);
 * OVERWRITE with `replace_where` declares that predicate and the files it
   replaces; a full overwrite reads the whole table;
 * OPTIMIZE declares only the files it compacted and changes no data.
@@ -38,7 +39,7 @@ from schemas.actions import AddFile, Metadata, Protocol, SetTransaction
 from schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
 from schemas.messages import Decision
 from schemas.routing import Topics
-from writer import expressions, staging
+from writer import expressions, skipping, staging
 from writer.client import CoordinatorClient
 from writer.transaction import CommitResult, Transaction
 
@@ -374,7 +375,7 @@ class Table:
         else:
             cond = expressions.compile_filter(where, schema)
             tx.read_predicate(where)
-        candidates = self._candidates(snap, where)
+        candidates = skipping.skip_files(self._candidates(snap, where), where, schema, snap.partition_columns)
         tx.read_files_from(candidates)
         touched = copied = 0
         for add in candidates:
@@ -446,7 +447,7 @@ class Table:
         else:
             tx.read_predicate(target_filter)
             cond = expressions.compile_filter(target_filter, schema)
-        candidates = self._candidates(snap, target_filter)
+        candidates = skipping.skip_files(self._candidates(snap, target_filter), target_filter, schema, snap.partition_columns)
         tx.read_files_from(candidates)
 
         # Source keys, typed as the target's, with their row numbers; NULL keys never match (SQL equality).

@@ -105,6 +105,29 @@ def test_delete_vs_optimize(env: Env, tmp_path: Path) -> None:
     env.assert_delta_rs_agrees(t)
 
 
+def test_data_skipping_narrows_what_a_delete_reads(env: Env, tmp_path: Path) -> None:
+    # ids 1 and 2 sit in two files of partition D1. DELETE id = 1 and DELETE id = 2 from one
+    # snapshot: with min/max skipping each reads only its own file (as Delta's scan would), and
+    # the winner adds nothing, so the loser has neither an append nor a delete-read conflict.
+    t = two_partitions(env, tmp_path / "skip")
+    snap = t.snapshot()
+    a = t.delete("id = 1", snapshot=snap)
+    b = t.delete("id = 2", snapshot=snap)
+    assert b.version == a.version + 1
+    assert rows(t) == [(3, D2, "c")]
+    env.assert_delta_rs_agrees(t)
+
+    # A DELETE whose condition the removed file's stats cannot rule out did read it: conflict.
+    t = two_partitions(env, tmp_path / "noskip")
+    snap = t.snapshot()
+    win = t.delete("id = 2", snapshot=snap)
+    with pytest.raises(ConcurrentDeleteReadException) as ei:
+        t.delete("id <= 2", snapshot=snap)
+    assert ei.value.winning_version == win.version
+    assert env.orphans(t) == set()
+    assert rows(t) == [(1, D1, "a"), (3, D2, "c")]
+
+
 def test_two_deletes_of_one_file(env: Env, tmp_path: Path) -> None:
     t = two_partitions(env, tmp_path / "dd")
     snap = t.snapshot()

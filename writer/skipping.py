@@ -1,0 +1,179 @@
+"""Data skipping: files whose min/max stats prove that no row satisfies a WHERE condition.
+
+Delta declares as read only the files a scan could not skip, so a DELETE
+`WHERE id = 5` conflicts with a concurrent change to another file only if that
+file's id range contains 5. Skipping here narrows both the I/O and the files
+the proposal declares, and with them the coordinator's conflicts.
+
+Every rule is one-sided: a file is skipped only when its stats prove it holds
+no matching row. Whatever cannot be proven (an unknown construct, a missing or
+malformed stat, a type whose stats are lossy) keeps the file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+from sqlglot import exp
+
+from schemas.actions import AddFile
+from writer import expressions
+
+#: Stats of longer strings may be truncated prefixes: a bound only as a minimum.
+_STRING_PREFIX = 32
+
+_Value = Any
+_Bounds = tuple[_Value, _Value, int | None, int | None]  # min, max, nullCount, numRecords
+
+
+def _convert(value: Any, typ: pa.DataType) -> Any:
+    """A stat or literal as a Python value comparable for `typ`, or None when it is not one."""
+    if value is None or isinstance(value, bool):
+        return None
+    if pa.types.is_integer(typ):
+        return value if isinstance(value, int) else None
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return value if isinstance(value, str) else None
+    if pa.types.is_date(typ):
+        if isinstance(value, dt.datetime):
+            return None
+        if isinstance(value, dt.date):
+            return value
+        if isinstance(value, str):
+            try:
+                return dt.date.fromisoformat(value)
+            except ValueError:
+                return None
+    return None  # floats (NaN), timestamps (truncated stats), decimals, ...: never skip
+
+
+def _bounds(stats: dict[str, Any], name: str, typ: pa.DataType) -> _Bounds:
+    lo = _convert((stats.get("minValues") or {}).get(name), typ)
+    hi = _convert((stats.get("maxValues") or {}).get(name), typ)
+    if isinstance(hi, str) and len(hi) >= _STRING_PREFIX:
+        hi = None
+    nulls = (stats.get("nullCount") or {}).get(name)
+    rows = stats.get("numRecords")
+    return (lo, hi, nulls if isinstance(nulls, int) else None, rows if isinstance(rows, int) else None)
+
+
+def _cmp(op: type[exp.Expr], lo: Any, hi: Any, v: Any) -> bool:
+    """May some value in [lo, hi] satisfy `value op v`? (None bounds are unknown.)"""
+    try:
+        if op is exp.EQ:
+            return not ((lo is not None and lo > v) or (hi is not None and hi < v))
+        if op is exp.LT:
+            return lo is None or lo < v
+        if op is exp.LTE:
+            return lo is None or lo <= v
+        if op is exp.GT:
+            return hi is None or hi > v
+        if op is exp.GTE:
+            return hi is None or hi >= v
+        if op is exp.NEQ:
+            return not (lo is not None and hi is not None and lo == hi == v)
+    except TypeError:
+        return True
+    return True
+
+
+_FLIP: dict[type[exp.Expr], type[exp.Expr]] = {exp.EQ: exp.EQ, exp.NEQ: exp.NEQ, exp.LT: exp.GT, exp.GT: exp.LT,
+                                               exp.LTE: exp.GTE, exp.GTE: exp.LTE}
+
+
+class _Evaluator:
+    def __init__(self, text: str, schema: pa.Schema, partition_columns: Sequence[str]) -> None:
+        self.text = text
+        self.types = {f.name: f.type for f in schema if f.name not in partition_columns}
+
+    def _column(self, node: exp.Expr) -> tuple[str, pa.DataType] | None:
+        if isinstance(node, exp.Paren):
+            return self._column(node.this)
+        if isinstance(node, exp.Column) and node.name in self.types:
+            return node.name, self.types[node.name]
+        return None
+
+    def _literal(self, node: exp.Expr, typ: pa.DataType) -> Any:
+        try:
+            return _convert(expressions._literal(node, self.text), typ)
+        except (expressions.ExpressionError, ValueError):
+            return None
+
+    def may_match(self, node: exp.Expr, stats: dict[str, Any]) -> bool:
+        if isinstance(node, exp.Paren):
+            return self.may_match(node.this, stats)
+        if isinstance(node, exp.And):
+            return self.may_match(node.left, stats) and self.may_match(node.right, stats)
+        if isinstance(node, exp.Or):
+            return self.may_match(node.left, stats) or self.may_match(node.right, stats)
+        op = type(node)
+        if op in _FLIP and isinstance(node, exp.Binary):
+            left, right = node.left, node.right
+            col = self._column(left)
+            if col is None:
+                col, left, right, op = self._column(right), right, left, _FLIP[op]
+            if col is None:
+                return True
+            v = self._literal(right, col[1])
+            if v is None:
+                return True
+            lo, hi, _n, _r = _bounds(stats, *col)
+            return _cmp(op, lo, hi, v)
+        if isinstance(node, exp.In):
+            col = self._column(node.this)
+            if col is None or node.args.get("query") is not None:
+                return True
+            values = [self._literal(e, col[1]) for e in node.expressions]
+            if not values or any(v is None for v in values):
+                return True
+            lo, hi, _n, _r = _bounds(stats, *col)
+            return any(_cmp(exp.EQ, lo, hi, v) for v in values)
+        if isinstance(node, exp.Between):
+            col = self._column(node.this)
+            if col is None:
+                return True
+            low, high = self._literal(node.args["low"], col[1]), self._literal(node.args["high"], col[1])
+            lo, hi, _n, _r = _bounds(stats, *col)
+            return (low is None or _cmp(exp.GTE, lo, hi, low)) and (high is None or _cmp(exp.LTE, lo, hi, high))
+        if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
+            col = self._column(node.this)
+            if col is None:
+                return True
+            _lo, _hi, nulls, _r = _bounds(stats, *col)
+            return nulls is None or nulls > 0
+        if isinstance(node, exp.Not) and isinstance(node.this, exp.Is) and isinstance(node.this.expression, exp.Null):
+            col = self._column(node.this.this)
+            if col is None:
+                return True
+            _lo, _hi, nulls, rows = _bounds(stats, *col)
+            return nulls is None or rows is None or nulls < rows
+        return True
+
+
+def file_filter(where: str, schema: pa.Schema, partition_columns: Sequence[str]) -> Callable[[AddFile], bool]:
+    """A test `add -> may hold a row matching where` (True whenever the stats cannot tell)."""
+    tree = expressions.parse(where)
+    ev = _Evaluator(where, schema, partition_columns)
+
+    def may_match(add: AddFile) -> bool:
+        if not add.stats:
+            return True
+        try:
+            stats = json.loads(add.stats)
+        except ValueError:
+            return True
+        return not isinstance(stats, dict) or ev.may_match(tree, stats)
+
+    return may_match
+
+
+def skip_files(files: Sequence[AddFile], where: str | None, schema: pa.Schema, partition_columns: Sequence[str]) -> list[AddFile]:
+    """`files` without those whose stats prove no row matches `where`."""
+    if where is None or not files:
+        return list(files)
+    keep = file_filter(where, schema, partition_columns)
+    return [a for a in files if keep(a)]
