@@ -414,7 +414,8 @@ class Table:
         return self._rewrite(where, "UPDATE", change, snapshot, "numUpdatedRows")
 
     def merge(self, source: Any, on: str | Sequence[str], *, when_matched_update: Assignments | None = None,
-              when_not_matched_insert: Assignments | None = None, source_alias: str = "s", target_alias: str = "t",
+              when_not_matched_insert: Assignments | None = None, when_matched_delete: bool | str = False,
+              when_not_matched_insert_if: str | None = None, source_alias: str = "s", target_alias: str = "t",
               snapshot: Snapshot | None = None) -> CommitResult:
         """MERGE INTO table t USING source s ON `on` (an upsert by equi-join keys).
 
@@ -423,9 +424,18 @@ class Table:
         files and are declared as the read predicate, so merges into disjoint
         partitions commit concurrently; without them MERGE reads the whole
         table. Clauses: "*" or {target column: SQL over s./t. columns}.
+
+        `when_matched_delete` (True, or a SQL condition over s./t. columns) is
+        `WHEN MATCHED [AND cond] THEN DELETE` listed before the update clause:
+        matched rows it selects are deleted, the other matched rows updated.
+        `when_not_matched_insert_if` is `WHEN NOT MATCHED AND cond THEN INSERT`
+        (a condition over source columns). Together they apply a change feed:
+        delete on ``s.op = 'D'``, update the rest, insert unless ``s.op = 'D'``.
         """
-        if when_matched_update is None and when_not_matched_insert is None:
-            raise ValueError("give when_matched_update and/or when_not_matched_insert")
+        if when_matched_update is None and when_not_matched_insert is None and when_matched_delete is False:
+            raise ValueError("give when_matched_update, when_matched_delete and/or when_not_matched_insert")
+        if when_not_matched_insert_if is not None and when_not_matched_insert is None:
+            raise ValueError("when_not_matched_insert_if needs when_not_matched_insert")
         snap = snapshot or self.snapshot()
         self._check_writable(snap)
         schema = delta_schema_to_arrow(snap.metadata.schema())
@@ -457,7 +467,8 @@ class Table:
         aliases = (source_alias, target_alias)
 
         matched_src: set[int] = set()
-        updated = copied = 0
+        updated = deleted = copied = 0
+        conditional_delete = isinstance(when_matched_delete, str)
         for add in candidates:
             t = self._read_file(snap, add, schema)
             tk = pa.table({f"__k{i}": t.column(tc) for i, (_s, tc) in enumerate(keys)})
@@ -471,39 +482,87 @@ class Table:
             rows = joined.column("__row").to_numpy()
             srcs = joined.column("__src").to_numpy()
             matched_src.update(int(i) for i in srcs)
-            if when_matched_update is None:
+            if when_matched_update is None and when_matched_delete is False:
                 continue
-            if len(set(rows.tolist())) != len(rows):
+            if len(set(rows.tolist())) != len(rows) and (when_matched_update is not None or conditional_delete):
+                # Delta allows several matches per target row only for an unconditional DELETE.
                 raise MergeError("MULTIPLE_SOURCE_ROWS_MATCHED",
                                  "several source rows matched the same target row; MERGE cannot decide which to apply")
-            is_matched = pc.is_in(pa.array(range(t.num_rows), pa.int64()), value_set=pa.array(rows))
             target_rows = t.take(pa.array(rows))
             source_rows = src.take(pa.array(srcs))
-            new_rows = self._assign(when_matched_update, schema, source_rows, target_rows, aliases, "UPDATE SET *")
-            out = pa.concat_tables([t.filter(pc.invert(is_matched)), new_rows])
-            updated += len(rows)
-            copied += t.num_rows - len(rows)
+            if isinstance(when_matched_delete, str):
+                delete = self._condition(when_matched_delete, source_rows, target_rows, aliases)
+            else:
+                delete = pa.array([bool(when_matched_delete)] * len(rows))
+            update = pc.invert(delete) if when_matched_update is not None else pa.array([False] * len(rows))
+            n_del = len(set(pc.filter(pa.array(rows), delete).to_pylist()))
+            n_upd = pc.sum(update.cast(pa.int64())).as_py() or 0
+            if not n_del and not n_upd:
+                continue
+            touched = pc.filter(pa.array(rows), pc.or_(delete, update))
+            is_touched = pc.is_in(pa.array(range(t.num_rows), pa.int64()), value_set=touched)
+            parts = [t.filter(pc.invert(is_touched))]
+            if n_upd:
+                assert when_matched_update is not None
+                parts.append(self._assign(when_matched_update, schema, source_rows.filter(update), target_rows.filter(update),
+                                          aliases, "UPDATE SET *"))
+            out = pa.concat_tables(parts)
+            updated += n_upd
+            deleted += n_del
+            copied += parts[0].num_rows
             tx.remove(add)
-            tx.stage(staging.write_data_files(self.root, out, snap.partition_columns))
+            if out.num_rows:
+                tx.stage(staging.write_data_files(self.root, out, snap.partition_columns))
 
         inserted = 0
         if when_not_matched_insert is not None:
             todo = [i for i in range(src.num_rows) if i not in matched_src]
             if todo:
                 source_rows = src.take(pa.array(todo, pa.int64()))
+                if when_not_matched_insert_if is not None:
+                    source_rows = source_rows.filter(self._condition(when_not_matched_insert_if, source_rows, None, aliases))
                 new_rows = self._assign(when_not_matched_insert, schema, source_rows, None, aliases, "INSERT *")
                 inserted = new_rows.num_rows
-                tx.stage(staging.write_data_files(self.root, new_rows, snap.partition_columns))
-        metrics = {"numSourceRows": src.num_rows, "numTargetRowsUpdated": updated, "numTargetRowsInserted": inserted,
-                   "numTargetRowsCopied": copied}
-        if not updated and not inserted:
+                if inserted:
+                    tx.stage(staging.write_data_files(self.root, new_rows, snap.partition_columns))
+        metrics = {"numSourceRows": src.num_rows, "numTargetRowsUpdated": updated, "numTargetRowsDeleted": deleted,
+                   "numTargetRowsInserted": inserted, "numTargetRowsCopied": copied}
+        if not updated and not inserted and not deleted:
             return self._noop(snap, tx, "MERGE", metrics)
+        matched: list[dict[str, str]] = []
+        if when_matched_delete is not False:
+            matched.append({"actionType": "delete",
+                            **({"predicate": when_matched_delete} if isinstance(when_matched_delete, str) else {})})
+        if when_matched_update is not None:
+            matched.append({"actionType": "update"})
+        not_matched: list[dict[str, str]] = []
+        if when_not_matched_insert is not None:
+            not_matched.append({"actionType": "insert",
+                                **({"predicate": when_not_matched_insert_if} if when_not_matched_insert_if else {})})
         params = {
             "predicate": json.dumps([on if isinstance(on, str) else " AND ".join(f"s.{k} = t.{k}" for k in on)]),
-            "matchedPredicates": json.dumps([{"actionType": "update"}] if when_matched_update is not None else []),
-            "notMatchedPredicates": json.dumps([{"actionType": "insert"}] if when_not_matched_insert is not None else []),
+            "matchedPredicates": json.dumps(matched),
+            "notMatchedPredicates": json.dumps(not_matched),
         }
         return tx.commit("MERGE", changes_data=True, parameters=params, metrics=metrics)
+
+    @staticmethod
+    def _condition(text: str, source_rows: pa.Table, target_rows: pa.Table | None, aliases: tuple[str, str]) -> pa.Array:
+        """A MERGE clause condition per joined row; NULL counts as false, as in SQL."""
+        s_alias, t_alias = aliases
+        view = {f"s__{c}": source_rows.column(c) for c in source_rows.column_names}
+        sides = {s_alias: set(source_rows.column_names), t_alias: set()}
+        if target_rows is not None:
+            view.update({f"t__{c}": target_rows.column(c) for c in target_rows.column_names})
+            sides[t_alias] = set(target_rows.column_names)
+        if not view:
+            return pa.array([], pa.bool_())
+        m = expressions.evaluate_qualified(text, pa.table(view), {s_alias: "s__", t_alias: "t__"}, sides)
+        if isinstance(m, pa.ChunkedArray):
+            m = m.combine_chunks()
+        if not pa.types.is_boolean(m.type):
+            raise expressions.ExpressionError(text, f"a MERGE condition must be boolean, not {m.type}")
+        return pc.fill_null(m, False)
 
     @staticmethod
     def _assign(clause: Assignments, schema: pa.Schema, source_rows: pa.Table, target_rows: pa.Table | None,

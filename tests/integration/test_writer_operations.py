@@ -275,3 +275,33 @@ def test_lookup_decision_finds_a_committed_proposal(env: Env, tmp_path: Path) ->
     r = t.create(SCHEMA)
     d = t.lookup_decision(r.proposal_id, timeout_s=10)
     assert d is not None and d.committed and d.version == 0
+
+
+def test_merge_applies_a_change_feed_with_delete_update_and_conditional_insert(env: Env, tmp_path: Path) -> None:
+    t = env.table(tmp_path / "cdc")
+    t.create(SCHEMA)
+    t.append(data([1, 2, 3], "2024-01-01", ["a", "b", "c"]))
+    t.append(data([4], "2024-01-01", "d"))
+    changes = pa.table({"id": [1, 2, 5, 6], "value": ["A", None, "E", None], "op": ["U", "D", "I", "D"]})
+    r = t.merge(changes, "s.id = t.id", when_matched_delete="s.op = 'D'",
+                when_matched_update={"value": "s.value"},
+                when_not_matched_insert={"id": "s.id", "date": "'2024-01-02'", "value": "s.value"},
+                when_not_matched_insert_if="s.op != 'D'")
+    # 1 updated, 2 deleted, 5 inserted, 6 (a delete of a row that is not there) ignored; 3 copied; 4's file untouched
+    assert (r.metrics["numTargetRowsUpdated"], r.metrics["numTargetRowsDeleted"], r.metrics["numTargetRowsInserted"],
+            r.metrics["numTargetRowsCopied"]) == (1, 1, 1, 1)
+    assert rows(t) == [(1, "2024-01-01", "A"), (3, "2024-01-01", "c"), (4, "2024-01-01", "d"), (5, "2024-01-02", "E")]
+    h = t.history(1)[0]
+    assert json.loads(h["operationParameters"]["matchedPredicates"]) == [
+        {"actionType": "delete", "predicate": "s.op = 'D'"}, {"actionType": "update"}]
+
+    # An unconditional delete may match one target row several times (Delta allows it for DELETE only).
+    r = t.merge(pa.table({"id": [3, 3]}), ["id"], when_matched_delete=True)
+    assert r.metrics["numTargetRowsDeleted"] == 1 and rows(t) == [(1, "2024-01-01", "A"), (4, "2024-01-01", "d"),
+                                                                  (5, "2024-01-02", "E")]
+    with pytest.raises(MergeError, match="MULTIPLE_SOURCE_ROWS_MATCHED"):
+        t.merge(pa.table({"id": [4, 4], "op": ["D", "U"]}), "s.id = t.id", when_matched_delete="s.op = 'D'")
+    noop = t.merge(pa.table({"id": [99]}), ["id"], when_matched_delete=True)
+    assert noop.noop
+    assert env.orphans(t) == set()
+    env.assert_delta_rs_agrees(t)
