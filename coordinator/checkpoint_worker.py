@@ -4,10 +4,13 @@ A checkpoint of a large table is seconds of Python and Arrow work. On a thread
 of the coordinator it takes the GIL from the deciding loop each time that loop
 comes back from a Kafka call, which shows up directly in decision latency. A
 single spawned worker process (never forked: librdkafka's threads do not
-survive a fork) writes them instead. If the worker dies, the next checkpoint
-starts a new one; the lost checkpoint is only an optimisation that the next
-interval or the restart scan (`Coordinator._schedule_missing_checkpoints`)
-writes again.
+survive a fork) writes them instead, one request at a time over a pipe.
+
+The worker is a daemon process the coordinator fully controls: a checkpoint
+that takes longer than `timeout_s` gets the worker killed, `close()` never
+waits unboundedly, and the worker exits when its coordinator dies. A lost
+checkpoint is only a missed optimisation: the next interval, or the restart
+scan (`Coordinator._schedule_missing_checkpoints`), writes one again.
 """
 
 from __future__ import annotations
@@ -17,20 +20,46 @@ import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
 
 from coordinator import faults
 
 log = logging.getLogger(__name__)
 
+#: A checkpoint of 1,000,000 files takes about 2.5 s here; this only catches a stuck worker.
+DEFAULT_TIMEOUT_S = 1800.0
 
-def _init_worker(parent_pid: int) -> None:
+
+class CheckpointWorkerError(RuntimeError):
+    """The worker failed, died or timed out; the checkpoint was not written (or not confirmed)."""
+
+
+def _serve(conn: Connection, parent_pid: int) -> None:
+    """The worker's loop: ("warm",) or ("checkpoint", uri, version) in, ("ok"|"error", value) out."""
     # A fault point reached here stands for the coordinator crashing mid-checkpoint.
     faults.crash_parent_too(parent_pid)
-    # The worker holds both ends of its task pipe, so it never sees EOF when the
-    # coordinator dies (SIGKILL, OOM): watch the parent and end with it.
+    # A busy worker does not read its pipe, so it would not notice its parent's death by EOF.
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="deltacoord-parent-watch", daemon=True).start()
+    from coordinator.checkpointer import create_checkpoint  # seconds of imports: pyarrow, the reader
+
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        try:
+            if msg[0] == "warm":
+                reply: tuple[str, Any] = ("ok", os.getpid())
+            else:
+                _kind, uri, version = msg
+                reply = ("ok", create_checkpoint(uri, version).version)
+        except Exception as e:  # reported to the coordinator, which logs it
+            reply = ("error", f"{type(e).__name__}: {e}")
+        conn.send(reply)
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -39,53 +68,89 @@ def _exit_with_parent(parent_pid: int) -> None:
     os._exit(0)
 
 
-def _warm() -> int:
-    import coordinator.checkpointer  # noqa: F401 - pyarrow, the reader: seconds of imports
-
-    return os.getpid()
-
-
-def _checkpoint(table_uri: str, version: int) -> int:
-    from coordinator.checkpointer import create_checkpoint
-
-    return create_checkpoint(table_uri, version).version
-
-
 class CheckpointWorker:
     """A `CheckpointFn` that runs `create_checkpoint` in one spawned child process."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = None
+        self._proc: BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._closed = False
 
-    def _executor(self) -> ProcessPoolExecutor:
+    def _ensure(self) -> Connection:
+        if self._closed:
+            raise CheckpointWorkerError("the checkpoint worker is closed")
+        if self._proc is None or not self._proc.is_alive() or self._conn is None:
+            self._kill()
+            ctx = multiprocessing.get_context("spawn")
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(theirs, os.getpid()), name="deltacoord-checkpoint-worker", daemon=True)
+            proc.start()
+            theirs.close()  # only the worker holds its end: its death is EOF here
+            self._proc, self._conn = proc, ours
+        return self._conn
+
+    def _kill(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(5)
+            self._proc = None
+
+    def _request(self, msg: tuple[Any, ...], what: str) -> Any:
         with self._lock:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(
-                    max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_init_worker, initargs=(os.getpid(),),
-                )
-            return self._pool
+            try:
+                conn = self._ensure()
+                conn.send(msg)
+            except (BrokenPipeError, OSError):
+                # The worker died while idle (found only now): one fresh worker, one more try.
+                self._kill()
+                conn = self._ensure()
+                conn.send(msg)
+            try:
+                ready = conn.poll(self.timeout_s)
+                reply = conn.recv() if ready else None
+            except (EOFError, OSError):
+                self._kill()
+                raise CheckpointWorkerError(f"the checkpoint worker died while {what}") from None
+            if reply is None:
+                self._kill()
+                raise CheckpointWorkerError(f"the checkpoint worker took over {self.timeout_s:.0f}s {what}; it was killed")
+        kind, value = reply
+        if kind != "ok":
+            raise CheckpointWorkerError(f"{what} failed: {value}")
+        return value
 
     def start(self) -> int:
         """Spawn the worker and import what it needs now, at coordinator start-up, not during
         the first checkpoint (where a second of imports would compete with deciding). Returns its pid."""
-        return self._executor().submit(_warm).result()
+        return int(self._request(("warm",), "starting"))
 
     def __call__(self, table_uri: str, version: int) -> int:
-        pool = self._executor()
-        try:
-            return pool.submit(_checkpoint, table_uri, version).result()
-        except BrokenProcessPool:
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = None
-            pool.shutdown(wait=False)
-            raise RuntimeError(f"the checkpoint worker died while checkpointing {table_uri} at version {version}") from None
+        return int(self._request(("checkpoint", table_uri, version), f"checkpointing {table_uri} at version {version}"))
 
-    def close(self, wait: bool = True) -> None:
-        """Stop the worker; with `wait`, after the checkpoint it is writing."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=wait, cancel_futures=True)
+    def close(self, wait: bool = True, grace_s: float = 60.0) -> None:
+        """Stop the worker; with `wait`, let a running checkpoint finish for up to `grace_s`. Never reopens."""
+        self._closed = True
+        acquired = self._lock.acquire(timeout=grace_s if wait else 0)
+        try:
+            if wait and acquired and self._conn is not None and self._proc is not None:
+                try:
+                    self._conn.send(None)
+                    self._proc.join(grace_s)
+                except OSError:
+                    pass
+            # Not acquired: a request is still running on the checkpoint thread; the kill ends it.
+            proc = self._proc
+            if proc is not None and proc.is_alive():
+                proc.kill()
+                proc.join(5)
+            if acquired:
+                self._kill()
+        finally:
+            if acquired:
+                self._lock.release()

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from coordinator.checkpoint_worker import CheckpointWorker
+from coordinator.checkpoint_worker import CheckpointWorker, CheckpointWorkerError
 from coordinator.checkpointer import create_checkpoint
 from coordinator.daemon import Coordinator, _CheckpointRequest
 from coordinator.service import CoordinatorSettings
@@ -99,22 +99,70 @@ def test_worker_writes_the_checkpoint_in_a_child_process(tmp_path: Path) -> None
     assert dt.version() == 10 and dt.to_pyarrow_table().num_rows == 11
 
 
-def test_a_dead_worker_is_an_error_and_the_next_checkpoint_starts_a_new_one(tmp_path: Path) -> None:
+def test_a_worker_that_died_idle_is_replaced_for_the_next_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "t"
     _table(path, 21)
     worker = CheckpointWorker()
     try:
-        worker(str(path), 10)
+        first = worker.start()
+        os.kill(first, signal.SIGKILL)
+        _wait_gone(first)
+        assert worker(str(path), 10) == 10, "the request is not lost with the dead worker"
         (child,) = multiprocessing.active_children()
-        assert child.pid is not None
-        os.kill(child.pid, signal.SIGKILL)
-        child.join(10)
-        with pytest.raises(RuntimeError, match="checkpoint worker died"):
-            worker(str(path), 20)
-        assert worker(str(path), 20) == 20
+        assert child.pid != first
     finally:
         worker.close()
-    assert (path / "_delta_log" / f"{20:020d}.checkpoint.parquet").exists()
+    assert (path / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
+
+
+def test_a_checkpoint_over_the_timeout_kills_the_worker(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    _table(path, 11)
+    worker = CheckpointWorker(timeout_s=0.0)
+    try:
+        with pytest.raises(CheckpointWorkerError, match="it was killed"):
+            worker(str(path), 10)
+        assert not multiprocessing.active_children()
+        worker.timeout_s = 120
+        assert worker(str(path), 10) == 10
+    finally:
+        worker.close()
+
+
+def test_a_closed_worker_never_starts_again(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    _table(path, 11)
+    worker = CheckpointWorker()
+    worker.start()
+    worker.close()
+    with pytest.raises(CheckpointWorkerError, match="closed"):
+        worker(str(path), 10)
+    assert not multiprocessing.active_children()
+
+
+def test_a_hung_worker_does_not_block_shutdown(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    _table(path, 11)
+    code = textwrap.dedent(f"""
+        import threading, time
+        from coordinator.checkpoint_worker import CheckpointWorker, CheckpointWorkerError
+        w = CheckpointWorker()
+        w.start()
+        threading.Thread(target=lambda: w({str(path)!r}, 10), daemon=True).start()
+        time.sleep(3)  # the worker now hangs at its fault point
+        w.close(wait=True, grace_s=1)
+        print("closed", flush=True)
+    """)
+    env = {**os.environ, "DELTACOORD_FAULT": "checkpoint_before_publish:1:hang"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and "closed" in proc.stdout, proc.stderr[-2000:]
+    assert not (path / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
+
+
+def _wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def test_pending_checkpoints_coalesce_to_the_newest_per_table() -> None:
@@ -134,7 +182,7 @@ def test_the_worker_ends_when_its_coordinator_is_killed(tmp_path: Path) -> None:
     _table(path, 11)
     code = textwrap.dedent(f"""
         import multiprocessing, sys, time
-        from coordinator.checkpoint_worker import CheckpointWorker
+        from coordinator.checkpoint_worker import CheckpointWorker, CheckpointWorkerError
         w = CheckpointWorker()
         w({str(path)!r}, 10)
         print(multiprocessing.active_children()[0].pid, flush=True)
