@@ -23,8 +23,10 @@ from sqlglot import exp
 from schemas.actions import AddFile
 from writer import expressions
 
-#: Stats of longer strings may be truncated prefixes: a bound only as a minimum.
-_STRING_PREFIX = 32
+#: Writers cut string stats to a 32-unit prefix (characters, UTF-16 units or bytes, with or
+#: without a tie-breaker). A prefix is still a valid minimum; a maximum is trusted only when it
+#: is shorter than 32 UTF-8 bytes, which rules out a cut under every one of those conventions.
+_STRING_PREFIX_BYTES = 32
 
 _Value = Any
 _Bounds = tuple[_Value, _Value, int | None, int | None]  # min, max, nullCount, numRecords
@@ -54,7 +56,7 @@ def _convert(value: Any, typ: pa.DataType) -> Any:
 def _bounds(stats: dict[str, Any], name: str, typ: pa.DataType) -> _Bounds:
     lo = _convert((stats.get("minValues") or {}).get(name), typ)
     hi = _convert((stats.get("maxValues") or {}).get(name), typ)
-    if isinstance(hi, str) and len(hi) >= _STRING_PREFIX:
+    if isinstance(hi, str) and len(hi.encode("utf-8", "surrogatepass")) >= _STRING_PREFIX_BYTES:
         hi = None
     nulls = (stats.get("nullCount") or {}).get(name)
     rows = stats.get("numRecords")

@@ -74,6 +74,21 @@ def test_long_strings_bound_only_from_below() -> None:
     assert not file_filter("name < 'a'", SCHEMA, ["p"])(add)
 
 
+def test_a_maximum_cut_by_another_writer_is_no_upper_bound() -> None:
+    # Some Delta writers cut string stats to 32 UTF-16 units and end them with U+FFFD: for
+    # characters outside the BMP that is only 17 Python characters, and below the real maximum.
+    value = "\U0001F33C" * 20
+    stats = {"numRecords": 1, "minValues": {"name": "\U0001F33C" * 16}, "maxValues": {"name": "\U0001F33C" * 16 + "\ufffd"},
+             "nullCount": {"name": 0}}
+    add = AddFile("f", {}, 1, 0, True, stats=json.dumps(stats))
+    assert stats["maxValues"]["name"] < value
+    assert file_filter(f"name = '{value}'", SCHEMA, ["p"])(add)
+    assert file_filter(f"name >= '{value}'", SCHEMA, ["p"])(add)
+    # 31 bytes of multi-byte text is short enough to be exact, and still skips
+    short = {"numRecords": 1, "minValues": {"name": "é" * 10}, "maxValues": {"name": "é" * 15}, "nullCount": {"name": 0}}
+    assert not file_filter("name > 'ê'", SCHEMA, ["p"])(AddFile("g", {}, 1, 0, True, stats=json.dumps(short)))
+
+
 def test_skip_files_keeps_order_and_drops_only_ruled_out_files() -> None:
     files = [_file(_table(list(range(i * 10, i * 10 + 10))), f"f{i}") for i in range(5)]
     assert [a.path for a in skip_files(files, "id BETWEEN 15 AND 32", SCHEMA, ["p"])] == ["f1", "f2", "f3"]
@@ -81,7 +96,8 @@ def test_skip_files_keeps_order_and_drops_only_ruled_out_files() -> None:
 
 
 _ints = st.one_of(st.none(), st.integers(-20, 20))
-_names = st.one_of(st.none(), st.text(alphabet="abm", max_size=3), st.just("m" * 33), st.just("m" * 31 + "z"))
+_names = st.one_of(st.none(), st.text(alphabet="abmé\U0001F33C", max_size=3), st.just("m" * 33), st.just("m" * 31 + "z"),
+                   st.just("\U0001F33C" * 20), st.just("é" * 16))
 _days = st.one_of(st.none(), st.integers(-3, 3))
 
 
@@ -97,7 +113,8 @@ def _predicates(draw: st.DrawFn, depth: int = 0) -> str:
         lit = str(draw(st.integers(-25, 25)))
         lits = ", ".join(str(draw(st.integers(-25, 25))) for _ in range(draw(st.integers(1, 3))))
     elif col == "name":
-        lit = "'" + draw(st.sampled_from(["", "a", "b", "m", "ab", "m" * 31, "m" * 32, "m" * 33, "m" * 40, "z"])) + "'"
+        lit = "'" + draw(st.sampled_from(["", "a", "b", "m", "ab", "m" * 31, "m" * 32, "m" * 33, "m" * 40, "z", "é" * 16,
+                                           "é" * 17, "\U0001F33C" * 20, "\U0001F33C" * 21])) + "'"
         lits = ", ".join("'" + draw(st.sampled_from(["a", "b", "m" * 33])) + "'" for _ in range(draw(st.integers(1, 3))))
     else:
         day = dt.date(2024, 1, 1) + dt.timedelta(days=draw(st.integers(-4, 4)))
