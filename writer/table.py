@@ -436,6 +436,9 @@ class Table:
             raise ValueError("give when_matched_update, when_matched_delete and/or when_not_matched_insert")
         if when_not_matched_insert_if is not None and when_not_matched_insert is None:
             raise ValueError("when_not_matched_insert_if needs when_not_matched_insert")
+        if when_matched_delete is True and when_matched_update is not None:
+            # As in Delta: only the last WHEN MATCHED clause may omit its condition, and the delete comes first.
+            raise ValueError("an unconditional when_matched_delete leaves nothing for when_matched_update; give it a condition")
         snap = snapshot or self.snapshot()
         self._check_writable(snap)
         schema = delta_schema_to_arrow(snap.metadata.schema())
@@ -484,10 +487,6 @@ class Table:
             matched_src.update(int(i) for i in srcs)
             if when_matched_update is None and when_matched_delete is False:
                 continue
-            if len(set(rows.tolist())) != len(rows) and (when_matched_update is not None or conditional_delete):
-                # Delta allows several matches per target row only for an unconditional DELETE.
-                raise MergeError("MULTIPLE_SOURCE_ROWS_MATCHED",
-                                 "several source rows matched the same target row; MERGE cannot decide which to apply")
             target_rows = t.take(pa.array(rows))
             source_rows = src.take(pa.array(srcs))
             if isinstance(when_matched_delete, str):
@@ -495,6 +494,13 @@ class Table:
             else:
                 delete = pa.array([bool(when_matched_delete)] * len(rows))
             update = pc.invert(delete) if when_matched_update is not None else pa.array([False] * len(rows))
+            if when_matched_update is not None or conditional_delete:
+                # As in Delta: several source rows may match one target row only under an unconditional
+                # DELETE; a matched-only MERGE counts just the pairs that some WHEN MATCHED clause selects.
+                counted = rows if when_not_matched_insert is not None else pc.filter(pa.array(rows), pc.or_(delete, update)).to_numpy()
+                if len(set(counted.tolist())) != len(counted):
+                    raise MergeError("MULTIPLE_SOURCE_ROWS_MATCHED",
+                                     "several source rows matched the same target row; MERGE cannot decide which to apply")
             n_del = len(set(pc.filter(pa.array(rows), delete).to_pylist()))
             n_upd = pc.sum(update.cast(pa.int64())).as_py() or 0
             if not n_del and not n_upd:

@@ -300,7 +300,12 @@ def test_merge_applies_a_change_feed_with_delete_update_and_conditional_insert(e
     assert r.metrics["numTargetRowsDeleted"] == 1 and rows(t) == [(1, "2024-01-01", "A"), (4, "2024-01-01", "d"),
                                                                   (5, "2024-01-02", "E")]
     with pytest.raises(MergeError, match="MULTIPLE_SOURCE_ROWS_MATCHED"):
-        t.merge(pa.table({"id": [4, 4], "op": ["D", "U"]}), "s.id = t.id", when_matched_delete="s.op = 'D'")
+        t.merge(pa.table({"id": [4, 4], "op": ["D", "D"]}), "s.id = t.id", when_matched_delete="s.op = 'D'")
+    # Matched-only MERGE: pairs no clause selects do not count as duplicates (Delta's rule).
+    unchanged = t.merge(pa.table({"id": [4, 4], "op": ["U", "U"]}), "s.id = t.id", when_matched_delete="s.op = 'D'")
+    assert unchanged.noop
+    with pytest.raises(ValueError, match="unconditional"):
+        t.merge(pa.table({"id": [4]}), ["id"], when_matched_delete=True, when_matched_update="*")
     noop = t.merge(pa.table({"id": [99]}), ["id"], when_matched_delete=True)
     assert noop.noop
     assert env.orphans(t) == set()
