@@ -233,18 +233,31 @@ class LocalBroker:
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": info.bootstrap_servers}, logger=_silent_logger())
+        # Another broker may answer on this port (it was free when chosen): only ours counts.
+        ours = self._formatted_cluster_id()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise BrokerError(f"the Kafka broker exited with code {proc.returncode}; last log lines:\n{self._log_tail()}")
             try:
                 md = admin.list_topics(timeout=2)
-                if md.brokers:
+                if md.brokers and (ours is None or md.cluster_id == ours):
                     return
             except Exception:
                 pass
             time.sleep(0.5)
         raise BrokerError(f"the Kafka broker did not answer on {info.bootstrap_servers} within {timeout_s:.0f}s; log:\n{self._log_tail()}")
+
+    def _formatted_cluster_id(self) -> str | None:
+        try:
+            text = (self.data_dir / "meta.properties").read_text()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "cluster.id":
+                return value.strip()
+        return None
 
     def _log_tail(self, n: int = 40) -> str:
         lines: list[str] = []

@@ -62,3 +62,31 @@ def test_taken_port_is_a_clear_error(tmp_path: Path) -> None:
         res = _cli(tmp_path / "b", "start", "--port", str(port))
     assert res.returncode != 0
     assert f"port {port}" in res.stderr and "already in use" in res.stderr
+
+
+def test_start_waits_for_its_own_broker_not_any_broker_on_the_port(kafka_bootstrap: str, tmp_path: Path) -> None:
+    # The chosen port was free when chosen; if another broker takes it first, our JVM fails to
+    # bind while the other one answers. Readiness must check the cluster id formatted here.
+    import subprocess as sp
+
+    import pytest
+    from confluent_kafka.admin import AdminClient
+
+    from coordinator.broker import BrokerError, BrokerInfo, LocalBroker
+
+    real_id = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=30).cluster_id
+    broker = LocalBroker(tmp_path / "b")
+    broker.data_dir.mkdir(parents=True)
+    port = kafka_bootstrap.rsplit(":", 1)[1]
+    info = BrokerInfo(pid=0, port=int(port), controller_port=0, bootstrap_servers=kafka_bootstrap,
+                      log_path=str(tmp_path / "b" / "server.log"), data_dir=str(broker.data_dir), home=str(tmp_path / "b"))
+    stand_in = sp.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # our 'JVM', alive meanwhile
+    try:
+        (broker.data_dir / "meta.properties").write_text("node.id=1\ncluster.id=SomeOtherClusterIdAAAA\n")
+        with pytest.raises(BrokerError, match="did not answer"):
+            broker._wait_ready(info, stand_in, timeout_s=4)
+        (broker.data_dir / "meta.properties").write_text(f"node.id=1\ncluster.id={real_id}\n")
+        broker._wait_ready(info, stand_in, timeout_s=30)
+    finally:
+        stand_in.kill()
+        stand_in.wait()
