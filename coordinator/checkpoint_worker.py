@@ -102,24 +102,28 @@ class CheckpointWorker:
             self._proc = None
 
     def _request(self, msg: tuple[Any, ...], what: str) -> Any:
+        """Send one request and wait for its reply.
+
+        A worker that dies under a request (or was dying when it was sent: a
+        killed multi-threaded process is not reaped at once) gets one fresh
+        successor and the request again; a checkpoint is idempotent, since the
+        file is put-if-absent and an identical one counts as written.
+        """
         with self._lock:
-            try:
-                conn = self._ensure()
-                conn.send(msg)
-            except (BrokenPipeError, OSError):
-                # The worker died while idle (found only now): one fresh worker, one more try.
-                self._kill()
-                conn = self._ensure()
-                conn.send(msg)
-            try:
-                ready = conn.poll(self.timeout_s)
-                reply = conn.recv() if ready else None
-            except (EOFError, OSError):
-                self._kill()
-                raise CheckpointWorkerError(f"the checkpoint worker died while {what}") from None
-            if reply is None:
-                self._kill()
-                raise CheckpointWorkerError(f"the checkpoint worker took over {self.timeout_s:.0f}s {what}; it was killed")
+            for attempt in (1, 2):
+                try:
+                    conn = self._ensure()
+                    conn.send(msg)
+                    if not conn.poll(self.timeout_s):
+                        self._kill()
+                        raise CheckpointWorkerError(f"the checkpoint worker took over {self.timeout_s:.0f}s {what}; it was killed")
+                    reply = conn.recv()
+                    break
+                except (EOFError, OSError):
+                    self._kill()
+                    if attempt == 2:
+                        raise CheckpointWorkerError(f"the checkpoint worker died while {what}") from None
+                    log.warning("the checkpoint worker died; retrying %s on a new one", what)
         kind, value = reply
         if kind != "ok":
             raise CheckpointWorkerError(f"{what} failed: {value}")
