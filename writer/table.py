@@ -555,15 +555,10 @@ class Table:
     @staticmethod
     def _condition(text: str, source_rows: pa.Table, target_rows: pa.Table | None, aliases: tuple[str, str]) -> pa.Array:
         """A MERGE clause condition per joined row; NULL counts as false, as in SQL."""
-        s_alias, t_alias = aliases
-        view = {f"s__{c}": source_rows.column(c) for c in source_rows.column_names}
-        sides = {s_alias: set(source_rows.column_names), t_alias: set()}
-        if target_rows is not None:
-            view.update({f"t__{c}": target_rows.column(c) for c in target_rows.column_names})
-            sides[t_alias] = set(target_rows.column_names)
-        if not view:
+        joined, prefixes, sides = _merge_view(source_rows, target_rows, aliases)
+        if not joined.num_columns:
             return pa.array([], pa.bool_())
-        m = expressions.evaluate_qualified(text, pa.table(view), {s_alias: "s__", t_alias: "t__"}, sides)
+        m = expressions.evaluate_qualified(text, joined, prefixes, sides)
         if isinstance(m, pa.ChunkedArray):
             m = m.combine_chunks()
         if not pa.types.is_boolean(m.type):
@@ -583,13 +578,7 @@ class Table:
         unknown = [c for c in clause if c not in schema.names]
         if unknown:
             raise staging.SchemaError(f"MERGE assigns unknown column(s) {unknown}")
-        s_alias, t_alias = aliases
-        prefixes = {s_alias: "s__", t_alias: "t__"}
-        sides = {s_alias: set(source_rows.column_names), t_alias: set(target_rows.column_names if target_rows else ())}
-        view = {f"s__{c}": source_rows.column(c) for c in source_rows.column_names}
-        if target_rows is not None:
-            view.update({f"t__{c}": target_rows.column(c) for c in target_rows.column_names})
-        joined = pa.table(view)
+        joined, prefixes, sides = _merge_view(source_rows, target_rows, aliases)
         cols = []
         for f in schema:
             if f.name in clause:
@@ -653,6 +642,17 @@ class Table:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _merge_view(source_rows: pa.Table, target_rows: pa.Table | None,
+                aliases: tuple[str, str]) -> tuple[pa.Table, dict[str, str], dict[str, set[str]]]:
+    """Joined MERGE rows with s__/t__ column prefixes, for `expressions.evaluate_qualified`."""
+    s_alias, t_alias = aliases
+    view = {f"s__{c}": source_rows.column(c) for c in source_rows.column_names}
+    if target_rows is not None:
+        view.update({f"t__{c}": target_rows.column(c) for c in target_rows.column_names})
+    sides = {s_alias: set(source_rows.column_names), t_alias: set(target_rows.column_names if target_rows is not None else ())}
+    return pa.table(view), {s_alias: "s__", t_alias: "t__"}, sides
 
 
 def _all_valid(t: pa.Table, n_keys: int) -> pa.Array:
