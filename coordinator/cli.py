@@ -11,6 +11,7 @@ import click
 
 from coordinator import jars
 from coordinator.broker import BrokerError, LocalBroker
+from coordinator.cli_options import parse_pairs
 
 
 @click.group()
@@ -104,11 +105,7 @@ def _kafka_settings(config_file: Path | None, pairs: tuple[str, ...]) -> dict[st
     for k, v in os.environ.items():
         if k.startswith("DELTACOORD_KAFKA_"):
             out[k.removeprefix("DELTACOORD_KAFKA_").lower().replace("_", ".")] = v
-    for pair in pairs:
-        if "=" not in pair:
-            raise click.BadParameter(f"expected key=value, got {pair!r}", param_hint="--kafka")
-        k, v = pair.split("=", 1)
-        out[k.strip()] = v
+    out.update(parse_pairs(pairs, "--kafka"))
     return out
 
 

@@ -27,19 +27,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import click
 import pyarrow as pa
 
+from coordinator.cli_options import F, kafka_options, parse_pairs
 from reader.snapshot import Snapshot, delta_type_to_arrow
 from schemas.errors import CommitOutcomeUnknownError, DeltaCoordError
 from schemas.routing import Topics
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 #: Type names accepted by --schema besides Delta's own (long, integer, ..., decimal(p,s)).
 _TYPE_ALIASES = {
@@ -111,29 +110,8 @@ def parse_schema(spec: str) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _pairs(values: tuple[str, ...], hint: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in values:
-        if "=" not in pair:
-            raise click.BadParameter(f"expected key=value, got {pair!r}", param_hint=hint)
-        k, v = pair.split("=", 1)
-        out[k.strip()] = v
-    return out
-
-
 def _echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, separators=(",", ":"), default=str))
-
-
-def kafka_options(f: F) -> F:
-    """--bootstrap-servers, --topic-prefix and --kafka k=v for commands that talk to Kafka."""
-    f = click.option("--kafka", "kafka_pairs", multiple=True, metavar="KEY=VALUE",
-                     help="Extra Kafka client setting (repeatable), e.g. security.protocol=SSL.")(f)
-    f = click.option("--topic-prefix", envvar="DELTACOORD_TOPIC_PREFIX", default="deltacoord", show_default=True,
-                     help="Topics are <prefix>.proposals/.commits/.deadletters.")(f)
-    f = click.option("--bootstrap-servers", envvar="DELTACOORD_BOOTSTRAP_SERVERS", required=True,
-                     help="Kafka bootstrap servers (or DELTACOORD_BOOTSTRAP_SERVERS).")(f)
-    return f
 
 
 @contextmanager
@@ -152,7 +130,7 @@ def _errors() -> Iterator[None]:
 def _table(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None) -> Any:
     from writer.table import Table
 
-    kafka: dict[str, Any] = _pairs(kafka_pairs, "--kafka")
+    kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
     return Table(path, bootstrap_servers, table_id=table_id, topics=Topics.with_prefix(topic_prefix), **kafka)
 
 
@@ -195,7 +173,7 @@ def create_cmd(path: Path, schema_spec: str, partition_by: tuple[str, ...], prop
     """CREATE TABLE at PATH (version 0)."""
     schema = parse_schema(schema_spec)
     parts = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
-    props = _pairs(properties, "--property")
+    props = parse_pairs(properties, "--property")
     with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id) as t:
         _echo_json(_result_json(t.create(schema, partition_by=parts, properties=props, name=name)))
 
@@ -348,7 +326,7 @@ def tail_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs:
     from reader.stream import CommitStream
 
     start = _from_version(from_version)
-    kafka: dict[str, Any] = _pairs(kafka_pairs, "--kafka")
+    kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
     with _errors():
         stream = CommitStream(table, bootstrap_servers, topics=Topics.with_prefix(topic_prefix),
                               starting_version=start,

@@ -19,22 +19,13 @@ from pathlib import Path
 
 import click
 
+from coordinator.cli_options import kafka_options, parse_pairs
 from coordinator.service import CoordinatorSettings
 from reader.log import table_root
 from schemas.routing import Topics
 
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
-
-
-def _kafka_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise click.BadParameter(f"expected key=value, got {pair!r}", param_hint="--kafka")
-        k, v = pair.split("=", 1)
-        out[k.strip()] = v
-    return out
 
 
 def proposals_partitions(settings: CoordinatorSettings, timeout_s: float = 30.0) -> int:
@@ -62,16 +53,12 @@ def table_location(table: str) -> str:
 
 @click.command("verify")
 @click.argument("table")
-@click.option("--bootstrap-servers", envvar="DELTACOORD_BOOTSTRAP_SERVERS", required=True,
-              help="Kafka bootstrap servers (or DELTACOORD_BOOTSTRAP_SERVERS).")
-@click.option("--topic-prefix", envvar="DELTACOORD_TOPIC_PREFIX", default="deltacoord", show_default=True,
-              help="Topics are <prefix>.proposals/.commits/.deadletters.")
+@kafka_options
 @click.option("--table-id", default=None, help="The table's id on the wire (default: its file:// URI).")
 @click.option("--num-partitions", type=click.IntRange(min=1), default=None,
               help="Partitions of the proposals topic (default: read from the topic).")
 @click.option("--allow-unpublished", is_flag=True,
               help="Do not report ratified versions missing at the end of _delta_log (a coordinator still publishing).")
-@click.option("--kafka", "kafka_pairs", multiple=True, help="Extra Kafka client setting key=value (repeatable).")
 def verify_cmd(table: str, bootstrap_servers: str, topic_prefix: str, table_id: str | None, num_partitions: int | None,
                allow_unpublished: bool, kafka_pairs: tuple[str, ...]) -> None:
     """Check TABLE's _delta_log, checkpoints and data files against the commits topic; print a JSON report."""
@@ -79,7 +66,7 @@ def verify_cmd(table: str, bootstrap_servers: str, topic_prefix: str, table_id: 
 
     uri = table_location(table)
     settings = CoordinatorSettings(bootstrap_servers=bootstrap_servers, topics=Topics.with_prefix(topic_prefix),
-                                   kafka=_kafka_pairs(kafka_pairs), group_id=f"{topic_prefix}-verify")
+                                   kafka=parse_pairs(kafka_pairs, "--kafka"), group_id=f"{topic_prefix}-verify")
     partitions = num_partitions if num_partitions is not None else proposals_partitions(settings)
     rep = verify_table(settings, uri, table_id or uri, partitions, require_published=not allow_unpublished)
     click.echo(json.dumps(rep.to_json(), indent=2, ensure_ascii=False))
