@@ -65,14 +65,17 @@ def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, barrier:
 
     t = Table(table, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"bench-{w}")
     snap = t.snapshot()
-    t.client.partition_of(t.table_id)
+
+    def staged(row_id: int, value: str) -> Any:
+        tx = t.begin(snap)
+        tx.stage(staging.write_data_files(t.root, pa.table({"id": [row_id], "writer": [w], "value": [value]})))
+        return tx
+
     # One untimed warm-up commit (as the delta-rs side does): connections, the decision
     # listener, fastavro's compiled schemas and pyarrow's Parquet writer are then ready,
     # so the timed commits measure the steady state, not process start-up.
     s0 = time.perf_counter()
-    tx = t.begin(snap)
-    tx.stage(staging.write_data_files(t.root, pa.table({"id": [-1], "writer": [w], "value": ["warm-up"]})))
-    tx.commit("WRITE", parameters={"mode": "Append"})
+    staged(-1, "warm-up").commit("WRITE", parameters={"mode": "Append"})
     warm = [(time.perf_counter() - s0) * 1000]
     lat: list[float] = []
     stage: list[float] = []
@@ -80,8 +83,7 @@ def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, barrier:
     barrier.wait()
     for i in range(k):
         s0 = time.perf_counter()
-        tx = t.begin(snap)
-        tx.stage(staging.write_data_files(t.root, pa.table({"id": [i], "writer": [w], "value": [f"{w}-{i}"]})))
+        tx = staged(i, f"{w}-{i}")
         s1 = time.perf_counter()
         try:
             tx.commit("WRITE", parameters={"mode": "Append"})
@@ -145,7 +147,8 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path) -> dic
 
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
     topics = Topics.with_prefix(prefix)
-    ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), topics)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    ensure_topics(admin, topics)
     log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - lives as long as the child
     coord = subprocess.Popen(
         [sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
@@ -163,7 +166,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path) -> dic
         coord.wait(60)
         log.close()
         # Leave the broker as found: bench topics piling up on a long-lived local broker slow it down.
-        for f in AdminClient({"bootstrap.servers": bootstrap}).delete_topics(
+        for f in admin.delete_topics(
                 [topics.proposals, topics.commits, topics.dead_letters], operation_timeout=30).values():
             with contextlib.suppress(Exception):
                 f.result(60)
