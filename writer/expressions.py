@@ -55,7 +55,8 @@ def partition_only(text: str, partition_columns: Sequence[str]) -> str | None:
     return " AND ".join(f"({p.sql(dialect='spark')})" for p in parts)
 
 
-def _literal(node: exp.Expr, text: str) -> Any:
+def literal(node: exp.Expr, text: str) -> Any:
+    """The Python value of a SQL literal (also used by data skipping); ExpressionError otherwise."""
     if isinstance(node, exp.Null):
         return None
     if isinstance(node, exp.Boolean):
@@ -66,7 +67,7 @@ def _literal(node: exp.Expr, text: str) -> Any:
         s = node.this
         return float(s) if any(ch in s for ch in ".eE") else int(s)
     if isinstance(node, exp.Neg):
-        v = _literal(node.this, text)
+        v = literal(node.this, text)
         return -v
     if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal):
         to = node.to.sql().upper()
@@ -99,7 +100,7 @@ def to_arrow(node: exp.Expr, schema: pa.Schema, text: str) -> Any:
             left, right = _coerce(left, right, schema), _coerce(right, left, schema)
             return getattr(pc, fn)(left, right)
     if isinstance(node, exp.In):
-        values = [_literal(v, text) for v in node.expressions]
+        values = [literal(v, text) for v in node.expressions]
         col = to_arrow(node.this, schema, text)
         typ = schema.field(node.this.name).type if isinstance(node.this, exp.Column) else None
         return col.isin(_in_values(values, typ, text) if typ is not None else values)
@@ -111,7 +112,7 @@ def to_arrow(node: exp.Expr, schema: pa.Schema, text: str) -> Any:
     if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
         return to_arrow(node.this, schema, text).is_null()
     if isinstance(node, (exp.Literal, exp.Null, exp.Boolean, exp.Neg, exp.Cast)):
-        return pc.scalar(_literal(node, text))
+        return pc.scalar(literal(node, text))
     raise ExpressionError(text, f"unsupported construct {node.key.upper()} ({node.sql()})")
 
 
@@ -129,7 +130,7 @@ def _in_values(values: list[Any], typ: pa.DataType, text: str) -> pa.Array:
 
 def _operand(node: exp.Expr, schema: pa.Schema, text: str) -> Any:
     if isinstance(node, (exp.Literal, exp.Null, exp.Boolean, exp.Neg, exp.Cast)):
-        return ("lit", _literal(node, text))
+        return ("lit", literal(node, text))
     return to_arrow(node, schema, text)
 
 
@@ -163,7 +164,7 @@ def evaluate(text: str, table: pa.Table) -> pa.Array:
     """Evaluate a SQL value expression (an UPDATE's SET value) over a table."""
     node = parse(text)
     if isinstance(node, (exp.Literal, exp.Null, exp.Boolean, exp.Neg, exp.Cast)):
-        return pa.array([_literal(node, text)] * table.num_rows)
+        return pa.array([literal(node, text)] * table.num_rows)
     expr = to_arrow(node, table.schema, text)
     import pyarrow.dataset as ds
 

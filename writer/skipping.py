@@ -101,7 +101,7 @@ class _Evaluator:
 
     def _literal(self, node: exp.Expr, typ: pa.DataType) -> Any:
         try:
-            return _convert(expressions._literal(node, self.text), typ)
+            return _convert(expressions.literal(node, self.text), typ)
         except (expressions.ExpressionError, ValueError):
             return None
 
