@@ -86,6 +86,9 @@ def test_unwritable_delta_log_lags_then_catches_up(kafka_bootstrap: str, tmp_pat
         t.create(SCHEMA, partition_by=["date"], properties={"delta.checkpointInterval": "4"})
         for i in range(3):
             t.append(pa.table({"id": [i], "date": ["2024-01-01"]}))
+        # The writer can read its decision before the coordinator hands the version to the
+        # publisher, so an idle publisher alone does not mean version 3 is out yet.
+        _wait(lambda: (root / "_delta_log" / f"{3:020d}.json").exists(), 30, "publication of version 3")
         assert coord.publisher.wait_idle(30) and coord.publisher.lag() == 0
         with _delta_log_replaced_by_a_file(root):
             versions = []
