@@ -86,6 +86,10 @@ class WinningCommit:
     prior_metadata: Metadata | None = None
     in_commit_timestamp: int | None = None
     num_file_actions: int = 0
+    #: No protocol, metaData, domains or removes, and added files (if any) only by a blind append.
+    #: Such a winner can conflict only through app ids or with a transaction whose reads are
+    #: checked against blind appends (Serializable, or one changing metadata); see `conflicts.check`.
+    quiet: bool = False
 
 
 def file_key_hash(action: AddFile | RemoveFile) -> int:
@@ -353,6 +357,7 @@ class TableState:
             prior_metadata=prior_metadata,
             in_commit_timestamp=ict,
             num_file_actions=n_files,
+            quiet=metadata is None and protocol is None and not domains and not removed and (blind or not rows),
         )
         winners = self._winners
         winners.append(winner)
