@@ -11,6 +11,11 @@ that takes longer than `timeout_s` gets the worker killed, `close()` never
 waits unboundedly, and the worker exits when its coordinator dies. A lost
 checkpoint is only a missed optimisation: the next interval, or the restart
 scan (`Coordinator._schedule_missing_checkpoints`), writes one again.
+
+The worker runs at a lower CPU priority (`nice`, default +10). When the machine
+is saturated, deciding and Kafka go first; checkpoints then lag, and the
+daemon's queue keeps only the newest request per table, so a slow worker
+writes fewer checkpoints instead of falling further behind.
 """
 
 from __future__ import annotations
@@ -30,14 +35,21 @@ log = logging.getLogger(__name__)
 
 #: A checkpoint of 1,000,000 files takes about 2.5 s here; this only catches a stuck worker.
 DEFAULT_TIMEOUT_S = 1800.0
+#: Added to the worker's niceness: checkpoints yield the CPU to deciding when both want it.
+DEFAULT_NICE = 10
 
 
 class CheckpointWorkerError(RuntimeError):
     """The worker failed, died or timed out; the checkpoint was not written (or not confirmed)."""
 
 
-def _serve(conn: Connection, parent_pid: int) -> None:
+def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
     """The worker's loop: ("warm",) or ("checkpoint", uri, version) in, ("ok"|"error", value) out."""
+    if nice:
+        try:
+            os.nice(nice)
+        except OSError as e:  # a platform or sandbox without it: run at the parent's priority
+            log.warning("checkpoint worker: cannot lower its priority: %s", e)
     # A fault point reached here stands for the coordinator crashing mid-checkpoint.
     faults.crash_parent_too(parent_pid)
     # A busy worker does not read its pipe, so it would not notice its parent's death by EOF.
@@ -54,6 +66,8 @@ def _serve(conn: Connection, parent_pid: int) -> None:
         try:
             if msg[0] == "warm":
                 reply: tuple[str, Any] = ("ok", os.getpid())
+            elif msg[0] == "priority":
+                reply = ("ok", os.nice(0))
             else:
                 _kind, uri, version = msg
                 reply = ("ok", create_checkpoint(uri, version).version)
@@ -71,8 +85,9 @@ def _exit_with_parent(parent_pid: int) -> None:
 class CheckpointWorker:
     """A `CheckpointFn` that runs `create_checkpoint` in one spawned child process."""
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, nice: int = DEFAULT_NICE) -> None:
         self.timeout_s = timeout_s
+        self.nice = nice
         self._lock = threading.Lock()
         self._proc: BaseProcess | None = None
         self._conn: Connection | None = None
@@ -85,7 +100,7 @@ class CheckpointWorker:
             self._kill()
             ctx = multiprocessing.get_context("spawn")
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(theirs, os.getpid()), name="deltacoord-checkpoint-worker", daemon=True)
+            proc = ctx.Process(target=_serve, args=(theirs, os.getpid(), self.nice), name="deltacoord-checkpoint-worker", daemon=True)
             proc.start()
             theirs.close()  # only the worker holds its end: its death is EOF here
             self._proc, self._conn = proc, ours
@@ -133,6 +148,10 @@ class CheckpointWorker:
         """Spawn the worker and import what it needs now, at coordinator start-up, not during
         the first checkpoint (where a second of imports would compete with deciding). Returns its pid."""
         return int(self._request(("warm",), "starting"))
+
+    def niceness(self) -> int:
+        """The worker's niceness, as the worker sees it (for tests and diagnostics)."""
+        return int(self._request(("priority",), "reading its priority"))
 
     def __call__(self, table_uri: str, version: int) -> int:
         return int(self._request(("checkpoint", table_uri, version), f"checkpointing {table_uri} at version {version}"))

@@ -99,6 +99,15 @@ def test_worker_writes_the_checkpoint_in_a_child_process(tmp_path: Path) -> None
     assert dt.version() == 10 and dt.to_pyarrow_table().num_rows == 11
 
 
+def test_the_worker_runs_at_a_lower_priority_than_its_coordinator() -> None:
+    worker = CheckpointWorker(nice=7)
+    try:
+        worker.start()
+        assert worker.niceness() == min(19, os.nice(0) + 7)
+    finally:
+        worker.close()
+
+
 def test_a_worker_that_died_idle_is_replaced_for_the_next_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "t"
     _table(path, 21)
