@@ -6,6 +6,10 @@ the Parquet file is excluded and reported separately). For delta-rs it is the
 `write_deltalake` call, which includes writing its file and its own retries.
 Every writer process of both systems makes one untimed warm-up commit before
 the start barrier, so the figures are steady state, not process start-up.
+Before the timed deltacoord phase an untimed one of the same shape warms the
+Kafka broker: a freshly started JVM compiles its hot paths during its first
+few thousand transactions, and a long-running broker (the deployment this
+measures) has done so long ago. delta-rs has no service to warm.
 The memory part builds a coordinator `TableState` holding 1,000,000 live files
 and checkpoints such a table, each in a fresh process, and reports peak RSS.
 """
@@ -137,7 +141,7 @@ def _run_processes(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[l
     return results, end - t0
 
 
-def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path) -> dict[str, Any]:
+def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, quiet: bool = False) -> dict[str, Any]:
     import pyarrow as pa
     from confluent_kafka.admin import AdminClient
 
@@ -145,6 +149,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path) -> dic
     from schemas.routing import Topics
     from writer.table import Table
 
+    workdir.mkdir(parents=True, exist_ok=True)
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
     topics = Topics.with_prefix(prefix)
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -159,7 +164,8 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path) -> dic
     try:
         with Table(table, bootstrap, topics=topics) as t:
             t.create(pa.schema([(n, getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS]))
-        _say(f"deltacoord: {writers} writers x {k} blind appends ...")
+        if not quiet:
+            _say(f"deltacoord: {writers} writers x {k} blind appends ...")
         results, elapsed = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, str(table), i, k), writers, workdir)
     finally:
         coord.terminate()
@@ -253,7 +259,8 @@ def _in_subprocess(fn: str, *args: Any) -> dict[str, Any]:
     return result
 
 
-def run(writers: int, commits_per_writer: int, memory_files: int, bootstrap: str | None) -> dict[str, Any]:
+def run(writers: int, commits_per_writer: int, memory_files: int, bootstrap: str | None,
+        warmup_commits_per_writer: int = 150) -> dict[str, Any]:
     from coordinator.broker import LocalBroker
 
     workdir = Path(tempfile.mkdtemp(prefix="deltacoord-bench-"))
@@ -264,6 +271,10 @@ def run(writers: int, commits_per_writer: int, memory_files: int, bootstrap: str
         _say("starting the local broker ..." if started else "reusing the running local broker")
         bootstrap = broker.start().bootstrap_servers
     try:
+        if warmup_commits_per_writer > 0:
+            _say(f"warming the broker (untimed): {writers} writers x {warmup_commits_per_writer} appends ...")
+            warm = bench_deltacoord(bootstrap, writers, warmup_commits_per_writer, workdir / "warm-up", quiet=True)
+            _say(f"warm-up done: {warm['commits_per_s']} commits/s, p99 {warm['p99_ms']} ms (not reported)")
         dc = bench_deltacoord(bootstrap, writers, commits_per_writer, workdir)
         _say(f"deltacoord: {json.dumps(dc)}")
         rs = bench_delta_rs(writers, commits_per_writer, workdir)

@@ -14,6 +14,7 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -28,6 +29,11 @@ from coordinator import jars
 
 DEFAULT_PORT = 19092
 KAFKA_HEAP = "-Xmx768m"
+#: The local broker serves development, tests, the demo and the bench, and it is
+#: often freshly started: C1 alone compiles its hot paths within seconds, where
+#: C2 spends the first minutes of load compiling on the same two cores the
+#: writers and the coordinator need. Override (or add) with DELTACOORD_BROKER_JAVA_OPTS.
+LOCAL_JIT = "-XX:TieredStopAtLevel=1"
 
 _LOG4J2 = """\
 status = warn
@@ -89,6 +95,13 @@ def _pid_alive(pid: int) -> bool:
         return stat.rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def broker_command(java_bin: str, classpath: str, log4j: Path | str, config_path: Path | str) -> list[str]:
+    """The broker's JVM command line; DELTACOORD_BROKER_JAVA_OPTS comes after the defaults, so it overrides them."""
+    return [java_bin, "-Xms256m", KAFKA_HEAP, "-XX:+UseG1GC", LOCAL_JIT, "-Djava.awt.headless=true",
+            *shlex.split(os.environ.get("DELTACOORD_BROKER_JAVA_OPTS", "")),
+            f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath, "kafka.Kafka", str(config_path)]
 
 
 def server_properties(port: int, controller_port: int, data_dir: Path) -> str:
@@ -212,8 +225,7 @@ class LocalBroker:
                     raise BrokerError(f"formatting KRaft storage failed:\n{fmt.stdout}{fmt.stderr}")
             with open(self.log_path, "ab") as out:
                 proc = subprocess.Popen(
-                    [java_bin, "-Xms256m", KAFKA_HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true",
-                     f"-Dlog4j2.configurationFile={log4j}", "-cp", cp, "kafka.Kafka", str(self.config_path)],
+                    broker_command(java_bin, cp, log4j, self.config_path),
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 )
             info = BrokerInfo(

@@ -210,11 +210,14 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
 @click.option("--memory-files", type=int, default=1_000_000, show_default=True,
               help="Live files for the memory measurements (0 skips them).")
 @click.option("--bootstrap-servers", default=None, help="Use this broker instead of the local one.")
-def bench_cmd(writers: int, commits_per_writer: int, memory_files: int, bootstrap_servers: str | None) -> None:
+@click.option("--warmup-commits-per-writer", type=int, default=150, show_default=True,
+              help="Untimed deltacoord appends per writer first, to warm the broker's JVM (0 skips).")
+def bench_cmd(writers: int, commits_per_writer: int, memory_files: int, bootstrap_servers: str | None,
+              warmup_commits_per_writer: int) -> None:
     """Commits/s and propose-to-decision latency vs delta-rs, in one run; last line is JSON."""
     from coordinator.bench import run
 
-    click.echo(json.dumps(run(writers, commits_per_writer, memory_files, bootstrap_servers)))
+    click.echo(json.dumps(run(writers, commits_per_writer, memory_files, bootstrap_servers, warmup_commits_per_writer)))
 
 
 @main.command("demo")

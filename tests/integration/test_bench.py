@@ -12,11 +12,12 @@ KEYS = {"writers", "commits", "failed", "commits_per_s", "p50_ms", "p99_ms", "fi
 def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "coordinator.cli", "bench", "--writers", "2", "--commits-per-writer", "3",
-         "--memory-files", "0", "--bootstrap-servers", kafka_bootstrap],
+         "--memory-files", "0", "--warmup-commits-per-writer", "2", "--bootstrap-servers", kafka_bootstrap],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "deltacoord: 2 writers x 3 blind appends" in proc.stderr, "the bench prints progress"
+    assert "warming the broker (untimed): 2 writers x 2 appends" in proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(out) == {"deltacoord", "delta_rs"}
     dc, rs = out["deltacoord"], out["delta_rs"]
