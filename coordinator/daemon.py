@@ -152,6 +152,25 @@ class Coordinator:
             "publish_lag": self.publisher.lag(), "halted_tables": halted,
         }
 
+    def wait_published(self, timeout_s: float = 30.0) -> bool:
+        """Block until every version this coordinator decided is in `_delta_log` (or its table is halted).
+
+        Waits on the deciding state, not on the publisher's queue: a writer can
+        read its decision before the coordinator hands the version to the
+        publisher, so an idle publisher alone does not mean that version is out.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                decided = {tid: st.version for w in list(self._workers.values()) for tid, st in list(w.states.items())}
+            except RuntimeError:  # a table appeared while reading; read again
+                continue
+            if not self.publisher.behind(decided) and self.publisher.wait_idle(max(0.0, deadline - time.monotonic())):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
     # -- partitions ------------------------------------------------------------------
     def _take(self, consumer: Consumer, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
         """Own these partitions: fence their previous owner, rebuild their tables, resume at committed offsets."""

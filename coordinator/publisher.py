@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,6 +144,12 @@ class Publisher:
         """Ratified but not yet published versions, over all tables."""
         with self._lock:
             return sum(max(0, t.ratified - t.published) for t in self.tables.values() if t.halted is None)
+
+    def behind(self, versions: Mapping[str, int]) -> list[str]:
+        """Tables (of `versions`, table id -> version) whose version is not published yet and not halted."""
+        with self._lock:
+            return [tid for tid, v in versions.items()
+                    if (t := self.tables.get(tid)) is None or (t.halted is None and t.published < v)]
 
     def halted(self, table_id: str) -> str | None:
         with self._lock:

@@ -221,7 +221,7 @@ def test_hostile_barrage_is_answered_and_never_stops_the_coordinator(kafka_boots
         ok, health = coord.health()
         assert ok, health
         assert set(coord._workers[0].states) == {writer.table_id}, "a hostile proposal created a table"
-        assert coord.publisher.wait_idle(60)
+        assert coord.wait_published(60)
 
     # Every hostile message is accounted for, exactly once.
     decisions: dict[str, list[Decision]] = {}

@@ -95,7 +95,7 @@ def test_create_append_delete_history_describe_and_tail(cli: click.Group, kafka_
         assert run(cli, "table", "create", str(tmp_path / "u"), "--schema", "id:huge", *kafka, ok=False).exit_code == 2
         assert run(cli, "table", "describe", str(tmp_path / "missing"), ok=False).exit_code == 2
 
-        assert coord.publisher.wait_idle(30)
+        assert coord.wait_published(30)
         history = lines(run(cli, "table", "history", path))
         assert [h["version"] for h in history] == [4, 3, 2, 1, 0]
         assert [h["operation"] for h in history] == ["DELETE", "WRITE", "WRITE", "WRITE", "CREATE TABLE"]

@@ -37,7 +37,7 @@ def test_sixteen_writers_fifty_blind_appends_each(kafka_bootstrap: str, tmp_path
         for p in procs:
             p.join(300)
             assert p.exitcode == 0, "a writer process failed"
-        assert coord.publisher.wait_idle(60)
+        assert coord.wait_published(60)
         head = max(st.version for w in coord._workers.values() for st in w.states.values())
 
     results = [r for o in outs for r in json.loads(o.read_text())]

@@ -89,7 +89,7 @@ def test_unwritable_delta_log_lags_then_catches_up(kafka_bootstrap: str, tmp_pat
         # The writer can read its decision before the coordinator hands the version to the
         # publisher, so an idle publisher alone does not mean version 3 is out yet.
         _wait(lambda: (root / "_delta_log" / f"{3:020d}.json").exists(), 30, "publication of version 3")
-        assert coord.publisher.wait_idle(30) and coord.publisher.lag() == 0
+        assert coord.wait_published(30) and coord.publisher.lag() == 0
         with _delta_log_replaced_by_a_file(root):
             versions = []
             # A blind append reuses the handle's cached snapshot, so it does not wait for publication.
@@ -104,7 +104,7 @@ def test_unwritable_delta_log_lags_then_catches_up(kafka_bootstrap: str, tmp_pat
             assert coord.publisher.lag() == 8 and coord.ready and not coord.fenced
         # The directory is back: the retries (backoff <= 5 s) publish everything in order.
         _wait(lambda: coord.publisher.lag() == 0, 30, "the backlog to be published")
-        assert coord.publisher.wait_idle(30)
+        assert coord.wait_published(30)
         _wait(lambda: (root / "_delta_log" / f"{8:020d}.checkpoint.parquet").exists(), 30, "the checkpoint of version 8")
         assert coord.metrics.publish_lag._value.get() == 0
     rep = verify_table(_settings(kafka_bootstrap, topics), root.as_uri(), root.as_uri())
@@ -230,7 +230,7 @@ def test_writer_killed_before_hearing_its_decision(kafka_bootstrap: str, tmp_pat
             client.close()
         assert decisions[pid_ok].committed and decisions[pid_ok].version == 3
         assert not decisions[pid_bad].committed and decisions[pid_bad].error_type == "ConcurrentDeleteReadException"
-        assert coord.publisher.wait_idle(30)
+        assert coord.wait_published(30)
     settings = _settings(kafka_bootstrap, topics)
     per_pid = Counter(d.proposal_id for d in read_decisions(settings, 0))
     assert per_pid[pid_ok] == 1 and per_pid[pid_bad] == 1, "exactly one decision each"

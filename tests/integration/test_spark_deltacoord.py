@@ -55,7 +55,7 @@ class Env:
         self.coord = coord
 
     def published(self) -> None:
-        assert self.coord.publisher.wait_idle(30)
+        assert self.coord.wait_published(30)
 
     def table(self, path: Path) -> Table:
         return Table(path, self.bootstrap, topics=self.topics)

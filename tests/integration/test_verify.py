@@ -72,7 +72,7 @@ def built(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             for i in range(APPENDS):
                 t.append(pa.table({"id": [i], "date": [f"2024-01-0{i % 2 + 1}"]}))
             table_id = t.table_id
-        assert coord.publisher.wait_idle(60)
+        assert coord.wait_published(60)
         ckpt = root / "_delta_log" / f"{6:020d}.checkpoint.parquet"
         _wait(lambda: ckpt.exists() and (lc := read_last_checkpoint(root)) is not None and lc.version == 6, 60,
               "the checkpoint of version 6")
