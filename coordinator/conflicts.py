@@ -183,6 +183,8 @@ class _Current:
 
     __slots__ = (
         "blind",
+        "checks_appends",
+        "checks_blind_appends",
         "domains",
         "has_metadata",
         "has_protocol",
@@ -226,13 +228,17 @@ class _Current:
         self.read_files = proposal.read_files
         self.read_paths = frozenset(f.path for f in proposal.read_files)
         self.read_app_ids = frozenset(proposal.read_app_ids)
-        # Compiled only when the append check can use it (never for blind appends or SnapshotIsolation).
+        # Check 5 looks at winners' new files only for a transaction that read (not a blind
+        # append) above SnapshotIsolation, and at blind appends' files only at Serializable
+        # or when the transaction changes metadata.
+        self.checks_appends = not self.blind and self.level != SNAPSHOT_ISOLATION
+        self.checks_blind_appends = self.checks_appends and (self.level == SERIALIZABLE or self.has_metadata)
+        # Compiled only when the append check can use it.
         self.matcher = (
             compile_read_predicates(proposal.read_predicates, self.read_schema)
             if self.read_schema
             and not self.whole_table
-            and not self.blind
-            and self.level != SNAPSHOT_ISOLATION
+            and self.checks_appends
             and proposal.read_predicates
             else None
         )
@@ -278,12 +284,7 @@ def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
     if cur.read_app_ids and not w.app_ids.isdisjoint(cur.read_app_ids):
         raise _Conflict(ConcurrentTransactionException(winning_version=v, winning_operation=op, table=table), v)
     # 5. appends
-    if (
-        w.partition_rows
-        and not cur.blind
-        and cur.level != SNAPSHOT_ISOLATION
-        and (not w.is_blind_append or cur.level == SERIALIZABLE or cur.has_metadata)
-    ):
+    if w.partition_rows and cur.checks_appends and (not w.is_blind_append or cur.checks_blind_appends):
         schema = cur.read_schema
         hit: Row | None = None
         rows = w.partition_rows if w.partition_schema == schema else _rows_for(w, schema)
@@ -342,7 +343,7 @@ def _relevant(cur: _Current, winners: Sequence[WinningCommit]) -> Sequence[Winni
     whose read version falls far behind the head, from costing one Python call
     per intervening commit; the first conflict found is unchanged.
     """
-    if not cur.blind and cur.level != SNAPSHOT_ISOLATION and (cur.level == SERIALIZABLE or cur.has_metadata):
+    if cur.checks_blind_appends:
         return winners
     if cur.read_app_ids:
         ids = cur.read_app_ids
