@@ -66,8 +66,6 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
         try:
             if msg[0] == "warm":
                 reply: tuple[str, Any] = ("ok", os.getpid())
-            elif msg[0] == "priority":
-                reply = ("ok", os.nice(0))
             else:
                 _kind, uri, version = msg
                 reply = ("ok", create_checkpoint(uri, version).version)
@@ -148,10 +146,6 @@ class CheckpointWorker:
         """Spawn the worker and import what it needs now, at coordinator start-up, not during
         the first checkpoint (where a second of imports would compete with deciding). Returns its pid."""
         return int(self._request(("warm",), "starting"))
-
-    def niceness(self) -> int:
-        """The worker's niceness, as the worker sees it (for tests and diagnostics)."""
-        return int(self._request(("priority",), "reading its priority"))
 
     def __call__(self, table_uri: str, version: int) -> int:
         return int(self._request(("checkpoint", table_uri, version), f"checkpointing {table_uri} at version {version}"))

@@ -165,7 +165,7 @@ class Coordinator:
                 decided = {tid: st.version for w in list(self._workers.values()) for tid, st in list(w.states.items())}
             except RuntimeError:  # a table appeared while reading; read again
                 continue
-            if not self.publisher.behind(decided) and self.publisher.wait_idle(max(0.0, deadline - time.monotonic())):
+            if not self.publisher.behind(decided):
                 return True
             if time.monotonic() >= deadline:
                 return False

@@ -102,8 +102,8 @@ def test_worker_writes_the_checkpoint_in_a_child_process(tmp_path: Path) -> None
 def test_the_worker_runs_at_a_lower_priority_than_its_coordinator() -> None:
     worker = CheckpointWorker(nice=7)
     try:
-        worker.start()
-        assert worker.niceness() == min(19, os.nice(0) + 7)
+        pid = worker.start()
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.nice(0) + 7)
     finally:
         worker.close()
 
