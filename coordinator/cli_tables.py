@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from coordinator.cli_options import F, kafka_options, parse_pairs
 from reader.snapshot import Snapshot, delta_type_to_arrow
+from schemas.actions import json_lines
 from schemas.errors import CommitOutcomeUnknownError, DeltaCoordError
 from schemas.routing import Topics
 
@@ -197,7 +198,7 @@ def _read_json_rows(source: str) -> list[dict[str, Any]]:
         if text.startswith("["):
             rows = json.loads(text)
         else:
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            rows = [json.loads(line) for line in json_lines(text) if line.strip()]
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not JSON rows: {e}", param_hint="--json-rows") from e
     if not all(isinstance(r, dict) for r in rows):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from schemas.actions import Action, ActionParseError, CommitInfo, action_from_json
+from schemas.actions import Action, ActionParseError, CommitInfo, action_from_json, json_lines
 from schemas.errors import DeltaCoordError
 
 LOG_DIR_NAME = "_delta_log"
@@ -289,9 +289,13 @@ def parse_commit_lines(data: bytes | str, *, source: str = "<commit>") -> list[A
     protocol after this reader was written, as Delta readers must. A malformed
     known action is an error.
     """
+    return [a for _lineno, a in iter_commit_actions(data, source=source)]
+
+
+def iter_commit_actions(data: bytes | str, *, source: str = "<commit>") -> Iterator[tuple[int, Action]]:
+    """(line number, action) of each action of a commit file, as `parse_commit_lines` reads them."""
     text = data.decode("utf-8") if isinstance(data, bytes) else data
-    out: list[Action] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(json_lines(text), 1):
         if not line.strip():
             continue
         try:
@@ -307,8 +311,7 @@ def parse_commit_lines(data: bytes | str, *, source: str = "<commit>") -> list[A
         except ActionParseError as e:
             raise CorruptLogError(f"{source}: line {lineno}: {e}") from e
         if action is not None:
-            out.append(action)
-    return out
+            yield lineno, action
 
 
 def read_commit(path: Path) -> list[Action]:

@@ -439,11 +439,22 @@ def commit_to_json_lines(actions: Iterable[Action]) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
+def json_lines(text: str) -> list[str]:
+    """The lines of newline-delimited JSON.
+
+    Split on "\n" only: `str.splitlines` also splits on U+0085, U+2028 and
+    U+2029, which a JSON string may hold unescaped (our own commits write
+    non-ASCII raw), so it would cut such a path in two. A trailing "\r" is
+    whitespace to the JSON parser.
+    """
+    return text.split("\n")
+
+
 def parse_commit(data: bytes | str) -> list[Action]:
     """Parse a commit file's lines into actions (blank lines ignored)."""
     text = data.decode("utf-8") if isinstance(data, bytes) else data
     out: list[Action] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(json_lines(text), 1):
         if not line.strip():
             continue
         try:

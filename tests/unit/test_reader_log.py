@@ -455,3 +455,16 @@ def test_dv_validation_errors(tmp_path: Path) -> None:
 def test_keep_mask() -> None:
     m = keep_mask(5, np.array([0, 3, 9], dtype=np.uint64))
     assert m.tolist() == [False, True, True, False, True]
+
+
+@pytest.mark.parametrize("odd", ["\u2028", "\u2029", "\x85"])
+def test_commit_lines_split_on_newline_only(odd: str) -> None:
+    """Our commits write non-ASCII raw; a path holding a character that `str.splitlines` splits on still reads back."""
+    from reader.log import parse_commit_lines
+    from schemas.actions import AddFile, Protocol, commit_to_json_lines, parse_commit
+
+    add = AddFile(f"d=1/a{odd}b.parquet", {"d": f"x{odd}"}, 10, 0, True)
+    data = commit_to_json_lines([Protocol(1, 2), add]).replace(b"\n", b"\r\n", 1)
+    assert odd.encode() in data  # written raw, not escaped
+    assert parse_commit(data)[1] == add
+    assert parse_commit_lines(data)[1] == add
