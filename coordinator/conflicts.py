@@ -287,7 +287,11 @@ def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
     if w.partition_rows and cur.checks_appends and (not w.is_blind_append or cur.checks_blind_appends):
         schema = cur.read_schema
         hit: Row | None = None
-        rows = w.partition_rows if w.partition_schema == schema else _rows_for(w, schema)
+        rows = w.partition_rows
+        if w.partition_schema != schema:
+            # Unreachable: the partitioning changes only with a metaData action, which fails
+            # check 2 on that winner first. Were it reached, a conflict is the safe answer.
+            raise _Conflict(ConcurrentAppendException(winning_version=v, winning_operation=op, table=table), v)
         if cur.whole_table or not schema:
             hit = rows[0]
         else:
@@ -349,15 +353,6 @@ def _relevant(cur: _Current, winners: Sequence[WinningCommit]) -> Sequence[Winni
         ids = cur.read_app_ids
         return [w for w in winners if not w.quiet or not w.app_ids.isdisjoint(ids)]
     return [w for w in winners if not w.quiet]
-
-
-def _rows_for(w: WinningCommit, schema: PartitionSchema) -> tuple[Row, ...]:
-    """Partition rows of a winner's files under another schema (only after a partitioning change)."""
-    if not w.added:
-        return ()
-    if not schema:
-        return ((),)
-    return tuple(dict.fromkeys(row_of(a.partition_values, schema) for a in w.added))
 
 
 def check(state: TableState, winners: Sequence[WinningCommit], proposal: Proposal, now_ms: int) -> Accepted | Rejected:

@@ -18,10 +18,13 @@ and three bounded indexes:
   redelivery older than that bound is not recognised by this index (the
   coordinator's consumer offsets make such old redeliveries impossible).
 * **Live-file set** -- one 64-bit hash per live logical file key
-  (path, deletion-vector id); no AddFile bodies. About 70-100 bytes per file
-  in CPython, i.e. < 100 MB for 1,000,000 live files. The hashes use Python's
-  per-process string hashing: they are never persisted, the state is rebuilt
-  from the log on start.
+  (path, deletion-vector id); no AddFile bodies. About 8 bytes per file in a
+  sorted array (`LiveFileSet`), i.e. 8 MB for 1,000,000 live files. The
+  hashes use Python's per-process string hashing: they are never persisted,
+  the state is rebuilt from the log on start.
+
+The window keeps no AddFile either: a winner's added files are summarised by
+their distinct partition rows, which is all the append check reads.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
+from coordinator.live_files import LiveFileSet
 from coordinator.predicates import PartitionSchema, Row, partition_schema, row_of
 from schemas.actions import (
     Action,
@@ -70,7 +74,6 @@ class WinningCommit:
 
     version: int
     commit_info: CommitInfo | None
-    added: tuple[AddFile, ...]
     removed_paths: frozenset[str]
     metadata: Metadata | None
     protocol: Protocol | None
@@ -96,23 +99,6 @@ def file_key_hash(action: AddFile | RemoveFile) -> int:
     """64-bit hash of a file action's logical key (path, deletion vector id)."""
     dv = action.deletion_vector
     return hash((action.path, dv.unique_id() if dv is not None else None))
-
-
-def _slim(a: AddFile) -> AddFile:
-    """Drop stats and tags, which no check needs, before keeping a file in the window."""
-    if a.stats is None and a.tags is None:
-        return a
-    return AddFile(
-        path=a.path,
-        partition_values=a.partition_values,
-        size=a.size,
-        modification_time=a.modification_time,
-        data_change=a.data_change,
-        deletion_vector=a.deletion_vector,
-        base_row_id=a.base_row_id,
-        default_row_commit_version=a.default_row_commit_version,
-        clustering_provider=a.clustering_provider,
-    )
 
 
 class TableState:
@@ -150,7 +136,7 @@ class TableState:
         self._oldest_retained = 0  # version of the oldest retained winner when the window is empty: head+1
         self._txn_index: dict[str, int] = {}
         self._txn_order: deque[str] = deque()
-        self._live: set[int] = set()
+        self._live = LiveFileSet()
 
     # -- construction ----------------------------------------------------------
 
@@ -204,7 +190,7 @@ class TableState:
         st.domains = {d.domain: d for d in domains if not d.removed}
         st.last_ict = last_ict
         st._oldest_retained = version + 1
-        st._live = {file_key_hash(a) for a in live_files}
+        st._live = LiveFileSet(file_key_hash(a) for a in live_files)
         for txn_id, v in committed_txn_ids:
             st._remember_txn(txn_id, v)
         return st
@@ -321,10 +307,8 @@ class TableState:
         if adds:
             n_files += len(adds)
             rows = tuple(dict.fromkeys(row_of(a.partition_values, schema) for a in adds)) if schema else ((),)
-            kept = tuple(_slim(a) for a in adds)
         else:
             rows = ()
-            kept = ()
         ict: int | None = None
         operation: str | None = None
         blind = False
@@ -344,7 +328,6 @@ class TableState:
         winner = WinningCommit(
             version=version,
             commit_info=commit_info,
-            added=kept,
             removed_paths=frozenset(removed) if removed else _EMPTY,
             metadata=metadata,
             protocol=protocol,

@@ -1,0 +1,86 @@
+"""The live-file set: one 64-bit key hash per live file, about 8 bytes each.
+
+A Python `set[int]` costs about 76 bytes per member, 76 MB at a million live
+files. Here the members sit in a sorted numpy int64 array; the changes since
+the last merge sit in two small Python sets (`_added`: not in the array,
+`_removed`: in the array but gone). A lookup is a set probe plus one binary
+search. The changes are merged into the array, in linear time, once they
+outnumber 1/16 of it (at least `MERGE_MIN`), so the sets stay small and the
+merge cost per change stays constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+#: Changes kept in Python sets before a merge, whatever the array's size.
+MERGE_MIN = 4_096
+
+
+class LiveFileSet:
+    """A set of 64-bit ints (file key hashes) stored compactly."""
+
+    __slots__ = ("_added", "_base", "_removed")
+
+    def __init__(self, hashes: Iterable[int] = ()) -> None:
+        self._base: np.ndarray = np.unique(np.fromiter(hashes, dtype=np.int64))
+        self._added: set[int] = set()
+        self._removed: set[int] = set()
+
+    def _in_base(self, h: int) -> bool:
+        base = self._base
+        i = int(base.searchsorted(h))
+        return i < base.size and int(base[i]) == h
+
+    def __contains__(self, h: object) -> bool:
+        if not isinstance(h, int):
+            return False
+        if h in self._added:
+            return True
+        return h not in self._removed and self._in_base(h)
+
+    def __len__(self) -> int:
+        return int(self._base.size) - len(self._removed) + len(self._added)
+
+    def add(self, h: int) -> None:
+        if h in self._removed:
+            self._removed.discard(h)
+        elif not self._in_base(h):
+            self._added.add(h)
+            self._maybe_merge()
+
+    def discard(self, h: int) -> None:
+        if h in self._added:
+            self._added.discard(h)
+        elif self._in_base(h):
+            self._removed.add(h)
+            self._maybe_merge()
+
+    def _maybe_merge(self) -> None:
+        if len(self._added) + len(self._removed) > max(MERGE_MIN, int(self._base.size) >> 4):
+            self.merge()
+
+    def merge(self) -> None:
+        """Fold the pending changes into the sorted array."""
+        base = self._base
+        if self._removed:
+            gone = np.fromiter(self._removed, dtype=np.int64, count=len(self._removed))
+            keep = np.ones(base.size, dtype=bool)
+            keep[base.searchsorted(gone)] = False  # every removed hash is in the array
+            base = base[keep]
+        if self._added:
+            new = np.sort(np.fromiter(self._added, dtype=np.int64, count=len(self._added)))
+            base = np.insert(base, base.searchsorted(new), new)
+        self._base = base
+        self._added = set()
+        self._removed = set()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the array (the pending sets add about 76 bytes per change)."""
+        return int(self._base.nbytes)
+
+
+__all__ = ["MERGE_MIN", "LiveFileSet"]
