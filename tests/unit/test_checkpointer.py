@@ -337,3 +337,32 @@ def test_bounded_memory_200k_files(tmp_path: Path) -> None:
     assert ours.num_files == expected_adds
     assert len(DeltaTable(root).file_uris()) == expected_adds
     assert set(ours.file_paths()) == {u.removeprefix("file://").removeprefix(str(root) + "/") for u in DeltaTable(root).file_uris()}
+
+
+def test_small_actions_are_read_from_the_row_groups_that_hold_them(tmp_path: Path) -> None:
+    """Row-group statistics let the checkpoint's protocol/metaData/txn rows be found without reading every add."""
+    from reader.checkpoint import SMALL_ACTION_COLUMNS, iter_checkpoint_batches
+
+    log = tmp_path / "_delta_log"
+    log.mkdir()
+    md = Metadata(id="t", schema_string=SCHEMA_ID)
+    adds = [AddFile(f"f{i}.parquet", {}, 10, 1, True) for i in range(5)]
+    domain = DomainMetadata("d", "{}", False)
+    (log / f"{0:020d}.json").write_bytes(commit_to_json_lines([Protocol(1, 2), md, *adds, SetTransaction("app", 3, None), domain]))
+    # rows: [protocol, metaData] [txn, domain] [add, add] [add, add] [add] (actions are written in kind order)
+    write_checkpoint(tmp_path, 0, checkpoint_actions(tmp_path, 0), row_group_rows=2)
+    ckpt = [log / f"{0:020d}.checkpoint.parquet"]
+    assert pq.ParquetFile(ckpt[0]).metadata.num_row_groups == 5
+
+    every = pa.Table.from_batches(list(iter_checkpoint_batches(ckpt, SMALL_ACTION_COLUMNS, 10)))
+    some = pa.Table.from_batches(list(iter_checkpoint_batches(ckpt, SMALL_ACTION_COLUMNS, 10, skip_absent=True)))
+    assert every.num_rows == 9 and some.num_rows == 4
+    for col in SMALL_ACTION_COLUMNS:  # nothing is missed
+        assert some.column(col).drop_null().to_pylist() == every.column(col).drop_null().to_pylist() != []
+    adds_only = list(iter_checkpoint_batches(ckpt, ["add"], 10, skip_absent=True))
+    assert sum(b.num_rows for b in adds_only) == 5  # the protocol..domain row groups hold no add
+
+    # A file without statistics is read whole.
+    bare = tmp_path / "bare.checkpoint.parquet"
+    pq.write_table(pq.read_table(ckpt[0]), bare, row_group_size=2, write_statistics=False)
+    assert sum(b.num_rows for b in iter_checkpoint_batches([bare], SMALL_ACTION_COLUMNS, 10, skip_absent=True)) == 9
