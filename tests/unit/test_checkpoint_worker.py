@@ -99,6 +99,22 @@ def test_worker_writes_the_checkpoint_in_a_child_process(tmp_path: Path) -> None
     assert dt.version() == 10 and dt.to_pyarrow_table().num_rows == 11
 
 
+def test_the_worker_runs_lean_arrow(tmp_path: Path) -> None:
+    """Arrow's jemalloc pool (it returns freed pages) and no pandas, which pyarrow would import for nothing."""
+    path = tmp_path / "t"
+    _table(path, 11)
+    worker = CheckpointWorker()
+    try:
+        pid = worker.start()
+        assert worker(str(path), 10) == 10  # converts Python lists to Arrow, which looks for pandas
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    finally:
+        worker.close()
+    assert b"ARROW_DEFAULT_MEMORY_POOL=jemalloc" in environ
+    assert "libarrow" in maps and "/pandas/" not in maps
+
+
 def test_the_worker_runs_at_a_lower_priority_than_its_coordinator() -> None:
     worker = CheckpointWorker(nice=7)
     try:
