@@ -10,8 +10,10 @@ Before the timed deltacoord phase an untimed one of the same shape warms the
 Kafka broker: a freshly started JVM compiles its hot paths during its first
 few thousand transactions, and a long-running broker (the deployment this
 measures) has done so long ago. delta-rs has no service to warm.
-The memory part builds a coordinator `TableState` holding 1,000,000 live files
-and checkpoints such a table, each in a fresh process, and reports peak RSS.
+The memory part writes a table of 1,000,000 live files, then, in a fresh
+process with the daemon's imports, holds its `TableState` and has the daemon's
+checkpoint process checkpoint it; it reports the deciding process's resident
+memory, the checkpoint process's peak, and their sum.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -193,8 +194,7 @@ def bench_delta_rs(writers: int, k: int, workdir: Path) -> dict[str, Any]:
 
 
 # -- memory --------------------------------------------------------------------------
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+_MEMORY_COMMITS = 100  # the table is built by 100 commits; a checkpoint every 10
 
 
 def _rss_mb() -> float:
@@ -202,50 +202,69 @@ def _rss_mb() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024 / 1024
 
 
-def memory_state(files: int) -> dict[str, float]:
-    """RSS of a TableState holding `files` live files (built by applying commits of 10,000 adds)."""
-    from coordinator.state import TableState
-    from schemas.actions import AddFile, Metadata, Protocol
-
-    st = TableState.empty("bench", "file:///bench")
-    md = Metadata(id="bench", schema_string='{"type":"struct","fields":[{"name":"d","type":"string","nullable":true,"metadata":{}}]}',
-                  partition_columns=("d",))
-    st.apply(0, [Protocol(1, 2), md])
-    base = _rss_mb()
-    per = 10_000
-    for v in range(1, files // per + 1):
-        st.apply(v, [AddFile(f"d={v % 100}/part-{v}-{i}-{uuid.uuid4()}.parquet", {"d": str(v % 100)}, 1000, 0, True,
-                             stats='{"numRecords":1}') for i in range(per)])
-    return {"live_files": st.live_file_count, "rss_mb": round(_rss_mb(), 1), "rss_before_mb": round(base, 1),
-            "peak_rss_mb": round(_peak_rss_mb(), 1)}
+def _peak_rss_mb_of(pid: int) -> float:
+    """VmHWM: the process's peak resident set so far."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for process {pid}")
 
 
-def memory_checkpoint(files: int, workdir: Path | str) -> dict[str, float]:
-    """Peak RSS while checkpointing a table of `files` live files (from the previous checkpoint + 10 commits)."""
+def memory_table(files: int, workdir: Path | str) -> dict[str, Any]:
+    """Write a table of `files` live files: 100 commits of files/100 adds, checkpoints at 10, 20, ..., 90."""
     from coordinator.checkpointer import create_checkpoint
-
-    workdir = Path(workdir)
     from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, commit_to_json_lines
 
-    root = workdir / "ckpt-table"
+    root = Path(workdir) / "memory-table"
     log_dir = root / "_delta_log"
     log_dir.mkdir(parents=True)
     md = Metadata(id="bench", schema_string='{"type":"struct","fields":[{"name":"d","type":"string","nullable":true,"metadata":{}}]}',
                   partition_columns=("d",), configuration={"delta.checkpointInterval": "10"})
     (log_dir / f"{0:020d}.json").write_bytes(commit_to_json_lines([CommitInfo({"operation": "CREATE TABLE"}), Protocol(1, 2), md]))
-    per = files // 100
-    t_last = 0.0
-    for v in range(1, 101):
-        adds = [AddFile(f"d={i % 100}/part-{v}-{i}.parquet", {"d": str(i % 100)}, 1000, 0, True, stats='{"numRecords":1}')
-                for i in range(per)]
+    per = max(1, files // _MEMORY_COMMITS)
+    for v in range(1, _MEMORY_COMMITS + 1):
+        adds = [AddFile(f"d={i % 100}/part-{v:05d}-{i:07d}-{uuid.uuid4()}.c000.snappy.parquet", {"d": str(i % 100)}, 1000,
+                        1_700_000_000_000, True, stats='{"numRecords":1}') for i in range(per)]
         (log_dir / f"{v:020d}.json").write_bytes(commit_to_json_lines([CommitInfo({"operation": "WRITE"}), *adds]))
-        if v % 10 == 0:
-            before = _peak_rss_mb()
-            t0 = time.perf_counter()
+        if v % 10 == 0 and v < _MEMORY_COMMITS:
             create_checkpoint(str(root), v)
-            t_last = time.perf_counter() - t0
-            _say(f"  checkpoint v{v}: {v * per} files, {t_last:.1f}s, peak RSS {max(before, _peak_rss_mb()):.0f} MB")
-    return {"live_files": 100 * per, "last_checkpoint_s": round(t_last, 2), "peak_rss_mb": round(_peak_rss_mb(), 1)}
+            _say(f"  table: version {v}, {v * per:,} files")
+    return {"table": str(root), "version": _MEMORY_COMMITS, "live_files": per * _MEMORY_COMMITS}
+
+
+def memory_coordinator(table: str, version: int) -> dict[str, Any]:
+    """Resident memory of a coordinator holding `table` (deciding process) and its checkpoint process's peak.
+
+    This process imports what the daemon imports and builds the table's
+    `TableState` from its commits; then the daemon's `CheckpointWorker` (a
+    spawned process) checkpoints the last version, which the previous
+    checkpoint plus 10 commits make up. Both processes exist at once in a
+    running coordinator, so their sum is the coordinator's footprint.
+    """
+    import coordinator.daemon  # noqa: F401  (the deciding process's imports)
+    from coordinator.checkpoint_worker import CheckpointWorker
+    from coordinator.state import TableState
+    from reader.log import commit_file_name, log_dir, read_commit
+
+    ld = log_dir(Path(table))
+    st = TableState.empty("bench", table)
+    for v in range(version + 1):
+        st.apply(v, read_commit(ld / commit_file_name(v)))
+    deciding = _rss_mb()
+    worker = CheckpointWorker()
+    try:
+        pid = worker.start()
+        idle = _peak_rss_mb_of(pid)
+        t0 = time.perf_counter()
+        worker(table, version)
+        took = time.perf_counter() - t0
+        peak = _peak_rss_mb_of(pid)
+    finally:
+        worker.close()
+    return {"live_files": st.live_file_count, "deciding_rss_mb": round(deciding, 1), "checkpoint_process_idle_mb": round(idle, 1),
+            "checkpoint_process_peak_mb": round(peak, 1), "coordinator_peak_mb": round(deciding + peak, 1),
+            "checkpoint_s": round(took, 2)}
 
 
 def _in_subprocess(fn: str, *args: Any) -> dict[str, Any]:
@@ -281,10 +300,11 @@ def run(writers: int, commits_per_writer: int, memory_files: int, bootstrap: str
         _say(f"delta-rs:   {json.dumps(rs)}")
         result: dict[str, Any] = {"deltacoord": dc, "delta_rs": rs}
         if memory_files > 0:
-            _say(f"memory: coordinator state with {memory_files:,} live files ...")
-            result["memory"] = {"state": _in_subprocess("memory_state", memory_files)}
-            _say(f"memory: checkpointing a {memory_files:,}-file table ...")
-            result["memory"]["checkpoint"] = _in_subprocess("memory_checkpoint", memory_files, workdir)
+            _say(f"memory: writing a table of {memory_files:,} live files ...")
+            made = _in_subprocess("memory_table", memory_files, workdir)
+            _say(f"memory: a coordinator holding it checkpoints version {made['version']} ...")
+            result["memory"] = _in_subprocess("memory_coordinator", made["table"], made["version"])
+            _say(f"memory: {json.dumps(result['memory'])} (target < 300 MB)")
         ratio = dc["commits_per_s"] / rs["commits_per_s"] if rs["commits_per_s"] else float("inf")
         _say(f"deltacoord/delta-rs commits/s ratio: {ratio:.1f}x (target >= 10x); p99 {dc['p99_ms']} ms (target < 100 ms); "
              f"failed {dc['failed']} vs {rs['failed']}")
