@@ -257,17 +257,17 @@ def _json_checkpoint_batches(path: Path, columns: Sequence[str], batch_rows: int
 def _row_groups_holding(pf: pq.ParquetFile, columns: Sequence[str]) -> list[int] | None:
     """Row groups that may hold a row of any of `columns`, by their null-count statistics.
 
-    None (read everything) when a column has no presence leaf or no statistics.
+    None (read everything) when a column has no presence leaf in this file; a row group
+    without statistics for a presence leaf is read.
     """
     md = pf.metadata
     leaves = {md.schema.column(j).path: j for j in range(md.num_columns)}
     idx: list[int] = []
     for c in columns:
         leaf = _PRESENCE_LEAF.get(c)
-        if leaf is None:
+        if leaf is None or leaf not in leaves:
             return None
-        if leaf in leaves:
-            idx.append(leaves[leaf])
+        idx.append(leaves[leaf])
     groups: list[int] = []
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
