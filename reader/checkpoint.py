@@ -14,6 +14,8 @@ after the checkpoint's own rows.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -447,6 +449,24 @@ def _field_list(arr: pa.Array, name: str) -> list[Any]:
     return list(child.to_pylist())
 
 
+@contextlib.contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building many acyclic objects.
+
+    Building 100k AddFiles (with their dicts) set off generation-2 collections
+    that traversed every object built so far: a third of the time. Actions hold
+    no reference cycles, so nothing is left for the collector to find later.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@_without_cyclic_gc()
 def adds_from_struct(arr: pa.Array) -> list[AddFile]:
     """AddFiles of a non-null `add` StructArray, built column-wise (fast)."""
     n = len(arr)
@@ -481,6 +501,7 @@ def adds_from_struct(arr: pa.Array) -> list[AddFile]:
     ]
 
 
+@_without_cyclic_gc()
 def removes_from_struct(arr: pa.Array) -> list[RemoveFile]:
     """RemoveFiles of a non-null `remove` StructArray."""
     n = len(arr)

@@ -501,3 +501,27 @@ def test_remove_then_readd_same_path(tmp_path: Path) -> None:
     assert sorted(r.path for r in Snapshot.load(path, version=2).tombstones()) == ["a.parquet", "never-added.parquet"]
     assert Snapshot.load(path, version=3).tombstones() == [RemoveFile("never-added.parquet", 6, True)]
     assert Snapshot.load(path).to_pyarrow().column("id").to_pylist() == [0, 1, 2]
+
+
+def test_building_actions_pauses_the_cyclic_gc_and_restores_its_state() -> None:
+    import gc
+
+    import pyarrow as pa
+
+    from reader.checkpoint import _without_cyclic_gc, adds_from_struct
+
+    with _without_cyclic_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _without_cyclic_gc():
+            pass
+        assert not gc.isenabled(), "a collector the caller disabled stays disabled"
+    finally:
+        gc.enable()
+    arr = pa.array([{"path": "a.parquet", "partitionValues": [("d", "1")], "size": 1, "modificationTime": 0, "dataChange": True}],
+                   type=pa.struct([("path", pa.string()), ("partitionValues", pa.map_(pa.string(), pa.string())),
+                                   ("size", pa.int64()), ("modificationTime", pa.int64()), ("dataChange", pa.bool_())]))
+    (add,) = adds_from_struct(arr)
+    assert add.path == "a.parquet" and add.partition_values == {"d": "1"} and gc.isenabled()
