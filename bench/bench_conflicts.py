@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from coordinator.conflicts import Accepted, decide
-from coordinator.state import TableState
+from coordinator.rules.conflicts import Accepted, decide
+from coordinator.rules.state import TableState
 from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
 from schemas.messages import FileRead, Proposal
 

@@ -39,8 +39,8 @@ def run_once(bootstrap: str, n_tables: int, writers_per_table: int, k: int, work
     import pyarrow as pa
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.bench import _dc_writer, _percentile, _run_processes
-    from coordinator.topics import ensure_topics
+    from coordinator.kafka.topics import ensure_topics
+    from coordinator.tooling.bench import _dc_writer, _percentile, _run_processes
     from schemas.routing import Topics
     from writer.table import Table
 
@@ -49,7 +49,7 @@ def run_once(bootstrap: str, n_tables: int, writers_per_table: int, k: int, work
     ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), topics, partitions=PARTITIONS)
     logs = [open(workdir / f"coord-{prefix}-{i}.log", "wb") for i in range(2)]  # noqa: SIM115
     coords = [
-        subprocess.Popen([sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+        subprocess.Popen([sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
                           "--topic-prefix", prefix, "--log-level", "WARNING"], stdout=lg, stderr=subprocess.STDOUT)
         for lg in logs
     ]
@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--commits-per-writer", type=int, default=40)
     ap.add_argument("--bootstrap-servers", default=None)
     args = ap.parse_args()
-    from coordinator.broker import LocalBroker
+    from coordinator.tooling.broker import LocalBroker
 
     broker = LocalBroker()
     started = broker.status() is None

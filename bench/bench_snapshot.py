@@ -5,7 +5,7 @@
 1. Builds a synthetic table (no data files; only the log): version 0 creates it
    (partitioned by `date`, 100 partitions), versions 1..N add `--files` files
    with per-file stats in JSON commits, then a classic checkpoint is written
-   at version N with `coordinator.checkpointer.create_checkpoint`, and
+   at version N with `coordinator.delta_log.checkpointer.create_checkpoint`, and
    `--tail-commits` more commits (each adding 100 files and removing 50) follow
    it, so a load reads the checkpoint and replays JSON commits on top.
 2. Times, in this process, `Snapshot.load(path)` + `files()` (live `AddFile`
@@ -75,7 +75,7 @@ def _add(i: int, rng: random.Random) -> Any:
 
 def build_table(root: Path, files: int, commits: int, tail_commits: int) -> dict[str, Any]:
     """Write the synthetic log; returns what was built."""
-    from coordinator.checkpointer import create_checkpoint
+    from coordinator.delta_log.checkpointer import create_checkpoint
     from schemas.actions import CommitInfo, Metadata, Protocol, commit_to_json_lines
 
     log = root / "_delta_log"

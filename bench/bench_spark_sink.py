@@ -78,7 +78,7 @@ def main() -> None:
     broker = None
     bootstrap = args.bootstrap
     if not bootstrap:
-        from coordinator.broker import LocalBroker
+        from coordinator.tooling.broker import LocalBroker
 
         broker = LocalBroker(home=base / "broker")
         broker.start()

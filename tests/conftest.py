@@ -1,7 +1,7 @@
 """Shared fixtures: a real Kafka broker for every integration test.
 
 `kafka_bootstrap` resolves, in order: `KAFKA_BOOTSTRAP_SERVERS`; a local JVM
-broker from Maven Central jars (`coordinator.broker.LocalBroker`); a
+broker from Maven Central jars (`coordinator.tooling.broker.LocalBroker`); a
 testcontainers Kafka container when a Docker engine answers. With none of
 them the run fails loudly: Kafka tests are never skipped.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.broker import LocalBroker
+from coordinator.tooling.broker import LocalBroker
 
 HOW_TO_GET_A_BROKER = (
     "no Kafka broker for the tests. Either set KAFKA_BOOTSTRAP_SERVERS to a broker with transactions enabled, "

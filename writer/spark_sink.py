@@ -73,8 +73,9 @@ from reader.snapshot import Snapshot, delta_schema_to_arrow
 from reader.spark_source import SOURCE_NAME, DeltaCoordSource
 from schemas.actions import AddFile, SetTransaction
 from schemas.errors import ProtocolChangedException
+from schemas.expressions import arrow as expressions
 from schemas.routing import Topics
-from writer import expressions, staging
+from writer import staging
 from writer.table import Table
 
 log = logging.getLogger(__name__)

@@ -37,9 +37,11 @@ from reader.log import TableNotFoundError, list_log, table_root
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError, delta_schema_to_arrow, parse_partition_value
 from schemas.actions import AddFile, Metadata, Protocol, SetTransaction
 from schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
+from schemas.expressions import arrow as expressions
+from schemas.expressions import stats as skipping
 from schemas.messages import Decision
 from schemas.routing import Topics
-from writer import expressions, skipping, staging
+from writer import staging
 from writer.client import CoordinatorClient
 from writer.transaction import CommitResult, Transaction
 

@@ -39,10 +39,10 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.conflicts import Rejected, decide
-from coordinator.service import CoordinatorSettings, rejection
-from coordinator.state import TableState
-from coordinator.verify import assert_verified, verify_table
+from coordinator.delta_log.verify import assert_verified, verify_table
+from coordinator.kafka.partition import CoordinatorSettings, rejection
+from coordinator.rules.conflicts import Rejected, decide
+from coordinator.rules.state import TableState
 from schemas.actions import CommitInfo, Metadata, Protocol
 from schemas.codec import decode_decision, decode_proposal, encode_decision, encode_proposal
 from schemas.errors import DecodeError

@@ -30,7 +30,7 @@ it SIGKILLs and restarts the coordinator and counts a ``watchdog_restarts``
 Afterwards the controller waits until the coordinator consumed every proposal
 and published every version, reads the decisions from the commits topic, and
 checks each table with `checker.check_history` (reading the final table with
-deltacoord's reader and with delta-rs) and `coordinator.verify.verify_table`.
+deltacoord's reader and with delta-rs) and `coordinator.delta_log.verify.verify_table`.
 
 Long form (>= 1,000 transactions from 8 writer processes, >= 50 coordinator
 SIGKILLs, 2 broker restarts; starts its own local broker; prints a JSON report
@@ -65,9 +65,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from coordinator.broker import LocalBroker
-from coordinator.service import CoordinatorSettings, read_decisions
-from coordinator.verify import verify_table
+from coordinator.delta_log.verify import verify_table
+from coordinator.kafka.partition import CoordinatorSettings, read_decisions
+from coordinator.tooling.broker import LocalBroker
 from schemas.messages import Decision
 from schemas.routing import Topics
 from tests.history.checker import Report, Row, check_history, decision_record, decisions_for, txns_from_records

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from coordinator.daemon import Coordinator
-from coordinator.service import CoordinatorSettings
-from coordinator.topics import ensure_topics
+from coordinator.kafka.daemon import Coordinator
+from coordinator.kafka.partition import CoordinatorSettings
+from coordinator.kafka.topics import ensure_topics
 from schemas.routing import Topics
 
 
@@ -82,7 +82,7 @@ def start_coordinator_process(bootstrap: str, topics: Topics, log_dir: Path, *ex
     """`deltacoord coordinator run` as a child process (for SIGKILL and fencing tests)."""
     log = log_dir / f"coordinator-{uuid.uuid4().hex[:6]}.log"
     prefix = topics.proposals.removesuffix(".proposals")
-    cmd = [sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+    cmd = [sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
            "--topic-prefix", prefix, "--group-id", f"{topics.proposals}-coord",
            "--transactional-id-prefix", f"{topics.proposals}-tx", "--no-fsync", *extra]
     with open(log, "wb") as fh:

@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from coordinator.jars import classpath
+from coordinator.tooling.jars import classpath
 from writer.spark_sink import DeltaCoordDataSource, DeltaCoordStreamWriter, SinkOptions, _stage_plan, ensure_table
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from coordinator.service import ALLOWED_WRITERS_KEY
+from coordinator.kafka.partition import ALLOWED_WRITERS_KEY
 from schemas.errors import InvalidProposalError
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from writer.table import Table

@@ -11,7 +11,7 @@ KEYS = {"writers", "commits", "failed", "commits_per_s", "p50_ms", "p99_ms", "fi
 
 def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "bench", "--writers", "2", "--commits-per-writer", "3",
+        [sys.executable, "-m", "coordinator.tooling.cli", "bench", "--writers", "2", "--commits-per-writer", "3",
          "--memory-files", "0", "--warmup-commits-per-writer", "2", "--bootstrap-servers", kafka_bootstrap],
         capture_output=True, text=True, timeout=600,
     )

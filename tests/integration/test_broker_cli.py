@@ -11,7 +11,7 @@ from pathlib import Path
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "broker", "--home", str(home), *args],
+        [sys.executable, "-m", "coordinator.tooling.cli", "broker", "--home", str(home), *args],
         capture_output=True, text=True, timeout=180, env=os.environ.copy(),
     )
 
@@ -72,7 +72,7 @@ def test_start_waits_for_its_own_broker_not_any_broker_on_the_port(kafka_bootstr
     import pytest
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.broker import BrokerError, BrokerInfo, LocalBroker
+    from coordinator.tooling.broker import BrokerError, BrokerInfo, LocalBroker
 
     real_id = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=30).cluster_id
     broker = LocalBroker(tmp_path / "b")

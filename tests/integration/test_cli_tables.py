@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
 
-from coordinator.cli_tables import parse_schema, register
+from coordinator.tooling.cli_tables import parse_schema, register
 from reader.snapshot import Snapshot
 from schemas.routing import Topics
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
@@ -141,7 +141,7 @@ def _next_line(q: queue.Queue[str], timeout_s: float, what: str) -> str:
 def test_tail_follows_new_versions_until_ctrl_c(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = fresh_topics(kafka_bootstrap)
     path = tmp_path / "t"
-    code = "import click; from coordinator.cli_tables import register; g = click.Group(); register(g); g()"
+    code = "import click; from coordinator.tooling.cli_tables import register; g = click.Group(); register(g); g()"
     with coordinator_thread(kafka_bootstrap, topics), Table(path, kafka_bootstrap, topics=topics) as t:
         t.create(pa.schema([("id", pa.int64())]))
         proc = subprocess.Popen(

@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from coordinator.checkpointer import create_checkpoint
-from coordinator.service import CoordinatorSettings, read_decisions
+from coordinator.delta_log.checkpointer import create_checkpoint
+from coordinator.kafka.partition import CoordinatorSettings, read_decisions
 from schemas.actions import parse_commit
 from schemas.messages import Outcome
 from tests.integration.coord_harness import append_worker, coordinator_thread, fresh_topics

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from coordinator.service import CoordinatorSettings, read_decisions
+from coordinator.kafka.partition import CoordinatorSettings, read_decisions
 from schemas.actions import AddFile, CommitInfo, Metadata, Protocol
 from schemas.codec import encode_proposal
 from schemas.messages import Decision, Proposal

@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from coordinator.service import CoordinatorSettings
-from coordinator.verify import assert_verified, verify_table
+from coordinator.delta_log.verify import assert_verified, verify_table
+from coordinator.kafka.partition import CoordinatorSettings
 from schemas.routing import Topics
 from tests.integration.coord_harness import CoordinatorProcess, fresh_topics, start_coordinator_process
 from writer.table import Table

@@ -11,7 +11,7 @@ from pathlib import Path
 
 def test_demo_runs_end_to_end_and_ends_with_its_json_summary(tmp_path: Path) -> None:
     env = {**os.environ, "DELTACOORD_BROKER_HOME": str(tmp_path / "broker")}
-    proc = subprocess.run([sys.executable, "-m", "coordinator.cli", "demo"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "coordinator.tooling.cli", "demo"], capture_output=True, text=True,
                           timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
@@ -27,6 +27,6 @@ def test_demo_runs_end_to_end_and_ends_with_its_json_summary(tmp_path: Path) -> 
     log_dir = Path(summary["table"].removeprefix("file://")) / "_delta_log"
     assert (log_dir / f"{summary['versions'] - 1:020d}.json").exists()
     # The demo stops the broker it started.
-    status = subprocess.run([sys.executable, "-m", "coordinator.cli", "broker", "status"], capture_output=True,
+    status = subprocess.run([sys.executable, "-m", "coordinator.tooling.cli", "broker", "status"], capture_output=True,
                             text=True, env=env)
     assert status.returncode == 1

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from coordinator.checkpointer import create_checkpoint
-from coordinator.service import CoordinatorSettings, read_decisions
-from coordinator.verify import assert_verified, verify_table
+from coordinator.delta_log.checkpointer import create_checkpoint
+from coordinator.delta_log.verify import assert_verified, verify_table
+from coordinator.kafka.partition import CoordinatorSettings, read_decisions
 from reader.log import resolve_data_path
 from reader.snapshot import Snapshot
 from schemas.routing import Topics

@@ -22,7 +22,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from coordinator.daemon import Coordinator
+from coordinator.kafka.daemon import Coordinator
 from reader.snapshot import Snapshot
 from schemas.errors import ConcurrentTransactionException
 from schemas.routing import Topics

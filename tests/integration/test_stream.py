@@ -18,8 +18,8 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
-from coordinator.publisher import PublishTask, commit_path
-from coordinator.service import decision_headers
+from coordinator.delta_log.publisher import PublishTask, commit_path
+from coordinator.kafka.partition import decision_headers
 from reader.stream import CommitEvent, CommitStream, StreamGapError, UnsupportedSourceChangeError, normalize_table_id
 from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, RemoveFile, commit_to_json_lines, parse_commit
 from schemas.codec import encode_decision

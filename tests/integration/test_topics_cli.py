@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner, Result
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from coordinator import cli_topics
-from coordinator.cli import main as cli_main
+from coordinator.tooling import cli_topics
+from coordinator.tooling.cli import main as cli_main
 from schemas.routing import Topics
 
 pytestmark = pytest.mark.kafka

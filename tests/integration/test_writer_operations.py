@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.daemon import Coordinator
+from coordinator.kafka.daemon import Coordinator
 from reader.snapshot import Snapshot
 from schemas.errors import CommitOutcomeUnknownError, InvalidProposalError
 from schemas.routing import Topics

@@ -14,8 +14,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from coordinator.conflicts import Accepted, Duplicate, Rejected, decide
-from coordinator.state import TableState
+from coordinator.rules.conflicts import Accepted, Duplicate, Rejected, decide
+from coordinator.rules.state import TableState
 from schemas.actions import (
     Action,
     AddCDCFile,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.broker import _cluster_id, broker_command, server_properties
+from coordinator.tooling.broker import _cluster_id, broker_command, server_properties
 
 
 def test_cluster_ids_never_start_with_a_dash() -> None:

@@ -1,4 +1,4 @@
-"""Classic checkpoints written by coordinator.checkpointer, read back by delta-rs and by our reader."""
+"""Classic checkpoints written by coordinator.delta_log.checkpointer, read back by delta-rs and by our reader."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from coordinator.checkpointer import (
+from coordinator.delta_log.checkpointer import (
     checkpoint_actions,
     checkpoint_actions_from_snapshot,
     create_checkpoint,
@@ -284,7 +284,7 @@ BIG_SCRIPT = textwrap.dedent(
     """
     import itertools, json, resource, sys
     from pathlib import Path
-    from coordinator.checkpointer import create_checkpoint, write_checkpoint
+    from coordinator.delta_log.checkpointer import create_checkpoint, write_checkpoint
     from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, commit_to_json_lines
 
     N = int(sys.argv[2])

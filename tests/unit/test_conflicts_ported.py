@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.conflicts import (
+from coordinator.rules.conflicts import (
     SNAPSHOT_ISOLATION,
     Accepted,
     Duplicate,
@@ -30,7 +30,7 @@ from coordinator.conflicts import (
     check,
     decide,
 )
-from coordinator.state import TableState
+from coordinator.rules.state import TableState
 from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, SetTransaction
 from schemas.errors import (
     ConcurrentAppendException,

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator import conflicts
-from coordinator.conflicts import Accepted, Rejected
+from coordinator.rules import conflicts
+from coordinator.rules.conflicts import Accepted, Rejected
 from schemas.actions import DomainMetadata, SetTransaction
 from schemas.messages import Proposal
 from tests.unit.builders import Harness, add, insert_op, metadata, proposal, protocol, removal_of

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from coordinator.conflicts import Accepted, Rejected
+from coordinator.rules.conflicts import Accepted, Rejected
 from schemas.actions import AddFile
 from schemas.errors import (
     ConcurrentAppendException,

@@ -27,8 +27,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from coordinator import acls, cli_topics
-from coordinator.acls import (
+from coordinator.kafka import acls
+from coordinator.kafka.acls import (
     CLUSTER,
     GROUP,
     LITERAL,
@@ -42,9 +42,13 @@ from coordinator.acls import (
     plan_acls,
     render_commands,
 )
-from coordinator.cli import coordinator_run
-from coordinator.cli import main as cli_main
-from coordinator.cli_topics import (
+from coordinator.kafka.partition import CoordinatorSettings
+from coordinator.kafka.topics import TopicSpec
+from coordinator.metrics import Metrics, MetricsServer
+from coordinator.tooling import cli_topics
+from coordinator.tooling.cli import coordinator_run
+from coordinator.tooling.cli import main as cli_main
+from coordinator.tooling.cli_topics import (
     UnsafeTopicSettingsError,
     check_replication,
     create_specs,
@@ -52,9 +56,6 @@ from coordinator.cli_topics import (
     spec_differences,
     topic_problems,
 )
-from coordinator.metrics import Metrics, MetricsServer
-from coordinator.service import CoordinatorSettings
-from coordinator.topics import TopicSpec
 from schemas.routing import Topics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,7 +220,7 @@ def test_dockerfile_entrypoint_is_coordinator_run() -> None:
     entry = [json.loads(v) for k, v in stage if k == "ENTRYPOINT"]
     assert entry == [["deltacoord", "coordinator", "run"]]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["deltacoord"] == "coordinator.cli:main"
+    assert scripts["deltacoord"] == "coordinator.tooling.cli:main"
     assert command("coordinator", "run") is coordinator_run
 
 
@@ -245,7 +246,8 @@ def test_dockerfile_base_user_healthcheck_and_no_java() -> None:
 
 
 def test_dockerfile_installs_every_package_and_the_context_allows_them() -> None:
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = [p.removesuffix("*") for p in find["include"]]
     copies = [v.split()[0] for k, v in dockerfile_instructions() if k == "COPY" and not v.startswith("--from")]
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
     for pkg in packages:
@@ -511,7 +513,7 @@ def test_example_toml_documents_every_key_coordinator_run_reads() -> None:
 @pytest.fixture
 def fake_coordinator(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Replace the daemon so `coordinator run` only records what it would run."""
-    import coordinator.daemon
+    import coordinator.kafka.daemon
     import coordinator.logs
 
     calls: list[dict[str, Any]] = []
@@ -526,7 +528,7 @@ def fake_coordinator(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         def run(self) -> int:
             return 0
 
-    monkeypatch.setattr(coordinator.daemon, "Coordinator", FakeCoordinator)
+    monkeypatch.setattr(coordinator.kafka.daemon, "Coordinator", FakeCoordinator)
     monkeypatch.setattr(coordinator.logs, "setup_logging", lambda level="INFO": None)
     for k in list(os.environ):
         if k.startswith("DELTACOORD_"):
@@ -631,11 +633,11 @@ def test_transactional_id_prefix_covers_every_partition_and_nothing_of_other_dep
 
 
 def test_acl_groups_match_the_group_ids_the_code_uses() -> None:
-    import coordinator.service
+    import coordinator.kafka.partition
     import reader.stream
     import writer.client
 
-    assert '{settings.group_id}-recovery' in inspect.getsource(coordinator.service.read_decisions)
+    assert '{settings.group_id}-recovery' in inspect.getsource(coordinator.kafka.partition.read_decisions)
     assert acls.coordinator_groups("g") == ("g", "g-recovery")
     writer_groups = re.findall(r'"group\.id":\s*f?"([^"{]+)', inspect.getsource(writer.client))
     assert writer_groups

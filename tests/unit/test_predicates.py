@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.predicates import (
+from schemas.errors import InvalidProposalError
+from schemas.expressions.partitions import (
     PartitionColumn,
     compile_predicate,
     compile_read_predicates,
@@ -14,7 +15,6 @@ from coordinator.predicates import (
     partition_schema,
     row_of,
 )
-from schemas.errors import InvalidProposalError
 from tests.unit.builders import metadata
 
 COLUMNS = {

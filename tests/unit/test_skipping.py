@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.actions import AddFile
-from writer import expressions, staging
-from writer.skipping import file_filter, skip_files
+from schemas.expressions import arrow as expressions
+from schemas.expressions.stats import file_filter, skip_files
+from writer import staging
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("d", pa.date32()), ("x", pa.float64()), ("p", pa.string())])
 DATA_COLUMNS = ["id", "name", "d", "x"]

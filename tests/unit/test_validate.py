@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from coordinator.conflicts import Accepted, Rejected, decide
-from coordinator.state import TableState
-from coordinator.validate import (
+from coordinator.rules.conflicts import Accepted, Rejected, decide
+from coordinator.rules.state import TableState
+from coordinator.rules.validate import (
     REASONS,
     check_txn_versions,
     path_problem,

@@ -21,11 +21,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from coordinator.conflicts import Accepted, Duplicate, Rejected, decide
+from coordinator.delta_log.publisher import Publisher, PublishTask, sweep_temp_files
 from coordinator.faults import fault_point
 from coordinator.metrics import Metrics
-from coordinator.publisher import Publisher, PublishTask, sweep_temp_files
-from coordinator.state import TableState
+from coordinator.rules.conflicts import Accepted, Duplicate, Rejected, decide
+from coordinator.rules.state import TableState
 from reader.log import table_root
 from schemas.codec import decode_decision, decode_proposal, encode_decision
 from schemas.errors import DecodeError, InvalidProposalError

@@ -16,17 +16,17 @@ from types import FrameType
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from coordinator.checkpoint_worker import CheckpointWorker
-from coordinator.metrics import Metrics, MetricsServer
-from coordinator.publisher import Publisher
-from coordinator.service import (
+from coordinator.delta_log.checkpoint_worker import CheckpointWorker
+from coordinator.delta_log.publisher import Publisher
+from coordinator.kafka.partition import (
     CoordinatorSettings,
     FencedError,
     PartitionCoordinator,
     make_consumer,
     newest_published_version,
 )
-from coordinator.topics import ensure_topics
+from coordinator.kafka.topics import ensure_topics
+from coordinator.metrics import Metrics, MetricsServer
 from reader.log import table_root
 from schemas.actions import Action, Metadata
 

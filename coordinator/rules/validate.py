@@ -39,13 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from coordinator.predicates import (
-    MAX_PREDICATES,
-    MAX_TOTAL_PREDICATE_CHARS,
-    compile_predicate,
-    partition_schema,
-)
-from coordinator.state import TableState
+from coordinator.rules.state import TableState
 from schemas.actions import (
     AddCDCFile,
     AddFile,
@@ -57,6 +51,12 @@ from schemas.actions import (
     SetTransaction,
 )
 from schemas.errors import InvalidProposalError
+from schemas.expressions.partitions import (
+    MAX_PREDICATES,
+    MAX_TOTAL_PREDICATE_CHARS,
+    compile_predicate,
+    partition_schema,
+)
 from schemas.messages import Proposal
 
 ISOLATION_LEVEL_KEY = "delta.isolationLevel"

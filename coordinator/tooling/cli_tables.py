@@ -35,7 +35,7 @@ from typing import Any, Literal
 import click
 import pyarrow as pa
 
-from coordinator.cli_options import F, kafka_options, parse_pairs
+from coordinator.tooling.cli_options import F, kafka_options, parse_pairs
 from reader.snapshot import Snapshot, delta_type_to_arrow
 from schemas.actions import json_lines
 from schemas.errors import CommitOutcomeUnknownError, DeltaCoordError

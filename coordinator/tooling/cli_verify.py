@@ -1,4 +1,4 @@
-"""`deltacoord verify TABLE`: check a table against the commits topic (see `coordinator.verify`).
+"""`deltacoord verify TABLE`: check a table against the commits topic (see `coordinator.delta_log.verify`).
 
     deltacoord verify /data/events --bootstrap-servers kafka:9092 --topic-prefix prod
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import click
 
-from coordinator.cli_options import kafka_options, parse_pairs
-from coordinator.service import CoordinatorSettings
+from coordinator.kafka.partition import CoordinatorSettings
+from coordinator.tooling.cli_options import kafka_options, parse_pairs
 from reader.log import table_root
 from schemas.routing import Topics
 
@@ -62,7 +62,7 @@ def table_location(table: str) -> str:
 def verify_cmd(table: str, bootstrap_servers: str, topic_prefix: str, table_id: str | None, num_partitions: int | None,
                allow_unpublished: bool, kafka_pairs: tuple[str, ...]) -> None:
     """Check TABLE's _delta_log, checkpoints and data files against the commits topic; print a JSON report."""
-    from coordinator.verify import verify_table
+    from coordinator.delta_log.verify import verify_table
 
     uri = table_location(table)
     settings = CoordinatorSettings(bootstrap_servers=bootstrap_servers, topics=Topics.with_prefix(topic_prefix),

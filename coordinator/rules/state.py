@@ -34,8 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
-from coordinator.live_files import LiveFileSet
-from coordinator.predicates import PartitionSchema, Row, partition_schema, row_of
+from coordinator.rules.live_files import LiveFileSet
 from schemas.actions import (
     Action,
     AddCDCFile,
@@ -47,6 +46,7 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
+from schemas.expressions.partitions import PartitionSchema, Row, partition_schema, row_of
 
 DEFAULT_MAX_WINDOW_COMMITS = 50_000
 DEFAULT_MAX_WINDOW_FILES = 100_000

@@ -21,7 +21,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from schemas.actions import AddFile
-from writer import expressions
+from schemas.expressions import arrow as expressions
 
 #: Writers cut string stats to a 32-unit prefix (characters, UTF-16 units or bytes, with or
 #: without a tie-breaker). A prefix is still a valid minimum; a maximum is trusted only when it

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.checkpointer import txn_retention_ms
-from coordinator.publisher import commit_path
-from coordinator.service import CoordinatorSettings, read_decisions
+from coordinator.delta_log.checkpointer import txn_retention_ms
+from coordinator.delta_log.publisher import commit_path
+from coordinator.kafka.partition import CoordinatorSettings, read_decisions
 from reader.checkpoint import key_string, read_checkpoint_actions
 from reader.log import (
     LAST_CHECKPOINT_NAME,

@@ -57,7 +57,7 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
     # A busy worker does not read its pipe, so it would not notice its parent's death by EOF.
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="deltacoord-parent-watch", daemon=True).start()
     _lean_arrow()
-    from coordinator.checkpointer import create_checkpoint  # seconds of imports: pyarrow, the reader
+    from coordinator.delta_log.checkpointer import create_checkpoint  # seconds of imports: pyarrow, the reader
 
     while True:
         try:

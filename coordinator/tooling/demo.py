@@ -15,11 +15,11 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka.admin import AdminClient
 
-from coordinator.broker import LocalBroker
-from coordinator.checkpointer import create_checkpoint
-from coordinator.daemon import Coordinator
-from coordinator.service import CoordinatorSettings
-from coordinator.topics import ensure_topics
+from coordinator.delta_log.checkpointer import create_checkpoint
+from coordinator.kafka.daemon import Coordinator
+from coordinator.kafka.partition import CoordinatorSettings
+from coordinator.kafka.topics import ensure_topics
+from coordinator.tooling.broker import LocalBroker
 from schemas.errors import DeltaConcurrentModificationException
 from schemas.routing import Topics
 

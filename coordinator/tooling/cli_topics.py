@@ -32,7 +32,7 @@ from typing import Any
 
 import click
 
-from coordinator.topics import TopicSpec, topic_specs
+from coordinator.kafka.topics import TopicSpec, topic_specs
 from schemas.routing import Topics
 
 SAFE_REPLICATION_FACTOR = 3
@@ -125,7 +125,7 @@ def check_replication(partitions: int, replication_factor: int, min_insync_repli
 
 def create_specs(topics: Topics, partitions: int, replication_factor: int, min_insync_replicas: int,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[TopicSpec]:
-    """`coordinator.topics.topic_specs` with the chosen min ISR and message size limit."""
+    """`coordinator.kafka.topics.topic_specs` with the chosen min ISR and message size limit."""
     out = []
     for s in topic_specs(topics, partitions, replication_factor):
         cfg = {**s.config, "min.insync.replicas": str(min_insync_replicas), "unclean.leader.election.enable": "false"}
@@ -247,7 +247,7 @@ def _state_json(st: TopicState) -> dict[str, object]:
 def _admin(config_file: Path | None, bootstrap_servers: str | None, kafka_pairs: tuple[str, ...]) -> tuple[Any, str]:
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.cli import _file_defaults, _kafka_settings
+    from coordinator.tooling.cli import _file_defaults, _kafka_settings
 
     bootstrap = bootstrap_servers or _file_defaults(config_file).get("bootstrap_servers")
     if not bootstrap:
@@ -257,7 +257,7 @@ def _admin(config_file: Path | None, bootstrap_servers: str | None, kafka_pairs:
 
 
 def _prefix(config_file: Path | None, topic_prefix: str | None) -> str:
-    from coordinator.cli import _file_defaults
+    from coordinator.tooling.cli import _file_defaults
 
     return topic_prefix or str(_file_defaults(config_file).get("topic_prefix", "deltacoord"))
 

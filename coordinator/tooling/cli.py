@@ -9,9 +9,9 @@ from pathlib import Path
 
 import click
 
-from coordinator import jars
-from coordinator.broker import BrokerError, LocalBroker
-from coordinator.cli_options import parse_pairs
+from coordinator.tooling import jars
+from coordinator.tooling.broker import BrokerError, LocalBroker
+from coordinator.tooling.cli_options import parse_pairs
 
 
 @click.group()
@@ -159,9 +159,9 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
                     metrics_port: int | None, no_fsync: bool, no_checkpoints: bool, kafka_pairs: tuple[str, ...],
                     watchdog_seconds: float | None, log_level: str) -> None:
     """Consume proposals, decide them, record decisions in Kafka, publish _delta_log."""
-    from coordinator.daemon import Coordinator
+    from coordinator.kafka.daemon import Coordinator
+    from coordinator.kafka.partition import CoordinatorSettings
     from coordinator.logs import setup_logging
-    from coordinator.service import CoordinatorSettings
     from schemas.routing import Topics
 
     setup_logging(log_level)
@@ -191,7 +191,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         parts = None
     checkpoint_fn = None
     if not (no_checkpoints or cfg.get("checkpoints") is False):
-        from coordinator.checkpoint_worker import CheckpointWorker
+        from coordinator.delta_log.checkpoint_worker import CheckpointWorker
 
         checkpoint_fn = CheckpointWorker()
     coord = Coordinator(
@@ -215,7 +215,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
 def bench_cmd(writers: int, commits_per_writer: int, memory_files: int, bootstrap_servers: str | None,
               warmup_commits_per_writer: int) -> None:
     """Commits/s and propose-to-decision latency vs delta-rs, in one run; last line is JSON."""
-    from coordinator.bench import run
+    from coordinator.tooling.bench import run
 
     click.echo(json.dumps(run(writers, commits_per_writer, memory_files, bootstrap_servers, warmup_commits_per_writer)))
 
@@ -223,13 +223,14 @@ def bench_cmd(writers: int, commits_per_writer: int, memory_files: int, bootstra
 @main.command("demo")
 def demo_cmd() -> None:
     """Broker + coordinator + concurrent writers + conflicts + delta-rs verification; last line is JSON."""
-    from coordinator.demo import main as demo_main
+    from coordinator.tooling.demo import main as demo_main
 
     demo_main()
 
 
 def _register_extensions() -> None:
-    from coordinator import acls, cli_tables, cli_topics, cli_verify
+    from coordinator.kafka import acls
+    from coordinator.tooling import cli_tables, cli_topics, cli_verify
 
     cli_tables.register(main)
     cli_topics.register(main)

@@ -146,7 +146,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     import pyarrow as pa
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.topics import ensure_topics
+    from coordinator.kafka.topics import ensure_topics
     from schemas.routing import Topics
     from writer.table import Table
 
@@ -157,7 +157,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     ensure_topics(admin, topics)
     log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - lives as long as the child
     coord = subprocess.Popen(
-        [sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+        [sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
          "--topic-prefix", prefix, "--log-level", "WARNING"],
         stdout=log, stderr=subprocess.STDOUT,
     )
@@ -213,7 +213,7 @@ def _peak_rss_mb_of(pid: int) -> float:
 
 def memory_table(files: int, workdir: Path | str) -> dict[str, Any]:
     """Write a table of `files` live files: 100 commits of files/100 adds, checkpoints at 10, 20, ..., 90."""
-    from coordinator.checkpointer import create_checkpoint
+    from coordinator.delta_log.checkpointer import create_checkpoint
     from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, commit_to_json_lines
 
     root = Path(workdir) / "memory-table"
@@ -242,9 +242,9 @@ def memory_coordinator(table: str, version: int) -> dict[str, Any]:
     checkpoint plus 10 commits make up. Both processes exist at once in a
     running coordinator, so their sum is the coordinator's footprint.
     """
-    import coordinator.daemon  # noqa: F401  (the deciding process's imports)
-    from coordinator.checkpoint_worker import CheckpointWorker
-    from coordinator.state import TableState
+    import coordinator.kafka.daemon  # noqa: F401  (the deciding process's imports)
+    from coordinator.delta_log.checkpoint_worker import CheckpointWorker
+    from coordinator.rules.state import TableState
     from reader.log import commit_file_name, log_dir, read_commit
 
     ld = log_dir(Path(table))
@@ -268,7 +268,7 @@ def memory_coordinator(table: str, version: int) -> dict[str, Any]:
 
 
 def _in_subprocess(fn: str, *args: Any) -> dict[str, Any]:
-    code = f"import json,sys; from coordinator.bench import {fn}; print(json.dumps({fn}(*json.loads(sys.argv[1]))))"
+    code = f"import json,sys; from coordinator.tooling.bench import {fn}; print(json.dumps({fn}(*json.loads(sys.argv[1]))))"
     proc = subprocess.run([sys.executable, "-c", code, json.dumps([str(a) if isinstance(a, Path) else a for a in args])],
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -280,7 +280,7 @@ def _in_subprocess(fn: str, *args: Any) -> dict[str, Any]:
 
 def run(writers: int, commits_per_writer: int, memory_files: int, bootstrap: str | None,
         warmup_commits_per_writer: int = 150) -> dict[str, Any]:
-    from coordinator.broker import LocalBroker
+    from coordinator.tooling.broker import LocalBroker
 
     workdir = Path(tempfile.mkdtemp(prefix="deltacoord-bench-"))
     broker = LocalBroker()

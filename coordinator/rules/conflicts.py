@@ -40,16 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.predicates import (
-    PartitionSchema,
-    Row,
-    compile_read_predicates,
-    partition_schema,
-    row_of,
-    row_to_mapping,
-)
-from coordinator.state import TableState, WindowExceededError, WinningCommit
-from coordinator.validate import check_txn_versions, table_isolation_level, validate_proposal
+from coordinator.rules.state import TableState, WindowExceededError, WinningCommit
+from coordinator.rules.validate import check_txn_versions, table_isolation_level, validate_proposal
 from schemas.actions import (
     Action,
     AddCDCFile,
@@ -73,6 +65,14 @@ from schemas.errors import (
     MetadataChangedException,
     ProtocolChangedException,
     format_partition,
+)
+from schemas.expressions.partitions import (
+    PartitionSchema,
+    Row,
+    compile_read_predicates,
+    partition_schema,
+    row_of,
+    row_to_mapping,
 )
 from schemas.messages import Proposal
 

@@ -17,7 +17,7 @@ The coordinator:
 
 * proposals topic: READ, DESCRIBE
 * commits topic: WRITE, READ, DESCRIBE, and DESCRIBE_CONFIGS (at start it checks
-  that the commits topic is not compacted, `coordinator.topics.validate_topics`)
+  that the commits topic is not compacted, `coordinator.kafka.topics.validate_topics`)
 * dead-letter topic: WRITE, DESCRIBE
 * its consumer group and the `<group>-recovery` group that rebuilds state from the
   commits topic: READ, DESCRIBE (LITERAL)

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from coordinator import jars
+from coordinator.tooling import jars
 
 DEFAULT_PORT = 19092
 KAFKA_HEAP = "-Xmx768m"

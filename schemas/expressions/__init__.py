@@ -1,0 +1,1 @@
+"""The one SQL expression engine: parsing, typing rules and evaluators (partition rows, Arrow, min/max stats)."""
