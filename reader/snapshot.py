@@ -73,6 +73,7 @@ from schemas.actions import (
     SetTransaction,
 )
 from schemas.errors import DeltaCoordError
+from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
 
 FileAction: TypeAlias = AddFile | RemoveFile
 TimestampLike: TypeAlias = dt.datetime | dt.date | int | float | str
@@ -152,7 +153,7 @@ def delta_schema_to_arrow(schema: Mapping[str, Any]) -> pa.Schema:
 def _physical_name(f: Mapping[str, Any], mode: str) -> str:
     if mode in ("name", "id"):
         meta = f.get("metadata") or {}
-        name = meta.get("delta.columnMapping.physicalName")
+        name = meta.get(PHYSICAL_NAME_KEY)
         if isinstance(name, str):
             return name
     return str(f["name"])
@@ -453,24 +454,6 @@ def to_epoch_ms(ts: TimestampLike) -> int:
     raise TypeError(f"unsupported timestamp {ts!r}")
 
 
-def _is_true(v: str | None) -> bool:
-    return v is not None and v.strip().lower() == "true"
-
-
-def ict_enabled(protocol: Protocol, metadata: Metadata) -> bool:
-    """In-commit timestamps are on: writer 7 + `inCommitTimestamp` feature + the table property."""
-    if not _is_true(metadata.configuration.get("delta.enableInCommitTimestamps")):
-        return False
-    return protocol.min_writer_version >= 7 and "inCommitTimestamp" in (protocol.writer_features or ())
-
-
-def _ict_enablement(metadata: Metadata) -> tuple[int, int | None]:
-    conf = metadata.configuration
-    v = conf.get("delta.inCommitTimestampEnablementVersion")
-    t = conf.get("delta.inCommitTimestampEnablementTimestamp")
-    return (int(v) if v else 0), (int(t) if t else None)
-
-
 # --------------------------------------------------------------------------- replay
 
 
@@ -712,7 +695,7 @@ class Snapshot:
             raise UnsupportedTableFeatureError(f"{self.table_uri}: column mapping mode 'id' is not supported (only 'none' and 'name')")
 
     def _column_mapping_mode(self) -> str:
-        return (self.metadata.configuration.get("delta.columnMapping.mode") or "none").lower()
+        return TableProperties.of(self.metadata).column_mapping_mode
 
     def to_pyarrow(self, columns: Sequence[str] | None = None, filter: Filter | None = None) -> pa.Table:
         """Read the table's rows as one Arrow table.
@@ -861,8 +844,9 @@ def _read_data_file(
 
 def _commit_timestamp(root: Path, version: int, protocol: Protocol, metadata: Metadata, segment: LogSegment | None = None) -> int:
     listing_path = root / "_delta_log" / f"{version:020d}.json"
-    if ict_enabled(protocol, metadata):
-        ev, _et = _ict_enablement(metadata)
+    props = TableProperties.of(metadata)
+    if props.in_commit_timestamps:
+        ev, _et = props.ict_enablement
         if version >= ev:
             try:
                 ci = read_commit_info(listing_path)
@@ -884,8 +868,9 @@ def _version_at_timestamp(root: Path, listing: LogListing, ts_ms: int) -> int:
     versions = sorted(listing.commits)
     if not versions:
         raise VersionNotFoundError(f"{root}: no commit files to resolve a timestamp against")
-    use_ict = ict_enabled(latest.protocol, latest.metadata)
-    ev, et = _ict_enablement(latest.metadata) if use_ict else (versions[-1] + 1, None)
+    props = TableProperties.of(latest.metadata)
+    use_ict = props.in_commit_timestamps
+    ev, et = props.ict_enablement if use_ict else (versions[-1] + 1, None)
     if use_ict and (et is None or ts_ms >= et or ev <= versions[0]):
         cands = [v for v in versions if v >= ev]
 

@@ -57,6 +57,7 @@ from reader.log import (
 from reader.snapshot import Snapshot, _physical_name, _read_data_file, delta_schema_to_arrow, parse_partition_value
 from schemas.actions import Action, AddFile, CommitInfo, DeletionVector, Metadata, RemoveFile
 from schemas.errors import DeltaCoordError, MetadataChangedException
+from schemas.properties import TableProperties
 
 SOURCE_NAME = "deltacoord"
 DEFAULT_MAX_FILES_PER_TRIGGER = 1000
@@ -104,7 +105,7 @@ class ReadPlan:
 
     @staticmethod
     def of(root: Path, metadata: Metadata, spark_schema: StructType) -> ReadPlan:
-        mode = (metadata.configuration.get("delta.columnMapping.mode") or "none").lower()
+        mode = TableProperties.of(metadata).column_mapping_mode
         target = to_arrow_schema(spark_schema, timezone="UTC")
         return ReadPlan(str(root), metadata.schema_string, tuple(metadata.partition_columns), mode, target)
 

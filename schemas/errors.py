@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
+from schemas.reasons import ReasonCode
+
 
 def format_partition(partition_values: Mapping[str, str | None] | None, partition_columns: tuple[str, ...] | list[str]) -> str | None:
     """Delta's partition hint, e.g. `[date=2024-01-01, country=US]`; None if unpartitioned."""
@@ -175,12 +177,14 @@ CONFLICT_CLASSES: dict[str, type[DeltaConcurrentModificationException]] = {
 class InvalidProposalError(DeltaCoordError):
     """A proposal that can never commit: malformed, unsafe or against the protocol.
 
-    `reason` is a stable machine-readable code (e.g. `PATH_ESCAPES_TABLE`).
+    `reason` is a stable machine-readable code (`schemas.reasons.ReasonCode`;
+    a code this version does not know, read from a newer coordinator's
+    decision, stays text).
     """
 
     retryable: ClassVar[bool] = False
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: ReasonCode | str, message: str) -> None:
         self.reason = reason
         super().__init__(f"{reason}: {message}")
 

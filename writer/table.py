@@ -40,6 +40,8 @@ from schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChange
 from schemas.expressions import arrow as expressions
 from schemas.expressions import stats as skipping
 from schemas.messages import Decision
+from schemas.properties import TableProperties
+from schemas.reasons import ReasonCode
 from schemas.routing import Topics
 from writer import staging
 from writer.client import CoordinatorClient
@@ -166,7 +168,7 @@ class Table:
         for c in partition_by:
             if c not in schema.names:
                 raise staging.SchemaError(f"partition column {c!r} is not in the schema {schema.names}")
-        ict = props.get("delta.enableInCommitTimestamps", "false").lower() == "true"
+        ict = TableProperties(props).in_commit_timestamps
         protocol = Protocol(1, 7, writer_features=("appendOnly", "invariants", "inCommitTimestamp")) if ict else Protocol(1, 2)
         md = Metadata(
             id=str(uuid.uuid4()), name=name, schema_string=staging.schema_string(schema), partition_columns=tuple(partition_by),
@@ -226,7 +228,7 @@ class Table:
     @staticmethod
     def _check_writable(snap: Snapshot) -> None:
         """Refuse tables whose files this writer would corrupt (it writes logical column names only)."""
-        mode = (snap.metadata.configuration.get("delta.columnMapping.mode") or "none").lower()
+        mode = TableProperties.of(snap.metadata).column_mapping_mode
         if mode != "none":
             raise UnsupportedTableFeatureError(f"{snap.table_uri}: writing tables with column mapping ({mode}) is not supported")
         if snap.protocol.min_writer_version > 7:
@@ -344,13 +346,12 @@ class Table:
             cols = expressions.columns_of(expressions.parse(replace_where))
             part = set(snap.partition_columns)
             if not cols or not cols <= part:
-                raise InvalidProposalError(
-                    "BAD_REPLACE_WHERE", f"replace_where {replace_where!r} must name partition columns only ({sorted(part)})")
+                raise InvalidProposalError(ReasonCode.BAD_REPLACE_WHERE, f"replace_where {replace_where!r} must name partition columns only ({sorted(part)})")
             ok = self._mask(table, expressions.compile_filter(replace_where, table.schema))
             bad = table.num_rows - pc.sum(ok.cast(pa.int64())).as_py() if table.num_rows else 0
             if bad:
                 raise InvalidProposalError(
-                    "REPLACE_WHERE_MISMATCH",
+                    ReasonCode.REPLACE_WHERE_MISMATCH,
                     f"{bad} written row(s) do not satisfy replace_where {replace_where!r}; nothing was written")
             tx.read_predicate(replace_where)
             replaced = self._candidates(snap, replace_where)
@@ -501,7 +502,8 @@ class Table:
                 # DELETE; a matched-only MERGE counts just the pairs that some WHEN MATCHED clause selects.
                 counted = rows if when_not_matched_insert is not None else pc.filter(pa.array(rows), pc.or_(delete, update)).to_numpy()
                 if len(set(counted.tolist())) != len(counted):
-                    raise MergeError("MULTIPLE_SOURCE_ROWS_MATCHED",
+                    raise MergeError(
+                        ReasonCode.MULTIPLE_SOURCE_ROWS_MATCHED,
                                      "several source rows matched the same target row; MERGE cannot decide which to apply")
             n_del = len(set(pc.filter(pa.array(rows), delete).to_pylist()))
             n_upd = pc.sum(update.cast(pa.int64())).as_py() or 0

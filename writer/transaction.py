@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
 from schemas.errors import CONFLICT_CLASSES, DeltaConcurrentModificationException, DeltaCoordError, InvalidProposalError
 from schemas.messages import Decision, FileRead, Proposal
+from schemas.reasons import ReasonCode
 
 if TYPE_CHECKING:
     from writer.table import Table
@@ -48,7 +49,8 @@ def error_from_decision(d: Decision) -> DeltaCoordError:
     cls = CONFLICT_CLASSES.get(d.error_type or "")
     if cls is not None:
         return cls(d.error_message, winning_version=d.winning_version)
-    return InvalidProposalError(d.reason_code or d.error_type or "REJECTED", d.error_message or "proposal rejected")
+    code = d.reason_code or d.error_type
+    return InvalidProposalError(ReasonCode.from_wire(code) if code else ReasonCode.REJECTED, d.error_message or "proposal rejected")
 
 
 class Transaction:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import filecmp
 import json
 import os
-import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -73,54 +72,13 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
+from schemas.properties import TableProperties, parse_interval_ms
 
 DEFAULT_ROW_GROUP_ROWS = 10_000  # bounds peak memory: ~270 MB checkpointing 1M files
 #: Python actions are converted to Arrow in small chunks (Arrow rows are far smaller than dicts).
 _ACTIONS_PER_CONVERSION = 8_192
-DEFAULT_TOMBSTONE_RETENTION = "interval 1 week"
 
 CheckpointItem: TypeAlias = Action | pa.RecordBatch
-
-_UNIT_MS = {
-    "nanosecond": 1e-6,
-    "microsecond": 1e-3,
-    "millisecond": 1,
-    "second": 1_000,
-    "minute": 60_000,
-    "hour": 3_600_000,
-    "day": 86_400_000,
-    "week": 604_800_000,
-}
-_INTERVAL_PART = re.compile(r"(-?\d+(?:\.\d+)?)\s*([a-zA-Z]+)")
-
-
-def parse_interval_ms(text: str) -> int:
-    """Milliseconds of a Delta/Spark interval string such as `interval 1 week` or `7 days 12 hours`."""
-    s = text.strip().lower()
-    if s.startswith("interval"):
-        s = s[len("interval") :]
-    total = 0.0
-    matched = False
-    for num, unit in _INTERVAL_PART.findall(s):
-        u = unit.rstrip("s") if unit not in ("ms",) else "millisecond"
-        u = {"sec": "second", "min": "minute", "msec": "millisecond", "usec": "microsecond"}.get(u, u)
-        if u not in _UNIT_MS:
-            raise ValueError(f"unknown interval unit {unit!r} in {text!r}")
-        total += float(num) * _UNIT_MS[u]
-        matched = True
-    if not matched:
-        raise ValueError(f"not an interval: {text!r}")
-    return int(total)
-
-
-def tombstone_retention_ms(metadata: Metadata) -> int:
-    return parse_interval_ms(metadata.configuration.get("delta.deletedFileRetentionDuration") or DEFAULT_TOMBSTONE_RETENTION)
-
-
-def txn_retention_ms(metadata: Metadata) -> int | None:
-    v = metadata.configuration.get("delta.setTransactionRetentionDuration")
-    return None if not v else parse_interval_ms(v)
-
 
 @dataclass(frozen=True, slots=True)
 class CheckpointResult:
@@ -382,8 +340,8 @@ def checkpoint_actions(
     metadata = state.metadata or ckpt_metadata
     if protocol is None or metadata is None:
         raise ValueError(f"{root}: no protocol/metaData up to version {segment.version}")
-    tomb_cutoff = now - tombstone_retention_ms(metadata)
-    txn_ret = txn_retention_ms(metadata)
+    tomb_cutoff = now - TableProperties.of(metadata).tombstone_retention_ms
+    txn_ret = TableProperties.of(metadata).txn_retention_ms
     txn_cutoff = None if txn_ret is None else now - txn_ret
 
     yield protocol
@@ -451,8 +409,8 @@ def checkpoint_actions_from_snapshot(snapshot: Snapshot, *, now_ms: int | None =
     """Checkpoint contents of an already-loaded snapshot (live adds streamed as Arrow slices)."""
     now = _now_ms(now_ms)
     md = snapshot.metadata
-    tomb_cutoff = now - tombstone_retention_ms(md)
-    txn_ret = txn_retention_ms(md)
+    tomb_cutoff = now - TableProperties.of(md).tombstone_retention_ms
+    txn_ret = TableProperties.of(md).txn_retention_ms
     txn_cutoff = None if txn_ret is None else now - txn_ret
     yield snapshot.protocol
     yield md

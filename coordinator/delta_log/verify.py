@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.delta_log.checkpointer import txn_retention_ms
 from coordinator.delta_log.publisher import commit_path
 from coordinator.kafka.partition import CoordinatorSettings, read_decisions
 from reader.checkpoint import key_string, read_checkpoint_actions
@@ -63,6 +62,7 @@ from schemas.actions import (
     SetTransaction,
     commit_to_json_lines,
 )
+from schemas.properties import TableProperties
 from schemas.routing import partition_for
 
 #: At most this many examples per kind of mismatch go into a problem message.
@@ -332,7 +332,7 @@ def _checkpoint_problems(ref: CheckpointRef, state: LogReplayState | None, paths
 
     replay_txns = {k: (t.version, t.last_updated) for k, t in state.txns.items()}
     ckpt_txns = {k: (t.version, t.last_updated) for k, t in txns.items()}
-    expiring = state.metadata is not None and txn_retention_ms(state.metadata) is not None
+    expiring = state.metadata is not None and TableProperties.of(state.metadata).txn_retention_ms is not None
     if ckpt_txns != replay_txns and not (expiring and ckpt_txns.items() <= replay_txns.items()):
         out.append(f"checkpoint {name}: txns {sorted(ckpt_txns.items())[:_EXAMPLES]} differ from the JSON replay's "
                    f"{sorted(replay_txns.items())[:_EXAMPLES]}")

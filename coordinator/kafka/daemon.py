@@ -29,6 +29,7 @@ from coordinator.kafka.topics import ensure_topics
 from coordinator.metrics import Metrics, MetricsServer
 from reader.log import table_root
 from schemas.actions import Action, Metadata
+from schemas.properties import TableProperties
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class Coordinator:
     # -- checkpoints (never on the deciding thread) -------------------------------
     def _on_published(self, table_id: str, table_uri: str, version: int, actions: Sequence[Action]) -> None:
         md = next((a for a in actions if isinstance(a, Metadata)), None) or self._metadata_of(table_id)
-        interval = _checkpoint_interval(md) if md is not None else 10
+        interval = TableProperties.of(md).checkpoint_interval
         if self.checkpoint_fn is not None and version > 0 and version % interval == 0:
             self._ckpt_q.put(_CheckpointRequest(table_id, table_uri, version))
         self.metrics.publish_lag.set(self.publisher.lag())
@@ -191,7 +192,7 @@ class Coordinator:
         for table_id, st in w.states.items():
             if st.metadata is None:
                 continue
-            interval = _checkpoint_interval(st.metadata)
+            interval = TableProperties.of(st.metadata).checkpoint_interval
             published = newest_published_version(st.table_uri)
             due = published - published % interval
             if due > 0 and not (table_root(st.table_uri) / "_delta_log" / f"{due:020d}.checkpoint.parquet").exists():
@@ -299,10 +300,3 @@ class Coordinator:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
-
-
-def _checkpoint_interval(md: Metadata) -> int:
-    try:
-        return max(1, int(md.configuration.get("delta.checkpointInterval", "10")))
-    except ValueError:
-        return 10

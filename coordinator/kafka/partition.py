@@ -30,6 +30,7 @@ from reader.log import table_root
 from schemas.codec import decode_decision, decode_proposal, encode_decision
 from schemas.errors import DecodeError, InvalidProposalError
 from schemas.messages import Decision, Outcome, Proposal
+from schemas.reasons import ReasonCode
 from schemas.routing import H_ERROR, H_OUTCOME, H_PROPOSAL_ID, H_SOURCE, H_TABLE_ID, H_VERSION, Topics, header
 
 log = logging.getLogger(__name__)
@@ -284,15 +285,14 @@ class PartitionCoordinator:
             if raw is None:
                 raise DecodeError("empty message (no value)")
             if len(raw) > self.settings.max_proposal_bytes:
-                raise InvalidProposalError(
-                    "OVERSIZE", f"proposal of {len(raw)} bytes exceeds the limit of {self.settings.max_proposal_bytes} bytes"
+                raise InvalidProposalError(ReasonCode.OVERSIZE, f"proposal of {len(raw)} bytes exceeds the limit of {self.settings.max_proposal_bytes} bytes"
                 )
             p = decode_proposal(raw)
         except (DecodeError, InvalidProposalError) as e:
             dead.append(_DeadLetter(raw, m.key(), str(e), source))
             if hdr_pid and hdr_tid:
                 # The writer said who it is: tell it, so it does not wait for nothing.
-                err = e if isinstance(e, InvalidProposalError) else InvalidProposalError("UNDECODABLE", str(e))
+                err = e if isinstance(e, InvalidProposalError) else InvalidProposalError(ReasonCode.UNDECODABLE, str(e))
                 return rejection(hdr_tid, "", hdr_pid, err, None, now_ms)
             return None
         return self.decide_proposal(p, now_ms)
@@ -302,21 +302,20 @@ class PartitionCoordinator:
         st = self.states.get(p.table_id)
         if st is None:
             if p.read_version != -1:
-                err = InvalidProposalError("UNKNOWN_TABLE", f"table {p.table_id} has no commits on this coordinator; create it first")
+                err = InvalidProposalError(ReasonCode.UNKNOWN_TABLE, f"table {p.table_id} has no commits on this coordinator; create it first")
                 return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
             st = TableState.empty(p.table_id, p.table_uri)
         elif st.table_uri != p.table_uri:
-            err = InvalidProposalError("TABLE_URI_MISMATCH", f"table {p.table_id} lives at {st.table_uri}, not {p.table_uri}")
+            err = InvalidProposalError(ReasonCode.TABLE_URI_MISMATCH, f"table {p.table_id} lives at {st.table_uri}, not {p.table_uri}")
             return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
         allowed = allowed_writers(st)
         if allowed is not None and p.writer not in allowed:
-            err = InvalidProposalError(
-                "WRITER_NOT_ALLOWED", f"writer {p.writer!r} is not in the allow-list of table {p.table_id} ({ALLOWED_WRITERS_KEY})"
+            err = InvalidProposalError(ReasonCode.WRITER_NOT_ALLOWED, f"writer {p.writer!r} is not in the allow-list of table {p.table_id} ({ALLOWED_WRITERS_KEY})"
             )
             return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
         halted = self.publisher.halted(p.table_id)
         if halted is not None:
-            err = InvalidProposalError("TABLE_HALTED", halted)
+            err = InvalidProposalError(ReasonCode.TABLE_HALTED, halted)
             return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
         result = decide(st, p, now_ms)
         if isinstance(result, Accepted):

@@ -75,14 +75,11 @@ from schemas.expressions.partitions import (
     row_to_mapping,
 )
 from schemas.messages import Proposal
+from schemas.properties import SERIALIZABLE, SNAPSHOT_ISOLATION, WRITE_SERIALIZABLE, Property, TableProperties
+from schemas.reasons import ReasonCode
 
-SERIALIZABLE = "Serializable"
-WRITE_SERIALIZABLE = "WriteSerializable"
-SNAPSHOT_ISOLATION = "SnapshotIsolation"
+#: The domain whose metadata assigns row ids (row tracking).
 ROW_TRACKING_DOMAIN = "delta.rowTracking"
-ICT_ENABLED_KEY = "delta.enableInCommitTimestamps"
-ICT_ENABLEMENT_VERSION_KEY = "delta.inCommitTimestampEnablementVersion"
-ICT_ENABLEMENT_TIMESTAMP_KEY = "delta.inCommitTimestampEnablementTimestamp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,7 +396,7 @@ _CONTROLLED_KEYS = frozenset(
 
 
 def _ict_enabled(metadata: Metadata | None) -> bool:
-    return metadata is not None and metadata.configuration.get(ICT_ENABLED_KEY, "false").lower() == "true"
+    return TableProperties.of(metadata).in_commit_timestamps
 
 
 def _rebase(state: TableState, proposal: Proposal, cur: _Current, now_ms: int) -> tuple[Action, ...]:
@@ -431,7 +428,7 @@ def _rebase(state: TableState, proposal: Proposal, cur: _Current, now_ms: int) -
     commit_info = CommitInfo(values)
 
     actions = proposal.actions
-    needs_fixup = new_md is not None and ict is not None and ICT_ENABLEMENT_VERSION_KEY in new_md.configuration
+    needs_fixup = new_md is not None and ict is not None and Property.ICT_ENABLEMENT_VERSION in new_md.configuration
     has_txn = False
     for a in actions:
         if isinstance(a, SetTransaction):
@@ -450,8 +447,8 @@ def _rebase(state: TableState, proposal: Proposal, cur: _Current, now_ms: int) -
             seen_txn.add(key)
         elif needs_fixup and isinstance(a, Metadata) and not _ict_enabled(state.metadata):
             conf = dict(a.configuration)
-            conf[ICT_ENABLEMENT_VERSION_KEY] = str(version)
-            conf[ICT_ENABLEMENT_TIMESTAMP_KEY] = str(ict)
+            conf[Property.ICT_ENABLEMENT_VERSION.value] = str(version)
+            conf[Property.ICT_ENABLEMENT_TIMESTAMP.value] = str(ict)
             a = Metadata(
                 id=a.id,
                 schema_string=a.schema_string,
@@ -487,7 +484,7 @@ def decide(state: TableState, proposal: Proposal, now_ms: int) -> Accepted | Rej
         return Rejected(e, None)
     except (TypeError, ValueError, AttributeError, KeyError) as e:
         # A structurally broken object (e.g. partitionValues that is not a map): bad input, not a crash.
-        bad = InvalidProposalError("MALFORMED_PROPOSAL", f"{type(e).__name__}: {e}")
+        bad = InvalidProposalError(ReasonCode.MALFORMED_PROPOSAL, f"{type(e).__name__}: {e}")
         return Rejected(bad, None)
     if proposal.read_version < 0:
         winners: Sequence[WinningCommit] = ()

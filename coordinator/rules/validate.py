@@ -58,50 +58,50 @@ from schemas.expressions.partitions import (
     partition_schema,
 )
 from schemas.messages import Proposal
+from schemas.properties import TABLE_ISOLATION_LEVELS, Property, TableProperties
+from schemas.reasons import ReasonCode
 
-ISOLATION_LEVEL_KEY = "delta.isolationLevel"
-VALID_ISOLATION_LEVELS = frozenset({"Serializable", "WriteSerializable"})
 MAX_READER_VERSION = 3
 MAX_WRITER_VERSION = 7
 
 #: Every reason code this module can report.
 REASONS = frozenset(
     {
-        "TABLE_MISMATCH",
-        "UNKNOWN_TABLE",
-        "BAD_READ_VERSION",
-        "READ_VERSION_AHEAD",
-        "TXN_ID_MISMATCH",
-        "BAD_PROPOSAL_ID",
-        "COMMIT_INFO_IN_ACTIONS",
-        "UNKNOWN_ACTION",
-        "MULTIPLE_METADATA",
-        "MULTIPLE_PROTOCOL",
-        "MISSING_METADATA",
-        "MISSING_PROTOCOL",
-        "UNSUPPORTED_PROTOCOL",
-        "DUPLICATE_APP_ID",
-        "DUPLICATE_DOMAIN",
-        "DUPLICATE_FILE_ACTION",
-        "ADD_AND_REMOVE_SAME_FILE",
-        "NEGATIVE_SIZE",
-        "PATH_ESCAPES_TABLE",
-        "PARTITION_VALUES_MISMATCH",
-        "BAD_ISOLATION_LEVEL",
-        "BAD_SCHEMA",
-        "APPEND_ONLY",
-        "BAD_PREDICATE",
-        "STALE_TXN_VERSION",
-        "MALFORMED_PROPOSAL",
-        "COMMIT_INFO_TOO_DEEP",
-        "COMMIT_INFO_TOO_LARGE",
+        ReasonCode.TABLE_MISMATCH,
+        ReasonCode.UNKNOWN_TABLE,
+        ReasonCode.BAD_READ_VERSION,
+        ReasonCode.READ_VERSION_AHEAD,
+        ReasonCode.TXN_ID_MISMATCH,
+        ReasonCode.BAD_PROPOSAL_ID,
+        ReasonCode.COMMIT_INFO_IN_ACTIONS,
+        ReasonCode.UNKNOWN_ACTION,
+        ReasonCode.MULTIPLE_METADATA,
+        ReasonCode.MULTIPLE_PROTOCOL,
+        ReasonCode.MISSING_METADATA,
+        ReasonCode.MISSING_PROTOCOL,
+        ReasonCode.UNSUPPORTED_PROTOCOL,
+        ReasonCode.DUPLICATE_APP_ID,
+        ReasonCode.DUPLICATE_DOMAIN,
+        ReasonCode.DUPLICATE_FILE_ACTION,
+        ReasonCode.ADD_AND_REMOVE_SAME_FILE,
+        ReasonCode.NEGATIVE_SIZE,
+        ReasonCode.PATH_ESCAPES_TABLE,
+        ReasonCode.PARTITION_VALUES_MISMATCH,
+        ReasonCode.BAD_ISOLATION_LEVEL,
+        ReasonCode.BAD_SCHEMA,
+        ReasonCode.APPEND_ONLY,
+        ReasonCode.BAD_PREDICATE,
+        ReasonCode.STALE_TXN_VERSION,
+        ReasonCode.MALFORMED_PROPOSAL,
+        ReasonCode.COMMIT_INFO_TOO_DEEP,
+        ReasonCode.COMMIT_INFO_TOO_LARGE,
     }
 )
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 
 
-def _err(reason: str, message: str) -> InvalidProposalError:
+def _err(reason: ReasonCode, message: str) -> InvalidProposalError:
     return InvalidProposalError(reason, message)
 
 
@@ -159,9 +159,7 @@ def path_problem(path: str, table_uri: str) -> str | None:
 
 def table_isolation_level(metadata: Metadata | None) -> str:
     """The table's configured level; WriteSerializable when unset (the seed documents' default)."""
-    if metadata is None:
-        return "WriteSerializable"
-    return metadata.configuration.get(ISOLATION_LEVEL_KEY, "WriteSerializable")
+    return TableProperties.of(metadata).isolation_level
 
 
 def read_time_metadata(state: TableState, proposal: Proposal, new_metadata: Metadata | None) -> Metadata | None:
@@ -188,37 +186,37 @@ def _check_commit_info(values: Mapping[str, Any]) -> None:
     while stack:
         v, depth = stack.pop()
         if depth > MAX_COMMIT_INFO_DEPTH:
-            raise _err("COMMIT_INFO_TOO_DEEP", f"commitInfo nests deeper than {MAX_COMMIT_INFO_DEPTH} levels")
+            raise _err(ReasonCode.COMMIT_INFO_TOO_DEEP, f"commitInfo nests deeper than {MAX_COMMIT_INFO_DEPTH} levels")
         if isinstance(v, Mapping):
             stack.extend((x, depth + 1) for x in v.values())
         elif isinstance(v, list):
             stack.extend((x, depth + 1) for x in v)
     size = len(json.dumps(values, separators=(",", ":"), default=str))
     if size > MAX_COMMIT_INFO_CHARS:
-        raise _err("COMMIT_INFO_TOO_LARGE", f"commitInfo is {size} characters; the limit is {MAX_COMMIT_INFO_CHARS}")
+        raise _err(ReasonCode.COMMIT_INFO_TOO_LARGE, f"commitInfo is {size} characters; the limit is {MAX_COMMIT_INFO_CHARS}")
 
 
 def validate_proposal(state: TableState, proposal: Proposal) -> None:
     """Raise InvalidProposalError for a proposal that can never commit (see module doc)."""
     p = proposal
     if p.table_id != state.table_id:
-        raise _err("TABLE_MISMATCH", f"proposal for table {p.table_id!r} delivered to table {state.table_id!r}")
+        raise _err(ReasonCode.TABLE_MISMATCH, f"proposal for table {p.table_id!r} delivered to table {state.table_id!r}")
     if not p.proposal_id:
-        raise _err("BAD_PROPOSAL_ID", "proposal_id is empty")
+        raise _err(ReasonCode.BAD_PROPOSAL_ID, "proposal_id is empty")
     rv = p.read_version
     if rv < -1:
-        raise _err("BAD_READ_VERSION", f"read version {rv} is below -1")
+        raise _err(ReasonCode.BAD_READ_VERSION, f"read version {rv} is below -1")
     if rv > state.version:
         if state.version < 0:
             raise _err(
-                "UNKNOWN_TABLE",
+                ReasonCode.UNKNOWN_TABLE,
                 f"table {state.table_id!r} does not exist and the proposal (read version {rv}) does not create it",
             )
-        raise _err("READ_VERSION_AHEAD", f"read version {rv} is beyond the table head {state.version}")
+        raise _err(ReasonCode.READ_VERSION_AHEAD, f"read version {rv} is beyond the table head {state.version}")
     _check_commit_info(p.commit_info.values)
     txn_id = p.commit_info.txn_id
     if txn_id is not None and txn_id != p.proposal_id:
-        raise _err("TXN_ID_MISMATCH", f"commitInfo.txnId {txn_id!r} differs from proposal id {p.proposal_id!r}")
+        raise _err(ReasonCode.TXN_ID_MISMATCH, f"commitInfo.txnId {txn_id!r} differs from proposal id {p.proposal_id!r}")
 
     root = state.table_uri or p.table_uri  # the coordinator's record of the table root is authoritative
     new_metadata: Metadata | None = None
@@ -234,67 +232,67 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             dv = a.deletion_vector
             key = (a.path, dv.unique_id() if dv is not None else None)
             if key in add_keys:
-                raise _err("DUPLICATE_FILE_ACTION", f"file {a.path!r} is added twice in one commit")
+                raise _err(ReasonCode.DUPLICATE_FILE_ACTION, f"file {a.path!r} is added twice in one commit")
             add_keys.add(key)
             if a.size < 0:
-                raise _err("NEGATIVE_SIZE", f"add {a.path!r} has negative size {a.size}")
+                raise _err(ReasonCode.NEGATIVE_SIZE, f"add {a.path!r} has negative size {a.size}")
             problem = path_problem(a.path, root)
             if problem:
-                raise _err("PATH_ESCAPES_TABLE", problem)
+                raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
             adds.append(a)
         elif isinstance(a, RemoveFile):
             dv = a.deletion_vector
             key = (a.path, dv.unique_id() if dv is not None else None)
             if key in remove_keys:
-                raise _err("DUPLICATE_FILE_ACTION", f"file {a.path!r} is removed twice in one commit")
+                raise _err(ReasonCode.DUPLICATE_FILE_ACTION, f"file {a.path!r} is removed twice in one commit")
             remove_keys.add(key)
             if a.size is not None and a.size < 0:
-                raise _err("NEGATIVE_SIZE", f"remove {a.path!r} has negative size {a.size}")
+                raise _err(ReasonCode.NEGATIVE_SIZE, f"remove {a.path!r} has negative size {a.size}")
             problem = path_problem(a.path, root)
             if problem:
-                raise _err("PATH_ESCAPES_TABLE", problem)
+                raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
             data_removes = data_removes or a.data_change
         elif isinstance(a, AddCDCFile):
             if a.size < 0:
-                raise _err("NEGATIVE_SIZE", f"cdc {a.path!r} has negative size {a.size}")
+                raise _err(ReasonCode.NEGATIVE_SIZE, f"cdc {a.path!r} has negative size {a.size}")
             problem = path_problem(a.path, root)
             if problem:
-                raise _err("PATH_ESCAPES_TABLE", problem)
+                raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
         elif isinstance(a, SetTransaction):
             seen = app_versions.get(a.app_id)
             if seen is not None and seen != a.version:
                 raise _err(
-                    "DUPLICATE_APP_ID",
+                    ReasonCode.DUPLICATE_APP_ID,
                     f"two SetTransaction actions for appId {a.app_id!r} with different versions {seen} and {a.version}",
                 )
             app_versions[a.app_id] = a.version
         elif isinstance(a, Metadata):
             if new_metadata is not None:
-                raise _err("MULTIPLE_METADATA", "cannot change the metadata more than once in a transaction")
+                raise _err(ReasonCode.MULTIPLE_METADATA, "cannot change the metadata more than once in a transaction")
             new_metadata = a
         elif isinstance(a, Protocol):
             if new_protocol is not None:
-                raise _err("MULTIPLE_PROTOCOL", "cannot change the protocol more than once in a transaction")
+                raise _err(ReasonCode.MULTIPLE_PROTOCOL, "cannot change the protocol more than once in a transaction")
             new_protocol = a
         elif isinstance(a, DomainMetadata):
             if a.domain in domains:
-                raise _err("DUPLICATE_DOMAIN", f"domain {a.domain!r} appears twice in one commit")
+                raise _err(ReasonCode.DUPLICATE_DOMAIN, f"domain {a.domain!r} appears twice in one commit")
             domains.add(a.domain)
         elif isinstance(a, CommitInfo):
-            raise _err("COMMIT_INFO_IN_ACTIONS", "commitInfo belongs in Proposal.commit_info, not in actions")
+            raise _err(ReasonCode.COMMIT_INFO_IN_ACTIONS, "commitInfo belongs in Proposal.commit_info, not in actions")
         else:
-            raise _err("UNKNOWN_ACTION", f"unsupported action type {type(a).__name__}")
+            raise _err(ReasonCode.UNKNOWN_ACTION, f"unsupported action type {type(a).__name__}")
 
     both = add_keys & remove_keys
     if both:
         path, dv_id = sorted(both, key=lambda k: (k[0], k[1] or ""))[0]
-        raise _err("ADD_AND_REMOVE_SAME_FILE", f"file {path!r} (dv {dv_id}) is both added and removed")
+        raise _err(ReasonCode.ADD_AND_REMOVE_SAME_FILE, f"file {path!r} (dv {dv_id}) is both added and removed")
 
     if rv == -1:
         if new_metadata is None:
-            raise _err("MISSING_METADATA", "the first version of a table must contain a metaData action")
+            raise _err(ReasonCode.MISSING_METADATA, "the first version of a table must contain a metaData action")
         if new_protocol is None:
-            raise _err("MISSING_PROTOCOL", "the first version of a table must contain a protocol action")
+            raise _err(ReasonCode.MISSING_PROTOCOL, "the first version of a table must contain a protocol action")
     if new_protocol is not None and (
         new_protocol.min_reader_version > MAX_READER_VERSION
         or new_protocol.min_writer_version > MAX_WRITER_VERSION
@@ -302,17 +300,17 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
         or new_protocol.min_writer_version < 1
     ):
         raise _err(
-            "UNSUPPORTED_PROTOCOL",
+            ReasonCode.UNSUPPORTED_PROTOCOL,
             f"protocol ({new_protocol.min_reader_version}, {new_protocol.min_writer_version}) is not supported "
             f"(reader <= {MAX_READER_VERSION}, writer <= {MAX_WRITER_VERSION})",
         )
 
     effective = new_metadata if new_metadata is not None else state.metadata
     level = table_isolation_level(effective)
-    if level not in VALID_ISOLATION_LEVELS:
+    if level not in TABLE_ISOLATION_LEVELS:
         raise _err(
-            "BAD_ISOLATION_LEVEL",
-            f"{ISOLATION_LEVEL_KEY}={level!r}; must be one of {sorted(VALID_ISOLATION_LEVELS)}",
+            ReasonCode.BAD_ISOLATION_LEVEL,
+            f"{Property.ISOLATION_LEVEL}={level!r}; must be one of {sorted(TABLE_ISOLATION_LEVELS)}",
         )
     if effective is not None:
         schema = partition_schema(effective)  # raises BAD_SCHEMA
@@ -323,17 +321,17 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
                 pv = a.partition_values
                 if len(pv) != n or any(k not in names for k in pv):
                     raise _err(
-                        "PARTITION_VALUES_MISMATCH",
+                        ReasonCode.PARTITION_VALUES_MISMATCH,
                         f"add {a.path!r} has partition values for {sorted(pv)} but the table is partitioned by "
                         f"{sorted(names)}",
                     )
-        if data_removes and effective.configuration.get("delta.appendOnly", "false").lower() == "true":
-            raise _err("APPEND_ONLY", "the table is append-only (delta.appendOnly=true) and cannot remove data")
+        if data_removes and TableProperties.of(effective).append_only:
+            raise _err(ReasonCode.APPEND_ONLY, f"the table is append-only ({Property.APPEND_ONLY}=true) and cannot remove data")
 
     if len(p.read_predicates) > MAX_PREDICATES:
-        raise _err("BAD_PREDICATE", f"{len(p.read_predicates)} read predicates; at most {MAX_PREDICATES} are accepted")
+        raise _err(ReasonCode.BAD_PREDICATE, f"{len(p.read_predicates)} read predicates; at most {MAX_PREDICATES} are accepted")
     if sum(len(t) for t in p.read_predicates) > MAX_TOTAL_PREDICATE_CHARS:
-        raise _err("BAD_PREDICATE", f"read predicates longer than {MAX_TOTAL_PREDICATE_CHARS} characters in total")
+        raise _err(ReasonCode.BAD_PREDICATE, f"read predicates longer than {MAX_TOTAL_PREDICATE_CHARS} characters in total")
     if p.read_predicates:
         read_md = read_time_metadata(state, p, new_metadata)
         read_schema = partition_schema(read_md)
@@ -360,7 +358,7 @@ def check_txn_versions(state: TableState, proposal: Proposal) -> InvalidProposal
             last = recorded.get(a.app_id)
             if last is not None and a.version <= last:
                 return _err(
-                    "STALE_TXN_VERSION",
+                    ReasonCode.STALE_TXN_VERSION,
                     f"SetTransaction for appId {a.app_id!r} has version {a.version}, but version {last} is already "
                     "committed (exactly-once: this batch was committed before)",
                 )

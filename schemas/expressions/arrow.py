@@ -17,11 +17,12 @@ import sqlglot
 from sqlglot import exp
 
 from schemas.errors import InvalidProposalError
+from schemas.reasons import ReasonCode
 
 
 class ExpressionError(InvalidProposalError):
     def __init__(self, text: str, problem: str) -> None:
-        super().__init__("BAD_EXPRESSION", f"{problem} in {text!r}")
+        super().__init__(ReasonCode.BAD_EXPRESSION, f"{problem} in {text!r}")
 
 
 def parse(text: str) -> exp.Expr:

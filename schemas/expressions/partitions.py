@@ -44,6 +44,8 @@ from sqlglot import exp
 
 from schemas.actions import Metadata
 from schemas.errors import InvalidProposalError
+from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
+from schemas.reasons import ReasonCode
 
 #: Longest predicate text accepted (a guard against pathological input).
 #: Compiling is linear in the text (~0.1 s per 16 KB with sqlglot) and runs on the
@@ -89,7 +91,7 @@ _UTC = _dt.UTC
 
 def _bad(text: str, problem: str) -> InvalidProposalError:
     shown = text if len(text) <= 200 else text[:200] + "..."
-    return InvalidProposalError("BAD_PREDICATE", f"read predicate {shown!r}: {problem}")
+    return InvalidProposalError(ReasonCode.BAD_PREDICATE, f"read predicate {shown!r}: {problem}")
 
 
 # ---------------------------------------------------------------------------
@@ -137,20 +139,20 @@ def _schema_from_parts(schema_string: str, partition_columns: tuple[str, ...], m
         if not all(isinstance(k, str) and isinstance(f, dict) for k, f in by_name.items()):
             raise TypeError("field names must be strings and fields objects")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise InvalidProposalError("BAD_SCHEMA", f"schemaString is not a Delta struct type: {e}") from e
+        raise InvalidProposalError(ReasonCode.BAD_SCHEMA, f"schemaString is not a Delta struct type: {e}") from e
     lower = {k.lower(): v for k, v in by_name.items()}
     out: list[PartitionColumn] = []
     for col in partition_columns:
         field = by_name.get(col) or lower.get(col.lower())
         if field is None:
-            raise InvalidProposalError("BAD_SCHEMA", f"partition column {col!r} is not in the table schema")
+            raise InvalidProposalError(ReasonCode.BAD_SCHEMA, f"partition column {col!r} is not in the table schema")
         ftype = field.get("type")
         if not isinstance(ftype, str):
-            raise InvalidProposalError("BAD_SCHEMA", f"partition column {col!r} has a non-primitive type")
+            raise InvalidProposalError(ReasonCode.BAD_SCHEMA, f"partition column {col!r} has a non-primitive type")
         physical = col
         if mapping_mode in ("name", "id"):
             meta = field.get("metadata") or {}
-            physical = meta.get("delta.columnMapping.physicalName", col)
+            physical = meta.get(PHYSICAL_NAME_KEY, col)
         out.append(PartitionColumn(name=col, physical_name=physical, type_name=ftype))
     return tuple(out)
 
@@ -159,7 +161,7 @@ def partition_schema(metadata: Metadata | None) -> PartitionSchema:
     """The partition schema of a table (empty when unpartitioned or unknown)."""
     if metadata is None or not metadata.partition_columns:
         return ()
-    mode = metadata.configuration.get("delta.columnMapping.mode", "none")
+    mode = TableProperties.of(metadata).column_mapping_mode
     return _schema_from_parts(metadata.schema_string, tuple(metadata.partition_columns), mode)
 
 
@@ -720,7 +722,7 @@ def _parse(text: str) -> exp.Expr:
 def compile_predicate(text: str, schema: PartitionSchema) -> CompiledPredicate:
     """Compile `text` for `schema` (cached per (text, schema)).
 
-    Raises InvalidProposalError("BAD_PREDICATE") for text that does not parse
+    Raises InvalidProposalError(ReasonCode.BAD_PREDICATE) for text that does not parse
     or a partition-only conjunct this module cannot evaluate.
     """
     node = _parse(text)

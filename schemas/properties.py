@@ -1,0 +1,168 @@
+"""Table properties (`metaData.configuration`) this project reads: keys, defaults and types in one place.
+
+Delta stores every property as a string. `TableProperties.of(metadata)` reads
+them typed, with the defaults Delta (or this project) applies when a key is
+absent; the coordinator, the checkpointer, the reader and the writer all read
+them through it, so each property has one meaning everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from schemas.actions import Metadata
+
+
+class Property(StrEnum):
+    """The property keys this project reads or writes."""
+
+    ISOLATION_LEVEL = "delta.isolationLevel"
+    APPEND_ONLY = "delta.appendOnly"
+    CHECKPOINT_INTERVAL = "delta.checkpointInterval"
+    ENABLE_IN_COMMIT_TIMESTAMPS = "delta.enableInCommitTimestamps"
+    ICT_ENABLEMENT_VERSION = "delta.inCommitTimestampEnablementVersion"
+    ICT_ENABLEMENT_TIMESTAMP = "delta.inCommitTimestampEnablementTimestamp"
+    COLUMN_MAPPING_MODE = "delta.columnMapping.mode"
+    DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
+    SET_TRANSACTION_RETENTION = "delta.setTransactionRetentionDuration"
+    #: The writers allowed to propose commits to the table (comma-separated names).
+    ALLOWED_WRITERS = "deltacoord.allowedWriters"
+
+
+#: Key in a schema field's metadata (not a table property) naming its physical column.
+PHYSICAL_NAME_KEY = "delta.columnMapping.physicalName"
+
+SERIALIZABLE = "Serializable"
+WRITE_SERIALIZABLE = "WriteSerializable"
+SNAPSHOT_ISOLATION = "SnapshotIsolation"
+#: Levels a table may declare (SnapshotIsolation is only ever a per-commit downgrade).
+TABLE_ISOLATION_LEVELS = frozenset({SERIALIZABLE, WRITE_SERIALIZABLE})
+DEFAULT_CHECKPOINT_INTERVAL = 10
+DEFAULT_TOMBSTONE_RETENTION = "interval 1 week"
+
+_UNIT_MS = {
+    "nanosecond": 1e-6,
+    "microsecond": 1e-3,
+    "millisecond": 1,
+    "second": 1_000,
+    "minute": 60_000,
+    "hour": 3_600_000,
+    "day": 86_400_000,
+    "week": 604_800_000,
+}
+_INTERVAL_PART = re.compile(r"(-?\d+(?:\.\d+)?)\s*([a-zA-Z]+)")
+
+
+def parse_interval_ms(text: str) -> int:
+    """Milliseconds of a Delta/Spark interval string such as `interval 1 week` or `7 days 12 hours`."""
+    s = text.strip().lower()
+    if s.startswith("interval"):
+        s = s[len("interval") :]
+    total = 0.0
+    matched = False
+    for num, unit in _INTERVAL_PART.findall(s):
+        u = unit.rstrip("s") if unit not in ("ms",) else "millisecond"
+        u = {"sec": "second", "min": "minute", "msec": "millisecond", "usec": "microsecond"}.get(u, u)
+        if u not in _UNIT_MS:
+            raise ValueError(f"unknown interval unit {unit!r} in {text!r}")
+        total += float(num) * _UNIT_MS[u]
+        matched = True
+    if not matched:
+        raise ValueError(f"not an interval: {text!r}")
+    return int(total)
+
+
+def _true(value: str | None) -> bool:
+    return value is not None and value.strip().lower() == "true"
+
+
+@dataclass(frozen=True, slots=True)
+class TableProperties:
+    """A table's configuration read with types and defaults (see `Property`)."""
+
+    raw: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, metadata: Metadata | None) -> TableProperties:
+        """The properties of a table's metadata (an unknown table has none)."""
+        return cls({} if metadata is None else metadata.configuration)
+
+    def get(self, key: Property) -> str | None:
+        return self.raw.get(key)
+
+    @property
+    def isolation_level(self) -> str:
+        """`delta.isolationLevel` as written; WriteSerializable when unset (the documented default).
+
+        Not checked here: validation rejects a level outside `TABLE_ISOLATION_LEVELS`.
+        """
+        return self.raw.get(Property.ISOLATION_LEVEL, WRITE_SERIALIZABLE)
+
+    @property
+    def append_only(self) -> bool:
+        return _true(self.raw.get(Property.APPEND_ONLY))
+
+    @property
+    def checkpoint_interval(self) -> int:
+        """Versions between checkpoints (at least 1); a value that is not a number counts as the default."""
+        try:
+            return max(1, int(self.raw.get(Property.CHECKPOINT_INTERVAL, str(DEFAULT_CHECKPOINT_INTERVAL))))
+        except ValueError:
+            return DEFAULT_CHECKPOINT_INTERVAL
+
+    @property
+    def in_commit_timestamps(self) -> bool:
+        """In-commit timestamps are on: the coordinator writes them and readers order versions by them.
+
+        The one rule for both sides is the table property. (Delta also lists the
+        `inCommitTimestamp` writer feature in the protocol; this project's writer
+        adds both together.)
+        """
+        return _true(self.raw.get(Property.ENABLE_IN_COMMIT_TIMESTAMPS))
+
+    @property
+    def ict_enablement(self) -> tuple[int, int | None]:
+        """(first version, its timestamp) with in-commit timestamps; (0, None) when enabled at creation."""
+        v = self.raw.get(Property.ICT_ENABLEMENT_VERSION)
+        t = self.raw.get(Property.ICT_ENABLEMENT_TIMESTAMP)
+        return (int(v) if v else 0), (int(t) if t else None)
+
+    @property
+    def column_mapping_mode(self) -> str:
+        """`none`, `name` or `id` (lower case)."""
+        return (self.raw.get(Property.COLUMN_MAPPING_MODE) or "none").lower()
+
+    @property
+    def tombstone_retention_ms(self) -> int:
+        """How long remove tombstones stay in checkpoints (`delta.deletedFileRetentionDuration`, one week)."""
+        return parse_interval_ms(self.raw.get(Property.DELETED_FILE_RETENTION) or DEFAULT_TOMBSTONE_RETENTION)
+
+    @property
+    def txn_retention_ms(self) -> int | None:
+        """How long app-id versions stay in checkpoints (`delta.setTransactionRetentionDuration`); None: forever."""
+        v = self.raw.get(Property.SET_TRANSACTION_RETENTION)
+        return None if not v else parse_interval_ms(v)
+
+    @property
+    def allowed_writers(self) -> frozenset[str] | None:
+        """The writer allow-list (`deltacoord.allowedWriters`), or None when every writer may commit."""
+        raw = self.raw.get(Property.ALLOWED_WRITERS)
+        if raw is None:
+            return None
+        return frozenset(w.strip() for w in raw.split(",") if w.strip())
+
+
+__all__ = [
+    "DEFAULT_CHECKPOINT_INTERVAL",
+    "PHYSICAL_NAME_KEY",
+    "SERIALIZABLE",
+    "SNAPSHOT_ISOLATION",
+    "TABLE_ISOLATION_LEVELS",
+    "WRITE_SERIALIZABLE",
+    "Property",
+    "TableProperties",
+    "parse_interval_ms",
+]

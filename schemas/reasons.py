@@ -1,0 +1,69 @@
+"""Why a proposal or an operation is refused: the stable reason codes of `InvalidProposalError`.
+
+A rejected decision carries its code on the wire (`Decision.reason_code`);
+writers and dashboards match on it, so a member's value never changes.
+Conflicts are not here: they are reported by Delta's exception names.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ReasonCode(StrEnum):
+    """Every reason a proposal (or a writer-side operation) can be refused for."""
+
+    # -- validation of the proposal on its own (coordinator.rules.validate) --
+    TABLE_MISMATCH = "TABLE_MISMATCH"
+    UNKNOWN_TABLE = "UNKNOWN_TABLE"
+    BAD_READ_VERSION = "BAD_READ_VERSION"
+    READ_VERSION_AHEAD = "READ_VERSION_AHEAD"
+    TXN_ID_MISMATCH = "TXN_ID_MISMATCH"
+    BAD_PROPOSAL_ID = "BAD_PROPOSAL_ID"
+    COMMIT_INFO_IN_ACTIONS = "COMMIT_INFO_IN_ACTIONS"
+    UNKNOWN_ACTION = "UNKNOWN_ACTION"
+    MULTIPLE_METADATA = "MULTIPLE_METADATA"
+    MULTIPLE_PROTOCOL = "MULTIPLE_PROTOCOL"
+    MISSING_METADATA = "MISSING_METADATA"
+    MISSING_PROTOCOL = "MISSING_PROTOCOL"
+    UNSUPPORTED_PROTOCOL = "UNSUPPORTED_PROTOCOL"
+    DUPLICATE_APP_ID = "DUPLICATE_APP_ID"
+    DUPLICATE_DOMAIN = "DUPLICATE_DOMAIN"
+    DUPLICATE_FILE_ACTION = "DUPLICATE_FILE_ACTION"
+    ADD_AND_REMOVE_SAME_FILE = "ADD_AND_REMOVE_SAME_FILE"
+    NEGATIVE_SIZE = "NEGATIVE_SIZE"
+    PATH_ESCAPES_TABLE = "PATH_ESCAPES_TABLE"
+    PARTITION_VALUES_MISMATCH = "PARTITION_VALUES_MISMATCH"
+    BAD_ISOLATION_LEVEL = "BAD_ISOLATION_LEVEL"
+    BAD_SCHEMA = "BAD_SCHEMA"
+    APPEND_ONLY = "APPEND_ONLY"
+    BAD_PREDICATE = "BAD_PREDICATE"
+    STALE_TXN_VERSION = "STALE_TXN_VERSION"
+    MALFORMED_PROPOSAL = "MALFORMED_PROPOSAL"
+    COMMIT_INFO_TOO_DEEP = "COMMIT_INFO_TOO_DEEP"
+    COMMIT_INFO_TOO_LARGE = "COMMIT_INFO_TOO_LARGE"
+    # -- admission: the table as this coordinator knows it (coordinator.rules.admission) --
+    TABLE_URI_MISMATCH = "TABLE_URI_MISMATCH"
+    WRITER_NOT_ALLOWED = "WRITER_NOT_ALLOWED"
+    TABLE_HALTED = "TABLE_HALTED"
+    # -- the Kafka edge: messages that are not a decodable proposal --
+    UNDECODABLE = "UNDECODABLE"
+    OVERSIZE = "OVERSIZE"
+    # -- writer-side refusals, raised before anything is proposed --
+    BAD_EXPRESSION = "BAD_EXPRESSION"
+    BAD_REPLACE_WHERE = "BAD_REPLACE_WHERE"
+    REPLACE_WHERE_MISMATCH = "REPLACE_WHERE_MISMATCH"
+    MULTIPLE_SOURCE_ROWS_MATCHED = "MULTIPLE_SOURCE_ROWS_MATCHED"
+    #: A rejected decision that names no code (only a newer coordinator could send one).
+    REJECTED = "REJECTED"
+
+    @classmethod
+    def from_wire(cls, code: str) -> ReasonCode | str:
+        """The member for a code read from a decision; a code this version does not know stays text."""
+        try:
+            return cls(code)
+        except ValueError:
+            return code
+
+
+__all__ = ["ReasonCode"]
