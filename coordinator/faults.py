@@ -1,11 +1,16 @@
 """Named crash points for fault-injection tests.
 
-`DELTACOORD_FAULT=<point>:<n>[:hang]` makes the process SIGKILL itself the
-n-th time it reaches `<point>` (1-based), or with `:hang` block that thread
-forever (as a client library stuck in a call would; the watchdog must act). Unset, a fault point costs one dict lookup.
+`DELTACOORD_FAULT=<point>:<n>[:hang|:fail]` makes the process SIGKILL itself
+the n-th time it reaches `<point>` (1-based), or with `:hang` block that thread
+forever (as a client library stuck in a call would; the watchdog must act), or
+with `:fail` have `fault_point` return True that one time, for the caller to
+fail the way the point describes. In-process tests arm a point with `arm`.
+Unset, a fault point costs one dict lookup.
 Points: `after_decide` (batch decided, no Kafka transaction yet),
-`after_kafka_commit` (decisions committed, nothing published),
-`checkpoint_before_publish` (checkpoint Parquet written to its temp name only).
+`before_kafka_commit` (decisions and offsets sent in the transaction, not
+committed; `:fail` aborts the transaction), `after_kafka_commit` (decisions
+committed, nothing published), `checkpoint_before_publish` (checkpoint Parquet
+written to its temp name only).
 """
 
 from __future__ import annotations
@@ -35,14 +40,29 @@ def _parse(spec: str | None) -> tuple[str, int, str] | None:
 _SPEC = _parse(os.environ.get("DELTACOORD_FAULT"))
 
 
-def fault_point(name: str) -> None:
-    """Crash here if the environment asks for it (tests only)."""
+def arm(spec: str | None) -> None:
+    """Set (or with None clear) this process's fault, as `DELTACOORD_FAULT` would; counts restart."""
+    global _SPEC
+    _SPEC = _parse(spec)
+    _counts.clear()
+
+
+def reached(name: str) -> int:
+    """How often the armed point `name` was reached since it was armed."""
+    return _counts.get(name, 0)
+
+
+def fault_point(name: str) -> bool:
+    """Crash here if asked to (tests only); True when the caller is asked to fail here (`:fail`)."""
     if _SPEC is None or _SPEC[0] != name:
-        return
+        return False
     _counts[name] = _counts.get(name, 0) + 1
+    if _SPEC[2] == "fail":
+        return _counts[name] == _SPEC[1]
     if _counts[name] >= _SPEC[1]:
         if _SPEC[2] == "hang":
             threading.Event().wait()
         if _parent is not None:
             os.kill(_parent, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
+    return False

@@ -93,6 +93,24 @@ def resolve_data_path(root: Path, path: str) -> Path:
 # --------------------------------------------------------------------------- listing
 
 
+def checkpoint_exists(table_uri: str | os.PathLike[str], version: int) -> bool:
+    """Whether the classic checkpoint of `version` is in `_delta_log`."""
+    return (log_dir(table_root(table_uri)) / checkpoint_file_name(version)).exists()
+
+
+def newest_commit_version(table_uri: str | os.PathLike[str]) -> int:
+    """The newest `<v>.json` in a table's `_delta_log` (one listing, names only), or -1 when there is none."""
+    try:
+        names = os.listdir(log_dir(table_root(table_uri)))
+    except FileNotFoundError:
+        return -1
+    newest = -1
+    for name in names:
+        if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
+            newest = max(newest, int(name[:20]))
+    return newest
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointRef:
     """One complete checkpoint of a version: a classic file, all parts of a multi-part one, or a V2 file."""

@@ -123,6 +123,7 @@ class Publisher:
     _pending: int = 0
     _abandoned: bool = False
     _forgotten: set[str] = field(default_factory=set)
+    _halted: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._idle = threading.Condition(self._lock)
@@ -153,12 +154,16 @@ class Publisher:
 
     def halted(self, table_id: str) -> str | None:
         with self._lock:
-            t = self.tables.get(table_id)
-            return None if t is None else t.halted
+            return self._halted.get(table_id)
+
+    def halted_tables(self) -> dict[str, str]:
+        """Table id -> why its publication is halted (a copy: admission reads it once per batch)."""
+        with self._lock:
+            return dict(self._halted)
 
     def halted_count(self) -> int:
         with self._lock:
-            return sum(1 for t in self.tables.values() if t.halted is not None)
+            return len(self._halted)
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Block until every submitted task was handled."""
@@ -184,6 +189,7 @@ class Publisher:
         with self._lock:
             for t in table_ids:
                 self.tables.pop(t, None)
+                self._halted.pop(t, None)
                 self._forgotten.add(t)
 
     def abandon(self) -> None:
@@ -221,6 +227,7 @@ class Publisher:
                 log.error("halting table %s: %s", task.table_id, e)
                 with self._lock:
                     t.halted = str(e)
+                    self._halted[task.table_id] = str(e)
                 return
             except OSError as e:
                 log.warning("publishing %s failed (%s); retrying in %.2fs", path, e, delay)

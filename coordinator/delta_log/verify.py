@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.delta_log.publisher import commit_path
-from coordinator.kafka.partition import CoordinatorSettings, read_decisions
+from coordinator.kafka.recovery import read_decisions
+from coordinator.settings import CoordinatorSettings
 from reader.checkpoint import key_string, read_checkpoint_actions
 from reader.log import (
     LAST_CHECKPOINT_NAME,

@@ -18,16 +18,11 @@ from confluent_kafka.admin import AdminClient
 
 from coordinator.delta_log.checkpoint_worker import CheckpointWorker
 from coordinator.delta_log.publisher import Publisher
-from coordinator.kafka.partition import (
-    CoordinatorSettings,
-    FencedError,
-    PartitionCoordinator,
-    make_consumer,
-    newest_published_version,
-)
+from coordinator.kafka.partition import FencedError, PartitionCoordinator, make_consumer
 from coordinator.kafka.topics import ensure_topics
 from coordinator.metrics import Metrics, MetricsServer
-from reader.log import table_root
+from coordinator.settings import CoordinatorSettings
+from reader.log import checkpoint_exists, newest_commit_version
 from schemas.actions import Action, Metadata
 from schemas.properties import TableProperties
 
@@ -35,6 +30,9 @@ log = logging.getLogger(__name__)
 
 #: Writes the checkpoint of (table_uri, version); returns nothing, raises on failure.
 CheckpointFn = Callable[[str, int], object]
+
+#: `run()` exit codes: stopped on request, fenced by a newer coordinator, stopped by an error.
+EXIT_OK, EXIT_FENCED, EXIT_ERROR = 0, 3, 5
 
 
 @dataclass
@@ -193,9 +191,9 @@ class Coordinator:
             if st.metadata is None:
                 continue
             interval = TableProperties.of(st.metadata).checkpoint_interval
-            published = newest_published_version(st.table_uri)
+            published = newest_commit_version(st.table_uri)
             due = published - published % interval
-            if due > 0 and not (table_root(st.table_uri) / "_delta_log" / f"{due:020d}.checkpoint.parquet").exists():
+            if due > 0 and not checkpoint_exists(st.table_uri, due):
                 self._ckpt_q.put(_CheckpointRequest(table_id, st.table_uri, due))
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -238,7 +236,7 @@ class Coordinator:
         consumer = make_consumer(self.settings)
         topic = self.settings.topics.proposals
         self.heartbeat()
-        code = 0
+        code = EXIT_OK
         try:
             if self.partitions is not None:
                 consumer.assign(self._take(consumer, [TopicPartition(topic, p) for p in self.partitions]))
@@ -272,7 +270,13 @@ class Coordinator:
             # A newer coordinator owns the partition: publish nothing more, exit at once.
             log.error("fenced: %s; stopping without publishing", e)
             self.fenced = True
-            code = 3
+            code = EXIT_FENCED
+        except Exception:
+            # A bug of ours (or an error nothing here can handle): the batch in hand was neither
+            # committed nor decided for good, so its proposals are decided again after a restart.
+            # What is already ratified is still published below.
+            log.critical("stopping on an unexpected error; the current batch is not committed", exc_info=True)
+            code = EXIT_ERROR
         finally:
             self.ready = False
             for w in self._workers.values():

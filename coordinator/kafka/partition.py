@@ -1,93 +1,53 @@
 """The coordinator's consume-decide-produce loop for one proposals partition.
 
-Per batch: consume proposals (read_committed) -> decide each in order with the
-conflict engine (group commit: later proposals see earlier decisions of the
-same batch) -> ONE Kafka transaction holding the decisions, any dead letters
-and the consumed offsets -> only after it commits, hand the ratified versions
-to the publisher. The transactional id is fixed per partition, so a newer
-coordinator for the partition fences this one; a fenced coordinator stops
-without publishing anything.
+Per batch: decode the proposals (read_committed) -> `decide_batch` (pure: the
+decisions plus an overlay of the batch's tentative commits; group commit, so
+later proposals see earlier acceptances of the same batch) -> ONE Kafka
+transaction holding the decisions, any dead letters and the consumed offsets
+-> once it commits, apply the overlay to the table states and hand the
+ratified versions to the publisher. If the transaction aborts, the overlay is
+dropped and the batch consumed again: the states never held it, so nothing is
+re-read from the commits topic.
+
+The transactional id is fixed per partition, so a newer coordinator for the
+partition fences this one; a fenced coordinator stops without publishing
+anything. An exception from the decision path is a bug: it propagates with
+the batch undecided and uncommitted, and the daemon stops.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from coordinator.delta_log.publisher import Publisher, PublishTask, sweep_temp_files
 from coordinator.faults import fault_point
+from coordinator.kafka.recovery import rebuild_states
 from coordinator.metrics import Metrics
-from coordinator.rules.conflicts import Accepted, Duplicate, Rejected, decide
+from coordinator.rules.batch import Submitted, decide_batch, rejection
 from coordinator.rules.state import TableState
-from reader.log import table_root
-from schemas.codec import decode_decision, decode_proposal, encode_decision
+from coordinator.settings import CoordinatorSettings
+from schemas.codec import decode_proposal, encode_decision
 from schemas.errors import DecodeError, InvalidProposalError
-from schemas.messages import Decision, Outcome, Proposal
+from schemas.messages import Decision
 from schemas.reasons import ReasonCode
-from schemas.routing import H_ERROR, H_OUTCOME, H_PROPOSAL_ID, H_SOURCE, H_TABLE_ID, H_VERSION, Topics, header
+from schemas.routing import H_ERROR, H_OUTCOME, H_PROPOSAL_ID, H_SOURCE, H_TABLE_ID, H_VERSION, header
 
 log = logging.getLogger(__name__)
-
-
-class RecoveryError(RuntimeError):
-    """The commits topic could not be read to its end; state must not be rebuilt from part of it."""
 
 
 class FencedError(RuntimeError):
     """A newer coordinator owns this partition; this one must stop."""
 
 
-@dataclass
-class CoordinatorSettings:
-    """How a coordinator reaches Kafka and how it batches."""
-
-    bootstrap_servers: str
-    topics: Topics = field(default_factory=Topics.with_prefix)
-    #: Extra client settings passed to every Kafka client (TLS, SASL, ...).
-    kafka: dict[str, Any] = field(default_factory=dict)
-    group_id: str = "deltacoord-coordinator"
-    transactional_id_prefix: str = "deltacoord-coordinator"
-    max_batch: int = 500
-    poll_timeout_s: float = 0.1
-    max_proposal_bytes: int = 4 * 1024 * 1024
-    transaction_timeout_ms: int = 60_000
-
-    def client(self, defaults: dict[str, Any] | None = None, **required: Any) -> dict[str, Any]:
-        """Client config: our tuning defaults, then the user's settings, then what correctness requires."""
-        return {**(defaults or {}), "bootstrap.servers": self.bootstrap_servers, **self.kafka, **required}
-
-    def transactional_id(self, partition: int) -> str:
-        return f"{self.transactional_id_prefix}-{self.topics.proposals}-{partition}"
-
-
 def _header(msg: Message, name: str) -> str | None:
     v = header(msg, name)
     return None if v is None else v.decode("utf-8", errors="replace")
-
-
-#: Table property naming the writers allowed to propose commits (comma-separated).
-ALLOWED_WRITERS_KEY = "deltacoord.allowedWriters"
-
-
-def allowed_writers(st: TableState) -> frozenset[str] | None:
-    """The table's writer allow-list at its head, or None when every writer may commit.
-
-    Writer names are declared by the writer; Kafka ACLs (see deploy/) decide who
-    may produce proposals at all, this list narrows it per table.
-    """
-    if st.metadata is None:
-        return None
-    raw = st.metadata.configuration.get(ALLOWED_WRITERS_KEY)
-    if raw is None:
-        return None
-    return frozenset(w.strip() for w in raw.split(",") if w.strip())
 
 
 def decision_headers(d: Decision) -> list[tuple[str, str | bytes | None]]:
@@ -97,20 +57,21 @@ def decision_headers(d: Decision) -> list[tuple[str, str | bytes | None]]:
     return h
 
 
-def rejection(p_table_id: str, p_table_uri: str, proposal_id: str, err: Exception, winning_version: int | None, now_ms: int) -> Decision:
-    return Decision(
-        table_id=p_table_id, table_uri=p_table_uri, proposal_id=proposal_id, outcome=Outcome.REJECTED,
-        error_type=type(err).__name__, error_message=str(err),
-        reason_code=getattr(err, "reason", None), winning_version=winning_version, decided_at_ms=now_ms,
-    )
-
-
 @dataclass
 class _DeadLetter:
     raw: bytes | None
     key: bytes | None
     error: str
     source: str
+
+
+@dataclass
+class _Decoded:
+    """One consumed message: a proposal to decide, or a rejection and/or a dead letter."""
+
+    submitted: Submitted | None = None
+    rejected: Decision | None = None
+    dead: _DeadLetter | None = None
 
 
 def make_consumer(settings: CoordinatorSettings) -> Consumer:
@@ -196,38 +157,22 @@ class PartitionCoordinator:
             self.producer = None
 
     def _recover(self) -> None:
-        """Event sourcing: table states are the fold of the commits partition.
-
-        Ratified versions missing from `_delta_log` (a crash between the Kafka
-        commit and publication) are handed to the publisher, oldest first; the
-        newest version already on disk is re-checked byte for byte.
-        """
-        s = self.settings
+        """Rebuild the partition's table states from the commits topic; publish what `_delta_log` lacks."""
         self.metrics.tables.dec(len(self.states))
-        self.states = {}
-        on_disk: dict[str, int] = {}
-        for i, d in enumerate(read_decisions(s, self.partition)):
-            if i % 1000 == 0:
-                self._heartbeat()  # a long recovery is progress, not a hang
-            if not d.committed or d.duplicate_of is not None or d.version is None:
-                continue
-            st = self.states.get(d.table_id)
-            if st is None:
-                st = TableState.empty(d.table_id, d.table_uri)
-                self.states[d.table_id] = st
-                on_disk[d.table_id] = newest_published_version(d.table_uri)
-                swept = sweep_temp_files(d.table_uri)
-                if swept:
-                    log.info("removed %d temp files a killed publisher left in %s", swept, d.table_uri)
-            if d.version != st.version + 1:
-                raise RuntimeError(
-                    f"commits topic is not contiguous for table {d.table_id}: version {d.version} after {st.version}"
-                )
-            st.apply(d.version, d.actions)
-            if d.version >= on_disk[d.table_id]:
-                self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
+
+        def publish(d: Decision) -> None:
+            assert d.version is not None
+            self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
+
+        def new_table(table_uri: str) -> None:
+            swept = sweep_temp_files(table_uri)
+            if swept:
+                log.info("removed %d temp files a killed publisher left in %s", swept, table_uri)
+
+        self.states = rebuild_states(self.settings, self.partition, publish=publish, new_table=new_table,
+                                     heartbeat=self._heartbeat, on_record=self.metrics.recovery_records.inc)
         self.metrics.tables.inc(len(self.states))
-        log.info("partition %d: recovered %d tables from %s", self.partition, len(self.states), s.topics.commits)
+        log.info("partition %d: recovered %d tables from %s", self.partition, len(self.states), self.settings.topics.commits)
 
     # -- the loop ---------------------------------------------------------------
     def process(self, batch: Sequence[Message]) -> None:
@@ -235,17 +180,31 @@ class PartitionCoordinator:
         assert self.producer is not None
         if not batch:
             return
-        decisions, dead = self._decide_batch(batch)
+        decoded = [self._decode(m) for m in batch]
+        proposals = [x.submitted for x in decoded if x.submitted is not None]
+        decided, overlay = decide_batch(self.states, proposals, int(time.time() * 1000),
+                                        halted=self.publisher.halted_tables())
+        it = iter(decided)
+        decisions: list[Decision] = []
+        for x in decoded:
+            if x.submitted is not None:
+                decisions.append(next(it))
+            elif x.rejected is not None:
+                decisions.append(x.rejected)
+        dead = [x.dead for x in decoded if x.dead is not None]
         fault_point("after_decide")
         try:
             self._transact(batch, decisions, dead)
         except FencedError:
             raise
         except KafkaException as e:
-            log.warning("partition %d: transaction failed (%s); rebuilding state and retrying the batch", self.partition, e)
+            log.warning("partition %d: transaction failed (%s); dropping the batch's decisions and consuming it again",
+                        self.partition, e)
             self._abort_and_rewind(e)
             return
         fault_point("after_kafka_commit")
+        overlay.apply_to(self.states)
+        self.metrics.tables.inc(len(overlay.created))
         now = time.time()
         for m in batch:
             ts = m.timestamp()[1]
@@ -267,73 +226,28 @@ class PartitionCoordinator:
         self.metrics.publish_lag.set(self.publisher.lag())
         self.metrics.halted_tables.set(self.publisher.halted_count())
 
-    def _decide_batch(self, batch: Sequence[Message]) -> tuple[list[Decision], list[_DeadLetter]]:
-        decisions: list[Decision] = []
-        dead: list[_DeadLetter] = []
-        for m in batch:
-            d = self._decide_one(m, dead)
-            if d is not None:
-                decisions.append(d)
-        return decisions, dead
-
-    def _decide_one(self, m: Message, dead: list[_DeadLetter]) -> Decision | None:
+    def _decode(self, m: Message) -> _Decoded:
         raw = m.value()
-        now_ms = m.timestamp()[1] if m.timestamp()[1] > 0 else int(time.time() * 1000)
-        hdr_pid, hdr_tid = _header(m, H_PROPOSAL_ID), _header(m, H_TABLE_ID)
+        at_ms = max(0, m.timestamp()[1])
         source = f"{m.topic()}/{m.partition()}@{m.offset()}"
         try:
             if raw is None:
                 raise DecodeError("empty message (no value)")
             if len(raw) > self.settings.max_proposal_bytes:
-                raise InvalidProposalError(ReasonCode.OVERSIZE, f"proposal of {len(raw)} bytes exceeds the limit of {self.settings.max_proposal_bytes} bytes"
+                raise InvalidProposalError(
+                    ReasonCode.OVERSIZE,
+                    f"proposal of {len(raw)} bytes exceeds the limit of {self.settings.max_proposal_bytes} bytes",
                 )
-            p = decode_proposal(raw)
+            return _Decoded(submitted=Submitted(decode_proposal(raw), at_ms))
         except (DecodeError, InvalidProposalError) as e:
-            dead.append(_DeadLetter(raw, m.key(), str(e), source))
+            dead = _DeadLetter(raw, m.key(), str(e), source)
+            hdr_pid, hdr_tid = _header(m, H_PROPOSAL_ID), _header(m, H_TABLE_ID)
             if hdr_pid and hdr_tid:
                 # The writer said who it is: tell it, so it does not wait for nothing.
                 err = e if isinstance(e, InvalidProposalError) else InvalidProposalError(ReasonCode.UNDECODABLE, str(e))
-                return rejection(hdr_tid, "", hdr_pid, err, None, now_ms)
-            return None
-        return self.decide_proposal(p, now_ms)
-
-    def decide_proposal(self, p: Proposal, now_ms: int) -> Decision:
-        """Decide one decoded proposal and apply an acceptance to the in-memory state."""
-        st = self.states.get(p.table_id)
-        if st is None:
-            if p.read_version != -1:
-                err = InvalidProposalError(ReasonCode.UNKNOWN_TABLE, f"table {p.table_id} has no commits on this coordinator; create it first")
-                return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
-            st = TableState.empty(p.table_id, p.table_uri)
-        elif st.table_uri != p.table_uri:
-            err = InvalidProposalError(ReasonCode.TABLE_URI_MISMATCH, f"table {p.table_id} lives at {st.table_uri}, not {p.table_uri}")
-            return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
-        allowed = allowed_writers(st)
-        if allowed is not None and p.writer not in allowed:
-            err = InvalidProposalError(ReasonCode.WRITER_NOT_ALLOWED, f"writer {p.writer!r} is not in the allow-list of table {p.table_id} ({ALLOWED_WRITERS_KEY})"
-            )
-            return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
-        halted = self.publisher.halted(p.table_id)
-        if halted is not None:
-            err = InvalidProposalError(ReasonCode.TABLE_HALTED, halted)
-            return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
-        result = decide(st, p, now_ms)
-        if isinstance(result, Accepted):
-            st.apply(result.version, result.actions)
-            if p.table_id not in self.states:
-                self.metrics.tables.inc()
-            self.states[p.table_id] = st
-            return Decision(
-                table_id=p.table_id, table_uri=p.table_uri, proposal_id=p.proposal_id, outcome=Outcome.COMMITTED,
-                version=result.version, actions=result.actions, decided_at_ms=now_ms,
-            )
-        if isinstance(result, Duplicate):
-            return Decision(
-                table_id=p.table_id, table_uri=p.table_uri, proposal_id=p.proposal_id, outcome=Outcome.COMMITTED,
-                version=result.version, duplicate_of=result.version, decided_at_ms=now_ms,
-            )
-        assert isinstance(result, Rejected)
-        return rejection(p.table_id, p.table_uri, p.proposal_id, result.error, result.winning_version, now_ms)
+                return _Decoded(rejected=rejection(hdr_tid, "", hdr_pid, err, None, at_ms or int(time.time() * 1000)),
+                                dead=dead)
+            return _Decoded(dead=dead)
 
     def _transact(self, batch: Sequence[Message], decisions: Sequence[Decision], dead: Sequence[_DeadLetter]) -> None:
         assert self.producer is not None
@@ -354,6 +268,9 @@ class PartitionCoordinator:
             assert last_offset is not None
             offsets = [TopicPartition(s.topics.proposals, self.partition, last_offset + 1)]
             self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 60)
+            if fault_point("before_kafka_commit"):
+                raise KafkaException(KafkaError(KafkaError._FAIL, "injected fault: the transaction fails before its commit",
+                                                txn_requires_abort=True))
             self._commit_with_retry()
         except KafkaException as e:
             kerr = e.args[0]
@@ -381,9 +298,8 @@ class PartitionCoordinator:
             kerr = e.args[0]
             if isinstance(kerr, KafkaError) and kerr.fatal():
                 raise FencedError(f"partition {self.partition}: {kerr}") from cause
-        # In-memory states may hold this batch's tentative commits: rebuild them,
-        # and consume again from the last committed offset.
-        self._recover()
+        # The states never held this batch (its overlay is dropped): consume it again
+        # from the last committed offset.
         self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.committed_offset()))
 
 
@@ -399,76 +315,3 @@ def _committed_with_retry(consumer: Consumer, tp: TopicPartition, timeout_s: flo
                     KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE))):
                 raise
             time.sleep(0.2)
-
-
-def newest_published_version(table_uri: str) -> int:
-    """The newest `<v>.json` in a table's `_delta_log`, or -1."""
-    newest = -1
-    try:
-        names = os.listdir(table_root(table_uri) / "_delta_log")
-    except FileNotFoundError:
-        return -1
-    for name in names:
-        if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
-            newest = max(newest, int(name[:20]))
-    return newest
-
-
-def read_decisions(
-    settings: CoordinatorSettings, partition: int, *, table_id: str | None = None, min_version: int = 0,
-    stall_timeout_s: float = 120.0,
-) -> Iterator[Decision]:
-    """Committed decisions on one commits partition, in order (read_committed), streamed."""
-    c = Consumer(
-        settings.client(
-            {"fetch.message.max.bytes": max(settings.max_proposal_bytes * 2, 1_048_576)},
-            **{"group.id": f"{settings.group_id}-recovery", "enable.auto.commit": False, "isolation.level": "read_committed",
-               "enable.partition.eof": True},
-        )
-    )
-    try:
-        tp = TopicPartition(settings.topics.commits, partition)
-        low, high = c.get_watermark_offsets(tp, timeout=30)
-        if high <= low:
-            return
-        c.assign([TopicPartition(settings.topics.commits, partition, low)])
-        # Read up to the high watermark, however long the broker takes: a partial
-        # history would rebuild wrong table states. Only lack of progress is an error.
-        last_progress = last_report = time.monotonic()
-        last_pos = low
-        at_end = False
-        while not at_end:
-            msgs = c.consume(1000, 0.2)
-            for m in msgs:
-                merr = m.error()
-                if merr is not None:
-                    if merr.code() == KafkaError._PARTITION_EOF:
-                        # The fetcher reached the end, control records and aborted batches included.
-                        at_end = (m.offset() or 0) >= high
-                        continue
-                    raise KafkaException(merr)
-                if table_id is not None and _header(m, H_TABLE_ID) != table_id:
-                    continue
-                if min_version > 0:
-                    v = _header(m, H_VERSION)
-                    if v is None or int(v) < min_version:
-                        continue
-                value = m.value()
-                if value is not None:
-                    yield decode_decision(value)
-            pos = c.position([tp])[0].offset
-            if pos >= high:
-                break
-            if msgs or pos > last_pos:
-                last_progress = time.monotonic()
-                last_pos = max(last_pos, pos)
-            elif time.monotonic() - last_report > 10:
-                last_report = time.monotonic()
-                log.warning("reading %s[%d]: waiting at offset %d of %d", settings.topics.commits, partition, pos, high)
-            if not at_end and time.monotonic() - last_progress > stall_timeout_s:
-                raise RecoveryError(
-                    f"reading {settings.topics.commits}[{partition}] stalled at offset {pos} of {high} for "
-                    f"{stall_timeout_s:.0f}s; refusing to continue with a partial history"
-                )
-    finally:
-        c.close()

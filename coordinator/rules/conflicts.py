@@ -76,7 +76,6 @@ from schemas.expressions.partitions import (
 )
 from schemas.messages import Proposal
 from schemas.properties import SERIALIZABLE, SNAPSHOT_ISOLATION, WRITE_SERIALIZABLE, Property, TableProperties
-from schemas.reasons import ReasonCode
 
 #: The domain whose metadata assigns row ids (row tracking).
 ROW_TRACKING_DOMAIN = "delta.rowTracking"
@@ -472,6 +471,9 @@ def _rebase(state: TableState, proposal: Proposal, cur: _Current, now_ms: int) -
 def decide(state: TableState, proposal: Proposal, now_ms: int) -> Accepted | Rejected | Duplicate:
     """Decide one proposal. Never raises for bad input; does not modify `state`.
 
+    Anything else it raises is a bug of this code and is left to propagate: it
+    must stop the coordinator, not be reported as the writer's bad input.
+
     The caller publishes an Accepted commit and then calls
     `state.apply(accepted.version, accepted.actions)`.
     """
@@ -482,10 +484,6 @@ def decide(state: TableState, proposal: Proposal, now_ms: int) -> Accepted | Rej
         validate_proposal(state, proposal)
     except InvalidProposalError as e:
         return Rejected(e, None)
-    except (TypeError, ValueError, AttributeError, KeyError) as e:
-        # A structurally broken object (e.g. partitionValues that is not a map): bad input, not a crash.
-        bad = InvalidProposalError(ReasonCode.MALFORMED_PROPOSAL, f"{type(e).__name__}: {e}")
-        return Rejected(bad, None)
     if proposal.read_version < 0:
         winners: Sequence[WinningCommit] = ()
     else:

@@ -7,6 +7,9 @@ the last merge sit in two small Python sets (`_added`: not in the array,
 search. The changes are merged into the array, in linear time, once they
 outnumber 1/16 of it (at least `MERGE_MIN`), so the sets stay small and the
 merge cost per change stays constant.
+
+`fork()` gives a `LiveFileLayer`: the set as seen by a batch's tentative
+commits, holding only their changes (see `coordinator.rules.layers`).
 """
 
 from __future__ import annotations
@@ -82,5 +85,42 @@ class LiveFileSet:
         """Bytes held by the array (the pending sets add about 76 bytes per change)."""
         return int(self._base.nbytes)
 
+    def fork(self) -> LiveFileLayer:
+        return LiveFileLayer(self)
 
-__all__ = ["MERGE_MIN", "LiveFileSet"]
+
+class LiveFileLayer:
+    """Changes to a live-file set kept apart from it: `_added` are not in the base, `_removed` are."""
+
+    __slots__ = ("_added", "_base", "_removed")
+
+    def __init__(self, base: LiveFileSet | LiveFileLayer) -> None:
+        self._base = base
+        self._added: set[int] = set()
+        self._removed: set[int] = set()
+
+    def __contains__(self, h: object) -> bool:
+        if h in self._added:
+            return True
+        return h not in self._removed and h in self._base
+
+    def __len__(self) -> int:
+        return len(self._base) - len(self._removed) + len(self._added)
+
+    def add(self, h: int) -> None:
+        if h in self._removed:
+            self._removed.discard(h)
+        elif h not in self._base:
+            self._added.add(h)
+
+    def discard(self, h: int) -> None:
+        if h in self._added:
+            self._added.discard(h)
+        elif h in self._base:
+            self._removed.add(h)
+
+    def fork(self) -> LiveFileLayer:
+        return LiveFileLayer(self)
+
+
+__all__ = ["MERGE_MIN", "LiveFileLayer", "LiveFileSet"]

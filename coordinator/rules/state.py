@@ -25,16 +25,20 @@ and three bounded indexes:
 
 The window keeps no AddFile either: a winner's added files are summarised by
 their distinct partition rows, which is all the append check reads.
+
+`fork()` gives a state that sees this one and takes commits of its own
+without changing it, in O(1) whatever the table's size: a batch decides
+against forks, and its commits reach the live state only once the batch is
+recorded in Kafka (`coordinator.rules.batch`).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
 
-from coordinator.rules.live_files import LiveFileSet
+from coordinator.rules.layers import ForkedTxnIndex, ForkedWindow, LayeredDict, TxnIndex, WinnersWindow
+from coordinator.rules.live_files import LiveFileLayer, LiveFileSet
 from schemas.actions import (
     Action,
     AddCDCFile,
@@ -120,8 +124,8 @@ class TableState:
         self.version = -1
         self.protocol: Protocol | None = None
         self.metadata: Metadata | None = None
-        self.app_versions: dict[str, int] = {}
-        self.domains: dict[str, DomainMetadata] = {}
+        self.app_versions: MutableMapping[str, int] = {}
+        self.domains: MutableMapping[str, DomainMetadata] = {}
         self.last_ict: int | None = None
         #: commitInfo.timestamp of the newest commit (ICT fallback when ICT was just enabled).
         self.last_commit_timestamp: int | None = None
@@ -131,12 +135,9 @@ class TableState:
         self.max_window_files = max_window_files
         self.txn_index_limit = txn_index_limit
         self._partition_schema: PartitionSchema = ()
-        self._winners: deque[WinningCommit] = deque()
-        self._window_files = 0
-        self._oldest_retained = 0  # version of the oldest retained winner when the window is empty: head+1
-        self._txn_index: dict[str, int] = {}
-        self._txn_order: deque[str] = deque()
-        self._live = LiveFileSet()
+        self._window: WinnersWindow | ForkedWindow = WinnersWindow()
+        self._txns: TxnIndex | ForkedTxnIndex = TxnIndex(txn_index_limit)
+        self._live: LiveFileSet | LiveFileLayer = LiveFileSet()
 
     # -- construction ----------------------------------------------------------
 
@@ -189,11 +190,36 @@ class TableState:
         st.app_versions = dict(app_versions or {})
         st.domains = {d.domain: d for d in domains if not d.removed}
         st.last_ict = last_ict
-        st._oldest_retained = version + 1
+        st._window = WinnersWindow(next_version=version + 1)
         st._live = LiveFileSet(file_key_hash(a) for a in live_files)
         for txn_id, v in committed_txn_ids:
-            st._remember_txn(txn_id, v)
+            st._txns.remember(txn_id, v)
         return st
+
+    def fork(self) -> TableState:
+        """A state that starts as this one and applies commits without changing it (O(1), see the module doc).
+
+        This state must not change while the fork is in use.
+        """
+        f = TableState.__new__(TableState)
+        f.table_id = self.table_id
+        f.table_uri = self.table_uri
+        f.version = self.version
+        f.protocol = self.protocol
+        f.metadata = self.metadata
+        f.app_versions = LayeredDict(self.app_versions)
+        f.domains = LayeredDict(self.domains)
+        f.last_ict = self.last_ict
+        f.last_commit_timestamp = self.last_commit_timestamp
+        f.creation_operation = self.creation_operation
+        f.max_window_commits = self.max_window_commits
+        f.max_window_files = self.max_window_files
+        f.txn_index_limit = self.txn_index_limit
+        f._partition_schema = self._partition_schema
+        f._window = self._window.fork()
+        f._txns = self._txns.fork()
+        f._live = self._live.fork()
+        return f
 
     # -- queries -----------------------------------------------------------------
 
@@ -209,11 +235,11 @@ class TableState:
     @property
     def oldest_retained_version(self) -> int:
         """Oldest version whose summary is still in the window (head+1 when empty)."""
-        return self._winners[0].version if self._winners else self._oldest_retained
+        return self._window.oldest_version
 
     @property
     def window_size(self) -> int:
-        return len(self._winners)
+        return len(self._window)
 
     def is_live(self, action: AddFile | RemoveFile) -> bool:
         """Whether the file key is live (hash based; false positives ~ n/2^64)."""
@@ -221,7 +247,7 @@ class TableState:
 
     def committed_version_of(self, txn_id: str) -> int | None:
         """Version at which a proposal (by txnId) committed, if still in the index."""
-        return self._txn_index.get(txn_id)
+        return self._txns.get(txn_id)
 
     def winners_since(self, read_version: int) -> Sequence[WinningCommit]:
         """Summaries of versions read_version+1..head, in version order.
@@ -237,25 +263,9 @@ class TableState:
         first = read_version + 1
         if first < oldest:
             raise WindowExceededError(self.table_id, read_version, oldest, self.version)
-        winners = self._winners
-        n = self.version - read_version
-        if n <= len(winners) // 2:
-            out = list(islice(reversed(winners), n))
-            out.reverse()
-            return out
-        return list(islice(winners, first - oldest, None))
+        return self._window.tail(self.version - read_version)
 
     # -- mutation ------------------------------------------------------------------
-
-    def _remember_txn(self, txn_id: str, version: int) -> None:
-        if self.txn_index_limit == 0:
-            return
-        if txn_id not in self._txn_index:
-            self._txn_order.append(txn_id)
-        self._txn_index[txn_id] = version
-        while len(self._txn_order) > self.txn_index_limit:
-            old = self._txn_order.popleft()
-            self._txn_index.pop(old, None)
 
     def apply(self, version: int, actions: Sequence[Action]) -> None:
         """Advance the state by one committed version (must be head + 1)."""
@@ -318,7 +328,7 @@ class TableState:
             blind = commit_info.is_blind_append
             txn_id = commit_info.txn_id
             if txn_id is not None:
-                self._remember_txn(txn_id, version)
+                self._txns.remember(txn_id, version)
             if ict is not None:
                 self.last_ict = ict
             self.last_commit_timestamp = commit_info.timestamp
@@ -342,15 +352,7 @@ class TableState:
             num_file_actions=n_files,
             quiet=metadata is None and protocol is None and not domains and not removed and (blind or not rows),
         )
-        winners = self._winners
-        winners.append(winner)
-        self._window_files += n_files
-        while len(winners) > 1 and (
-            len(winners) > self.max_window_commits or self._window_files > self.max_window_files
-        ):
-            gone = winners.popleft()
-            self._window_files -= gone.num_file_actions
-        self._oldest_retained = winners[0].version
+        self._window.append(winner, self.max_window_commits, self.max_window_files)
 
 
 __all__ = [

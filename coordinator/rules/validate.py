@@ -6,6 +6,8 @@ reason codes are stable (see `REASONS`). `validate_proposal` raises,
 
 Checked here, before any conflict check:
 
+* every field has the type a decoded proposal has (`MALFORMED_PROPOSAL`:
+  only objects built in process can fail this);
 * the proposal names this table, and its read version is in -1..head
   (`UNKNOWN_TABLE` when the table does not exist and this is not a creation);
 * `commitInfo.txnId`, when given, equals the proposal id; no commitInfo
@@ -44,6 +46,7 @@ from schemas.actions import (
     AddCDCFile,
     AddFile,
     CommitInfo,
+    DeletionVector,
     DomainMetadata,
     Metadata,
     Protocol,
@@ -57,7 +60,7 @@ from schemas.expressions.partitions import (
     compile_predicate,
     partition_schema,
 )
-from schemas.messages import Proposal
+from schemas.messages import FileRead, Proposal
 from schemas.properties import TABLE_ISOLATION_LEVELS, Property, TableProperties
 from schemas.reasons import ReasonCode
 
@@ -188,6 +191,8 @@ def _check_commit_info(values: Mapping[str, Any]) -> None:
         if depth > MAX_COMMIT_INFO_DEPTH:
             raise _err(ReasonCode.COMMIT_INFO_TOO_DEEP, f"commitInfo nests deeper than {MAX_COMMIT_INFO_DEPTH} levels")
         if isinstance(v, Mapping):
+            if not all(isinstance(k, str) for k in v):
+                raise _err(ReasonCode.MALFORMED_PROPOSAL, "commitInfo has an object key that is not a string")
             stack.extend((x, depth + 1) for x in v.values())
         elif isinstance(v, list):
             stack.extend((x, depth + 1) for x in v)
@@ -196,9 +201,100 @@ def _check_commit_info(values: Mapping[str, Any]) -> None:
         raise _err(ReasonCode.COMMIT_INFO_TOO_LARGE, f"commitInfo is {size} characters; the limit is {MAX_COMMIT_INFO_CHARS}")
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _values_problem(pv: object, what: str, *, optional: bool = False) -> str | None:
+    if pv is None and optional:
+        return None
+    if not isinstance(pv, Mapping):
+        return f"{what}: partitionValues is {type(pv).__name__}, not a map"
+    for k, v in pv.items():
+        if not isinstance(k, str) or not (v is None or isinstance(v, str)):
+            return f"{what}: partitionValues must map strings to strings or null, got {k!r}: {v!r}"
+    return None
+
+
+def _action_problem(a: object) -> str | None:
+    """Why an action object is not structurally what its type declares (fields the rules read), or None."""
+    if isinstance(a, (AddFile, RemoveFile, AddCDCFile)):
+        what = f"{type(a).__name__} {a.path!r}"
+        if not isinstance(a.path, str):
+            return f"{type(a).__name__}: path is {type(a.path).__name__}, not a string"
+        problem = _values_problem(a.partition_values, what, optional=isinstance(a, RemoveFile))
+        if problem:
+            return problem
+        if not (_is_int(a.size) or (a.size is None and isinstance(a, RemoveFile))):
+            return f"{what}: size is {type(a.size).__name__}, not an integer"
+        if not isinstance(a.data_change, bool):
+            return f"{what}: dataChange is {type(a.data_change).__name__}, not a boolean"
+        dv = None if isinstance(a, AddCDCFile) else a.deletion_vector
+        if dv is not None and not (isinstance(dv, DeletionVector) and isinstance(dv.storage_type, str)
+                                   and isinstance(dv.path_or_inline_dv, str) and (dv.offset is None or _is_int(dv.offset))):
+            return f"{what}: deletionVector is not a deletion vector descriptor"
+    elif isinstance(a, Metadata):
+        if not isinstance(a.schema_string, str):
+            return "metaData: schemaString is not a string"
+        if not isinstance(a.partition_columns, (tuple, list)) or not all(isinstance(c, str) for c in a.partition_columns):
+            return "metaData: partitionColumns must be a list of strings"
+        if not isinstance(a.configuration, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in a.configuration.items()):
+            return "metaData: configuration must map strings to strings"
+    elif isinstance(a, Protocol):
+        if not (_is_int(a.min_reader_version) and _is_int(a.min_writer_version)):
+            return "protocol: minReaderVersion and minWriterVersion must be integers"
+    elif isinstance(a, SetTransaction):
+        if not (isinstance(a.app_id, str) and _is_int(a.version)):
+            return "txn: appId must be a string and version an integer"
+    elif isinstance(a, DomainMetadata) and not isinstance(a.domain, str):
+        return "domainMetadata: domain is not a string"
+    return None
+
+
+def structure_problem(proposal: Proposal) -> str | None:
+    """Why a proposal object is not structurally a proposal, or None.
+
+    Decoded proposals always pass (the Avro schema types every field); this
+    catches objects built in process with fields of the wrong type, so that
+    they are refused as MALFORMED_PROPOSAL rather than break a rule.
+    """
+    p = proposal
+    for name in ("table_id", "table_uri", "proposal_id", "operation"):
+        if not isinstance(getattr(p, name), str):
+            return f"{name} is {type(getattr(p, name)).__name__}, not a string"
+    if not _is_int(p.read_version):
+        return f"read_version is {type(p.read_version).__name__}, not an integer"
+    for name in ("actions", "read_predicates", "read_files", "read_app_ids"):
+        if not isinstance(getattr(p, name), (tuple, list)):
+            return f"{name} is {type(getattr(p, name)).__name__}, not a list"
+    if p.writer is not None and not isinstance(p.writer, str):
+        return f"writer is {type(p.writer).__name__}, not a string"
+    if not isinstance(p.commit_info, CommitInfo) or not isinstance(p.commit_info.values, Mapping):
+        return "commit_info is not a commitInfo object"
+    if not isinstance(p.operation_parameters, Mapping):
+        return "operation_parameters is not a map"
+    if not all(isinstance(x, str) for x in p.read_app_ids):
+        return "read_app_ids must be strings"
+    for f in p.read_files:
+        if not isinstance(f, FileRead) or not isinstance(f.path, str):
+            return f"read file {f!r} is not a FileRead with a string path"
+        problem = _values_problem(f.partition_values, f"read file {f.path!r}")
+        if problem:
+            return problem
+    for a in p.actions:
+        problem = _action_problem(a)
+        if problem:
+            return problem
+    return None
+
+
 def validate_proposal(state: TableState, proposal: Proposal) -> None:
     """Raise InvalidProposalError for a proposal that can never commit (see module doc)."""
     p = proposal
+    problem = structure_problem(p)
+    if problem is not None:
+        raise _err(ReasonCode.MALFORMED_PROPOSAL, problem)
     if p.table_id != state.table_id:
         raise _err(ReasonCode.TABLE_MISMATCH, f"proposal for table {p.table_id!r} delivered to table {state.table_id!r}")
     if not p.proposal_id:

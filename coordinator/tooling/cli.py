@@ -9,9 +9,10 @@ from pathlib import Path
 
 import click
 
+from coordinator.settings import env_var
 from coordinator.tooling import jars
 from coordinator.tooling.broker import BrokerError, LocalBroker
-from coordinator.tooling.cli_options import parse_pairs
+from coordinator.tooling.cli_options import load_settings
 
 
 @click.group()
@@ -92,46 +93,6 @@ def broker_status(broker: LocalBroker) -> None:
 
 
 # -- coordinator ----------------------------------------------------------------
-def _kafka_settings(config_file: Path | None, pairs: tuple[str, ...]) -> dict[str, str]:
-    """Kafka client settings: config file [kafka] table, then DELTACOORD_KAFKA_* env, then --kafka k=v."""
-    import os
-    import tomllib
-
-    out: dict[str, str] = {}
-    if config_file is not None:
-        with open(config_file, "rb") as fh:
-            doc = tomllib.load(fh)
-        out.update(_flatten(doc.get("kafka", {})))
-    for k, v in os.environ.items():
-        if k.startswith("DELTACOORD_KAFKA_"):
-            out[k.removeprefix("DELTACOORD_KAFKA_").lower().replace("_", ".")] = v
-    out.update(parse_pairs(pairs, "--kafka"))
-    return out
-
-
-def _flatten(table: dict[str, object], prefix: str = "") -> dict[str, str]:
-    """`[kafka]` keys as librdkafka names; an unquoted dotted TOML key becomes nested tables, so rejoin it."""
-    out: dict[str, str] = {}
-    for k, v in table.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        elif isinstance(v, bool):
-            out[key] = "true" if v else "false"
-        else:
-            out[key] = str(v)
-    return out
-
-
-def _file_defaults(config_file: Path | None) -> dict[str, object]:
-    if config_file is None:
-        return {}
-    import tomllib
-
-    with open(config_file, "rb") as fh:
-        return dict(tomllib.load(fh).get("coordinator", {}))
-
-
 @main.group("coordinator")
 def coordinator_group() -> None:
     """Run the commit coordinator."""
@@ -140,65 +101,46 @@ def coordinator_group() -> None:
 @coordinator_group.command("run")
 @click.option("--config", "config_file", type=click.Path(exists=True, path_type=Path), envvar="DELTACOORD_CONFIG",
               help="TOML file with [coordinator] and [kafka] tables.")
-@click.option("--bootstrap-servers", envvar="DELTACOORD_BOOTSTRAP_SERVERS", default=None)
-@click.option("--topic-prefix", envvar="DELTACOORD_TOPIC_PREFIX", default=None, help="Topics are <prefix>.proposals/.commits/.deadletters.")
-@click.option("--partitions", envvar="DELTACOORD_PARTITIONS", default=None, help="Comma-separated proposals partitions to own (default: all).")
-@click.option("--num-partitions", type=int, envvar="DELTACOORD_NUM_PARTITIONS", default=None, help="Partitions when creating topics.")
-@click.option("--group-id", envvar="DELTACOORD_GROUP_ID", default=None)
-@click.option("--transactional-id-prefix", envvar="DELTACOORD_TRANSACTIONAL_ID_PREFIX", default=None)
-@click.option("--max-batch", type=int, envvar="DELTACOORD_MAX_BATCH", default=None)
-@click.option("--metrics-port", type=int, envvar="DELTACOORD_METRICS_PORT", default=None, help="Serve /metrics and /healthz.")
+@click.option("--bootstrap-servers", envvar=env_var("bootstrap_servers"), default=None)
+@click.option("--topic-prefix", envvar=env_var("topic_prefix"), default=None, help="Topics are <prefix>.proposals/.commits/.deadletters.")
+@click.option("--partitions", envvar=env_var("partitions"), default=None, help="Comma-separated proposals partitions to own (default: all).")
+@click.option("--num-partitions", type=int, envvar=env_var("num_partitions"), default=None, help="Partitions when creating topics.")
+@click.option("--group-id", envvar=env_var("group_id"), default=None)
+@click.option("--transactional-id-prefix", envvar=env_var("transactional_id_prefix"), default=None)
+@click.option("--max-batch", type=int, envvar=env_var("max_batch"), default=None)
+@click.option("--metrics-port", type=int, envvar=env_var("metrics_port"), default=None, help="Serve /metrics and /healthz.")
 @click.option("--no-fsync", is_flag=True, help="Do not fsync published files (Kafka stays the durable copy).")
 @click.option("--no-checkpoints", is_flag=True, help="Do not write checkpoints.")
 @click.option("--kafka", "kafka_pairs", multiple=True, help="Extra Kafka client setting key=value (repeatable).")
-@click.option("--watchdog-seconds", type=float, envvar="DELTACOORD_WATCHDOG_SECONDS", default=None,
+@click.option("--watchdog-seconds", type=float, envvar=env_var("watchdog_seconds"), default=None,
               help="Exit (code 4) when no progress is made this long, for the supervisor to restart (default 120; 0 disables).")
-@click.option("--log-level", default="INFO", envvar="DELTACOORD_LOG_LEVEL")
+@click.option("--log-level", default=None, envvar=env_var("log_level"), help="Default INFO.")
 def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None, partitions: str | None,
                     num_partitions: int | None, group_id: str | None, transactional_id_prefix: str | None, max_batch: int | None,
                     metrics_port: int | None, no_fsync: bool, no_checkpoints: bool, kafka_pairs: tuple[str, ...],
-                    watchdog_seconds: float | None, log_level: str) -> None:
+                    watchdog_seconds: float | None, log_level: str | None) -> None:
     """Consume proposals, decide them, record decisions in Kafka, publish _delta_log."""
-    from coordinator.kafka.daemon import Coordinator
-    from coordinator.kafka.partition import CoordinatorSettings
-    from coordinator.logs import setup_logging
-    from schemas.routing import Topics
+    from coordinator import logs
+    from coordinator.kafka import daemon
 
-    setup_logging(log_level)
-    cfg = _file_defaults(config_file)
-
-    def pick(value: object, key: str, default: object) -> object:
-        return value if value is not None else cfg.get(key, default)
-
-    bootstrap = pick(bootstrap_servers, "bootstrap_servers", None)
-    if not bootstrap:
+    flags: dict[str, object] = {
+        "bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix, "partitions": partitions,
+        "num_partitions": num_partitions, "group_id": group_id, "transactional_id_prefix": transactional_id_prefix,
+        "max_batch": max_batch, "metrics_port": metrics_port, "fsync": False if no_fsync else None,
+        "checkpoints": False if no_checkpoints else None, "watchdog_seconds": watchdog_seconds, "log_level": log_level,
+    }
+    run = load_settings(config_file, flags, kafka_pairs)
+    logs.setup_logging(run.log_level)
+    if not run.coordinator.bootstrap_servers:
         raise click.UsageError("no Kafka bootstrap servers: pass --bootstrap-servers, DELTACOORD_BOOTSTRAP_SERVERS or the config file")
-    prefix = str(pick(topic_prefix, "topic_prefix", "deltacoord"))
-    settings = CoordinatorSettings(
-        bootstrap_servers=str(bootstrap),
-        topics=Topics.with_prefix(prefix),
-        kafka=_kafka_settings(config_file, kafka_pairs),
-        group_id=str(pick(group_id, "group_id", f"{prefix}-coordinator")),
-        transactional_id_prefix=str(pick(transactional_id_prefix, "transactional_id_prefix", f"{prefix}-coordinator")),
-        max_batch=int(str(pick(max_batch, "max_batch", 500))),
-    )
-    parts_raw = pick(partitions, "partitions", None)
-    if isinstance(parts_raw, list):
-        parts: list[int] | None = [int(p) for p in parts_raw]
-    elif parts_raw not in (None, ""):
-        parts = [int(p) for p in str(parts_raw).split(",")]
-    else:
-        parts = None
     checkpoint_fn = None
-    if not (no_checkpoints or cfg.get("checkpoints") is False):
+    if run.checkpoints:
         from coordinator.delta_log.checkpoint_worker import CheckpointWorker
 
         checkpoint_fn = CheckpointWorker()
-    coord = Coordinator(
-        settings, partitions=parts, num_partitions=int(str(pick(num_partitions, "num_partitions", 1))),
-        metrics_port=pick(metrics_port, "metrics_port", None),  # type: ignore[arg-type]
-        publish_fsync=not (no_fsync or cfg.get("fsync") is False), checkpoint_fn=checkpoint_fn,
-        watchdog_s=(float(str(pick(watchdog_seconds, "watchdog_seconds", 120.0))) or None),
+    coord = daemon.Coordinator(
+        run.coordinator, partitions=run.partitions, num_partitions=run.num_partitions, metrics_port=run.metrics_port,
+        publish_fsync=run.fsync, checkpoint_fn=checkpoint_fn, watchdog_s=run.watchdog_s,
     )
     coord.install_signal_handlers()
     sys.exit(coord.run())

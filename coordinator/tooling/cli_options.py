@@ -1,13 +1,25 @@
-"""Command-line pieces shared by the `deltacoord` subcommands: `key=value` pairs and Kafka options."""
+"""Command-line pieces shared by the `deltacoord` subcommands: settings, `key=value` pairs and Kafka options."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from coordinator import settings
+
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def load_settings(config_file: Path | None, flags: Mapping[str, object] | None = None,
+                  kafka_pairs: tuple[str, ...] = ()) -> settings.RunSettings:
+    """`coordinator.settings.load` (file, environment, flags), its errors as usage errors."""
+    try:
+        return settings.load(config_file, flags, kafka_pairs=kafka_pairs)
+    except settings.SettingsError as e:
+        raise click.UsageError(str(e)) from e
 
 
 def parse_pairs(values: tuple[str, ...], hint: str) -> dict[str, str]:

@@ -244,22 +244,18 @@ def _state_json(st: TopicState) -> dict[str, object]:
     return d
 
 
-def _admin(config_file: Path | None, bootstrap_servers: str | None, kafka_pairs: tuple[str, ...]) -> tuple[Any, str]:
+def _deployment(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None,
+                kafka_pairs: tuple[str, ...]) -> tuple[Any, str, Topics]:
+    """An admin client, the bootstrap servers and the topics, from the same settings `coordinator run` reads."""
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.tooling.cli import _file_defaults, _kafka_settings
+    from coordinator.tooling.cli_options import load_settings
 
-    bootstrap = bootstrap_servers or _file_defaults(config_file).get("bootstrap_servers")
+    run = load_settings(config_file, {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}, kafka_pairs)
+    bootstrap = run.coordinator.bootstrap_servers
     if not bootstrap:
         raise click.UsageError("no Kafka bootstrap servers: pass --bootstrap-servers, DELTACOORD_BOOTSTRAP_SERVERS or --config")
-    conf: dict[str, str | int | float | bool] = {**_kafka_settings(config_file, kafka_pairs), "bootstrap.servers": str(bootstrap)}
-    return AdminClient(conf), str(bootstrap)
-
-
-def _prefix(config_file: Path | None, topic_prefix: str | None) -> str:
-    from coordinator.tooling.cli import _file_defaults
-
-    return topic_prefix or str(_file_defaults(config_file).get("topic_prefix", "deltacoord"))
+    return AdminClient(run.coordinator.client()), bootstrap, run.coordinator.topics
 
 
 def _common(f: Any) -> Any:
@@ -306,8 +302,7 @@ def register(main: click.Group) -> None:
             raise click.UsageError(str(e)) from e
         for w in allowed:
             click.echo(f"warning: {w} (allowed by --allow-unsafe)", err=True)
-        topics = Topics.with_prefix(_prefix(config_file, topic_prefix))
-        admin, bootstrap = _admin(config_file, bootstrap_servers, kafka_pairs)
+        admin, bootstrap, topics = _deployment(config_file, bootstrap_servers, topic_prefix, kafka_pairs)
         md = admin.list_topics(timeout=30)
         if len(md.brokers) < replication_factor:
             raise click.ClickException(
@@ -344,8 +339,7 @@ def register(main: click.Group) -> None:
     def topics_describe(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None,
                         kafka_pairs: tuple[str, ...]) -> None:
         """Partition counts, replication factors and configs of the three topics as JSON; exit 1 on problems."""
-        topics = Topics.with_prefix(_prefix(config_file, topic_prefix))
-        admin, _bootstrap = _admin(config_file, bootstrap_servers, kafka_pairs)
+        admin, _bootstrap, topics = _deployment(config_file, bootstrap_servers, topic_prefix, kafka_pairs)
         names = [topics.proposals, topics.commits, topics.dead_letters]
         states = describe_states(admin, names)
         problems, warnings = topic_problems(topics, states)

@@ -13,16 +13,16 @@ topic. `--table-id` defaults to the table's absolute `file://` URI (what
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import click
 
-from coordinator.kafka.partition import CoordinatorSettings
-from coordinator.tooling.cli_options import kafka_options, parse_pairs
+from coordinator.settings import CoordinatorSettings
+from coordinator.tooling.cli_options import kafka_options, load_settings
 from reader.log import table_root
-from schemas.routing import Topics
 
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
@@ -65,8 +65,8 @@ def verify_cmd(table: str, bootstrap_servers: str, topic_prefix: str, table_id: 
     from coordinator.delta_log.verify import verify_table
 
     uri = table_location(table)
-    settings = CoordinatorSettings(bootstrap_servers=bootstrap_servers, topics=Topics.with_prefix(topic_prefix),
-                                   kafka=parse_pairs(kafka_pairs, "--kafka"), group_id=f"{topic_prefix}-verify")
+    run = load_settings(None, {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}, kafka_pairs)
+    settings = dataclasses.replace(run.coordinator, group_id=f"{topic_prefix}-verify")
     partitions = num_partitions if num_partitions is not None else proposals_partitions(settings)
     rep = verify_table(settings, uri, table_id or uri, partitions, require_published=not allow_unpublished)
     click.echo(json.dumps(rep.to_json(), indent=2, ensure_ascii=False))

@@ -17,8 +17,8 @@ from confluent_kafka.admin import AdminClient
 
 from coordinator.delta_log.checkpointer import create_checkpoint
 from coordinator.kafka.daemon import Coordinator
-from coordinator.kafka.partition import CoordinatorSettings
 from coordinator.kafka.topics import ensure_topics
+from coordinator.settings import CoordinatorSettings
 from coordinator.tooling.broker import LocalBroker
 from schemas.errors import DeltaConcurrentModificationException
 from schemas.routing import Topics

@@ -40,9 +40,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.kafka.partition import CoordinatorSettings, rejection
+from coordinator.rules.batch import rejection
 from coordinator.rules.conflicts import Rejected, decide
 from coordinator.rules.state import TableState
+from coordinator.settings import CoordinatorSettings
 from schemas.actions import CommitInfo, Metadata, Protocol
 from schemas.codec import decode_decision, decode_proposal, encode_decision, encode_proposal
 from schemas.errors import DecodeError

@@ -66,7 +66,8 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from coordinator.delta_log.verify import verify_table
-from coordinator.kafka.partition import CoordinatorSettings, read_decisions
+from coordinator.kafka.recovery import read_decisions
+from coordinator.settings import CoordinatorSettings
 from coordinator.tooling.broker import LocalBroker
 from schemas.messages import Decision
 from schemas.routing import Topics

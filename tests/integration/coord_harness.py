@@ -18,8 +18,8 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from coordinator.kafka.daemon import Coordinator
-from coordinator.kafka.partition import CoordinatorSettings
 from coordinator.kafka.topics import ensure_topics
+from coordinator.settings import CoordinatorSettings
 from schemas.routing import Topics
 
 

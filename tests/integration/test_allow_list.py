@@ -8,8 +8,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from coordinator.kafka.partition import ALLOWED_WRITERS_KEY
 from schemas.errors import InvalidProposalError
+from schemas.properties import Property
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from writer.table import Table
 
@@ -20,7 +20,7 @@ def test_writer_outside_the_allow_list_is_rejected(kafka_bootstrap: str, tmp_pat
     topics = fresh_topics(kafka_bootstrap)
     path = tmp_path / "t"
     with coordinator_thread(kafka_bootstrap, topics), Table(path, kafka_bootstrap, topics=topics, writer_name="etl") as etl:
-        etl.create(SCHEMA, properties={ALLOWED_WRITERS_KEY: "etl, backfill"})
+        etl.create(SCHEMA, properties={Property.ALLOWED_WRITERS: "etl, backfill"})
         deadline = time.monotonic() + 30
         while not (path / "_delta_log" / f"{0:020d}.json").exists() and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -10,7 +10,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from coordinator.delta_log.checkpointer import create_checkpoint
-from coordinator.kafka.partition import CoordinatorSettings, read_decisions
+from coordinator.kafka.recovery import read_decisions
+from coordinator.settings import CoordinatorSettings
 from schemas.actions import parse_commit
 from schemas.messages import Outcome
 from tests.integration.coord_harness import append_worker, coordinator_thread, fresh_topics

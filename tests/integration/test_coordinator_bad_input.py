@@ -15,7 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from coordinator.kafka.partition import CoordinatorSettings, read_decisions
+from coordinator.kafka.recovery import read_decisions
+from coordinator.settings import CoordinatorSettings
 from schemas.actions import AddFile, CommitInfo, Metadata, Protocol
 from schemas.codec import encode_proposal
 from schemas.messages import Decision, Proposal

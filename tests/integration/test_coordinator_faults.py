@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.kafka.partition import CoordinatorSettings
+from coordinator.settings import CoordinatorSettings
 from schemas.routing import Topics
 from tests.integration.coord_harness import CoordinatorProcess, fresh_topics, start_coordinator_process
 from writer.table import Table

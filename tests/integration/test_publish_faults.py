@@ -36,7 +36,8 @@ import pyarrow as pa
 
 from coordinator.delta_log.checkpointer import create_checkpoint
 from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.kafka.partition import CoordinatorSettings, read_decisions
+from coordinator.kafka.recovery import read_decisions
+from coordinator.settings import CoordinatorSettings
 from reader.log import resolve_data_path
 from reader.snapshot import Snapshot
 from schemas.routing import Topics

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.kafka.partition import CoordinatorSettings
+from coordinator.settings import CoordinatorSettings
 from schemas.routing import partition_for
 from tests.integration.coord_harness import fresh_topics, start_coordinator_process
 from writer.table import Table

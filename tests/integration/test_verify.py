@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from coordinator.delta_log.checkpointer import checkpoint_actions, create_checkpoint, write_checkpoint
 from coordinator.delta_log.verify import VerifyReport, verify_table
-from coordinator.kafka.partition import CoordinatorSettings
+from coordinator.settings import CoordinatorSettings
 from coordinator.tooling.cli_verify import register
 from reader.log import list_log, read_last_checkpoint, resolve_data_path
 from reader.snapshot import Snapshot

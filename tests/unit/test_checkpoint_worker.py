@@ -21,7 +21,7 @@ from deltalake import DeltaTable, write_deltalake
 from coordinator.delta_log.checkpoint_worker import CheckpointWorker, CheckpointWorkerError
 from coordinator.delta_log.checkpointer import create_checkpoint
 from coordinator.kafka.daemon import Coordinator, _CheckpointRequest
-from coordinator.kafka.partition import CoordinatorSettings
+from coordinator.settings import CoordinatorSettings
 from reader.log import commit_file_name, list_log, log_segment, segment_from_last_checkpoint
 
 

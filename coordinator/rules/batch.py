@@ -1,0 +1,139 @@
+"""The batch decision: `decide_batch(states, proposals, now) -> (decisions, overlay)`, pure.
+
+A batch is decided in order, as if one proposal at a time (group commit): a
+later proposal sees the earlier acceptances of the same batch. Those
+acceptances are tentative until the batch's Kafka transaction commits, so they
+are kept in an `Overlay` and never written to the live `TableState`s: a table
+the batch commits to is forked once (O(1), see `TableState.fork`) and the
+forks take the batch's commits. The caller then either applies the overlay to
+the live states (`Overlay.apply_to`, after the transaction committed) or drops
+it (the transaction aborted: nothing to undo, nothing to re-read).
+
+Per proposal: admission (`admission.py`), then `conflicts.decide` (redelivery,
+validation, the conflict checks, the rebase). Any exception raised while
+deciding is a bug of this code, not bad input: it propagates, and no decision
+of the batch is recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+
+from coordinator.rules.admission import admission_error
+from coordinator.rules.conflicts import Accepted, Duplicate, Rejected, decide
+from coordinator.rules.state import TableState
+from schemas.actions import Action
+from schemas.errors import DeltaCoordError
+from schemas.messages import Decision, Outcome, Proposal
+
+_NOTHING_HALTED: Mapping[str, str] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A decoded proposal and when it was submitted (its Kafka record's timestamp in ms; 0: unknown)."""
+
+    proposal: Proposal
+    at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TentativeCommit:
+    table_id: str
+    version: int
+    actions: tuple[Action, ...]
+
+
+@dataclass
+class Overlay:
+    """A batch's tentative commits, over the live table states it was decided against."""
+
+    #: Table id -> its state at the end of the batch: a fork of the live state, or a table the batch created.
+    tables: dict[str, TableState] = field(default_factory=dict)
+    #: Tables the batch created (absent from the live states).
+    created: list[str] = field(default_factory=list)
+    #: Every acceptance of the batch, in decision order.
+    commits: list[TentativeCommit] = field(default_factory=list)
+
+    def state(self, live: Mapping[str, TableState], table_id: str) -> TableState | None:
+        """A table as the batch sees it so far."""
+        st = self.tables.get(table_id)
+        return st if st is not None else live.get(table_id)
+
+    def accept(self, live: Mapping[str, TableState], state: TableState, accepted: Accepted) -> None:
+        """Record an acceptance on `state` (what `state()` returned, or a new empty state)."""
+        tid = state.table_id
+        if tid not in self.tables:
+            if tid in live:
+                state = state.fork()
+            else:
+                self.created.append(tid)
+            self.tables[tid] = state
+        self.tables[tid].apply(accepted.version, accepted.actions)
+        self.commits.append(TentativeCommit(tid, accepted.version, accepted.actions))
+
+    def apply_to(self, live: MutableMapping[str, TableState]) -> None:
+        """Make the batch's commits live (after its transaction committed): the same `apply` recovery runs."""
+        created = set(self.created)
+        for c in self.commits:
+            if c.table_id not in created:
+                live[c.table_id].apply(c.version, c.actions)
+        for tid in self.created:
+            live[tid] = self.tables[tid]
+
+
+def rejection(table_id: str, table_uri: str, proposal_id: str, err: DeltaCoordError, winning_version: int | None,
+              now_ms: int) -> Decision:
+    """The decision refusing a proposal: Delta's exception name, or the reason code of invalid input."""
+    return Decision(
+        table_id=table_id, table_uri=table_uri, proposal_id=proposal_id, outcome=Outcome.REJECTED,
+        error_type=type(err).__name__, error_message=str(err),
+        reason_code=getattr(err, "reason", None), winning_version=winning_version, decided_at_ms=now_ms,
+    )
+
+
+def decide_one(live: Mapping[str, TableState], overlay: Overlay, p: Proposal, now_ms: int,
+               halted: Mapping[str, str] = _NOTHING_HALTED) -> Decision:
+    """Decide one proposal against the live states plus the overlay, recording an acceptance in the overlay."""
+    st = overlay.state(live, p.table_id)
+    err = admission_error(st, p, halted)
+    if err is not None:
+        return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
+    if st is None:
+        st = TableState.empty(p.table_id, p.table_uri)
+    result = decide(st, p, now_ms)
+    if isinstance(result, Accepted):
+        overlay.accept(live, st, result)
+        return Decision(
+            table_id=p.table_id, table_uri=p.table_uri, proposal_id=p.proposal_id, outcome=Outcome.COMMITTED,
+            version=result.version, actions=result.actions, decided_at_ms=now_ms,
+        )
+    if isinstance(result, Duplicate):
+        return Decision(
+            table_id=p.table_id, table_uri=p.table_uri, proposal_id=p.proposal_id, outcome=Outcome.COMMITTED,
+            version=result.version, duplicate_of=result.version, decided_at_ms=now_ms,
+        )
+    assert isinstance(result, Rejected)
+    return rejection(p.table_id, p.table_uri, p.proposal_id, result.error, result.winning_version, now_ms)
+
+
+def decide_batch(states: Mapping[str, TableState], proposals: Sequence[Proposal | Submitted], now: int, *,
+                 halted: Mapping[str, str] = _NOTHING_HALTED) -> tuple[list[Decision], Overlay]:
+    """Decide `proposals` in order against `states` (never modified); one decision per proposal.
+
+    A proposal is decided at its submission time when known (`Submitted.at_ms`),
+    else at `now` (ms). `halted` maps table ids whose publication is halted to why.
+    """
+    overlay = Overlay()
+    decisions: list[Decision] = []
+    for item in proposals:
+        if isinstance(item, Submitted):
+            p, at = item.proposal, item.at_ms or now
+        else:
+            p, at = item, now
+        decisions.append(decide_one(states, overlay, p, at, halted))
+    return decisions, overlay
+
+
+__all__ = ["Overlay", "Submitted", "TentativeCommit", "decide_batch", "decide_one", "rejection"]

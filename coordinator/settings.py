@@ -1,0 +1,250 @@
+"""The coordinator's settings, read in one place: defaults, then the config file, then the environment, then flags.
+
+`CoordinatorSettings` is what the Kafka loop needs (how to reach Kafka, how to
+batch); `RunSettings` adds what `deltacoord coordinator run` needs around it
+(partitions, metrics port, fsync, checkpoints, watchdog, log level).
+`load(config_file, flags)` merges the four sources, highest last:
+
+* built-in defaults;
+* the TOML file's `[coordinator]` table (keys: `FILE_KEYS`) and `[kafka]` table;
+* `DELTACOORD_<KEY>` variables (`ENV_VARS`; fsync and checkpoints have none)
+  and `DELTACOORD_KAFKA_<KEY>` variables for Kafka client settings;
+* flags (`--bootstrap-servers`, ..., `--kafka key=value`); a flag left out is None.
+
+Every command that talks to a deployment (`coordinator run`, `topics`,
+`verify`) reads its settings through `load`, so a file or a variable means the
+same thing to all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schemas.routing import Topics
+
+DEFAULT_TOPIC_PREFIX = "deltacoord"
+
+
+class SettingsError(ValueError):
+    """A setting with a value of the wrong form; the message names the setting and where it came from."""
+
+
+@dataclass
+class CoordinatorSettings:
+    """How a coordinator reaches Kafka and how it batches."""
+
+    bootstrap_servers: str
+    topics: Topics = field(default_factory=Topics.with_prefix)
+    #: Extra client settings passed to every Kafka client (TLS, SASL, ...).
+    kafka: dict[str, Any] = field(default_factory=dict)
+    group_id: str = "deltacoord-coordinator"
+    transactional_id_prefix: str = "deltacoord-coordinator"
+    max_batch: int = 500
+    poll_timeout_s: float = 0.1
+    max_proposal_bytes: int = 4 * 1024 * 1024
+    transaction_timeout_ms: int = 60_000
+
+    def client(self, defaults: dict[str, Any] | None = None, **required: Any) -> dict[str, Any]:
+        """Client config: our tuning defaults, then the user's settings, then what correctness requires."""
+        return {**(defaults or {}), "bootstrap.servers": self.bootstrap_servers, **self.kafka, **required}
+
+    def transactional_id(self, partition: int) -> str:
+        return f"{self.transactional_id_prefix}-{self.topics.proposals}-{partition}"
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything `deltacoord coordinator run` needs."""
+
+    coordinator: CoordinatorSettings
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX
+    #: Proposals partitions to own (static assignment); None joins the consumer group.
+    partitions: list[int] | None = None
+    #: Partitions when the coordinator has to create the topics.
+    num_partitions: int = 1
+    metrics_port: int | None = None
+    fsync: bool = True
+    checkpoints: bool = True
+    #: Exit when the loop makes no progress this long; None disables the watchdog.
+    watchdog_s: float | None = 120.0
+    log_level: str = "INFO"
+
+
+#: The `[coordinator]` keys of the config file.
+FILE_KEYS = (
+    "bootstrap_servers", "topic_prefix", "partitions", "num_partitions", "group_id", "transactional_id_prefix",
+    "max_batch", "metrics_port", "fsync", "checkpoints", "watchdog_seconds", "log_level",
+)
+#: Keys that a `DELTACOORD_<KEY>` variable sets (fsync and checkpoints only have their --no-... flags).
+ENV_VARS = {k: f"DELTACOORD_{k.upper()}" for k in FILE_KEYS if k not in ("fsync", "checkpoints")}
+KAFKA_ENV_PREFIX = "DELTACOORD_KAFKA_"
+
+
+def env_var(key: str) -> str:
+    """The environment variable of a setting (for the CLI's option declarations)."""
+    return ENV_VARS[key]
+
+
+def read_config_file(path: Path | None) -> dict[str, Any]:
+    """The parsed TOML file (empty without one); a file that is not TOML is a SettingsError."""
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as e:
+        raise SettingsError(f"config file {path} is not valid TOML: {e}") from e
+
+
+def flatten_kafka(table: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """`[kafka]` keys as librdkafka names; an unquoted dotted TOML key becomes nested tables, so rejoin it."""
+    out: dict[str, str] = {}
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten_kafka(v, key + "."))
+        elif isinstance(v, bool):
+            out[key] = "true" if v else "false"
+        else:
+            out[key] = str(v)
+    return out
+
+
+def parse_kafka_pairs(pairs: Sequence[str], hint: str = "--kafka") -> dict[str, str]:
+    """Repeated `key=value` settings as a dict; one without `=` is a SettingsError naming `hint`."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SettingsError(f"{hint}: expected key=value, got {pair!r}")
+        k, v = pair.split("=", 1)
+        out[k.strip()] = v
+    return out
+
+
+def _as_int(value: object, key: str, source: str) -> int:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise SettingsError(f"{key} from {source} must be an integer, got {value!r}") from None
+
+
+def _as_float(value: object, key: str, source: str) -> float:
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        raise SettingsError(f"{key} from {source} must be a number, got {value!r}") from None
+
+
+def _as_bool(value: object, key: str, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise SettingsError(f"{key} from {source} must be true or false, got {value!r}")
+
+
+def _as_partitions(value: object, key: str, source: str) -> list[int] | None:
+    if isinstance(value, list):
+        return [_as_int(p, key, source) for p in value]
+    text = str(value).strip()
+    if not text:
+        return None
+    return [_as_int(p, key, source) for p in text.split(",")]
+
+
+def load(config_file: Path | None = None, flags: Mapping[str, object] | None = None, *,
+         kafka_pairs: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> RunSettings:
+    """Merge defaults, the file, the environment and the flags (see the module doc).
+
+    `flags` maps `FILE_KEYS` to the values given on the command line (None:
+    not given). Without bootstrap servers `coordinator.bootstrap_servers` is
+    empty: commands that need Kafka say so themselves.
+    """
+    env = os.environ if environ is None else environ
+    doc = read_config_file(config_file)
+    from_file = doc.get("coordinator", {})
+    if not isinstance(from_file, Mapping):
+        raise SettingsError(f"[coordinator] in {config_file} must be a table")
+    unknown = sorted(set(from_file) - set(FILE_KEYS))
+    if unknown:
+        raise SettingsError(f"unknown [coordinator] key(s) {unknown} in {config_file}; known: {list(FILE_KEYS)}")
+
+    raw: dict[str, tuple[object, str]] = {k: (v, f"the config file {config_file}") for k, v in from_file.items()}
+    for key, var in ENV_VARS.items():
+        if env.get(var):
+            raw[key] = (env[var], f"the environment ({var})")
+    for key, value in (flags or {}).items():
+        if key not in FILE_KEYS:
+            raise SettingsError(f"unknown setting {key!r}")
+        if value is not None:
+            raw[key] = (value, "the command line")
+
+    def get(key: str) -> tuple[object, str] | None:
+        return raw.get(key)
+
+    def text(key: str, default: str) -> str:
+        got = get(key)
+        return default if got is None else str(got[0])
+
+    def integer(key: str, default: int) -> int:
+        got = get(key)
+        return default if got is None else _as_int(got[0], key, got[1])
+
+    def flag(key: str, default: bool) -> bool:
+        got = get(key)
+        return default if got is None else _as_bool(got[0], key, got[1])
+
+    kafka: dict[str, str] = {}
+    from_kafka = doc.get("kafka", {})
+    if not isinstance(from_kafka, Mapping):
+        raise SettingsError(f"[kafka] in {config_file} must be a table")
+    kafka.update(flatten_kafka(from_kafka))
+    for k, v in env.items():
+        if k.startswith(KAFKA_ENV_PREFIX) and len(k) > len(KAFKA_ENV_PREFIX):
+            kafka[k.removeprefix(KAFKA_ENV_PREFIX).lower().replace("_", ".")] = v
+    kafka.update(parse_kafka_pairs(kafka_pairs))
+
+    prefix = text("topic_prefix", DEFAULT_TOPIC_PREFIX)
+    coordinator = CoordinatorSettings(
+        bootstrap_servers=text("bootstrap_servers", ""),
+        topics=Topics.with_prefix(prefix),
+        kafka=kafka,
+        group_id=text("group_id", f"{prefix}-coordinator"),
+        transactional_id_prefix=text("transactional_id_prefix", f"{prefix}-coordinator"),
+        max_batch=integer("max_batch", 500),
+    )
+    parts = get("partitions")
+    metrics = get("metrics_port")
+    watchdog = get("watchdog_seconds")
+    watchdog_s = 120.0 if watchdog is None else _as_float(watchdog[0], "watchdog_seconds", watchdog[1])
+    return RunSettings(
+        coordinator=coordinator,
+        topic_prefix=prefix,
+        partitions=None if parts is None else _as_partitions(parts[0], "partitions", parts[1]),
+        num_partitions=integer("num_partitions", 1),
+        metrics_port=None if metrics is None else _as_int(metrics[0], "metrics_port", metrics[1]),
+        fsync=flag("fsync", True),
+        checkpoints=flag("checkpoints", True),
+        watchdog_s=watchdog_s or None,
+        log_level=text("log_level", "INFO"),
+    )
+
+
+__all__ = [
+    "ENV_VARS",
+    "FILE_KEYS",
+    "CoordinatorSettings",
+    "RunSettings",
+    "SettingsError",
+    "env_var",
+    "load",
+    "parse_kafka_pairs",
+]
