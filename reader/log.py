@@ -1,4 +1,8 @@
-"""Listing and parsing a table's `_delta_log` on a local filesystem.
+"""Listing and parsing a table's `_delta_log` on a local filesystem: every read of the log is here.
+
+The functions of the "reading files" section and `list_log` are the only ones
+that touch the files; everything else in this project reads `_delta_log`
+through them. (Writes are in `coordinator.delta_log.files`.)
 
 A table root is a plain path or a `file://` URI. The log holds 20-digit
 `<v>.json` commits, classic `<v>.checkpoint.parquet` checkpoints, deprecated
@@ -80,6 +84,11 @@ def multipart_checkpoint_file_name(version: int, part: int, num_parts: int) -> s
     return f"{version:020d}.checkpoint.{part:010d}.{num_parts:010d}.parquet"
 
 
+def commit_path(root: Path, version: int) -> Path:
+    """Where version `version`'s commit file is."""
+    return log_dir(root) / commit_file_name(version)
+
+
 def resolve_data_path(root: Path, path: str) -> Path:
     """The local file of an `add`/`remove` path (URI-encoded, relative or absolute)."""
     if "://" in path or path.startswith("file:"):
@@ -90,18 +99,39 @@ def resolve_data_path(root: Path, path: str) -> Path:
     return root / decoded
 
 
+# --------------------------------------------------------------------------- reading files
+
+
+def read_log_file(path: Path) -> bytes:
+    """The bytes of one file of `_delta_log` (FileNotFoundError when absent)."""
+    return path.read_bytes()
+
+
+def log_file_exists(path: Path) -> bool:
+    return path.exists()
+
+
+def log_file_names(root: Path) -> list[str]:
+    """Every name in `_delta_log`, sorted (temporary and unknown files included)."""
+    return sorted(os.listdir(log_dir(root)))
+
+
+def file_mtime_ms(path: Path) -> int:
+    return os.stat(path).st_mtime_ns // 1_000_000
+
+
 # --------------------------------------------------------------------------- listing
 
 
 def checkpoint_exists(table_uri: str | os.PathLike[str], version: int) -> bool:
     """Whether the classic checkpoint of `version` is in `_delta_log`."""
-    return (log_dir(table_root(table_uri)) / checkpoint_file_name(version)).exists()
+    return log_file_exists(log_dir(table_root(table_uri)) / checkpoint_file_name(version))
 
 
 def newest_commit_version(table_uri: str | os.PathLike[str]) -> int:
     """The newest `<v>.json` in a table's `_delta_log` (one listing, names only), or -1 when there is none."""
     try:
-        names = os.listdir(log_dir(table_root(table_uri)))
+        names = log_file_names(table_root(table_uri))
     except FileNotFoundError:
         return -1
     newest = -1
@@ -285,7 +315,7 @@ def read_last_checkpoint(root: Path) -> LastCheckpoint | None:
     """`_last_checkpoint`, or None when absent or unreadable (it is only a hint)."""
     p = log_dir(root) / LAST_CHECKPOINT_NAME
     try:
-        raw = p.read_bytes()
+        raw = read_log_file(p)
     except FileNotFoundError:
         return None
     try:
@@ -334,7 +364,7 @@ def iter_commit_actions(data: bytes | str, *, source: str = "<commit>") -> Itera
 
 def read_commit(path: Path) -> list[Action]:
     """All actions of one `<v>.json` commit file."""
-    return parse_commit_lines(path.read_bytes(), source=str(path))
+    return parse_commit_lines(read_log_file(path), source=str(path))
 
 
 def read_commit_info(path: Path) -> CommitInfo | None:
@@ -354,10 +384,6 @@ def read_commit_info(path: Path) -> CommitInfo | None:
             if isinstance(obj, dict) and "commitInfo" in obj and isinstance(obj["commitInfo"], dict):
                 return CommitInfo.from_json(obj["commitInfo"])
     return None
-
-
-def file_mtime_ms(path: Path) -> int:
-    return os.stat(path).st_mtime_ns // 1_000_000
 
 
 # --------------------------------------------------------------------------- segments
@@ -424,12 +450,12 @@ def segment_from_last_checkpoint(root: Path, version: int) -> LogSegment | None:
         return None
     d = log_dir(root)
     ckpt = d / checkpoint_file_name(lc.version)
-    if not ckpt.is_file():
+    if not log_file_exists(ckpt):
         return None
     commits: list[tuple[int, Path]] = []
     for v in range(lc.version + 1, version + 1):
         p = d / commit_file_name(v)
-        if not p.is_file():
+        if not log_file_exists(p):
             return None
         commits.append((v, p))
     return LogSegment(root=root, version=version, checkpoint=CheckpointRef(lc.version, (ckpt,), "classic"), commits=tuple(commits))

@@ -54,6 +54,7 @@ from reader.log import (
     LogListing,
     LogSegment,
     VersionNotFoundError,
+    commit_path,
     file_mtime_ms,
     iter_commits,
     list_log,
@@ -843,7 +844,7 @@ def _read_data_file(
 
 
 def _commit_timestamp(root: Path, version: int, protocol: Protocol, metadata: Metadata, segment: LogSegment | None = None) -> int:
-    listing_path = root / "_delta_log" / f"{version:020d}.json"
+    listing_path = commit_path(root, version)
     props = TableProperties.of(metadata)
     if props.in_commit_timestamps:
         ev, _et = props.ict_enablement

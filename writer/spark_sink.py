@@ -68,7 +68,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from reader.log import TableNotFoundError, commit_file_name, read_commit, table_root
+from reader.log import TableNotFoundError, commit_path, log_file_exists, read_commit, table_root
 from reader.snapshot import Snapshot, delta_schema_to_arrow
 from reader.spark_source import SOURCE_NAME, DeltaCoordSource
 from schemas.actions import AddFile, SetTransaction
@@ -279,9 +279,9 @@ def _delete_not_live(root: Path, adds: Sequence[AddFile], live_paths: set[str]) 
 
 def _delete_unless_in_commit(root: Path, adds: Sequence[AddFile], version: int, wait_s: float = 30.0) -> None:
     """Delete staged files that are not part of commit `version` (waits for its publication; keeps all if it never shows)."""
-    path = root / "_delta_log" / commit_file_name(version)
+    path = commit_path(root, version)
     deadline = time.monotonic() + wait_s
-    while not path.exists():
+    while not log_file_exists(path):
         if time.monotonic() > deadline:
             log.warning("commit %s of %s not published within %.0fs; keeping %d staged file(s)", version, root, wait_s, len(adds))
             return

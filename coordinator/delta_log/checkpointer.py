@@ -2,10 +2,10 @@
 
 * `write_checkpoint(table_uri, version, items)` writes `<v>.checkpoint.parquet`
   from an iterable of reconciled actions and/or Arrow record batches in
-  checkpoint schema, in bounded row groups (ParquetWriter), atomically: a
-  temporary file in `_delta_log` is hard-linked into place, so an existing
-  checkpoint is never overwritten (if one exists with different content it is
-  kept and ours is discarded). Then `_last_checkpoint` is updated unless it
+  checkpoint schema, in bounded row groups (ParquetWriter), to a temporary
+  file that `files.put_if_absent` puts in place: an existing checkpoint is
+  never overwritten (if one exists with different content it is kept and ours
+  is discarded). Then `_last_checkpoint` is updated unless it
   already points at a newer version.
 * `checkpoint_actions(table_uri, version)` builds the checkpoint's contents from
   the previous checkpoint (streamed in batches, filtered with Arrow) plus the
@@ -22,11 +22,9 @@ never commitInfo or cdc. Adds and removes are written with dataChange=false.
 
 from __future__ import annotations
 
-import filecmp
 import json
 import os
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from coordinator.delta_log.files import Put, put_if_absent, replace_file, temp_path
 from coordinator.faults import fault_point
 from reader.checkpoint import (
     CHECKPOINT_SCHEMA,
@@ -54,11 +53,14 @@ from reader.log import (
     LastCheckpoint,
     checkpoint_file_name,
     commit_file_name,
+    commit_path,
     iter_commit_actions,
     list_log,
     log_dir,
+    log_file_exists,
     log_segment,
     read_last_checkpoint,
+    read_log_file,
     segment_from_last_checkpoint,
     table_root,
 )
@@ -171,10 +173,10 @@ def write_checkpoint(
         raise ValueError("row_group_rows must be positive")
     root = table_root(table_uri)
     ld = log_dir(root)
-    if not (ld / commit_file_name(version)).exists():
+    if not log_file_exists(commit_path(root, version)):
         raise FileNotFoundError(f"cannot checkpoint version {version} of {root}: {commit_file_name(version)} does not exist")
     final = ld / checkpoint_file_name(version)
-    tmp = ld / f".{checkpoint_file_name(version)}.{uuid.uuid4().hex}.tmp"
+    tmp = temp_path(final)
     writer = _BoundedWriter(tmp, row_group_rows)
     protocols = metadatas = 0
     pending: list[Action] = []
@@ -213,7 +215,10 @@ def write_checkpoint(
             )
         size_in_bytes = tmp.stat().st_size
         fault_point("checkpoint_before_publish")
-        written = _publish(tmp, final)
+        # Never replaces a checkpoint: an identical file counts as ours, a different one is kept as it is.
+        # Not fsynced (as Delta does not): a checkpoint torn by a host crash is unreadable, and readers
+        # then replay the JSON commits instead.
+        written = put_if_absent(final, tmp, fsync=False) is not Put.DIFFERENT
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -242,43 +247,13 @@ def write_checkpoint(
     )
 
 
-def _publish(tmp: Path, final: Path) -> bool:
-    """Move `tmp` to `final` without ever replacing an existing file; True if ours landed."""
-    try:
-        os.link(tmp, final)
-        return True
-    except FileExistsError:
-        # never replace: an identical file counts as ours, a different one is kept as is
-        return filecmp.cmp(tmp, final, shallow=False)
-    except OSError:
-        # filesystems without hard links: exclusive-create a copy, then fill it
-        try:
-            fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as out, open(tmp, "rb") as src:
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        return True
-
-
 def write_last_checkpoint(root: Path, lc: LastCheckpoint) -> bool:
     """Atomically replace `_last_checkpoint` unless it already names a newer version."""
     current = read_last_checkpoint(root)
     if current is not None and current.version > lc.version:
         return False
-    d = log_dir(root)
-    tmp = d / f".{LAST_CHECKPOINT_NAME}.{uuid.uuid4().hex}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(lc.to_json(), separators=(",", ":")))  # dumps has the C encoder; dump does not
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, d / LAST_CHECKPOINT_NAME)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # json.dumps has the C encoder; json.dump does not.
+    replace_file(log_dir(root) / LAST_CHECKPOINT_NAME, json.dumps(lc.to_json(), separators=(",", ":")).encode())
     return True
 
 
@@ -390,7 +365,7 @@ class _CommitReplay:
         #: key string -> commit index << 32 | line number of the key's newest add/remove
         self.files: dict[str, int] = {}
         for i, path in enumerate(commits):
-            for lineno, a in iter_commit_actions(path.read_bytes(), source=str(path)):
+            for lineno, a in iter_commit_actions(read_log_file(path), source=str(path)):
                 if isinstance(a, AddFile | RemoveFile):
                     self.files[key_string(*a.key())] = i << 32 | lineno
                 else:
@@ -400,7 +375,7 @@ class _CommitReplay:
         """The newest add or remove of each touched key, one commit file in memory at a time."""
         files = self.files
         for i, path in enumerate(self.commits):
-            for lineno, a in iter_commit_actions(path.read_bytes(), source=str(path)):
+            for lineno, a in iter_commit_actions(read_log_file(path), source=str(path)):
                 if isinstance(a, AddFile | RemoveFile) and files.get(key_string(*a.key())) == i << 32 | lineno:
                     yield a
 

@@ -1,91 +1,28 @@
 """Publication of ratified commits to `_delta_log`, strictly in version order.
 
 A version is ratified once its decision is committed in Kafka; publication is
-its view for Delta readers. Files are written under a temporary name and
-hard-linked into place, which fails if the name exists (put-if-absent). An
-existing identical file is fine (re-publication after a crash or by a fenced
-peer); a different one means someone wrote around the coordinator, so the table
-halts and nothing is overwritten.
+its view for Delta readers, written with `files.put_if_absent`. An existing
+identical file is fine (re-publication after a crash or by a fenced peer); a
+different one means someone wrote around the coordinator, so the table halts
+and nothing is overwritten. A filesystem that refuses hard links halts the
+table too: without them no version file can be created safely. Other I/O
+errors (a full disk, a read-only mount) are retried until they clear.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from reader.log import commit_file_name, log_dir, table_root
+from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent
+from reader.log import commit_path, table_root
 from schemas.actions import Action, commit_to_json_lines
-from schemas.errors import TableHaltedError
 
 log = logging.getLogger(__name__)
-
-
-def commit_path(root: Path, version: int) -> Path:
-    return log_dir(root) / commit_file_name(version)
-
-
-def sweep_temp_files(table_uri: str) -> int:
-    """Delete publication temp files a killed publisher left in `_delta_log`; returns how many.
-
-    Only names this module creates (`.<name>.<32 hex>.tmp`) are touched. A
-    zombie publisher whose temp file disappears just retries with a new one.
-    """
-    log_dir = table_root(table_uri) / "_delta_log"
-    removed = 0
-    try:
-        names = os.listdir(log_dir)
-    except FileNotFoundError:
-        return 0
-    for name in names:
-        if name.startswith(".") and name.endswith(".tmp") and len(name.rsplit(".", 2)[-2]) == 32:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(log_dir / name)
-                removed += 1
-    return removed
-
-
-def put_if_absent(path: Path, data: bytes, *, fsync: bool = True) -> bool:
-    """Write `data` at `path` unless it exists. True if written, False if an identical file was there.
-
-    Raises TableHaltedError if a different file is already there.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            existing = path.read_bytes()
-            if existing == data:
-                return False
-            raise TableHaltedError(
-                f"{path} already exists with different content ({len(existing)} bytes, expected {len(data)}): "
-                "something wrote to this table around the coordinator. The table is halted; nothing was overwritten."
-            ) from None
-        if fsync:
-            dfd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        return True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 @dataclass(frozen=True)
@@ -209,6 +146,12 @@ class Publisher:
                     self._pending -= 1
                     self._idle.notify_all()
 
+    def _halt(self, t: TablePublication, table_id: str, why: str) -> None:
+        log.error("halting table %s: %s", table_id, why)
+        with self._lock:
+            t.halted = why
+            self._halted[table_id] = why
+
     def _publish(self, task: PublishTask) -> None:
         with self._lock:
             t = self.tables.setdefault(task.table_id, TablePublication())
@@ -221,18 +164,20 @@ class Publisher:
         delay = 0.05
         while True:
             try:
-                put_if_absent(path, data, fsync=self.fsync)
+                outcome = put_if_absent(path, data, fsync=self.fsync)
                 break
-            except TableHaltedError as e:
-                log.error("halting table %s: %s", task.table_id, e)
-                with self._lock:
-                    t.halted = str(e)
-                    self._halted[task.table_id] = str(e)
+            except HardLinksRefusedError as e:
+                self._halt(t, task.table_id, f"{e}. The table is halted; nothing was written.")
                 return
             except OSError as e:
                 log.warning("publishing %s failed (%s); retrying in %.2fs", path, e, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        if outcome is Put.DIFFERENT:
+            self._halt(t, task.table_id, (
+                f"{path} already exists with different content (expected {len(data)} bytes): something wrote to this "
+                "table around the coordinator. The table is halted; nothing was overwritten."))
+            return
         with self._lock:
             t.published = task.version
         if self.on_published is not None:

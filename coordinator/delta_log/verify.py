@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.delta_log.publisher import commit_path
 from coordinator.kafka.recovery import read_decisions
 from coordinator.settings import CoordinatorSettings
 from reader.checkpoint import key_string, read_checkpoint_actions
@@ -44,10 +43,14 @@ from reader.log import (
     CheckpointRef,
     LogListing,
     TableNotFoundError,
+    commit_path,
     list_log,
     log_dir,
-    parse_commit_lines,
+    log_file_exists,
+    log_file_names,
+    read_commit,
     read_last_checkpoint,
+    read_log_file,
     resolve_data_path,
     table_root,
 )
@@ -213,7 +216,7 @@ def _compare_commits(rep: VerifyReport, root: Path, listing: LogListing, ratifie
                 rep.problems.append(f"version {v} is ratified but {commit_path(root, v).name} is missing")
             continue
         rep.published_versions += 1
-        if path.read_bytes() != commit_to_json_lines(actions):
+        if read_log_file(path) != commit_to_json_lines(actions):
             rep.problems.append(f"{path.name} differs from the committed decision of version {v}")
     extra = sorted(v for v in commits if v not in ratified)
     if extra:
@@ -245,7 +248,7 @@ def _check_replay_and_checkpoints(rep: VerifyReport, listing: LogListing,
         path = commits.get(v)
         if path is not None:
             try:
-                actions = parse_commit_lines(path.read_bytes(), source=str(path))
+                actions = read_commit(path)
             except (ValueError, UnicodeDecodeError) as e:
                 rep.problems.append(f"{path.name} cannot be parsed: {e}")
         if actions is None:
@@ -346,7 +349,7 @@ def _checkpoint_problems(ref: CheckpointRef, state: LogReplayState | None, paths
 
 
 def _check_last_checkpoint(rep: VerifyReport, root: Path, listing: LogListing) -> None:
-    if not (log_dir(root) / LAST_CHECKPOINT_NAME).exists():
+    if not log_file_exists(log_dir(root) / LAST_CHECKPOINT_NAME):
         return
     lc = read_last_checkpoint(root)
     if lc is None:
@@ -418,7 +421,8 @@ def assert_verified(rep: VerifyReport) -> None:
 
 
 def log_files(root: Path) -> list[str]:
-    return sorted(p.name for p in (root / "_delta_log").iterdir())
+    """Every name in the table's `_delta_log` (what a test compares before and after)."""
+    return log_file_names(root)
 
 
 __all__ = ["VerifyReport", "assert_verified", "log_files", "verify_table"]

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from coordinator.delta_log.publisher import Publisher, PublishTask, sweep_temp_files
+from coordinator.delta_log.files import sweep_temp_files
+from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.faults import fault_point
 from coordinator.kafka.recovery import rebuild_states
 from coordinator.metrics import Metrics

@@ -214,19 +214,20 @@ def _peak_rss_mb_of(pid: int) -> float:
 def memory_table(files: int, workdir: Path | str) -> dict[str, Any]:
     """Write a table of `files` live files: 100 commits of files/100 adds, checkpoints at 10, 20, ..., 90."""
     from coordinator.delta_log.checkpointer import create_checkpoint
+    from coordinator.delta_log.files import put_if_absent
+    from reader.log import commit_path
     from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, commit_to_json_lines
 
     root = Path(workdir) / "memory-table"
-    log_dir = root / "_delta_log"
-    log_dir.mkdir(parents=True)
     md = Metadata(id="bench", schema_string='{"type":"struct","fields":[{"name":"d","type":"string","nullable":true,"metadata":{}}]}',
                   partition_columns=("d",), configuration={"delta.checkpointInterval": "10"})
-    (log_dir / f"{0:020d}.json").write_bytes(commit_to_json_lines([CommitInfo({"operation": "CREATE TABLE"}), Protocol(1, 2), md]))
+    put_if_absent(commit_path(root, 0), commit_to_json_lines([CommitInfo({"operation": "CREATE TABLE"}), Protocol(1, 2), md]),
+                  fsync=False)
     per = max(1, files // _MEMORY_COMMITS)
     for v in range(1, _MEMORY_COMMITS + 1):
         adds = [AddFile(f"d={i % 100}/part-{v:05d}-{i:07d}-{uuid.uuid4()}.c000.snappy.parquet", {"d": str(i % 100)}, 1000,
                         1_700_000_000_000, True, stats='{"numRecords":1}') for i in range(per)]
-        (log_dir / f"{v:020d}.json").write_bytes(commit_to_json_lines([CommitInfo({"operation": "WRITE"}), *adds]))
+        put_if_absent(commit_path(root, v), commit_to_json_lines([CommitInfo({"operation": "WRITE"}), *adds]), fsync=False)
         if v % 10 == 0 and v < _MEMORY_COMMITS:
             create_checkpoint(str(root), v)
             _say(f"  table: version {v}, {v * per:,} files")
