@@ -74,12 +74,13 @@ from schemas.actions import (
     SetTransaction,
 )
 from schemas.errors import DeltaCoordError
+from schemas.expressions.arrow import Filter, filter_text, filter_tree, implied, resolve_column, to_arrow
+from schemas.expressions.syntax import columns_of
+from schemas.expressions.types import parse_text, to_bool, to_date, to_timestamp
 from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
 
 FileAction: TypeAlias = AddFile | RemoveFile
 TimestampLike: TypeAlias = dt.datetime | dt.date | int | float | str
-FilterTuple: TypeAlias = tuple[str, str, Any]
-Filter: TypeAlias = str | Sequence[FilterTuple] | Sequence[Sequence[FilterTuple]]
 
 #: Reader features this reader honours when reading data.
 SUPPORTED_READER_FEATURES = frozenset(
@@ -164,36 +165,32 @@ def _physical_name(f: Mapping[str, Any], mode: str) -> str:
 
 
 def _parse_timestamp(s: str, tz: bool) -> dt.datetime:
-    text = s.strip().replace("T", " ")
-    if text.endswith("Z"):
-        text = text[:-1] + "+00:00"
-    value = dt.datetime.fromisoformat(text)
-    if tz:
-        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
-    return value.replace(tzinfo=None)
+    """A timestamp partition value: aware UTC for `timestamp`, naive wall time for `timestamp_ntz`."""
+    value = to_timestamp(s)
+    return value.astimezone(dt.UTC) if tz else value.replace(tzinfo=None)
 
 
 def parse_partition_value(s: str | None, t: pa.DataType) -> Any:
-    """The typed value of one serialised partition value (None and '' are null)."""
+    """The typed value of one serialised partition value (None and '' are null), by `types.py`'s rules."""
     if s is None or s == "":
         return None
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return s
     if pa.types.is_integer(t):
-        return int(s)
+        return parse_text(s, "long")
     if pa.types.is_floating(t):
-        return float(s)
+        return parse_text(s, "double")
     if pa.types.is_boolean(t):
-        low = s.lower()
-        if low not in ("true", "false"):
-            raise ValueError(f"bad boolean partition value {s!r}")
-        return low == "true"
+        try:
+            return to_bool(s)
+        except ValueError:
+            raise ValueError(f"bad boolean partition value {s!r}") from None
     if pa.types.is_date(t):
-        return dt.date.fromisoformat(s.strip()[:10])
+        return to_date(s)
     if pa.types.is_timestamp(t):
         return _parse_timestamp(s, tz=t.tz is not None)
     if pa.types.is_decimal(t):
-        return decimal.Decimal(s)
+        return decimal.Decimal(s.strip())
     if pa.types.is_binary(t):
         return s.encode("utf-8")
     if pa.types.is_null(t):
@@ -209,230 +206,6 @@ def _typed_partition_array(values: pa.Array, t: pa.DataType) -> pa.Array:
     uniq = [parse_partition_value(v, t) for v in enc.dictionary.to_pylist()]
     typed_dict = pa.array(uniq, type=t)
     return typed_dict.take(enc.indices)
-
-
-# --------------------------------------------------------------------------- filters
-
-
-def _col_type(schema: pa.Schema, name: str) -> tuple[str, pa.DataType]:
-    idx = schema.get_field_index(name)
-    if idx < 0:
-        lowered = [n for n in schema.names if n.lower() == name.lower()]
-        if len(lowered) != 1:
-            raise ValueError(f"filter references unknown column {name!r}")
-        name = lowered[0]
-        idx = schema.get_field_index(name)
-    return name, schema.field(idx).type
-
-
-def _literal(value: Any, t: pa.DataType) -> pa.Scalar:
-    if value is None:
-        return pa.scalar(None, t)
-    if isinstance(value, str) and not (pa.types.is_string(t) or pa.types.is_large_string(t)):
-        return pa.scalar(parse_partition_value(value, t), t)
-    if pa.types.is_timestamp(t) and isinstance(value, dt.datetime):
-        if t.tz is not None and value.tzinfo is None:
-            value = value.replace(tzinfo=dt.UTC)
-        return pa.scalar(value, t)
-    if pa.types.is_decimal(t) and not isinstance(value, decimal.Decimal):
-        return pa.scalar(decimal.Decimal(str(value)), t)
-    try:
-        return pa.scalar(value, t)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-        return pa.scalar(value).cast(t)
-
-
-# A small predicate tree: ("and"|"or", [nodes]) | ("not", node) | ("cmp", op, col, value)
-# | ("in", col, values, negated) | ("isnull", col, negated) | ("const", bool)
-Node = tuple[Any, ...]
-
-_OPS = {"=": "==", "==": "==", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
-
-
-def _dnf_to_tree(filters: Sequence[Any]) -> Node:
-    if not filters:
-        return ("const", True)
-    first = filters[0]
-    groups: list[Sequence[FilterTuple]] = list(filters) if isinstance(first, list) else [filters]
-    ors: list[Node] = []
-    for group in groups:
-        ands: list[Node] = []
-        for item in group:
-            if len(item) != 3:
-                raise ValueError(f"a filter predicate is (column, op, value), got {item!r}")
-            col, op, value = item
-            op_l = str(op).lower().strip()
-            if op_l in _OPS:
-                ands.append(("cmp", _OPS[op_l], col, value))
-            elif op_l in ("in", "not in"):
-                ands.append(("in", col, list(value), op_l == "not in"))
-            elif op_l in ("is", "is not") and value is None:
-                ands.append(("isnull", col, op_l == "is not"))
-            else:
-                raise ValueError(f"unsupported filter operator {op!r}")
-        ors.append(("and", ands))
-    return ors[0] if len(ors) == 1 else ("or", ors)
-
-
-def _sql_literal(e: Any) -> Any:
-    from sqlglot import exp
-
-    if isinstance(e, exp.Paren):
-        return _sql_literal(e.this)
-    if isinstance(e, exp.Null):
-        return None
-    if isinstance(e, exp.Boolean):
-        return bool(e.this)
-    if isinstance(e, exp.Literal):
-        if e.is_string:
-            return e.this
-        text = str(e.this)
-        try:
-            return int(text)
-        except ValueError:
-            return decimal.Decimal(text) if "e" not in text.lower() else float(text)
-    if isinstance(e, exp.Neg):
-        v = _sql_literal(e.this)
-        if isinstance(v, (int, float, decimal.Decimal)):
-            return -v
-    if isinstance(e, exp.Cast):
-        return _sql_literal(e.this)
-    raise ValueError(f"unsupported literal in filter: {e.sql()}")
-
-
-def _sql_to_tree(e: Any) -> Node:
-    from sqlglot import exp
-
-    if isinstance(e, exp.Paren):
-        return _sql_to_tree(e.this)
-    if isinstance(e, exp.And):
-        return ("and", [_sql_to_tree(e.this), _sql_to_tree(e.expression)])
-    if isinstance(e, exp.Or):
-        return ("or", [_sql_to_tree(e.this), _sql_to_tree(e.expression)])
-    if isinstance(e, exp.Not):
-        inner = e.this
-        if isinstance(inner, exp.Is):
-            t = _sql_to_tree(inner)
-            return ("isnull", t[1], not t[2])
-        if isinstance(inner, exp.In):
-            t = _sql_to_tree(inner)
-            return ("in", t[1], t[2], not t[3])
-        return ("not", _sql_to_tree(inner))
-    if isinstance(e, exp.Boolean):
-        return ("const", bool(e.this))
-    if isinstance(e, exp.Is):
-        if not isinstance(e.this, exp.Column) or not isinstance(e.expression, exp.Null):
-            raise ValueError(f"unsupported IS predicate: {e.sql()}")
-        return ("isnull", e.this.name, False)
-    if isinstance(e, exp.In):
-        if not isinstance(e.this, exp.Column):
-            raise ValueError(f"unsupported IN predicate: {e.sql()}")
-        return ("in", e.this.name, [_sql_literal(x) for x in e.expressions], False)
-    if isinstance(e, exp.Between):
-        col = e.this
-        if not isinstance(col, exp.Column):
-            raise ValueError(f"unsupported BETWEEN predicate: {e.sql()}")
-        return ("and", [("cmp", ">=", col.name, _sql_literal(e.args["low"])), ("cmp", "<=", col.name, _sql_literal(e.args["high"]))])
-    cmp_ops = {exp.EQ: "==", exp.NEQ: "!=", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
-    flipped = {"==": "==", "!=": "!=", ">": "<", ">=": "<=", "<": ">", "<=": ">="}
-    for cls, op in cmp_ops.items():
-        if isinstance(e, cls):
-            left, right = e.this, e.expression
-            if isinstance(left, exp.Column) and not isinstance(right, exp.Column):
-                return ("cmp", op, left.name, _sql_literal(right))
-            if isinstance(right, exp.Column) and not isinstance(left, exp.Column):
-                return ("cmp", flipped[op], right.name, _sql_literal(left))
-            raise ValueError(f"a comparison must be between a column and a literal: {e.sql()}")
-    raise ValueError(f"unsupported filter expression: {e.sql()}")
-
-
-def filter_to_tree(flt: Filter) -> Node:
-    """Parse a filter (SQL string or DNF tuples) into the predicate tree."""
-    if isinstance(flt, str):
-        import sqlglot
-
-        try:
-            parsed = sqlglot.parse_one(flt, dialect="spark")
-        except sqlglot.errors.ParseError as e:
-            raise ValueError(f"cannot parse filter {flt!r}: {e}") from e
-        return _sql_to_tree(parsed)
-    return _dnf_to_tree(flt)
-
-
-def _tree_columns(node: Node) -> set[str]:
-    kind = node[0]
-    if kind in ("and", "or"):
-        out: set[str] = set()
-        for c in node[1]:
-            out |= _tree_columns(c)
-        return out
-    if kind == "not":
-        return _tree_columns(node[1])
-    if kind == "cmp":
-        return {node[2]}
-    if kind in ("in", "isnull"):
-        return {node[1]}
-    return set()
-
-
-def _implied_by(node: Node, allowed: set[str]) -> Node | None:
-    """A predicate over `allowed` columns only that is TRUE whenever `node` is (None: no such predicate)."""
-    if {c.lower() for c in _tree_columns(node)} <= allowed:
-        return node
-    kind = node[0]
-    if kind == "and":
-        parts = [p for p in (_implied_by(c, allowed) for c in node[1]) if p is not None]
-        return ("and", parts) if parts else None
-    if kind == "or":
-        ors = [_implied_by(c, allowed) for c in node[1]]
-        if any(p is None for p in ors):
-            return None
-        return ("or", [p for p in ors if p is not None])
-    return None
-
-
-def tree_to_expression(node: Node, schema: pa.Schema) -> pc.Expression:
-    kind = node[0]
-    if kind == "const":
-        return pc.scalar(bool(node[1]))
-    if kind in ("and", "or"):
-        children = [tree_to_expression(c, schema) for c in node[1]]
-        if not children:
-            return pc.scalar(kind == "and")
-        out = children[0]
-        for c in children[1:]:
-            out = (out & c) if kind == "and" else (out | c)
-        return out
-    if kind == "not":
-        return ~tree_to_expression(node[1], schema)
-    if kind == "cmp":
-        _, op, col, value = node
-        name, t = _col_type(schema, col)
-        f = pc.field(name)
-        lit = _literal(value, t)
-        if op == "==":
-            return f == lit
-        if op == "!=":
-            return f != lit
-        if op == "<":
-            return f < lit
-        if op == "<=":
-            return f <= lit
-        if op == ">":
-            return f > lit
-        return f >= lit
-    if kind == "in":
-        _, col, values, negated = node
-        name, t = _col_type(schema, col)
-        arr = pa.array([_literal(v, t).as_py() for v in values], type=t)
-        e = pc.field(name).isin(arr)
-        return ~e if negated else e
-    if kind == "isnull":
-        _, col, negated = node
-        name, _t = _col_type(schema, col)
-        e = pc.field(name).is_null()
-        return ~e if negated else e
-    raise ValueError(f"bad predicate node {node!r}")
 
 
 # --------------------------------------------------------------------------- timestamps
@@ -713,14 +486,14 @@ class Snapshot:
         mode = self._column_mapping_mode()
         fields_json = {f["name"]: f for f in schema_json["fields"]}
         part_cols = list(self.metadata.partition_columns)
-        part_set = {c.lower() for c in part_cols}
 
-        tree = filter_to_tree(filter) if filter is not None else None
+        tree = filter_tree(filter) if filter is not None else None
+        text = filter_text(filter) if filter is not None else ""
         filter_cols: set[str] = set()
         if tree is not None:
-            filter_cols = {_col_type(full_schema, c)[0] for c in _tree_columns(tree)}
+            filter_cols = {resolve_column(full_schema, c, text) for c in columns_of(tree)}
 
-        out_names = list(full_schema.names) if columns is None else [_col_type(full_schema, c)[0] for c in columns]
+        out_names = list(full_schema.names) if columns is None else [resolve_column(full_schema, c, text) for c in columns]
         read_names = list(out_names) + [c for c in full_schema.names if c in filter_cols and c not in out_names]
         read_schema = pa.schema([full_schema.field(n) for n in read_names])
 
@@ -739,10 +512,10 @@ class Snapshot:
                 part_arrays[c] = pa.array([], type=t)
         selected = np.arange(n_files)
         if tree is not None and part_cols and n_files:
-            pruning = _implied_by(tree, part_set)
+            pruning = implied(tree, part_cols)
             if pruning is not None:
                 ptable = pa.table({**{c: part_arrays[c] for c in part_cols}, "__file_index": pa.array(np.arange(n_files))})
-                kept = ptable.filter(tree_to_expression(pruning, ptable.schema))
+                kept = ptable.filter(to_arrow(pruning, ptable.schema, text))
                 selected = kept.column("__file_index").to_numpy()
 
         # ---- read the selected files
@@ -774,7 +547,7 @@ class Snapshot:
             pieces = [read_one(i) for i in idx]
         result = pa.concat_tables(pieces) if pieces else read_schema.empty_table()
         if tree is not None:
-            result = result.filter(tree_to_expression(tree, result.schema))
+            result = result.filter(to_arrow(tree, result.schema, text))
         return result.select(out_names)
 
 
@@ -926,7 +699,6 @@ __all__ = [
     "UnsupportedTableFeatureError",
     "delta_schema_to_arrow",
     "delta_type_to_arrow",
-    "filter_to_tree",
     "load_snapshot",
     "parse_partition_value",
     "to_epoch_ms",

@@ -74,6 +74,7 @@ from reader.spark_source import SOURCE_NAME, DeltaCoordSource
 from schemas.actions import AddFile, SetTransaction
 from schemas.errors import ProtocolChangedException
 from schemas.expressions import arrow as expressions
+from schemas.expressions.syntax import columns_of, parse
 from schemas.routing import Topics
 from writer import staging
 from writer.table import Table
@@ -461,10 +462,8 @@ class DeltaCoordBatchWriter(_StagingWriter, DataSourceArrowWriter):
 
 def _only_partition_columns(where: str, snap: Snapshot) -> bool:
     """True when every column `where` names is a partition column."""
-    from reader.snapshot import _tree_columns, filter_to_tree
-
     try:
-        cols = {c.lower() for c in _tree_columns(filter_to_tree(where))}
+        cols = {c.lower() for c in columns_of(parse(where))}
     except ValueError:
         return False
     return cols <= {c.lower() for c in snap.partition_columns}

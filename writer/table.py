@@ -6,7 +6,8 @@ coordinator can only be as permissive as the declarations are narrow:
 
 * a blind append reads nothing (it conflicts only with metadata changes);
 * DELETE/UPDATE declare their condition and the files they scanned after
-  partition pruning and min/max data skipping (files skipped were never read);
+  partition pruning (with the coordinator's own matcher) and min/max data
+  skipping (files skipped were never read): `schemas.expressions.files_read`;
 * MERGE declares its target-only conjuncts and the target files it scanned
   (pruned and skipped the same way);
 * OVERWRITE with `replace_where` declares that predicate and the files it
@@ -37,8 +38,10 @@ from reader.log import TableNotFoundError, list_log, table_root
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError, delta_schema_to_arrow, parse_partition_value
 from schemas.actions import AddFile, Metadata, Protocol, SetTransaction
 from schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
+from schemas.expressions import ExpressionError, files_read
 from schemas.expressions import arrow as expressions
-from schemas.expressions import stats as skipping
+from schemas.expressions.partitions import prune
+from schemas.expressions.syntax import columns_of, parse, split_merge_condition
 from schemas.messages import Decision
 from schemas.properties import TableProperties
 from schemas.reasons import ReasonCode
@@ -274,23 +277,8 @@ class Table:
         return out
 
     def _candidates(self, snap: Snapshot, where: str | None) -> list[AddFile]:
-        """Files that may hold matching rows: partition pruning on the partition-only conjuncts."""
-        files = snap.files()
-        if where is None or not files:
-            return files
-        part_sql = expressions.partition_only(where, snap.partition_columns)
-        if part_sql is None:
-            return files
-        schema = delta_schema_to_arrow(snap.metadata.schema())
-        pschema = pa.schema([schema.field(c) for c in snap.partition_columns])
-        rows = pa.Table.from_pylist(
-            [{c: parse_partition_value(a.partition_values.get(c), pschema.field(c).type) for c in snap.partition_columns} for a in files],
-            schema=pschema,
-        )
-        mask = ds.dataset(rows.append_column("__i", pa.array(range(len(files))))).to_table(
-            filter=expressions.compile_filter(part_sql, pschema), columns=["__i"]
-        )
-        return [files[i] for i in mask.column("__i").to_pylist()]
+        """Files that may hold matching rows by partition (the coordinator's own matcher, `partitions.prune`)."""
+        return prune(snap.files(), where, snap.metadata, lambda a: a.partition_values)
 
     @staticmethod
     def _mask(t: pa.Table, cond: Any) -> pa.Array:
@@ -343,7 +331,7 @@ class Table:
             tx.read_whole()
             replaced = snap.files()
         else:
-            cols = expressions.columns_of(expressions.parse(replace_where))
+            cols = columns_of(parse(replace_where))
             part = set(snap.partition_columns)
             if not cols or not cols <= part:
                 raise InvalidProposalError(ReasonCode.BAD_REPLACE_WHERE, f"replace_where {replace_where!r} must name partition columns only ({sorted(part)})")
@@ -378,7 +366,7 @@ class Table:
         else:
             cond = expressions.compile_filter(where, schema)
             tx.read_predicate(where)
-        candidates = skipping.skip_files(self._candidates(snap, where), where, schema, snap.partition_columns)
+        candidates = files_read(snap.files(), where, snap.metadata, schema)
         tx.read_files_from(candidates)
         touched = copied = 0
         for add in candidates:
@@ -447,7 +435,7 @@ class Table:
         schema = delta_schema_to_arrow(snap.metadata.schema())
         src = staging.to_arrow(source)
         if isinstance(on, str):
-            keys, target_filter = expressions.split_merge_condition(on, source_alias, target_alias)
+            keys, target_filter = split_merge_condition(on, source_alias, target_alias)
         else:
             keys, target_filter = [(k, k) for k in on], None
         for s_col, t_col in keys:
@@ -463,7 +451,7 @@ class Table:
         else:
             tx.read_predicate(target_filter)
             cond = expressions.compile_filter(target_filter, schema)
-        candidates = skipping.skip_files(self._candidates(snap, target_filter), target_filter, schema, snap.partition_columns)
+        candidates = files_read(snap.files(), target_filter, snap.metadata, schema)
         tx.read_files_from(candidates)
 
         # Source keys, typed as the target's, with their row numbers; NULL keys never match (SQL equality).
@@ -566,7 +554,7 @@ class Table:
         if isinstance(m, pa.ChunkedArray):
             m = m.combine_chunks()
         if not pa.types.is_boolean(m.type):
-            raise expressions.ExpressionError(text, f"a MERGE condition must be boolean, not {m.type}")
+            raise ExpressionError(text, f"a MERGE condition must be boolean, not {m.type}")
         return pc.fill_null(m, False)
 
     @staticmethod

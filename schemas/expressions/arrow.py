@@ -1,159 +1,228 @@
-"""SQL expressions (WHERE conditions, SET values) as Arrow compute expressions.
+"""SQL expressions as Arrow compute expressions: a writer's WHERE and SET, MERGE conditions, reader filters.
 
-Parsed with sqlglot and translated into `pyarrow.compute` expressions, so a
-DELETE or UPDATE filters rows with Arrow's kernels. The top-level conjuncts
-that name only partition columns also prune files before any is read.
+Parsed by `syntax.parse`, typed by `types.py`'s rules, and translated into
+`pyarrow.compute` expressions, so rows are filtered and computed by Arrow's
+kernels. A literal compared with a column becomes a value of the column's
+type (`d > '2024-01-01'` on a date column compares dates); a string column
+compared with a typed value is cast to that type (Spark's rule). Column names
+resolve case-insensitively when they are not exact.
+
+Filters given as DNF tuples (`[("p", "=", "a")]`, the form delta-rs and
+pyarrow take) are turned into the same SQL trees first; `implied` finds the
+part of a filter that prunes by partition columns alone.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
+from decimal import Decimal
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import sqlglot
+import pyarrow.dataset as ds
 from sqlglot import exp
 
-from schemas.errors import InvalidProposalError
-from schemas.reasons import ReasonCode
+from schemas.expressions.syntax import (
+    ExpressionError,
+    NotALiteral,
+    columns_of,
+    conjuncts,
+    literal,
+    literal_node,
+    parse,
+    unparen,
+)
+from schemas.expressions.types import BOOL, DATE, NUM, STR, TS, category_of_value, coerce_literal
+
+FilterTuple: TypeAlias = tuple[str, str, Any]
+#: A SQL condition, or DNF tuples: one list ANDed, or a list of such lists ORed.
+Filter: TypeAlias = str | Sequence[FilterTuple] | Sequence[Sequence[FilterTuple]]
+
+_LITERALS = (exp.Literal, exp.Null, exp.Boolean, exp.Neg, exp.Cast, exp.TryCast)
+_CMP: dict[type[exp.Expr], str] = {exp.EQ: "equal", exp.NEQ: "not_equal", exp.GT: "greater", exp.GTE: "greater_equal", exp.LT: "less",
+        exp.LTE: "less_equal"}
+_ARITH = {exp.Add: "add", exp.Sub: "subtract", exp.Mul: "multiply", exp.Div: "divide"}
+_TUPLE_OPS: dict[str, type[exp.Expr]] = {"=": exp.EQ, "==": exp.EQ, "!=": exp.NEQ, "<>": exp.NEQ, "<": exp.LT,
+                                         "<=": exp.LTE, ">": exp.GT, ">=": exp.GTE}
 
 
-class ExpressionError(InvalidProposalError):
-    def __init__(self, text: str, problem: str) -> None:
-        super().__init__(ReasonCode.BAD_EXPRESSION, f"{problem} in {text!r}")
+def category_of_arrow(t: pa.DataType) -> str:
+    """The `types.py` category of an Arrow type."""
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return NUM
+    if pa.types.is_date(t):
+        return DATE
+    if pa.types.is_timestamp(t):
+        return TS
+    if pa.types.is_boolean(t):
+        return BOOL
+    return STR
 
 
-def parse(text: str) -> exp.Expr:
+#: The Arrow type a string column is cast to when compared with a value of a category.
+_CAST_TARGET = {NUM: pa.float64(), DATE: pa.date32(), TS: pa.timestamp("us", tz="UTC"), BOOL: pa.bool_()}
+
+
+def resolve_column(schema: pa.Schema, name: str, text: str) -> str:
+    """The schema's name for a column: exact, else the one that matches ignoring case."""
+    if schema.get_field_index(name) >= 0:
+        return name
+    lowered = [n for n in schema.names if n.lower() == name.lower()]
+    if len(lowered) != 1:
+        raise ExpressionError(text, f"unknown column {name!r}" if not lowered else f"ambiguous column {name!r}")
+    return str(lowered[0])
+
+
+def _scalar(value: Any, t: pa.DataType | None) -> pa.Scalar:
+    """`value` as an Arrow scalar of type `t` when it is one, else as what Arrow infers."""
+    if t is None:
+        return pa.scalar(value)
     try:
-        tree = sqlglot.parse_one(text, read="spark")
-    except sqlglot.errors.ParseError as e:
-        raise ExpressionError(text, f"cannot parse: {e}") from None
-    if tree is None:
-        raise ExpressionError(text, "empty expression")
-    return tree
+        return pa.scalar(value, type=t)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError):
+        pass
+    try:
+        return pa.scalar(value).cast(t)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return pa.scalar(value)
 
 
-def conjuncts(tree: exp.Expr) -> list[exp.Expr]:
-    """Top-level AND terms."""
-    if isinstance(tree, exp.Paren):
-        return conjuncts(tree.this)
-    if isinstance(tree, exp.And):
-        return conjuncts(tree.left) + conjuncts(tree.right)
-    return [tree]
+class _Translator:
+    def __init__(self, schema: pa.Schema, text: str) -> None:
+        self.schema = schema
+        self.text = text
 
+    def bad(self, problem: str) -> ExpressionError:
+        return ExpressionError(self.text, problem)
 
-def columns_of(tree: exp.Expr) -> set[str]:
-    return {c.name for c in tree.find_all(exp.Column)}
+    def literal(self, node: exp.Expr) -> Any:
+        try:
+            return literal(node)
+        except NotALiteral as e:
+            raise self.bad(str(e)) from e
 
+    def column(self, node: exp.Column) -> tuple[pc.Expression, pa.DataType]:
+        name = resolve_column(self.schema, node.name, self.text)
+        return pc.field(name), self.schema.field(name).type
 
-def partition_only(text: str, partition_columns: Sequence[str]) -> str | None:
-    """The conjuncts of `text` that name only partition columns, as SQL (None if none)."""
-    parts = [c for c in conjuncts(parse(text)) if columns_of(c) and columns_of(c) <= set(partition_columns)]
-    if not parts:
-        return None
-    return " AND ".join(f"({p.sql(dialect='spark')})" for p in parts)
+    def typed_of(self, node: exp.Expr) -> pa.DataType | None:
+        """The Arrow type of a column reference (None for anything else)."""
+        node = unparen(node)
+        return self.column(node)[1] if isinstance(node, exp.Column) else None
 
+    def literal_for(self, value: Any, t: pa.DataType | None) -> pc.Expression:
+        """A literal as a value of the column type `t` it meets (types.py's coercion)."""
+        if t is None or value is None:
+            return pc.scalar(_scalar(value, t))
+        cat = category_of_arrow(t)
+        try:
+            v = coerce_literal(value, cat)
+        except (ValueError, ArithmeticError) as e:
+            raise self.bad(f"literal {value!r} is not a valid {cat} for a {t} column") from e
+        if isinstance(v, Decimal) and not pa.types.is_decimal(t):
+            v = float(v)
+        return pc.scalar(_scalar(v, t))
 
-def literal(node: exp.Expr, text: str) -> Any:
-    """The Python value of a SQL literal (also used by data skipping); ExpressionError otherwise."""
-    if isinstance(node, exp.Null):
-        return None
-    if isinstance(node, exp.Boolean):
-        return node.this is True or str(node.this).lower() == "true"
-    if isinstance(node, exp.Literal):
-        if node.is_string:
-            return node.this
-        s = node.this
-        return float(s) if any(ch in s for ch in ".eE") else int(s)
-    if isinstance(node, exp.Neg):
-        v = literal(node.this, text)
-        return -v
-    if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal):
-        to = node.to.sql().upper()
-        if to == "DATE":
-            return dt.date.fromisoformat(node.this.this)
-        if to.startswith("TIMESTAMP"):
-            return dt.datetime.fromisoformat(node.this.this).replace(tzinfo=dt.UTC)
-    raise ExpressionError(text, f"unsupported literal {node.sql()}")
+    def operands(self, left: exp.Expr, right: exp.Expr) -> tuple[pc.Expression, pc.Expression]:
+        """Both sides of a comparison or an arithmetic operation, brought to comparable types."""
+        lt, rt = self.typed_of(left), self.typed_of(right)
+        l_lit, r_lit = isinstance(unparen(left), _LITERALS), isinstance(unparen(right), _LITERALS)
+        if l_lit and r_lit:
+            return pc.scalar(self.literal(left)), pc.scalar(self.literal(right))
+        if r_lit:
+            return self.value(left), self._against(self.literal(right), lt, left)
+        if l_lit:
+            return self._against(self.literal(left), rt, right), self.value(right)
+        return self.value(left), self.value(right)
+
+    def _against(self, value: Any, t: pa.DataType | None, other: exp.Expr) -> pc.Expression:
+        if t is not None and category_of_arrow(t) == STR and category_of_value(value) not in (STR, None):
+            return pc.scalar(value)  # the string column is cast instead (see `value_as`)
+        return self.literal_for(value, t)
+
+    def value(self, node: exp.Expr) -> pc.Expression:
+        node = unparen(node)
+        if isinstance(node, exp.Column):
+            return self.column(node)[0]
+        if isinstance(node, _LITERALS):
+            return pc.scalar(self.literal(node))
+        for cls, fn in _ARITH.items():
+            if isinstance(node, cls):
+                a, b = self.operands(node.left, node.right)
+                return getattr(pc, fn)(a, b)
+        return self.boolean(node)
+
+    def compare(self, fn: str, left: exp.Expr, right: exp.Expr) -> pc.Expression:
+        a, b = self.operands(left, right)
+        a, b = self._cast_string_column(left, right, a), self._cast_string_column(right, left, b)
+        return getattr(pc, fn)(a, b)
+
+    def _cast_string_column(self, node: exp.Expr, other: exp.Expr, expr: pc.Expression) -> pc.Expression:
+        """A string column compared with a typed literal is cast to the literal's type (Spark)."""
+        t = self.typed_of(node)
+        o = unparen(other)
+        if t is None or category_of_arrow(t) != STR or not isinstance(o, _LITERALS):
+            return expr
+        cat = category_of_value(self.literal(o))
+        if cat in (STR, None):
+            return expr
+        return pc.cast(expr, _CAST_TARGET[cat])
+
+    def boolean(self, node: exp.Expr) -> pc.Expression:
+        node = unparen(node)
+        if isinstance(node, exp.And):
+            return self.boolean(node.left) & self.boolean(node.right)
+        if isinstance(node, exp.Or):
+            return self.boolean(node.left) | self.boolean(node.right)
+        if isinstance(node, exp.Not):
+            return ~self.boolean(node.this)
+        fn = _CMP.get(type(node))
+        if fn is not None:
+            assert isinstance(node, exp.Binary)
+            return self.compare(fn, node.left, node.right)
+        if isinstance(node, exp.In):
+            if node.args.get("query") is not None:
+                raise self.bad("IN with a subquery is not supported")
+            return self.in_list(node)
+        if isinstance(node, exp.Between):
+            low = self.compare("greater_equal", node.this, node.args["low"])
+            high = self.compare("less_equal", node.this, node.args["high"])
+            return low & high
+        if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
+            return self.value(node.this).is_null()
+        if isinstance(node, (exp.Column, *_LITERALS)):
+            return self.value(node)
+        raise self.bad(f"unsupported construct {node.key.upper()} ({node.sql(dialect='spark')})")
+
+    def in_list(self, node: exp.In) -> pc.Expression:
+        """SQL's IN: NULL when the value is NULL, or when it is not found and the list holds a NULL."""
+        col = self.value(node.this)
+        values = [self.literal(v) for v in node.expressions]
+        present = [v for v in values if v is not None]
+        unknown = pc.scalar(pa.scalar(None, pa.bool_()))
+        found = pc.if_else(col.is_null(), unknown, col.isin(self._in_values(present, self.typed_of(node.this))))
+        return pc.if_else(found, True, unknown) if len(present) < len(values) else found
+
+    def _in_values(self, values: list[Any], t: pa.DataType | None) -> pa.Array:
+        """IN-list literals as the column's type (strings cast as Spark casts them: '2024-01-01' to a date)."""
+        if t is None:
+            return pa.array(values)
+        cat = category_of_arrow(t)
+        try:
+            typed = [coerce_literal(v, cat) for v in values]
+        except (ValueError, ArithmeticError) as e:
+            raise self.bad(f"IN values {values!r} are not of the column's type {t}: {e}") from e
+        typed = [float(v) if isinstance(v, Decimal) and not pa.types.is_decimal(t) else v for v in typed]
+        try:
+            return pa.array(typed, type=t)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+            raise self.bad(f"IN values {values!r} are not of the column's type {t}: {e}") from e
 
 
 def to_arrow(node: exp.Expr, schema: pa.Schema, text: str) -> Any:
-    """Translate a parsed SQL expression into a pyarrow.compute Expression."""
-    if isinstance(node, exp.Paren):
-        return to_arrow(node.this, schema, text)
-    if isinstance(node, exp.Column):
-        if node.name not in schema.names:
-            raise ExpressionError(text, f"unknown column {node.name!r}")
-        return pc.field(node.name)
-    if isinstance(node, exp.And):
-        return to_arrow(node.left, schema, text) & to_arrow(node.right, schema, text)
-    if isinstance(node, exp.Or):
-        return to_arrow(node.left, schema, text) | to_arrow(node.right, schema, text)
-    if isinstance(node, exp.Not):
-        return ~to_arrow(node.this, schema, text)
-    ops = {exp.EQ: "equal", exp.NEQ: "not_equal", exp.GT: "greater", exp.GTE: "greater_equal", exp.LT: "less", exp.LTE: "less_equal",
-           exp.Add: "add", exp.Sub: "subtract", exp.Mul: "multiply", exp.Div: "divide"}
-    for cls, fn in ops.items():
-        if isinstance(node, cls):
-            left, right = _operand(node.left, schema, text), _operand(node.right, schema, text)
-            left, right = _coerce(left, right, schema), _coerce(right, left, schema)
-            return getattr(pc, fn)(left, right)
-    if isinstance(node, exp.In):
-        values = [literal(v, text) for v in node.expressions]
-        col = to_arrow(node.this, schema, text)
-        typ = schema.field(node.this.name).type if isinstance(node.this, exp.Column) else None
-        return col.isin(_in_values(values, typ, text) if typ is not None else values)
-    if isinstance(node, exp.Between):
-        col = node.this
-        return to_arrow(exp.GTE(this=col, expression=node.args["low"]), schema, text) & to_arrow(
-            exp.LTE(this=col, expression=node.args["high"]), schema, text
-        )
-    if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
-        return to_arrow(node.this, schema, text).is_null()
-    if isinstance(node, (exp.Literal, exp.Null, exp.Boolean, exp.Neg, exp.Cast)):
-        return pc.scalar(literal(node, text))
-    raise ExpressionError(text, f"unsupported construct {node.key.upper()} ({node.sql()})")
-
-
-def _in_values(values: list[Any], typ: pa.DataType, text: str) -> pa.Array:
-    """IN-list literals as the column's type; strings are cast as Spark casts them ('2024-01-01' to a date)."""
-    try:
-        return pa.array(values, type=typ)
-    except (pa.ArrowTypeError, pa.ArrowInvalid):
-        pass
-    try:
-        return pa.array(values).cast(typ)
-    except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise ExpressionError(text, f"IN values {values!r} are not of the column's type {typ}: {e}") from None
-
-
-def _operand(node: exp.Expr, schema: pa.Schema, text: str) -> Any:
-    if isinstance(node, (exp.Literal, exp.Null, exp.Boolean, exp.Neg, exp.Cast)):
-        return ("lit", literal(node, text))
-    return to_arrow(node, schema, text)
-
-
-def _coerce(value: Any, other: Any, schema: pa.Schema) -> Any:
-    """Literals take the type of the column they are compared with (dates from strings, etc.)."""
-    if not (isinstance(value, tuple) and value[0] == "lit"):
-        return value
-    lit = value[1]
-    if isinstance(other, pc.Expression):
-        name = _field_name(other)
-        if name is not None and lit is not None:
-            t = schema.field(name).type
-            try:
-                return pc.scalar(pa.scalar(lit).cast(t))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                return pc.scalar(lit)
-    return pc.scalar(lit)
-
-
-def _field_name(e: pc.Expression) -> str | None:
-    s = str(e)
-    return s if s.isidentifier() else None
+    """Translate a parsed SQL expression into a pyarrow.compute Expression over `schema`."""
+    return _Translator(schema, text).value(node)
 
 
 def compile_filter(text: str, schema: pa.Schema) -> Any:
@@ -164,50 +233,10 @@ def compile_filter(text: str, schema: pa.Schema) -> Any:
 def evaluate(text: str, table: pa.Table) -> pa.Array:
     """Evaluate a SQL value expression (an UPDATE's SET value) over a table."""
     node = parse(text)
-    if isinstance(node, (exp.Literal, exp.Null, exp.Boolean, exp.Neg, exp.Cast)):
-        return pa.array([literal(node, text)] * table.num_rows)
+    if isinstance(unparen(node), _LITERALS):
+        return pa.array([_Translator(table.schema, text).literal(node)] * table.num_rows)
     expr = to_arrow(node, table.schema, text)
-    import pyarrow.dataset as ds
-
     return ds.dataset(table).to_table(columns={"v": expr}).column("v").combine_chunks()
-
-
-# -- MERGE ------------------------------------------------------------------------------
-def strip_qualifiers(text: str) -> str:
-    """`t.date = '2024-01-01'` -> `date = '2024-01-01'` (what a read predicate or a filter needs)."""
-    tree = parse(text).transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) and n.table else n)
-    return str(tree.sql(dialect="spark"))
-
-
-def split_merge_condition(text: str, source_alias: str, target_alias: str) -> tuple[list[tuple[str, str]], str | None]:
-    """A MERGE ON condition as key pairs (source column, target column) plus the target-only conjuncts.
-
-    Supported: conjuncts `s.k = t.k` (equi-join keys) and conjuncts naming only
-    target columns with literals (`t.date = '2024-01-01'`), which prune files
-    and become the read predicate, so merges into disjoint partitions do not
-    conflict. Anything else is rejected rather than evaluated loosely.
-    """
-    keys: list[tuple[str, str]] = []
-    target_only: list[str] = []
-    for c in conjuncts(parse(text)):
-        cols = list(c.find_all(exp.Column))
-        tables = {col.table for col in cols}
-        if "" in tables:
-            raise ExpressionError(text, f"qualify every column with {source_alias!r} or {target_alias!r}: {c.sql()}")
-        unknown = tables - {source_alias, target_alias}
-        if unknown:
-            raise ExpressionError(text, f"unknown table alias(es) {sorted(unknown)}")
-        if isinstance(c, exp.EQ) and isinstance(c.left, exp.Column) and isinstance(c.right, exp.Column) \
-                and {c.left.table, c.right.table} == {source_alias, target_alias}:
-            s, t = (c.left, c.right) if c.left.table == source_alias else (c.right, c.left)
-            keys.append((s.name, t.name))
-        elif cols and tables == {target_alias}:
-            target_only.append(f"({strip_qualifiers(c.sql(dialect='spark'))})")
-        else:
-            raise ExpressionError(text, f"unsupported MERGE condition conjunct {c.sql()} (use s.k = t.k keys and target-only filters)")
-    if not keys:
-        raise ExpressionError(text, "a MERGE condition needs at least one source = target key equality")
-    return keys, " AND ".join(target_only) or None
 
 
 def evaluate_qualified(text: str, table: pa.Table, prefixes: dict[str, str], sides: dict[str, set[str]]) -> pa.Array:
@@ -231,3 +260,80 @@ def evaluate_qualified(text: str, table: pa.Table, prefixes: dict[str, str], sid
         return exp.column(prefixes[owners[0]] + n.name)
 
     return evaluate(parse(text).transform(rename).sql(dialect="spark"), table)
+
+
+# -- filters given as a SQL string or as DNF tuples (the reader's `filter=`) --------------------------
+
+
+def filter_tree(flt: Filter) -> exp.Expr:
+    """A filter as a SQL tree: parsed text, or DNF tuples `(column, op, value)` turned into SQL."""
+    if isinstance(flt, str):
+        return parse(flt)
+    if not flt:
+        return exp.Boolean(this=True)
+    groups: list[Sequence[FilterTuple]] = list(flt) if isinstance(flt[0], list) else [flt]  # type: ignore[arg-type, list-item]
+    ors: list[exp.Expr] = []
+    for group in groups:
+        ands: list[exp.Expr] = []
+        for item in group:
+            if len(item) != 3:
+                raise ValueError(f"a filter predicate is (column, op, value), got {item!r}")
+            col, op, value = item
+            column = exp.column(str(col), quoted=True)
+            op_l = str(op).lower().strip()
+            if op_l in _TUPLE_OPS:
+                ands.append(_TUPLE_OPS[op_l](this=column, expression=literal_node(value)))
+            elif op_l in ("in", "not in"):
+                # As pyarrow's and delta-rs's `filters`: a NULL value is "not in" any list
+                # (and "in" one that holds None), where SQL would say NULL.
+                values = list(value)
+                member = exp.In(this=column, expressions=[literal_node(v) for v in values if v is not None])
+                is_null = exp.Is(this=column.copy(), expression=exp.Null())
+                with_none = any(v is None for v in values)
+                if op_l == "in":
+                    ands.append(exp.or_(member, is_null) if with_none else member)
+                else:
+                    ands.append(exp.and_(exp.Not(this=member), exp.Not(this=is_null)) if with_none
+                                else exp.or_(exp.Not(this=member), is_null))
+            elif op_l in ("is", "is not") and value is None:
+                test = exp.Is(this=column, expression=exp.Null())
+                ands.append(exp.Not(this=test) if op_l == "is not" else test)
+            else:
+                raise ValueError(f"unsupported filter operator {op!r}")
+        ors.append(exp.and_(*ands) if ands else exp.Boolean(this=True))
+    return exp.or_(*ors) if len(ors) > 1 else ors[0]
+
+
+def filter_text(flt: Filter) -> str:
+    return flt if isinstance(flt, str) else filter_tree(flt).sql(dialect="spark")
+
+
+def implied(node: exp.Expr, columns: Collection[str]) -> exp.Expr | None:
+    """A condition over `columns` only that is TRUE whenever `node` is (None: there is none), for pruning."""
+    allowed = {c.lower() for c in columns}
+    node = unparen(node)
+    if {c.lower() for c in columns_of(node)} <= allowed:
+        return node
+    if isinstance(node, exp.And):
+        parts = [p for p in (implied(c, columns) for c in conjuncts(node)) if p is not None]
+        return exp.and_(*parts) if parts else None
+    if isinstance(node, exp.Or):
+        left, right = implied(node.left, columns), implied(node.right, columns)
+        return None if left is None or right is None else exp.or_(left, right)
+    return None
+
+
+__all__ = [
+    "Filter",
+    "FilterTuple",
+    "category_of_arrow",
+    "compile_filter",
+    "evaluate",
+    "evaluate_qualified",
+    "filter_text",
+    "filter_tree",
+    "implied",
+    "resolve_column",
+    "to_arrow",
+]
+

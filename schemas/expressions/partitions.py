@@ -12,15 +12,21 @@ partition values?* The answer follows Delta Spark's append check:
   whole. If no conjunct remains the predicate is TRUE and matches every file.
 * Partition values are strings (or None) in ``AddFile.partitionValues``; they
   are typed with the partition column's type from the table schema (``'10' >
-  '9'`` on an integer column is numeric). An empty string or None is NULL.
+  '9'`` on an integer column is numeric; the rules are `types.py`'s). An empty
+  string or None is NULL.
 * Evaluation is SQL three-valued logic; a file matches only when the predicate
   is TRUE (NULL/unknown does not match).
 * A partition value that cannot be parsed as its column type makes the
   predicate match (conservative: a possible conflict is reported rather than
   missed). Delta Spark would cast it to NULL (no match) or fail the query.
-* Column names are matched case-insensitively (Spark's default). A qualified
-  column ``t.date`` is accepted; a conjunct that mixes qualifiers (``s.date =
-  t.date``, a MERGE join condition between source and target) is a data filter.
+* Which conjuncts count is `syntax.is_partition_only`: column names match
+  case-insensitively (Spark's default), a qualified column ``t.date`` is
+  accepted, and a conjunct that mixes qualifiers (``s.date = t.date``, a MERGE
+  join condition between source and target) is a data filter.
+
+The writer prunes files with this same matcher before it scans them, so the
+files a DELETE or UPDATE reads are never in a partition the coordinator's
+append check would not guard.
 
 Anything this module does not understand in a partition-only conjunct (a
 function call, arithmetic, a subquery) raises ``InvalidProposalError`` with
@@ -29,69 +35,46 @@ reason ``BAD_PREDICATE``; nothing else escapes.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import operator
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
-import sqlglot
 from sqlglot import exp
 
 from schemas.actions import Metadata
 from schemas.errors import InvalidProposalError
+from schemas.expressions.syntax import (
+    MAX_PREDICATE_CHARS,
+    MAX_PREDICATES,
+    MAX_TOTAL_PREDICATE_CHARS,
+    ExpressionError,
+    NotALiteral,
+    cast_type,
+    conjuncts,
+    is_partition_only,
+    literal,
+    parse,
+)
+from schemas.expressions.types import (
+    BOOL,
+    DATE,
+    FROM_TEXT,
+    STR,
+    TS,
+    category_of,
+    category_of_value,
+    coerce_literal,
+    parse_text,
+)
 from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
 from schemas.reasons import ReasonCode
 
-#: Longest predicate text accepted (a guard against pathological input).
-#: Compiling is linear in the text (~0.1 s per 16 KB with sqlglot) and runs on the
-#: single deciding thread, so predicates are bounded in size and count per proposal.
-MAX_PREDICATE_CHARS = 16_384
-MAX_PREDICATES = 64
-MAX_TOTAL_PREDICATE_CHARS = 65_536
-#: Parsing recurses per nesting level; an explicit bound keeps the outcome
-#: deterministic instead of depending on how deep Python's stack already is.
-MAX_PREDICATE_NESTING = 64
-_NOT_TOKEN = re.compile(r"\bNOT\b", re.IGNORECASE)
-
-
-def _nesting(text: str) -> int:
-    """Deepest parenthesis nesting outside string literals, plus the count of NOTs."""
-    depth = deepest = 0
-    quote: str | None = None
-    for ch in text:
-        if quote is not None:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"`":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch == ")":
-            depth -= 1
-    return deepest + len(_NOT_TOKEN.findall(text))
-
 Row = tuple["str | None", ...]
 _Eval = Callable[[Row], Any]
-
-# Value categories used for comparisons.
-STR, NUM, DATE, TS, BOOL = "string", "numeric", "date", "timestamp", "boolean"
-
-_INTEGRAL = frozenset({"byte", "short", "integer", "int", "long", "bigint", "tinyint", "smallint"})
-_FLOATING = frozenset({"float", "double", "real"})
-_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
-_MICROS_PER_DAY = 86_400_000_000
-_UTC = _dt.UTC
-
-
-def _bad(text: str, problem: str) -> InvalidProposalError:
-    shown = text if len(text) <= 200 else text[:200] + "..."
-    return InvalidProposalError(ReasonCode.BAD_PREDICATE, f"read predicate {shown!r}: {problem}")
+F = TypeVar("F")
 
 
 # ---------------------------------------------------------------------------
@@ -109,23 +92,10 @@ class PartitionColumn:
 
     @property
     def category(self) -> str:
-        return _category_of(self.type_name)
+        return category_of(self.type_name)
 
 
 PartitionSchema = tuple[PartitionColumn, ...]
-
-
-def _category_of(type_name: str) -> str:
-    t = type_name.lower()
-    if t in _INTEGRAL or t in _FLOATING or t.startswith("decimal"):
-        return NUM
-    if t == "date":
-        return DATE
-    if t in ("timestamp", "timestamp_ntz"):
-        return TS
-    if t == "boolean":
-        return BOOL
-    return STR  # string, binary and anything else compare as text
 
 
 @lru_cache(maxsize=1024)
@@ -186,8 +156,9 @@ def row_to_mapping(row: Row, schema: PartitionSchema) -> dict[str, str | None]:
     return {c.name: v for c, v in zip(schema, row, strict=True)}
 
 
+
 # ---------------------------------------------------------------------------
-# Typed conversion of raw partition strings and literals
+# Typed reading of raw partition strings
 # ---------------------------------------------------------------------------
 
 
@@ -195,96 +166,17 @@ class _Unparsable(Exception):
     """A partition value that does not parse as its column type."""
 
 
-def _to_num(s: str) -> int | float | Decimal:
-    s = s.strip()
-    try:
-        return int(s)
-    except ValueError:
-        pass
-    try:
-        d = Decimal(s)
-    except InvalidOperation:
-        d = None
-    if d is not None:
-        if d.is_nan() or d.is_infinite():
-            return float(d)
-        if d == d.to_integral_value() and "e" not in s.lower() and "." not in s:
-            return int(d)
-        return d
-    raise ValueError(f"not a number: {s!r}")
-
-
-def _to_float(s: str) -> float:
-    return float(s.strip())
-
-
-def _to_date(s: str) -> int:
-    s = s.strip()
-    try:
-        return _dt.date.fromisoformat(s[:10] if len(s) > 10 and s[10] in " T" else s).toordinal()
-    except ValueError as e:
-        raise ValueError(f"not a date: {s!r}") from e
-
-
-def _to_ts(s: str) -> int:
-    """Microseconds since the epoch; a value without a zone is taken as UTC."""
-    s = s.strip()
-    try:
-        d = _dt.datetime.fromisoformat(s)
-    except ValueError as e:
-        raise ValueError(f"not a timestamp: {s!r}") from e
-    if d.tzinfo is None:
-        d = d.replace(tzinfo=_UTC)
-    delta = d - _dt.datetime(1970, 1, 1, tzinfo=_UTC)
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def _to_bool(s: str) -> bool:
-    t = s.strip().lower()
-    if t == "true":
-        return True
-    if t == "false":
-        return False
-    raise ValueError(f"not a boolean: {s!r}")
-
-
-def _converter(type_name: str) -> Callable[[str], Any]:
-    t = type_name.lower()
-    if t in _INTEGRAL:
-        return lambda s: int(s.strip())
-    if t in _FLOATING:
-        return _to_float
-    if t.startswith("decimal"):
-        return _to_num
-    if t == "date":
-        return _to_date
-    if t in ("timestamp", "timestamp_ntz"):
-        return _to_ts
-    if t == "boolean":
-        return _to_bool
-    return str
-
-
-_CATEGORY_CONVERTER: dict[str, Callable[[str], Any]] = {
-    STR: str,
-    NUM: _to_num,
-    DATE: _to_date,
-    TS: _to_ts,
-    BOOL: _to_bool,
-}
-
 _CACHE_LIMIT = 4_096
 
 
 def _column_reader(index: int, type_name: str) -> _Eval:
     """Closure reading column `index` of a row as a typed value (None for NULL)."""
-    if _category_of(type_name) == STR:
+    if category_of(type_name) == STR:
 
         def read_str(row: Row) -> Any:
             return row[index] or None
 
         return read_str
-    conv = _converter(type_name)
     cache: dict[str, Any] = {}
 
     def read(row: Row) -> Any:
@@ -294,7 +186,7 @@ def _column_reader(index: int, type_name: str) -> _Eval:
         v = cache.get(raw)
         if v is None:
             try:
-                v = conv(raw)
+                v = parse_text(raw, type_name)
             except (ValueError, ArithmeticError) as e:
                 raise _Unparsable(raw) from e
             if len(cache) >= _CACHE_LIMIT:
@@ -325,10 +217,6 @@ def _const(cat: str | None, value: Any, string_literal: bool = False) -> _Val:
     return _Val(cat, lambda row: value, True, value, string_literal)
 
 
-def _date_to_ts(v: int) -> int:
-    return (v - _EPOCH_ORDINAL) * _MICROS_PER_DAY
-
-
 _CMP_OPS: dict[type[exp.Expr], Callable[[Any, Any], bool]] = {
     exp.EQ: operator.eq,
     exp.NEQ: operator.ne,
@@ -338,27 +226,6 @@ _CMP_OPS: dict[type[exp.Expr], Callable[[Any, Any], bool]] = {
     exp.LTE: operator.le,
 }
 
-_CAST_TYPES: dict[str, str] = {
-    "TEXT": "string",
-    "VARCHAR": "string",
-    "CHAR": "string",
-    "NVARCHAR": "string",
-    "INT": "integer",
-    "BIGINT": "long",
-    "SMALLINT": "short",
-    "TINYINT": "byte",
-    "DOUBLE": "double",
-    "FLOAT": "float",
-    "DECIMAL": "decimal",
-    "DATE": "date",
-    "TIMESTAMP": "timestamp",
-    "TIMESTAMPTZ": "timestamp",
-    "TIMESTAMPLTZ": "timestamp",
-    "TIMESTAMPNTZ": "timestamp_ntz",
-    "DATETIME": "timestamp",
-    "BOOLEAN": "boolean",
-}
-
 
 class _Compiler:
     def __init__(self, text: str, schema: PartitionSchema) -> None:
@@ -366,18 +233,8 @@ class _Compiler:
         self.schema = schema
         self.index = {c.name.lower(): i for i, c in enumerate(schema)}
 
-    # -- classification ----------------------------------------------------
-
-    def is_partition_only(self, node: exp.Expr) -> bool:
-        """True if every column the conjunct names is a partition column (one qualifier at most)."""
-        qualifiers: set[str] = set()
-        for col in node.find_all(exp.Column):
-            if col.name.lower() not in self.index:
-                return False
-            q = col.table
-            if q:
-                qualifiers.add(q.lower())
-        return len(qualifiers) <= 1
+    def bad(self, problem: str) -> ExpressionError:
+        return _bad(self.text, problem)
 
     # -- boolean expressions -------------------------------------------------
 
@@ -407,9 +264,9 @@ class _Compiler:
         if isinstance(node, (exp.Boolean, exp.Null, exp.Column, exp.Cast, exp.TryCast)):
             v = self.value(node)
             if v.cat not in (BOOL, None):
-                raise _bad(self.text, f"{node.sql(dialect='spark')!r} is not a boolean expression")
+                raise self.bad(f"{node.sql(dialect='spark')!r} is not a boolean expression")
             return v.fn
-        raise _bad(self.text, f"unsupported construct {type(node).__name__} ({node.sql(dialect='spark')!r})")
+        raise self.bad(f"unsupported construct {type(node).__name__} ({node.sql(dialect='spark')!r})")
 
     def is_test(self, node: exp.Is) -> _Eval:
         v = self.value(node.this)
@@ -420,7 +277,7 @@ class _Compiler:
         if isinstance(target, exp.Boolean):
             want = bool(target.this)
             return lambda row: f(row) is want
-        raise _bad(self.text, f"unsupported IS test {node.sql(dialect='spark')!r}")
+        raise self.bad(f"unsupported IS test {node.sql(dialect='spark')!r}")
 
     # -- values --------------------------------------------------------------
 
@@ -430,36 +287,27 @@ class _Compiler:
         if isinstance(node, exp.Column):
             i = self.index.get(node.name.lower())
             if i is None:  # cannot happen for partition-only conjuncts; kept for safety
-                raise _bad(self.text, f"column {node.name!r} is not a partition column")
+                raise self.bad(f"column {node.name!r} is not a partition column")
             col = self.schema[i]
             return _Val(col.category, _column_reader(i, col.type_name))
-        if isinstance(node, exp.Literal):
-            if node.is_string:
-                return _const(STR, node.this, string_literal=True)
-            try:
-                return _const(NUM, _to_num(str(node.this)))
-            except ValueError as e:
-                raise _bad(self.text, f"bad number {node.this!r}") from e
-        if isinstance(node, exp.Neg):
-            inner = self.value(node.this)
-            if inner.const and inner.cat == NUM:
-                return _const(NUM, -inner.value)
-            raise _bad(self.text, f"unsupported negation {node.sql(dialect='spark')!r}")
-        if isinstance(node, exp.Boolean):
-            return _const(BOOL, bool(node.this))
-        if isinstance(node, exp.Null):
-            return _const(None, None)
         if isinstance(node, (exp.Cast, exp.TryCast)):
             return self.cast(node)
-        raise _bad(self.text, f"unsupported construct {type(node).__name__} ({node.sql(dialect='spark')!r})")
+        try:
+            v = literal(node)
+        except NotALiteral as e:
+            if isinstance(node, (exp.Literal, exp.Neg, exp.Boolean, exp.Null)):
+                raise self.bad(str(e)) from e
+            raise self.bad(f"unsupported construct {type(node).__name__} ({node.sql(dialect='spark')!r})") from e
+        if isinstance(node, exp.Literal) and node.is_string:
+            return _const(STR, v, string_literal=True)
+        return _const(category_of_value(v), v)
 
     def cast(self, node: exp.Cast) -> _Val:
-        to = node.args.get("to")
-        dtype = to.this.name if isinstance(to, exp.DataType) else None
-        type_name = _CAST_TYPES.get(dtype or "")
+        type_name = cast_type(node)
         if type_name is None:
-            raise _bad(self.text, f"unsupported cast target {to.sql(dialect='spark') if to else '?'}")
-        cat = _category_of(type_name)
+            to = node.args.get("to")
+            raise self.bad(f"unsupported cast target {to.sql(dialect='spark') if to else '?'}")
+        cat = category_of(type_name)
         inner_node = node.this
         inner = self.value(inner_node)
         if inner.const:
@@ -467,18 +315,18 @@ class _Compiler:
                 return _const(cat, None)
             raw = inner.value if isinstance(inner.value, str) else _literal_text(inner)
             try:
-                return _const(cat, _converter(type_name)(raw) if cat != STR else raw)
+                return _const(cat, parse_text(raw, type_name) if cat != STR else raw)
             except (ValueError, ArithmeticError) as e:
-                raise _bad(self.text, f"cannot cast {raw!r} to {type_name}") from e
+                raise self.bad(f"cannot cast {raw!r} to {type_name}") from e
         if isinstance(inner_node, exp.Column):
             i = self.index[inner_node.name.lower()]
             return _Val(cat, _column_reader(i, type_name))
-        raise _bad(self.text, f"unsupported cast of {inner_node.sql(dialect='spark')!r}")
+        raise self.bad(f"unsupported cast of {inner_node.sql(dialect='spark')!r}")
 
     # -- coercion and comparison ----------------------------------------------
 
     def coerce(self, a: _Val, b: _Val) -> tuple[_Val, _Val]:
-        """Bring two values to one comparable category (Spark-like implicit casts)."""
+        """Bring two values to one comparable category (`types.py`'s rules)."""
         if a.cat is None or b.cat is None or a.cat == b.cat:
             return a, b
         if a.string_literal:
@@ -493,13 +341,13 @@ class _Compiler:
             return _cast_runtime(a, b.cat), b
         if b.cat == STR and not b.const:
             return a, _cast_runtime(b, a.cat)
-        raise _bad(self.text, f"cannot compare a {a.cat} value with a {b.cat} value")
+        raise self.bad(f"cannot compare a {a.cat} value with a {b.cat} value")
 
     def _literal_as(self, lit: _Val, cat: str) -> _Val:
         try:
-            return _const(cat, _CATEGORY_CONVERTER[cat](lit.value))
+            return _const(cat, coerce_literal(lit.value, cat))
         except (ValueError, ArithmeticError) as e:
-            raise _bad(self.text, f"literal {lit.value!r} is not a valid {cat}") from e
+            raise self.bad(f"literal {lit.value!r} is not a valid {cat}") from e
 
     def compare(self, op: Callable[[Any, Any], bool], left: _Val, right: _Val) -> _Eval:
         a, b = self.coerce(left, right)
@@ -549,24 +397,22 @@ class _Compiler:
 
     def in_list(self, node: exp.In) -> _Eval:
         if node.args.get("query") is not None or node.args.get("unnest") is not None:
-            raise _bad(self.text, "IN with a subquery is not supported")
+            raise self.bad("IN with a subquery is not supported")
         v = self.value(node.this)
         values: list[Any] = []
         has_null = False
         for item in node.expressions:
             iv = self.value(item)
             if not iv.const:
-                raise _bad(self.text, "IN list items must be literals")
+                raise self.bad("IN list items must be literals")
             if iv.cat is None:
                 has_null = True
                 continue
             if v.cat is not None and iv.cat != v.cat:
-                if iv.string_literal:
+                if iv.string_literal or (v.cat == TS and iv.cat == DATE):
                     iv = self._literal_as(iv, v.cat)
-                elif v.cat == TS and iv.cat == DATE:
-                    iv = _promote_date(iv)
                 else:
-                    raise _bad(self.text, f"IN list value {iv.value!r} ({iv.cat}) does not match the {v.cat} column")
+                    raise self.bad(f"IN list value {iv.value!r} ({iv.cat}) does not match the {v.cat} column")
             values.append(iv.value)
         if v.cat is None:
             return lambda row: None
@@ -592,7 +438,7 @@ def _literal_text(v: _Val) -> str:
 
 def _cast_runtime(v: _Val, cat: str) -> _Val:
     """Convert a string-valued expression to `cat` per row (unparsable => conservative match)."""
-    conv = _CATEGORY_CONVERTER[cat]
+    conv = FROM_TEXT[cat]
     f = v.fn
 
     def cast(row: Row) -> Any:
@@ -609,12 +455,12 @@ def _cast_runtime(v: _Val, cat: str) -> _Val:
 
 def _promote_date(v: _Val) -> _Val:
     if v.const:
-        return _const(TS, None if v.value is None else _date_to_ts(v.value))
+        return _const(TS, coerce_literal(v.value, TS))
     f = v.fn
 
     def as_ts(row: Row) -> Any:
         x = f(row)
-        return None if x is None else _date_to_ts(x)
+        return None if x is None else coerce_literal(x, TS)
 
     return _Val(TS, as_ts)
 
@@ -657,12 +503,8 @@ def _not(a: _Eval) -> _Eval:
     return f
 
 
-def _conjuncts(node: exp.Expr) -> list[exp.Expr]:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.And):
-        return _conjuncts(node.left) + _conjuncts(node.right)
-    return [node]
+def _bad(text: str, problem: str) -> ExpressionError:
+    return ExpressionError(text, problem, reason=ReasonCode.BAD_PREDICATE, what="read predicate")
 
 
 # ---------------------------------------------------------------------------
@@ -699,39 +541,21 @@ class CompiledPredicate:
         return f"CompiledPredicate({self.text!r}, matches_all={self.matches_all})"
 
 
-def _parse(text: str) -> exp.Expr:
-    if not isinstance(text, str) or not text.strip():
-        raise _bad(str(text), "empty predicate")
-    if len(text) > MAX_PREDICATE_CHARS:
-        raise _bad(text, f"longer than {MAX_PREDICATE_CHARS} characters")
-    if _nesting(text) > MAX_PREDICATE_NESTING:
-        raise _bad(text, f"nests deeper than {MAX_PREDICATE_NESTING} levels")
-    try:
-        parsed = sqlglot.parse(text, read="spark")
-    except Exception as e:  # sqlglot raises ParseError, TokenError and others
-        raise _bad(text, f"does not parse: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
-    if len(parsed) != 1 or parsed[0] is None:
-        raise _bad(text, "must be exactly one expression")
-    node = parsed[0]
-    if isinstance(node, (exp.Query, exp.Block, exp.Command, exp.DDL, exp.DML)):
-        raise _bad(text, f"is a statement ({type(node).__name__}), not a boolean expression")
-    return node
-
-
 @lru_cache(maxsize=1024)
 def compile_predicate(text: str, schema: PartitionSchema) -> CompiledPredicate:
     """Compile `text` for `schema` (cached per (text, schema)).
 
-    Raises InvalidProposalError(ReasonCode.BAD_PREDICATE) for text that does not parse
+    Raises InvalidProposalError("BAD_PREDICATE") for text that does not parse
     or a partition-only conjunct this module cannot evaluate.
     """
-    node = _parse(text)
+    node = parse(text, reason=ReasonCode.BAD_PREDICATE, what="read predicate")
     compiler = _Compiler(text, schema)
+    names = [c.name for c in schema]
     kept: list[_Eval] = []
     dropped = 0
     try:
-        for conj in _conjuncts(node):
-            if compiler.is_partition_only(conj):
+        for conj in conjuncts(node):
+            if is_partition_only(conj, names):
                 kept.append(compiler.boolean(conj))
             else:
                 dropped += 1
@@ -783,3 +607,41 @@ def matches(text: str, partition_values: Mapping[str, str | None], metadata: Met
     """Convenience: does predicate `text` match a file with `partition_values`?"""
     schema = partition_schema(metadata)
     return compile_predicate(text, schema)(row_of(partition_values, schema))
+
+
+def prune(files: Sequence[F], where: str | None, metadata: Metadata,
+          partition_values: Callable[[F], Mapping[str, str | None] | None]) -> list[F]:
+    """The files whose partition a scan with condition `where` cannot skip, in order.
+
+    This is the coordinator's append matching applied to existing files: a
+    writer that prunes with it reads exactly the partitions a concurrent append
+    into would conflict with. Raises BAD_PREDICATE for what the coordinator
+    would refuse too.
+    """
+    if where is None or not files:
+        return list(files)
+    schema = partition_schema(metadata)
+    pred = compile_predicate(where, schema)
+    if pred.matches_all:
+        return list(files)
+    matcher = PartitionMatcher([pred])
+    return [f for f in files if matcher(row_of(partition_values(f), schema))]
+
+
+__all__ = [
+    "MAX_PREDICATES",
+    "MAX_PREDICATE_CHARS",
+    "MAX_TOTAL_PREDICATE_CHARS",
+    "CompiledPredicate",
+    "PartitionColumn",
+    "PartitionMatcher",
+    "PartitionSchema",
+    "Row",
+    "compile_predicate",
+    "compile_read_predicates",
+    "matches",
+    "partition_schema",
+    "prune",
+    "row_of",
+    "row_to_mapping",
+]

@@ -7,7 +7,10 @@ the proposal declares, and with them the coordinator's conflicts.
 
 Every rule is one-sided: a file is skipped only when its stats prove it holds
 no matching row. Whatever cannot be proven (an unknown construct, a missing or
-malformed stat, a type whose stats are lossy) keeps the file.
+malformed stat, a type whose stats are lossy) keeps the file. Literals are
+read and typed by the same rules as everywhere (`syntax.literal`,
+`types.coerce_literal`). Partition columns are not looked at here: files are
+pruned by partition with `partitions.prune`, the coordinator's own matcher.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import pyarrow as pa
 from sqlglot import exp
 
 from schemas.actions import AddFile
-from schemas.expressions import arrow as expressions
+from schemas.expressions.syntax import NotALiteral, literal, parse
+from schemas.expressions.types import DATE, coerce_literal
 
 #: Writers cut string stats to a 32-unit prefix (characters, UTF-16 units or bytes, with or
 #: without a tie-breaker). A prefix is still a valid minimum; a maximum is trusted only when it
@@ -41,15 +45,12 @@ def _convert(value: Any, typ: pa.DataType) -> Any:
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
         return value if isinstance(value, str) else None
     if pa.types.is_date(typ):
-        if isinstance(value, dt.datetime):
+        if isinstance(value, dt.datetime) or not isinstance(value, (dt.date, str)):
             return None
-        if isinstance(value, dt.date):
-            return value
-        if isinstance(value, str):
-            try:
-                return dt.date.fromisoformat(value)
-            except ValueError:
-                return None
+        try:
+            return coerce_literal(value, DATE)
+        except ValueError:
+            return None
     return None  # floats (NaN), timestamps (truncated stats), decimals, ...: never skip
 
 
@@ -101,8 +102,8 @@ class _Evaluator:
 
     def _literal(self, node: exp.Expr, typ: pa.DataType) -> Any:
         try:
-            return _convert(expressions.literal(node, self.text), typ)
-        except (expressions.ExpressionError, ValueError):
+            return _convert(literal(node), typ)
+        except (NotALiteral, ValueError):
             return None
 
     def may_match(self, node: exp.Expr, stats: dict[str, Any]) -> bool:
@@ -158,7 +159,7 @@ class _Evaluator:
 
 def file_filter(where: str, schema: pa.Schema, partition_columns: Sequence[str]) -> Callable[[AddFile], bool]:
     """A test `add -> may hold a row matching where` (True whenever the stats cannot tell)."""
-    tree = expressions.parse(where)
+    tree = parse(where)
     ev = _Evaluator(where, schema, partition_columns)
 
     def may_match(add: AddFile) -> bool:
