@@ -38,10 +38,10 @@ from reader.log import TableNotFoundError, list_log, table_root
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError, delta_schema_to_arrow, parse_partition_value
 from schemas.actions import AddFile, Metadata, Protocol, SetTransaction
 from schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
-from schemas.expressions import ExpressionError, files_read
 from schemas.expressions import arrow as expressions
 from schemas.expressions.partitions import prune
-from schemas.expressions.syntax import columns_of, parse, split_merge_condition
+from schemas.expressions.scan import files_read
+from schemas.expressions.syntax import ExpressionError, columns_of, parse, split_merge_condition
 from schemas.messages import Decision
 from schemas.properties import TableProperties
 from schemas.reasons import ReasonCode

@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 
 from reader.snapshot import delta_schema_to_arrow
 from schemas.actions import AddFile, Metadata
-from schemas.expressions import files_read
 from schemas.expressions.arrow import compile_filter
 from schemas.expressions.partitions import compile_read_predicates, partition_schema, row_of
+from schemas.expressions.scan import files_read
 from writer import staging
 
 FIELDS = [("p", "integer"), ("q", "string"), ("id", "long"), ("name", "string")]
