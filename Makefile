@@ -28,7 +28,7 @@ demo: jars
 	$(BIN)/deltacoord demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check schemas reader writer coordinator tests bench
+	$(BIN)/ruff check schemas reader writer coordinator deltacoord tests bench
 	$(BIN)/mypy
 
 bench: jars

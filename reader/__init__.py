@@ -1,1 +1,35 @@
-"""Readers: snapshots from _delta_log and the live change feed on the commits topic."""
+"""Readers: snapshots from _delta_log and the live change feed on the commits topic.
+
+    from reader import Snapshot, CommitStream
+
+The names are loaded on first use, so `import reader.log` (what the
+coordinator reads `_delta_log` with) stays free of Arrow and Kafka imports.
+The Spark source (`reader.spark_source`) needs the `spark` extra and is
+never imported from here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from reader.snapshot import Snapshot, UnsupportedTableFeatureError, load_snapshot
+    from reader.stream import CommitEvent, CommitStream
+
+_PUBLIC = {
+    "Snapshot": "reader.snapshot",
+    "UnsupportedTableFeatureError": "reader.snapshot",
+    "load_snapshot": "reader.snapshot",
+    "CommitEvent": "reader.stream",
+    "CommitStream": "reader.stream",
+}
+
+__all__ = ["CommitEvent", "CommitStream", "Snapshot", "UnsupportedTableFeatureError", "load_snapshot"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reader' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

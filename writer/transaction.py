@@ -7,21 +7,22 @@ and any mix of add/remove/metaData/protocol/txn/domainMetadata actions.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
+from schemas.actions import Action, AddFile, CommitInfo, Metadata, RemoveFile
+from schemas.actions import Protocol as ProtocolAction
 from schemas.errors import CONFLICT_CLASSES, DeltaConcurrentModificationException, DeltaCoordError, InvalidProposalError
 from schemas.messages import Decision, FileRead, Proposal
 from schemas.reasons import ReasonCode
-
-if TYPE_CHECKING:
-    from writer.table import Table
+from writer.client import CoordinatorClient
+from writer.staging import delete_staged
 
 ENGINE_INFO = "deltacoord-writer/0.1"
 
@@ -44,6 +45,21 @@ class CommitResult:
     noop: bool = False
 
 
+class TableHandle(Protocol):
+    """What a transaction needs of its table (`writer.table.Table` is one)."""
+
+    table_id: str
+    uri: str
+    root: Path
+    writer_name: str | None
+    decision_timeout_s: float
+    client: CoordinatorClient
+
+    def committed(self, version: int, *, changed_metadata: bool = False) -> None: ...
+
+    def invalidate(self) -> None: ...
+
+
 def error_from_decision(d: Decision) -> DeltaCoordError:
     """The typed exception a rejected decision stands for."""
     cls = CONFLICT_CLASSES.get(d.error_type or "")
@@ -56,7 +72,7 @@ def error_from_decision(d: Decision) -> DeltaCoordError:
 class Transaction:
     """One optimistic transaction against a table at `read_version`."""
 
-    def __init__(self, table: Table, read_version: int) -> None:
+    def __init__(self, table: TableHandle, read_version: int) -> None:
         self.table = table
         self.read_version = read_version
         self.proposal_id = str(uuid.uuid4())
@@ -146,21 +162,17 @@ class Transaction:
         p = self.proposal(operation, changes_data, parameters, all_metrics)
         d = self.table.client.commit(p, timeout_s or self.table.decision_timeout_s)
         if d.committed and d.version is not None:
-            changed_metadata = any(isinstance(a, (Metadata, Protocol)) for a in self.actions)
+            changed_metadata = any(isinstance(a, (Metadata, ProtocolAction)) for a in self.actions)
             self.table.committed(d.version, changed_metadata=changed_metadata)
             return CommitResult(
                 d.version, p.proposal_id, operation, already_committed=d.duplicate_of is not None, metrics=all_metrics,
             )
-        from writer.staging import delete_staged
-
         delete_staged(Path(self.table.root), self.staged)
         self.table.invalidate()  # the next attempt must read a fresh snapshot
         raise error_from_decision(d)
 
 
 def _json(v: Any) -> str:
-    import json
-
     return json.dumps(v, separators=(",", ":"), default=str)
 
 

@@ -19,13 +19,23 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Mapping, MutableMapping
 from itertools import islice
-from typing import TYPE_CHECKING, Generic, TypeVar
-
-if TYPE_CHECKING:
-    from coordinator.rules.state import WinningCommit
+from typing import Generic, Protocol, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
+
+
+class Commit(Protocol):
+    """What the window needs of a commit's summary (`state.C` is one)."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def num_file_actions(self) -> int: ...
+
+
+C = TypeVar("C", bound=Commit)
 
 
 class LayeredDict(MutableMapping[K, V], Generic[K, V]):
@@ -74,13 +84,13 @@ class LayeredDict(MutableMapping[K, V], Generic[K, V]):
         return bool(self._set) or (bool(self._base) and (not self._gone or len(self) > 0))
 
 
-class WinnersWindow:
+class WinnersWindow(Generic[C]):
     """Summaries of the newest commits, oldest first, bounded in commits and in file actions."""
 
     __slots__ = ("_files", "_next", "_winners")
 
     def __init__(self, next_version: int = 0) -> None:
-        self._winners: deque[WinningCommit] = deque()
+        self._winners: deque[C] = deque()
         self._files = 0
         #: The oldest version the window could hold when it is empty (the version after the head).
         self._next = next_version
@@ -92,11 +102,11 @@ class WinnersWindow:
     def oldest_version(self) -> int:
         return self._winners[0].version if self._winners else self._next
 
-    def at(self, i: int) -> WinningCommit:
+    def at(self, i: int) -> C:
         """The i-th oldest retained commit."""
         return self._winners[i]
 
-    def tail(self, n: int) -> list[WinningCommit]:
+    def tail(self, n: int) -> list[C]:
         """The newest `n` commits (n <= len), in version order."""
         winners = self._winners
         if n <= len(winners) // 2:
@@ -105,7 +115,7 @@ class WinnersWindow:
             return out
         return list(islice(winners, len(winners) - n, None))
 
-    def append(self, w: WinningCommit, max_commits: int, max_files: int) -> None:
+    def append(self, w: C, max_commits: int, max_files: int) -> None:
         """Add the newest commit, then drop the oldest ones beyond the bounds (the newest always stays)."""
         winners = self._winners
         winners.append(w)
@@ -114,19 +124,19 @@ class WinnersWindow:
             self._files -= winners.popleft().num_file_actions
         self._next = w.version + 1
 
-    def fork(self) -> ForkedWindow:
+    def fork(self) -> ForkedWindow[C]:
         return ForkedWindow(self)
 
 
-class ForkedWindow:
+class ForkedWindow(Generic[C]):
     """A window that hides the base's oldest commits it has dropped and holds its own newest ones."""
 
     __slots__ = ("_base", "_dropped", "_files", "_new")
 
-    def __init__(self, base: WinnersWindow | ForkedWindow) -> None:
+    def __init__(self, base: WinnersWindow[C] | ForkedWindow[C]) -> None:
         self._base = base
         self._dropped = 0
-        self._new: deque[WinningCommit] = deque()
+        self._new: deque[C] = deque()
         self._files: int = base._files
 
     def __len__(self) -> int:
@@ -140,17 +150,17 @@ class ForkedWindow:
             return self._new[0].version
         return self._base.oldest_version
 
-    def at(self, i: int) -> WinningCommit:
+    def at(self, i: int) -> C:
         kept = len(self._base) - self._dropped
         return self._base.at(self._dropped + i) if i < kept else self._new[i - kept]
 
-    def tail(self, n: int) -> list[WinningCommit]:
+    def tail(self, n: int) -> list[C]:
         new = self._new
         if n <= len(new):
             return list(islice(new, len(new) - n, None))
         return [*self._base.tail(n - len(new)), *new]
 
-    def append(self, w: WinningCommit, max_commits: int, max_files: int) -> None:
+    def append(self, w: C, max_commits: int, max_files: int) -> None:
         self._new.append(w)
         self._files += w.num_file_actions
         while len(self) > 1 and (len(self) > max_commits or self._files > max_files):
@@ -160,7 +170,7 @@ class ForkedWindow:
             else:
                 self._files -= self._new.popleft().num_file_actions
 
-    def fork(self) -> ForkedWindow:
+    def fork(self) -> ForkedWindow[C]:
         return ForkedWindow(self)
 
 

@@ -135,7 +135,7 @@ class TableState:
         self.max_window_files = max_window_files
         self.txn_index_limit = txn_index_limit
         self._partition_schema: PartitionSchema = ()
-        self._window: WinnersWindow | ForkedWindow = WinnersWindow()
+        self._window: WinnersWindow[WinningCommit] | ForkedWindow[WinningCommit] = WinnersWindow()
         self._txns: TxnIndex | ForkedTxnIndex = TxnIndex(txn_index_limit)
         self._live: LiveFileSet | LiveFileLayer = LiveFileSet()
 

@@ -1,0 +1,77 @@
+"""deltacoord: Delta Lake tables whose commits are decided by a coordinator on Apache Kafka.
+
+The front door for users, as `deltalake` is for delta-rs:
+
+    import deltacoord
+
+    t = deltacoord.Table("/data/sales", bootstrap_servers="127.0.0.1:19092")
+    t.append(batch)
+    deltacoord.retry(lambda: t.delete("id = 1"))
+    snap = deltacoord.Snapshot.load("/data/sales")
+    for event in deltacoord.CommitStream("/data/sales", "127.0.0.1:19092"): ...
+
+Conflicts are Delta's exceptions (`deltacoord.ConcurrentAppendException`, ...);
+an invalid proposal is `deltacoord.InvalidProposalError` with a
+`deltacoord.ReasonCode`. The Spark data source and sink need the `spark` extra
+(`pip install deltacoord[spark]`): `writer.spark_sink.register(spark)`.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata as _metadata
+
+from reader.snapshot import Snapshot, UnsupportedTableFeatureError, load_snapshot
+from reader.stream import CommitEvent, CommitStream
+from schemas.errors import (
+    CommitOutcomeUnknownError,
+    ConcurrentAppendException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentDeleteReadException,
+    ConcurrentTransactionException,
+    ConcurrentWriteException,
+    DeltaConcurrentModificationException,
+    DeltaCoordError,
+    InvalidProposalError,
+    MetadataChangedException,
+    ProtocolChangedException,
+)
+from schemas.reasons import ReasonCode
+from schemas.routing import Topics
+from writer.client import CoordinatorClient
+from writer.table import MergeError, PublicationLagError, Table, TableExistsError
+from writer.transaction import CommitResult, Transaction, retry
+
+try:
+    __version__ = _metadata.version("deltacoord")
+except _metadata.PackageNotFoundError:  # running from a checkout that is not installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "CommitEvent",
+    "CommitOutcomeUnknownError",
+    "CommitResult",
+    "CommitStream",
+    "ConcurrentAppendException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentTransactionException",
+    "ConcurrentWriteException",
+    "CoordinatorClient",
+    "DeltaConcurrentModificationException",
+    "DeltaCoordError",
+    "InvalidProposalError",
+    "MergeError",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+    "PublicationLagError",
+    "ReasonCode",
+    "Snapshot",
+    "Table",
+    "TableExistsError",
+    "Topics",
+    "Transaction",
+    "UnsupportedTableFeatureError",
+    "__version__",
+    "load_snapshot",
+    "retry",
+]

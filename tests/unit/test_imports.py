@@ -1,0 +1,161 @@
+"""The house's import rules, read from the source of every module (imports inside functions and TYPE_CHECKING too).
+
+* no cycle between modules;
+* `schemas` imports nothing of ours; `reader` only `schemas`; `writer` only `schemas` and `reader`;
+* the coordinator's rules (`coordinator.rules`) import only `schemas`;
+* in `coordinator`, only the tooling (`coordinator.tooling`) imports `writer`;
+* nothing imports the `deltacoord` facade;
+* the batch client and the coordinator import without pyspark (an optional extra), and the
+  coordinator's deciding process without Arrow (it is the checkpoint process's).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("schemas", "reader", "writer", "coordinator", "deltacoord")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _ours(name: str) -> bool:
+    return name.split(".")[0] in PACKAGES
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """The modules of ours `module` imports; `from pkg import sub` counts as importing `pkg.sub` when it is a module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if _ours(a.name))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            if not _ours(base):
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.add(sub if sub in MODULES else base)
+    out.discard(module)
+    return out
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_the_walk_sees_the_whole_house() -> None:
+    assert {"schemas.expressions.partitions", "coordinator.rules.batch", "coordinator.kafka.partition",
+            "coordinator.delta_log.files", "coordinator.tooling.cli", "writer.table", "reader.log", "deltacoord"} <= set(MODULES)
+    assert "writer.table" in GRAPH["coordinator.tooling.bench"] | GRAPH["coordinator.tooling.cli_tables"]
+
+
+def test_no_import_cycles() -> None:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(GRAPH.get(v, ())):
+            if w not in GRAPH:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for m in sorted(GRAPH):
+        if m not in index:
+            visit(m)
+    assert cycles == []
+
+
+@pytest.mark.parametrize(("package", "allowed"), [
+    ("schemas", {"schemas"}),
+    ("reader", {"schemas", "reader"}),
+    ("writer", {"schemas", "reader", "writer"}),
+    ("coordinator", {"schemas", "reader", "coordinator", "writer"}),
+])
+def test_imports_point_one_way(package: str, allowed: set[str]) -> None:
+    bad = {m: sorted(i for i in deps if _top(i) not in allowed) for m, deps in GRAPH.items() if _top(m) == package}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_the_rules_import_only_schemas() -> None:
+    bad = {m: sorted(i for i in deps if not (i.startswith("schemas") or i.startswith("coordinator.rules")))
+           for m, deps in GRAPH.items() if m.startswith("coordinator.rules")}
+    assert {m: d for m, d in bad.items() if d} == {}
+    assert len([m for m in GRAPH if m.startswith("coordinator.rules.")]) >= 6
+
+
+def test_only_the_tooling_imports_the_writer() -> None:
+    importers = {m for m, deps in GRAPH.items() if _top(m) == "coordinator" and any(_top(i) == "writer" for i in deps)}
+    assert importers and all(m.startswith("coordinator.tooling") for m in importers), sorted(importers)
+
+
+def test_nothing_imports_the_facade() -> None:
+    assert [m for m, deps in GRAPH.items() if "deltacoord" in deps and m != "deltacoord"] == []
+
+
+def test_the_client_and_the_coordinator_import_without_pyspark_and_the_deciding_process_without_arrow() -> None:
+    code = """
+import importlib.abc, sys
+class NoSpark(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "pyspark" or name.startswith("pyspark."):
+            raise ImportError("pyspark is not installed")
+sys.meta_path.insert(0, NoSpark())
+import coordinator.kafka.daemon, coordinator.settings
+assert "pyarrow" not in sys.modules, "the deciding process imports Arrow"
+from writer import Table, retry
+from reader import Snapshot, CommitStream
+import deltacoord, coordinator.tooling.cli
+assert deltacoord.Table is Table and deltacoord.retry is retry and deltacoord.Snapshot is Snapshot
+assert deltacoord.CommitStream is CommitStream
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
