@@ -217,10 +217,11 @@ def memory_table(files: int, workdir: Path | str) -> dict[str, Any]:
     from coordinator.delta_log.files import put_if_absent
     from reader.log import commit_path
     from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, commit_to_json_lines
+    from schemas.properties import Property
 
     root = Path(workdir) / "memory-table"
     md = Metadata(id="bench", schema_string='{"type":"struct","fields":[{"name":"d","type":"string","nullable":true,"metadata":{}}]}',
-                  partition_columns=("d",), configuration={"delta.checkpointInterval": "10"})
+                  partition_columns=("d",), configuration={Property.CHECKPOINT_INTERVAL.value: "10"})
     put_if_absent(commit_path(root, 0), commit_to_json_lines([CommitInfo({"operation": "CREATE TABLE"}), Protocol(1, 2), md]),
                   fsync=False)
     per = max(1, files // _MEMORY_COMMITS)

@@ -21,6 +21,7 @@ from coordinator.kafka.topics import ensure_topics
 from coordinator.settings import CoordinatorSettings
 from coordinator.tooling.broker import LocalBroker
 from schemas.errors import DeltaConcurrentModificationException
+from schemas.properties import Property
 from schemas.routing import Topics
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("amount", pa.int64())])
@@ -59,7 +60,7 @@ def run_demo(table_dir: Path | None = None, writers: int = 4, appends_per_writer
     events: list[str] = []
     try:
         table = Table(root, info.bootstrap_servers, topics=topics)
-        table.create(SCHEMA, partition_by=["date"], properties={"delta.checkpointInterval": "10"})
+        table.create(SCHEMA, partition_by=["date"], properties={Property.CHECKPOINT_INTERVAL.value: "10"})
         _say(f"created {table.uri} partitioned by date")
         table.append(pa.table({"id": [0, 1, 2], "date": DATES, "amount": [10, 20, 30]}))
 
