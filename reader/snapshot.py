@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -74,10 +74,11 @@ from schemas.actions import (
     SetTransaction,
 )
 from schemas.errors import DeltaCoordError
-from schemas.expressions.arrow import Filter, filter_text, filter_tree, implied, resolve_column, to_arrow
-from schemas.expressions.syntax import columns_of
 from schemas.expressions.types import parse_text, to_bool, to_date, to_timestamp
 from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
+
+if TYPE_CHECKING:
+    from schemas.expressions.arrow import Filter
 
 FileAction: TypeAlias = AddFile | RemoveFile
 TimestampLike: TypeAlias = dt.datetime | dt.date | int | float | str
@@ -486,6 +487,11 @@ class Snapshot:
         mode = self._column_mapping_mode()
         fields_json = {f["name"]: f for f in schema_json["fields"]}
         part_cols = list(self.metadata.partition_columns)
+
+        # The SQL engine is imported here, not with the module: the checkpoint process reads
+        # snapshots without filters and should not carry sqlglot.
+        from schemas.expressions.arrow import filter_text, filter_tree, implied, resolve_column, to_arrow
+        from schemas.expressions.syntax import columns_of
 
         tree = filter_tree(filter) if filter is not None else None
         text = filter_text(filter) if filter is not None else ""

@@ -20,7 +20,6 @@ from typing import Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 from sqlglot import exp
 
 from schemas.expressions.syntax import (
@@ -236,6 +235,8 @@ def evaluate(text: str, table: pa.Table) -> pa.Array:
     if isinstance(unparen(node), _LITERALS):
         return pa.array([_Translator(table.schema, text).literal(node)] * table.num_rows)
     expr = to_arrow(node, table.schema, text)
+    import pyarrow.dataset as ds  # here: the module costs memory the checkpoint process does not need
+
     return ds.dataset(table).to_table(columns={"v": expr}).column("v").combine_chunks()
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from collections.abc import Collection
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 import sqlglot
 from sqlglot import exp
 
 from schemas.errors import InvalidProposalError
+from schemas.expressions.types import number
 from schemas.reasons import ReasonCode
 
 #: Longest expression text accepted (a guard against pathological input).
@@ -125,24 +126,6 @@ def is_partition_only(node: exp.Expr, partition_columns: Collection[str]) -> boo
 
 class NotALiteral(Exception):
     """The node is not a literal `literal` can read."""
-
-
-def number(text: str) -> int | Decimal | float:
-    """A numeric literal's value: int when integral as written, Decimal otherwise (floats only for NaN/inf)."""
-    s = text.strip()
-    try:
-        return int(s)
-    except ValueError:
-        pass
-    try:
-        d = Decimal(s)
-    except InvalidOperation:
-        raise ValueError(f"not a number: {s!r}") from None
-    if d.is_nan() or d.is_infinite():
-        return float(d)
-    if d == d.to_integral_value() and "e" not in s.lower() and "." not in s:
-        return int(d)
-    return d
 
 
 #: SQL type names of CAST targets (and typed literals) -> Delta primitive type names.

@@ -20,10 +20,27 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from schemas.expressions.syntax import number
+
+def number(text: str) -> int | Decimal | float:
+    """A numeric literal's value: int when integral as written, Decimal otherwise (floats only for NaN/inf)."""
+    s = text.strip()
+    try:
+        return int(s)
+    except ValueError:
+        pass
+    try:
+        d = Decimal(s)
+    except InvalidOperation:
+        raise ValueError(f"not a number: {s!r}") from None
+    if d.is_nan() or d.is_infinite():
+        return float(d)
+    if d == d.to_integral_value() and "e" not in s.lower() and "." not in s:
+        return int(d)
+    return d
+
 
 # Value categories used for comparisons.
 STR, NUM, DATE, TS, BOOL = "string", "numeric", "date", "timestamp", "boolean"
@@ -147,6 +164,7 @@ __all__ = [
     "category_of",
     "category_of_value",
     "coerce_literal",
+    "number",
     "parse_text",
     "to_bool",
     "to_date",

@@ -5,8 +5,9 @@
 * the coordinator's rules (`coordinator.rules`) import only `schemas`;
 * in `coordinator`, only the tooling (`coordinator.tooling`) imports `writer`;
 * nothing imports the `deltacoord` facade;
-* the batch client and the coordinator import without pyspark (an optional extra), and the
-  coordinator's deciding process without Arrow (it is the checkpoint process's).
+* the batch client and the coordinator import without pyspark (an optional extra); the
+  coordinator's deciding process without Arrow, and its checkpoint process without the SQL
+  engine (both count against the coordinator's memory budget).
 """
 
 from __future__ import annotations
@@ -140,22 +141,40 @@ def test_nothing_imports_the_facade() -> None:
     assert [m for m, deps in GRAPH.items() if "deltacoord" in deps and m != "deltacoord"] == []
 
 
-def test_the_client_and_the_coordinator_import_without_pyspark_and_the_deciding_process_without_arrow() -> None:
-    code = """
+_NO_SPARK = """
 import importlib.abc, sys
 class NoSpark(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name == "pyspark" or name.startswith("pyspark."):
             raise ImportError("pyspark is not installed")
 sys.meta_path.insert(0, NoSpark())
-import coordinator.kafka.daemon, coordinator.settings
-assert "pyarrow" not in sys.modules, "the deciding process imports Arrow"
+"""
+
+
+def _python(code: str) -> None:
+    res = subprocess.run([sys.executable, "-c", _NO_SPARK + code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_the_client_and_the_coordinator_import_without_pyspark() -> None:
+    _python("""
 from writer import Table, retry
 from reader import Snapshot, CommitStream
-import deltacoord, coordinator.tooling.cli
+import deltacoord, coordinator.tooling.cli, coordinator.kafka.daemon
 assert deltacoord.Table is Table and deltacoord.retry is retry and deltacoord.Snapshot is Snapshot
 assert deltacoord.CommitStream is CommitStream
 print("ok")
-"""
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+""")
+
+
+def test_the_deciding_process_imports_no_arrow_and_the_checkpoint_process_no_sql_engine() -> None:
+    _python("""
+import coordinator.kafka.daemon, coordinator.settings
+assert "pyarrow" not in sys.modules, "the deciding process imports Arrow"
+print("ok")
+""")
+    _python("""
+import coordinator.delta_log.checkpoint_worker, coordinator.delta_log.checkpointer
+assert "sqlglot" not in sys.modules and "pyarrow.dataset" not in sys.modules, "the checkpoint process imports the SQL engine"
+print("ok")
+""")
