@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from enum import StrEnum
 
 from schemas.actions import Metadata
@@ -79,16 +78,28 @@ def _true(value: str | None) -> bool:
     return value is not None and value.strip().lower() == "true"
 
 
-@dataclass(frozen=True, slots=True)
-class TableProperties:
-    """A table's configuration read with types and defaults (see `Property`)."""
+_NONE: Mapping[str, str] = {}
 
-    raw: Mapping[str, str] = field(default_factory=dict)
+
+class TableProperties:
+    """A table's configuration read with types and defaults (see `Property`).
+
+    A plain class, not a dataclass: the rules build one several times per
+    proposal, so construction is kept to one attribute store.
+    """
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: Mapping[str, str] | None = None) -> None:
+        self.raw: Mapping[str, str] = _NONE if raw is None else raw
 
     @classmethod
     def of(cls, metadata: Metadata | None) -> TableProperties:
         """The properties of a table's metadata (an unknown table has none)."""
-        return cls({} if metadata is None else metadata.configuration)
+        return cls(None if metadata is None else metadata.configuration)
+
+    def __repr__(self) -> str:
+        return f"TableProperties({dict(self.raw)!r})"
 
     def get(self, key: Property) -> str | None:
         return self.raw.get(key)

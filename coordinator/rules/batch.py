@@ -74,13 +74,16 @@ class Overlay:
         self.commits.append(TentativeCommit(tid, accepted.version, accepted.actions))
 
     def apply_to(self, live: MutableMapping[str, TableState]) -> None:
-        """Make the batch's commits live (after its transaction committed): the same `apply` recovery runs."""
+        """Make the batch's commits live (after its transaction committed), in O(the batch's changes).
+
+        `live` must hold the states the batch was decided against, unchanged since.
+        """
         created = set(self.created)
-        for c in self.commits:
-            if c.table_id not in created:
-                live[c.table_id].apply(c.version, c.actions)
-        for tid in self.created:
-            live[tid] = self.tables[tid]
+        for tid, st in self.tables.items():
+            if tid in created:
+                live[tid] = st
+            else:
+                live[tid].absorb(st)
 
 
 def rejection(table_id: str, table_uri: str, proposal_id: str, err: DeltaCoordError, winning_version: int | None,

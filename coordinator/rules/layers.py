@@ -5,7 +5,8 @@ A batch of proposals is decided against forks of the live table states
 states: the Kafka loop replays them onto the live states once the batch's
 transaction commits, and simply drops the forks when it aborts. A fork costs
 O(1) to make and O(changes) to fill: nothing of the base is copied, whatever
-the table's size. The base must not change while a fork of it is in use.
+the table's size. The base must not change while a fork of it is in use;
+`commit()` writes a fork's changes into its base, also in O(changes).
 
 * `LayeredDict` -- a mapping with its own writes and deletions over a base mapping;
 * `WinnersWindow` / `ForkedWindow` -- the bounded window of recent commits;
@@ -83,6 +84,14 @@ class LayeredDict(MutableMapping[K, V], Generic[K, V]):
     def __bool__(self) -> bool:
         return bool(self._set) or (bool(self._base) and (not self._gone or len(self) > 0))
 
+    def commit(self) -> None:
+        """Write this layer's changes into its base (which must be a mutable mapping)."""
+        base = self._base
+        assert isinstance(base, MutableMapping)
+        for k in self._gone:
+            base.pop(k, None)
+        base.update(self._set)
+
 
 class WinnersWindow(Generic[C]):
     """Summaries of the newest commits, oldest first, bounded in commits and in file actions."""
@@ -127,6 +136,15 @@ class WinnersWindow(Generic[C]):
     def fork(self) -> ForkedWindow[C]:
         return ForkedWindow(self)
 
+    def _take(self, dropped: int, new: deque[C], files: int) -> None:
+        winners = self._winners
+        for _ in range(dropped):
+            winners.popleft()
+        winners.extend(new)
+        self._files = files
+        if new:
+            self._next = new[-1].version + 1
+
 
 class ForkedWindow(Generic[C]):
     """A window that hides the base's oldest commits it has dropped and holds its own newest ones."""
@@ -163,15 +181,23 @@ class ForkedWindow(Generic[C]):
     def append(self, w: C, max_commits: int, max_files: int) -> None:
         self._new.append(w)
         self._files += w.num_file_actions
-        while len(self) > 1 and (len(self) > max_commits or self._files > max_files):
+        n = len(self)
+        while n > 1 and (n > max_commits or self._files > max_files):
             if self._dropped < len(self._base):
                 self._files -= self._base.at(self._dropped).num_file_actions
                 self._dropped += 1
             else:
                 self._files -= self._new.popleft().num_file_actions
+            n -= 1
 
     def fork(self) -> ForkedWindow[C]:
         return ForkedWindow(self)
+
+    def commit(self) -> None:
+        """Make the base window this one (its base must be a `WinnersWindow`)."""
+        base = self._base
+        assert isinstance(base, WinnersWindow)
+        base._take(self._dropped, self._new, self._files)
 
 
 class TxnIndex:
@@ -205,6 +231,12 @@ class TxnIndex:
 
     def fork(self) -> ForkedTxnIndex:
         return ForkedTxnIndex(self)
+
+    def _take(self, evicted: int, order: deque[str], new: dict[str, int]) -> None:
+        for _ in range(evicted):
+            self._index.pop(self._order.popleft(), None)
+        self._order.extend(order)
+        self._index.update(new)
 
 
 class ForkedTxnIndex:
@@ -241,7 +273,7 @@ class ForkedTxnIndex:
         if self.get(txn_id) is None:
             self._order.append(txn_id)
         self._new[txn_id] = version
-        while len(self) > self.limit:
+        while len(self._order) > self.limit - (len(self._base) - self._n_evicted):
             if self._n_evicted < len(self._base):
                 old = self._base.order_at(self._n_evicted)
                 self._n_evicted += 1
@@ -252,6 +284,12 @@ class ForkedTxnIndex:
 
     def fork(self) -> ForkedTxnIndex:
         return ForkedTxnIndex(self)
+
+    def commit(self) -> None:
+        """Make the base index this one (its base must be a `TxnIndex`)."""
+        base = self._base
+        assert isinstance(base, TxnIndex)
+        base._take(self._n_evicted, self._order, self._new)
 
 
 __all__ = ["ForkedTxnIndex", "ForkedWindow", "LayeredDict", "TxnIndex", "WinnersWindow"]

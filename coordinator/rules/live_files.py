@@ -61,6 +61,22 @@ class LiveFileSet:
             self._removed.add(h)
             self._maybe_merge()
 
+    def add_absent(self, h: int) -> None:
+        """`add` of a hash known not to be in the set (no lookup in the array)."""
+        if h in self._removed:
+            self._removed.discard(h)
+        else:
+            self._added.add(h)
+            self._maybe_merge()
+
+    def discard_present(self, h: int) -> None:
+        """`discard` of a hash known to be in the set."""
+        if h in self._added:
+            self._added.discard(h)
+        else:
+            self._removed.add(h)
+            self._maybe_merge()
+
     def _maybe_merge(self) -> None:
         if len(self._added) + len(self._removed) > max(MERGE_MIN, int(self._base.size) >> 4):
             self.merge()
@@ -121,6 +137,26 @@ class LiveFileLayer:
 
     def fork(self) -> LiveFileLayer:
         return LiveFileLayer(self)
+
+    def add_absent(self, h: int) -> None:
+        if h in self._removed:
+            self._removed.discard(h)
+        else:
+            self._added.add(h)
+
+    def discard_present(self, h: int) -> None:
+        if h in self._added:
+            self._added.discard(h)
+        else:
+            self._removed.add(h)
+
+    def commit(self) -> None:
+        """Write this layer's changes into its base (`_added` are not in it, `_removed` are)."""
+        base = self._base
+        for h in self._removed:
+            base.discard_present(h)
+        for h in self._added:
+            base.add_absent(h)
 
 
 __all__ = ["MERGE_MIN", "LiveFileLayer", "LiveFileSet"]

@@ -221,6 +221,28 @@ class TableState:
         f._live = self._live.fork()
         return f
 
+    def absorb(self, fork: TableState) -> None:
+        """Become what `fork` (made from this state by `fork()`, this state unchanged since) has become.
+
+        O(the fork's changes): the commits it applied are not applied again, their
+        summaries, hashes and indexes move over as they are.
+        """
+        assert isinstance(fork._window, ForkedWindow) and fork._window._base is self._window, "not a fork of this state"
+        assert isinstance(fork.app_versions, LayeredDict) and isinstance(fork.domains, LayeredDict)
+        assert isinstance(fork._txns, ForkedTxnIndex) and isinstance(fork._live, LiveFileLayer)
+        fork.app_versions.commit()
+        fork.domains.commit()
+        fork._window.commit()
+        fork._txns.commit()
+        fork._live.commit()
+        self.version = fork.version
+        self.protocol = fork.protocol
+        self.metadata = fork.metadata
+        self.last_ict = fork.last_ict
+        self.last_commit_timestamp = fork.last_commit_timestamp
+        self.creation_operation = fork.creation_operation
+        self._partition_schema = fork._partition_schema
+
     # -- queries -----------------------------------------------------------------
 
     @property

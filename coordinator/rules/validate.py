@@ -191,12 +191,13 @@ def _check_commit_info(values: Mapping[str, Any]) -> None:
         if depth > MAX_COMMIT_INFO_DEPTH:
             raise _err(ReasonCode.COMMIT_INFO_TOO_DEEP, f"commitInfo nests deeper than {MAX_COMMIT_INFO_DEPTH} levels")
         if isinstance(v, Mapping):
-            if not all(isinstance(k, str) for k in v):
-                raise _err(ReasonCode.MALFORMED_PROPOSAL, "commitInfo has an object key that is not a string")
             stack.extend((x, depth + 1) for x in v.values())
         elif isinstance(v, list):
             stack.extend((x, depth + 1) for x in v)
-    size = len(json.dumps(values, separators=(",", ":"), default=str))
+    try:
+        size = len(json.dumps(values, separators=(",", ":"), default=str))
+    except (TypeError, ValueError) as e:  # an object key JSON cannot have, a circular reference
+        raise _err(ReasonCode.MALFORMED_PROPOSAL, f"commitInfo is not a JSON object: {e}") from None
     if size > MAX_COMMIT_INFO_CHARS:
         raise _err(ReasonCode.COMMIT_INFO_TOO_LARGE, f"commitInfo is {size} characters; the limit is {MAX_COMMIT_INFO_CHARS}")
 
@@ -252,6 +253,27 @@ def _action_problem(a: object) -> str | None:
     return None
 
 
+def _plainly_typed(p: Proposal) -> bool:
+    """The common case, checked fast: what the decoder builds (exact built-in types everywhere the rules look)."""
+    if not (type(p.table_id) is str and type(p.table_uri) is str and type(p.proposal_id) is str
+            and type(p.operation) is str and type(p.read_version) is int and type(p.actions) is tuple
+            and type(p.read_predicates) is tuple and type(p.read_files) is tuple and type(p.read_app_ids) is tuple
+            and (p.writer is None or type(p.writer) is str) and type(p.commit_info) is CommitInfo
+            and type(p.commit_info.values) is dict and type(p.operation_parameters) is dict
+            and not p.read_files and all(type(x) is str for x in p.read_app_ids)):
+        return False
+    for a in p.actions:
+        if type(a) is AddFile:
+            pv = a.partition_values
+            if not (type(a.path) is str and type(pv) is dict and type(a.size) is int and type(a.data_change) is bool
+                    and a.deletion_vector is None
+                    and all(type(k) is str and (v is None or type(v) is str) for k, v in pv.items())):
+                return False
+        elif type(a) not in (SetTransaction, CommitInfo) or _action_problem(a) is not None:
+            return False
+    return True
+
+
 def structure_problem(proposal: Proposal) -> str | None:
     """Why a proposal object is not structurally a proposal, or None.
 
@@ -260,6 +282,8 @@ def structure_problem(proposal: Proposal) -> str | None:
     they are refused as MALFORMED_PROPOSAL rather than break a rule.
     """
     p = proposal
+    if _plainly_typed(p):
+        return None
     for name in ("table_id", "table_uri", "proposal_id", "operation"):
         if not isinstance(getattr(p, name), str):
             return f"{name} is {type(getattr(p, name)).__name__}, not a string"

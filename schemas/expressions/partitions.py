@@ -69,7 +69,7 @@ from schemas.expressions.types import (
     coerce_literal,
     parse_text,
 )
-from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
+from schemas.properties import PHYSICAL_NAME_KEY, Property, TableProperties
 from schemas.reasons import ReasonCode
 
 Row = tuple["str | None", ...]
@@ -99,9 +99,10 @@ PartitionSchema = tuple[PartitionColumn, ...]
 
 
 @lru_cache(maxsize=1024)
-def _schema_from_parts(schema_string: str, partition_columns: tuple[str, ...], mapping_mode: str) -> PartitionSchema:
+def _schema_from_parts(schema_string: str, partition_columns: tuple[str, ...], mapping_mode: str | None) -> PartitionSchema:
     if not partition_columns:
         return ()
+    mapping_mode = TableProperties({Property.COLUMN_MAPPING_MODE: mapping_mode} if mapping_mode else None).column_mapping_mode
     try:
         schema = json.loads(schema_string)
         fields = schema["fields"]
@@ -131,7 +132,8 @@ def partition_schema(metadata: Metadata | None) -> PartitionSchema:
     """The partition schema of a table (empty when unpartitioned or unknown)."""
     if metadata is None or not metadata.partition_columns:
         return ()
-    mode = TableProperties.of(metadata).column_mapping_mode
+    # The raw property, normalised inside the cached function: this runs several times per proposal.
+    mode = metadata.configuration.get(Property.COLUMN_MAPPING_MODE)
     return _schema_from_parts(metadata.schema_string, tuple(metadata.partition_columns), mode)
 
 

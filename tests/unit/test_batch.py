@@ -94,6 +94,12 @@ def test_a_fork_sees_what_the_state_would_and_leaves_it_unchanged(
     for i, c in enumerate(after, start=len(before) + 1):
         twice.apply(i, _actions(i, c))
     assert _view(twice) == _view(reference)
+    live.absorb(fork)  # what a committed batch does: the fork's changes become the state's
+    assert _view(live) == _view(reference)
+    for i, c in enumerate(before[:3], start=len(before) + len(after) + 1):  # and the state goes on from there
+        live.apply(i, _actions(i, c))
+        reference.apply(i, _actions(i, c))
+    assert _view(live) == _view(reference)
 
 
 # -- decide_batch ------------------------------------------------------------------------------------------
