@@ -171,12 +171,11 @@ def demo_cmd() -> None:
 
 
 def _register_extensions() -> None:
-    from coordinator.kafka import acls
-    from coordinator.tooling import cli_tables, cli_topics, cli_verify
+    from coordinator.tooling import cli_acls, cli_tables, cli_topics, cli_verify
 
     cli_tables.register(main)
     cli_topics.register(main)
-    acls.register(main)
+    cli_acls.register(main)
     cli_verify.register(main)
 
 

@@ -46,7 +46,7 @@ from coordinator.kafka.acls import (
 from coordinator.kafka.topics import TopicSpec
 from coordinator.metrics import Metrics, MetricsServer
 from coordinator.settings import CoordinatorSettings
-from coordinator.tooling import cli_topics
+from coordinator.tooling import cli_acls, cli_topics
 from coordinator.tooling.cli import coordinator_run
 from coordinator.tooling.cli import main as cli_main
 from coordinator.tooling.cli_topics import (
@@ -68,7 +68,7 @@ K8S = DEPLOY / "k8s"
 def cli() -> click.Group:
     """The `deltacoord` group with the `acls` and `topics` commands registered."""
     group = click.Group("deltacoord", commands=dict(cli_main.commands))
-    acls.register(group)
+    cli_acls.register(group)
     cli_topics.register(group)
     return group
 
@@ -202,7 +202,7 @@ def test_config_file_keys_are_coordinator_run_parameters() -> None:
 
 def test_acls_and_topics_commands_register_on_a_click_group() -> None:
     group = click.Group("x")
-    acls.register(group)
+    cli_acls.register(group)
     cli_topics.register(group)
     assert set(group.commands) == {"acls", "topics"}
     topics_group = group.commands["topics"]
