@@ -1,1 +1,1 @@
-"""The commit coordinator: conflict rules, the Kafka loop, publication and its CLI."""
+"""The commit coordinator: the rules (pure), the Kafka edge, the _delta_log edge and the tooling around them."""

@@ -81,10 +81,10 @@ def test_hostile_proposals_are_rejected_with_their_reason_by_the_decision_functi
     p, reason = hostile_proposal(rng, ctx)
     p = decode_proposal(encode_proposal(p))
     if p.table_id != ctx.table_id and p.read_version != -1:
-        return  # UNKNOWN_TABLE is decided before decide() (PartitionCoordinator.decide_proposal)
+        return  # UNKNOWN_TABLE: the table is not in this state map (decide_batch decides it on an empty state)
     state = _state(ctx.table_id) if p.table_id == ctx.table_id else TableState.empty(p.table_id, p.table_uri)
     if p.table_uri != state.table_uri:
-        return  # TABLE_URI_MISMATCH, likewise
+        return  # TABLE_URI_MISMATCH: admission (coordinator.rules.admission), before decide()
     result = decide(state, p, 1_700_000_000_000)
     assert isinstance(result, Rejected), f"expected {reason}, got {result}"
     assert getattr(result.error, "reason", type(result.error).__name__) in reason.split("|"), result.error
