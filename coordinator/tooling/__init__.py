@@ -1,0 +1,1 @@
+"""Tooling: the deltacoord CLI, demo, bench and the local servers it starts."""
