@@ -113,6 +113,11 @@ def _bucket_store(uri: TableUri, storage_options: Mapping[str, str] | None) -> O
         return store
 
 
+def _as_bytes_view(data: bytes | bytearray | memoryview | pa.Buffer) -> bytes | memoryview:
+    """obstore takes bytes or an unsigned-byte buffer; pyarrow buffers and other views are cast."""
+    return data if isinstance(data, bytes) else memoryview(data).cast("B")
+
+
 def _first_line(e: BaseException) -> str:
     return str(e).strip().split("\n", 1)[0]
 
@@ -387,27 +392,27 @@ class TableStorage:
         return out
 
     # -- writes -----------------------------------------------------------------------------------
-    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+    def put(self, key: str, data: bytes | bytearray | memoryview | pa.Buffer) -> None:
         """Create or replace the object atomically (readers see the old or the new bytes)."""
         check_key(key)
         if self._local is not None:
-            self._local.put(key, data)
+            self._local.put(key, _as_bytes_view(data))
             return
         try:
-            obstore.put(self._obj(), self._path(key), data, mode="overwrite", use_multipart=False)
+            obstore.put(self._obj(), self._path(key), _as_bytes_view(data), mode="overwrite", use_multipart=False)
         except ObstoreError as e:
             raise self._error("writing", key, e) from e
 
-    def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
+    def put_if_absent(self, key: str, data: bytes | bytearray | memoryview | pa.Buffer) -> bool:
         """Create the object only if the key is free: True when this call created it, False when an
         object was already there (the caller compares bytes to tell a re-publication from a conflict)."""
         check_key(key)
         if self._local is not None:
-            return self._local.put_if_absent(key, data)
-        path = self._path(key)
+            return self._local.put_if_absent(key, _as_bytes_view(data))
+        path, payload = self._path(key), _as_bytes_view(data)
         for attempt in range(_CONFLICT_RETRIES):
             try:
-                obstore.put(self._obj(), path, data, mode="create", use_multipart=False)
+                obstore.put(self._obj(), path, payload, mode="create", use_multipart=False)
                 return True
             except (AlreadyExistsError, PreconditionError) as e:
                 if self.uri.kind == "s3" and _is_s3_conflict(e):

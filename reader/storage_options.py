@@ -13,6 +13,7 @@ obstore reads when the store is built.
 from __future__ import annotations
 
 import datetime
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -98,8 +99,14 @@ def is_true(value: str | None) -> bool:
     return value is not None and value.strip().lower() in _TRUE
 
 
-def obstore_options(uri: TableUri, storage_options: Mapping[str, str] | None) -> ObstoreOptions:
-    """Translate `storage_options` for the store `uri` lives in; raises `StorageConfigError`."""
+def obstore_options(uri: TableUri, storage_options: Mapping[str, str] | None,
+                    environ: Mapping[str, str] | None = None) -> ObstoreOptions:
+    """Translate `storage_options` for the store `uri` lives in; raises `StorageConfigError`.
+
+    obstore reads credentials and store settings from the environment itself, but its HTTP-client
+    settings (`AWS_ALLOW_HTTP`, `AZURE_ALLOW_HTTP`, `GOOGLE_ALLOW_HTTP`, timeouts, ...) only from what
+    it is given, so those are taken from `environ` (default `os.environ`) where the options lack them.
+    """
     if uri.kind == "file":
         return ObstoreOptions()
     opts = ObstoreOptions()
@@ -146,11 +153,21 @@ def obstore_options(uri: TableUri, storage_options: Mapping[str, str] | None) ->
                 raise StorageConfigError(f"unknown storage option {key!r}; backoff_config takes init_backoff, max_backoff, base")
         else:
             opts.config[_RENAMED.get(key, key)] = value
+    _client_keys_from_env(uri, opts, environ if environ is not None else os.environ)
     if uri.kind == "s3":
         _s3_defaults(uri, opts)
     elif uri.kind == "az":
         _azure_defaults(uri, opts)
     return opts
+
+
+def _client_keys_from_env(uri: TableUri, opts: ObstoreOptions, environ: Mapping[str, str]) -> None:
+    own = _PREFIX[uri.kind].upper()
+    for name, value in environ.items():
+        if name.startswith(own):
+            key = name[len(own):].lower()
+            if key in _CLIENT_KEYS and key not in opts.client_options:
+                opts.client_options[key] = value
 
 
 def _s3_defaults(uri: TableUri, opts: ObstoreOptions) -> None:

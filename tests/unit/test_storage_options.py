@@ -7,7 +7,13 @@ import datetime
 import pytest
 
 from reader.storage import StorageConfigError, TableStorage, parse_table_uri
-from reader.storage_options import obstore_options
+from reader.storage_options import ObstoreOptions
+from reader.storage_options import obstore_options as translate
+
+
+def obstore_options(uri: object, options: dict[str, str]) -> ObstoreOptions:
+    """The translation with an empty environment, so the machine's variables cannot leak in."""
+    return translate(uri, options, environ={})  # type: ignore[arg-type]
 
 S3 = parse_table_uri("s3://bucket/t")
 AZ = parse_table_uri("az://container/t")
@@ -96,3 +102,11 @@ def test_unknown_key_is_refused_when_the_store_is_built() -> None:
         TableStorage("s3://bucket/t", {"bogus_key": "1"})
     with pytest.raises(StorageConfigError, match="account_nam"):
         TableStorage("az://container/t", {"azure_storage_account_nam": "x"})
+
+
+def test_client_settings_come_from_the_environment_when_not_given() -> None:
+    env = {"AWS_ALLOW_HTTP": "true", "AWS_TIMEOUT": "5s", "AZURE_ALLOW_HTTP": "false", "HOME": "/root"}
+    assert translate(S3, {}, environ=env).client_options == {"allow_http": "true", "timeout": "5s"}
+    assert translate(S3, {"AWS_ALLOW_HTTP": "false"}, environ=env).client_options["allow_http"] == "false"
+    assert translate(AZ, {}, environ=env).client_options == {"allow_http": "false"}
+    assert translate(GS, {}, environ=env).client_options == {}
