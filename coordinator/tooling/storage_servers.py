@@ -60,6 +60,13 @@ class StorageServerError(RuntimeError):
     """A local storage server could not be installed, started, found or stopped."""
 
 
+class _PortTaken(Exception):
+    """The server exited because its port was taken before it could bind it."""
+
+
+_PORT_ATTEMPTS = 4
+
+
 def cache_home() -> Path:
     """Root of everything deltacoord caches on this machine (`DELTACOORD_HOME`)."""
     env = os.environ.get("DELTACOORD_HOME")
@@ -356,34 +363,59 @@ class LocalStorageServer:
 
     # -- start / stop ---------------------------------------------------------------------------
     def start(self, port: int | None = None, *, timeout_s: float = 120.0, die_with_parent: bool = False) -> ServerInfo:
-        """Install if needed and start the server unless it runs already (then return its info)."""
+        """Install if needed and start the server unless it runs already (then return its info).
+
+        A port chosen here may be taken by another process before the server binds it; then
+        the server is started again on another free port (a few times at most).
+        """
         executable = self.artifact().ensure()
         self.home.mkdir(parents=True, exist_ok=True)
         with _file_lock(self.home / ".lock"):
             running = self.status()
             if running is not None:
                 return running
-            port = self._choose_port(port)
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.log_path, "ab") as out:
-                proc = subprocess.Popen(
-                    self.command(executable, port), cwd=self.home, stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
-                    preexec_fn=_die_with_parent if die_with_parent else None,
-                )
-            endpoint = self.endpoint(port)
-            info = ServerInfo(
-                kind=self.kind, pid=proc.pid, port=port, endpoint=endpoint, home=str(self.home),
-                log_path=str(self.log_path), data_dir=str(self.data_dir), storage_options=self.storage_options(endpoint),
+            for attempt in range(_PORT_ATTEMPTS):
+                chosen = self._choose_port(port) if attempt == 0 else _free_port()
+                try:
+                    return self._start_on(executable, chosen, timeout_s, die_with_parent)
+                except _PortTaken:
+                    if port is not None:
+                        raise StorageServerError(f"port {port} on 127.0.0.1 is in use; choose another port") from None
+            raise StorageServerError(f"the local {self.kind} server found no free port in {_PORT_ATTEMPTS} attempts")
+
+    def _start_on(self, executable: Path, port: int, timeout_s: float, die_with_parent: bool) -> ServerInfo:
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as out:
+            proc = subprocess.Popen(
+                self.command(executable, port), cwd=self.home, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=_die_with_parent if die_with_parent else None,
             )
-            self.state_file.write_text(json.dumps(asdict(info), indent=2) + "\n")
-            try:
-                self._wait_ready(info, proc, timeout_s)
-            except BaseException:
-                self._terminate(proc.pid, 10.0)
-                self.state_file.unlink(missing_ok=True)
-                raise
-            return info
+        endpoint = self.endpoint(port)
+        info = ServerInfo(
+            kind=self.kind, pid=proc.pid, port=port, endpoint=endpoint, home=str(self.home),
+            log_path=str(self.log_path), data_dir=str(self.data_dir), storage_options=self.storage_options(endpoint),
+        )
+        self.state_file.write_text(json.dumps(asdict(info), indent=2) + "\n")
+        try:
+            self._wait_ready(info, proc, timeout_s)
+        except BaseException as e:
+            self._terminate(proc.pid, 10.0)
+            self.state_file.unlink(missing_ok=True)
+            if isinstance(e, StorageServerError) and proc.poll() is not None and self._log_says_port_taken(log_start):
+                raise _PortTaken from e
+            raise
+        return info
+
+    def _log_says_port_taken(self, offset: int) -> bool:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(offset)
+                text = fh.read().decode(errors="replace").lower()
+        except OSError:
+            return False
+        return "address already in use" in text or "eaddrinuse" in text
 
     def _wait_ready(self, info: ServerInfo, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
