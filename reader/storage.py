@@ -3,6 +3,10 @@
 obstore binds object_store, the Rust crate delta-rs itself uses, so a URI and its storage_options mean
 the same here as in delta-rs, and it has the conditional create (If-None-Match / generation 0) pyarrow.fs lacks.
 
+obstore (like delta-rs) runs a tokio runtime that does not survive `fork()`: a child forked after
+the parent touched an object store would hang, so it gets a `StorageError` instead. Worker
+processes that use object stores must be started with `spawn` or `forkserver`.
+
 Keys are '/'-separated and relative to the table root (`_delta_log/00000000000000000000.json`), plain
 text (not URI-encoded). Local tables use plain files (`reader.storage_local`); object stores share one
 obstore client per bucket and options, so a `TableStorage` is cheap to create, and every method is
@@ -86,8 +90,25 @@ _stores_lock = threading.Lock()
 _ENV_PREFIXES = {"s3": ("AWS_",), "az": ("AZURE_", "AZURITE_"), "gs": ("GOOGLE_",)}
 
 
+_used_in_pid: int | None = None
+
+
+def _guard_fork() -> None:
+    """Refuse obstore in a child forked after the parent used it (it would deadlock)."""
+    global _used_in_pid
+    pid = os.getpid()
+    if _used_in_pid is None:
+        _used_in_pid = pid
+    elif _used_in_pid != pid:
+        raise StorageError(
+            "object storage cannot be used in a process forked after its parent used it (obstore's runtime does "
+            "not survive fork); start worker processes with multiprocessing's 'spawn' or 'forkserver' method"
+        )
+
+
 def _bucket_store(uri: TableUri, storage_options: Mapping[str, str] | None) -> ObjectStore:
     """One obstore client (and connection pool) per bucket and options, shared by its tables."""
+    _guard_fork()
     opts = obstore_options(uri, storage_options)
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES[uri.kind])))
     key = (uri.kind, uri.bucket, uri.account, env, *opts.cache_key())
@@ -167,6 +188,7 @@ class RangeReader(io.RawIOBase):
         end = self._size if size is None or size < 0 else min(self._size, self._pos + size)
         if end <= self._pos:
             return b""
+        _guard_fork()
         data = bytes(obstore.get_range(self._store, self._path, start=self._pos, end=end))
         self.requests += 1
         self.bytes_fetched += len(data)
@@ -296,6 +318,7 @@ class TableStorage:
 
     def _obj(self) -> ObjectStore:
         assert self._store is not None
+        _guard_fork()
         return self._store
 
     def _not_found(self, key: str, e: BaseException) -> ObjectNotFoundError:
@@ -333,13 +356,13 @@ class TableStorage:
         except ObstoreError as e:
             raise self._error("reading", key, e) from e
 
-    def open_input(self, key: str) -> BinaryIO:
+    def open_input(self, key: str) -> BinaryIO | RangeReader:
         """A seekable file for the object; reads fetch only the ranges they ask for (one HEAD first)."""
         check_key(key)
         if self._local is not None:
             return self._local.open_input(key)
         info = self.head(key)
-        return RangeReader(self._obj(), self._path(key), info.size, f"{self.location}/{key}")  # type: ignore[return-value]
+        return RangeReader(self._obj(), self._path(key), info.size, f"{self.location}/{key}")
 
     def read_parquet_file(self, key: str) -> pq.ParquetFile:
         """A ParquetFile that reads row groups on demand through `open_input`."""

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -222,3 +225,30 @@ def test_delta_rs_on_abfss_uris(azurite_server: StoreServer) -> None:
     assert [o.key for o in store.list("_delta_log")] == ["_delta_log/00000000000000000000.json"]
     assert TableStorage(f"az://{bucket.name}/t", bucket.storage_options).exists("_delta_log/00000000000000000000.json")
     assert DeltaTable(uri, storage_options=bucket.storage_options).version() == 0
+
+
+def test_a_forked_child_gets_an_error_instead_of_a_hang(s3_bucket: StoreBucket) -> None:
+    uri, options = s3_bucket.table_uri("t"), s3_bucket.storage_options
+    TableStorage(uri, options).put("k", b"parent")
+    pid = os.fork()
+    if pid == 0:  # the child: report by exit code only
+        code = 3
+        try:
+            TableStorage(uri, options).get("k")
+            code = 1
+        except StorageError as e:
+            code = 0 if "forked" in str(e) else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 120
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung in the object store")
+        time.sleep(0.1)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert TableStorage(uri, options).get("k") == b"parent", "the parent is unaffected"
