@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint bench jars venv clean
+.PHONY: test demo lint bench jars servers venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,11 @@ venv: $(STAMP)
 jars: $(STAMP)
 	$(BIN)/deltacoord jars fetch all
 
-test: jars
+# Local S3 (versitygw), Azure (Azurite) and GCS (fake-gcs-server) servers, built once into ~/.cache/deltacoord.
+servers: $(STAMP)
+	$(BIN)/python -m coordinator.tooling.storage_servers install all
+
+test: jars servers
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: jars

@@ -1,9 +1,15 @@
-"""Shared fixtures: a real Kafka broker for every integration test.
+"""Shared fixtures: a real Kafka broker and real object-storage servers for integration tests.
 
 `kafka_bootstrap` resolves, in order: `KAFKA_BOOTSTRAP_SERVERS`; a local JVM
 broker from Maven Central jars (`coordinator.tooling.broker.LocalBroker`); a
 testcontainers Kafka container when a Docker engine answers. With none of
 them the run fails loudly: Kafka tests are never skipped.
+
+`s3_server`, `azurite_server` and `gcs_server` start the project's local storage
+servers (`coordinator.tooling.storage_servers`) once per session; `s3_bucket`,
+`azure_container` and `gcs_bucket` give each test a fresh bucket, and
+`object_store_bucket` runs a test once per store. A server that cannot be
+installed or started fails the test with how to fix it.
 """
 
 from __future__ import annotations
@@ -12,11 +18,19 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from coordinator.tooling.broker import LocalBroker
+from coordinator.tooling.storage_servers import (
+    AzuriteServer,
+    GcsServer,
+    LocalStorageServer,
+    S3Server,
+    StorageServerError,
+)
 
 HOW_TO_GET_A_BROKER = (
     "no Kafka broker for the tests. Either set KAFKA_BOOTSTRAP_SERVERS to a broker with transactions enabled, "
@@ -93,3 +107,98 @@ def table_dir(tmp_path: Path) -> Path:
     d = tmp_path / "table"
     d.mkdir()
     return d
+
+
+# -- object storage -------------------------------------------------------------------------------
+
+HOW_TO_GET_STORAGE_SERVERS = (
+    "run `make servers` (it builds versitygw and fake-gcs-server with Go 1.26+ and installs Azurite with "
+    "Node.js 20+/npm into ~/.cache/deltacoord/storage-servers), then rerun the tests; the server's log is named above"
+)
+
+
+@dataclass(frozen=True)
+class StoreBucket:
+    """A fresh bucket (or container) on a local server: where a test may put tables."""
+
+    kind: str
+    name: str
+    root: str
+    storage_options: dict[str, str]
+
+    def table_uri(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+
+@dataclass
+class StoreServer:
+    """A running local storage server, as the session fixtures yield it."""
+
+    kind: str
+    scheme: str
+    endpoint: str
+    storage_options: dict[str, str]
+    server: LocalStorageServer = field(repr=False)
+
+    def new_bucket(self) -> StoreBucket:
+        name = f"t{uuid.uuid4().hex[:16]}"
+        try:
+            self.server.create_bucket(name)
+        except StorageServerError as e:
+            pytest.fail(f"creating bucket {name} on the local {self.kind} server failed: {e}", pytrace=False)
+        return StoreBucket(self.kind, name, f"{self.scheme}://{name}", dict(self.storage_options))
+
+
+def _storage_server(server: LocalStorageServer, scheme: str) -> Iterator[StoreServer]:
+    try:
+        info = server.start(die_with_parent=True)
+    except StorageServerError as e:
+        pytest.fail(f"the local {server.kind} storage server is unavailable: {e}\nTo fix: {HOW_TO_GET_STORAGE_SERVERS}",
+                    pytrace=False)
+    try:
+        yield StoreServer(server.kind, scheme, info.endpoint, dict(info.storage_options), server)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreServer]:
+    """versitygw: S3 with enforced `If-None-Match: *`."""
+    yield from _storage_server(S3Server(home=tmp_path_factory.mktemp("s3-server")), "s3")
+
+
+@pytest.fixture(scope="session")
+def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreServer]:
+    """Azurite's blob service: Azure Blob Storage / ADLS Gen2."""
+    yield from _storage_server(AzuriteServer(home=tmp_path_factory.mktemp("azurite")), "az")
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreServer]:
+    """fake-gcs-server with XML-API uploads: GCS with `ifGenerationMatch=0`."""
+    yield from _storage_server(GcsServer(home=tmp_path_factory.mktemp("gcs-server")), "gs")
+
+
+@pytest.fixture
+def s3_bucket(s3_server: StoreServer) -> StoreBucket:
+    return s3_server.new_bucket()
+
+
+@pytest.fixture
+def azure_container(azurite_server: StoreServer) -> StoreBucket:
+    return azurite_server.new_bucket()
+
+
+@pytest.fixture
+def gcs_bucket(gcs_server: StoreServer) -> StoreBucket:
+    return gcs_server.new_bucket()
+
+
+_BUCKET_FIXTURES = {"s3": "s3_bucket", "azure": "azure_container", "gcs": "gcs_bucket"}
+
+
+@pytest.fixture(params=list(_BUCKET_FIXTURES))
+def object_store_bucket(request: pytest.FixtureRequest) -> StoreBucket:
+    """A fresh bucket on each local store in turn (the test runs once per store)."""
+    bucket: StoreBucket = request.getfixturevalue(_BUCKET_FIXTURES[request.param])
+    return bucket

@@ -1,0 +1,245 @@
+"""The local-filesystem backend: plain files under a table root, with atomic put-if-absent.
+
+Put-if-absent writes a temp file next to the target and publishes it with `link(2)`, which
+fails with EEXIST when the name is taken. Filesystems that refuse hard links get
+`renameat2(RENAME_NOREPLACE)` (Linux) instead; with neither, the call raises rather than
+loop or fall back to a racy check-then-write. Files and their directories are fsynced
+unless the backend is built with `fsync=False` (tests, scratch tables).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import errno
+import os
+import uuid
+from collections.abc import Callable
+from typing import BinaryIO
+
+from reader.storage_uri import StorageError
+
+#: Temp files this backend creates start with this; listings skip them.
+TMP_PREFIX = ".deltacoord-tmp-"
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+#: errnos with which a filesystem says "no hard links here".
+_NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS, errno.EXDEV, errno.EACCES})
+#: errnos with which renameat2 says "this filesystem or kernel cannot do RENAME_NOREPLACE".
+_NO_NOREPLACE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """No object under that key."""
+
+
+class AtomicPutUnsupportedError(StorageError):
+    """The filesystem offers neither hard links nor RENAME_NOREPLACE, so put-if-absent cannot be atomic."""
+
+
+def _load_renameat2() -> Callable[[str, str], None] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+
+    def rename_noreplace(src: str, dst: str) -> None:
+        if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), dst)
+
+    return rename_noreplace
+
+
+_renameat2 = _load_renameat2()
+
+
+def rename_noreplace(src: str, dst: str) -> None:
+    """Rename `src` to `dst` unless `dst` exists (FileExistsError); OSError(ENOSYS) without renameat2."""
+    if _renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available in this C library", dst)
+    _renameat2(src, dst)
+
+
+def hard_link(src: str, dst: str) -> None:
+    """`os.link`, a seam so tests can play a filesystem without hard links."""
+    os.link(src, dst)
+
+
+class LocalBackend:
+    """Objects as files below `root` (an absolute, normalised path)."""
+
+    def __init__(self, root: str, *, fsync: bool = True) -> None:
+        self.root = root
+        self.fsync = fsync
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.root, *key.split("/"))
+
+    # -- durability helpers ------------------------------------------------------------------------
+    def _fsync_dir(self, directory: str) -> None:
+        if not self.fsync:
+            return
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _makedirs(self, directory: str) -> None:
+        """Create missing directories; fsync each new one's parent so the entry survives a crash."""
+        missing: list[str] = []
+        d = directory
+        while not os.path.isdir(d):
+            missing.append(d)
+            parent = os.path.dirname(d)
+            if parent == d:
+                break
+            d = parent
+        for d in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d)
+            self._fsync_dir(os.path.dirname(d))
+
+    def _write_temp(self, final: str, data: bytes | bytearray | memoryview) -> str:
+        directory = os.path.dirname(final)
+        self._makedirs(directory)
+        tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if self.fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    # -- operations --------------------------------------------------------------------------------
+    def get(self, key: str) -> bytes:
+        try:
+            with open(self.path(key), "rb") as fh:
+                return fh.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise ObjectNotFoundError(f"no object {key!r} under {self.root}") from e
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        try:
+            with open(self.path(key), "rb") as fh:
+                fh.seek(start)
+                return fh.read(length)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise ObjectNotFoundError(f"no object {key!r} under {self.root}") from e
+
+    def open_input(self, key: str) -> BinaryIO:
+        try:
+            return open(self.path(key), "rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise ObjectNotFoundError(f"no object {key!r} under {self.root}") from e
+
+    def stat(self, key: str) -> tuple[int, datetime.datetime]:
+        try:
+            st = os.stat(self.path(key))
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise ObjectNotFoundError(f"no object {key!r} under {self.root}") from e
+        if not os.path.isfile(self.path(key)):
+            raise ObjectNotFoundError(f"{key!r} under {self.root} is a directory, not an object")
+        return st.st_size, datetime.datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=datetime.UTC)
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        final = self.path(key)
+        tmp = self._write_temp(final, data)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self._fsync_dir(os.path.dirname(final))
+
+    def put_file(self, key: str, tmp: str) -> None:
+        """Publish an already written temp file (in the target's directory) over `key`."""
+        final = self.path(key)
+        os.replace(tmp, final)
+        self._fsync_dir(os.path.dirname(final))
+
+    def temp_for(self, key: str) -> str:
+        final = self.path(key)
+        self._makedirs(os.path.dirname(final))
+        return os.path.join(os.path.dirname(final), f"{TMP_PREFIX}{uuid.uuid4().hex}")
+
+    def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
+        final = self.path(key)
+        if os.path.lexists(final):
+            return False
+        tmp = self._write_temp(final, data)
+        try:
+            try:
+                hard_link(tmp, final)
+            except FileExistsError:
+                return False
+            except OSError as e:
+                if e.errno not in _NO_LINKS:
+                    raise
+                try:
+                    rename_noreplace(tmp, final)
+                except FileExistsError:
+                    return False
+                except OSError as e2:
+                    if e2.errno in _NO_NOREPLACE:
+                        raise AtomicPutUnsupportedError(
+                            f"the filesystem under {self.root} cannot do an atomic put-if-absent: hard links are refused "
+                            f"({os.strerror(e.errno or 0)}) and renameat2(RENAME_NOREPLACE) is not supported "
+                            f"({os.strerror(e2.errno or 0)}); put the table on a filesystem that supports either"
+                        ) from e2
+                    raise
+            self._fsync_dir(os.path.dirname(final))
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def list(self, prefix: str, start_after: str | None) -> list[tuple[str, int, datetime.datetime]]:
+        """(key, size, mtime) of every file below `prefix`, skipping our temp files."""
+        base = self.path(prefix) if prefix else self.root
+        out: list[tuple[str, int, datetime.datetime]] = []
+        rel_base = f"{prefix}/" if prefix else ""
+
+        def walk(directory: str, rel: str) -> None:
+            try:
+                entries = list(os.scandir(directory))
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            for entry in entries:
+                if entry.name.startswith(TMP_PREFIX):
+                    continue
+                key = rel + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    walk(entry.path, key + "/")
+                elif entry.is_file():
+                    if start_after is not None and key <= start_after:
+                        continue
+                    try:
+                        st = entry.stat()
+                    except FileNotFoundError:
+                        continue
+                    out.append((key, st.st_size, datetime.datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=datetime.UTC)))
+
+        walk(base, rel_base)
+        out.sort(key=lambda t: t[0])
+        return out
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(key))

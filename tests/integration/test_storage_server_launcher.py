@@ -1,0 +1,82 @@
+"""The local storage-server launcher: start/status/stop, restarts keep the data, clear install errors."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from coordinator.tooling import storage_servers
+from coordinator.tooling.storage_servers import GcsServer, S3Server, StorageServerError
+from reader.storage import TableStorage
+
+pytestmark = pytest.mark.storage
+
+
+def test_start_status_stop_and_restart_keeps_the_data(tmp_path: Path) -> None:
+    server = S3Server(home=tmp_path / "s3")
+    assert server.status() is None
+    info = server.start(die_with_parent=True)
+    try:
+        assert server.start() == info, "starting a running server returns it"
+        assert server.status() == info
+        state = json.loads((tmp_path / "s3" / "server.json").read_text())
+        assert state["endpoint"] == info.endpoint == f"http://127.0.0.1:{info.port}"
+        server.create_bucket("kept")
+        TableStorage("s3://kept/t", info.storage_options).put("k", b"survives a restart")
+        assert server.stop() is True
+        assert server.status() is None
+        assert server.stop() is False
+        again = server.start(die_with_parent=True)
+        assert again.pid != info.pid
+        assert TableStorage("s3://kept/t", again.storage_options).get("k") == b"survives a restart"
+    finally:
+        server.stop()
+
+
+def test_cli_reports_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    home = tmp_path / "gcs"
+    assert storage_servers.main(["status", "gcs", "--home", str(home)]) == 0
+    assert "gcs: not running" in capsys.readouterr().out
+    server = GcsServer(home=home)
+    server.start(die_with_parent=True)
+    try:
+        assert storage_servers.main(["status", "gcs", "--home", str(home)]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["kind"] == "gcs" and shown["storage_options"]["google_allow_http"] == "true"
+        assert storage_servers.main(["create-bucket", "gcs", "--home", str(home), "--bucket", "b1"]) == 0
+        TableStorage("gs://b1/t", shown["storage_options"]).put("k", b"x")
+    finally:
+        assert storage_servers.main(["stop", "gcs", "--home", str(home)]) == 0
+    assert "stopped" in capsys.readouterr().out
+
+
+def test_missing_toolchain_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DELTACOORD_HOME", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))
+    with pytest.raises(StorageServerError, match=r"`go` is not on PATH; install Go"):
+        S3Server(home=tmp_path / "s3").start()
+    with pytest.raises(StorageServerError, match=r"`npm` is not on PATH"):
+        storage_servers.install("azure")
+    assert storage_servers.main(["start", "gcs", "--home", str(tmp_path / "gcs")]) == 1
+
+
+@pytest.mark.parametrize("kind", ["s3", "azure", "gcs"])
+def test_a_port_taken_before_the_server_binds_it_is_replaced(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = storage_servers.server(kind, tmp_path / kind)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        taken = holder.getsockname()[1]
+        monkeypatch.setattr(server, "_choose_port", lambda port: taken)
+        info = server.start(die_with_parent=True)
+        try:
+            assert info.port != taken
+            assert server.status() == info
+            assert "address already in use" in server.log_path.read_text().lower().replace("eaddrinuse", "address already in use")
+        finally:
+            server.stop()
