@@ -5,7 +5,8 @@ n-th time it reaches `<point>` (1-based), or with `:hang` block that thread
 forever (as a client library stuck in a call would; the watchdog must act). Unset, a fault point costs one dict lookup.
 Points: `after_decide` (batch decided, no Kafka transaction yet),
 `after_kafka_commit` (decisions committed, nothing published),
-`checkpoint_before_publish` (checkpoint Parquet written to its temp name only).
+`checkpoint_before_publish` (checkpoint Parquet written to its temp name only),
+`send_offsets` (in the thread adding the consumed offsets to the transaction).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def fault_point(name: str) -> None:
     if _SPEC is None or _SPEC[0] != name:
         return
     _counts[name] = _counts.get(name, 0) + 1
-    if _counts[name] >= _SPEC[1]:
+    if _counts[name] == _SPEC[1]:
         if _SPEC[2] == "hang":
             threading.Event().wait()
         if _parent is not None:

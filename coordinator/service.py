@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,10 @@ class FencedError(RuntimeError):
     """A newer coordinator owns this partition; this one must stop."""
 
 
+class ProducerStuckError(RuntimeError):
+    """A call into the transactional producer outlived its bound; the producer must be replaced."""
+
+
 @dataclass
 class CoordinatorSettings:
     """How a coordinator reaches Kafka and how it batches."""
@@ -57,6 +62,11 @@ class CoordinatorSettings:
     poll_timeout_s: float = 0.1
     max_proposal_bytes: int = 4 * 1024 * 1024
     transaction_timeout_ms: int = 60_000
+    #: Bound on adding the consumed offsets to a transaction. librdkafka can block in
+    #: send_offsets_to_transaction for ever, its own timeout unchecked, when the group
+    #: coordinator's broker dies (confluentinc/librdkafka#5456, #5511); a group coordinator
+    #: failover takes about broker.session.timeout.ms (9 s), so this leaves room for one.
+    send_offsets_timeout_s: float = 20.0
 
     def client(self, defaults: dict[str, Any] | None = None, **required: Any) -> dict[str, Any]:
         """Client config: our tuning defaults, then the user's settings, then what correctness requires."""
@@ -240,6 +250,9 @@ class PartitionCoordinator:
             self._transact(batch, decisions, dead)
         except FencedError:
             raise
+        except ProducerStuckError as e:
+            self._replace_producer(e)
+            return
         except KafkaException as e:
             log.warning("partition %d: transaction failed (%s); rebuilding state and retrying the batch", self.partition, e)
             self._abort_and_rewind(e)
@@ -354,13 +367,46 @@ class PartitionCoordinator:
             last_offset = batch[-1].offset()
             assert last_offset is not None
             offsets = [TopicPartition(s.topics.proposals, self.partition, last_offset + 1)]
-            self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 60)
+            self._send_offsets(offsets)
             self._commit_with_retry()
         except KafkaException as e:
             kerr = e.args[0]
             if isinstance(kerr, KafkaError) and (kerr.code() == KafkaError._FENCED or kerr.fatal()):
                 raise FencedError(f"partition {self.partition}: {kerr}") from e
             raise
+
+    def _send_offsets(self, offsets: list[TopicPartition]) -> None:
+        """send_offsets_to_transaction, bounded: the call runs in a daemon thread, and one that
+        outlives `send_offsets_timeout_s` raises ProducerStuckError (the thread and its producer
+        are left behind; the replacement's init_transactions fences that producer)."""
+        producer, timeout = self.producer, self.settings.send_offsets_timeout_s
+        assert producer is not None
+        group = self.consumer.consumer_group_metadata()
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                fault_point("send_offsets")
+                producer.send_offsets_to_transaction(offsets, group, timeout)
+            except BaseException as e:
+                failure.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name=f"deltacoord-send-offsets-{self.partition}", daemon=True).start()
+        if not done.wait(timeout + 5):
+            raise ProducerStuckError(f"partition {self.partition}: send_offsets_to_transaction still blocked after {timeout + 5:.0f}s")
+        if failure:
+            raise failure[0]
+
+    def _replace_producer(self, cause: ProducerStuckError) -> None:
+        """Start over with a new transactional producer, as a restarted coordinator would: its
+        init_transactions aborts the open transaction and fences the stuck producer; then rebuild
+        the state and consume again from the last committed offset."""
+        log.error("%s; replacing the transactional producer and retrying the batch", cause)
+        self.producer = None  # never closed: a thread is still inside one of its calls
+        self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.start()))
 
     def _commit_with_retry(self) -> None:
         assert self.producer is not None

@@ -1,7 +1,8 @@
 """Fault injection around the history workload, and the long-form run.
 
-One run: fresh topics (one partition), one table per isolation level, a
-coordinator process statically owning partition 0, and writer processes
+One run: fresh topics (one partition; replication factor 3 and
+min.insync.replicas=2 on a three-broker cluster), one table per isolation level,
+a coordinator process statically owning partition 0, and writer processes
 (`workload.writer_main`, multiprocessing spawn) that spread their transactions
 over the tables. While they run, a controller injects faults at random moments
 (triggered by progress, plus a random delay):
@@ -9,12 +10,26 @@ over the tables. While they run, a controller injects faults at random moments
 * **coordinator SIGKILL**, followed at once by a restart; some restarts carry
   ``DELTACOORD_FAULT=after_decide:n`` / ``after_kafka_commit:n`` so the new
   process also crashes itself at an exact point of its loop;
-* **SIGSTOP / SIGCONT** of the coordinator (a pause); every second pause also
-  starts a replacement while the first is stopped, so the resumed process is a
-  zombie that Kafka must fence (it exits 3);
-* **broker restart**: SIGKILL of the local broker and a restart on the same
-  ports with the same data (needs a `LocalBroker`; asking for one without it
-  is an error, never a skip);
+* **pause**: SIGSTOP, a few seconds, SIGCONT of the same coordinator;
+* **zombie**: SIGSTOP of the coordinator owning the partition, a replacement
+  started until it owns the partition (its init_transactions with the same
+  transactional id fenced the paused one), then SIGCONT: the zombie runs on,
+  must find out at its next transaction, publish nothing and exit 3 by itself.
+  No later fault touches it; ``zombies_fenced`` counts those that did and
+  ``zombie_run_s`` how long each ran after SIGCONT;
+* **broker restart**: SIGKILL of the local broker (every node of a cluster)
+  and a restart on the same ports with the same data (needs a `LocalBroker` or
+  `LocalCluster`; asking for one without it is an error, never a skip);
+* **partition-leader kill** (cluster only): SIGKILL of the node leading the
+  proposals partition (odd kills: the commits partition), wait until another
+  node leads it, restart the node; each kill first waits until every replica is
+  back in sync, so the cluster never loses two nodes;
+* **coordinator isolation** (cluster only): each coordinator reaches the
+  brokers through one of two `netpath.NetPath` s (TCP proxies the brokers
+  advertise on a listener of their own); the owner's path is cut (the first
+  isolation blackholes it, the second resets every connection), a replacement
+  on the other path fences it, the path is healed after ``--isolation-seconds``,
+  and the isolated process must exit 3 by itself (``isolated_fenced``);
 * **racing coordinators**: a second ``--partitions 0`` coordinator started
   while the first runs;
 * **writer SIGKILL** after proposing and before hearing the decision (the
@@ -26,21 +41,28 @@ A liveness watchdog plays the part of the deployment's livenessProbe, faster:
 when proposals are pending and the commits partition has not grown for 20 s,
 it SIGKILLs and restarts the coordinator and counts a ``watchdog_restarts``
 (a wedged coordinator: a liveness bug, reported, not a safety violation).
+Throughout, every ``_delta_log/<v>.json`` is remembered as first seen; a file
+rewritten or removed later is reported in ``delta_log_rewrites`` and fails the run.
 
 Afterwards the controller waits until the coordinator consumed every proposal
 and published every version, reads the decisions from the commits topic, and
 checks each table with `checker.check_history` (reading the final table with
 deltacoord's reader and with delta-rs) and `coordinator.verify.verify_table`.
 
-Long form (>= 1,000 transactions from 8 writer processes, >= 50 coordinator
-SIGKILLs, 2 broker restarts; starts its own local broker; prints a JSON report
-and exits 1 if anything is lost, duplicated, anomalous or falsely conflicting)::
+Long form on a three-broker cluster (starts its own cluster on free ports;
+prints a JSON report and exits 1 if anything is lost, duplicated, anomalous,
+falsely conflicting or rewritten)::
 
-    .venv/bin/python -m tests.history.chaos --writers 8 --transactions 1000 \\
-        --coordinator-kills 50 --broker-restarts 2
+    .venv/bin/python -m tests.history.chaos --brokers 3 --writers 8 --transactions 1000 \\
+        --coordinator-kills 50 --leader-kills 5 --isolations 2 --zombies 2
 
-Other options: ``--sigstops``, ``--racing``, ``--writer-kills``, ``--seed``,
-``--workdir`` (kept for inspection: histories, coordinator logs, tables) and
+With one broker (``--brokers 1``, the default) ``--broker-restarts`` defaults
+to 2 and leader kills and isolations are refused. Other options:
+``--sigstops`` (pauses, default 1), ``--zombies`` (default 2),
+``--isolation-seconds`` (default 12), ``--racing``, ``--writer-kills``,
+``--writer-think-seconds`` (a writer's mean pause between transactions, so a
+short run spans the slow faults), ``--seed``, ``--workdir`` (kept for
+inspection: histories, coordinator logs, the broker or cluster, tables) and
 ``--bootstrap-servers`` (an external broker; then ``--broker-restarts 0``).
 """
 
@@ -66,10 +88,11 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient
 
 from coordinator.broker import LocalBroker, LocalCluster
 from coordinator.service import CoordinatorSettings, read_decisions
+from coordinator.topics import describe_topic_config
 from coordinator.verify import verify_table
 from schemas.messages import Decision
 from schemas.routing import Topics
@@ -145,6 +168,8 @@ class FaultLog:
     isolated_unresolved: list[str] = field(default_factory=list)
     racing_coordinators: int = 0
     writer_kills: int = 0
+    #: Transactions of writers added because faults were still due when the planned ones were done.
+    extra_transactions: int = 0
     fenced_exits: int = 0
     #: Coordinators restarted by the liveness watchdog because they decided nothing for `watchdog_s`
     #: while proposals were pending (each one is a liveness bug: a wedged coordinator).
@@ -598,6 +623,9 @@ class ChaosRun:
             self._pause(0.2)
         if self.fleet.zombies or self.fleet.isolated:
             self.faults.note(f"still watched: zombies {sorted(self.fleet.zombies)}, isolated {sorted(self.fleet.isolated)}")
+        starting = [c for c in self.fleet.targets() if not _wait_ready(c, 0)]
+        if starting:  # the newest one will own the partition: let it, rather than race it
+            self._await_takeover(starting[-1], "the previous owner")
         owner = self.fleet.owner()
         if owner is not None:
             return owner
@@ -741,7 +769,18 @@ class ChaosRun:
             progress = _Progress()
             last_progress, last_change = -1, time.monotonic()
             last_fault_at = -1
-            while self.writers:
+            waves = 0
+            while self.writers or schedule:
+                if not self.writers:
+                    # Slow faults (leader kills, isolations, waiting for zombies) let the writers finish
+                    # before every fault ran: keep a load on, a fault on an idle system proves little.
+                    waves += 1
+                    extra = max(4, per_writer // 10)
+                    self.faults.note(f"writers done with {len(schedule)} fault(s) left: {cfg.writers} more writers "
+                                     f"x {extra} transactions")
+                    for w in range(cfg.writers):
+                        self._spawn_writer(1000 * waves + w, extra, None)
+                    self.faults.extra_transactions += cfg.writers * extra
                 done = progress.poll(self.history_files)
                 if done != last_progress:
                     last_progress, last_change = done, time.monotonic()
@@ -761,10 +800,6 @@ class ChaosRun:
                     self.faults.note(f"controller loop took {time.monotonic() - t_loop:.1f}s "
                                      f"(watchdog errors {self._watchdog.errors}: {self._watchdog.last_error})")
                 time.sleep(0.05)
-            self.faults.note(f"writers done; {len(schedule)} fault(s) left over, run now")
-            for _at, kind in schedule:
-                self._fault(kind)
-                self.fleet.ensure_running()
             return self._finish(t0)
         finally:
             self._watchdog.close()
@@ -853,8 +888,7 @@ class ChaosRun:
         out: dict[str, Any] = {"brokers": len(md.brokers)}
         for kind in ("proposals", "commits"):
             topic = getattr(self.topics, kind)
-            cfg = admin.describe_configs([ConfigResource("topic", topic)])
-            entries = next(iter(cfg.values())).result(30)
+            entries = describe_topic_config(admin, topic)
             out[kind] = {"replication_factor": len(md.topics[topic].partitions[0].replicas),
                          "min_insync_replicas": int(entries["min.insync.replicas"].value)}
         return out

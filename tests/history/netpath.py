@@ -153,7 +153,11 @@ class NetPath:
             await self._open.wait()  # a blackholed path holds new connections too
             if self.mode == "reset":
                 return
-            up_reader, upstream = await asyncio.open_connection("127.0.0.1", self._targets[index])
+            try:
+                up_reader, upstream = await asyncio.open_connection("127.0.0.1", self._targets[index])
+            except OSError:  # the broker is down: look like it to the client (a reset, as a refused connect)
+                _reset(writer)
+                return
             self._conns.add(upstream)
             await asyncio.gather(self._pipe(reader, upstream), self._pipe(up_reader, writer))
         except OSError:

@@ -18,31 +18,62 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
+from coordinator.broker import LocalCluster
+from coordinator.topics import ensure_topics
+from schemas.routing import Topics
 from tests.history.chaos import ChaosConfig, run_chaos
-from tests.history.netpath import close_paths, start_cluster_with_paths
+from tests.history.netpath import NetPath, close_paths, start_cluster_with_paths
 
 pytestmark = pytest.mark.kafka
 
 
-def test_history_on_a_three_broker_cluster_under_leader_kills_isolation_and_zombies(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, dict[str, NetPath]]]:
+    """A fresh three-broker cluster on free ports with two cuttable paths (A, B) for coordinators."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.fail("the cluster history run starts a local three-broker Kafka cluster and needs Java 17+ "
+        pytest.fail("the cluster tests start a local three-broker Kafka cluster and need Java 17+ "
                     "(and the Kafka jars: `deltacoord jars fetch kafka`)", pytrace=False)
-    cluster, paths = start_cluster_with_paths(tmp_path / "cluster", brokers=3)
+    cl, paths = start_cluster_with_paths(tmp_path_factory.mktemp("cluster"), brokers=3)
     try:
-        layout = cluster.layout()
-        assert layout is not None
-        cfg = ChaosConfig(writers=4, transactions=120, coordinator_kills=3, sigstops=0, zombies=1, broker_restarts=0,
-                          leader_kills=2, isolations=1, racing_coordinators=1, writer_kills=1, writer_think_s=1.0,
-                          seed=int(os.environ.get("DELTACOORD_HISTORY_SEED", "20240612")))
-        report = run_chaos(layout.bootstrap_servers, cluster, cfg, tmp_path, paths)
+        yield cl, paths
     finally:
-        cluster.stop()
+        cl.stop()
         close_paths(paths)
+
+
+def _bootstrap(cl: LocalCluster) -> str:
+    layout = cl.layout()
+    assert layout is not None
+    return layout.bootstrap_servers
+
+
+def test_topics_just_created_validate_through_any_broker(cluster: tuple[LocalCluster, dict[str, NetPath]]) -> None:
+    """ensure_topics creates the topics through one broker and reads the commits topic's configuration
+    through another, which may not know the topic yet (UNKNOWN_TOPIC_OR_PART): that is waited out."""
+    cl, _paths = cluster
+    admin = AdminClient({"bootstrap.servers": _bootstrap(cl)})
+    for _ in range(12):
+        topics = Topics.with_prefix(f"t{uuid.uuid4().hex[:8]}")
+        assert ensure_topics(admin, topics) == 1
+        md = admin.list_topics(timeout=30)
+        assert all(len(md.topics[n].partitions[0].replicas) == 3 for n in (topics.proposals, topics.commits))
+
+
+def test_history_on_a_three_broker_cluster_under_leader_kills_isolation_and_zombies(
+    cluster: tuple[LocalCluster, dict[str, NetPath]], tmp_path: Path
+) -> None:
+    cl, paths = cluster
+    cfg = ChaosConfig(writers=4, transactions=120, coordinator_kills=3, sigstops=0, zombies=1, broker_restarts=0,
+                      leader_kills=2, isolations=1, racing_coordinators=1, writer_kills=1, writer_think_s=1.0,
+                      seed=int(os.environ.get("DELTACOORD_HISTORY_SEED", "20240612")))
+    report = run_chaos(_bootstrap(cl), cl, cfg, tmp_path, paths)
     text = json.dumps(report, indent=2, sort_keys=True)
     print(text)
     for kind in ("proposals", "commits"):
