@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,8 +63,12 @@ def test_topics_just_created_validate_through_any_broker(cluster: tuple[LocalClu
     for _ in range(12):
         topics = Topics.with_prefix(f"t{uuid.uuid4().hex[:8]}")
         assert ensure_topics(admin, topics) == 1
-        md = admin.list_topics(timeout=30)
-        assert all(len(md.topics[n].partitions[0].replicas) == 3 for n in (topics.proposals, topics.commits))
+        for name in (topics.proposals, topics.commits):
+            # Metadata from yet another broker may lag as well: wait for it, then check the replicas.
+            deadline = time.monotonic() + 30
+            while name not in (md := admin.list_topics(timeout=30)).topics and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert len(md.topics[name].partitions[0].replicas) == 3, name
 
 
 def test_history_on_a_three_broker_cluster_under_leader_kills_isolation_and_zombies(
