@@ -4,6 +4,8 @@ One combined broker+controller on 127.0.0.1 with the single-node settings that
 transactions need. Its home (default `~/.cache/deltacoord/broker`) keeps the
 data directory across restarts, the log and `broker.json` (pid, ports, log path).
 The same class backs `deltacoord broker start|stop|status` and the test fixture.
+`LocalCluster` runs N such nodes from the same launcher as one KRaft cluster
+replicated like production (`deltacoord broker start --brokers 3`).
 """
 
 from __future__ import annotations
@@ -328,7 +330,6 @@ class LocalBroker:
                 os.kill(info.pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(info.pid, 0)
-
 
 
 # -- a local cluster ---------------------------------------------------------------------------------

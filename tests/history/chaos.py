@@ -648,11 +648,8 @@ class ChaosRun:
             self.faults.coordinator_restarts += 1
 
     def _sigstop(self) -> None:
-        """A pause: the same process resumes; it still owns the partition."""
-        running = self.fleet.targets()
-        if not running:
-            return
-        victim = self.rng.choice(running)
+        """A pause of the owner: the same process resumes; it still owns the partition."""
+        victim = self._owner()
         time.sleep(self.rng.uniform(0, 0.3))
         self.fleet.sigstop(victim)
         self.faults.sigstops += 1
