@@ -10,7 +10,8 @@ Points: `after_decide` (batch decided, no Kafka transaction yet),
 `before_kafka_commit` (decisions and offsets sent in the transaction, not
 committed; `:fail` aborts the transaction), `after_kafka_commit` (decisions
 committed, nothing published), `checkpoint_before_publish` (checkpoint Parquet
-written to its temp name only).
+written to its temp name only), `send_offsets` (in the thread adding the
+consumed offsets to the transaction).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def fault_point(name: str) -> bool:
     _counts[name] = _counts.get(name, 0) + 1
     if _SPEC[2] == "fail":
         return _counts[name] == _SPEC[1]
-    if _counts[name] >= _SPEC[1]:
+    if _counts[name] == _SPEC[1]:
         if _SPEC[2] == "hang":
             threading.Event().wait()
         if _parent is not None:

@@ -48,6 +48,11 @@ class CoordinatorSettings:
     poll_timeout_s: float = 0.1
     max_proposal_bytes: int = 4 * 1024 * 1024
     transaction_timeout_ms: int = 60_000
+    #: Bound on adding the consumed offsets to a transaction. librdkafka can block in
+    #: send_offsets_to_transaction for ever, its own timeout unchecked, when the group
+    #: coordinator's broker dies (confluentinc/librdkafka#5456, #5511); a group coordinator
+    #: failover takes about broker.session.timeout.ms (9 s), so this leaves room for one.
+    send_offsets_timeout_s: float = 20.0
 
     def client(self, defaults: dict[str, Any] | None = None, **required: Any) -> dict[str, Any]:
         """Client config: our tuning defaults, then the user's settings, then what correctness requires."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,10 @@ from schemas.reasons import ReasonCode
 from schemas.routing import H_ERROR, H_OUTCOME, H_PROPOSAL_ID, H_SOURCE, H_TABLE_ID, H_VERSION, header
 
 log = logging.getLogger(__name__)
+
+
+class ProducerStuckError(RuntimeError):
+    """A call into the transactional producer outlived its bound; the producer must be replaced."""
 
 
 class FencedError(RuntimeError):
@@ -198,6 +203,9 @@ class PartitionCoordinator:
             self._transact(batch, decisions, dead)
         except FencedError:
             raise
+        except ProducerStuckError as e:
+            self._replace_producer(e)
+            return
         except KafkaException as e:
             log.warning("partition %d: transaction failed (%s); dropping the batch's decisions and consuming it again",
                         self.partition, e)
@@ -268,7 +276,7 @@ class PartitionCoordinator:
             last_offset = batch[-1].offset()
             assert last_offset is not None
             offsets = [TopicPartition(s.topics.proposals, self.partition, last_offset + 1)]
-            self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 60)
+            self._send_offsets(offsets)
             if fault_point("before_kafka_commit"):
                 raise KafkaException(KafkaError(KafkaError._FAIL, "injected fault: the transaction fails before its commit",
                                                 txn_requires_abort=True))
@@ -278,6 +286,39 @@ class PartitionCoordinator:
             if isinstance(kerr, KafkaError) and (kerr.code() == KafkaError._FENCED or kerr.fatal()):
                 raise FencedError(f"partition {self.partition}: {kerr}") from e
             raise
+
+    def _send_offsets(self, offsets: list[TopicPartition]) -> None:
+        """send_offsets_to_transaction, bounded: the call runs in a daemon thread, and one that
+        outlives `send_offsets_timeout_s` raises ProducerStuckError (the thread and its producer
+        are left behind; the replacement's init_transactions fences that producer)."""
+        producer, timeout = self.producer, self.settings.send_offsets_timeout_s
+        assert producer is not None
+        group = self.consumer.consumer_group_metadata()
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                fault_point("send_offsets")
+                producer.send_offsets_to_transaction(offsets, group, timeout)
+            except BaseException as e:
+                failure.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name=f"deltacoord-send-offsets-{self.partition}", daemon=True).start()
+        if not done.wait(timeout + 5):
+            raise ProducerStuckError(f"partition {self.partition}: send_offsets_to_transaction still blocked after {timeout + 5:.0f}s")
+        if failure:
+            raise failure[0]
+
+    def _replace_producer(self, cause: ProducerStuckError) -> None:
+        """Start over with a new transactional producer, as a restarted coordinator would: its
+        init_transactions aborts the open transaction and fences the stuck producer. The states
+        never held the batch (its overlay is dropped); consume again from the last committed offset."""
+        log.error("%s; replacing the transactional producer and retrying the batch", cause)
+        self.producer = None  # never closed: a thread is still inside one of its calls
+        self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.start()))
 
     def _commit_with_retry(self) -> None:
         assert self.producer is not None

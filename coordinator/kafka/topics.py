@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from schemas.routing import Topics
@@ -84,11 +85,28 @@ def validate_topics(admin: AdminClient, topics: Topics, specs: Sequence[TopicSpe
             f"{topics.proposals} has {p} partitions but {topics.commits} has {c}: a table's proposals and decisions "
             "must share a partition index, so both topics need the same count"
         )
-    resources = [ConfigResource("topic", topics.commits)]
-    for res, f in admin.describe_configs(resources).items():
-        cfg = f.result(30)
-        policy = cfg["cleanup.policy"].value if "cleanup.policy" in cfg else "delete"
-        if "compact" in (policy or ""):
-            raise TopicConfigError(
-                f"{res.name} has cleanup.policy={policy}: the commits topic is the source of truth and must not be compacted"
-            )
+    cfg = describe_topic_config(admin, topics.commits)
+    policy = cfg["cleanup.policy"].value if "cleanup.policy" in cfg else "delete"
+    if "compact" in (policy or ""):
+        raise TopicConfigError(
+            f"{topics.commits} has cleanup.policy={policy}: the commits topic is the source of truth and must not be compacted"
+        )
+
+
+def describe_topic_config(admin: AdminClient, topic: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """A topic's configuration entries.
+
+    On a cluster the broker answering may not know a topic another broker just
+    created (its metadata arrives a moment later) and says UNKNOWN_TOPIC_OR_PART:
+    retried until `timeout_s`.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            result: dict[str, Any] = next(iter(admin.describe_configs([ConfigResource("topic", topic)]).values())).result(30)
+            return result
+        except KafkaException as e:
+            err = e.args[0]
+            if not (isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

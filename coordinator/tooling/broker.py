@@ -4,6 +4,8 @@ One combined broker+controller on 127.0.0.1 with the single-node settings that
 transactions need. Its home (default `~/.cache/deltacoord/broker`) keeps the
 data directory across restarts, the log and `broker.json` (pid, ports, log path).
 The same class backs `deltacoord broker start|stop|status` and the test fixture.
+`LocalCluster` runs N such nodes from the same launcher as one KRaft cluster
+replicated like production (`deltacoord broker start --brokers 3`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -21,14 +24,16 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from coordinator.tooling import jars
 
 DEFAULT_PORT = 19092
 KAFKA_HEAP = "-Xmx768m"
+KAFKA_HEAP_MIN = "-Xms256m"
 #: The local broker serves development, tests, the demo and the bench, and it is
 #: often freshly started: C1 alone compiles its hot paths within seconds, where
 #: C2 spends the first minutes of load compiling on the same two cores the
@@ -97,9 +102,10 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def broker_command(java_bin: str, classpath: str, log4j: Path | str, config_path: Path | str) -> list[str]:
+def broker_command(java_bin: str, classpath: str, log4j: Path | str, config_path: Path | str,
+                   heap: tuple[str, str] = (KAFKA_HEAP_MIN, KAFKA_HEAP)) -> list[str]:
     """The broker's JVM command line; DELTACOORD_BROKER_JAVA_OPTS comes after the defaults, so it overrides them."""
-    return [java_bin, "-Xms256m", KAFKA_HEAP, "-XX:+UseG1GC", LOCAL_JIT, "-Djava.awt.headless=true",
+    return [java_bin, *heap, "-XX:+UseG1GC", LOCAL_JIT, "-Djava.awt.headless=true",
             *shlex.split(os.environ.get("DELTACOORD_BROKER_JAVA_OPTS", "")),
             f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath, "kafka.Kafka", str(config_path)]
 
@@ -207,39 +213,49 @@ class LocalBroker:
             if fresh:
                 shutil.rmtree(self.data_dir, ignore_errors=True)
             port, cport = self._choose_ports(port)
-            cp = jars.classpath("kafka")
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self.config_path.write_text(server_properties(port, cport, self.data_dir))
-            log4j = self.home / "log4j2.properties"
-            log4j.write_text(_LOG4J2.format(log=self.home / "server.log"))
-            java = os.environ.get("JAVA_HOME", "")
-            java_bin = str(Path(java) / "bin" / "java") if java else "java"
-            if not (self.data_dir / "meta.properties").exists():
-                cluster_id = _cluster_id()
-                fmt = subprocess.run(
-                    [java_bin, "-Xmx256m", "-cp", cp, f"-Dlog4j2.configurationFile={log4j}",
-                     "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config_path), "--ignore-formatted"],
-                    capture_output=True, text=True,
-                )
-                if fmt.returncode != 0:
-                    raise BrokerError(f"formatting KRaft storage failed:\n{fmt.stdout}{fmt.stderr}")
-            with open(self.log_path, "ab") as out:
-                proc = subprocess.Popen(
-                    broker_command(java_bin, cp, log4j, self.config_path),
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                )
-            info = BrokerInfo(
-                pid=proc.pid, port=port, controller_port=cport, bootstrap_servers=f"127.0.0.1:{port}",
-                log_path=str(self.home / "server.log"), data_dir=str(self.data_dir), home=str(self.home),
-            )
-            self.state_file.write_text(json.dumps(asdict(info), indent=2) + "\n")
-            try:
-                self._wait_ready(info, proc, timeout_s)
-            except BaseException:
-                self._terminate(proc.pid, 10.0)
-                self.state_file.unlink(missing_ok=True)
-                raise
+            proc, info = self._launch(port, cport)
+            self._await_ready(info, proc, timeout_s)
             return info
+
+    def _launch(self, port: int, cport: int, cluster_id: str | None = None,
+                heap: tuple[str, str] = (KAFKA_HEAP_MIN, KAFKA_HEAP)) -> tuple[subprocess.Popen[bytes], BrokerInfo]:
+        """Format the storage if new (with `cluster_id`, else a fresh id) and start the JVM on `config_path`."""
+        cp = jars.classpath("kafka")
+        log4j = self.home / "log4j2.properties"
+        log4j.write_text(_LOG4J2.format(log=self.home / "server.log"))
+        java = os.environ.get("JAVA_HOME", "")
+        java_bin = str(Path(java) / "bin" / "java") if java else "java"
+        if not (self.data_dir / "meta.properties").exists():
+            fmt = subprocess.run(
+                [java_bin, "-Xmx256m", "-cp", cp, f"-Dlog4j2.configurationFile={log4j}",
+                 "kafka.tools.StorageTool", "format", "-t", cluster_id or _cluster_id(), "-c", str(self.config_path),
+                 "--ignore-formatted"],
+                capture_output=True, text=True,
+            )
+            if fmt.returncode != 0:
+                raise BrokerError(f"formatting KRaft storage failed:\n{fmt.stdout}{fmt.stderr}")
+        with open(self.log_path, "ab") as out:
+            proc = subprocess.Popen(
+                broker_command(java_bin, cp, log4j, self.config_path, heap=heap),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        info = BrokerInfo(
+            pid=proc.pid, port=port, controller_port=cport, bootstrap_servers=f"127.0.0.1:{port}",
+            log_path=str(self.home / "server.log"), data_dir=str(self.data_dir), home=str(self.home),
+        )
+        self.state_file.write_text(json.dumps(asdict(info), indent=2) + "\n")
+        return proc, info
+
+    def _await_ready(self, info: BrokerInfo, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+        """Wait until the broker answers; on failure stop its JVM and forget it."""
+        try:
+            self._wait_ready(info, proc, timeout_s)
+        except BaseException:
+            self._terminate(proc.pid, 10.0)
+            self.state_file.unlink(missing_ok=True)
+            raise
 
     def _wait_ready(self, info: BrokerInfo, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
         from confluent_kafka.admin import AdminClient
@@ -253,12 +269,16 @@ class LocalBroker:
                 raise BrokerError(f"the Kafka broker exited with code {proc.returncode}; last log lines:\n{self._log_tail()}")
             try:
                 md = admin.list_topics(timeout=2)
-                if md.brokers and (ours is None or md.cluster_id == ours):
+                if self._answers(md) and (ours is None or md.cluster_id == ours):
                     return
             except Exception:
                 pass
             time.sleep(0.5)
         raise BrokerError(f"the Kafka broker did not answer on {info.bootstrap_servers} within {timeout_s:.0f}s; log:\n{self._log_tail()}")
+
+    def _answers(self, md: Any) -> bool:
+        """Whether the metadata `md` this broker returned says it serves clients."""
+        return bool(md.brokers)
 
     def _formatted_cluster_id(self) -> str | None:
         try:
@@ -311,6 +331,372 @@ class LocalBroker:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(info.pid, 0)
 
+
+# -- a local cluster ---------------------------------------------------------------------------------
+#: A cluster node's heap: three JVMs share the machine, and a test cluster holds little data.
+CLUSTER_HEAP = ("-Xms128m", "-Xmx512m")
+_ROUTE_NAME = re.compile(r"^[A-Z][A-Z0-9]{0,15}$")
+
+
+def cluster_properties(node: NodeLayout, voters: str, data_dir: Path) -> str:
+    """A combined broker+controller of an N-node KRaft cluster, replicated like production:
+    RF 3 (or N when smaller), min ISR RF - 1, unclean election off. Each route is one more
+    PLAINTEXT listener whose advertised port is a proxy in front of it (see `LocalCluster`)."""
+    rf = min(3, voters.count("@"))
+    isr = max(1, rf - 1)
+    listeners = [f"PLAINTEXT://127.0.0.1:{node.port}", f"CONTROLLER://127.0.0.1:{node.controller_port}"]
+    advertised = [f"PLAINTEXT://127.0.0.1:{node.port}"]
+    protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
+    for name, (listen, adv) in sorted(node.routes.items()):
+        listeners.append(f"ROUTE{name}://127.0.0.1:{listen}")
+        advertised.append(f"ROUTE{name}://127.0.0.1:{adv}")
+        protocols.append(f"ROUTE{name}:PLAINTEXT")
+    return f"""\
+process.roles=broker,controller
+node.id={node.node_id}
+controller.quorum.voters={voters}
+listeners={",".join(listeners)}
+advertised.listeners={",".join(advertised)}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map={",".join(protocols)}
+log.dirs={data_dir}
+num.partitions=1
+auto.create.topics.enable=false
+num.recovery.threads.per.data.dir=1
+offsets.topic.replication.factor={rf}
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor={rf}
+transaction.state.log.min.isr={isr}
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor={rf}
+share.coordinator.state.topic.min.isr={isr}
+min.insync.replicas={isr}
+default.replication.factor={rf}
+unclean.leader.election.enable=false
+group.initial.rebalance.delay.ms=0
+num.network.threads=2
+num.io.threads=2
+num.replica.fetchers=1
+message.max.bytes=8388608
+replica.fetch.max.bytes=8388608
+"""
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where one node of a local cluster listens."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    #: Route name -> (port the broker binds, port it advertises to clients that connect on that route).
+    routes: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    """A local cluster's identity and ports, kept in `cluster.json` so nodes restart where they were."""
+
+    cluster_id: str
+    nodes: tuple[NodeLayout, ...]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    @property
+    def voters(self) -> str:
+        return ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+
+    def route_bootstrap(self, name: str) -> str:
+        """The bootstrap servers of a route: every node's advertised (proxy) port on it."""
+        return ",".join(f"127.0.0.1:{n.routes[name][1]}" for n in self.nodes)
+
+    def to_json(self) -> str:
+        return json.dumps({"cluster_id": self.cluster_id, "nodes": [asdict(n) for n in self.nodes]}, indent=2) + "\n"
+
+    @staticmethod
+    def from_json(text: str) -> ClusterLayout:
+        doc = json.loads(text)
+        nodes = tuple(
+            NodeLayout(int(n["node_id"]), int(n["port"]), int(n["controller_port"]),
+                       {k: (int(v[0]), int(v[1])) for k, v in n.get("routes", {}).items()})
+            for n in doc["nodes"]
+        )
+        return ClusterLayout(str(doc["cluster_id"]), nodes)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node_id: int
+    running: bool
+    pid: int | None
+    port: int
+    log_path: str
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    cluster_id: str
+    bootstrap_servers: str
+    home: str
+    nodes: tuple[NodeStatus, ...]
+
+    @property
+    def running(self) -> int:
+        return sum(1 for n in self.nodes if n.running)
+
+
+class _ClusterNode(LocalBroker):
+    """One node of a `LocalCluster`: the launcher of `LocalBroker` with the cluster's config and id."""
+
+    def __init__(self, home: Path, node_id: int) -> None:
+        super().__init__(home)
+        self.node_id = node_id
+
+    def _answers(self, md: Any) -> bool:
+        # Registered and unfenced: the node serves clients as part of the cluster.
+        return self.node_id in md.brokers
+
+    def launch(self, layout: ClusterLayout) -> tuple[subprocess.Popen[bytes], BrokerInfo]:
+        node = next(n for n in layout.nodes if n.node_id == self.node_id)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        formatted = self._formatted_cluster_id()
+        if formatted is not None and formatted != layout.cluster_id:
+            raise BrokerError(f"{self.data_dir} belongs to cluster {formatted}, not {layout.cluster_id}; "
+                              "start with --fresh to rebuild the cluster")
+        self.config_path.write_text(cluster_properties(node, layout.voters, self.data_dir))
+        return self._launch(node.port, node.controller_port, cluster_id=layout.cluster_id, heap=CLUSTER_HEAP)
+
+
+class LocalCluster:
+    """A local N-node KRaft cluster (every node broker and controller) from the same jars as `LocalBroker`.
+
+    It lives in `home` (default: the broker home) as `cluster.json` plus one `node-<id>/` directory per
+    node, each with its own data, log and `broker.json`, so a single broker and a cluster can share a
+    home without sharing files. Nodes can be killed and restarted one by one (fault injection); a
+    restarted node keeps its ports and data.
+
+    A *route* is an extra listener on every node whose advertised address is a port the caller owns
+    (a TCP proxy in front of the real listener): clients that bootstrap through a route's proxies only
+    ever reach the brokers through them, so cutting the proxies cuts those clients off while everyone
+    else keeps the brokers. Names are upper-case letters and digits.
+    """
+
+    def __init__(self, home: Path | None = None, brokers: int = 3, default_port: int | None = DEFAULT_PORT) -> None:
+        """`default_port` is node 1's client port when free (tests pass None: free ports only)."""
+        if brokers < 1:
+            raise BrokerError(f"a cluster needs at least one broker, not {brokers}")
+        env = os.environ.get("DELTACOORD_BROKER_HOME")
+        self.home = (home or (Path(env) if env else jars.cache_home() / "broker")).resolve()
+        self.brokers = brokers
+        self.layout_file = self.home / "cluster.json"
+        self.default_port = default_port
+
+    def node(self, node_id: int) -> _ClusterNode:
+        return _ClusterNode(self.home / f"node-{node_id}", node_id)
+
+    def layout(self) -> ClusterLayout | None:
+        try:
+            return ClusterLayout.from_json(self.layout_file.read_text())
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        self.home.mkdir(parents=True, exist_ok=True)
+        with open(self.home / ".cluster.lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    # -- state ----------------------------------------------------------------------------------------
+    def status(self) -> ClusterInfo | None:
+        """Every node's state, or None when no node of this cluster runs."""
+        layout = self.layout()
+        if layout is None:
+            return None
+        nodes = []
+        for n in layout.nodes:
+            node = self.node(n.node_id)
+            info = node.status()
+            nodes.append(NodeStatus(n.node_id, info is not None, info.pid if info else None, n.port,
+                                    str(node.home / "server.log")))
+        if not any(n.running for n in nodes):
+            return None
+        return ClusterInfo(layout.cluster_id, layout.bootstrap_servers, str(self.home), tuple(nodes))
+
+    # -- start / stop -----------------------------------------------------------------------------------
+    def _new_layout(self, previous: ClusterLayout | None, routes: Mapping[str, Sequence[int]]) -> ClusterLayout:
+        """Ports for every node: the previous ones where still free, else free ones (node 1 prefers `default_port`)."""
+        taken: set[int] = set(p for ports in routes.values() for p in ports)
+
+        def pick(want: int | None) -> int:
+            if want is not None and want not in taken and _port_free(want):
+                taken.add(want)
+                return want
+            while True:
+                port = _free_port()
+                if port not in taken:
+                    taken.add(port)
+                    return port
+
+        old = {n.node_id: n for n in previous.nodes} if previous is not None else {}
+        nodes = []
+        for node_id in range(1, self.brokers + 1):
+            o = old.get(node_id)
+            port = pick(o.port if o else (self.default_port if node_id == 1 else None))
+            cport = pick(o.controller_port if o else None)
+            node_routes = {name: (pick(o.routes[name][0] if o and name in o.routes else None), ports[node_id - 1])
+                           for name, ports in routes.items()}
+            nodes.append(NodeLayout(node_id, port, cport, node_routes))
+        return ClusterLayout(previous.cluster_id if previous is not None else _cluster_id(), tuple(nodes))
+
+    def start(self, timeout_s: float = 180.0, fresh: bool = False,
+              routes: Mapping[str, Sequence[int]] | None = None) -> ClusterInfo:
+        """Start every node that is not running (all of them the first time) and wait until each serves.
+
+        `routes` maps a route name to the advertised port on each node, in node order; without it a
+        restarted cluster keeps the routes it had.
+        """
+        for name, ports in (routes or {}).items():
+            if not _ROUTE_NAME.match(name):
+                raise BrokerError(f"route name {name!r} must be 1 to 16 upper-case letters or digits, starting with a letter")
+            if len(ports) != self.brokers:
+                raise BrokerError(f"route {name} needs {self.brokers} advertised ports (one per node), got {len(ports)}")
+        with self._lock():
+            single = LocalBroker(self.home).status()
+            if single is not None:
+                raise BrokerError(f"a single broker runs in {self.home} (pid {single.pid}); stop it first "
+                                  "(deltacoord broker stop) or give the cluster another --home")
+            if fresh:
+                self._stop_nodes(30.0)
+                for d in self.home.glob("node-*"):
+                    shutil.rmtree(d, ignore_errors=True)
+                self.layout_file.unlink(missing_ok=True)
+            layout = self.layout()
+            if layout is not None and len(layout.nodes) != self.brokers:
+                raise BrokerError(f"the cluster in {self.home} has {len(layout.nodes)} nodes, not {self.brokers}; "
+                                  "start it with --fresh to rebuild it with a new size")
+            running = {n.node_id for n in (layout.nodes if layout else ()) if self.node(n.node_id).status() is not None}
+            if layout is None or (not running and (routes is not None or not self._ports_free(layout))):
+                kept: dict[str, list[int]] = {} if layout is None else {
+                    name: [n.routes[name][1] for n in layout.nodes] for name in layout.nodes[0].routes}
+                layout = self._new_layout(layout, routes if routes is not None else kept)
+            elif routes is not None and any(
+                    {k: v[1] for k, v in n.routes.items()} != {k: ports[n.node_id - 1] for k, ports in routes.items()}
+                    for n in layout.nodes):
+                raise BrokerError("the cluster runs with other routes; stop it before starting it with new ones")
+            self.layout_file.write_text(layout.to_json())
+            started = []
+            try:
+                for n in layout.nodes:
+                    if n.node_id not in running:
+                        started.append((self.node(n.node_id), *self.node(n.node_id).launch(layout)))
+                # A node serves only once a quorum of controllers runs: launch all, then wait for each.
+                deadline = time.monotonic() + timeout_s
+                for node, proc, binfo in started:
+                    node._await_ready(binfo, proc, max(1.0, deadline - time.monotonic()))
+            except BaseException:
+                for node, proc, _info in started:
+                    node._terminate(proc.pid, 10.0)
+                    node.state_file.unlink(missing_ok=True)
+                raise
+        info = self.status()
+        if info is None:
+            raise BrokerError(f"the cluster in {self.home} stopped right after it started; see its node logs")
+        return info
+
+    def _ports_free(self, layout: ClusterLayout) -> bool:
+        return all(_port_free(p) for n in layout.nodes
+                   for p in (n.port, n.controller_port, *(r[0] for r in n.routes.values())))
+
+    def start_node(self, node_id: int, timeout_s: float = 120.0) -> BrokerInfo:
+        """Restart one node (after `kill_node`) on its ports with its data; waits until it serves."""
+        with self._lock():
+            layout = self.layout()
+            if layout is None:
+                raise BrokerError(f"no cluster in {self.home}; start it first")
+            node = self.node(node_id)
+            running = node.status()
+            if running is not None:
+                return running
+            proc, info = node.launch(layout)
+            node._await_ready(info, proc, timeout_s)
+            return info
+
+    def kill_node(self, node_id: int) -> None:
+        """SIGKILL one node (fault injection); `start_node` brings it back."""
+        self.node(node_id).kill()
+
+    def kill(self) -> None:
+        """SIGKILL every node; `start` restarts them on the same ports with the same data."""
+        layout = self.layout()
+        for n in layout.nodes if layout else ():
+            self.node(n.node_id).kill()
+
+    def stop(self, timeout_s: float = 60.0) -> bool:
+        """Stop every node; False if none was running."""
+        with self._lock():
+            return self._stop_nodes(timeout_s)
+
+    def _stop_nodes(self, timeout_s: float) -> bool:
+        layout = self.layout()
+        pids = [info.pid for n in (layout.nodes if layout else ()) if (info := self.node(n.node_id).status()) is not None]
+        # SIGTERM all at once: stopping them one by one makes each later node wait for a controller
+        # quorum that is going away.
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for pid in pids:
+            LocalBroker._terminate(pid, max(0.1, deadline - time.monotonic()))
+        return bool(pids)
+
+    # -- what clients see -----------------------------------------------------------------------------
+    def _admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        layout = self.layout()
+        if layout is None:
+            raise BrokerError(f"no cluster in {self.home}")
+        return AdminClient({"bootstrap.servers": layout.bootstrap_servers}, logger=_silent_logger())
+
+    def leader(self, topic: str, partition: int = 0, timeout_s: float = 30.0) -> int:
+        """The node id leading `topic`'s `partition` (waits while it has none)."""
+        admin = self._admin()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(Exception):
+                md = admin.list_topics(topic, timeout=5)
+                leader = int(md.topics[topic].partitions[partition].leader)
+                if leader >= 0:
+                    return leader
+            if time.monotonic() > deadline:
+                raise BrokerError(f"{topic}[{partition}] has no leader after {timeout_s:.0f}s")
+            time.sleep(0.2)
+
+    def under_replicated(self, timeout_s: float = 10.0) -> list[str]:
+        """Partitions (every topic, internal ones too) whose in-sync replicas are fewer than their replicas."""
+        md = self._admin().list_topics(timeout=timeout_s)
+        return sorted(f"{name}[{pid}] isr={list(p.isrs)} replicas={list(p.replicas)}"
+                      for name, t in md.topics.items() for pid, p in t.partitions.items()
+                      if p.error is not None or len(p.isrs) < len(p.replicas))
+
+    def wait_in_sync(self, timeout_s: float = 120.0) -> list[str]:
+        """Wait until every replica is in sync; returns what is still under-replicated at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                lagging = self.under_replicated()
+            except Exception as e:
+                lagging = [f"metadata unavailable: {e}"]
+            if not lagging or time.monotonic() > deadline:
+                return lagging
+            time.sleep(0.5)
 
 def _cluster_id() -> str:
     """A KRaft cluster id: 22 URL-safe base64 chars of a random UUID, never starting with '-'

@@ -11,7 +11,7 @@ import click
 
 from coordinator.settings import env_var
 from coordinator.tooling import jars
-from coordinator.tooling.broker import BrokerError, LocalBroker
+from coordinator.tooling.broker import BrokerError, LocalBroker, LocalCluster
 from coordinator.tooling.cli_options import load_settings
 
 
@@ -51,17 +51,30 @@ def jars_path(which: str) -> None:
 @click.option("--home", type=click.Path(path_type=Path), default=None, help="Broker home (default ~/.cache/deltacoord/broker).")
 @click.pass_context
 def broker_group(ctx: click.Context, home: Path | None) -> None:
-    """A local single-node Kafka broker (KRaft) for development and tests."""
+    """A local Kafka broker (KRaft), or a local cluster with --brokers 3, for development and tests."""
     ctx.obj = LocalBroker(home)
 
 
 @broker_group.command("start")
 @click.option("--port", type=int, default=None, help="Client port (default 19092, or a free one if taken).")
+@click.option("--brokers", type=click.IntRange(1, 9), default=1, show_default=True,
+              help="Nodes; more than 1 starts a KRaft cluster (replication factor 3, min ISR 2).")
 @click.option("--fresh", is_flag=True, help="Wipe the broker's data directory first.")
 @click.option("--timeout", type=float, default=120.0, show_default=True)
 @click.pass_obj
-def broker_start(broker: LocalBroker, port: int | None, fresh: bool, timeout: float) -> None:
+def broker_start(broker: LocalBroker, port: int | None, brokers: int, fresh: bool, timeout: float) -> None:
     """Start the broker; a running broker is left alone and its address printed."""
+    if brokers > 1:
+        if port is not None:
+            raise click.UsageError("--port is for a single broker; a cluster's nodes take 19092 and free ports")
+        try:
+            cinfo = LocalCluster(broker.home, brokers).start(timeout_s=max(timeout, 180.0), fresh=fresh)
+        except (BrokerError, jars.JarResolutionError) as e:
+            raise click.ClickException(str(e)) from e
+        click.echo(f"cluster of {brokers} running at {cinfo.bootstrap_servers} (logs in {cinfo.home}/node-*/server.log)")
+        return
+    if LocalCluster(broker.home).status() is not None:
+        raise click.ClickException(f"a cluster runs in {broker.home}; stop it first (deltacoord broker stop)")
     running = broker.status()
     if running is not None:
         click.echo(f"broker already running at {running.bootstrap_servers} (pid {running.pid})")
@@ -77,14 +90,21 @@ def broker_start(broker: LocalBroker, port: int | None, fresh: bool, timeout: fl
 @broker_group.command("stop")
 @click.pass_obj
 def broker_stop(broker: LocalBroker) -> None:
-    """Stop the broker and its JVM."""
+    """Stop the broker and its JVM (every node of a cluster)."""
+    if LocalCluster(broker.home).stop():
+        click.echo("cluster stopped")
+        return
     click.echo("broker stopped" if broker.stop() else "broker was not running")
 
 
 @broker_group.command("status")
 @click.pass_obj
 def broker_status(broker: LocalBroker) -> None:
-    """Print the broker's pid, address and log path as JSON; exit 1 if stopped."""
+    """Print the broker's pid, address and log path as JSON (a cluster's per node); exit 1 if stopped."""
+    cinfo = LocalCluster(broker.home).status()
+    if cinfo is not None:
+        click.echo(json.dumps({"running": True, "brokers": len(cinfo.nodes), **asdict(cinfo)}))
+        return
     info = broker.status()
     if info is None:
         click.echo(json.dumps({"running": False, "home": str(broker.home)}))

@@ -1,7 +1,8 @@
 """Fault injection around the history workload, and the long-form run.
 
-One run: fresh topics (one partition), one table per isolation level, a
-coordinator process statically owning partition 0, and writer processes
+One run: fresh topics (one partition; replication factor 3 and
+min.insync.replicas=2 on a three-broker cluster), one table per isolation level,
+a coordinator process statically owning partition 0, and writer processes
 (`workload.writer_main`, multiprocessing spawn) that spread their transactions
 over the tables. While they run, a controller injects faults at random moments
 (triggered by progress, plus a random delay):
@@ -9,12 +10,26 @@ over the tables. While they run, a controller injects faults at random moments
 * **coordinator SIGKILL**, followed at once by a restart; some restarts carry
   ``DELTACOORD_FAULT=after_decide:n`` / ``after_kafka_commit:n`` so the new
   process also crashes itself at an exact point of its loop;
-* **SIGSTOP / SIGCONT** of the coordinator (a pause); every second pause also
-  starts a replacement while the first is stopped, so the resumed process is a
-  zombie that Kafka must fence (it exits 3);
-* **broker restart**: SIGKILL of the local broker and a restart on the same
-  ports with the same data (needs a `LocalBroker`; asking for one without it
-  is an error, never a skip);
+* **pause**: SIGSTOP, a few seconds, SIGCONT of the same coordinator;
+* **zombie**: SIGSTOP of the coordinator owning the partition, a replacement
+  started until it owns the partition (its init_transactions with the same
+  transactional id fenced the paused one), then SIGCONT: the zombie runs on,
+  must find out at its next transaction, publish nothing and exit 3 by itself.
+  No later fault touches it; ``zombies_fenced`` counts those that did and
+  ``zombie_run_s`` how long each ran after SIGCONT;
+* **broker restart**: SIGKILL of the local broker (every node of a cluster)
+  and a restart on the same ports with the same data (needs a `LocalBroker` or
+  `LocalCluster`; asking for one without it is an error, never a skip);
+* **partition-leader kill** (cluster only): SIGKILL of the node leading the
+  proposals partition (odd kills: the commits partition), wait until another
+  node leads it, restart the node; each kill first waits until every replica is
+  back in sync, so the cluster never loses two nodes;
+* **coordinator isolation** (cluster only): each coordinator reaches the
+  brokers through one of two `netpath.NetPath` s (TCP proxies the brokers
+  advertise on a listener of their own); the owner's path is cut (the first
+  isolation blackholes it, the second resets every connection), a replacement
+  on the other path fences it, the path is healed after ``--isolation-seconds``,
+  and the isolated process must exit 3 by itself (``isolated_fenced``);
 * **racing coordinators**: a second ``--partitions 0`` coordinator started
   while the first runs;
 * **writer SIGKILL** after proposing and before hearing the decision (the
@@ -26,21 +41,28 @@ A liveness watchdog plays the part of the deployment's livenessProbe, faster:
 when proposals are pending and the commits partition has not grown for 20 s,
 it SIGKILLs and restarts the coordinator and counts a ``watchdog_restarts``
 (a wedged coordinator: a liveness bug, reported, not a safety violation).
+Throughout, every ``_delta_log/<v>.json`` is remembered as first seen; a file
+rewritten or removed later is reported in ``delta_log_rewrites`` and fails the run.
 
 Afterwards the controller waits until the coordinator consumed every proposal
 and published every version, reads the decisions from the commits topic, and
 checks each table with `checker.check_history` (reading the final table with
 deltacoord's reader and with delta-rs) and `coordinator.delta_log.verify.verify_table`.
 
-Long form (>= 1,000 transactions from 8 writer processes, >= 50 coordinator
-SIGKILLs, 2 broker restarts; starts its own local broker; prints a JSON report
-and exits 1 if anything is lost, duplicated, anomalous or falsely conflicting)::
+Long form on a three-broker cluster (starts its own cluster on free ports;
+prints a JSON report and exits 1 if anything is lost, duplicated, anomalous,
+falsely conflicting or rewritten)::
 
-    .venv/bin/python -m tests.history.chaos --writers 8 --transactions 1000 \\
-        --coordinator-kills 50 --broker-restarts 2
+    .venv/bin/python -m tests.history.chaos --brokers 3 --writers 8 --transactions 1000 \\
+        --coordinator-kills 50 --leader-kills 5 --isolations 2 --zombies 2
 
-Other options: ``--sigstops``, ``--racing``, ``--writer-kills``, ``--seed``,
-``--workdir`` (kept for inspection: histories, coordinator logs, tables) and
+With one broker (``--brokers 1``, the default) ``--broker-restarts`` defaults
+to 2 and leader kills and isolations are refused. Other options:
+``--sigstops`` (pauses, default 1), ``--zombies`` (default 2),
+``--isolation-seconds`` (default 12), ``--racing``, ``--writer-kills``,
+``--writer-think-seconds`` (a writer's mean pause between transactions, so a
+short run spans the slow faults), ``--seed``, ``--workdir`` (kept for
+inspection: histories, coordinator logs, the broker or cluster, tables) and
 ``--bootstrap-servers`` (an external broker; then ``--broker-restarts 0``).
 """
 
@@ -48,30 +70,35 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import math
 import multiprocessing
+import os
 import random
 import signal
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from coordinator.delta_log.verify import verify_table
 from coordinator.kafka.recovery import read_decisions
+from coordinator.kafka.topics import describe_topic_config
 from coordinator.settings import CoordinatorSettings
-from coordinator.tooling.broker import LocalBroker
+from coordinator.tooling.broker import LocalBroker, LocalCluster
 from schemas.messages import Decision
 from schemas.routing import Topics
 from tests.history.checker import Report, Row, check_history, decision_record, decisions_for, txns_from_records
+from tests.history.netpath import MODES, NetPath, close_paths, start_cluster_with_paths
 from tests.history.workload import TableSpec, WriterConfig, create_table, read_jsonl, writer_main
 from tests.integration.coord_harness import CoordinatorProcess, fresh_topics, start_coordinator_process
 
@@ -89,8 +116,17 @@ class ChaosConfig:
     #: Proposals in total, split evenly over the writers (each writer spreads its own over the tables).
     transactions: int = 1000
     coordinator_kills: int = 50
-    sigstops: int = 2
+    #: Plain pauses: SIGSTOP, `sigstop_s`, SIGCONT of the same process, nothing started meanwhile.
+    sigstops: int = 1
+    #: Real zombies: SIGSTOP, a replacement fences it, SIGCONT; it must find out and exit 3 by itself.
+    zombies: int = 2
     broker_restarts: int = 2
+    #: SIGKILL of the leader of the proposals (even kills) or commits (odd kills) partition, then its restart
+    #: (needs a `LocalCluster`).
+    leader_kills: int = 0
+    #: Coordinators cut off from every broker by cutting their `NetPath` (needs two paths).
+    isolations: int = 0
+    isolation_s: float = 12.0
     racing_coordinators: int = 1
     writer_kills: int = 1
     isolation_levels: tuple[str, ...] = ISOLATION_LEVELS
@@ -104,6 +140,10 @@ class ChaosConfig:
     #: Liveness watchdog (what the Kubernetes livenessProbe does in production, faster): proposals are
     #: pending but the commits partition has not grown for this long -> SIGKILL and restart the coordinator.
     watchdog_s: float = 20.0
+    #: How long a replacement may take to fence (and a fenced process to notice) before the run says so.
+    takeover_timeout_s: float = 120.0
+    #: Mean pause of a writer between its transactions (see `WriterConfig.think_s`).
+    writer_think_s: float = 0.0
 
 
 @dataclass
@@ -112,10 +152,25 @@ class FaultLog:
     coordinator_restarts: int = 0
     fault_point_crashes: int = 0
     sigstops: int = 0
+    zombies: int = 0
+    #: Zombies that, resumed after a replacement fenced them, exited 3 on their own.
     zombies_fenced: int = 0
+    #: Seconds each fenced zombie ran between SIGCONT and its exit (it really resumed).
+    zombie_run_s: list[float] = field(default_factory=list)
+    #: Zombies that ended otherwise (killed by a later fault, exit 0 at the end, ...): not fencing evidence.
+    zombies_unresolved: list[str] = field(default_factory=list)
     broker_restarts: int = 0
+    leader_kills: int = 0
+    #: "proposals[0] leader node 2 SIGKILLed; node 3 led after 9.1s; node 2 back in 7.9s".
+    leader_kill_log: list[str] = field(default_factory=list)
+    isolations: int = 0
+    #: Isolated coordinators that, reconnected, exited 3 on their own (a replacement had fenced them).
+    isolated_fenced: int = 0
+    isolated_unresolved: list[str] = field(default_factory=list)
     racing_coordinators: int = 0
     writer_kills: int = 0
+    #: Transactions of writers added because faults were still due when the planned ones were done.
+    extra_transactions: int = 0
     fenced_exits: int = 0
     #: Coordinators restarted by the liveness watchdog because they decided nothing for `watchdog_s`
     #: while proposals were pending (each one is a liveness bug: a wedged coordinator).
@@ -131,33 +186,58 @@ class FaultLog:
 
 
 class Fleet:
-    """The coordinator processes of the run (all statically owning partition 0)."""
+    """The coordinator processes of the run (all statically owning partition 0).
 
-    def __init__(self, bootstrap: str, topics: Topics, log_dir: Path, faults: FaultLog) -> None:
+    With network paths, each coordinator reaches the brokers through one path (the first one not
+    cut), so cutting that path isolates it; without, it uses `bootstrap` directly.
+    """
+
+    def __init__(self, bootstrap: str, topics: Topics, log_dir: Path, faults: FaultLog,
+                 paths: Mapping[str, NetPath] | None = None) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
         self.log_dir = log_dir
         self.faults = faults
+        self.paths = dict(paths or {})
         self.procs: list[CoordinatorProcess] = []
         self._env: dict[int, dict[str, str]] = {}
         self._killed: set[int] = set()
         self._stopped: set[int] = set()
         self._reaped: set[int] = set()
-        self.zombies: set[int] = set()
+        self.path_of: dict[int, str] = {}
+        #: Resumed zombies and isolated coordinators still expected to find out they are fenced, and since when.
+        self.zombies: dict[int, float] = {}
+        self.isolated: dict[int, float] = {}
 
     def start(self, env: dict[str, str] | None = None) -> CoordinatorProcess:
-        cp = start_coordinator_process(self.bootstrap, self.topics, self.log_dir, "--partitions", "0", env=env)
+        path = next((n for n, p in sorted(self.paths.items()) if p.mode is None), None)
+        if self.paths and path is None:
+            raise ChaosError("every network path is cut: no coordinator can be started")
+        bootstrap = self.paths[path].bootstrap if path is not None else self.bootstrap
+        cp = start_coordinator_process(bootstrap, self.topics, self.log_dir, "--partitions", "0", env=env)
         self.procs.append(cp)
         self._env[cp.proc.pid] = dict(env or {})
-        self.faults.note(f"coordinator {cp.proc.pid} started{' with ' + str(env) if env else ''} ({cp.log.name})")
+        if path is not None:
+            self.path_of[cp.proc.pid] = path
+        via = f" via path {path}" if path is not None else ""
+        self.faults.note(f"coordinator {cp.proc.pid} started{via}{' with ' + str(env) if env else ''} ({cp.log.name})")
         return cp
 
     def running(self) -> list[CoordinatorProcess]:
         """Live and not stopped."""
         return [c for c in self.procs if c.alive() and c.proc.pid not in self._stopped]
 
+    def targets(self) -> list[CoordinatorProcess]:
+        """Running coordinators a fault may hit: not a zombie or an isolated one we are watching."""
+        return [c for c in self.running() if c.proc.pid not in self.zombies and c.proc.pid not in self.isolated]
+
     def alive(self) -> list[CoordinatorProcess]:
         return [c for c in self.procs if c.alive()]
+
+    def owner(self) -> CoordinatorProcess | None:
+        """The running coordinator that fenced its predecessors last: the newest that logged it is ready."""
+        ready = [c for c in self.targets() if _wait_ready(c, 0)]
+        return ready[-1] if ready else None
 
     def sigkill(self, cp: CoordinatorProcess, why: str = "SIGKILLed") -> None:
         self._killed.add(cp.proc.pid)
@@ -187,18 +267,31 @@ class Fleet:
             if code is None or pid in self._reaped:
                 continue
             self._reaped.add(pid)
+            zombie_since, isolated_since = self.zombies.pop(pid, None), self.isolated.pop(pid, None)
             if pid in self._killed:
+                self._unresolved(pid, zombie_since, isolated_since, "SIGKILLed by a later fault")
                 continue
             self.faults.note(f"coordinator {pid} exited {code}")
             if code == 3:
                 self.faults.fenced_exits += 1
-                if pid in self.zombies:
+                if zombie_since is not None:
                     self.faults.zombies_fenced += 1
-            elif code == -signal.SIGKILL and self._env.get(pid, {}).get("DELTACOORD_FAULT"):
+                    self.faults.zombie_run_s.append(round(time.monotonic() - zombie_since, 1))
+                if isolated_since is not None:
+                    self.faults.isolated_fenced += 1
+                continue
+            self._unresolved(pid, zombie_since, isolated_since, f"exited {code}")
+            if code == -signal.SIGKILL and self._env.get(pid, {}).get("DELTACOORD_FAULT"):
                 self.faults.fault_point_crashes += 1
             elif code != 0:
                 tail = "\n".join(c.log.read_text(errors="replace").splitlines()[-15:])
                 self.faults.unexpected_coordinator_exits.append(f"pid {pid} exited {code} ({c.log}):\n{tail}")
+
+    def _unresolved(self, pid: int, zombie_since: float | None, isolated_since: float | None, how: str) -> None:
+        if zombie_since is not None:
+            self.faults.zombies_unresolved.append(f"zombie {pid} {how}")
+        if isolated_since is not None:
+            self.faults.isolated_unresolved.append(f"isolated coordinator {pid} {how}")
 
     def ensure_running(self) -> None:
         """Start a coordinator when none is alive (a paused one counts as alive)."""
@@ -219,6 +312,24 @@ class Fleet:
                 c.proc.kill()
                 c.proc.wait(10)
         self.reap()
+
+
+_READY: set[int] = set()
+
+
+def _wait_ready(cp: CoordinatorProcess, timeout_s: float) -> bool:
+    """True once the coordinator logged that it owns its partition (init_transactions done: the
+    previous owner is fenced); False if it exited or the time ran out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if cp.proc.pid in _READY:
+            return True
+        if b"coordinator ready on" in cp.log.read_bytes():
+            _READY.add(cp.proc.pid)
+            return True
+        if not cp.alive() or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 class _Progress:
@@ -300,6 +411,10 @@ def _schedule(cfg: ChaosConfig, rng: random.Random, total: int) -> list[tuple[in
     events += [(rng.uniform(0.1, 0.9), "sigstop") for _ in range(cfg.sigstops)]
     events += [((i + 1) / (cfg.broker_restarts + 1) + rng.uniform(-0.05, 0.05), "broker") for i in range(cfg.broker_restarts)]
     events += [(rng.uniform(0.15, 0.85), "race") for _ in range(cfg.racing_coordinators)]
+    events += [(rng.uniform(0.1, 0.9), "zombie") for _ in range(cfg.zombies)]
+    # The slow faults are spread evenly, so each one meets a cluster that recovered from the previous.
+    events += [((i + 1) / (cfg.leader_kills + 1) + rng.uniform(-0.03, 0.03), "leader") for i in range(cfg.leader_kills)]
+    events += [((i + 1) / (cfg.isolations + 1) + rng.uniform(-0.05, 0.05), "isolate") for i in range(cfg.isolations)]
     return sorted((max(1, int(f * total)), kind) for f, kind in events)
 
 
@@ -359,11 +474,69 @@ def _rows(table: Any) -> Counter[Row]:
     return Counter((int(p), int(k), int(v)) for p, k, v in zip(*cols, strict=True))
 
 
+class _DeltaLogWatch:
+    """Remembers each `_delta_log/<v>.json` as first seen and reports any later change.
+
+    The publisher creates a version file once and never replaces it; a file whose
+    bytes or inode change, or that disappears, means something (a zombie, an
+    isolated coordinator back on the network) overwrote a published version.
+    """
+
+    def __init__(self, tables: Sequence[str]) -> None:
+        self._dirs = [Path(t) / "_delta_log" for t in tables]
+        self._seen: dict[Path, tuple[tuple[int, int, int], str]] = {}
+        self.changes: list[str] = []
+        self._next = 0.0
+
+    @property
+    def files(self) -> int:
+        return len(self._seen)
+
+    def scan(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._next:
+            return
+        self._next = now + 1.0
+        for d in self._dirs:
+            try:
+                names = set(os.listdir(d))
+            except FileNotFoundError:
+                names = set()
+            for path in [p for p in self._seen if p.parent == d and p.name not in names]:
+                self.changes.append(f"{path} disappeared after publication")
+                del self._seen[path]
+            for name in names:
+                if not (len(name) == 25 and name.endswith(".json") and name[:20].isdigit()):
+                    continue
+                path = d / name
+                try:
+                    st = path.stat()
+                    sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+                    old = self._seen.get(path)
+                    if old is not None and old[0] == sig:
+                        continue
+                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                except FileNotFoundError:
+                    continue
+                if old is not None:
+                    same = "same bytes, replaced" if old[1] == digest else "bytes changed"
+                    self.changes.append(f"{path} rewritten after publication ({same})")
+                self._seen[path] = (sig, digest)
+
+
 class ChaosRun:
-    def __init__(self, bootstrap: str, broker: LocalBroker | None, cfg: ChaosConfig, workdir: Path) -> None:
+    def __init__(self, bootstrap: str, broker: LocalBroker | LocalCluster | None, cfg: ChaosConfig, workdir: Path,
+                 paths: Mapping[str, NetPath] | None = None) -> None:
         if cfg.broker_restarts and broker is None:
             raise ChaosError(f"{cfg.broker_restarts} broker restart(s) asked for, but the broker is not a LocalBroker "
                              "this run can kill and restart")
+        if cfg.leader_kills and not isinstance(broker, LocalCluster):
+            raise ChaosError(f"{cfg.leader_kills} partition-leader kill(s) asked for, but there is no LocalCluster "
+                             "whose nodes this run can kill (the long form starts one with --brokers 3)")
+        if cfg.isolations and len(paths or {}) < 2:
+            raise ChaosError(f"{cfg.isolations} coordinator isolation(s) asked for, but they need two network paths "
+                             "(one to cut, one for the replacement); see netpath.start_cluster_with_paths")
+        self.paths = dict(paths or {})
         self.bootstrap = bootstrap
         self.broker = broker
         self.cfg = cfg
@@ -377,7 +550,8 @@ class ChaosRun:
         _wait_topics_ready(bootstrap, self.topics)
         self.prefix = self.topics.proposals.removesuffix(".proposals")
         self.specs = tuple(TableSpec(str((workdir / f"table-{lvl.lower()}").resolve()), lvl) for lvl in cfg.isolation_levels)
-        self.fleet = Fleet(bootstrap, self.topics, workdir / "coordinators", self.faults)
+        self.fleet = Fleet(bootstrap, self.topics, workdir / "coordinators", self.faults, self.paths)
+        self._dl_watch = _DeltaLogWatch([spec.uri for spec in self.specs])
         self._watchdog = _Watchdog(bootstrap, self.topics, cfg.watchdog_s)
         self.ctx = multiprocessing.get_context("spawn")
         self.writers: dict[int, tuple[BaseProcess, WriterConfig]] = {}
@@ -389,7 +563,8 @@ class ChaosRun:
         out = self.hist_dir / f"writer-{writer_id}.jsonl"
         wc = WriterConfig(writer_id=writer_id, bootstrap=self.bootstrap, topic_prefix=self.prefix, tables=self.specs,
                           transactions=transactions, seed=self.cfg.seed * 1000 + writer_id, out_path=str(out),
-                          decision_timeout_s=self.cfg.decision_timeout_s, crash_after_propose_at=crash_at)
+                          decision_timeout_s=self.cfg.decision_timeout_s, crash_after_propose_at=crash_at,
+                          think_s=self.cfg.writer_think_s)
         proc = self.ctx.Process(target=writer_main, args=(wc,), name=f"history-writer-{writer_id}", daemon=True)
         proc.start()
         self.writers[writer_id] = (proc, wc)
@@ -416,11 +591,55 @@ class ChaosRun:
             return {"DELTACOORD_FAULT": f"{self.rng.choice(FAULT_POINTS)}:{self.rng.randint(1, 4)}"}
         return None
 
+    def _pause(self, seconds: float) -> None:
+        """Sleep while keeping the books: coordinator exits, writers, `_delta_log`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.fleet.reap()
+            self._check_writers()
+            self._dl_watch.scan()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(0.2, left))
+
+    def _await_takeover(self, cp: CoordinatorProcess, of: str) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < self.cfg.takeover_timeout_s:
+            if _wait_ready(cp, 0.5):
+                self.faults.note(f"coordinator {cp.proc.pid} owns the partition ({of} fenced) after "
+                                 f"{time.monotonic() - t0:.1f}s")
+                return
+            if not cp.alive():
+                break
+            self._pause(0)
+        self.faults.note(f"coordinator {cp.proc.pid} did not take over from {of} "
+                         f"({'exited' if not cp.alive() else 'timed out'})")
+
+    def _owner(self) -> CoordinatorProcess:
+        """The coordinator owning the partition now, after earlier zombies and isolated coordinators
+        found out they were fenced (so each fault is watched alone); a new one when none owns it."""
+        deadline = time.monotonic() + self.cfg.takeover_timeout_s
+        while (self.fleet.zombies or self.fleet.isolated) and time.monotonic() < deadline:
+            self._pause(0.2)
+        if self.fleet.zombies or self.fleet.isolated:
+            self.faults.note(f"still watched: zombies {sorted(self.fleet.zombies)}, isolated {sorted(self.fleet.isolated)}")
+        starting = [c for c in self.fleet.targets() if not _wait_ready(c, 0)]
+        if starting:  # the newest one will own the partition: let it, rather than race it
+            self._await_takeover(starting[-1], "the previous owner")
+        owner = self.fleet.owner()
+        if owner is not None:
+            return owner
+        cp = self.fleet.start()
+        self.faults.coordinator_restarts += 1
+        self._await_takeover(cp, "nobody (no running coordinator owned the partition)")
+        return cp
+
     def _kill(self) -> None:
-        running = self.fleet.running()
+        running = self.fleet.targets()
         if not running:  # e.g. the last one just exited: start one and kill it while it starts up
-            self.fleet.ensure_running()
-            running = self.fleet.running() or self.fleet.alive()
+            running = [self.fleet.start()]
+            self.faults.coordinator_restarts += 1
         victim = self.rng.choice(running)
         time.sleep(self.rng.uniform(0, 0.3))
         self.fleet.sigkill(victim)
@@ -430,24 +649,77 @@ class ChaosRun:
             self.faults.coordinator_restarts += 1
 
     def _sigstop(self) -> None:
-        running = self.fleet.running()
-        if not running:
-            return
-        victim = self.rng.choice(running)
-        zombie = self.faults.sigstops % 2 == 1
+        """A pause of the owner: the same process resumes; it still owns the partition."""
+        victim = self._owner()
         time.sleep(self.rng.uniform(0, 0.3))
         self.fleet.sigstop(victim)
         self.faults.sigstops += 1
-        if zombie:
-            # Another coordinator takes the partition while this one is paused.
-            self.fleet.start()
-            self.faults.coordinator_restarts += 1
-            self.fleet.zombies.add(victim.proc.pid)
-        time.sleep(self.cfg.sigstop_s)
+        self._pause(self.cfg.sigstop_s)
         self.fleet.sigcont(victim)
+
+    def _zombie(self) -> None:
+        """SIGSTOP, a replacement fences it (init_transactions with the same transactional id), SIGCONT;
+        the resumed process runs on until it finds out and exits 3 (counted by `Fleet.reap`)."""
+        victim = self._owner()
+        time.sleep(self.rng.uniform(0, 0.3))
+        self.fleet.sigstop(victim)
+        self.faults.zombies += 1
+        replacement = self.fleet.start()
+        self.faults.coordinator_restarts += 1
+        self._await_takeover(replacement, f"paused coordinator {victim.proc.pid}")
+        self.fleet.zombies[victim.proc.pid] = time.monotonic()
+        self.fleet.sigcont(victim)
+
+    def _isolate(self) -> None:
+        """Cut a running coordinator's network path; a replacement on another path fences it; heal after
+        `isolation_s`: the isolated process must find out and exit 3 (counted by `Fleet.reap`)."""
+        name = self.fleet.path_of[self._owner().proc.pid]
+        mode = MODES[self.faults.isolations % len(MODES)]
+        self.paths[name].cut(mode)
+        self.faults.isolations += 1
+        cut_off = [c.proc.pid for c in self.fleet.alive() if self.fleet.path_of.get(c.proc.pid) == name]
+        for pid in cut_off:
+            self.fleet.isolated[pid] = time.monotonic()
+        self.faults.note(f"path {name} cut ({mode}): coordinators {cut_off} isolated from the brokers")
+        replacement = self.fleet.start()
+        self.faults.coordinator_restarts += 1
+        self._await_takeover(replacement, f"isolated coordinator(s) {cut_off}")
+        self._pause(self.cfg.isolation_s)
+        self.paths[name].heal()
+        self.faults.note(f"path {name} healed")
+
+    def _leader_kill(self) -> None:
+        """SIGKILL the node leading the proposals or commits partition; restart it once another leads."""
+        cluster = self.broker
+        assert isinstance(cluster, LocalCluster)
+        lagging = cluster.wait_in_sync(120)
+        if lagging:
+            self.faults.note(f"replicas still out of sync before a leader kill: {lagging[:3]}")
+        kind = "proposals" if self.faults.leader_kills % 2 == 0 else "commits"
+        topic = getattr(self.topics, kind)
+        leader = cluster.leader(topic)
+        time.sleep(self.rng.uniform(0, 0.3))
+        t0 = time.monotonic()
+        cluster.kill_node(leader)
+        self.faults.note(f"{kind}[0] leader node {leader} SIGKILLed")
+        new = leader
+        while new == leader and time.monotonic() - t0 < 120:
+            self._pause(0.5)
+            with contextlib.suppress(Exception):
+                new = cluster.leader(topic, timeout_s=5)
+        moved_s = time.monotonic() - t0
+        self.faults.note(f"{kind}[0] led by node {new} after {moved_s:.1f}s")
+        self._pause(self.rng.uniform(0.5, 3.0))
+        t1 = time.monotonic()
+        cluster.start_node(leader)
+        self.faults.leader_kills += 1
+        self.faults.leader_kill_log.append(f"{kind}[0] leader node {leader} SIGKILLed; node {new} led after "
+                                           f"{moved_s:.1f}s; node {leader} back in {time.monotonic() - t1:.1f}s")
+        self.faults.note(f"node {leader} restarted")
         self._watchdog.reset()
 
     def _broker_restart(self) -> None:
+        """SIGKILL the broker (every node of a cluster) and start it again on the same ports and data."""
         assert self.broker is not None
         time.sleep(self.rng.uniform(0, 0.3))
         self.broker.kill()
@@ -473,7 +745,8 @@ class ChaosRun:
         self._watchdog.reset()
 
     def _fault(self, kind: str) -> None:
-        {"kill": self._kill, "sigstop": self._sigstop, "broker": self._broker_restart, "race": self._race}[kind]()
+        {"kill": self._kill, "sigstop": self._sigstop, "broker": self._broker_restart, "race": self._race,
+         "zombie": self._zombie, "isolate": self._isolate, "leader": self._leader_kill}[kind]()
         self._watchdog.reset()
 
     # -- the run ------------------------------------------------------------------------------
@@ -494,7 +767,18 @@ class ChaosRun:
             progress = _Progress()
             last_progress, last_change = -1, time.monotonic()
             last_fault_at = -1
-            while self.writers:
+            waves = 0
+            while self.writers or schedule:
+                if not self.writers:
+                    # Slow faults (leader kills, isolations, waiting for zombies) let the writers finish
+                    # before every fault ran: keep a load on, a fault on an idle system proves little.
+                    waves += 1
+                    extra = max(4, per_writer // 10)
+                    self.faults.note(f"writers done with {len(schedule)} fault(s) left: {cfg.writers} more writers "
+                                     f"x {extra} transactions")
+                    for w in range(cfg.writers):
+                        self._spawn_writer(1000 * waves + w, extra, None)
+                    self.faults.extra_transactions += cfg.writers * extra
                 done = progress.poll(self.history_files)
                 if done != last_progress:
                     last_progress, last_change = done, time.monotonic()
@@ -506,6 +790,7 @@ class ChaosRun:
                     self._fault(schedule.pop(0)[1])
                     last_fault_at = done
                 t_loop = time.monotonic()
+                self._dl_watch.scan()
                 self.fleet.ensure_running()
                 self._liveness()
                 self._check_writers()
@@ -513,10 +798,6 @@ class ChaosRun:
                     self.faults.note(f"controller loop took {time.monotonic() - t_loop:.1f}s "
                                      f"(watchdog errors {self._watchdog.errors}: {self._watchdog.last_error})")
                 time.sleep(0.05)
-            self.faults.note(f"writers done; {len(schedule)} fault(s) left over, run now")
-            for _at, kind in schedule:
-                self._fault(kind)
-                self.fleet.ensure_running()
             return self._finish(t0)
         finally:
             self._watchdog.close()
@@ -535,10 +816,16 @@ class ChaosRun:
             self._liveness()
 
         drained = _wait_drained(self.bootstrap, self.topics, 120, tick)
+        # Resumed zombies and reconnected coordinators read the proposals their replacement decided,
+        # try to commit their own decisions and find out they are fenced: give them the time to.
+        deadline = time.monotonic() + 60
+        while (self.fleet.zombies or self.fleet.isolated) and time.monotonic() < deadline:
+            self._pause(0.5)
         settings = CoordinatorSettings(bootstrap_servers=self.bootstrap, topics=self.topics, group_id=f"{self.prefix}-check")
         decisions: list[Decision] = list(read_decisions(settings, 0))
         txns = txns_from_records(read_jsonl([p for p in self.history_files if p.exists()]))
-        report: dict[str, Any] = {"drained": drained, "tables": {}, "verify": {}}
+        self._dl_watch.scan(force=True)
+        report: dict[str, Any] = {"drained": drained, "tables": {}, "verify": {}, "cluster": self._replication()}
         reports: list[Report] = []
         with open(self.workdir / "decisions.jsonl", "w", encoding="utf-8") as fh:  # for post-mortems
             for d in decisions:
@@ -579,20 +866,36 @@ class ChaosRun:
             anomalies=sum(len(r.anomalies) for r in reports),
             false_conflicts=sum(len(r.false_conflicts) for r in reports),
             verify_ok=all(v["ok"] for v in report["verify"].values()),
+            delta_log_files_watched=self._dl_watch.files,
+            delta_log_rewrites=self._dl_watch.changes,
             faults={k: v for k, v in vars(self.faults).items() if k != "t0"},
             elapsed_s=round(time.monotonic() - t0, 1),
             workdir=str(self.workdir),
         )
         report["ok"] = bool(
-            drained and report["verify_ok"] and all(r.ok for r in reports)
+            drained and report["verify_ok"] and all(r.ok for r in reports) and not self._dl_watch.changes
             and all(t["published"] for t in report["tables"].values())
         )
         return report
 
 
-def run_chaos(bootstrap: str, broker: LocalBroker | None, cfg: ChaosConfig, workdir: Path) -> dict[str, Any]:
+    def _replication(self) -> dict[str, Any]:
+        """How the run's topics are replicated (what the cluster really gave them)."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        md = admin.list_topics(timeout=30)
+        out: dict[str, Any] = {"brokers": len(md.brokers)}
+        for kind in ("proposals", "commits"):
+            topic = getattr(self.topics, kind)
+            entries = describe_topic_config(admin, topic)
+            out[kind] = {"replication_factor": len(md.topics[topic].partitions[0].replicas),
+                         "min_insync_replicas": int(entries["min.insync.replicas"].value)}
+        return out
+
+
+def run_chaos(bootstrap: str, broker: LocalBroker | LocalCluster | None, cfg: ChaosConfig, workdir: Path,
+              paths: Mapping[str, NetPath] | None = None) -> dict[str, Any]:
     """Run the workload under faults and return the JSON-able report (`report["ok"]` is the verdict)."""
-    return ChaosRun(bootstrap, broker, cfg, workdir).run()
+    return ChaosRun(bootstrap, broker, cfg, workdir, paths).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -600,33 +903,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--writers", type=int, default=8)
     ap.add_argument("--transactions", type=int, default=1000, help="proposals in total, over all writers")
     ap.add_argument("--coordinator-kills", type=int, default=50)
-    ap.add_argument("--broker-restarts", type=int, default=2)
-    ap.add_argument("--sigstops", type=int, default=2)
+    ap.add_argument("--brokers", type=int, default=1, help="1: a single local broker; 3: a local KRaft cluster")
+    ap.add_argument("--broker-restarts", type=int, default=None,
+                    help="SIGKILL and restart of the broker (all nodes of a cluster); default 2 with one broker, 0 with a cluster")
+    ap.add_argument("--leader-kills", type=int, default=0, help="SIGKILLs of the proposals/commits partition leader (cluster only)")
+    ap.add_argument("--isolations", type=int, default=0, help="coordinators cut off from every broker (cluster only)")
+    ap.add_argument("--isolation-seconds", type=float, default=12.0)
+    ap.add_argument("--sigstops", type=int, default=1, help="plain pauses of a coordinator")
+    ap.add_argument("--zombies", type=int, default=2, help="paused coordinators fenced by a replacement, then resumed")
     ap.add_argument("--racing", type=int, default=1, help="racing coordinators started on the same partition")
     ap.add_argument("--writer-kills", type=int, default=1)
+    ap.add_argument("--writer-think-seconds", type=float, default=0.0, help="mean pause of a writer between transactions")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--decision-timeout", type=float, default=30.0)
     ap.add_argument("--bootstrap-servers", default=None, help="an external broker (no broker restarts then)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep histories, logs and tables here")
     args = ap.parse_args(argv)
-    if args.bootstrap_servers and args.broker_restarts:
+    broker_restarts = args.broker_restarts if args.broker_restarts is not None else (2 if args.brokers == 1 else 0)
+    if args.bootstrap_servers and broker_restarts:
         ap.error("broker restarts need the local broker this command starts; pass --broker-restarts 0 with --bootstrap-servers")
+    if args.bootstrap_servers and (args.leader_kills or args.isolations):
+        ap.error("leader kills and isolations need the local cluster this command starts (--brokers 3), not --bootstrap-servers")
+    if args.brokers < 1:
+        ap.error(f"--brokers must be at least 1, not {args.brokers}")
+    if args.brokers == 1 and (args.leader_kills or args.isolations):
+        ap.error("leader kills and isolations need a cluster: add --brokers 3")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     cfg = ChaosConfig(writers=args.writers, transactions=args.transactions, coordinator_kills=args.coordinator_kills,
-                      sigstops=args.sigstops, broker_restarts=args.broker_restarts, racing_coordinators=args.racing,
-                      writer_kills=args.writer_kills, seed=seed, decision_timeout_s=args.decision_timeout)
+                      sigstops=args.sigstops, zombies=args.zombies, broker_restarts=broker_restarts,
+                      leader_kills=args.leader_kills, isolations=args.isolations, isolation_s=args.isolation_seconds,
+                      racing_coordinators=args.racing, writer_kills=args.writer_kills, seed=seed,
+                      decision_timeout_s=args.decision_timeout, writer_think_s=args.writer_think_seconds)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="deltacoord-history-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    broker: LocalBroker | None = None
+    broker: LocalBroker | LocalCluster | None = None
+    paths: dict[str, NetPath] = {}
     bootstrap = args.bootstrap_servers
-    if bootstrap is None:
-        broker = LocalBroker(home=workdir / "broker")
-        bootstrap = broker.start().bootstrap_servers
     try:
-        report = run_chaos(bootstrap, broker, cfg, workdir)
+        if bootstrap is None and args.brokers > 1:
+            broker, paths = start_cluster_with_paths(workdir / "cluster", args.brokers)
+            layout = broker.layout()
+            assert layout is not None
+            bootstrap = layout.bootstrap_servers
+        elif bootstrap is None:
+            broker = LocalBroker(home=workdir / "broker")
+            bootstrap = broker.start().bootstrap_servers
+        report = run_chaos(bootstrap, broker, cfg, workdir, paths)
     finally:
         if broker is not None:
             broker.stop()
+        close_paths(paths)
     report["seed"] = seed
     print(json.dumps(report, indent=2, sort_keys=True))
     return 0 if report["ok"] else 1

@@ -93,6 +93,9 @@ class WriterConfig:
     crash_after_propose_at: int | None = None
     stale_probability: float = 0.3
     max_pause_s: float = 0.03
+    #: Mean pause after each transaction (uniform in 0..2x): a short run then spans slow faults
+    #: (a partition-leader kill, an isolation) at a low CPU cost.
+    think_s: float = 0.0
     weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
 
 
@@ -342,6 +345,8 @@ class _Workload:
             if self.cfg.crash_after_propose_at == seq:
                 self.crash(table, planned)
             self.rec.write(self.commit(table, planned))
+            if self.cfg.think_s > 0:
+                time.sleep(self.rng.uniform(0, 2 * self.cfg.think_s))
 
     def commit(self, table: Table, planned: Planned) -> dict[str, Any]:
         pid = planned.tx.proposal_id

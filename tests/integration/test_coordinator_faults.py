@@ -155,3 +155,29 @@ def test_watchdog_exits_a_coordinator_whose_loop_is_stuck(kafka_bootstrap: str, 
             assert result == [1]
         finally:
             fresh.kill(15)
+
+
+def test_a_stuck_send_offsets_call_gets_its_producer_replaced(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """librdkafka can block in send_offsets_to_transaction for ever when the group coordinator's
+    broker dies (seen on the three-broker cluster when that broker was killed): the coordinator
+    replaces its producer after `send_offsets_timeout_s` and carries on, in the same process."""
+    topics = fresh_topics(kafka_bootstrap)
+    path = tmp_path / "t"
+    # The loop stalls send_offsets_timeout_s (20 s) + 5 s: the watchdog must not be what acts.
+    coord = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", "--watchdog-seconds", "90",
+                                      env={"DELTACOORD_FAULT": "send_offsets:2:hang"})
+    try:
+        with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120) as t:
+            t.create(SCHEMA)
+            versions = [t.append(pa.table({"id": [i], "date": ["d"]})).version for i in range(4)]
+        assert versions == [1, 2, 3, 4]
+        assert coord.alive(), coord.log.read_text(errors="replace")[-3000:]
+        log = coord.log.read_text(errors="replace")
+        assert "send_offsets_to_transaction still blocked" in log and "replacing the transactional producer" in log
+        _wait_until(lambda: (path / "_delta_log" / f"{4:020d}.json").exists(), 60, "publication of version 4")
+    finally:
+        coord.kill(15)
+    assert coord.proc.returncode == 0
+    rep = verify_table(_settings(kafka_bootstrap, topics), path.as_uri(), path.resolve().as_uri())
+    assert_verified(rep)
+    assert rep.topic_versions == 5

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.tooling.broker import _cluster_id, broker_command, server_properties
+from coordinator.tooling.broker import (
+    BrokerError,
+    ClusterLayout,
+    LocalCluster,
+    NodeLayout,
+    _cluster_id,
+    broker_command,
+    cluster_properties,
+    server_properties,
+)
 
 
 def test_cluster_ids_never_start_with_a_dash() -> None:
@@ -36,3 +45,48 @@ def test_the_local_broker_jvm_uses_c1_and_takes_extra_options(monkeypatch: pytes
     # Later JVM flags win: the user's options come after the defaults.
     assert cmd.index("-XX:TieredStopAtLevel=4") > cmd.index("-XX:TieredStopAtLevel=1")
     assert cmd.index("-Xmx2g") > cmd.index("-Xmx768m")
+
+
+def _props(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def test_cluster_nodes_replicate_like_production_and_advertise_routes_at_their_proxies(tmp_path: Path) -> None:
+    node = NodeLayout(2, 30002, 31002, {"A": (32002, 40002)})
+    layout = ClusterLayout("cid", (NodeLayout(1, 30001, 31001), node, NodeLayout(3, 30003, 31003)))
+    props = _props(cluster_properties(node, layout.voters, tmp_path))
+    assert props["node.id"] == "2"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:31001,2@127.0.0.1:31002,3@127.0.0.1:31003"
+    for key in ("default.replication.factor", "offsets.topic.replication.factor", "transaction.state.log.replication.factor"):
+        assert props[key] == "3", key
+    assert props["min.insync.replicas"] == props["transaction.state.log.min.isr"] == "2"
+    assert props["unclean.leader.election.enable"] == "false"
+    # The route's listener binds its own port and sends clients that came through it back to the proxy.
+    assert props["listeners"].split(",")[-1] == "ROUTEA://127.0.0.1:32002"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:30002,ROUTEA://127.0.0.1:40002"
+    assert "ROUTEA:PLAINTEXT" in props["listener.security.protocol.map"]
+    assert props["inter.broker.listener.name"] == "PLAINTEXT"
+
+
+def test_a_cluster_layout_survives_its_json_file() -> None:
+    layout = ClusterLayout("cid", (NodeLayout(1, 1, 2, {"A": (3, 4), "B": (5, 6)}), NodeLayout(2, 7, 8)))
+    assert ClusterLayout.from_json(layout.to_json()) == layout
+    assert layout.bootstrap_servers == "127.0.0.1:1,127.0.0.1:7"
+
+
+def test_cluster_routes_are_checked_before_anything_starts(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, brokers=3, default_port=None)
+    with pytest.raises(BrokerError, match="upper-case"):
+        cluster.start(routes={"a-b": [1, 2, 3]})
+    with pytest.raises(BrokerError, match="needs 3 advertised ports"):
+        cluster.start(routes={"A": [1, 2]})
+    assert not (tmp_path / "cluster.json").exists()
+
+
+def test_broker_start_refuses_a_port_for_a_cluster(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from coordinator.tooling.cli import main
+
+    out = CliRunner().invoke(main, ["broker", "--home", str(tmp_path), "start", "--brokers", "3", "--port", "19099"])
+    assert out.exit_code == 2 and "--port is for a single broker" in out.output
