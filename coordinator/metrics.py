@@ -34,6 +34,12 @@ class Metrics:
                                              buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60))
         self.halted_tables = Gauge("deltacoord_halted_tables", "Tables whose publication is halted", registry=r)
         self.tables = Gauge("deltacoord_tables", "Tables whose state this coordinator holds", registry=r)
+        self.transaction_failures = Counter(
+            "deltacoord_transaction_failures_total", "Kafka transactions of a batch that failed and were retried", registry=r)
+        self.unrecordable = Counter(
+            "deltacoord_unrecordable_total",
+            "Messages whose answer Kafka refused to record, by what was recorded instead (headers_only: a rejection and a "
+            "dead letter without bytes; rejection_only: the rejection alone, the message skipped)", ["step"], registry=r)
         self.recovery_records = Counter(
             "deltacoord_recovery_records_total", "Commits-topic records read to rebuild table states (at partition take-over)",
             registry=r)

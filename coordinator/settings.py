@@ -28,6 +28,16 @@ from typing import Any
 from schemas.routing import Topics
 
 DEFAULT_TOPIC_PREFIX = "deltacoord"
+#: A dead letter's key is cut to this many bytes and its error header to this many characters.
+DEAD_LETTER_KEY_BYTES = 1024
+DEAD_LETTER_ERROR_CHARS = 4000
+#: Room for the key, the headers (error, source, size, hash) and the record's framing.
+_DEAD_LETTER_OVERHEAD = 16 * 1024
+
+
+def dead_letter_record_bound(dead_letter_max_bytes: int) -> int:
+    """The largest dead letter a coordinator keeping `dead_letter_max_bytes` of raw bytes produces."""
+    return dead_letter_max_bytes + _DEAD_LETTER_OVERHEAD
 
 
 class SettingsError(ValueError):
@@ -53,6 +63,15 @@ class CoordinatorSettings:
     #: coordinator's broker dies (confluentinc/librdkafka#5456, #5511); a group coordinator
     #: failover takes about broker.session.timeout.ms (9 s), so this leaves room for one.
     send_offsets_timeout_s: float = 20.0
+    #: At most this many bytes of an undecodable message are copied into its dead letter (its full
+    #: size and SHA-256 travel in headers), so a dead letter always fits the dead-letter topic.
+    dead_letter_max_bytes: int = 64 * 1024
+    #: `/healthz` turns unhealthy when proposals wait and no batch was committed for this long.
+    stall_timeout_s: float = 60.0
+
+    def dead_letter_record_bound(self) -> int:
+        """The largest dead-letter record this coordinator produces: the kept prefix, key and headers."""
+        return dead_letter_record_bound(self.dead_letter_max_bytes)
 
     def client(self, defaults: dict[str, Any] | None = None, **required: Any) -> dict[str, Any]:
         """Client config: our tuning defaults, then the user's settings, then what correctness requires."""
@@ -83,7 +102,8 @@ class RunSettings:
 #: The `[coordinator]` keys of the config file.
 FILE_KEYS = (
     "bootstrap_servers", "topic_prefix", "partitions", "num_partitions", "group_id", "transactional_id_prefix",
-    "max_batch", "metrics_port", "fsync", "checkpoints", "watchdog_seconds", "log_level",
+    "max_batch", "metrics_port", "fsync", "checkpoints", "watchdog_seconds", "log_level", "dead_letter_max_bytes",
+    "stall_seconds",
 )
 #: Keys that a `DELTACOORD_<KEY>` variable sets (fsync and checkpoints only have their --no-... flags).
 ENV_VARS = {k: f"DELTACOORD_{k.upper()}" for k in FILE_KEYS if k not in ("fsync", "checkpoints")}
@@ -203,6 +223,10 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         got = get(key)
         return default if got is None else _as_int(got[0], key, got[1])
 
+    def number(key: str, default: float) -> float:
+        got = get(key)
+        return default if got is None else _as_float(got[0], key, got[1])
+
     def flag(key: str, default: bool) -> bool:
         got = get(key)
         return default if got is None else _as_bool(got[0], key, got[1])
@@ -225,7 +249,13 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         group_id=text("group_id", f"{prefix}-coordinator"),
         transactional_id_prefix=text("transactional_id_prefix", f"{prefix}-coordinator"),
         max_batch=integer("max_batch", 500),
+        dead_letter_max_bytes=integer("dead_letter_max_bytes", 64 * 1024),
+        stall_timeout_s=number("stall_seconds", 60.0),
     )
+    if coordinator.dead_letter_max_bytes < 0:
+        raise SettingsError(f"dead_letter_max_bytes must be 0 or more, got {coordinator.dead_letter_max_bytes}")
+    if coordinator.stall_timeout_s <= 0:
+        raise SettingsError(f"stall_seconds must be above 0, got {coordinator.stall_timeout_s}")
     parts = get("partitions")
     metrics = get("metrics_port")
     watchdog = get("watchdog_seconds")
@@ -249,6 +279,7 @@ __all__ = [
     "CoordinatorSettings",
     "RunSettings",
     "SettingsError",
+    "dead_letter_record_bound",
     "env_var",
     "load",
     "parse_kafka_pairs",

@@ -29,6 +29,11 @@ class Property(StrEnum):
     SET_TRANSACTION_RETENTION = "delta.setTransactionRetentionDuration"
     #: The writers allowed to propose commits to the table (comma-separated names).
     ALLOWED_WRITERS = "deltacoord.allowedWriters"
+    #: Public keys of the writers (`name:base64key, ...`, see `schemas.signing`); when set, every
+    #: proposal must be signed by one of them and its writer name is the key's name.
+    WRITER_KEYS = "deltacoord.writerKeys"
+    #: `true`: the coordinator checks that every added file exists with its declared size before ratifying.
+    VERIFY_ADDED_FILES = "deltacoord.verifyAddedFiles"
 
 
 #: Key in a schema field's metadata (not a table property) naming its physical column.
@@ -164,6 +169,16 @@ class TableProperties:
         if raw is None:
             return None
         return frozenset(w.strip() for w in raw.split(",") if w.strip())
+
+    @property
+    def writer_keys(self) -> str | None:
+        """`deltacoord.writerKeys` as written (parsed by `schemas.signing.parse_writer_keys`), None when unset or blank."""
+        raw = self.raw.get(Property.WRITER_KEYS)
+        return raw if raw is not None and raw.strip() else None
+
+    @property
+    def verify_added_files(self) -> bool:
+        return _true(self.raw.get(Property.VERIFY_ADDED_FILES))
 
 
 __all__ = [

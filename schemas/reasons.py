@@ -46,9 +46,20 @@ class ReasonCode(StrEnum):
     TABLE_URI_MISMATCH = "TABLE_URI_MISMATCH"
     WRITER_NOT_ALLOWED = "WRITER_NOT_ALLOWED"
     TABLE_HALTED = "TABLE_HALTED"
+    #: The table has registered writer keys and the proposal carries no valid signature by one of them.
+    WRITER_NOT_AUTHENTICATED = "WRITER_NOT_AUTHENTICATED"
+    #: The proposal sets `deltacoord.writerKeys` to a value that does not parse.
+    BAD_WRITER_KEYS = "BAD_WRITER_KEYS"
+    #: The table verifies added files (`deltacoord.verifyAddedFiles`) and one is missing or has another size.
+    ADDED_FILE_MISSING = "ADDED_FILE_MISSING"
     # -- the Kafka edge: messages that are not a decodable proposal --
     UNDECODABLE = "UNDECODABLE"
     OVERSIZE = "OVERSIZE"
+    #: The proposal arrived on a partition other than its table's (murmur2(table id) % partitions).
+    WRONG_PARTITION = "WRONG_PARTITION"
+    #: Kafka refused to record the proposal's decision (e.g. larger than the commits topic's
+    #: max.message.bytes); it was rejected with this code instead and skipped.
+    UNRECORDABLE = "UNRECORDABLE"
     # -- writer-side refusals, raised before anything is proposed --
     BAD_EXPRESSION = "BAD_EXPRESSION"
     BAD_REPLACE_WHERE = "BAD_REPLACE_WHERE"

@@ -20,6 +20,13 @@ H_OUTCOME = "deltacoord.outcome"
 #: On dead letters: why the message could not be decided.
 H_ERROR = "deltacoord.error"
 H_SOURCE = "deltacoord.source"
+#: On dead letters: the full size of the raw message (decimal text) and its SHA-256 (hex);
+#: the value holds at most a bounded prefix of it.
+H_RAW_SIZE = "deltacoord.raw_size"
+H_RAW_SHA256 = "deltacoord.raw_sha256"
+#: On proposals: the name of the writer key that signed the value, and the Ed25519 signature (64 bytes).
+H_SIGNER = "deltacoord.signer"
+H_SIGNATURE = "deltacoord.signature"
 
 
 class _HasHeaders(Protocol):

@@ -19,7 +19,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from schemas.codec import decode_decision, encode_proposal
 from schemas.errors import CommitOutcomeUnknownError
 from schemas.messages import Decision, Proposal
-from schemas.routing import H_PROPOSAL_ID, H_TABLE_ID, Topics, header, partition_for
+from schemas.routing import H_PROPOSAL_ID, H_SIGNATURE, H_SIGNER, H_TABLE_ID, Topics, header, partition_for
+from schemas.signing import WriterKey
 
 
 def _end_offset(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> int:
@@ -131,8 +132,8 @@ class CoordinatorClient:
                 self._listeners[partition] = lst
             return lst
 
-    def propose(self, proposal: Proposal) -> Future[Decision]:
-        """Produce the proposal; the future resolves with its decision."""
+    def propose(self, proposal: Proposal, key: WriterKey | None = None) -> Future[Decision]:
+        """Produce the proposal (signed with `key` when given); the future resolves with its decision."""
         partition = self.partition_of(proposal.table_id)
         fut = self._listener(partition).expect(proposal.proposal_id)
         delivery: Future[None] = Future()
@@ -143,9 +144,15 @@ class CoordinatorClient:
             else:
                 delivery.set_result(None)
 
+        value = encode_proposal(proposal)
+        headers: list[tuple[str, str | bytes | None]] = [(H_PROPOSAL_ID, proposal.proposal_id.encode()), (H_TABLE_ID, proposal.table_id.encode())]
+        if key is not None:
+            if proposal.writer != key.name:
+                raise ValueError(f"proposal {proposal.proposal_id} declares writer {proposal.writer!r} but would be signed by "
+                                 f"key {key.name!r}: the coordinator requires them to match")
+            headers += [(H_SIGNER, key.name.encode()), (H_SIGNATURE, key.sign(value))]
         self._producer.produce(
-            self.topics.proposals, value=encode_proposal(proposal), key=proposal.table_id.encode(), partition=partition,
-            headers=[(H_PROPOSAL_ID, proposal.proposal_id.encode()), (H_TABLE_ID, proposal.table_id.encode())],
+            self.topics.proposals, value=value, key=proposal.table_id.encode(), partition=partition, headers=headers,
             on_delivery=on_delivery,
         )
         self._producer.flush(30)
@@ -156,9 +163,9 @@ class CoordinatorClient:
             raise
         return fut
 
-    def commit(self, proposal: Proposal, timeout_s: float = 60.0) -> Decision:
-        """Propose and wait. Raises CommitOutcomeUnknownError if no decision arrives in time."""
-        fut = self.propose(proposal)
+    def commit(self, proposal: Proposal, timeout_s: float = 60.0, key: WriterKey | None = None) -> Decision:
+        """Propose (signed with `key` when given) and wait. Raises CommitOutcomeUnknownError if no decision arrives in time."""
+        fut = self.propose(proposal, key)
         try:
             return fut.result(timeout_s)
         except TimeoutError:

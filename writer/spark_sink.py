@@ -39,7 +39,8 @@ Options: ``path``, ``bootstrap.servers`` (required to write), ``topic.prefix``
 (default ``deltacoord``), ``checkpointLocation``, ``appId``, ``partitionBy``
 (comma-separated, used when the sink creates the table), ``replaceWhere``,
 ``txnAppId``/``txnVersion`` (idempotent batch writes, as in Delta),
-``decisionTimeoutS``, ``writerName``, ``metricsPath`` (a JSON-lines file the
+``decisionTimeoutS``, ``writerName``, ``writerKey`` (a writer key file that signs
+every proposal; default ``DELTACOORD_WRITER_KEY`` of the driver), ``metricsPath`` (a JSON-lines file the
 driver appends per-commit timings to, for benchmarks), and ``kafka.<key>``
 passed to the Kafka client.
 """
@@ -76,6 +77,7 @@ from schemas.errors import ProtocolChangedException
 from schemas.expressions import arrow as expressions
 from schemas.expressions.syntax import columns_of, parse
 from schemas.routing import Topics
+from schemas.signing import resolve_writer_key
 from writer import staging
 from writer.table import Table
 
@@ -122,6 +124,7 @@ class SinkOptions:
     txn_version: int | None
     decision_timeout_s: float
     writer_name: str | None
+    writer_key: str | None
     metrics_path: str | None
     kafka: tuple[tuple[str, str], ...]
 
@@ -145,6 +148,7 @@ class SinkOptions:
             txn_version=int(tv) if tv is not None else None,
             decision_timeout_s=float(o.get("decisiontimeouts") or 60.0),
             writer_name=o.get("writername"),
+            writer_key=o.get("writerkey"),
             metrics_path=o.get("metricspath"),
             kafka=tuple(sorted((k[len("kafka."):], v) for k, v in o.items()
                                if k.startswith("kafka.") and k != "kafka.bootstrap.servers")),
@@ -158,8 +162,10 @@ class SinkOptions:
         if not self.bootstrap_servers:
             raise SinkConfigError("the deltacoord sink needs option 'bootstrap.servers' (the Kafka cluster of the coordinator)")
         kafka_config: dict[str, Any] = dict(self.kafka)
+        key = resolve_writer_key(self.writer_key)
         return Table(self.uri, self.bootstrap_servers, topics=Topics.with_prefix(self.topic_prefix),
-                     writer_name=self.writer_name or "spark", decision_timeout_s=self.decision_timeout_s, **kafka_config)
+                     writer_name=self.writer_name or (None if key is not None else "spark"), writer_key=key,
+                     decision_timeout_s=self.decision_timeout_s, **kafka_config)
 
     def app_id(self) -> str:
         """The streaming query's app id: option, else Spark's query id from the checkpoint, else a hash of its path."""

@@ -46,6 +46,7 @@ from schemas.messages import Decision
 from schemas.properties import TableProperties
 from schemas.reasons import ReasonCode
 from schemas.routing import Topics
+from schemas.signing import WriterKey, resolve_writer_key
 from writer import staging
 from writer.client import CoordinatorClient
 from writer.transaction import CommitResult, Transaction
@@ -84,14 +85,25 @@ class Table:
     A handle reads its own writes: after it commits version v, snapshots wait
     (up to `publish_timeout_s`) until v is published to `_delta_log`, since
     the coordinator publishes after recording the decision.
+
+    `writer_key` (a `WriterKey`, a key file's path, or the key text; default:
+    `DELTACOORD_WRITER_KEY`) signs every proposal, and the writer name is the
+    key's name: tables with registered writer keys accept nothing else.
     """
 
     def __init__(self, uri: str | Path, bootstrap_servers: str, *, table_id: str | None = None, topics: Topics | None = None,
                  writer_name: str | None = None, decision_timeout_s: float = 60.0, publish_timeout_s: float = 60.0,
-                 client: CoordinatorClient | None = None, **kafka_config: Any) -> None:
+                 client: CoordinatorClient | None = None, writer_key: WriterKey | str | Path | None = None,
+                 **kafka_config: Any) -> None:
         self.root = table_root(str(uri)).resolve()
         self.uri = self.root.as_uri()
         self.table_id = table_id or default_table_id(self.root)
+        self.writer_key = resolve_writer_key(writer_key)
+        if self.writer_key is not None:
+            if writer_name is not None and writer_name != self.writer_key.name:
+                raise ValueError(f"writer_name {writer_name!r} differs from the name of the writer key, "
+                                 f"{self.writer_key.name!r}: a signed proposal's writer is its key's name")
+            writer_name = self.writer_key.name
         self.writer_name = writer_name
         self.decision_timeout_s = decision_timeout_s
         self.publish_timeout_s = publish_timeout_s

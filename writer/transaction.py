@@ -21,6 +21,7 @@ from schemas.actions import Protocol as ProtocolAction
 from schemas.errors import CONFLICT_CLASSES, DeltaConcurrentModificationException, DeltaCoordError, InvalidProposalError
 from schemas.messages import Decision, FileRead, Proposal
 from schemas.reasons import ReasonCode
+from schemas.signing import WriterKey
 from writer.client import CoordinatorClient
 from writer.staging import delete_staged
 
@@ -52,6 +53,8 @@ class TableHandle(Protocol):
     uri: str
     root: Path
     writer_name: str | None
+    #: Signs every proposal when set (tables with registered writer keys require it).
+    writer_key: WriterKey | None
     decision_timeout_s: float
     client: CoordinatorClient
 
@@ -160,7 +163,7 @@ class Transaction:
         """
         all_metrics = {**_metrics(self.actions), **(metrics or {})}
         p = self.proposal(operation, changes_data, parameters, all_metrics)
-        d = self.table.client.commit(p, timeout_s or self.table.decision_timeout_s)
+        d = self.table.client.commit(p, timeout_s or self.table.decision_timeout_s, key=self.table.writer_key)
         if d.committed and d.version is not None:
             changed_metadata = any(isinstance(a, (Metadata, ProtocolAction)) for a in self.actions)
             self.table.committed(d.version, changed_metadata=changed_metadata)

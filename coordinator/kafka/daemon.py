@@ -31,8 +31,10 @@ log = logging.getLogger(__name__)
 #: Writes the checkpoint of (table_uri, version); returns nothing, raises on failure.
 CheckpointFn = Callable[[str, int], object]
 
-#: `run()` exit codes: stopped on request, fenced by a newer coordinator, stopped by an error.
-EXIT_OK, EXIT_FENCED, EXIT_ERROR = 0, 3, 5
+#: `run()` exit codes: stopped on request, fenced by a newer coordinator, stopped by an error,
+#: stopped on request with ratified versions not in `_delta_log` (the next owner publishes them).
+#: (4 is the watchdog's `os._exit`.)
+EXIT_OK, EXIT_FENCED, EXIT_ERROR, EXIT_UNPUBLISHED = 0, 3, 5, 6
 
 
 @dataclass
@@ -56,11 +58,19 @@ class Coordinator:
     #: None disables it (in-process use). A supervisor restarts the coordinator,
     #: and fencing plus recovery make that restart safe.
     watchdog_s: float | None = None
+    #: How long a stop waits for queued versions to reach `_delta_log`.
+    publish_drain_s: float = 60.0
     metrics: Metrics = field(default_factory=Metrics)
     stop_event: threading.Event = field(default_factory=threading.Event)
     fenced: bool = False
+    #: True once the coordinator owns its partitions with their state rebuilt (in group mode:
+    #: after its first assignment, with every assigned partition recovered).
     ready: bool = False
+    #: Ratified versions a stopped coordinator left unpublished: table id -> (published, ratified).
+    unpublished: dict[str, tuple[int, int]] = field(default_factory=dict)
     _workers: dict[int, PartitionCoordinator] = field(default_factory=dict)
+    _recovering: list[int] = field(default_factory=list)
+    _num_partitions: int = 0
     _last_loop: float = 0.0
     _ckpt_q: queue.Queue[_CheckpointRequest | None] = field(default_factory=queue.Queue)
     _server: MetricsServer | None = None
@@ -143,13 +153,31 @@ class Coordinator:
 
     # -- health --------------------------------------------------------------------
     def health(self) -> tuple[bool, dict[str, object]]:
-        stale = time.monotonic() - self._last_loop if self._last_loop else None
-        ok = self.ready and not self.fenced and stale is not None and stale < 30
-        halted = {t: p.halted for t, p in self.publisher.tables.items() if p.halted}
-        return ok, {
-            "ready": self.ready, "fenced": self.fenced, "partitions": sorted(self._workers),
+        """(ok, detail): ok once every owned partition is recovered, while the loop runs and decisions
+        do not stall; `reasons` says why not."""
+        now = time.monotonic()
+        stale = now - self._last_loop if self._last_loop else None
+        reasons: list[str] = []
+        if self.fenced:
+            reasons.append("fenced: another coordinator owns a partition this one had")
+        if self._recovering:
+            reasons.append(f"recovering partitions {sorted(self._recovering)} from the commits topic")
+        elif not self.ready:
+            reasons.append("starting: not yet owning partitions (joining the consumer group or recovering)")
+        if stale is None or stale >= 30:
+            reasons.append(f"the deciding loop has not run for {stale or 0:.0f}s")
+        for w in list(self._workers.values()):
+            why = w.stalled(now)
+            if why is not None:
+                reasons.append(f"decisions stalled: {why}")
+        halted = {t: p.halted for t, p in list(self.publisher.tables.items()) if p.halted}
+        detail: dict[str, object] = {
+            "ready": self.ready and not self._recovering, "fenced": self.fenced, "partitions": sorted(self._workers),
             "publish_lag": self.publisher.lag(), "halted_tables": halted,
         }
+        if reasons:
+            detail["reasons"] = reasons
+        return not reasons, detail
 
     def wait_published(self, timeout_s: float = 30.0) -> bool:
         """Block until every version this coordinator decided is in `_delta_log` (or its table is halted).
@@ -174,12 +202,18 @@ class Coordinator:
     def _take(self, consumer: Consumer, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
         """Own these partitions: fence their previous owner, rebuild their tables, resume at committed offsets."""
         out = []
-        for tp in partitions:
-            w = PartitionCoordinator(self.settings, tp.partition, self.publisher, self.metrics, consumer, self.heartbeat)
-            start = w.start()
-            self._workers[tp.partition] = w
-            self._schedule_missing_checkpoints(w)
-            out.append(TopicPartition(tp.topic, tp.partition, start))
+        self._recovering = sorted(tp.partition for tp in partitions)
+        try:
+            for tp in partitions:
+                w = PartitionCoordinator(self.settings, tp.partition, self.publisher, self.metrics, consumer, self.heartbeat,
+                                         num_partitions=self._num_partitions)
+                start = w.start()
+                self._workers[tp.partition] = w
+                self._schedule_missing_checkpoints(w)
+                out.append(TopicPartition(tp.topic, tp.partition, start))
+                self._recovering = [p for p in self._recovering if p != tp.partition]
+        finally:
+            self._recovering = []
         log.info("owning partitions %s", sorted(self._workers))
         return out
 
@@ -198,6 +232,9 @@ class Coordinator:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.assign(self._take(consumer, partitions))
+        if not self.ready:
+            self.ready = True
+            log.info("coordinator ready: owning partitions %s, recovered", sorted(self._workers))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Batches are decided and committed synchronously in the loop, so nothing is
@@ -223,7 +260,8 @@ class Coordinator:
         if self.watchdog_s is not None:
             threading.Thread(target=self._watchdog, name="deltacoord-watchdog", daemon=True).start()
         admin = AdminClient(self.settings.client())
-        ensure_topics(admin, self.settings.topics, partitions=self.num_partitions)
+        self._num_partitions = ensure_topics(admin, self.settings.topics, partitions=self.num_partitions,
+                                             dead_letter_bound=self.settings.dead_letter_record_bound())
         del admin  # an idle admin client would keep reconnecting for the life of the process
         if self.metrics_port is not None:
             self._server = MetricsServer(self.metrics, self.health, self.metrics_port)
@@ -240,16 +278,19 @@ class Coordinator:
         try:
             if self.partitions is not None:
                 consumer.assign(self._take(consumer, [TopicPartition(topic, p) for p in self.partitions]))
+                self.ready = True
             else:
+                # Ready (and /healthz 200) only after the first assignment is recovered (`_on_assign`).
                 consumer.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                    on_lost=self._on_revoke)
-            self.ready = True
             log.info("coordinator ready on %s (%s)", topic, "static" if self.partitions is not None else "group")
             s = self.settings
             while not self.stop_event.is_set():
                 self.heartbeat()
                 first = consumer.poll(s.poll_timeout_s)
                 if first is None:
+                    for owned in list(self._workers.values()):
+                        owned.observe()
                     continue
                 msgs = [first, *consumer.consume(s.max_batch - 1, 0)] if s.max_batch > 1 else [first]
                 by_partition: dict[int, list[Message]] = {}
@@ -266,6 +307,8 @@ class Coordinator:
                     w = self._workers.get(p)
                     if w is not None:  # a message of a partition just revoked is someone else's now
                         w.process(batch)
+                for owned in list(self._workers.values()):
+                    owned.observe()
         except FencedError as e:
             # A newer coordinator owns the partition: publish nothing more, exit at once.
             log.error("fenced: %s; stopping without publishing", e)
@@ -286,7 +329,14 @@ class Coordinator:
             if self.fenced:
                 self.publisher.abandon()
             else:
-                self.publisher.stop()
+                self.publisher.stop(self.publish_drain_s)
+                self.unpublished = {tid: (t.published, t.ratified) for tid, t in list(self.publisher.tables.items())
+                                    if t.published < t.ratified}
+                if self.unpublished:
+                    log.error("stopping with ratified versions not in _delta_log (table id: published, ratified): %s; "
+                              "the next owner of their partitions publishes them", self.unpublished)
+                    if code == EXIT_OK:
+                        code = EXIT_UNPUBLISHED
             self._ckpt_q.put(None)
             ckpt.join(300 if not self.fenced else 0.1)
             if isinstance(self.checkpoint_fn, CheckpointWorker):
@@ -296,7 +346,7 @@ class Coordinator:
         return code
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT: finish the current batch, commit it, publish, exit."""
+        """SIGTERM/SIGINT: finish the current batch, commit it, publish, exit (6 if versions stay unpublished)."""
 
         def handler(signum: int, frame: FrameType | None) -> None:
             log.info("signal %d: stopping after the current batch", signum)

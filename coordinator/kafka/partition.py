@@ -13,16 +13,33 @@ The transactional id is fixed per partition, so a newer coordinator for the
 partition fences this one; a fenced coordinator stops without publishing
 anything. An exception from the decision path is a bug: it propagates with
 the batch undecided and uncommitted, and the daemon stops.
+
+At the door: a proposal for a table of another partition (murmur2(table id) %
+partitions) is rejected with WRONG_PARTITION and never decided; the writer's
+signature headers are handed to the rules (`rules.authentication`).
+
+Poison is bounded: a dead letter carries at most `dead_letter_max_bytes` of the
+raw message (full size and SHA-256 in headers). When Kafka refuses one record
+of a transaction for what it is (too large, invalid: `RECORD_REFUSALS`), that
+message is degraded one step per refusal and the batch retried: first its
+proposal is rejected with UNRECORDABLE (an undecodable message keeps its
+rejection) and its dead letter keeps only headers; then the dead letter is
+dropped too. Every other message of the batch is decided as usual. A
+transaction failing for any other reason (the broker, the network) is retried
+as it was; `/healthz` reports a partition whose proposals wait while no batch
+commits (`stalled`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -31,16 +48,42 @@ from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.faults import fault_point
 from coordinator.kafka.recovery import rebuild_states
 from coordinator.metrics import Metrics
+from coordinator.rules.authentication import Signature
 from coordinator.rules.batch import Submitted, decide_batch, rejection
 from coordinator.rules.state import TableState
-from coordinator.settings import CoordinatorSettings
+from coordinator.rules.validate import path_problem
+from coordinator.settings import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_KEY_BYTES, CoordinatorSettings
+from schemas.actions import AddCDCFile, AddFile
 from schemas.codec import decode_proposal, encode_decision
 from schemas.errors import DecodeError, InvalidProposalError
 from schemas.messages import Decision
 from schemas.reasons import ReasonCode
-from schemas.routing import H_ERROR, H_OUTCOME, H_PROPOSAL_ID, H_SOURCE, H_TABLE_ID, H_VERSION, header
+from schemas.routing import (
+    H_ERROR,
+    H_OUTCOME,
+    H_PROPOSAL_ID,
+    H_RAW_SHA256,
+    H_RAW_SIZE,
+    H_SIGNATURE,
+    H_SIGNER,
+    H_SOURCE,
+    H_TABLE_ID,
+    H_VERSION,
+    header,
+    partition_for,
+)
 
 log = logging.getLogger(__name__)
+
+#: Kafka's refusals of one record for what it is: retrying the same record cannot succeed.
+RECORD_REFUSALS = frozenset({
+    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD,
+    KafkaError.INVALID_MSG, KafkaError.INVALID_MSG_SIZE,
+})
+#: Degradation steps of a message Kafka refused to record (see the module docstring).
+FULL, HEADERS_ONLY, REJECTION_ONLY = 0, 1, 2
+#: Ids longer than this (from headers or a decoded proposal) are not echoed into a degraded rejection.
+MAX_ECHOED_ID_CHARS = 1024
 
 
 class ProducerStuckError(RuntimeError):
@@ -65,19 +108,84 @@ def decision_headers(d: Decision) -> list[tuple[str, str | bytes | None]]:
 
 @dataclass
 class _DeadLetter:
-    raw: bytes | None
+    """What is recorded of an undecodable message: a bounded prefix of its bytes, its size and hash."""
+
+    value: bytes | None
     key: bytes | None
-    error: str
-    source: str
+    headers: list[tuple[str, str | bytes | None]]
 
 
 @dataclass
 class _Decoded:
     """One consumed message: a proposal to decide, or a rejection and/or a dead letter."""
 
+    offset: int
     submitted: Submitted | None = None
     rejected: Decision | None = None
     dead: _DeadLetter | None = None
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """A record Kafka refused: the offset of the message it answers, where it went, its size and why."""
+
+    source: int
+    topic: str
+    size: int
+    why: str
+
+
+@dataclass
+class _Out:
+    """One record of a batch's transaction, with the offset of the message it answers."""
+
+    topic: str
+    value: bytes | None
+    key: bytes | None
+    headers: list[tuple[str, str | bytes | None]]
+    partition: int | None
+    source: int
+
+
+def dead_letter(raw: bytes | None, key: bytes | None, error: str, source: str, keep_bytes: int) -> _DeadLetter:
+    """A dead letter holding at most `keep_bytes` of `raw` (0: none); full size and SHA-256 in headers."""
+    size = len(raw) if raw is not None else 0
+    digest = hashlib.sha256(raw).hexdigest() if raw is not None else ""
+    value = raw[:keep_bytes] if raw is not None and keep_bytes > 0 else None
+    headers: list[tuple[str, str | bytes | None]] = [
+        (H_ERROR, error.encode("utf-8", errors="replace")[:DEAD_LETTER_ERROR_CHARS]), (H_SOURCE, source),
+        (H_RAW_SIZE, str(size)), (H_RAW_SHA256, digest),
+    ]
+    return _DeadLetter(value, key[:DEAD_LETTER_KEY_BYTES] if key is not None else None, headers)
+
+
+def added_files_problem(table_uri: str, files: Sequence[AddFile | AddCDCFile]) -> str | None:
+    """Why an added file is not in the table's storage with its declared size, or None (the storage edge's `head`).
+
+    Paths validation will refuse (outside the table, into `_delta_log`) are left to it. The storage
+    edge is imported here, on first use: it loads Arrow, which the deciding process otherwise never needs.
+    """
+    from reader.storage import ObjectNotFoundError, StorageError, TableStorage
+
+    try:
+        storage = TableStorage(table_uri)
+    except (StorageError, ValueError) as e:
+        return f"the table's storage at {table_uri} cannot be opened to check the added files: {e}"
+    for f in files:
+        if path_problem(f.path, table_uri) is not None:
+            continue
+        if "://" in f.path or f.path.startswith(("/", "file:")):
+            return f"added file {f.path} is given as an absolute path: a table that verifies added files takes relative paths"
+        key = unquote(f.path)
+        try:
+            info = storage.head(key)
+        except ObjectNotFoundError:
+            return f"added file {f.path} does not exist in {table_uri}"
+        except (StorageError, OSError) as e:
+            return f"added file {f.path} could not be checked: {e}"
+        if info.size != f.size:
+            return f"added file {f.path} has {info.size} bytes, not the {f.size} the proposal declares"
+    return None
 
 
 def make_consumer(settings: CoordinatorSettings) -> Consumer:
@@ -112,10 +220,12 @@ class PartitionCoordinator:
     """
 
     def __init__(self, settings: CoordinatorSettings, partition: int, publisher: Publisher, metrics: Metrics,
-                 consumer: Consumer, heartbeat: Callable[[], None] | None = None) -> None:
+                 consumer: Consumer, heartbeat: Callable[[], None] | None = None, num_partitions: int = 0) -> None:
         self.settings = settings
         self._heartbeat = heartbeat or (lambda: None)
         self.partition = partition
+        #: The proposals topic's partition count (0: unknown, the partition check is off).
+        self.num_partitions = num_partitions
         self.publisher = publisher
         self.metrics = metrics
         self.consumer = consumer
@@ -123,6 +233,15 @@ class PartitionCoordinator:
         self.producer: Producer | None = None
         self._label = str(partition)
         self._tp = TopicPartition(settings.topics.proposals, partition)
+        #: Offset -> (degradation step, why) of messages Kafka refused to record as they were.
+        self._degraded: dict[int, tuple[int, str]] = {}
+        # -- progress, for /healthz: the next offset to commit, when a batch last committed,
+        # since when proposals wait, and why the last transaction failed.
+        self.committed_to = 0
+        self.last_commit = time.monotonic()
+        self.waiting_since: float | None = None
+        self.last_failure: str | None = None
+        self._failures = 0
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> int:
@@ -150,7 +269,9 @@ class PartitionCoordinator:
         self.producer.init_transactions(60)
         log.info("partition %d: transactional producer ready in %.1fs; recovering", self.partition, time.monotonic() - t0)
         self._recover()
-        return self.committed_offset()
+        self.committed_to = self.committed_offset()
+        self.last_commit = time.monotonic()
+        return self.committed_to
 
     def committed_offset(self) -> int:
         committed = _committed_with_retry(self.consumer, self._tp)
@@ -186,32 +307,49 @@ class PartitionCoordinator:
         assert self.producer is not None
         if not batch:
             return
+        if self.waiting_since is None:
+            self.waiting_since = time.monotonic()
         decoded = [self._decode(m) for m in batch]
         proposals = [x.submitted for x in decoded if x.submitted is not None]
         decided, overlay = decide_batch(self.states, proposals, int(time.time() * 1000),
-                                        halted=self.publisher.halted_tables())
+                                        halted=self.publisher.halted_tables(), check_files=added_files_problem)
         it = iter(decided)
         decisions: list[Decision] = []
+        outs: list[_Out] = []
+        s = self.settings
         for x in decoded:
-            if x.submitted is not None:
-                decisions.append(next(it))
-            elif x.rejected is not None:
-                decisions.append(x.rejected)
-        dead = [x.dead for x in decoded if x.dead is not None]
+            d = next(it) if x.submitted is not None else x.rejected
+            if d is not None:
+                decisions.append(d)
+                outs.append(_Out(s.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d),
+                                 self.partition, x.offset))
+            if x.dead is not None:
+                outs.append(_Out(s.topics.dead_letters, x.dead.value, x.dead.key, x.dead.headers, None, x.offset))
+        dead = sum(1 for x in decoded if x.dead is not None)
         fault_point("after_decide")
+        refused: list[_Refusal] = []
         try:
-            self._transact(batch, decisions, dead)
+            self._transact(batch, outs, refused)
         except FencedError:
             raise
         except ProducerStuckError as e:
+            self._failed(str(e))
             self._replace_producer(e)
             return
         except KafkaException as e:
-            log.warning("partition %d: transaction failed (%s); dropping the batch's decisions and consuming it again",
-                        self.partition, e)
+            self._failed(str(e))
+            if refused:
+                self._degrade(refused)
+            else:
+                log.warning("partition %d: transaction failed (%s); dropping the batch's decisions and consuming it again",
+                            self.partition, e)
             self._abort_and_rewind(e)
+            if not refused:
+                # Whatever failed is not one record's fault: do not spin on it.
+                time.sleep(min(0.05 * 2 ** min(self._failures, 5), 1.0))
             return
         fault_point("after_kafka_commit")
+        self._committed(batch)
         overlay.apply_to(self.states)
         self.metrics.tables.inc(len(overlay.created))
         now = time.time()
@@ -231,14 +369,103 @@ class PartitionCoordinator:
                 self.metrics.conflicts.labels(d.error_type).inc()
             else:
                 self.metrics.rejections.labels(d.reason_code or "UNKNOWN").inc()
-        self.metrics.dead_letters.inc(len(dead))
+        self.metrics.dead_letters.inc(dead)
         self.metrics.publish_lag.set(self.publisher.lag())
         self.metrics.halted_tables.set(self.publisher.halted_count())
 
+    # -- progress and poison -------------------------------------------------------
+    def _committed(self, batch: Sequence[Message]) -> None:
+        last = batch[-1].offset()
+        assert last is not None
+        self.committed_to = last + 1
+        self.last_commit = time.monotonic()
+        self.last_failure = None
+        self._failures = 0
+        self._degraded = {o: v for o, v in self._degraded.items() if o >= self.committed_to}
+        self.observe()
+
+    def _failed(self, why: str) -> None:
+        self.metrics.transaction_failures.inc()
+        self.last_failure = why
+        self._failures += 1
+
+    def _degrade(self, refused: Sequence[_Refusal]) -> None:
+        """One more degradation step for the largest record Kafka refused on each topic (see the module docstring).
+
+        Kafka refuses a whole record batch, so a small record sharing a batch with a large one is refused
+        too; only the largest is certainly too large (a batch grows past `batch.size` only with one record).
+        """
+        largest: dict[str, _Refusal] = {}
+        for r in refused:
+            if r.topic not in largest or r.size > largest[r.topic].size:
+                largest[r.topic] = r
+        for offset, why in sorted({r.source: r.why for r in largest.values()}.items()):
+            step = self._degraded.get(offset, (FULL, ""))[0] + 1
+            source = f"{self.settings.topics.proposals}/{self.partition}@{offset}"
+            if step > REJECTION_ONLY:
+                # Even a bare rejection was refused: the commits topic cannot take a small record,
+                # which no message causes. Retried like any other failure; /healthz shows the stall.
+                log.error("partition %d: Kafka refuses even the bare rejection of %s (%s); check the commits "
+                          "topic's max.message.bytes", self.partition, source, why)
+                continue
+            self._degraded[offset] = (step, why)
+            self.metrics.unrecordable.labels("headers_only" if step == HEADERS_ONLY else "rejection_only").inc()
+            log.error("partition %d: Kafka refused to record what answers %s (%s); %s", self.partition, source, why,
+                      "recording a rejection and a dead letter without its bytes instead" if step == HEADERS_ONLY
+                      else "recording only its rejection (if it names a proposal) and skipping it")
+
+    def observe(self) -> None:
+        """Note whether proposals wait on this partition (the loop calls it; `/healthz` reads the result)."""
+        try:
+            _low, high = self.consumer.get_watermark_offsets(self._tp, cached=True)
+        except KafkaException:
+            high = -1
+        waiting = high > self.committed_to or (self.last_failure is not None)
+        if not waiting:
+            self.waiting_since = None
+        elif self.waiting_since is None:
+            self.waiting_since = time.monotonic()
+
+    def stalled(self, now: float | None = None) -> str | None:
+        """Why decisions look stopped here (proposals wait, no batch committed for `stall_timeout_s`), or None."""
+        since = self.waiting_since
+        if since is None:
+            return None
+        t = time.monotonic() if now is None else now
+        idle = t - max(since, self.last_commit)
+        if idle <= self.settings.stall_timeout_s:
+            return None
+        why = f"partition {self.partition}: proposals wait from offset {self.committed_to} and no batch was committed for {idle:.0f}s"
+        return f"{why} (last failure: {self.last_failure})" if self.last_failure else why
+
+    # -- decoding -------------------------------------------------------------------
     def _decode(self, m: Message) -> _Decoded:
+        offset = m.offset()
+        assert offset is not None
+        x = self._decode_fully(m, offset)
+        step, why = self._degraded.get(offset, (FULL, ""))
+        if step == FULL:
+            return x
+        # Kafka refused to record this message's answer as it was: a rejection (a decodable proposal
+        # is not decided) and at most a dead letter without bytes.
+        rejected = x.rejected
+        if x.submitted is not None:
+            p = x.submitted.proposal
+            rejected = rejection(p.table_id, p.table_uri, p.proposal_id, InvalidProposalError(
+                ReasonCode.UNRECORDABLE, f"Kafka refused to record this proposal's decision ({why}); the proposal was "
+                "not decided: make it smaller"), None, x.submitted.at_ms or int(time.time() * 1000))
+        if rejected is not None and max(len(rejected.table_id), len(rejected.proposal_id), len(rejected.table_uri)) > MAX_ECHOED_ID_CHARS:
+            rejected = None
+        dead = None
+        if step == HEADERS_ONLY:
+            error = f"{_error_of(x, rejected)}; not recorded with its bytes: {why}"
+            dead = dead_letter(m.value(), None, error, _source(m), 0)
+        return _Decoded(offset, rejected=rejected, dead=dead)
+
+    def _decode_fully(self, m: Message, offset: int) -> _Decoded:
         raw = m.value()
         at_ms = max(0, m.timestamp()[1])
-        source = f"{m.topic()}/{m.partition()}@{m.offset()}"
+        source = _source(m)
         try:
             if raw is None:
                 raise DecodeError("empty message (no value)")
@@ -247,41 +474,76 @@ class PartitionCoordinator:
                     ReasonCode.OVERSIZE,
                     f"proposal of {len(raw)} bytes exceeds the limit of {self.settings.max_proposal_bytes} bytes",
                 )
-            return _Decoded(submitted=Submitted(decode_proposal(raw), at_ms))
+            p = decode_proposal(raw)
         except (DecodeError, InvalidProposalError) as e:
-            dead = _DeadLetter(raw, m.key(), str(e), source)
+            dead = dead_letter(raw, m.key(), str(e), source, self.settings.dead_letter_max_bytes)
             hdr_pid, hdr_tid = _header(m, H_PROPOSAL_ID), _header(m, H_TABLE_ID)
-            if hdr_pid and hdr_tid:
+            if hdr_pid and hdr_tid and max(len(hdr_pid), len(hdr_tid)) <= MAX_ECHOED_ID_CHARS:
                 # The writer said who it is: tell it, so it does not wait for nothing.
                 err = e if isinstance(e, InvalidProposalError) else InvalidProposalError(ReasonCode.UNDECODABLE, str(e))
-                return _Decoded(rejected=rejection(hdr_tid, "", hdr_pid, err, None, at_ms or int(time.time() * 1000)),
+                return _Decoded(offset, rejected=rejection(hdr_tid, "", hdr_pid, err, None, at_ms or int(time.time() * 1000)),
                                 dead=dead)
-            return _Decoded(dead=dead)
+            return _Decoded(offset, dead=dead)
+        if self.num_partitions > 0:
+            home = partition_for(p.table_id, self.num_partitions)
+            if home != self.partition:
+                log.warning("partition %d: proposal %s for table %s arrived at %s, but the table's partition is %d of %d; "
+                            "rejected (WRONG_PARTITION)", self.partition, p.proposal_id[:100], p.table_id[:200], source,
+                            home, self.num_partitions)
+                err = InvalidProposalError(ReasonCode.WRONG_PARTITION, (
+                    f"table {p.table_id} belongs to partition {home} of {self.num_partitions} "
+                    f"(murmur2(table id) % partitions), not {self.partition}: nothing was decided. Is the writer's "
+                    "partition count stale (topics changed)?"))
+                return _Decoded(offset, rejected=rejection(p.table_id, p.table_uri, p.proposal_id, err, None,
+                                                           at_ms or int(time.time() * 1000)))
+        signer, signature = header(m, H_SIGNER), header(m, H_SIGNATURE)
+        sig = None
+        if signer is not None and signature is not None:
+            sig = Signature(signer.decode("utf-8", errors="replace"), signature, raw)
+        return _Decoded(offset, submitted=Submitted(p, at_ms, sig))
 
-    def _transact(self, batch: Sequence[Message], decisions: Sequence[Decision], dead: Sequence[_DeadLetter]) -> None:
+    def _transact(self, batch: Sequence[Message], outs: Sequence[_Out], refused: list[_Refusal]) -> None:
+        """One transaction: the records, then the consumed offsets. Records Kafka refuses for what they
+        are (`RECORD_REFUSALS`) are appended to `refused` before the error propagates."""
         assert self.producer is not None
         s = self.settings
+
+        def note(o: _Out, err: KafkaError) -> None:
+            size = len(o.value or b"") + len(o.key or b"") + sum(len(k) + len(v or b"") for k, v in o.headers)
+            refused.append(_Refusal(o.source, o.topic, size, f"{o.topic}: {err.str()}"))
+
+        def noted(o: _Out) -> Callable[[KafkaError | None, Message], None]:
+            def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+                if err is not None and err.code() in RECORD_REFUSALS:
+                    note(o, err)
+            return on_delivery
+
         try:
             self.producer.begin_transaction()
-            for d in decisions:
-                self.producer.produce(
-                    s.topics.commits, value=encode_decision(d), key=d.table_id.encode(),
-                    partition=self.partition, headers=decision_headers(d),
-                )
-            for dl in dead:
-                self.producer.produce(
-                    s.topics.dead_letters, value=dl.raw, key=dl.key,
-                    headers=[(H_ERROR, dl.error[:4000]), (H_SOURCE, dl.source)],
-                )
+            for o in outs:
+                try:
+                    if o.partition is None:
+                        self.producer.produce(o.topic, value=o.value, key=o.key, headers=o.headers, on_delivery=noted(o))
+                    else:
+                        self.producer.produce(o.topic, value=o.value, key=o.key, headers=o.headers, partition=o.partition,
+                                              on_delivery=noted(o))
+                except KafkaException as e:
+                    kerr = e.args[0]
+                    if isinstance(kerr, KafkaError) and kerr.code() in RECORD_REFUSALS:
+                        note(o, kerr)
+                    raise
             last_offset = batch[-1].offset()
             assert last_offset is not None
             offsets = [TopicPartition(s.topics.proposals, self.partition, last_offset + 1)]
             self._send_offsets(offsets)
             if fault_point("before_kafka_commit"):
                 raise KafkaException(KafkaError(KafkaError._FAIL, "injected fault: the transaction fails before its commit",
-                                                txn_requires_abort=True))
+                                                retriable=True, txn_requires_abort=True))
             self._commit_with_retry()
         except KafkaException as e:
+            # Delivery reports of the failed transaction say which records were refused.
+            with contextlib.suppress(KafkaException, RuntimeError):
+                self.producer.poll(0)
             kerr = e.args[0]
             if isinstance(kerr, KafkaError) and (kerr.code() == KafkaError._FENCED or kerr.fatal()):
                 raise FencedError(f"partition {self.partition}: {kerr}") from e
@@ -343,6 +605,21 @@ class PartitionCoordinator:
         # The states never held this batch (its overlay is dropped): consume it again
         # from the last committed offset.
         self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.committed_offset()))
+
+
+def _source(m: Message) -> str:
+    return f"{m.topic()}/{m.partition()}@{m.offset()}"
+
+
+def _error_of(x: _Decoded, rejected: Decision | None) -> str:
+    """What went wrong with a degraded message, for its dead letter."""
+    if x.dead is not None:
+        for k, v in x.dead.headers:
+            if k == H_ERROR and isinstance(v, bytes):
+                return v.decode("utf-8", errors="replace")
+    if rejected is not None and rejected.error_message:
+        return rejected.error_message
+    return "a proposal whose decision Kafka refused to record"
 
 
 def _committed_with_retry(consumer: Consumer, tp: TopicPartition, timeout_s: float = 60.0) -> list[TopicPartition]:

@@ -4,12 +4,19 @@ The commits topic is the source of truth, so it is never compacted and keeps
 its records forever by default (retention.ms=-1); proposals only need to live
 until decided. Replication follows the cluster: RF = min(3, brokers) and
 min.insync.replicas = RF - 1 (at least 1), with unclean leader election off.
+
+The dead-letter topic gets explicit limits rather than the broker's defaults:
+`max.message.bytes` (1 MiB, well above the largest dead letter a coordinator
+sends with its default `dead_letter_max_bytes`) and `retention.bytes` (1 GiB),
+so a flood of undecodable messages can neither block the coordinator nor fill
+the brokers' disks.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +25,12 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type:
 
 from schemas.routing import Topics
 
+log = logging.getLogger(__name__)
+
 WEEK_MS = 7 * 24 * 3600 * 1000
+#: Explicit limits of the dead-letter topic (see the module docstring).
+DEAD_LETTER_MAX_MESSAGE_BYTES = 1024 * 1024
+DEAD_LETTER_RETENTION_BYTES = 1024 * 1024 * 1024
 
 
 class TopicConfigError(RuntimeError):
@@ -39,12 +51,33 @@ def topic_specs(topics: Topics, partitions: int, replication_factor: int) -> lis
     return [
         TopicSpec(topics.proposals, partitions, replication_factor, {**common, "retention.ms": str(WEEK_MS)}),
         TopicSpec(topics.commits, partitions, replication_factor, {**common, "retention.ms": "-1", "retention.bytes": "-1"}),
-        TopicSpec(topics.dead_letters, 1, replication_factor, {**common, "retention.ms": str(4 * WEEK_MS)}),
+        TopicSpec(topics.dead_letters, 1, replication_factor, {
+            **common, "retention.ms": str(4 * WEEK_MS), "retention.bytes": str(DEAD_LETTER_RETENTION_BYTES),
+            "max.message.bytes": str(DEAD_LETTER_MAX_MESSAGE_BYTES),
+        }),
     ]
 
 
-def ensure_topics(admin: AdminClient, topics: Topics, partitions: int = 1, replication_factor: int | None = None) -> int:
-    """Create missing topics, validate existing ones; returns the proposals partition count."""
+def dead_letter_limit_problem(topic: str, configs: Mapping[str, str | None], record_bound: int) -> str | None:
+    """Why the dead-letter topic cannot take every dead letter the coordinator may send, or None."""
+    raw = configs.get("max.message.bytes")
+    if raw is None or not str(raw).strip().isdigit():
+        return None
+    limit = int(str(raw).strip())
+    if limit >= record_bound:
+        return None
+    return (f"{topic} has max.message.bytes={limit}, below the {record_bound} bytes a dead letter may take "
+            f"(dead_letter_max_bytes plus key and headers): raise it to at least {record_bound}, or lower "
+            "dead_letter_max_bytes; until then oversized dead letters are recorded without their bytes")
+
+
+def ensure_topics(admin: AdminClient, topics: Topics, partitions: int = 1, replication_factor: int | None = None,
+                  dead_letter_bound: int | None = None) -> int:
+    """Create missing topics, validate existing ones; returns the proposals partition count.
+
+    With `dead_letter_bound` (the largest dead letter this coordinator sends), a dead-letter
+    topic too small for it is logged as a warning: such dead letters lose their bytes.
+    """
     md = admin.list_topics(timeout=30)
     rf = replication_factor or min(3, max(1, len(md.brokers)))
     specs = topic_specs(topics, partitions, rf)
@@ -61,6 +94,12 @@ def ensure_topics(admin: AdminClient, topics: Topics, partitions: int = 1, repli
                     raise TopicConfigError(f"cannot create topic {name}: {e}") from e
         md = _wait_visible(admin, [s.name for s in specs])
     validate_topics(admin, topics, specs)
+    if dead_letter_bound is not None:
+        cfg = describe_topic_config(admin, topics.dead_letters)
+        problem = dead_letter_limit_problem(
+            topics.dead_letters, {k: e.value for k, e in cfg.items()}, dead_letter_bound)
+        if problem:
+            log.warning("%s", problem)
     return len(md.topics[topics.proposals].partitions)
 
 

@@ -9,7 +9,7 @@ forks take the batch's commits. The caller then either applies the overlay to
 the live states (`Overlay.apply_to`, after the transaction committed) or drops
 it (the transaction aborted: nothing to undo, nothing to re-read).
 
-Per proposal: admission (`admission.py`), then `conflicts.decide` (redelivery,
+Per proposal: authentication (`authentication.py`), admission (`admission.py`), then `conflicts.decide` (redelivery,
 validation, the conflict checks, the rebase). Any exception raised while
 deciding is a bug of this code, not bad input: it propagates, and no decision
 of the batch is recorded.
@@ -17,25 +17,32 @@ of the batch is recorded.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.rules.admission import admission_error
+from coordinator.rules.authentication import Signature, authentication_error
 from coordinator.rules.conflicts import Accepted, Duplicate, Rejected, decide
 from coordinator.rules.state import TableState
-from schemas.actions import Action
-from schemas.errors import DeltaCoordError
+from schemas.actions import Action, AddCDCFile, AddFile, Metadata
+from schemas.errors import DeltaCoordError, InvalidProposalError
 from schemas.messages import Decision, Outcome, Proposal
+from schemas.properties import TableProperties
+from schemas.reasons import ReasonCode
+
+#: Checks that a table's added files exist as declared: (table uri, files) -> why not, or None.
+FileCheck = Callable[[str, Sequence[AddFile | AddCDCFile]], str | None]
 
 _NOTHING_HALTED: Mapping[str, str] = {}
 
 
 @dataclass(frozen=True, slots=True)
 class Submitted:
-    """A decoded proposal and when it was submitted (its Kafka record's timestamp in ms; 0: unknown)."""
+    """A decoded proposal, when it was submitted (its Kafka record's timestamp in ms; 0: unknown) and its signature."""
 
     proposal: Proposal
     at_ms: int = 0
+    signature: Signature | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +103,25 @@ def rejection(table_id: str, table_uri: str, proposal_id: str, err: DeltaCoordEr
     )
 
 
+def verifies_added_files(state: TableState | None, p: Proposal) -> bool:
+    """Whether the table (as the proposal would leave it, when it changes the metadata) verifies added files."""
+    md = next((a for a in p.actions if isinstance(a, Metadata)), None)
+    if md is None and state is not None:
+        md = state.metadata
+    return TableProperties.of(md).verify_added_files
+
+
 def decide_one(live: Mapping[str, TableState], overlay: Overlay, p: Proposal, now_ms: int,
-               halted: Mapping[str, str] = _NOTHING_HALTED) -> Decision:
+               halted: Mapping[str, str] = _NOTHING_HALTED, signature: Signature | None = None,
+               check_files: FileCheck | None = None) -> Decision:
     """Decide one proposal against the live states plus the overlay, recording an acceptance in the overlay."""
     st = overlay.state(live, p.table_id)
-    err = admission_error(st, p, halted)
+    err = authentication_error(st, p, signature) or admission_error(st, p, halted)
+    if err is None and check_files is not None and verifies_added_files(st, p):
+        files = [a for a in p.actions if isinstance(a, (AddFile, AddCDCFile))]
+        why = check_files(st.table_uri if st is not None else p.table_uri, files) if files else None
+        if why is not None:
+            err = InvalidProposalError(ReasonCode.ADDED_FILE_MISSING, why)
     if err is not None:
         return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
     if st is None:
@@ -122,21 +143,24 @@ def decide_one(live: Mapping[str, TableState], overlay: Overlay, p: Proposal, no
 
 
 def decide_batch(states: Mapping[str, TableState], proposals: Sequence[Proposal | Submitted], now: int, *,
-                 halted: Mapping[str, str] = _NOTHING_HALTED) -> tuple[list[Decision], Overlay]:
+                 halted: Mapping[str, str] = _NOTHING_HALTED,
+                 check_files: FileCheck | None = None) -> tuple[list[Decision], Overlay]:
     """Decide `proposals` in order against `states` (never modified); one decision per proposal.
 
     A proposal is decided at its submission time when known (`Submitted.at_ms`),
     else at `now` (ms). `halted` maps table ids whose publication is halted to why.
+    `check_files` verifies added files for tables with `deltacoord.verifyAddedFiles`.
     """
     overlay = Overlay()
     decisions: list[Decision] = []
     for item in proposals:
         if isinstance(item, Submitted):
-            p, at = item.proposal, item.at_ms or now
+            p, at, sig = item.proposal, item.at_ms or now, item.signature
         else:
-            p, at = item, now
-        decisions.append(decide_one(states, overlay, p, at, halted))
+            p, at, sig = item, now, None
+        decisions.append(decide_one(states, overlay, p, at, halted, sig, check_files))
     return decisions, overlay
 
 
-__all__ = ["Overlay", "Submitted", "TentativeCommit", "decide_batch", "decide_one", "rejection"]
+__all__ = ["FileCheck", "Overlay", "Submitted", "TentativeCommit", "decide_batch", "decide_one", "rejection",
+           "verifies_added_files"]

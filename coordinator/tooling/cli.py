@@ -135,10 +135,15 @@ def coordinator_group() -> None:
 @click.option("--watchdog-seconds", type=float, envvar=env_var("watchdog_seconds"), default=None,
               help="Exit (code 4) when no progress is made this long, for the supervisor to restart (default 120; 0 disables).")
 @click.option("--log-level", default=None, envvar=env_var("log_level"), help="Default INFO.")
+@click.option("--dead-letter-max-bytes", type=int, envvar=env_var("dead_letter_max_bytes"), default=None,
+              help="Raw bytes of an undecodable message kept in its dead letter (default 65536; size and hash go in headers).")
+@click.option("--stall-seconds", type=float, envvar=env_var("stall_seconds"), default=None,
+              help="/healthz answers 503 when proposals wait and no batch was committed this long (default 60).")
 def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None, partitions: str | None,
                     num_partitions: int | None, group_id: str | None, transactional_id_prefix: str | None, max_batch: int | None,
                     metrics_port: int | None, no_fsync: bool, no_checkpoints: bool, kafka_pairs: tuple[str, ...],
-                    watchdog_seconds: float | None, log_level: str | None) -> None:
+                    watchdog_seconds: float | None, log_level: str | None, dead_letter_max_bytes: int | None,
+                    stall_seconds: float | None) -> None:
     """Consume proposals, decide them, record decisions in Kafka, publish _delta_log."""
     from coordinator import logs
     from coordinator.kafka import daemon
@@ -148,6 +153,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         "num_partitions": num_partitions, "group_id": group_id, "transactional_id_prefix": transactional_id_prefix,
         "max_batch": max_batch, "metrics_port": metrics_port, "fsync": False if no_fsync else None,
         "checkpoints": False if no_checkpoints else None, "watchdog_seconds": watchdog_seconds, "log_level": log_level,
+        "dead_letter_max_bytes": dead_letter_max_bytes, "stall_seconds": stall_seconds,
     }
     run = load_settings(config_file, flags, kafka_pairs)
     logs.setup_logging(run.log_level)
@@ -191,9 +197,10 @@ def demo_cmd() -> None:
 
 
 def _register_extensions() -> None:
-    from coordinator.tooling import cli_acls, cli_tables, cli_topics, cli_verify
+    from coordinator.tooling import cli_acls, cli_keys, cli_tables, cli_topics, cli_verify
 
     cli_tables.register(main)
+    cli_keys.register(main)
     cli_topics.register(main)
     cli_acls.register(main)
     cli_verify.register(main)

@@ -3,6 +3,7 @@
     deltacoord table create PATH --schema "id:long,date:string,amount:decimal(10,2)" --partition-by date --property k=v
     deltacoord table append PATH --json-rows rows.jsonl        (or --parquet file.parquet)
     deltacoord table delete PATH --where "date = '2024-01-01'"
+    deltacoord writer-key generate NAME --out NAME.key         (a key pair; prints the table property entry)
     deltacoord table history PATH [--limit N]                  (JSON lines, newest first, from _delta_log)
     deltacoord table describe PATH [--version V]               (one JSON object, from _delta_log)
     deltacoord tail TABLE [--from-version N|latest]            (one JSON line per committed version, from Kafka)
@@ -12,7 +13,8 @@ Writes go through the coordinator (`writer.table.Table`), so they need
 `--topic-prefix` (or DELTACOORD_TOPIC_PREFIX, default `deltacoord`). Reads of
 `history`/`describe` only need the table directory. `tail` reads the commits
 topic (`reader.stream.CommitStream`), so it shows a version as soon as it is
-decided, before it is published to `_delta_log`.
+decided, before it is published to `_delta_log`. Writes sign their proposal with
+`--writer-key FILE` (or DELTACOORD_WRITER_KEY) when given.
 
 Every command prints JSON on stdout (progress and notices go to stderr). Exit
 codes: 0 success, 1 error (a conflict, a bad argument, a missing table), 3 the
@@ -40,6 +42,7 @@ from reader.snapshot import Snapshot, delta_type_to_arrow
 from schemas.actions import json_lines
 from schemas.errors import CommitOutcomeUnknownError, DeltaCoordError
 from schemas.routing import Topics
+from schemas.signing import WRITER_KEY_ENV
 
 #: Type names accepted by --schema besides Delta's own (long, integer, ..., decimal(p,s)).
 _TYPE_ALIASES = {
@@ -128,11 +131,17 @@ def _errors() -> Iterator[None]:
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
 
 
-def _table(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None) -> Any:
+def _table(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
+           writer_key: str | None) -> Any:
+    from schemas.signing import WriterKeyError
     from writer.table import Table
 
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
-    return Table(path, bootstrap_servers, table_id=table_id, topics=Topics.with_prefix(topic_prefix), **kafka)
+    try:
+        return Table(path, bootstrap_servers, table_id=table_id, topics=Topics.with_prefix(topic_prefix),
+                     writer_key=writer_key, **kafka)
+    except WriterKeyError as e:
+        raise click.BadParameter(str(e), param_hint="--writer-key / DELTACOORD_WRITER_KEY") from e
 
 
 def _result_json(r: Any) -> dict[str, Any]:
@@ -151,6 +160,9 @@ def _table_id_option(f: F) -> F:
 
 
 def _writes(f: F) -> F:
+    f = click.option("--writer-key", envvar=WRITER_KEY_ENV, default=None, metavar="FILE",
+                     help="Writer key file that signs the proposal (or DELTACOORD_WRITER_KEY); tables with "
+                          "deltacoord.writerKeys require it. Create one with `deltacoord writer-key generate`.")(f)
     return _table_id_option(kafka_options(f))
 
 
@@ -170,12 +182,13 @@ def table_group() -> None:
 @click.option("--name", default=None, help="Table name recorded in metaData.")
 @_writes
 def create_cmd(path: Path, schema_spec: str, partition_by: tuple[str, ...], properties: tuple[str, ...], name: str | None,
-               bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None) -> None:
+               bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
+               writer_key: str | None) -> None:
     """CREATE TABLE at PATH (version 0)."""
     schema = parse_schema(schema_spec)
     parts = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
     props = parse_pairs(properties, "--property")
-    with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id) as t:
+    with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key) as t:
         _echo_json(_result_json(t.create(schema, partition_by=parts, properties=props, name=name)))
 
 
@@ -216,7 +229,8 @@ def _read_json_rows(source: str) -> list[dict[str, Any]]:
 @click.option("--app-version", type=int, default=None, help="Idempotent writes: the application's version.")
 @_writes
 def append_cmd(path: Path, json_rows: str | None, parquet_file: Path | None, app_id: str | None, app_version: int | None,
-               bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None) -> None:
+               bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
+               writer_key: str | None) -> None:
     """Append rows (a blind INSERT) to the table at PATH."""
     if (json_rows is None) == (parquet_file is None):
         raise click.UsageError("give exactly one of --json-rows and --parquet")
@@ -235,7 +249,7 @@ def append_cmd(path: Path, json_rows: str | None, parquet_file: Path | None, app
             data = pa.Table.from_pylist(rows)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise click.BadParameter(f"rows cannot be converted to a table: {e}", param_hint="--json-rows") from e
-    with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id) as t:
+    with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key) as t:
         try:
             r = t.append(data, app_id=app_id, app_version=app_version)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
@@ -248,9 +262,9 @@ def append_cmd(path: Path, json_rows: str | None, parquet_file: Path | None, app
 @click.option("--where", required=True, help="SQL condition of the rows to delete, e.g. \"date = '2024-01-01'\".")
 @_writes
 def delete_cmd(path: Path, where: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...],
-               table_id: str | None) -> None:
+               table_id: str | None, writer_key: str | None) -> None:
     """DELETE FROM the table at PATH WHERE a condition."""
-    with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id) as t:
+    with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key) as t:
         _echo_json(_result_json(t.delete(where)))
 
 

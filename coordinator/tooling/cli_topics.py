@@ -14,7 +14,10 @@ retention must reach back at least to the newest checkpoint of every table (a
 coordinator rebuilds a table from the commits topic; versions that are gone
 from Kafka must be covered by a checkpoint in `_delta_log`). Infinite is the
 default and the only setting that needs no bookkeeping. Unclean leader election
-is disabled on all three topics.
+is disabled on all three topics. The dead-letter topic gets explicit limits
+(max.message.bytes 1 MiB, retention.bytes 1 GiB, four weeks); `describe` and
+`create` report a dead-letter topic too small for the largest dead letter the
+coordinator may send (`dead_letter_max_bytes` plus key and headers).
 
 The pure parts (`check_replication`, `create_specs`, `topic_problems`) carry
 the rules; the commands only add the admin client.
@@ -32,7 +35,7 @@ from typing import Any
 
 import click
 
-from coordinator.kafka.topics import TopicSpec, topic_specs
+from coordinator.kafka.topics import TopicSpec, dead_letter_limit_problem, topic_specs
 from schemas.routing import Topics
 
 SAFE_REPLICATION_FACTOR = 3
@@ -129,7 +132,7 @@ def create_specs(topics: Topics, partitions: int, replication_factor: int, min_i
     out = []
     for s in topic_specs(topics, partitions, replication_factor):
         cfg = {**s.config, "min.insync.replicas": str(min_insync_replicas), "unclean.leader.election.enable": "false"}
-        if s.name != topics.dead_letters:
+        if s.name != topics.dead_letters:  # the dead-letter topic keeps its own explicit limit
             cfg["max.message.bytes"] = str(max_message_bytes)
         if s.name == topics.commits:
             # The source of truth: never compacted, never expired (see the module docstring).
@@ -153,10 +156,20 @@ def spec_differences(spec: TopicSpec, state: TopicState) -> list[str]:
     return out
 
 
-def topic_problems(topics: Topics, states: Mapping[str, TopicState]) -> tuple[list[str], list[str]]:
-    """(problems that break the coordinator, durability warnings) for the described topics."""
+def topic_problems(topics: Topics, states: Mapping[str, TopicState],
+                   dead_letter_bound: int | None = None) -> tuple[list[str], list[str]]:
+    """(problems that break the coordinator, durability warnings) for the described topics.
+
+    With `dead_letter_bound` (the largest dead letter the coordinator sends), a dead-letter
+    topic whose max.message.bytes is below it is a problem.
+    """
     problems: list[str] = []
     warnings: list[str] = []
+    dl = states.get(topics.dead_letters)
+    if dead_letter_bound is not None and dl is not None and dl.exists:
+        problem = dead_letter_limit_problem(topics.dead_letters, dl.configs, dead_letter_bound)
+        if problem:
+            problems.append(problem)
     for name in (topics.proposals, topics.commits, topics.dead_letters):
         st = states.get(name)
         if st is None or not st.exists:
@@ -245,8 +258,8 @@ def _state_json(st: TopicState) -> dict[str, object]:
 
 
 def _deployment(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None,
-                kafka_pairs: tuple[str, ...]) -> tuple[Any, str, Topics]:
-    """An admin client, the bootstrap servers and the topics, from the same settings `coordinator run` reads."""
+                kafka_pairs: tuple[str, ...]) -> tuple[Any, str, Topics, int]:
+    """An admin client, the bootstrap servers, the topics and the largest dead letter, as `coordinator run` reads them."""
     from confluent_kafka.admin import AdminClient
 
     from coordinator.tooling.cli_options import load_settings
@@ -255,7 +268,7 @@ def _deployment(config_file: Path | None, bootstrap_servers: str | None, topic_p
     bootstrap = run.coordinator.bootstrap_servers
     if not bootstrap:
         raise click.UsageError("no Kafka bootstrap servers: pass --bootstrap-servers, DELTACOORD_BOOTSTRAP_SERVERS or --config")
-    return AdminClient(run.coordinator.client()), bootstrap, run.coordinator.topics
+    return AdminClient(run.coordinator.client()), bootstrap, run.coordinator.topics, run.coordinator.dead_letter_record_bound()
 
 
 def _common(f: Any) -> Any:
@@ -302,7 +315,7 @@ def register(main: click.Group) -> None:
             raise click.UsageError(str(e)) from e
         for w in allowed:
             click.echo(f"warning: {w} (allowed by --allow-unsafe)", err=True)
-        admin, bootstrap, topics = _deployment(config_file, bootstrap_servers, topic_prefix, kafka_pairs)
+        admin, bootstrap, topics, dl_bound = _deployment(config_file, bootstrap_servers, topic_prefix, kafka_pairs)
         md = admin.list_topics(timeout=30)
         if len(md.brokers) < replication_factor:
             raise click.ClickException(
@@ -326,7 +339,7 @@ def register(main: click.Group) -> None:
             _wait_visible(admin, [s.name for s in specs])
         states = describe_states(admin, [s.name for s in specs])
         differences = {s.name: d for s in specs if s.name not in created and (d := spec_differences(s, states[s.name]))}
-        problems, warnings = topic_problems(topics, states)
+        problems, warnings = topic_problems(topics, states, dl_bound)
         click.echo(json.dumps({
             "created": created, "existing": [s.name for s in specs if s.name not in created],
             "differences": differences, "problems": problems, "warnings": warnings,
@@ -339,10 +352,10 @@ def register(main: click.Group) -> None:
     def topics_describe(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None,
                         kafka_pairs: tuple[str, ...]) -> None:
         """Partition counts, replication factors and configs of the three topics as JSON; exit 1 on problems."""
-        admin, _bootstrap, topics = _deployment(config_file, bootstrap_servers, topic_prefix, kafka_pairs)
+        admin, _bootstrap, topics, dl_bound = _deployment(config_file, bootstrap_servers, topic_prefix, kafka_pairs)
         names = [topics.proposals, topics.commits, topics.dead_letters]
         states = describe_states(admin, names)
-        problems, warnings = topic_problems(topics, states)
+        problems, warnings = topic_problems(topics, states, dl_bound)
         click.echo(json.dumps({
             "topics": {n: _state_json(states[n]) for n in names}, "problems": problems, "warnings": warnings,
         }, indent=2))

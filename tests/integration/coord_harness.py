@@ -29,12 +29,18 @@ def fresh_topics(bootstrap: str, partitions: int = 1) -> Topics:
     return topics
 
 
+def harness_settings(bootstrap: str, topics: Topics, **overrides: object) -> CoordinatorSettings:
+    """The settings `coordinator_thread` runs with (`overrides` replace fields)."""
+    fields: dict[str, object] = {"max_proposal_bytes": 4 * 1024 * 1024, "group_id": f"{topics.proposals}-coord",
+                                 "transactional_id_prefix": f"{topics.proposals}-tx", **overrides}
+    return CoordinatorSettings(bootstrap_servers=bootstrap, topics=topics, **fields)  # type: ignore[arg-type]
+
+
 @contextmanager
 def coordinator_thread(bootstrap: str, topics: Topics, max_proposal_bytes: int = 4 * 1024 * 1024,
-                       **kwargs: object) -> Iterator[Coordinator]:
-    """A coordinator in this process; stopped gracefully at exit."""
-    settings = CoordinatorSettings(bootstrap_servers=bootstrap, topics=topics, max_proposal_bytes=max_proposal_bytes,
-                                   group_id=f"{topics.proposals}-coord", transactional_id_prefix=f"{topics.proposals}-tx")
+                       settings_overrides: dict[str, object] | None = None, **kwargs: object) -> Iterator[Coordinator]:
+    """A coordinator in this process; stopped gracefully at exit. `kwargs` go to `Coordinator`."""
+    settings = harness_settings(bootstrap, topics, max_proposal_bytes=max_proposal_bytes, **(settings_overrides or {}))
     coord = Coordinator(settings, publish_fsync=False, **kwargs)  # type: ignore[arg-type]
     result: dict[str, int] = {}
     t = threading.Thread(target=lambda: result.setdefault("code", coord.run()), daemon=True)
