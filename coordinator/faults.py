@@ -1,17 +1,19 @@
 """Named crash points for fault-injection tests.
 
-`DELTACOORD_FAULT=<point>:<n>[:hang|:fail]` makes the process SIGKILL itself
-the n-th time it reaches `<point>` (1-based), or with `:hang` block that thread
-forever (as a client library stuck in a call would; the watchdog must act), or
-with `:fail` have `fault_point` return True that one time, for the caller to
-fail the way the point describes. In-process tests arm a point with `arm`.
+`DELTACOORD_FAULT=<point>:<n>[:hang|:fail|:failing]` makes the process SIGKILL
+itself the n-th time it reaches `<point>` (1-based), or with `:hang` block that
+thread forever (as a client library stuck in a call would; the watchdog must
+act), or with `:fail` have `fault_point` return True that one time, for the
+caller to fail the way the point describes (`:failing`: that time and every
+time after). In-process tests arm a point with `arm`.
 Unset, a fault point costs one dict lookup.
 Points: `after_decide` (batch decided, no Kafka transaction yet),
 `before_kafka_commit` (decisions and offsets sent in the transaction, not
 committed; `:fail` aborts the transaction), `after_kafka_commit` (decisions
 committed, nothing published), `checkpoint_before_publish` (checkpoint Parquet
 written to its temp name only), `send_offsets` (in the thread adding the
-consumed offsets to the transaction).
+consumed offsets to the transaction), `publish` (the publisher about to write a
+version; `:fail` makes the publisher thread die of an unexpected error).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def fault_point(name: str) -> bool:
     _counts[name] = _counts.get(name, 0) + 1
     if _SPEC[2] == "fail":
         return _counts[name] == _SPEC[1]
+    if _SPEC[2] == "failing":
+        return _counts[name] >= _SPEC[1]
     if _counts[name] == _SPEC[1]:
         if _SPEC[2] == "hang":
             threading.Event().wait()

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent
+from coordinator.faults import fault_point
 from reader.log import commit_path, table_root
 from schemas.actions import Action, commit_to_json_lines
 
@@ -157,6 +158,8 @@ class Publisher:
             t = self.tables.setdefault(task.table_id, TablePublication())
             if self._abandoned or task.table_id in self._forgotten or t.halted is not None or task.version <= t.published:
                 return
+        if fault_point("publish"):
+            raise RuntimeError(f"injected fault: the publisher dies before publishing {task.table_id} v{task.version}")
         data = commit_to_json_lines(task.actions)
         path = commit_path(table_root(task.table_uri), task.version)
         # Retry transient I/O errors (disk full, read-only mount) until they clear:

@@ -1,0 +1,227 @@
+"""Writer keys: key files, the `deltacoord.writerKeys` property, and the authentication rule in the batch decision."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from coordinator.rules.authentication import Signature
+from coordinator.rules.batch import Submitted, decide_batch
+from coordinator.rules.state import TableState
+from schemas.actions import AddCDCFile, AddFile, Metadata
+from schemas.codec import encode_proposal
+from schemas.messages import Decision, Proposal
+from schemas.properties import Property
+from schemas.reasons import ReasonCode
+from schemas.signing import WRITER_KEY_ENV, WriterKey, WriterKeyError, parse_writer_keys, resolve_writer_key, verify
+from tests.unit.builders import NOW, TABLE_ID, add, metadata, proposal, protocol
+
+ALICE, BOB, MALLORY = WriterKey.generate("alice"), WriterKey.generate("bob"), WriterKey.generate("mallory")
+
+
+# -- key files and the property --------------------------------------------------------------
+def test_a_key_file_round_trips_and_names_its_key(tmp_path: Path) -> None:
+    f = tmp_path / "alice.key"
+    f.write_text(ALICE.to_text())
+    for source in (str(f), f, ALICE.to_text()):
+        k = WriterKey.load(source)
+        assert k.name == "alice" and k.registration == ALICE.registration
+        assert verify(parse_writer_keys(ALICE.registration)["alice"], k.sign(b"proposal"), b"proposal")
+    assert "PRIVATE" not in repr(ALICE)
+    from_env = resolve_writer_key(None, environ={WRITER_KEY_ENV: str(f)})
+    assert from_env is not None and from_env.registration == ALICE.registration
+    assert resolve_writer_key(None, environ={}) is None
+    assert resolve_writer_key(BOB, environ={WRITER_KEY_ENV: str(f)}) is BOB
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("-----BEGIN PRIVATE KEY-----\nxx\n-----END PRIVATE KEY-----\n", "first line must be"),
+    ("deltacoord-writer-key: bad name!\n", "is not allowed"),
+    ("deltacoord-writer-key: alice\nnot a pem\n", "cannot be read"),
+])
+def test_a_bad_key_file_says_what_is_wrong(tmp_path: Path, text: str, problem: str) -> None:
+    f = tmp_path / "k"
+    f.write_text(text)
+    with pytest.raises(WriterKeyError, match=problem):
+        WriterKey.load(f)
+    with pytest.raises(WriterKeyError, match="cannot read the writer key file"):
+        WriterKey.load(tmp_path / "missing.key")
+
+
+@pytest.mark.parametrize("value,problem", [
+    ("alice", "is not name:base64key"),
+    ("alice:!!!", "is not base64"),
+    ("alice:AAAA", "has 3 bytes"),
+    (f"{ALICE.registration},{ALICE.registration}", "registered twice"),
+    (f"a b:{ALICE.public_key_b64}", "is not allowed"),
+])
+def test_a_bad_writer_keys_value_is_refused(value: str, problem: str) -> None:
+    with pytest.raises(WriterKeyError, match=problem):
+        parse_writer_keys(value)
+
+
+def test_a_signature_covers_every_byte_and_the_context() -> None:
+    pub = parse_writer_keys(ALICE.registration)["alice"]
+    sig = ALICE.sign(b"abc")
+    assert verify(pub, sig, b"abc")
+    assert not verify(pub, sig, b"abd")
+    assert not verify(pub, ALICE.private_key.sign(b"abc"), b"abc"), "a bare signature (no deltacoord context) is refused"
+    assert not verify(parse_writer_keys(BOB.registration)["bob"], sig, b"abc")
+
+
+# -- the rule ---------------------------------------------------------------------------------
+def _keys(*keys: WriterKey) -> dict[str, str]:
+    return {Property.WRITER_KEYS: ", ".join(k.registration for k in keys)}
+
+
+def _signed(p: Proposal, key: WriterKey | None, *, as_writer: str | None = None, signer: str | None = None) -> Submitted:
+    """`p` from writer `as_writer` (default: the key's name), signed by `key` (under the name `signer`)."""
+    p = dataclasses.replace(p, writer=as_writer if as_writer is not None else (key.name if key else None))
+    data = encode_proposal(p)
+    sig = None if key is None else Signature(signer or key.name, key.sign(data), data)
+    return Submitted(p, NOW, sig)
+
+
+def _create(*keys: WriterKey, extra: dict[str, str] | None = None) -> Proposal:
+    return proposal(-1, [protocol(), metadata(config={**_keys(*keys), **(extra or {})})], operation="CREATE TABLE",
+                    changes_data=False)
+
+
+def _decide(live: dict[str, TableState], items: Sequence[Submitted]) -> list[Decision]:
+    decisions, overlay = decide_batch(live, list(items), NOW)
+    overlay.apply_to(live)
+    return decisions
+
+
+def _outcomes(ds: list[Decision]) -> list[str | int | None]:
+    return [d.version if d.committed else d.reason_code for d in ds]
+
+
+def _table(*keys: WriterKey, extra: dict[str, str] | None = None) -> dict[str, TableState]:
+    live: dict[str, TableState] = {}
+    assert _outcomes(_decide(live, [_signed(_create(*keys, extra=extra), keys[0])])) == [0]
+    return live
+
+
+def test_a_table_without_keys_stays_open_to_unsigned_writers() -> None:
+    live: dict[str, TableState] = {}
+    create = proposal(-1, [protocol(), metadata()], operation="CREATE TABLE", changes_data=False)
+    assert _outcomes(_decide(live, [_signed(create, None), _signed(proposal(0, [add("a")]), None, as_writer="anyone")])) == [0, 1]
+
+
+def test_registering_the_first_keys_needs_a_signature_by_one_of_them() -> None:
+    nobody = _decide({}, [_signed(_create(ALICE), None)])
+    other = _decide({}, [_signed(_create(ALICE), MALLORY)])
+    assert _outcomes(nobody) == _outcomes(other) == [ReasonCode.WRITER_NOT_AUTHENTICATED]
+    assert "newly registered" in (other[0].error_message or "")
+    bad = proposal(-1, [protocol(), metadata(config={Property.WRITER_KEYS: "alice:nope"})], operation="CREATE TABLE",
+                   changes_data=False)
+    assert _outcomes(_decide({}, [_signed(bad, ALICE)])) == [ReasonCode.BAD_WRITER_KEYS]
+
+
+def test_a_table_with_keys_accepts_only_proposals_signed_by_a_registered_key_under_its_name() -> None:
+    live = _table(ALICE)
+    append = proposal(0, [add("a")])
+    forged_sig = _signed(append, ALICE)
+    assert forged_sig.signature is not None
+    tampered = Submitted(forged_sig.proposal, NOW, dataclasses.replace(forged_sig.signature, data=forged_sig.signature.data + b"x"))
+    cases = {
+        "unsigned, declaring alice": _signed(append, None, as_writer="alice"),
+        "mallory's key": _signed(append, MALLORY),
+        "mallory's key under alice's name": _signed(append, MALLORY, as_writer="alice", signer="alice"),
+        "alice's key, declaring bob": _signed(append, ALICE, as_writer="bob"),
+        "other bytes than signed": tampered,
+    }
+    for what, item in cases.items():
+        (d,) = _decide(live, [item])
+        assert d.reason_code == ReasonCode.WRITER_NOT_AUTHENTICATED, what
+    assert _outcomes(_decide(live, [_signed(append, ALICE)])) == [1]
+
+
+def test_the_allow_list_checks_the_authenticated_name_and_only_a_registered_key_changes_it() -> None:
+    live = _table(ALICE, BOB, extra={Property.ALLOWED_WRITERS: "alice"})
+    md = live[TABLE_ID].metadata
+    assert md is not None
+    opened = dataclasses.replace(md, configuration={**md.configuration, Property.ALLOWED_WRITERS: "alice, mallory",
+                                                    Property.WRITER_KEYS: f"{ALICE.registration}, {MALLORY.registration}"})
+    takeover = proposal(0, [opened], operation="SET TBLPROPERTIES", changes_data=False)
+    outcomes = _outcomes(_decide(live, [
+        _signed(proposal(0, [add("b")]), BOB),           # registered, not on the allow-list
+        _signed(takeover, None, as_writer="alice"),       # the probe: a self-declared alice replaces the lists
+        _signed(takeover, MALLORY),                       # mallory cannot register herself
+        _signed(proposal(0, [add("a")]), ALICE),
+    ]))
+    assert outcomes == [ReasonCode.WRITER_NOT_ALLOWED, ReasonCode.WRITER_NOT_AUTHENTICATED,
+                        ReasonCode.WRITER_NOT_AUTHENTICATED, 1]
+
+
+def test_keys_rotate_through_proposals_signed_by_a_current_key() -> None:
+    live = _table(ALICE)
+
+    def set_keys(read: int, *keys: WriterKey) -> Proposal:
+        md = live[TABLE_ID].metadata
+        assert md is not None
+        return proposal(read, [dataclasses.replace(md, configuration=_keys(*keys))], operation="SET TBLPROPERTIES",
+                        changes_data=False)
+
+    add_bob = set_keys(0, ALICE, BOB)
+    outcomes = _outcomes(_decide(live, [
+        _signed(proposal(0, [add("b0")]), BOB),   # not yet registered
+        _signed(add_bob, ALICE),                  # v1: alice registers bob
+        _signed(proposal(1, [add("b1")]), BOB),   # v2: bob, in the same batch (the overlay's keys)
+    ]))
+    assert outcomes == [ReasonCode.WRITER_NOT_AUTHENTICATED, 1, 2]
+    assert _outcomes(_decide(live, [_signed(set_keys(2, BOB), BOB), _signed(proposal(3, [add("a3")]), ALICE)])) == [
+        3, ReasonCode.WRITER_NOT_AUTHENTICATED]
+
+
+def test_added_files_are_checked_only_for_tables_that_ask_and_after_authentication() -> None:
+    checked: list[tuple[str, list[str]]] = []
+
+    def check(uri: str, files: Sequence[AddFile | AddCDCFile]) -> str | None:
+        checked.append((uri, [f.path for f in files]))
+        return "missing" if any(f.path == "gone" for f in files) else None
+
+    plain = _table(ALICE)
+    decisions, _ = decide_batch(plain, [_signed(proposal(0, [add("gone")]), ALICE)], NOW, check_files=check)
+    assert _outcomes(decisions) == [1] and checked == []
+
+    verified = _table(ALICE, extra={Property.VERIFY_ADDED_FILES: "true"})
+    decisions, _ = decide_batch(verified, [
+        _signed(proposal(0, [add("here")]), ALICE),
+        _signed(proposal(0, [add("gone")]), ALICE),
+        _signed(proposal(0, [add("gone")]), None, as_writer="alice"),   # never reaches the storage
+    ], NOW, check_files=check)
+    assert _outcomes(decisions) == [1, ReasonCode.ADDED_FILE_MISSING, ReasonCode.WRITER_NOT_AUTHENTICATED]
+    assert [paths for _uri, paths in checked] == [["here"], ["gone"]]
+
+
+def test_the_property_set_in_the_same_proposal_applies_to_its_own_files() -> None:
+    live = _table(ALICE)
+    md = live[TABLE_ID].metadata
+    assert isinstance(md, Metadata)
+    on = dataclasses.replace(md, configuration={**md.configuration, Property.VERIFY_ADDED_FILES: "true"})
+    decisions, _ = decide_batch(live, [_signed(proposal(0, [on, add("gone")]), ALICE)], NOW,
+                                check_files=lambda uri, files: "missing")
+    assert _outcomes(decisions) == [ReasonCode.ADDED_FILE_MISSING]
+
+
+def test_the_spark_sink_signs_with_its_writer_key_option(tmp_path: Path) -> None:
+    from writer.spark_sink import SinkOptions
+
+    f = tmp_path / "etl.key"
+    f.write_text(WriterKey.generate("etl").to_text())
+    opts = SinkOptions.parse({"path": str(tmp_path / "t"), "bootstrap.servers": "127.0.0.1:1", "writerKey": str(f)})
+    t = opts.table()
+    try:
+        assert t.writer_key is not None and t.writer_key.name == "etl" and t.writer_name == "etl"
+    finally:
+        t.close()
+    unsigned = SinkOptions.parse({"path": str(tmp_path / "t"), "bootstrap.servers": "127.0.0.1:1"}).table()
+    try:
+        assert unsigned.writer_key is None and unsigned.writer_name == "spark"
+    finally:
+        unsigned.close()
