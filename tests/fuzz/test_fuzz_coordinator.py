@@ -15,7 +15,7 @@ plain Producer, interleaved with valid appends from a writer:
 
 Every hostile message must be accounted for exactly: a decodable one gets one
 REJECTED decision with its reason code; an undecodable or oversized one gets one
-dead letter (carrying the raw bytes) and, when it had headers, one rejection
+dead letter (carrying a bounded prefix of the raw bytes, their size and hash) and, when it had headers, one rejection
 for the header's proposal id (so `rejections + dead letters == HOSTILE_COUNT +
 messages that get both`). The coordinator never stops or gets fenced, creates no
 table, and the table written before, during and after the barrage verifies
@@ -25,6 +25,7 @@ against the commits topic and reads in delta-rs with exactly the valid rows.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 import threading
 import time
@@ -48,7 +49,7 @@ from schemas.actions import CommitInfo, Metadata, Protocol
 from schemas.codec import decode_decision, decode_proposal, encode_decision, encode_proposal
 from schemas.errors import DecodeError
 from schemas.messages import Decision, Outcome
-from schemas.routing import H_ERROR, H_PROPOSAL_ID, H_SOURCE, H_TABLE_ID, Topics
+from schemas.routing import H_ERROR, H_PROPOSAL_ID, H_RAW_SHA256, H_RAW_SIZE, H_SOURCE, H_TABLE_ID, Topics
 from tests.fuzz.hostile import SCHEMA_STRING, TableCtx, hostile_bytes, hostile_proposal
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from writer import staging
@@ -243,10 +244,11 @@ def test_hostile_barrage_is_answered_and_never_stops_the_coordinator(kafka_boots
     committed = sorted(d.version for ds in decisions.values() for d in ds if d.committed and d.version is not None)
     assert committed == list(range(VALID_APPENDS + 3)), "only the valid writes committed, at contiguous versions"
 
-    sent_dead = Counter(m.value for m in messages if m.dead_letter)
-    got_dead = Counter(v for v, _h in letters if v is not None)
+    keep = coord.settings.dead_letter_max_bytes
+    sent_dead = Counter((m.value[:keep], len(m.value), hashlib.sha256(m.value).hexdigest()) for m in messages if m.dead_letter)
+    got_dead = Counter((v, int(h[H_RAW_SIZE]), h[H_RAW_SHA256].decode()) for v, h in letters if v is not None)
     assert sum(got_dead.values()) == len(letters) == want_dead, f"{len(letters)} dead letters, expected {want_dead}"
-    assert got_dead == sent_dead, "every dead letter carries the raw bytes of one undecodable message"
+    assert got_dead == sent_dead, "every dead letter carries a bounded prefix, the size and the hash of one undecodable message"
     assert all(h.get(H_ERROR) and h.get(H_SOURCE) for _v, h in letters)
     rejections = sum(1 for pid in expected if decisions.get(pid))
     both = sum(1 for m in messages if m.dead_letter and m.decision_pid is not None)

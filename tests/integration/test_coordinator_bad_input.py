@@ -1,7 +1,7 @@
 """Bad input never stops the daemon and is never silently dropped.
 
 Each bad proposal gets a rejection with a reason code on the commits topic;
-undecodable bytes go to the dead-letter topic with the raw bytes (and, when the
+undecodable bytes go to the dead-letter topic (a bounded prefix of them; and, when the
 writer named itself in headers, a rejection it can wait for). A valid proposal
 after all of them still commits.
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -22,9 +23,13 @@ SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.string())])
 
 
 def _health(port: int) -> dict[str, object]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
-        out: dict[str, object] = json.loads(r.read())
-        return out
+    """The /healthz body, 200 or 503 (a coordinator recovering taken-over partitions answers 503)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            out: dict[str, object] = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        out = json.loads(e.read())
+    return out
 
 
 def _free_port() -> int:
