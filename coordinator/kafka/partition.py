@@ -338,13 +338,12 @@ class PartitionCoordinator:
             return
         except KafkaException as e:
             self._failed(str(e))
-            if refused:
-                self._degrade(refused)
-            else:
+            degraded = self._degrade(refused) if refused else False
+            if not refused:
                 log.warning("partition %d: transaction failed (%s); dropping the batch's decisions and consuming it again",
                             self.partition, e)
             self._abort_and_rewind(e)
-            if not refused:
+            if not degraded:
                 # Whatever failed is not one record's fault: do not spin on it.
                 time.sleep(min(0.05 * 2 ** min(self._failures, 5), 1.0))
             return
@@ -389,8 +388,9 @@ class PartitionCoordinator:
         self.last_failure = why
         self._failures += 1
 
-    def _degrade(self, refused: Sequence[_Refusal]) -> None:
-        """One more degradation step for the largest record Kafka refused on each topic (see the module docstring).
+    def _degrade(self, refused: Sequence[_Refusal]) -> bool:
+        """One more degradation step for the largest record Kafka refused on each topic (see the module docstring);
+        False when none was left to take.
 
         Kafka refuses a whole record batch, so a small record sharing a batch with a large one is refused
         too; only the largest is certainly too large (a batch grows past `batch.size` only with one record).
@@ -399,6 +399,7 @@ class PartitionCoordinator:
         for r in refused:
             if r.topic not in largest or r.size > largest[r.topic].size:
                 largest[r.topic] = r
+        degraded = False
         for offset, why in sorted({r.source: r.why for r in largest.values()}.items()):
             step = self._degraded.get(offset, (FULL, ""))[0] + 1
             source = f"{self.settings.topics.proposals}/{self.partition}@{offset}"
@@ -409,18 +410,23 @@ class PartitionCoordinator:
                           "topic's max.message.bytes", self.partition, source, why)
                 continue
             self._degraded[offset] = (step, why)
+            degraded = True
             self.metrics.unrecordable.labels("headers_only" if step == HEADERS_ONLY else "rejection_only").inc()
             log.error("partition %d: Kafka refused to record what answers %s (%s); %s", self.partition, source, why,
                       "recording a rejection and a dead letter without its bytes instead" if step == HEADERS_ONLY
                       else "recording only its rejection (if it names a proposal) and skipping it")
+        return degraded
 
     def observe(self) -> None:
         """Note whether proposals wait on this partition (the loop calls it; `/healthz` reads the result)."""
+        # Local reads (no broker round trip): the end offset from the last fetch, and the position,
+        # which moves past transaction markers and aborted records that are never delivered.
         try:
             _low, high = self.consumer.get_watermark_offsets(self._tp, cached=True)
+            position = self.consumer.position([self._tp])[0].offset
         except KafkaException:
-            high = -1
-        waiting = high > self.committed_to or (self.last_failure is not None)
+            high, position = -1, -1
+        waiting = self.last_failure is not None or high > max(position, self.committed_to)
         if not waiting:
             self.waiting_since = None
         elif self.waiting_since is None:

@@ -70,6 +70,8 @@ def test_create_then_describe(kafka_bootstrap: str, prefix: str) -> None:
         cfg = topics[name]["configs"]
         assert cfg["min.insync.replicas"] == "1"
         assert cfg["unclean.leader.election.enable"] == "false"
+    dead = topics[t.dead_letters]["configs"]
+    assert dead["max.message.bytes"] == "1048576" and dead["retention.bytes"] == "1073741824"
     commits = topics[t.commits]["configs"]
     assert commits["cleanup.policy"] == "delete"
     assert commits["retention.ms"] == "-1" and commits["retention.bytes"] == "-1"

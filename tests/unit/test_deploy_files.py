@@ -757,7 +757,12 @@ def test_create_specs_keep_the_commits_topic_forever_and_uncompacted() -> None:
     assert commits.config["cleanup.policy"] == "delete"
     assert commits.config["retention.ms"] == "-1" and commits.config["retention.bytes"] == "-1"
     assert specs[topics.proposals].partitions == commits.partitions == 12
-    assert specs[topics.dead_letters].partitions == 1
+    dl = specs[topics.dead_letters]
+    assert dl.partitions == 1
+    # Explicit limits, not the broker's defaults; room for the largest dead letter the coordinator sends.
+    assert dl.config["max.message.bytes"] == "1048576" and dl.config["retention.bytes"] == "1073741824"
+    assert int(dl.config["max.message.bytes"]) >= CoordinatorSettings("x").dead_letter_record_bound()
+    assert specs[topics.proposals].config["max.message.bytes"] == str(8 * 1024 * 1024)
     for s in specs.values():
         assert s.replication_factor == 3
         assert s.config["min.insync.replicas"] == "2"
@@ -770,6 +775,12 @@ def test_topic_problems_flag_what_breaks_the_coordinator() -> None:
     good = {s.name: cli_topics.TopicState(s.name, True, s.partitions, s.replication_factor, s.config)
             for s in create_specs(topics, 6, 3, 2)}
     assert topic_problems(topics, good) == ([], [])
+    bound = CoordinatorSettings("x").dead_letter_record_bound()
+    assert topic_problems(topics, good, bound) == ([], [])
+    dl = good[topics.dead_letters]
+    small = {**good, dl.name: cli_topics.TopicState(dl.name, True, 1, 3, {**dl.configs, "max.message.bytes": "1000"})}
+    (problem,), _ = topic_problems(topics, small, bound)
+    assert "dc.deadletters has max.message.bytes=1000" in problem and str(bound) in problem
     bad = dict(good)
     c = good[topics.commits]
     bad[topics.commits] = cli_topics.TopicState(c.name, True, 7, 3, {**c.configs, "cleanup.policy": "compact,delete",
@@ -790,3 +801,20 @@ def test_topics_create_refuses_unsafe_settings_before_connecting() -> None:
                                      "--partitions", "3", "--replication-factor", "2"])
     assert res.exit_code == 2
     assert "replication factor 2 < 3" in res.output and "--allow-unsafe" in res.output
+
+
+def test_dead_letter_and_stall_settings_come_from_file_environment_and_flags(tmp_path: Path) -> None:
+    from coordinator import settings as settings_module
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[coordinator]\ndead_letter_max_bytes = 1000\nstall_seconds = 5\n")
+    run = settings_module.load(cfg, environ={})
+    assert run.coordinator.dead_letter_max_bytes == 1000 and run.coordinator.stall_timeout_s == 5.0
+    run = settings_module.load(cfg, environ={"DELTACOORD_STALL_SECONDS": "7"}, flags={"dead_letter_max_bytes": 0})
+    assert run.coordinator.dead_letter_max_bytes == 0 and run.coordinator.stall_timeout_s == 7.0
+    assert run.coordinator.dead_letter_record_bound() == 16 * 1024
+    defaults = settings_module.load(None, environ={}).coordinator
+    assert (defaults.dead_letter_max_bytes, defaults.stall_timeout_s) == (64 * 1024, 60.0)
+    for bad in ({"stall_seconds": 0}, {"dead_letter_max_bytes": -1}):
+        with pytest.raises(settings_module.SettingsError):
+            settings_module.load(None, flags=bad, environ={})
