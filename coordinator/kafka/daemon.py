@@ -70,6 +70,7 @@ class Coordinator:
     unpublished: dict[str, tuple[int, int]] = field(default_factory=dict)
     _workers: dict[int, PartitionCoordinator] = field(default_factory=dict)
     _recovering: list[int] = field(default_factory=list)
+    _leaving: bool = False
     _num_partitions: int = 0
     _last_loop: float = 0.0
     _ckpt_q: queue.Queue[_CheckpointRequest | None] = field(default_factory=queue.Queue)
@@ -238,11 +239,14 @@ class Coordinator:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Batches are decided and committed synchronously in the loop, so nothing is
-        # half-done here; drop the partition's producer and stop publishing its tables.
+        # half-done here; drop the partition's producer and stop publishing its tables,
+        # unless this coordinator is stopping: then it still publishes what it ratified
+        # (the next owner's put-if-absent finds the same bytes) before it exits.
         for tp in partitions:
             w = self._workers.pop(tp.partition, None)
             if w is not None:
-                self.publisher.forget(w.states.keys())
+                if not self._leaving:
+                    self.publisher.forget(w.states.keys())
                 self.metrics.tables.dec(len(w.states))
                 w.close()
         log.info("released partitions %s; owning %s", sorted(tp.partition for tp in partitions), sorted(self._workers))
@@ -322,6 +326,7 @@ class Coordinator:
             code = EXIT_ERROR
         finally:
             self.ready = False
+            self._leaving = True
             for w in self._workers.values():
                 w.close()
             with contextlib.suppress(KafkaException, RuntimeError):

@@ -115,12 +115,15 @@ def test_healthz_turns_503_when_decisions_stall_while_proposals_wait(kafka_boots
         _wait(lambda: _healthz(coord)[0] == 200, "/healthz 200 once decisions flow")
 
 
-def test_sigterm_with_unpublished_versions_exits_6(kafka_bootstrap: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["static", "group"])
+def test_sigterm_with_unpublished_versions_exits_6(kafka_bootstrap: str, tmp_path: Path, mode: str) -> None:
+    """In group mode too: leaving the group on a stop does not drop what this coordinator still has to publish."""
     topics = fresh_topics(kafka_bootstrap)
     path = tmp_path / "t"
+    assignment = ("--partitions", "0") if mode == "static" else ()
     # The publisher dies before version 1 (as it did on an unexpected error): version 1 is
     # ratified and acknowledged, and stays unpublished.
-    first = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0",
+    first = start_coordinator_process(kafka_bootstrap, topics, tmp_path, *assignment,
                                       env={"DELTACOORD_FAULT": "publish:2:fail"})
     try:
         with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120) as t:
@@ -135,7 +138,7 @@ def test_sigterm_with_unpublished_versions_exits_6(kafka_bootstrap: str, tmp_pat
     assert first.proc.returncode == EXIT_UNPUBLISHED, first.log.read_text(errors="replace")[-3000:]
     assert "ratified versions not in _delta_log" in first.log.read_text(errors="replace")
 
-    second = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0")
+    second = start_coordinator_process(kafka_bootstrap, topics, tmp_path, *assignment)
     try:
         _wait(log1.exists, "the next owner to publish version 1")
         _wait(lambda: "coordinator ready" in second.log.read_text(errors="replace"), "the second coordinator")
