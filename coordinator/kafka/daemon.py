@@ -235,7 +235,8 @@ class Coordinator:
         consumer.assign(self._take(consumer, partitions))
         if not self.ready:
             self.ready = True
-            log.info("coordinator ready: owning partitions %s, recovered", sorted(self._workers))
+            log.info("coordinator ready on %s (group), owning partitions %s", self.settings.topics.proposals,
+                     sorted(self._workers))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Batches are decided and committed synchronously in the loop, so nothing is
@@ -283,11 +284,13 @@ class Coordinator:
             if self.partitions is not None:
                 consumer.assign(self._take(consumer, [TopicPartition(topic, p) for p in self.partitions]))
                 self.ready = True
+                log.info("coordinator ready on %s (static)", topic)
             else:
                 # Ready (and /healthz 200) only after the first assignment is recovered (`_on_assign`).
                 consumer.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                    on_lost=self._on_revoke)
-            log.info("coordinator ready on %s (%s)", topic, "static" if self.partitions is not None else "group")
+                log.info("coordinator joining the group %s on %s; ready once its partitions are recovered",
+                         self.settings.group_id, topic)
             s = self.settings
             while not self.stop_event.is_set():
                 self.heartbeat()
