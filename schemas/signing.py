@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -161,12 +162,17 @@ def parse_writer_keys(text: str) -> dict[str, bytes]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _public_key(raw: bytes) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
 def verify(public_key: bytes, signature: bytes, data: bytes) -> bool:
     """Whether `signature` is the signature of proposal bytes `data` by `public_key` (raw 32 bytes)."""
     if len(signature) != SIGNATURE_BYTES or len(public_key) != PUBLIC_KEY_BYTES:
         return False
     try:
-        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, signed_message(data))
+        _public_key(public_key).verify(signature, signed_message(data))
         return True
     except InvalidSignature:
         return False

@@ -6,9 +6,10 @@ coordinator knows of the table rather than what the proposal says:
 * the table lives where the proposal says (`TABLE_URI_MISMATCH`): the
   coordinator's record of the location is authoritative;
 * the writer is on the table's allow-list, when it has one
-  (`deltacoord.allowedWriters`, `WRITER_NOT_ALLOWED`). Writer names are
-  declared by the writer; Kafka ACLs decide who may propose at all, the list
-  narrows it per table;
+  (`deltacoord.allowedWriters`, `WRITER_NOT_ALLOWED`). On a table with
+  writer keys the name was proved by a signature (`authentication.py`, checked
+  first); otherwise it is only declared. Kafka ACLs decide who may propose at
+  all, the list narrows it per table;
 * the table's publication is not halted (`TABLE_HALTED`): `halted` maps a
   table id to why, as the publisher reported it before the batch.
 
