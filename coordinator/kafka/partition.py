@@ -33,6 +33,8 @@ from coordinator.metrics import Metrics
 from coordinator.rules.batch import Submitted, decide_batch, rejection
 from coordinator.rules.state import TableState
 from coordinator.settings import CoordinatorSettings
+from reader.log import newest_commit_version
+from reader.storage import StorageError
 from schemas.codec import decode_proposal, encode_decision
 from schemas.errors import DecodeError, InvalidProposalError
 from schemas.messages import Decision
@@ -165,13 +167,26 @@ class PartitionCoordinator:
             assert d.version is not None
             self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
 
+        locations = self.publisher.locations
+
         def new_table(table_uri: str) -> None:
-            swept = sweep_temp_files(table_uri)
+            try:
+                swept = sweep_temp_files(locations.storage(table_uri))
+            except (ValueError, OSError, StorageError):
+                return  # a location the publisher will halt
             if swept:
                 log.info("removed %d temp files a killed publisher left in %s", swept, table_uri)
 
+        def published_version(table_uri: str) -> int:
+            try:
+                return newest_commit_version(locations.storage(table_uri))
+            except (ValueError, OSError, StorageError) as e:
+                log.warning("cannot list _delta_log of %s (%s); republishing its history", table_uri, e)
+                return -1
+
         self.states = rebuild_states(self.settings, self.partition, publish=publish, new_table=new_table,
-                                     heartbeat=self._heartbeat, on_record=self.metrics.recovery_records.inc)
+                                     heartbeat=self._heartbeat, on_record=self.metrics.recovery_records.inc,
+                                     published_version=published_version)
         self.metrics.tables.inc(len(self.states))
         log.info("partition %d: recovered %d tables from %s", self.partition, len(self.states), self.settings.topics.commits)
 
@@ -239,7 +254,7 @@ class PartitionCoordinator:
                     ReasonCode.OVERSIZE,
                     f"proposal of {len(raw)} bytes exceeds the limit of {self.settings.max_proposal_bytes} bytes",
                 )
-            return _Decoded(submitted=Submitted(decode_proposal(raw), at_ms))
+            proposal = decode_proposal(raw)
         except (DecodeError, InvalidProposalError) as e:
             dead = _DeadLetter(raw, m.key(), str(e), source)
             hdr_pid, hdr_tid = _header(m, H_PROPOSAL_ID), _header(m, H_TABLE_ID)
@@ -249,6 +264,14 @@ class PartitionCoordinator:
                 return _Decoded(rejected=rejection(hdr_tid, "", hdr_pid, err, None, at_ms or int(time.time() * 1000)),
                                 dead=dead)
             return _Decoded(dead=dead)
+        # The door: a table location this coordinator may not serve is refused before anything is decided.
+        refused = self.publisher.locations.problem(proposal.table_uri)
+        if refused is not None:
+            log.warning("partition %d: refused proposal %s for table %s: %s %s", self.partition, proposal.proposal_id,
+                        proposal.table_id, refused.reason, refused)
+            return _Decoded(rejected=rejection(proposal.table_id, proposal.table_uri, proposal.proposal_id, refused, None,
+                                               at_ms or int(time.time() * 1000)))
+        return _Decoded(submitted=Submitted(proposal, at_ms))
 
     def _transact(self, batch: Sequence[Message], decisions: Sequence[Decision], dead: Sequence[_DeadLetter]) -> None:
         assert self.producer is not None
