@@ -186,6 +186,9 @@ class Publisher:
                 log.warning("publishing %s failed (%s); retrying in %.2fs", path, e, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        if outcome is Put.IDENTICAL:
+            log.info("version %d of %s was already published with the same content (a re-publication; nothing replaced)",
+                     task.version, task.table_uri)
         if outcome is Put.DIFFERENT:
             self._halt(t, task.table_id, (
                 f"{path} already exists with different content (expected {len(data)} bytes): something wrote to this "

@@ -363,8 +363,9 @@ def run(writers: int, commits_per_writer: int, memory_files: int, bootstrap: str
         _say(f"deltacoord: {json.dumps(dc)}")
         rs = bench_delta_rs(writers, commits_per_writer, workdir, table=tables["rs"], storage_options=options)
         _say(f"delta-rs:   {json.dumps(rs)}")
-        result: dict[str, Any] = {"storage": storage, "deltacoord": dc, "delta_rs": rs}
+        result: dict[str, Any] = {"deltacoord": dc, "delta_rs": rs}
         if s3 is not None:
+            result["storage"] = "s3"
             result["latency"] = "write call (staging included) to visibility in _delta_log"
             ratio = dc["commits_per_s"] / rs["commits_per_s"] if rs["commits_per_s"] else float("inf")
             result["ratio"] = round(ratio, 1)

@@ -154,7 +154,7 @@ def run_demo(table_dir: Path | None = None, writers: int = 4, appends_per_writer
             "commits": commits,
             "conflicts": dict(conflicts),
             "verified_with": f"deltalake {deltalake_version}",
-            "storage": storage,
+            **({"storage": storage} if storage != "local" else {}),
         }
     finally:
         coord.stop_event.set()

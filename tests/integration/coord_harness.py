@@ -31,10 +31,12 @@ def fresh_topics(bootstrap: str, partitions: int = 1) -> Topics:
 
 @contextmanager
 def coordinator_thread(bootstrap: str, topics: Topics, max_proposal_bytes: int = 4 * 1024 * 1024,
+                       table_roots: tuple[str, ...] | None = None, storage_options: dict[str, str] | None = None,
                        **kwargs: object) -> Iterator[Coordinator]:
-    """A coordinator in this process; stopped gracefully at exit."""
+    """A coordinator in this process; stopped gracefully at exit (`table_roots`, `storage_options`: its settings)."""
     settings = CoordinatorSettings(bootstrap_servers=bootstrap, topics=topics, max_proposal_bytes=max_proposal_bytes,
-                                   group_id=f"{topics.proposals}-coord", transactional_id_prefix=f"{topics.proposals}-tx")
+                                   group_id=f"{topics.proposals}-coord", transactional_id_prefix=f"{topics.proposals}-tx",
+                                   table_roots=table_roots, storage_options=dict(storage_options or {}))
     coord = Coordinator(settings, publish_fsync=False, **kwargs)  # type: ignore[arg-type]
     result: dict[str, int] = {}
     t = threading.Thread(target=lambda: result.setdefault("code", coord.run()), daemon=True)
@@ -91,7 +93,8 @@ def start_coordinator_process(bootstrap: str, topics: Topics, log_dir: Path, *ex
     return CoordinatorProcess(proc, log)
 
 
-def append_worker(bootstrap: str, prefix: str, table_path: str, writer: int, count: int, out: str) -> None:
+def append_worker(bootstrap: str, prefix: str, table_path: str, writer: int, count: int, out: str,
+                  storage_options: dict[str, str] | None = None) -> None:
     """Body of one writer process: `count` one-row blind appends; records versions and latencies as JSON."""
     import json
 
@@ -99,7 +102,8 @@ def append_worker(bootstrap: str, prefix: str, table_path: str, writer: int, cou
 
     from writer.table import Table
 
-    t = Table(table_path, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"w{writer}")
+    t = Table(table_path, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"w{writer}",
+              storage_options=storage_options)
     results = []
     for i in range(count):
         t0 = time.monotonic()
