@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent
 from coordinator.locations import TableLocationError, TableLocations
-from reader.log import commit_key, commit_path
+from reader.log import commit_key
 from reader.storage import StorageConfigError, StorageError, StoredObject
 from schemas.actions import Action, commit_to_json_lines
 
@@ -203,4 +203,4 @@ class Publisher:
                 log.exception("post-publication hook failed for %s v%d", task.table_id, task.version)
 
 
-__all__ = ["PublishTask", "PublishedHook", "Publisher", "TablePublication", "commit_path"]
+__all__ = ["PublishTask", "PublishedHook", "Publisher", "TablePublication"]
