@@ -24,14 +24,14 @@ def main() -> None:
 # -- jars -------------------------------------------------------------------
 @main.group("jars")
 def jars_group() -> None:
-    """JVM jars resolved from Maven Central (Kafka broker, Delta Lake for Spark)."""
+    """JVM jars resolved from Maven Central (Kafka broker, Delta Lake for Spark, S3A for Spark on S3)."""
 
 
 @jars_group.command("fetch")
-@click.argument("which", type=click.Choice(["kafka", "delta", "all"]), default="all")
+@click.argument("which", type=click.Choice(["kafka", "delta", "s3a", "all"]), default="all")
 def jars_fetch(which: str) -> None:
     """Resolve jars with Maven into ~/.cache/deltacoord/jars (no-op when cached)."""
-    names = ["kafka", "delta"] if which == "all" else [which]
+    names = ["kafka", "delta", "s3a"] if which == "all" else [which]
     try:
         for name in names:
             js = jars.fetch(name)
@@ -41,7 +41,7 @@ def jars_fetch(which: str) -> None:
 
 
 @jars_group.command("path")
-@click.argument("which", type=click.Choice(["kafka", "delta"]))
+@click.argument("which", type=click.Choice(["kafka", "delta", "s3a"]))
 def jars_path(which: str) -> None:
     """Print the classpath of a jar set (fetching it if needed)."""
     click.echo(jars.classpath(which))
