@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from schemas.codec import decode_decision, encode_proposal
-from schemas.errors import CommitOutcomeUnknownError, ProposalNotSentError
+from schemas.errors import CommitOutcomeUnknownError, EncodeError, ProposalNotSentError
 from schemas.messages import Decision, Proposal
 from schemas.routing import H_PROPOSAL_ID, H_TABLE_ID, Topics, header, partition_for
 
@@ -155,12 +155,13 @@ class CoordinatorClient:
                 delivery.set_exception(RuntimeError(f"proposal {proposal.proposal_id} was not delivered: {err}"))
 
         try:
+            value = encode_proposal(proposal)
             self._producer.produce(
-                self.topics.proposals, value=encode_proposal(proposal), key=proposal.table_id.encode(), partition=partition,
+                self.topics.proposals, value=value, key=proposal.table_id.encode(), partition=partition,
                 headers=[(H_PROPOSAL_ID, proposal.proposal_id.encode()), (H_TABLE_ID, proposal.table_id.encode())],
                 on_delivery=on_delivery,
             )
-        except (BufferError, KafkaException) as e:  # refused before anything was sent
+        except (EncodeError, BufferError, KafkaException) as e:  # refused before anything was sent
             self._listener(partition).forget(proposal.proposal_id)
             raise ProposalNotSentError(f"proposal {proposal.proposal_id} could not be produced: {e}") from e
         self._producer.flush(30)

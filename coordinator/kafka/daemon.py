@@ -20,6 +20,7 @@ from coordinator.delta_log.checkpoint_worker import CheckpointWorker
 from coordinator.delta_log.publisher import Publisher
 from coordinator.kafka.partition import FencedError, PartitionCoordinator, make_consumer
 from coordinator.kafka.topics import ensure_topics
+from coordinator.locations import TableLocationError
 from coordinator.metrics import Metrics, MetricsServer
 from coordinator.settings import CoordinatorSettings
 from reader.log import checkpoint_exists, newest_commit_version
@@ -198,7 +199,7 @@ class Coordinator:
                 published = newest_commit_version(storage)
                 due = published - published % interval
                 missing = due > 0 and not checkpoint_exists(storage, due)
-            except (ValueError, OSError, StorageError) as e:  # the publisher halts a table it cannot reach
+            except (TableLocationError, ValueError, OSError, StorageError) as e:  # the publisher halts a table it cannot reach
                 log.warning("cannot look for a missing checkpoint of %s: %s", st.table_uri, e)
                 continue
             if missing:

@@ -29,6 +29,7 @@ from coordinator.delta_log.files import sweep_temp_files
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.faults import fault_point
 from coordinator.kafka.recovery import rebuild_states
+from coordinator.locations import TableLocationError
 from coordinator.metrics import Metrics
 from coordinator.rules.batch import Submitted, decide_batch, rejection
 from coordinator.rules.state import TableState
@@ -172,7 +173,7 @@ class PartitionCoordinator:
         def new_table(table_uri: str) -> None:
             try:
                 swept = sweep_temp_files(locations.storage(table_uri))
-            except (ValueError, OSError, StorageError):
+            except (TableLocationError, ValueError, OSError, StorageError):
                 return  # a location the publisher will halt
             if swept:
                 log.info("removed %d temp files a killed publisher left in %s", swept, table_uri)
@@ -180,7 +181,7 @@ class PartitionCoordinator:
         def published_version(table_uri: str) -> int:
             try:
                 return newest_commit_version(locations.storage(table_uri))
-            except (ValueError, OSError, StorageError) as e:
+            except (TableLocationError, ValueError, OSError, StorageError) as e:
                 log.warning("cannot list _delta_log of %s (%s); republishing its history", table_uri, e)
                 return -1
 
