@@ -34,6 +34,7 @@ from typing import Any, TypeAlias
 from urllib.parse import unquote, urlparse
 
 from reader.storage import StoredObject, TableStorage, parse_table_uri, stored_object
+from reader.storage_uri import check_key
 from schemas.actions import Action, ActionParseError, CommitInfo, action_from_json, json_lines
 from schemas.errors import DeltaCoordError
 
@@ -150,7 +151,7 @@ def data_object(storage: TableStorage, path: str) -> StoredObject:
     elif unquote(path).startswith("/"):
         uri = parse_table_uri(unquote(path))
     else:
-        return StoredObject(storage, unquote(path))
+        return StoredObject(storage, check_key(unquote(path)))
     key = storage.key_of(uri)
     if key is not None:
         return StoredObject(storage, key)

@@ -34,7 +34,7 @@ from reader.storage import TableStorage
 from schemas.actions import AddFile, CommitInfo, Metadata, Protocol
 from schemas.errors import ProposalNotSentError
 from schemas.messages import Proposal
-from tests.conftest import StoreServer, TablePlace
+from tests.conftest import StoreBucket, StoreServer, TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from writer import staging
 from writer.client import CoordinatorClient
@@ -322,3 +322,37 @@ def test_vacuum_keeps_a_file_a_retained_version_references_even_when_old(tmp_pat
     assert (root / files["removed-recently"].path).exists() and (root / files["kept-live"].path).exists()
     # The log is never touched, and emptied directories of a local table go.
     assert sorted(p.name for p in (root / "_delta_log").iterdir()) == [f"{v:020d}.json" for v in range(4)]
+
+
+# --------------------------------------------------------------------------- publication by conditional write
+
+
+def test_publication_on_each_store_never_replaces_a_version(object_store_bucket: StoreBucket) -> None:
+    from coordinator.delta_log.publisher import Publisher, PublishTask
+    from coordinator.locations import TableLocations
+    from reader.log import commit_key
+    from schemas.actions import commit_to_json_lines
+
+    bucket = object_store_bucket
+    create = (CommitInfo({"operation": "CREATE TABLE"}), Protocol(1, 2))
+    write = (CommitInfo({"operation": "WRITE"}), AddFile("x.parquet", {}, 1, 0, True))
+    around, again = bucket.table_uri("around"), bucket.table_uri("again")
+    TableStorage(around, bucket.storage_options).put(commit_key(0), b"written around the coordinator\n")
+    TableStorage(again, bucket.storage_options).put(commit_key(0), commit_to_json_lines(create))
+    p = Publisher(fsync=False, locations=TableLocations.of([bucket.root], bucket.storage_options))
+    p.start()
+    try:
+        p.submit(PublishTask("around", around, 0, create))
+        p.submit(PublishTask("again", again, 0, create))  # identical bytes: a re-publication, publication goes on
+        p.submit(PublishTask("again", again, 1, write))
+        outside = "s3://elsewhere/t" if bucket.kind != "s3" else "gs://elsewhere/t"
+        p.submit(PublishTask("outside", outside, 0, create))
+        assert p.wait_idle(60)
+        halted = p.halted_tables()
+        assert sorted(halted) == ["around", "outside"]
+        assert "different content" in halted["around"] and "nothing was overwritten" in halted["around"]
+        assert "table_roots" in halted["outside"] and "nothing was written" in halted["outside"]
+    finally:
+        p.stop()
+    assert TableStorage(around, bucket.storage_options).get(commit_key(0)) == b"written around the coordinator\n"
+    assert TableStorage(again, bucket.storage_options).get(commit_key(1)) == commit_to_json_lines(write)
