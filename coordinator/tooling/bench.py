@@ -9,8 +9,13 @@ With `storage="s3"` both tables live in one bucket of the local S3 server
 (versitygw, which enforces `If-None-Match`), delta-rs commits with its S3
 conditional-put mode (`aws_conditional_put=etag`), and both latencies run from
 the write call (staging the data file included) to the version's visibility in
-`_delta_log`: deltacoord's writer waits until its `<v>.json` exists, delta-rs's
-call returns once its own conditional PUT of `<v>.json` succeeded.
+`_delta_log`. delta-rs's call returns once its own conditional PUT of `<v>.json`
+succeeded, so its call is that latency. deltacoord's call returns at the decision
+(durable in Kafka) and the coordinator publishes `<v>.json` after it: one
+watcher in the bench process lists `_delta_log` (from the last version it saw)
+every few milliseconds and notes in shared memory when each version appears;
+each writer waits for its version there before its next write, as a delta-rs
+writer waits for its call, so both run closed loops from write call to visibility.
 Every writer process of both systems makes one untimed warm-up commit before
 the start barrier, so the figures are steady state, not process start-up.
 Before the timed deltacoord phase an untimed one of the same shape warms the
@@ -66,23 +71,58 @@ def _summary(writers: int, results: list[dict[str, Any]], k: int, elapsed: float
     }
 
 
-def _wait_visible(storage: Any, version: int, timeout_s: float = 60.0) -> None:
-    """Poll for `_delta_log/<version>.json` (one HEAD each), every 2 ms at first, at most every 20 ms."""
-    from reader.log import commit_key
+class _VisibilityWatch:
+    """Notes when each `<v>.json` appears in a table's `_delta_log`: wall-clock times in `seen`, a shared
+    array the writer processes read (0 until the version is seen)."""
 
-    key = commit_key(version)
+    def __init__(self, storage: Any, versions: int, interval_s: float = 0.004) -> None:
+        import threading
+
+        self.storage = storage
+        self.interval_s = interval_s
+        self.seen: Any = mp.get_context("spawn").Array("d", versions, lock=False)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-visibility", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last: str | None = None
+        while not self._stop.is_set():
+            try:
+                listed = self.storage.list_keys("_delta_log", start_after=last)
+            except OSError:  # a transient failure of the store: the next listing sees the same versions
+                listed = []
+            for key, _mtime in listed:
+                name = key.rsplit("/", 1)[1]
+                if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
+                    v = int(name[:20])
+                    if v < len(self.seen) and not self.seen[v]:
+                        self.seen[v] = time.time()
+                    last = key if last is None or key > last else last
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def _seen_at(seen: Any, version: int) -> float:
+    return float(seen[version]) if 0 <= version < len(seen) else 0.0
+
+
+def _await_seen(seen: Any, version: int, timeout_s: float = 60.0) -> float:
+    """Block until the bench's watcher saw `version` (a read of shared memory, no request); when it did."""
     deadline = time.monotonic() + timeout_s
-    delay = 0.002
-    while not storage.exists(key):
+    while not (at := _seen_at(seen, version)):
         if time.monotonic() > deadline:
             raise TimeoutError(f"version {version} not visible in _delta_log after {timeout_s:.0f}s")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.02)
+        time.sleep(0.001)
+    return at
 
 
 # -- deltacoord writers ---------------------------------------------------------------
-def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_options: dict[str, str], barrier: Any,
-               out: str) -> None:
+def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_options: dict[str, str], seen: Any,
+               barrier: Any, out: str) -> None:
     import pyarrow as pa
 
     from schemas.errors import DeltaCoordError
@@ -92,8 +132,9 @@ def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_
 
     t = Table(table, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"bench-{w}", storage_options=storage_options)
     snap = t.snapshot()
-    # On an object store the latency runs to visibility in _delta_log, staging included.
-    to_visibility = not t.storage.is_local
+    # On an object store the latency runs from the write call (staging included) to visibility in
+    # _delta_log, which the bench process watches (`seen`).
+    to_visibility = seen is not None
 
     def staged(row_id: int, value: str) -> Any:
         tx = t.begin(snap)
@@ -106,31 +147,35 @@ def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_
     s0 = time.perf_counter()
     first = staged(-1, "warm-up").commit("WRITE", parameters={"mode": "Append"})
     if to_visibility:
-        _wait_visible(t.storage, first.version)
+        _await_seen(seen, first.version)
     warm = [(time.perf_counter() - s0) * 1000]
     lat: list[float] = []
     stage: list[float] = []
     failed = 0
+    end = 0.0
     barrier.wait()
     for i in range(k):
+        began = time.time()
         s0 = time.perf_counter()
         tx = staged(i, f"{w}-{i}")
         s1 = time.perf_counter()
         try:
             r = tx.commit("WRITE", parameters={"mode": "Append"})
             if to_visibility:
-                _wait_visible(t.storage, r.version)
-                lat.append((time.perf_counter() - s0) * 1000)
+                end = _await_seen(seen, r.version)
+                lat.append((end - began) * 1000)
             else:
                 lat.append((time.perf_counter() - s1) * 1000)
         except (DeltaCoordError, TimeoutError):
             failed += 1
         stage.append((s1 - s0) * 1000)
     t.close()
-    Path(out).write_text(json.dumps({"lat": lat, "failed": failed, "stage": stage, "warm": warm, "end": time.time()}))
+    Path(out).write_text(json.dumps({"lat": lat, "failed": failed, "stage": stage, "warm": warm,
+                                     "end": end if to_visibility else time.time()}))
 
 
 def _rs_writer(table: str, w: int, k: int, storage_options: dict[str, str], barrier: Any, out: str) -> None:
+    """delta-rs's writer: its call returns when its commit is visible (its own conditional PUT of `<v>.json`)."""
     import pyarrow as pa
     from deltalake import write_deltalake
 
@@ -156,7 +201,8 @@ def _rs_writer(table: str, w: int, k: int, storage_options: dict[str, str], barr
     Path(out).write_text(json.dumps({"lat": lat, "failed": failed, "warm": warm, "end": time.time()}))
 
 
-def _run_processes(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[list[dict[str, Any]], float]:
+def _run_processes(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[list[dict[str, Any]], float, float]:
+    """Run `n` writer processes released together; their results, and when the timed phase began and ended."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(n + 1)
     outs = [workdir / f"out-{uuid.uuid4().hex[:6]}-{i}.json" for i in range(n)]
@@ -172,7 +218,7 @@ def _run_processes(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[l
         p.join()
     results = [json.loads(o.read_text()) for o in outs if o.exists()]
     end = max((r["end"] for r in results), default=time.time())
-    return results, end - t0
+    return results, t0, end
 
 
 def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, quiet: bool = False,
@@ -193,23 +239,32 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     admin = AdminClient({"bootstrap.servers": bootstrap})
     ensure_topics(admin, topics)
     options = dict(storage_options or {})
-    storage_args = [a for key, value in options.items() for a in ("--storage-option", f"{key}={value}")]
+    # Credentials go to the coordinator through its environment (the cloud's chain), not its command line.
+    secret = {k: v for k, v in options.items() if k.upper() in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
+    storage_args = [a for key, value in options.items() if key not in secret for a in ("--storage-option", f"{key}={value}")]
     roots_args = ["--table-roots", table_roots] if table_roots else []
     log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - lives as long as the child
     coord = subprocess.Popen(
         [sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
          "--topic-prefix", prefix, "--log-level", "WARNING", *roots_args, *storage_args],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **{k.upper(): v for k, v in secret.items()}},
     )
     location = table or str(workdir / "deltacoord-table")
+    watch: _VisibilityWatch | None = None
     try:
         with Table(location, bootstrap, topics=topics, storage_options=options) as t:
             t.create(pa.schema([(n, getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS]))
+            if not t.storage.is_local:
+                watch = _VisibilityWatch(t.storage, 1 + writers * (k + 1))
         if not quiet:
             _say(f"deltacoord: {writers} writers x {k} blind appends on {location} ...")
-        results, elapsed = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, location, i, k, options), writers,
-                                          workdir)
+        seen = None if watch is None else watch.seen
+        results, t0, end = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, location, i, k, options, seen),
+                                          writers, workdir)
+        elapsed = end - t0
     finally:
+        if watch is not None:
+            watch.stop()
         coord.terminate()
         coord.wait(60)
         log.close()
@@ -233,8 +288,8 @@ def bench_delta_rs(writers: int, k: int, workdir: Path, *, table: str | None = N
     write_deltalake(location, pa.table({n: pa.array([], getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS}), mode="overwrite",
                     storage_options=options or None)
     _say(f"delta-rs: {writers} processes x {k} write_deltalake appends on {location} ...")
-    results, elapsed = _run_processes(_rs_writer, lambda i: (location, i, k, options), writers, workdir)
-    return _summary(writers, results, k, elapsed)
+    results, t0, end = _run_processes(_rs_writer, lambda i: (location, i, k, options), writers, workdir)
+    return _summary(writers, results, k, end - t0)
 
 
 # -- memory --------------------------------------------------------------------------
