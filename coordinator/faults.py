@@ -1,11 +1,12 @@
 """Named crash points for fault-injection tests.
 
-`DELTACOORD_FAULT=<point>:<n>[:hang|:fail|:failing]` makes the process SIGKILL
+`DELTACOORD_FAULT=<point>:<n>[:hang|:fail|:failing|:stop]` makes the process SIGKILL
 itself the n-th time it reaches `<point>` (1-based), or with `:hang` block that
 thread forever (as a client library stuck in a call would; the watchdog must
 act), or with `:fail` have `fault_point` return True that one time, for the
 caller to fail the way the point describes (`:failing`: that time and every
-time after). In-process tests arm a point with `arm`.
+time after), or with `:stop` SIGSTOP the whole process there (a paused zombie
+that a test resumes with SIGCONT). In-process tests arm a point with `arm`.
 Unset, a fault point costs one dict lookup.
 Points: `after_decide` (batch decided, no Kafka transaction yet),
 `before_kafka_commit` (decisions and offsets sent in the transaction, not
@@ -64,6 +65,10 @@ def fault_point(name: str) -> bool:
         return _counts[name] == _SPEC[1]
     if _SPEC[2] == "failing":
         return _counts[name] >= _SPEC[1]
+    if _SPEC[2] == "stop":
+        if _counts[name] == _SPEC[1]:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return False
     if _counts[name] == _SPEC[1]:
         if _SPEC[2] == "hang":
             threading.Event().wait()

@@ -1,15 +1,20 @@
 """The coordinator's settings, read in one place: defaults, then the config file, then the environment, then flags.
 
 `CoordinatorSettings` is what the Kafka loop needs (how to reach Kafka, how to
-batch); `RunSettings` adds what `deltacoord coordinator run` needs around it
-(partitions, metrics port, fsync, checkpoints, watchdog, log level).
+batch, where tables may live and how to reach their storage); `RunSettings`
+adds what `deltacoord coordinator run` needs around it (partitions, metrics
+port, fsync, checkpoints, watchdog, log level).
 `load(config_file, flags)` merges the four sources, highest last:
 
 * built-in defaults;
-* the TOML file's `[coordinator]` table (keys: `FILE_KEYS`) and `[kafka]` table;
+* the TOML file's `[coordinator]` table (keys: `FILE_KEYS`), `[kafka]` table and
+  `[storage]` table (storage options as delta-rs names them: string keys apply to
+  every store, a sub-table named by a root URI to the tables under that root);
 * `DELTACOORD_<KEY>` variables (`ENV_VARS`; fsync and checkpoints have none)
-  and `DELTACOORD_KAFKA_<KEY>` variables for Kafka client settings;
-* flags (`--bootstrap-servers`, ..., `--kafka key=value`); a flag left out is None.
+  and `DELTACOORD_KAFKA_<KEY>` variables for Kafka client settings (storage
+  credentials come from each cloud's own variables: `AWS_*`, `AZURE_*`, `GOOGLE_*`);
+* flags (`--bootstrap-servers`, ..., `--kafka key=value`, `--storage-option key=value`);
+  a flag left out is None.
 
 Every command that talks to a deployment (`coordinator run`, `topics`,
 `verify`) reads its settings through `load`, so a file or a variable means the
@@ -25,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator.locations import TableLocations
+from reader.storage_uri import StorageUriError, check_table_uri
 from schemas.routing import Topics
 
 DEFAULT_TOPIC_PREFIX = "deltacoord"
@@ -69,9 +76,20 @@ class CoordinatorSettings:
     #: `/healthz` turns unhealthy when proposals wait and no batch was committed for this long.
     stall_timeout_s: float = 60.0
 
+    #: URI prefixes under which tables may be created and published; None: local tables anywhere.
+    table_roots: tuple[str, ...] | None = None
+    #: Storage options (delta-rs's keys) for every table's store.
+    storage_options: dict[str, str] = field(default_factory=dict)
+    #: Root URI -> storage options for the tables under it (over `storage_options`).
+    storage_options_by_root: dict[str, dict[str, str]] = field(default_factory=dict)
+
     def dead_letter_record_bound(self) -> int:
         """The largest dead-letter record this coordinator produces: the kept prefix, key and headers."""
         return dead_letter_record_bound(self.dead_letter_max_bytes)
+
+    def locations(self, fsync: bool = True) -> TableLocations:
+        """The table roots and storage options as `TableLocations` (StorageUriError for a bad root)."""
+        return TableLocations.of(self.table_roots, self.storage_options, self.storage_options_by_root, fsync=fsync)
 
     def client(self, defaults: dict[str, Any] | None = None, **required: Any) -> dict[str, Any]:
         """Client config: our tuning defaults, then the user's settings, then what correctness requires."""
@@ -103,7 +121,7 @@ class RunSettings:
 FILE_KEYS = (
     "bootstrap_servers", "topic_prefix", "partitions", "num_partitions", "group_id", "transactional_id_prefix",
     "max_batch", "metrics_port", "fsync", "checkpoints", "watchdog_seconds", "log_level", "dead_letter_max_bytes",
-    "stall_seconds",
+    "stall_seconds", "table_roots",
 )
 #: Keys that a `DELTACOORD_<KEY>` variable sets (fsync and checkpoints only have their --no-... flags).
 ENV_VARS = {k: f"DELTACOORD_{k.upper()}" for k in FILE_KEYS if k not in ("fsync", "checkpoints")}
@@ -176,6 +194,39 @@ def _as_bool(value: object, key: str, source: str) -> bool:
     raise SettingsError(f"{key} from {source} must be true or false, got {value!r}")
 
 
+def _as_roots(value: object, key: str, source: str) -> tuple[str, ...]:
+    """A TOML array of URIs, or one comma-separated string; each must be a strict, normal location."""
+    items = [str(v) for v in value] if isinstance(value, list) else str(value).split(",")
+    roots = tuple(r.strip() for r in items if r.strip())
+    for r in roots:
+        try:
+            check_table_uri(r)
+        except StorageUriError as e:
+            raise SettingsError(f"{key} from {source}: {e}") from None
+    return roots
+
+
+def storage_tables(table: Mapping[str, Any], source: str) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """`[storage]`: string keys are options for every store; a sub-table named by a root URI holds
+    the options of the tables under that root."""
+    defaults: dict[str, str] = {}
+    by_root: dict[str, dict[str, str]] = {}
+    for k, v in table.items():
+        if isinstance(v, Mapping):
+            try:
+                check_table_uri(k)
+            except StorageUriError as e:
+                raise SettingsError(f"[storage.\"{k}\"] in {source}: a sub-table must be named by a root URI: {e}") from None
+            by_root[k] = {str(kk): _option_text(vv) for kk, vv in v.items()}
+        else:
+            defaults[k] = _option_text(v)
+    return defaults, by_root
+
+
+def _option_text(v: object) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
 def _as_partitions(value: object, key: str, source: str) -> list[int] | None:
     if isinstance(value, list):
         return [_as_int(p, key, source) for p in value]
@@ -186,7 +237,8 @@ def _as_partitions(value: object, key: str, source: str) -> list[int] | None:
 
 
 def load(config_file: Path | None = None, flags: Mapping[str, object] | None = None, *,
-         kafka_pairs: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> RunSettings:
+         kafka_pairs: Sequence[str] = (), storage_pairs: Sequence[str] = (),
+         environ: Mapping[str, str] | None = None) -> RunSettings:
     """Merge defaults, the file, the environment and the flags (see the module doc).
 
     `flags` maps `FILE_KEYS` to the values given on the command line (None:
@@ -241,6 +293,13 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
             kafka[k.removeprefix(KAFKA_ENV_PREFIX).lower().replace("_", ".")] = v
     kafka.update(parse_kafka_pairs(kafka_pairs))
 
+    from_storage = doc.get("storage", {})
+    if not isinstance(from_storage, Mapping):
+        raise SettingsError(f"[storage] in {config_file} must be a table")
+    storage_options, by_root = storage_tables(from_storage, f"the config file {config_file}")
+    storage_options.update(parse_kafka_pairs(storage_pairs, "--storage-option"))
+    roots = get("table_roots")
+
     prefix = text("topic_prefix", DEFAULT_TOPIC_PREFIX)
     coordinator = CoordinatorSettings(
         bootstrap_servers=text("bootstrap_servers", ""),
@@ -251,6 +310,9 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         max_batch=integer("max_batch", 500),
         dead_letter_max_bytes=integer("dead_letter_max_bytes", 64 * 1024),
         stall_timeout_s=number("stall_seconds", 60.0),
+        table_roots=None if roots is None else _as_roots(roots[0], "table_roots", roots[1]),
+        storage_options=storage_options,
+        storage_options_by_root=by_root,
     )
     if coordinator.dead_letter_max_bytes < 0:
         raise SettingsError(f"dead_letter_max_bytes must be 0 or more, got {coordinator.dead_letter_max_bytes}")

@@ -18,7 +18,6 @@ import contextlib
 import gc
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -27,7 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from reader.log import parse_commit_lines, table_root
+from reader.log import LogFile, data_object, parse_commit_lines
+from reader.storage import StorageError, StoredObject, stored_object
 from schemas.actions import (
     Action,
     AddFile,
@@ -213,45 +213,41 @@ def _projection(schema: pa.Schema, columns: Sequence[str]) -> tuple[list[str], p
     return present, target
 
 
-def _sidecar_dir(path: Path) -> Path:
-    return path.parent / "_sidecars"
-
-
-def _sidecar_paths_from_parquet(pf: pq.ParquetFile, path: Path) -> list[Path]:
+def _sidecar_paths_from_parquet(pf: pq.ParquetFile, ckpt: StoredObject) -> list[StoredObject]:
     if pf.schema_arrow.get_field_index("sidecar") < 0:
         return []
     col = pf.read(columns=["sidecar"]).column("sidecar")
-    out: list[Path] = []
+    out: list[StoredObject] = []
     for row in col.to_pylist():
         if row and row.get("path"):
-            out.append(_resolve_sidecar(path, row["path"]))
+            out.append(_resolve_sidecar(ckpt, row["path"]))
     return out
 
 
-def _resolve_sidecar(checkpoint_path: Path, p: str) -> Path:
-    if "://" in p:
-        return table_root(p)
-    decoded = unquote(p)
-    return Path(decoded) if decoded.startswith("/") else _sidecar_dir(checkpoint_path) / decoded
+def _resolve_sidecar(ckpt: StoredObject, p: str) -> StoredObject:
+    """A sidecar named by a V2 checkpoint: relative to `_delta_log/_sidecars/`, or absolute."""
+    if "://" in p or p.startswith("file:") or unquote(p).startswith("/"):
+        return data_object(ckpt.storage, p)
+    prefix = f"{ckpt.parent_key}/_sidecars" if ckpt.parent_key else "_sidecars"
+    return StoredObject(ckpt.storage, f"{prefix}/{unquote(p)}")
 
 
-def _json_checkpoint_batches(path: Path, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _json_checkpoint_batches(ckpt: StoredObject, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Rows of a V2 JSON checkpoint (then its sidecars)."""
-    sidecars: list[Path] = []
+    sidecars: list[StoredObject] = []
     lines: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if '"sidecar"' in line:
-                obj = json.loads(line)
-                if "sidecar" in obj:
-                    sidecars.append(_resolve_sidecar(path, obj["sidecar"]["path"]))
-                    continue
-            lines.append(line)
-            if len(lines) >= batch_rows:
-                yield actions_to_record_batch(parse_commit_lines("".join(lines), source=str(path)), columns=columns)
-                lines = []
+    for line in ckpt.read_bytes().decode("utf-8").splitlines(keepends=True):
+        if '"sidecar"' in line:
+            obj = json.loads(line)
+            if "sidecar" in obj:
+                sidecars.append(_resolve_sidecar(ckpt, obj["sidecar"]["path"]))
+                continue
+        lines.append(line)
+        if len(lines) >= batch_rows:
+            yield actions_to_record_batch(parse_commit_lines("".join(lines), source=str(ckpt)), columns=columns)
+            lines = []
     if lines:
-        yield actions_to_record_batch(parse_commit_lines("".join(lines), source=str(path)), columns=columns)
+        yield actions_to_record_batch(parse_commit_lines("".join(lines), source=str(ckpt)), columns=columns)
     for sc in sidecars:
         yield from _parquet_batches(sc, columns, batch_rows, follow_sidecars=False)
 
@@ -282,13 +278,13 @@ def _row_groups_holding(pf: pq.ParquetFile, columns: Sequence[str]) -> list[int]
 
 
 def _parquet_batches(
-    path: Path, columns: Sequence[str], batch_rows: int, *, follow_sidecars: bool = True, skip_absent: bool = False
+    path: StoredObject, columns: Sequence[str], batch_rows: int, *, follow_sidecars: bool = True, skip_absent: bool = False
 ) -> Iterator[pa.RecordBatch]:
     try:
         # pre_buffer (on by default) coalesces reads ahead and its buffers grew RSS by ~60 MB
         # streaming a 900k-row checkpoint; these batches are read once, in order, from one file.
-        pf = pq.ParquetFile(path, pre_buffer=False)
-    except (OSError, pa.ArrowException) as e:
+        pf = path.read_parquet_file(pre_buffer=False)
+    except (OSError, pa.ArrowException, StorageError) as e:
         raise CheckpointReadError(f"cannot read checkpoint file {path}: {e}") from e
     present, target = _projection(pf.schema_arrow, columns)
     sidecars = _sidecar_paths_from_parquet(pf, path) if follow_sidecars else []
@@ -308,7 +304,7 @@ def _parquet_batches(
 
 
 def iter_checkpoint_batches(
-    paths: Iterable[Path],
+    paths: Iterable[LogFile],
     columns: Sequence[str] = ACTION_COLUMNS,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     *,
@@ -324,27 +320,29 @@ def iter_checkpoint_batches(
     for c in columns:
         if c not in ACTION_COLUMNS:
             raise ValueError(f"unknown checkpoint column {c!r}")
-    for p in paths:
+    for ref in paths:
+        p = stored_object(ref)
         if p.name.endswith(".json"):
             yield from _json_checkpoint_batches(p, columns, batch_rows)
         else:
             yield from _parquet_batches(p, columns, batch_rows, skip_absent=skip_absent)
 
 
-def read_checkpoint_table(paths: Iterable[Path], columns: Sequence[str] = ACTION_COLUMNS) -> pa.Table:
+def read_checkpoint_table(paths: Iterable[LogFile], columns: Sequence[str] = ACTION_COLUMNS) -> pa.Table:
     """A whole checkpoint (selected columns) as one Arrow table, read with Parquet's threads."""
     target = pa.schema([CHECKPOINT_SCHEMA.field(c) for c in columns])
     tables: list[pa.Table] = []
-    for p in paths:
+    for ref in paths:
+        p = stored_object(ref)
         if p.name.endswith(".json"):
             tables.append(pa.Table.from_batches(list(_json_checkpoint_batches(p, columns, DEFAULT_BATCH_ROWS)), schema=target))
             continue
         try:
-            pf = pq.ParquetFile(p)
+            pf = p.read_parquet_file()
             present, _ = _projection(pf.schema_arrow, columns)
             t = pf.read(columns=present, use_threads=True) if present else None
             sidecars = _sidecar_paths_from_parquet(pf, p)
-        except (OSError, pa.ArrowException) as e:
+        except (OSError, pa.ArrowException, StorageError) as e:
             raise CheckpointReadError(f"cannot read checkpoint file {p}: {e}") from e
         n = pf.metadata.num_rows
         cols = []
@@ -594,7 +592,7 @@ def actions_from_batch(batch: pa.RecordBatch | pa.Table) -> Iterator[Action]:
 
 
 def read_checkpoint_actions(
-    paths: Iterable[Path], columns: Sequence[str] = ACTION_COLUMNS, batch_rows: int = DEFAULT_BATCH_ROWS
+    paths: Iterable[LogFile], columns: Sequence[str] = ACTION_COLUMNS, batch_rows: int = DEFAULT_BATCH_ROWS
 ) -> Iterator[Action]:
     """All actions of a checkpoint, converted batch by batch (bounded memory)."""
     for batch in iter_checkpoint_batches(paths, columns, batch_rows):

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from reader.log import resolve_data_path
+from reader.log import data_object, resolve_data_path
+from reader.storage import StoredObject, TableStorage
 from schemas.actions import DeletionVector
 
 DV_MAGIC = 1681511377
@@ -79,17 +80,30 @@ def uuid_from_z85(text: str) -> uuid.UUID:
     return uuid.UUID(bytes=z85_decode(text))
 
 
+def _dv_relative_key(dv: DeletionVector) -> str:
+    encoded = dv.path_or_inline_dv
+    if len(encoded) < 20:
+        raise DeletionVectorError(f"invalid 'u' deletion vector path {encoded!r}")
+    prefix, uuid_part = encoded[:-20], encoded[-20:]
+    name = f"deletion_vector_{uuid_from_z85(uuid_part)}.bin"
+    return f"{prefix}/{name}" if prefix else name
+
+
 def dv_file_path(table_root: Path, dv: DeletionVector) -> Path:
-    """The file holding an on-disk DV (`u` relative to the table, `p` absolute)."""
+    """The local file holding an on-disk DV (`u` relative to the table, `p` absolute)."""
     if dv.storage_type == "u":
-        encoded = dv.path_or_inline_dv
-        if len(encoded) < 20:
-            raise DeletionVectorError(f"invalid 'u' deletion vector path {encoded!r}")
-        prefix, uuid_part = encoded[:-20], encoded[-20:]
-        name = f"deletion_vector_{uuid_from_z85(uuid_part)}.bin"
-        return table_root / prefix / name if prefix else table_root / name
+        return table_root / _dv_relative_key(dv)
     if dv.storage_type == "p":
         return resolve_data_path(table_root, dv.path_or_inline_dv)
+    raise DeletionVectorError(f"deletion vector storage type {dv.storage_type!r} has no file")
+
+
+def dv_object(storage: TableStorage, dv: DeletionVector) -> StoredObject:
+    """The object holding an on-disk DV of a table on any store."""
+    if dv.storage_type == "u":
+        return StoredObject(storage, _dv_relative_key(dv))
+    if dv.storage_type == "p":
+        return data_object(storage, dv.path_or_inline_dv)
     raise DeletionVectorError(f"deletion vector storage type {dv.storage_type!r} has no file")
 
 
@@ -238,34 +252,35 @@ def dv_file_bytes(bitmaps: Iterable[bytes]) -> tuple[bytes, list[int]]:
 # --------------------------------------------------------------------------- reading
 
 
-def read_deletion_vector(table_root: Path, dv: DeletionVector) -> npt.NDArray[np.uint64]:
-    """The deleted row indexes of a DV (any storage type), validated against its descriptor."""
+def read_deletion_vector(table: Path | TableStorage, dv: DeletionVector) -> npt.NDArray[np.uint64]:
+    """The deleted row indexes of a DV (any storage type), validated against its descriptor.
+
+    `table` is the table's root: a local path or its `TableStorage`.
+    """
     if dv.storage_type == "i":
         raw = z85_decode(dv.path_or_inline_dv)[: dv.size_in_bytes]
         rows = decode_roaring64(raw)
     elif dv.storage_type in ("u", "p"):
-        path = dv_file_path(table_root, dv)
+        obj = dv_object(table if isinstance(table, TableStorage) else TableStorage(table, fsync=False), dv)
         offset = 1 if dv.offset is None else dv.offset
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                head = f.read(4)
-                if len(head) != 4:
-                    raise DeletionVectorError(f"deletion vector file {path} is truncated at offset {offset}")
-                (size,) = struct.unpack(">i", head)
-                if size != dv.size_in_bytes:
-                    raise DeletionVectorError(
-                        f"deletion vector in {path} at offset {offset} has size {size}, expected {dv.size_in_bytes}"
-                    )
-                data = f.read(size)
-                crc_raw = f.read(4)
+            # size (4 bytes), the bitmap, its CRC (4 bytes): one ranged read
+            blob = obj.storage.get_range(obj.key, offset, 8 + max(0, dv.size_in_bytes))
         except FileNotFoundError:
-            raise DeletionVectorError(f"deletion vector file {path} does not exist") from None
+            raise DeletionVectorError(f"deletion vector file {obj} does not exist") from None
+        if len(blob) < 4:
+            raise DeletionVectorError(f"deletion vector file {obj} is truncated at offset {offset}")
+        (size,) = struct.unpack(">i", blob[:4])
+        if size != dv.size_in_bytes:
+            raise DeletionVectorError(
+                f"deletion vector in {obj} at offset {offset} has size {size}, expected {dv.size_in_bytes}"
+            )
+        data, crc_raw = blob[4 : 4 + size], blob[4 + size : 8 + size]
         if len(data) != size or len(crc_raw) != 4:
-            raise DeletionVectorError(f"deletion vector file {path} is truncated")
+            raise DeletionVectorError(f"deletion vector file {obj} is truncated")
         (crc,) = struct.unpack(">I", crc_raw)
         if zlib.crc32(data) & 0xFFFFFFFF != crc:
-            raise DeletionVectorError(f"deletion vector in {path} at offset {offset} fails its CRC-32 check")
+            raise DeletionVectorError(f"deletion vector in {obj} at offset {offset} fails its CRC-32 check")
         rows = decode_roaring64(data)
     else:
         raise DeletionVectorError(f"unknown deletion vector storage type {dv.storage_type!r}")

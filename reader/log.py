@@ -1,33 +1,46 @@
-"""Listing and parsing a table's `_delta_log` on a local filesystem: every read of the log is here.
+"""Listing and parsing a table's `_delta_log` through the storage edge: every read of the log is here.
 
 The functions of the "reading files" section and `list_log` are the only ones
-that touch the files; everything else in this project reads `_delta_log`
+that touch the log; everything else in this project reads `_delta_log`
 through them. (Writes are in `coordinator.delta_log.files`.)
 
-A table root is a plain path or a `file://` URI. The log holds 20-digit
-`<v>.json` commits, classic `<v>.checkpoint.parquet` checkpoints, deprecated
-multi-part `<v>.checkpoint.<part>.<parts>.parquet` checkpoints, UUID-named V2
-checkpoints (`<v>.checkpoint.<uuid>.{json,parquet}`) and `_last_checkpoint`.
-Everything else (`.crc` files, temporary files, `_staged_commits/`, log
-compactions) is ignored by the listing.
+A table is named by a location: a plain path, any URI `reader.storage` accepts
+(`file://`, `s3://`, `az://`, `abfss://`, `gs://`, ...), or a `TableStorage`
+already built with its `storage_options`. Files in the log are `StoredObject`s
+(storage + key); a local `pathlib.Path` is accepted wherever one is read.
+
+The log holds 20-digit `<v>.json` commits, classic `<v>.checkpoint.parquet`
+checkpoints, deprecated multi-part `<v>.checkpoint.<part>.<parts>.parquet`
+checkpoints, UUID-named V2 checkpoints (`<v>.checkpoint.<uuid>.{json,parquet}`)
+and `_last_checkpoint`. Everything else (`.crc` files, temporary files,
+`_staged_commits/`, log compactions) is ignored by the listing.
+
+Finding the newest version does not list the whole log where the protocol
+allows: `_last_checkpoint` names a checkpoint, and a listing that starts at its
+version (S3's StartAfter) finds it and every commit after it
+(`list_log_from_hint`). Time travel to older versions lists everything.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import unquote, urlparse
 
+from reader.storage import StoredObject, TableStorage, parse_table_uri, stored_object
+from reader.storage_uri import check_key
 from schemas.actions import Action, ActionParseError, CommitInfo, action_from_json, json_lines
 from schemas.errors import DeltaCoordError
 
 LOG_DIR_NAME = "_delta_log"
 LAST_CHECKPOINT_NAME = "_last_checkpoint"
+LAST_CHECKPOINT_KEY = f"{LOG_DIR_NAME}/{LAST_CHECKPOINT_NAME}"
 
 _COMMIT_RE = re.compile(r"^(\d{20})\.json$")
 _CLASSIC_CKPT_RE = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
@@ -37,6 +50,11 @@ _UUID_CKPT_RE = re.compile(r"^(\d{20})\.checkpoint\.([0-9a-fA-F-]{36})\.(json|pa
 #: Action keys this project parses; any other top-level key in a commit line is
 #: skipped (forward compatibility: readers ignore actions they do not need).
 _KNOWN_ACTION_KEYS = frozenset({"add", "remove", "cdc", "metaData", "protocol", "txn", "domainMetadata", "commitInfo"})
+
+#: A table's location: a path, a URI, or a `TableStorage` built with its options.
+TableLocation: TypeAlias = "str | os.PathLike[str] | TableStorage"
+#: A file of the log: a `StoredObject`, or a local path.
+LogFile: TypeAlias = "StoredObject | os.PathLike[str] | str"
 
 
 class TableNotFoundError(DeltaCoordError, FileNotFoundError):
@@ -51,11 +69,18 @@ class CorruptLogError(DeltaCoordError, ValueError):
     """The log is inconsistent: missing commits, unreadable files, bad actions."""
 
 
-# --------------------------------------------------------------------------- paths
+# --------------------------------------------------------------------------- locations
+
+
+def table_storage(location: TableLocation, storage_options: Mapping[str, str] | None = None) -> TableStorage:
+    """The `TableStorage` of a location (a `TableStorage` is returned as it is)."""
+    if isinstance(location, TableStorage):
+        return location
+    return TableStorage(location, storage_options, fsync=False)
 
 
 def table_root(table_uri: str | os.PathLike[str]) -> Path:
-    """The local directory of a table given as a path or a `file://` URI."""
+    """The local directory of a table given as a path or a `file://` URI (local tables only)."""
     if isinstance(table_uri, os.PathLike):
         return Path(os.fspath(table_uri))
     if "://" in table_uri or table_uri.startswith("file:"):
@@ -84,9 +109,23 @@ def multipart_checkpoint_file_name(version: int, part: int, num_parts: int) -> s
     return f"{version:020d}.checkpoint.{part:010d}.{num_parts:010d}.parquet"
 
 
+def commit_key(version: int) -> str:
+    """The key of version `version`'s commit file, relative to the table root."""
+    return f"{LOG_DIR_NAME}/{version:020d}.json"
+
+
+def checkpoint_key(version: int) -> str:
+    return f"{LOG_DIR_NAME}/{version:020d}.checkpoint.parquet"
+
+
 def commit_path(root: Path, version: int) -> Path:
-    """Where version `version`'s commit file is."""
+    """Where version `version`'s commit file is in a local table."""
     return log_dir(root) / commit_file_name(version)
+
+
+def commit_object(location: TableLocation, version: int) -> StoredObject:
+    """Version `version`'s commit file of any table."""
+    return StoredObject(table_storage(location), commit_key(version))
 
 
 def resolve_data_path(root: Path, path: str) -> Path:
@@ -99,46 +138,66 @@ def resolve_data_path(root: Path, path: str) -> Path:
     return root / decoded
 
 
+def data_object(storage: TableStorage, path: str) -> StoredObject:
+    """The object of an `add`/`remove`/DV path (URI-encoded, relative or absolute) of a table.
+
+    Relative paths and absolute ones below the root are keys of `storage`; an absolute
+    location elsewhere is reached with the same storage options.
+    """
+    if path.startswith("file:") and not path.startswith("file://"):
+        uri = parse_table_uri(str(table_root(path)))
+    elif "://" in path:
+        uri = parse_table_uri(path)
+    elif unquote(path).startswith("/"):
+        uri = parse_table_uri(unquote(path))
+    else:
+        return StoredObject(storage, check_key(unquote(path)))
+    key = storage.key_of(uri)
+    if key is not None:
+        return StoredObject(storage, key)
+    parent, _, name = uri.path.rpartition("/")
+    return StoredObject(storage.at(dataclasses.replace(uri, path=parent if uri.kind != "file" else parent or "/")), name)
+
+
 # --------------------------------------------------------------------------- reading files
 
 
-def read_log_file(path: Path) -> bytes:
+def read_log_file(ref: LogFile) -> bytes:
     """The bytes of one file of `_delta_log` (FileNotFoundError when absent)."""
-    return path.read_bytes()
+    return stored_object(ref).read_bytes()
 
 
-def log_file_exists(path: Path) -> bool:
-    return path.exists()
+def log_file_exists(ref: LogFile) -> bool:
+    return stored_object(ref).exists()
 
 
-def log_file_names(root: Path) -> list[str]:
-    """Every name in `_delta_log`, sorted (temporary and unknown files included)."""
-    return sorted(os.listdir(log_dir(root)))
+def log_file_names(location: TableLocation) -> list[str]:
+    """Every name directly in `_delta_log`, sorted (temporary and unknown files included)."""
+    return [k.rsplit("/", 1)[1] for k, _t in table_storage(location).list_keys(LOG_DIR_NAME)]
 
 
-def file_mtime_ms(path: Path) -> int:
-    return os.stat(path).st_mtime_ns // 1_000_000
+def file_mtime_ms(ref: LogFile) -> int:
+    return stored_object(ref).mtime_ms()
 
 
 # --------------------------------------------------------------------------- listing
 
 
-def checkpoint_exists(table_uri: str | os.PathLike[str], version: int) -> bool:
+def checkpoint_exists(location: TableLocation, version: int) -> bool:
     """Whether the classic checkpoint of `version` is in `_delta_log`."""
-    return log_file_exists(log_dir(table_root(table_uri)) / checkpoint_file_name(version))
+    return table_storage(location).exists(checkpoint_key(version))
 
 
-def newest_commit_version(table_uri: str | os.PathLike[str]) -> int:
-    """The newest `<v>.json` in a table's `_delta_log` (one listing, names only), or -1 when there is none."""
+def newest_commit_version(location: TableLocation) -> int:
+    """The newest `<v>.json` in a table's `_delta_log`, or -1 when there is none.
+
+    Lists from `_last_checkpoint`'s version on when that names an existing checkpoint.
+    """
     try:
-        names = log_file_names(table_root(table_uri))
-    except FileNotFoundError:
+        v = list_log_from_hint(location).latest_commit_version
+    except TableNotFoundError:
         return -1
-    newest = -1
-    for name in names:
-        if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
-            newest = max(newest, int(name[:20]))
-    return newest
+    return -1 if v is None else v
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +205,7 @@ class CheckpointRef:
     """One complete checkpoint of a version: a classic file, all parts of a multi-part one, or a V2 file."""
 
     version: int
-    paths: tuple[Path, ...]
+    paths: tuple[StoredObject, ...]
     kind: str  # "classic" | "multipart" | "v2"
 
     @property
@@ -154,11 +213,11 @@ class CheckpointRef:
         return len(self.paths)
 
 
-class CommitPaths(Mapping[int, Path]):
-    """Commit files by version, holding the names as strings.
+class CommitPaths(Mapping[int, str]):
+    """Commit files by version, as keys (strings) relative to the table root.
 
     A log of many thousand commits is listed at every checkpoint, and callers
-    mostly look at versions only; building a `Path` per file dominated that.
+    mostly look at versions only; building an object per file dominated that.
     """
 
     __slots__ = ("_raw",)
@@ -166,8 +225,8 @@ class CommitPaths(Mapping[int, Path]):
     def __init__(self) -> None:
         self._raw: dict[int, str] = {}
 
-    def __getitem__(self, version: int) -> Path:
-        return Path(self._raw[version])
+    def __getitem__(self, version: int) -> str:
+        return self._raw[version]
 
     def __contains__(self, version: object) -> bool:
         return version in self._raw
@@ -178,17 +237,28 @@ class CommitPaths(Mapping[int, Path]):
     def __len__(self) -> int:
         return len(self._raw)
 
-    def set(self, version: int, path: str) -> None:
-        self._raw[version] = path
+    def set(self, version: int, key: str) -> None:
+        self._raw[version] = key
 
 
 @dataclass(slots=True)
 class LogListing:
-    """What one directory listing of `_delta_log` found."""
+    """What one listing of `_delta_log` found.
 
-    root: Path
+    `listed_from` is None for a listing of the whole log, else the version it
+    started at (files of older versions are absent from it, not from the log).
+    """
+
+    storage: TableStorage
     commits: CommitPaths = field(default_factory=CommitPaths)
     checkpoints: dict[int, list[CheckpointRef]] = field(default_factory=dict)
+    listed_from: int | None = None
+    #: Modification times (ms) of listed keys, where the listing returned them (object stores).
+    mtimes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def location(self) -> str:
+        return self.storage.location
 
     @property
     def latest_commit_version(self) -> int | None:
@@ -203,6 +273,15 @@ class LogListing:
     @property
     def earliest_commit_version(self) -> int | None:
         return min(self.commits) if self.commits else None
+
+    def commit(self, version: int) -> StoredObject:
+        """The listed commit file of `version` (KeyError when not listed)."""
+        return StoredObject(self.storage, self.commits[version])
+
+    def commit_mtime_ms(self, version: int) -> int:
+        key = self.commits[version]
+        known = self.mtimes.get(key)
+        return known if known is not None else StoredObject(self.storage, key).mtime_ms()
 
     def best_checkpoint(self, version: int) -> CheckpointRef | None:
         """Newest complete checkpoint at or before `version`.
@@ -224,47 +303,74 @@ _KIND_ORDER = {"classic": 0, "multipart": 1, "v2": 2}
 
 
 def _preferred(refs: list[CheckpointRef]) -> CheckpointRef:
-    return min(refs, key=lambda r: (_KIND_ORDER[r.kind], r.paths))
+    return min(refs, key=lambda r: (_KIND_ORDER[r.kind], [p.key for p in r.paths]))
 
 
-def list_log(root: Path) -> LogListing:
-    """List `_delta_log` once; incomplete multi-part checkpoints are left out."""
-    d = log_dir(root)
-    listing = LogListing(root=root)
-    multipart: dict[tuple[int, int], dict[int, Path]] = {}
+def list_log(location: TableLocation, *, from_version: int | None = None,
+             storage_options: Mapping[str, str] | None = None) -> LogListing:
+    """List `_delta_log` once (from version `from_version` on, when given); incomplete multi-part
+    checkpoints are left out. An empty listing of the whole log is `TableNotFoundError`."""
+    storage = table_storage(location, storage_options)
+    start_after = None if from_version is None else f"{LOG_DIR_NAME}/{from_version:020d}"
     try:
-        entries = list(os.scandir(d))
-    except FileNotFoundError:
-        raise TableNotFoundError(f"no Delta table at {root}: {d} does not exist") from None
+        entries = storage.list_keys(LOG_DIR_NAME, start_after=start_after)
     except NotADirectoryError:
-        raise TableNotFoundError(f"no Delta table at {root}: {d} is not a directory") from None
-    for entry in entries:
-        name = entry.name
+        entries = []
+    listing = LogListing(storage=storage, listed_from=from_version)
+    if not entries and from_version is None:
+        raise TableNotFoundError(f"no Delta table at {storage.location}: {LOG_DIR_NAME} is missing or empty")
+    multipart: dict[tuple[int, int], dict[int, StoredObject]] = {}
+    skip = len(LOG_DIR_NAME) + 1
+    for key, mtime in entries:
+        name = key[skip:]
         if name.startswith(".") or not name[:1].isdigit():
             continue
         m = _COMMIT_RE.match(name)
         if m:
-            listing.commits.set(int(m.group(1)), entry.path)
+            listing.commits.set(int(m.group(1)), key)
+            if mtime is not None:
+                listing.mtimes[key] = int(mtime.timestamp() * 1000)
             continue
         m = _CLASSIC_CKPT_RE.match(name)
         if m:
             v = int(m.group(1))
-            listing.checkpoints.setdefault(v, []).append(CheckpointRef(v, (Path(entry.path),), "classic"))
+            listing.checkpoints.setdefault(v, []).append(CheckpointRef(v, (StoredObject(storage, key),), "classic"))
+            if mtime is not None:
+                listing.mtimes[key] = int(mtime.timestamp() * 1000)
             continue
         m = _MULTIPART_CKPT_RE.match(name)
         if m:
             v, part, parts = int(m.group(1)), int(m.group(2)), int(m.group(3))
             if 1 <= part <= parts:
-                multipart.setdefault((v, parts), {})[part] = Path(entry.path)
+                multipart.setdefault((v, parts), {})[part] = StoredObject(storage, key)
             continue
         m = _UUID_CKPT_RE.match(name)
         if m:
             v = int(m.group(1))
-            listing.checkpoints.setdefault(v, []).append(CheckpointRef(v, (Path(entry.path),), "v2"))
+            listing.checkpoints.setdefault(v, []).append(CheckpointRef(v, (StoredObject(storage, key),), "v2"))
     for (v, parts), found in multipart.items():
         if len(found) == parts:
             paths = tuple(found[i] for i in range(1, parts + 1))
             listing.checkpoints.setdefault(v, []).append(CheckpointRef(v, paths, "multipart"))
+    return listing
+
+
+def list_log_from_hint(location: TableLocation, *, storage_options: Mapping[str, str] | None = None,
+                       at_most: int | None = None) -> LogListing:
+    """A listing that starts at `_last_checkpoint`'s version, or of the whole log.
+
+    The whole log is listed when the hint is missing or unreadable, newer than
+    `at_most` (time travel to an older version), or names a checkpoint that the
+    listing does not find (cleaned up, or a stale hint): a partial listing must
+    hold a checkpoint to reconstruct anything.
+    """
+    storage = table_storage(location, storage_options)
+    lc = read_last_checkpoint(storage)
+    if lc is None or (at_most is not None and lc.version > at_most):
+        return list_log(storage)
+    listing = list_log(storage, from_version=lc.version)
+    if not listing.checkpoints:
+        return list_log(storage)
     return listing
 
 
@@ -311,11 +417,10 @@ class LastCheckpoint:
         )
 
 
-def read_last_checkpoint(root: Path) -> LastCheckpoint | None:
+def read_last_checkpoint(location: TableLocation) -> LastCheckpoint | None:
     """`_last_checkpoint`, or None when absent or unreadable (it is only a hint)."""
-    p = log_dir(root) / LAST_CHECKPOINT_NAME
     try:
-        raw = read_log_file(p)
+        raw = table_storage(location).get(LAST_CHECKPOINT_KEY)
     except FileNotFoundError:
         return None
     try:
@@ -362,27 +467,35 @@ def iter_commit_actions(data: bytes | str, *, source: str = "<commit>") -> Itera
             yield lineno, action
 
 
-def read_commit(path: Path) -> list[Action]:
+def read_commit(ref: LogFile) -> list[Action]:
     """All actions of one `<v>.json` commit file."""
-    return parse_commit_lines(read_log_file(path), source=str(path))
+    obj = stored_object(ref)
+    return parse_commit_lines(obj.read_bytes(), source=str(obj))
 
 
-def read_commit_info(path: Path) -> CommitInfo | None:
+def read_commit_info(ref: LogFile) -> CommitInfo | None:
     """The commit's `commitInfo`, read without parsing its other actions.
 
-    With in-commit timestamps the commitInfo is the first line, so this is
-    usually a one-line read.
+    With in-commit timestamps the commitInfo is the first line, so a local file
+    is usually read one line only (an object is fetched whole).
     """
-    with open(path, "rb") as f:
-        for line in f:
-            if b'"commitInfo"' not in line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CorruptLogError(f"{path}: a line is not JSON: {e}") from e
-            if isinstance(obj, dict) and "commitInfo" in obj and isinstance(obj["commitInfo"], dict):
-                return CommitInfo.from_json(obj["commitInfo"])
+    obj = stored_object(ref)
+    if obj.storage.is_local:
+        with open(obj.storage.local_path(obj.key), "rb") as f:
+            return _commit_info_of(f, obj)
+    return _commit_info_of(iter(obj.read_bytes().splitlines()), obj)
+
+
+def _commit_info_of(lines: Iterable[bytes], obj: StoredObject) -> CommitInfo | None:
+    for line in lines:
+        if b'"commitInfo"' not in line:
+            continue
+        try:
+            parsed = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CorruptLogError(f"{obj}: a line is not JSON: {e}") from e
+        if isinstance(parsed, dict) and "commitInfo" in parsed and isinstance(parsed["commitInfo"], dict):
+            return CommitInfo.from_json(parsed["commitInfo"])
     return None
 
 
@@ -393,10 +506,10 @@ def read_commit_info(path: Path) -> CommitInfo | None:
 class LogSegment:
     """The files needed to reconstruct one version: a checkpoint (optional) and the commits after it."""
 
-    root: Path
+    storage: TableStorage
     version: int
     checkpoint: CheckpointRef | None
-    commits: tuple[tuple[int, Path], ...]
+    commits: tuple[tuple[int, StoredObject], ...]
 
 
 def log_segment(listing: LogListing, version: int | None = None, *, checkpoint: CheckpointRef | None = None,
@@ -406,62 +519,73 @@ def log_segment(listing: LogListing, version: int | None = None, *, checkpoint: 
     `checkpoint` forces a specific checkpoint (used to fall back from an
     unreadable one); `use_checkpoint=False` replays JSON commits from version 0.
     """
+    where = listing.location
     latest = listing.latest_version
     if latest is None:
-        raise TableNotFoundError(f"no Delta table at {listing.root}: {LOG_DIR_NAME} has no commits or checkpoints")
+        raise TableNotFoundError(f"no Delta table at {where}: {LOG_DIR_NAME} has no commits or checkpoints")
     target = latest if version is None else version
     if target < 0:
         raise VersionNotFoundError(f"invalid version {target}")
     if target > latest:
-        raise VersionNotFoundError(f"version {target} does not exist: the latest version of {listing.root} is {latest}")
+        raise VersionNotFoundError(f"version {target} does not exist: the latest version of {where} is {latest}")
     cp = checkpoint if checkpoint is not None else (listing.best_checkpoint(target) if use_checkpoint else None)
     start = 0 if cp is None else cp.version + 1
-    commits: list[tuple[int, Path]] = []
+    commits: list[tuple[int, StoredObject]] = []
     for v in range(start, target + 1):
         p = listing.commits.get(v)
         if p is None:
             if cp is None and v == start:
                 earliest = listing.earliest_commit_version
                 raise VersionNotFoundError(
-                    f"cannot reconstruct version {target} of {listing.root}: no checkpoint at or before it and "
+                    f"cannot reconstruct version {target} of {where}: no checkpoint at or before it and "
                     f"commit {v} is missing (earliest available commit: {earliest}, "
                     f"checkpoints: {sorted(listing.checkpoints)})"
                 )
-            raise CorruptLogError(f"cannot reconstruct version {target} of {listing.root}: commit file {commit_file_name(v)} is missing")
-        commits.append((v, p))
-    return LogSegment(root=listing.root, version=target, checkpoint=cp, commits=tuple(commits))
+            raise CorruptLogError(f"cannot reconstruct version {target} of {where}: commit file {commit_file_name(v)} is missing")
+        commits.append((v, StoredObject(listing.storage, p)))
+    return LogSegment(storage=listing.storage, version=target, checkpoint=cp, commits=tuple(commits))
 
 
 #: Beyond this many commits after the hinted checkpoint, one listing is cheaper than a stat each.
 _HINT_MAX_COMMITS = 1000
 
 
-def segment_from_last_checkpoint(root: Path, version: int) -> LogSegment | None:
-    """The segment for `version` found through `_last_checkpoint`, without listing `_delta_log`.
+def segment_from_last_checkpoint(location: TableLocation, version: int) -> LogSegment | None:
+    """The segment for `version` found through `_last_checkpoint`, without listing the whole log.
 
-    Stats the hinted classic checkpoint and each commit after it. None when the
+    On a local filesystem it stats the hinted classic checkpoint and each commit
+    after it; on an object store it lists from the hinted version on. None when the
     hint is absent, newer than `version`, multi-part, or leads to a missing
-    file: the caller then lists the directory (`list_log` + `log_segment`).
+    file: the caller then lists the log (`list_log` + `log_segment`).
     Any complete checkpoint at or before `version` gives the same state, so an
     older hint is still correct, only slower.
     """
-    lc = read_last_checkpoint(root)
+    storage = table_storage(location)
+    lc = read_last_checkpoint(storage)
     if lc is None or lc.version > version or lc.parts not in (None, 1) or version - lc.version > _HINT_MAX_COMMITS:
         return None
-    d = log_dir(root)
-    ckpt = d / checkpoint_file_name(lc.version)
-    if not log_file_exists(ckpt):
-        return None
-    commits: list[tuple[int, Path]] = []
-    for v in range(lc.version + 1, version + 1):
-        p = d / commit_file_name(v)
-        if not log_file_exists(p):
+    ckpt = StoredObject(storage, checkpoint_key(lc.version))
+    ref = CheckpointRef(lc.version, (ckpt,), "classic")
+    if not storage.is_local:
+        listing = list_log(storage, from_version=lc.version)
+        if ref not in listing.checkpoints.get(lc.version, []):
             return None
-        commits.append((v, p))
-    return LogSegment(root=root, version=version, checkpoint=CheckpointRef(lc.version, (ckpt,), "classic"), commits=tuple(commits))
+        try:
+            return log_segment(listing, version, checkpoint=ref)
+        except (VersionNotFoundError, CorruptLogError):
+            return None
+    if not ckpt.exists():
+        return None
+    commits: list[tuple[int, StoredObject]] = []
+    for v in range(lc.version + 1, version + 1):
+        key = commit_key(v)
+        if not storage.exists(key):
+            return None
+        commits.append((v, StoredObject(storage, key)))
+    return LogSegment(storage=storage, version=version, checkpoint=ref, commits=tuple(commits))
 
 
 def iter_commits(segment: LogSegment) -> Iterator[tuple[int, list[Action]]]:
     """(version, actions) for each commit of the segment, oldest first."""
-    for v, p in segment.commits:
-        yield v, read_commit(p)
+    for v, obj in segment.commits:
+        yield v, read_commit(obj)

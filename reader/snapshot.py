@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from reader.checkpoint import (
     ADD_TYPE,
@@ -53,16 +52,18 @@ from reader.log import (
     CorruptLogError,
     LogListing,
     LogSegment,
+    TableLocation,
     VersionNotFoundError,
-    commit_path,
-    file_mtime_ms,
+    commit_object,
+    data_object,
     iter_commits,
     list_log,
+    list_log_from_hint,
     log_segment,
     read_commit_info,
-    resolve_data_path,
-    table_root,
+    table_storage,
 )
+from reader.storage import StoredObject, TableStorage
 from schemas.actions import (
     Action,
     AddFile,
@@ -268,7 +269,7 @@ class Snapshot:
     """The state of a table at one version."""
 
     table_uri: str
-    root: Path
+    storage: TableStorage = field(repr=False)
     version: int
     protocol: Protocol
     metadata: Metadata
@@ -283,27 +284,42 @@ class Snapshot:
     @classmethod
     def load(
         cls,
-        table_uri: str | os.PathLike[str],
+        table_uri: TableLocation,
         version: int | None = None,
         timestamp: TimestampLike | None = None,
+        *,
+        storage_options: Mapping[str, str] | None = None,
     ) -> Snapshot:
         """Reconstruct the table at `version` (default latest) or as of `timestamp`.
 
-        With a timestamp, the snapshot is the newest version whose commit
-        timestamp is <= it (in-commit timestamps when enabled, else monotonised
-        commit-file modification times); a timestamp after the latest commit
-        gives the latest version, one before the earliest commit is an error.
+        `table_uri` is a path, a URI (`s3://...`, `abfss://...`, `gs://...`) or a
+        `TableStorage`; `storage_options` are delta-rs's keys (endpoint, region,
+        credentials, ...). With a timestamp, the snapshot is the newest version whose
+        commit timestamp is <= it (in-commit timestamps when enabled, else
+        monotonised commit-file modification times); a timestamp after the latest
+        commit gives the latest version, one before the earliest commit is an error.
+        The latest version (or one at or after `_last_checkpoint`) is found by listing
+        the log from the hinted checkpoint on; older versions list the whole log.
         """
         if version is not None and timestamp is not None:
             raise ValueError("give a version or a timestamp, not both")
-        root = table_root(table_uri)
-        listing = list_log(root)
+        storage = table_storage(table_uri, storage_options)
+        uri = storage.location if isinstance(table_uri, TableStorage) else str(table_uri)
         if timestamp is not None:
-            version = _version_at_timestamp(root, listing, to_epoch_ms(timestamp))
-        return cls._load_from_listing(str(table_uri), root, listing, version)
+            listing = list_log(storage)
+            version = _version_at_timestamp(storage, listing, to_epoch_ms(timestamp))
+            return cls._load_from_listing(uri, storage, listing, version)
+        listing = list_log_from_hint(storage, at_most=version)
+        if listing.listed_from is not None:
+            try:
+                return cls._load_from_listing(uri, storage, listing, version)
+            except (VersionNotFoundError, CorruptLogError):
+                listing = list_log(storage)  # the hinted part of the log cannot build it: read everything
+        return cls._load_from_listing(uri, storage, listing, version)
 
     @classmethod
-    def _load_from_listing(cls, uri: str, root: Path, listing: LogListing, version: int | None, *, with_files: bool = True) -> Snapshot:
+    def _load_from_listing(cls, uri: str, storage: TableStorage, listing: LogListing, version: int | None, *,
+                           with_files: bool = True) -> Snapshot:
         target = listing.latest_version if version is None else version
         candidates = listing.checkpoint_candidates(target if target is not None else 0)
         errors: list[str] = []
@@ -320,14 +336,14 @@ class Snapshot:
                     raise
                 continue
             try:
-                return cls._replay(uri, root, segment, with_files=with_files)
+                return cls._replay(uri, storage, segment, with_files=with_files)
             except CheckpointReadError as e:
                 errors.append(str(e))
                 continue
         raise CorruptLogError(f"cannot load {uri}: " + "; ".join(errors))
 
     @classmethod
-    def _replay(cls, uri: str, root: Path, segment: LogSegment, *, with_files: bool = True) -> Snapshot:
+    def _replay(cls, uri: str, storage: TableStorage, segment: LogSegment, *, with_files: bool = True) -> Snapshot:
         state = LogReplayState()
         for _v, actions in iter_commits(segment):
             state.apply(actions)
@@ -352,7 +368,7 @@ class Snapshot:
             raise CorruptLogError(f"{uri}: no metaData action found up to version {segment.version}")
         return cls(
             table_uri=uri,
-            root=root,
+            storage=storage,
             version=segment.version,
             protocol=state.protocol,
             metadata=state.metadata,
@@ -362,6 +378,16 @@ class Snapshot:
             _checkpoint_adds=ckpt_adds,
             _commit_files=dict(state.files),
         )
+
+    @property
+    def root(self) -> Path:
+        """The table's local directory (tables on a local filesystem only; see `storage`)."""
+        return Path(self.storage.local_path())
+
+    @property
+    def location(self) -> str:
+        """The table root's normalised URI."""
+        return self.storage.location
 
     # ------------------------------------------------------------------ table state
 
@@ -434,7 +460,7 @@ class Snapshot:
     @functools.cached_property
     def timestamp(self) -> int:
         """Commit timestamp (ms) of this version: in-commit timestamp when enabled, else the commit file's mtime."""
-        return _commit_timestamp(self.root, self.version, self.protocol, self.metadata, self.segment)
+        return _commit_timestamp(self.storage, self.version, self.protocol, self.metadata, self.segment)
 
     @property
     def timestamp_datetime(self) -> dt.datetime:
@@ -442,14 +468,13 @@ class Snapshot:
 
     def history(self, limit: int | None = None) -> list[dict[str, Any]]:
         """commitInfo of each available commit up to this version, newest first, with `version` added."""
-        listing = list_log(self.root)
+        listing = list_log(self.storage)
         out: list[dict[str, Any]] = []
         for v in sorted((v for v in listing.commits if v <= self.version), reverse=True):
             if limit is not None and len(out) >= limit:
                 break
-            path = listing.commits[v]
-            ci = read_commit_info(path)
-            entry: dict[str, Any] = dict(ci.values) if ci is not None else {"timestamp": file_mtime_ms(path)}
+            ci = read_commit_info(listing.commit(v))
+            entry: dict[str, Any] = dict(ci.values) if ci is not None else {"timestamp": listing.commit_mtime_ms(v)}
             entry["version"] = v
             out.append(entry)
         return out
@@ -526,6 +551,7 @@ class Snapshot:
 
         # ---- read the selected files
         paths = adds.field("path").to_pylist() if n_files else []
+        sizes = adds.field("size").to_pylist() if n_files else []
         dv_col = adds.field("deletionVector") if n_files else None
         has_dvs = dv_col is not None and dv_col.null_count < len(dv_col)
         dv_list: list[Any] = dv_col.to_pylist() if has_dvs and dv_col is not None else []
@@ -534,15 +560,15 @@ class Snapshot:
 
         def read_one(i: int) -> pa.Table:
             dv = dv_list[i] if has_dvs else None
-            path = resolve_data_path(self.root, paths[i])
             return _read_data_file(
-                path,
+                data_object(self.storage, paths[i]),
                 data_fields,
                 mode,
                 read_schema,
                 {c: part_values[c][i] for c in part_cols},
                 None if dv is None else DeletionVector.from_json(dv),
-                self.root,
+                self.storage,
+                sizes[i],
             )
 
         idx = [int(i) for i in selected]
@@ -579,16 +605,17 @@ def _to_logical(arr: pa.Array, field_json: Mapping[str, Any] | None, target: pa.
 
 
 def _read_data_file(
-    path: Path,
+    path: StoredObject,
     data_fields: Sequence[tuple[str, Mapping[str, Any]]],
     mode: str,
     read_schema: pa.Schema,
     partition_values: Mapping[str, Any],
     dv: DeletionVector | None,
-    root: Path,
+    storage: TableStorage,
+    size: int | None = None,
 ) -> pa.Table:
     try:
-        pf = pq.ParquetFile(path, coerce_int96_timestamp_unit="us")
+        pf = path.storage.read_parquet_file(path.key, size=size, coerce_int96_timestamp_unit="us")
     except FileNotFoundError:
         raise CorruptLogError(f"data file {path} of the snapshot does not exist") from None
     file_names = set(pf.schema_arrow.names)
@@ -598,7 +625,7 @@ def _read_data_file(
     n = pf.metadata.num_rows
     mask: Any = None
     if dv is not None:
-        mask = pa.array(keep_mask(n, read_deletion_vector(root, dv)))
+        mask = pa.array(keep_mask(n, read_deletion_vector(storage, dv)))
     cols: list[pa.Array] = []
     for f in read_schema:
         if f.name in partition_values:
@@ -622,32 +649,34 @@ def _read_data_file(
 # --------------------------------------------------------------------------- commit timestamps
 
 
-def _commit_timestamp(root: Path, version: int, protocol: Protocol, metadata: Metadata, segment: LogSegment | None = None) -> int:
-    listing_path = commit_path(root, version)
+def _commit_timestamp(storage: TableStorage, version: int, protocol: Protocol, metadata: Metadata,
+                      segment: LogSegment | None = None) -> int:
+    commit = commit_object(storage, version)
     props = TableProperties.of(metadata)
     if props.in_commit_timestamps:
         ev, _et = props.ict_enablement
         if version >= ev:
             try:
-                ci = read_commit_info(listing_path)
+                ci = read_commit_info(commit)
             except FileNotFoundError:
                 ci = None
             if ci is not None and ci.in_commit_timestamp is not None:
                 return ci.in_commit_timestamp
     try:
-        return file_mtime_ms(listing_path)
+        return commit.mtime_ms()
     except FileNotFoundError:
         if segment is not None and segment.checkpoint is not None and segment.checkpoint.version == version:
-            return file_mtime_ms(segment.checkpoint.paths[0])
-        raise VersionNotFoundError(f"commit {version} of {root} is not available to read its timestamp") from None
+            return segment.checkpoint.paths[0].mtime_ms()
+        raise VersionNotFoundError(f"commit {version} of {storage.location} is not available to read its timestamp") from None
 
 
-def _version_at_timestamp(root: Path, listing: LogListing, ts_ms: int) -> int:
+def _version_at_timestamp(storage: TableStorage, listing: LogListing, ts_ms: int) -> int:
     """Newest version whose commit timestamp is <= ts_ms."""
-    latest = Snapshot._load_from_listing(str(root), root, listing, None, with_files=False)
+    where = storage.location
+    latest = Snapshot._load_from_listing(where, storage, listing, None, with_files=False)
     versions = sorted(listing.commits)
     if not versions:
-        raise VersionNotFoundError(f"{root}: no commit files to resolve a timestamp against")
+        raise VersionNotFoundError(f"{where}: no commit files to resolve a timestamp against")
     props = TableProperties.of(latest.metadata)
     use_ict = props.in_commit_timestamps
     ev, et = props.ict_enablement if use_ict else (versions[-1] + 1, None)
@@ -655,9 +684,9 @@ def _version_at_timestamp(root: Path, listing: LogListing, ts_ms: int) -> int:
         cands = [v for v in versions if v >= ev]
 
         def ict(v: int) -> int:
-            ci = read_commit_info(listing.commits[v])
+            ci = read_commit_info(listing.commit(v))
             if ci is None or ci.in_commit_timestamp is None:
-                return file_mtime_ms(listing.commits[v])
+                return listing.commit_mtime_ms(v)
             return ci.in_commit_timestamp
 
         lo, hi = 0, len(cands)
@@ -682,7 +711,7 @@ def _version_at_timestamp(root: Path, listing: LogListing, ts_ms: int) -> int:
     prev = -(2**63)
     earliest_ts: int | None = None
     for v in older:
-        t = max(file_mtime_ms(listing.commits[v]), prev + 1)  # monotonise like Delta's history manager
+        t = max(listing.commit_mtime_ms(v), prev + 1)  # monotonise like Delta's history manager
         prev = t
         if earliest_ts is None:
             earliest_ts = t
@@ -695,9 +724,10 @@ def _version_at_timestamp(root: Path, listing: LogListing, ts_ms: int) -> int:
     return best
 
 
-def load_snapshot(table_uri: str | os.PathLike[str], version: int | None = None, timestamp: TimestampLike | None = None) -> Snapshot:
+def load_snapshot(table_uri: TableLocation, version: int | None = None, timestamp: TimestampLike | None = None, *,
+                  storage_options: Mapping[str, str] | None = None) -> Snapshot:
     """Alias of `Snapshot.load`."""
-    return Snapshot.load(table_uri, version=version, timestamp=timestamp)
+    return Snapshot.load(table_uri, version=version, timestamp=timestamp, storage_options=storage_options)
 
 
 __all__ = [

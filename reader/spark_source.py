@@ -32,7 +32,6 @@ import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -49,12 +48,14 @@ from pyspark.sql.types import StructType
 from reader.log import (
     TableNotFoundError,
     VersionNotFoundError,
-    file_mtime_ms,
+    commit_object,
+    data_object,
     list_log,
+    list_log_from_hint,
     read_commit,
-    table_root,
 )
 from reader.snapshot import Snapshot, _physical_name, _read_data_file, delta_schema_to_arrow, parse_partition_value
+from reader.storage import TableStorage
 from schemas.actions import Action, AddFile, CommitInfo, DeletionVector, Metadata, RemoveFile
 from schemas.errors import DeltaCoordError, MetadataChangedException
 from schemas.properties import TableProperties
@@ -85,6 +86,21 @@ def _path_option(options: Mapping[str, str]) -> str:
     return str(path)
 
 
+#: Data source options with this prefix are the table's storage options (delta-rs's keys):
+#: ``.option("storage.AWS_ENDPOINT_URL", "http://...")``.
+STORAGE_OPTION_PREFIX = "storage."
+
+
+def storage_options_of(options: Mapping[str, str]) -> dict[str, str]:
+    """The `storage.<key>` options, without the prefix (keys are case-insensitive, as in delta-rs)."""
+    n = len(STORAGE_OPTION_PREFIX)
+    return {k[n:]: str(v) for k, v in options.items() if k.lower().startswith(STORAGE_OPTION_PREFIX) and len(k) > n}
+
+
+def _storage(options: Mapping[str, str]) -> TableStorage:
+    return TableStorage(_path_option(options), storage_options_of(options), fsync=False)
+
+
 def spark_schema_of(snapshot: Snapshot) -> StructType:
     """The Spark schema of a table (partition columns included, in table order)."""
     return from_arrow_schema(delta_schema_to_arrow(snapshot.metadata.schema()), prefer_timestamp_ntz=True)
@@ -97,17 +113,19 @@ def spark_schema_of(snapshot: Snapshot) -> StructType:
 class ReadPlan:
     """Everything an executor needs to turn data files into Arrow batches of the Spark schema (picklable)."""
 
-    root: str
+    uri: str
     schema_string: str
     partition_columns: tuple[str, ...]
     column_mapping_mode: str
     target: pa.Schema
+    storage_options: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
-    def of(root: Path, metadata: Metadata, spark_schema: StructType) -> ReadPlan:
+    def of(storage: TableStorage, metadata: Metadata, spark_schema: StructType) -> ReadPlan:
         mode = TableProperties.of(metadata).column_mapping_mode
         target = to_arrow_schema(spark_schema, timezone="UTC")
-        return ReadPlan(str(root), metadata.schema_string, tuple(metadata.partition_columns), mode, target)
+        return ReadPlan(storage.location, metadata.schema_string, tuple(metadata.partition_columns), mode, target,
+                        tuple(sorted(storage.storage_options.items())))
 
     def read(self, files: Sequence[Mapping[str, Any]]) -> Iterator[pa.RecordBatch]:
         schema_json = json.loads(self.schema_string)
@@ -116,7 +134,8 @@ class ReadPlan:
         names = [f.name for f in self.target if full.get_field_index(f.name) >= 0]
         read_schema = pa.schema([full.field(n) for n in names])
         data_fields = [(n, fields_json[n]) for n in names if n not in self.partition_columns]
-        root = Path(self.root)
+        # Built here, in the executor's worker process (obstore's runtime does not travel).
+        storage = TableStorage(self.uri, dict(self.storage_options), fsync=False)
         for f in files:
             raw_pv: Mapping[str, str | None] = f.get("partitionValues") or {}
             pvals: dict[str, Any] = {}
@@ -127,9 +146,8 @@ class ReadPlan:
                 pvals[c] = parse_partition_value(raw_pv.get(phys), full.field(c).type)
             dv_json = f.get("deletionVector")
             dv = DeletionVector.from_json(dv_json) if dv_json else None
-            from reader.log import resolve_data_path
-
-            t = _read_data_file(resolve_data_path(root, f["path"]), data_fields, self.column_mapping_mode, read_schema, pvals, dv, root)
+            t = _read_data_file(data_object(storage, f["path"]), data_fields, self.column_mapping_mode, read_schema, pvals, dv,
+                                storage, f.get("size"))
             if t.num_rows == 0:
                 continue
             yield from self._conform(t).to_batches()
@@ -181,16 +199,16 @@ def pack_files(files: Sequence[dict[str, Any]], target_bytes: int = TARGET_PARTI
 
 
 def _resolve_snapshot(options: Mapping[str, str]) -> Snapshot:
-    path = _path_option(options)
+    storage = _storage(options)
     v = options.get("versionAsOf")
     ts = options.get("timestampAsOf")
     if v is not None and ts is not None:
         raise ValueError("give versionAsOf or timestampAsOf, not both")
     if v is not None:
-        return Snapshot.load(path, version=int(v))
+        return Snapshot.load(storage, version=int(v))
     if ts is not None:
-        return Snapshot.load(path, timestamp=ts)
-    return Snapshot.load(path)
+        return Snapshot.load(storage, timestamp=ts)
+    return Snapshot.load(storage)
 
 
 class DeltaCoordBatchReader(DataSourceReader):
@@ -215,26 +233,26 @@ class DeltaCoordBatchReader(DataSourceReader):
 class _LogFeed:
     """Committed versions as published in `_delta_log`."""
 
-    def __init__(self, root: Path, uri: str) -> None:
-        self.root = root
+    def __init__(self, storage: TableStorage, uri: str) -> None:
+        self.storage = storage
         self.uri = uri
 
     def latest(self) -> int | None:
-        return list_log(self.root).latest_commit_version
+        return list_log_from_hint(self.storage).latest_commit_version
 
     def actions(self, version: int) -> list[Action] | None:
-        listing = list_log(self.root)
-        path = listing.commits.get(version)
-        if path is None:
-            latest = listing.latest_commit_version
-            if latest is not None and latest > version:
-                raise VersionNotFoundError(
-                    f"commit {version} of {self.uri} is gone (log cleanup?) while later commits exist; "
-                    "the stream cannot continue without losing data: restart it from a later startingVersion "
-                    "with a new checkpoint"
-                )
-            return None
-        return read_commit(path)
+        try:
+            return read_commit(commit_object(self.storage, version))
+        except FileNotFoundError:
+            pass
+        latest = self.latest()
+        if latest is not None and latest > version:
+            raise VersionNotFoundError(
+                f"commit {version} of {self.uri} is gone (log cleanup?) while later commits exist; "
+                "the stream cannot continue without losing data: restart it from a later startingVersion "
+                "with a new checkpoint"
+            )
+        return None
 
     def close(self) -> None:
         pass
@@ -335,14 +353,14 @@ class DeltaCoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def __init__(self, options: Mapping[str, str], metadata: Metadata, spark_schema: StructType) -> None:
         self.uri = _path_option(options)
-        self.root = table_root(self.uri)
+        self.storage = _storage(options)
         self.read_metadata = metadata
         # The schema the query was defined with: the table's columns that are in the DataFrame's schema.
         names = set(spark_schema.fieldNames())
         table_schema = metadata.schema()
         self.read_schema = {**table_schema, "fields": [f for f in table_schema["fields"] if f["name"] in names]}
         self.read_parts = tuple(metadata.partition_columns)
-        self.plan = ReadPlan.of(self.root, metadata, spark_schema)
+        self.plan = ReadPlan.of(self.storage, metadata, spark_schema)
         self.table_id = metadata.id
         self.starting_version = options.get("startingVersion")
         self.starting_timestamp = options.get("startingTimestamp")
@@ -362,7 +380,7 @@ class DeltaCoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                      if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"}
             self.feed = _KafkaFeed(self.uri, bootstrap, options.get("topic.prefix") or "deltacoord", kafka)
         else:
-            self.feed = _LogFeed(self.root, self.uri)
+            self.feed = _LogFeed(self.storage, self.uri)
         self._commits: dict[int, _Commit] = {}
         self._snapshot_files: dict[int, list[dict[str, Any]]] = {}
         self._target: int | None = None  # Trigger.AvailableNow: the last version to read
@@ -377,7 +395,7 @@ class DeltaCoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _snapshot_entries(self, version: int) -> list[dict[str, Any]]:
         cached = self._snapshot_files.get(version)
         if cached is None:
-            snap = Snapshot.load(self.uri, version=version)
+            snap = Snapshot.load(self.storage, version=version)
             self._check_table(snap.metadata, version)
             if not _read_compatible(self.read_schema, self.read_parts, snap.metadata):
                 raise self._schema_changed(version, snap.metadata)
@@ -456,12 +474,12 @@ class DeltaCoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         latest = self.feed.latest()
         if latest is None:
             return 0
-        listing = list_log(self.root)
+        listing = list_log(self.storage)
         for v in range(0, latest + 1):
             c = self._commit(v)
             t = c.timestamp if c is not None else 0
             if not t and v in listing.commits:
-                t = file_mtime_ms(listing.commits[v])
+                t = listing.commit_mtime_ms(v)
             if t >= want:
                 return v
         return latest + 1
@@ -480,7 +498,7 @@ class DeltaCoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self.starting_timestamp is not None:
             return _offset(self._starting_version_from_timestamp(str(self.starting_timestamp)), 0, False, self.table_id)
         # The initial snapshot is read from `_delta_log`: the newest published version.
-        published = list_log(self.root).latest_commit_version
+        published = list_log_from_hint(self.storage).latest_commit_version
         if published is None:
             raise TableNotFoundError(f"no Delta table at {self.uri}")
         return _offset(published, 0, True, self.table_id)
@@ -593,12 +611,12 @@ class DeltaCoordSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         snap = _resolve_snapshot(self.options)
         snap.check_readable()
-        plan = ReadPlan.of(snap.root, snap.metadata, schema)
+        plan = ReadPlan.of(snap.storage, snap.metadata, schema)
         return DeltaCoordBatchReader(plan, [_file_entry(a) for a in snap.files()])
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         opts = {k: v for k, v in self.options.items() if k.lower() not in ("versionasof", "timestampasof")}
-        snap = Snapshot.load(_path_option(opts))
+        snap = Snapshot.load(_storage(opts))
         snap.check_readable()
         return DeltaCoordStreamReader(_CaseInsensitive(opts), snap.metadata, schema)
 

@@ -15,11 +15,13 @@ safe to call from many threads.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import datetime
 import io
 import os
 import random
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -28,8 +30,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import obstore
-import pyarrow as pa
-import pyarrow.parquet as pq
 from obstore.exceptions import (
     AlreadyExistsError,
     NotFoundError,
@@ -54,9 +54,15 @@ from reader.storage_uri import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from obstore.store import ObjectStore
 
+# pyarrow is imported where Parquet is read or written, not with this module: the coordinator's
+# deciding process publishes through this edge and must not carry Arrow (its memory budget).
+
 __all__ = [
+    "WHOLE_OBJECT_BYTES",
     "AtomicPutUnsupportedError",
     "ObjectInfo",
     "ObjectNotFoundError",
@@ -64,15 +70,19 @@ __all__ = [
     "StorageConfigError",
     "StorageError",
     "StorageUriError",
+    "StoredObject",
     "TableStorage",
     "TableUri",
     "normalize_table_uri",
     "parse_table_uri",
+    "stored_object",
     "uri_within_roots",
 ]
 
 #: S3 answers 409 ConditionalRequestConflict while another conditional write of the key is in flight.
 _CONFLICT_RETRIES = 20
+#: Parquet objects up to this size are fetched in one GET rather than footer-then-columns ranges.
+WHOLE_OBJECT_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -219,13 +229,13 @@ class ObjectWriter(io.RawIOBase):
         self._aborted = False
         self._local_tmp: str | None = None
         self._fh: BinaryIO | None = None
-        self._buffer: pa.BufferOutputStream | None = None
+        self._buffer: io.BytesIO | None = None
         local = storage._local
         if local is not None:
             self._local_tmp = local.temp_for(key)
             self._fh = open(self._local_tmp, "xb")  # noqa: SIM115 - closed in close()/abort()
         else:
-            self._buffer = pa.BufferOutputStream()
+            self._buffer = io.BytesIO()
 
     def writable(self) -> bool:
         return True
@@ -271,7 +281,8 @@ class ObjectWriter(io.RawIOBase):
                 self._fh.close()
                 local.put_file(self._key, self._local_tmp)
             elif self._buffer is not None:
-                self._storage.put(self._key, self._buffer.getvalue())
+                self._storage.put(self._key, self._buffer.getbuffer())
+                self._buffer = None
         except BaseException:
             self.abort()
             raise
@@ -294,6 +305,9 @@ class TableStorage:
     def __init__(self, uri: str | os.PathLike[str] | TableUri, storage_options: Mapping[str, str] | None = None,
                  *, fsync: bool = True) -> None:
         self.uri = uri if isinstance(uri, TableUri) else parse_table_uri(uri)
+        #: The options the store was built with (kept to reach other locations the same way).
+        self.storage_options: dict[str, str] = dict(storage_options or {})
+        self.fsync = fsync
         self._local: LocalBackend | None = None
         self._store: ObjectStore | None = None
         if self.uri.kind == "file":
@@ -308,6 +322,33 @@ class TableStorage:
     def location(self) -> str:
         """The table root's normalised URI."""
         return str(self.uri)
+
+    @property
+    def is_local(self) -> bool:
+        return self._local is not None
+
+    def local_path(self, key: str = "") -> str:
+        """The local file of `key` ('' = the root); only for tables on a local filesystem."""
+        if self._local is None:
+            raise StorageUriError(f"{self.location} is not on a local filesystem")
+        return self._local.path(check_key(key)) if key else self._local.root
+
+    def with_fsync(self, fsync: bool) -> TableStorage:
+        """The same location with local fsyncs on or off (object stores ignore it)."""
+        if fsync == self.fsync:
+            return self
+        return TableStorage(self.uri, self.storage_options, fsync=fsync)
+
+    def at(self, uri: str | os.PathLike[str] | TableUri) -> TableStorage:
+        """Another location reached with this one's options (an absolute data path, a sidecar)."""
+        return TableStorage(uri, self.storage_options, fsync=self.fsync)
+
+    def key_of(self, uri: TableUri) -> str | None:
+        """The key of an absolute location below this root, or None when it is elsewhere."""
+        if not uri.is_under(self.uri) or uri.path == self.uri.path:
+            return None
+        rest = uri.path[len(self.uri.path):].lstrip("/") if self.uri.path else uri.path
+        return rest or None
 
     def _path(self, key: str) -> str:
         """The object's path inside its bucket."""
@@ -364,9 +405,27 @@ class TableStorage:
         info = self.head(key)
         return RangeReader(self._obj(), self._path(key), info.size, f"{self.location}/{key}")
 
-    def read_parquet_file(self, key: str) -> pq.ParquetFile:
-        """A ParquetFile that reads row groups on demand through `open_input`."""
-        return pq.ParquetFile(self.open_input(key))
+    def read_parquet_file(self, key: str, *, size: int | None = None, **options: Any) -> pq.ParquetFile:
+        """A ParquetFile that reads row groups on demand (`options` as for `pyarrow.parquet.ParquetFile`).
+
+        Local files are opened by path (Arrow's own reader); an object no larger than
+        `WHOLE_OBJECT_BYTES` is fetched in one GET, a larger one through ranged reads.
+        `size`, when the caller knows it (an `add` action's size), saves a HEAD.
+        """
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        check_key(key)
+        if self._local is not None:
+            try:
+                return pq.ParquetFile(self._local.path(key), **options)
+            except FileNotFoundError as e:
+                raise ObjectNotFoundError(f"no object {key!r} under {self.location}") from e
+        if size is None:
+            size = self.head(key).size
+        if size <= WHOLE_OBJECT_BYTES:
+            return pq.ParquetFile(pa.BufferReader(self.get(key)), **options)
+        return pq.ParquetFile(RangeReader(self._obj(), self._path(key), size, f"{self.location}/{key}"), **options)
 
     def head(self, key: str) -> ObjectInfo:
         check_key(key)
@@ -414,6 +473,18 @@ class TableStorage:
         out.sort(key=lambda o: o.key)
         return out
 
+    def list_keys(self, prefix: str, *, start_after: str | None = None) -> builtins.list[tuple[str, datetime.datetime | None]]:
+        """(key, modification time) of the objects directly below the directory `prefix`, sorted by key.
+
+        Local directories are read without a stat per file (the time is None); object stores
+        return the time with the listing. Deeper keys (`prefix/a/b`) are left out.
+        """
+        prefix = check_prefix(prefix)
+        if self._local is not None:
+            return [(k, None) for k in self._local.list_names(prefix, start_after)]
+        depth = prefix.count("/") + 1 if prefix else 0
+        return [(o.key, o.last_modified) for o in self.list(prefix, start_after=start_after) if o.key.count("/") == depth]
+
     # -- writes -----------------------------------------------------------------------------------
     def put(self, key: str, data: bytes | bytearray | memoryview | pa.Buffer) -> None:
         """Create or replace the object atomically (readers see the old or the new bytes)."""
@@ -455,6 +526,30 @@ class TableStorage:
             f"ConditionalRequestConflict after {_CONFLICT_RETRIES} attempts"
         )
 
+    def put_file_if_absent(self, key: str, path: str | os.PathLike[str]) -> bool:
+        """`put_if_absent` of a file already written locally (a streamed checkpoint); the file stays.
+
+        On a local table `path` must be in the target's directory (see `temp_for`): it is linked
+        into place, never copied. For an object store its bytes are sent from a memory map.
+        """
+        check_key(key)
+        if self._local is not None:
+            return self._local.put_file_if_absent(key, os.fspath(path))
+        import pyarrow as pa
+
+        with pa.memory_map(os.fspath(path)) as mm:
+            return self.put_if_absent(key, mm.read_buffer())
+
+    def temp_for(self, key: str) -> str:
+        """A fresh local file name for writing `key` before it is put: next to the target on a local
+        table (so it can be linked into place), in the system's temp directory otherwise."""
+        check_key(key)
+        if self._local is not None:
+            return self._local.temp_for(key)
+        fd, name = tempfile.mkstemp(prefix="deltacoord-", suffix=".tmp")
+        os.close(fd)
+        return name
+
     def delete(self, key: str) -> None:
         """Remove the object; deleting a missing key is not an error (as on S3)."""
         check_key(key)
@@ -475,7 +570,67 @@ class TableStorage:
 
     def write_parquet(self, key: str, table: pa.Table, **write_options: Any) -> int:
         """Write `table` as one Parquet object (options as for `pyarrow.parquet.write_table`); returns its size."""
+        import pyarrow.parquet as pq
+
         with self.open_output(key) as out:
             pq.write_table(table, out, **write_options)
             size = out.tell()
         return size
+
+
+class StoredObject:
+    """One object of a table: its `TableStorage` and key (what `_delta_log` listings hold).
+
+    Equal objects are the same key under the same normalised location, whichever
+    `TableStorage` instance reached them. `name` is the key's last segment.
+    """
+
+    __slots__ = ("key", "storage")
+
+    def __init__(self, storage: TableStorage, key: str) -> None:
+        self.storage = storage
+        self.key = key
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def parent_key(self) -> str:
+        """The key of the directory holding this object ('' at the root)."""
+        return self.key.rsplit("/", 1)[0] if "/" in self.key else ""
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StoredObject):
+            return NotImplemented
+        return (self.storage.location, self.key) == (other.storage.location, other.key)
+
+    def __hash__(self) -> int:
+        return hash((self.storage.location, self.key))
+
+    def __str__(self) -> str:
+        return f"{self.storage.location}/{self.key}"
+
+    def __repr__(self) -> str:
+        return f"StoredObject({str(self)!r})"
+
+    def read_bytes(self) -> bytes:
+        return self.storage.get(self.key)
+
+    def exists(self) -> bool:
+        return self.storage.exists(self.key)
+
+    def mtime_ms(self) -> int:
+        return int(self.storage.head(self.key).last_modified.timestamp() * 1000)
+
+    def read_parquet_file(self, **options: Any) -> pq.ParquetFile:
+        return self.storage.read_parquet_file(self.key, **options)
+
+
+def stored_object(ref: StoredObject | str | os.PathLike[str]) -> StoredObject:
+    """`ref` as a `StoredObject`; a local path becomes the file under its directory."""
+    if isinstance(ref, StoredObject):
+        return ref
+    path = os.path.abspath(os.fspath(ref))
+    directory, name = os.path.split(path)
+    return StoredObject(TableStorage(directory or "/", fsync=False), name)

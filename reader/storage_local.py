@@ -36,7 +36,14 @@ class ObjectNotFoundError(StorageError, FileNotFoundError):
 
 
 class AtomicPutUnsupportedError(StorageError):
-    """The filesystem offers neither hard links nor RENAME_NOREPLACE, so put-if-absent cannot be atomic."""
+    """The filesystem offers neither hard links nor RENAME_NOREPLACE, so put-if-absent cannot be atomic.
+
+    `link_errno` is the errno with which link(2) was refused.
+    """
+
+    def __init__(self, message: str, link_errno: int = 0) -> None:
+        super().__init__(message)
+        self.link_errno = link_errno
 
 
 def _load_renameat2() -> Callable[[str, str], None] | None:
@@ -185,30 +192,68 @@ class LocalBackend:
             return False
         tmp = self._write_temp(final, data)
         try:
-            try:
-                hard_link(tmp, final)
-            except FileExistsError:
-                return False
-            except OSError as e:
-                if e.errno not in _NO_LINKS:
-                    raise
-                try:
-                    rename_noreplace(tmp, final)
-                except FileExistsError:
-                    return False
-                except OSError as e2:
-                    if e2.errno in _NO_NOREPLACE:
-                        raise AtomicPutUnsupportedError(
-                            f"the filesystem under {self.root} cannot do an atomic put-if-absent: hard links are refused "
-                            f"({os.strerror(e.errno or 0)}) and renameat2(RENAME_NOREPLACE) is not supported "
-                            f"({os.strerror(e2.errno or 0)}); put the table on a filesystem that supports either"
-                        ) from e2
-                    raise
-            self._fsync_dir(os.path.dirname(final))
-            return True
+            return self._publish_if_absent(tmp, final)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+    def put_file_if_absent(self, key: str, tmp: str) -> bool:
+        """Give the already written file `tmp` (in the target's directory) the name `key` unless it is taken.
+
+        `tmp` stays where it is; the caller removes it (after a successful link both names are the file).
+        """
+        final = self.path(key)
+        if os.path.lexists(final):
+            return False
+        if self.fsync:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return self._publish_if_absent(tmp, final)
+
+    def _publish_if_absent(self, tmp: str, final: str) -> bool:
+        try:
+            hard_link(tmp, final)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            if e.errno not in _NO_LINKS:
+                raise
+            try:
+                rename_noreplace(tmp, final)
+            except FileExistsError:
+                return False
+            except OSError as e2:
+                if e2.errno in _NO_NOREPLACE:
+                    raise AtomicPutUnsupportedError(
+                        f"the filesystem under {self.root} cannot do an atomic put-if-absent: hard links are refused "
+                        f"({os.strerror(e.errno or 0)}) and renameat2(RENAME_NOREPLACE) is not supported "
+                        f"({os.strerror(e2.errno or 0)}); put the table on a filesystem that supports either",
+                        e.errno or 0,
+                    ) from e2
+                raise
+        self._fsync_dir(os.path.dirname(final))
+        return True
+
+    def list_names(self, prefix: str, start_after: str | None) -> list[str]:
+        """Keys of the files directly in the directory `prefix` (no stat, no recursion), sorted."""
+        base = self.path(prefix) if prefix else self.root
+        rel_base = f"{prefix}/" if prefix else ""
+        try:
+            entries = list(os.scandir(base))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        for entry in entries:
+            if entry.name.startswith(TMP_PREFIX) or entry.is_dir():
+                continue
+            key = rel_base + entry.name
+            if start_after is None or key > start_after:
+                out.append(key)
+        out.sort()
+        return out
 
     def list(self, prefix: str, start_after: str | None) -> list[tuple[str, int, datetime.datetime]]:
         """(key, size, mtime) of every file below `prefix`, skipping our temp files."""

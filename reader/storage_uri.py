@@ -178,6 +178,37 @@ def parse_table_uri(uri: str | os.PathLike[str]) -> TableUri:
     return TableUri(kind, bucket, _object_path(uri, raw_path), account)
 
 
+_ENCODED_DOT_OR_SEPARATOR = re.compile(r"%(2e|2f|5c)", re.IGNORECASE)
+
+
+def check_table_uri(uri: str | os.PathLike[str]) -> TableUri:
+    """The strict parse a coordinator applies to a proposal's table URI before deciding anything.
+
+    Beyond `parse_table_uri` it refuses what that one would resolve: a relative
+    path, `.` / `..` / empty segments in local paths and `file://` URIs (even when
+    they would resolve inside), and percent-encoded dots or separators in a plain
+    path. The location is one the writer named exactly, not one a rule made of it.
+    """
+    if isinstance(uri, os.PathLike):
+        uri = os.fspath(uri)
+    if isinstance(uri, str) and uri.strip() and "\x00" not in uri:
+        m = _SCHEME_RE.match(uri)
+        if m is None or m.group(1).lower() == "file":
+            if m is None:
+                if not uri.startswith("/"):
+                    raise _fail(uri, "a relative path; name the table by an absolute path or URI")
+                if _ENCODED_DOT_OR_SEPARATOR.search(uri):
+                    raise _fail(uri, "percent-encoded '.', '/' or '\\' (%2E, %2F, %5C) in a path")
+                local = uri
+            else:
+                local = _decode(uri, urllib.parse.urlsplit(uri).path)
+            for seg in local.rstrip("/").split("/")[1:]:
+                if seg in ("", ".", ".."):
+                    shown = "//" if seg == "" else seg
+                    raise _fail(uri, f"the path holds a {shown!r} segment; name the table by its normal path")
+    return parse_table_uri(uri)
+
+
 def normalize_table_uri(uri: str | os.PathLike[str]) -> str:
     """The one normal string form of a table location (see the module docstring)."""
     return str(parse_table_uri(uri))

@@ -69,6 +69,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from reader.log import table_root
 from reader.snapshot import TimestampLike, to_epoch_ms
+from reader.storage_uri import StorageUriError, normalize_table_uri
 from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
 from schemas.codec import decode_decision
 from schemas.errors import DeltaCoordError, MetadataChangedException
@@ -156,9 +157,10 @@ def normalize_table_id(table_uri_or_id: str | os.PathLike[str]) -> str:
     """The wire table id of a table given by path, `file://` URI or id.
 
     Paths and `file://` URIs become the absolute `file://` URI that
-    `writer.table.Table` uses by default; other URIs (`s3://...`) are used as
-    they are. A string that is neither a URI nor an existing path nor starts
-    with `/`, `.` or `~` is taken as an explicit table id.
+    `writer.table.Table` uses by default; object-store URIs (`s3://...`,
+    `s3a://...`, `abfss://...`) their normal form, which `Table` uses too; a URI
+    of another scheme is used as it is. A string that is neither a URI nor an
+    existing path nor starts with `/`, `.` or `~` is taken as an explicit table id.
     """
     if isinstance(table_uri_or_id, os.PathLike):
         return Path(os.fspath(table_uri_or_id)).expanduser().resolve().as_uri()
@@ -166,7 +168,10 @@ def normalize_table_id(table_uri_or_id: str | os.PathLike[str]) -> str:
     if s.startswith("file:"):
         return table_root(s).resolve().as_uri()
     if "://" in s:
-        return s
+        try:
+            return normalize_table_uri(s)
+        except StorageUriError:
+            return s
     if s.startswith(("/", ".", "~")) or os.path.exists(s):
         return Path(s).expanduser().resolve().as_uri()
     return s

@@ -213,5 +213,10 @@ class CommitOutcomeUnknownError(DeltaCoordError):
         )
 
 
+class ProposalNotSentError(DeltaCoordError):
+    """The proposal never reached Kafka (refused by the client or the broker before it was written),
+    so it cannot commit: its staged files were deleted and a retry is safe."""
+
+
 class TableHaltedError(DeltaCoordError):
     """The coordinator stopped publishing a table: `_delta_log` disagrees with Kafka."""

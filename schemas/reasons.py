@@ -42,6 +42,11 @@ class ReasonCode(StrEnum):
     MALFORMED_PROPOSAL = "MALFORMED_PROPOSAL"
     COMMIT_INFO_TOO_DEEP = "COMMIT_INFO_TOO_DEEP"
     COMMIT_INFO_TOO_LARGE = "COMMIT_INFO_TOO_LARGE"
+    # -- the door: the table's location, checked before anything is decided (coordinator.locations) --
+    #: The table URI is not an absolute, normal location (empty, relative, `..`, encoded separators, NUL, ...).
+    BAD_TABLE_URI = "BAD_TABLE_URI"
+    #: The table lies outside the coordinator's `table_roots` (another bucket, another scheme, another directory).
+    TABLE_OUTSIDE_ROOTS = "TABLE_OUTSIDE_ROOTS"
     # -- admission: the table as this coordinator knows it (coordinator.rules.admission) --
     TABLE_URI_MISMATCH = "TABLE_URI_MISMATCH"
     WRITER_NOT_ALLOWED = "WRITER_NOT_ALLOWED"

@@ -10,6 +10,11 @@ servers (`coordinator.tooling.storage_servers`) once per session; `s3_bucket`,
 `azure_container` and `gcs_bucket` give each test a fresh bucket, and
 `object_store_bucket` runs a test once per store. A server that cannot be
 installed or started fails the test with how to fix it.
+
+`table_place` runs a test once on a local directory and once on S3, and
+`any_table_place` on each of local, S3, Azure and GCS: a `TablePlace` names the
+test's tables, reads their `_delta_log` and gives the coordinator its
+`table_roots` and storage options, so one test body serves every store.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -31,6 +37,9 @@ from coordinator.tooling.storage_servers import (
     S3Server,
     StorageServerError,
 )
+
+if TYPE_CHECKING:
+    from reader.storage import TableStorage
 
 HOW_TO_GET_A_BROKER = (
     "no Kafka broker for the tests. Either set KAFKA_BOOTSTRAP_SERVERS to a broker with transactions enabled, "
@@ -195,6 +204,7 @@ def gcs_bucket(gcs_server: StoreServer) -> StoreBucket:
 
 
 _BUCKET_FIXTURES = {"s3": "s3_bucket", "azure": "azure_container", "gcs": "gcs_bucket"}
+_SERVER_FIXTURES = {"s3": "s3_server", "azure": "azurite_server", "gcs": "gcs_server"}
 
 
 @pytest.fixture(params=list(_BUCKET_FIXTURES))
@@ -202,3 +212,103 @@ def object_store_bucket(request: pytest.FixtureRequest) -> StoreBucket:
     """A fresh bucket on each local store in turn (the test runs once per store)."""
     bucket: StoreBucket = request.getfixturevalue(_BUCKET_FIXTURES[request.param])
     return bucket
+
+
+@dataclass(frozen=True)
+class TablePlace:
+    """Where a test keeps its tables: a local directory, or a fresh bucket on a local storage server."""
+
+    kind: str  # "local", "s3", "azure" or "gcs"
+    root: str  # the directory, or the bucket's URI
+    storage_options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_local(self) -> bool:
+        return self.kind == "local"
+
+    def uri(self, name: str) -> str:
+        """The location of the table `name` (a path for a local place)."""
+        return str(Path(self.root) / name) if self.is_local else f"{self.root}/{name}"
+
+    def of(self, path: Path) -> str:
+        """A test's local table path (`tmp_path / "t"`), moved to this place (unique per test directory)."""
+        return str(path) if self.is_local else f"{self.root}/{path.parent.name}/{path.name}"
+
+    def table_id(self, uri: str) -> str:
+        """What `writer.table.Table` uses as the table's id by default."""
+        from reader.storage import normalize_table_uri
+
+        return Path(uri).resolve().as_uri() if self.is_local else normalize_table_uri(uri)
+
+    def storage(self, uri: str) -> TableStorage:
+        from reader.storage import TableStorage
+
+        return TableStorage(uri, self.storage_options, fsync=False)
+
+    def commit_key(self, version: int) -> str:
+        return f"_delta_log/{version:020d}.json"
+
+    def exists(self, uri: str, key: str) -> bool:
+        return self.storage(uri).exists(key)
+
+    def read(self, uri: str, key: str) -> bytes:
+        return self.storage(uri).get(key)
+
+    def delta_table(self, uri: str, version: int | None = None) -> Any:
+        """delta-rs's view of the table (with the same storage options)."""
+        from deltalake import DeltaTable
+
+        return DeltaTable(uri, version=version, storage_options=self.storage_options or None)
+
+    def delta_tables(self, uri: str, versions: Iterable[int]) -> Iterator[tuple[int, Any]]:
+        """(version, delta-rs table at it) for ascending `versions`: a fresh load each on a local place, one
+        table moved forward (`load_as_version`, which reads only the commits in between) on an object store."""
+        if self.is_local:
+            for v in versions:
+                yield v, self.delta_table(uri, v)
+            return
+        dt: Any = None
+        for v in versions:
+            if dt is None:
+                dt = self.delta_table(uri, v)
+            else:
+                dt.load_as_version(v)
+            yield v, dt
+
+    @property
+    def coordinator_settings(self) -> dict[str, Any]:
+        """`CoordinatorSettings` fields that let a coordinator serve this place (nothing for a local one)."""
+        if self.is_local:
+            return {}
+        return {"table_roots": (self.root,), "storage_options": dict(self.storage_options)}
+
+    @property
+    def coordinator_args(self) -> list[str]:
+        """The same as `coordinator run` flags."""
+        if self.is_local:
+            return []
+        args = ["--table-roots", self.root]
+        for k, v in self.storage_options.items():
+            args += ["--storage-option", f"{k}={v}"]
+        return args
+
+
+def make_place(request: pytest.FixtureRequest, kind: str, directory: Path) -> TablePlace:
+    """A place of `kind`: `directory` itself for "local", else a fresh bucket on that local server."""
+    if kind == "local":
+        return TablePlace("local", str(directory))
+    server: StoreServer = request.getfixturevalue(_SERVER_FIXTURES[kind])
+    bucket = server.new_bucket()
+    return TablePlace(kind, bucket.root, dict(bucket.storage_options))
+
+
+@pytest.fixture(params=["local", "s3"])
+def table_place(request: pytest.FixtureRequest, tmp_path: Path) -> TablePlace:
+    """The test runs with its tables in a local directory, then in a bucket of the local S3 server."""
+    return make_place(request, request.param, tmp_path)
+
+
+@pytest.fixture(params=["local", "s3", "azure", "gcs"])
+def any_table_place(request: pytest.FixtureRequest, tmp_path: Path) -> TablePlace:
+    """The test runs on a local directory, S3 (versitygw), Azure (Azurite) and GCS (fake-gcs-server)."""
+    return make_place(request, request.param, tmp_path)

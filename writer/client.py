@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from schemas.codec import decode_decision, encode_proposal
-from schemas.errors import CommitOutcomeUnknownError
+from schemas.errors import CommitOutcomeUnknownError, EncodeError, ProposalNotSentError
 from schemas.messages import Decision, Proposal
 from schemas.routing import H_PROPOSAL_ID, H_SIGNATURE, H_SIGNER, H_TABLE_ID, Topics, header, partition_for
 from schemas.signing import WriterKey
@@ -102,6 +102,15 @@ class _PartitionListener:
         self._consumer.close()
 
 
+#: Delivery errors that mean the broker never wrote the proposal (not a timeout, whose message may
+#: still be written): the proposal cannot commit.
+_NOT_WRITTEN = frozenset({
+    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION, KafkaError.INVALID_RECORD, KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError._INVALID_ARG,
+})
+
+
 class CoordinatorClient:
     """Send proposals to the coordinator and wait for decisions."""
 
@@ -139,22 +148,29 @@ class CoordinatorClient:
         delivery: Future[None] = Future()
 
         def on_delivery(err: KafkaError | None, _msg: Any) -> None:
-            if err is not None:
-                delivery.set_exception(RuntimeError(f"proposal {proposal.proposal_id} was not delivered: {err}"))
-            else:
+            if err is None:
                 delivery.set_result(None)
+            elif err.code() in _NOT_WRITTEN:
+                delivery.set_exception(ProposalNotSentError(f"proposal {proposal.proposal_id} was refused by Kafka: {err}"))
+            else:
+                delivery.set_exception(RuntimeError(f"proposal {proposal.proposal_id} was not delivered: {err}"))
 
-        value = encode_proposal(proposal)
-        headers: list[tuple[str, str | bytes | None]] = [(H_PROPOSAL_ID, proposal.proposal_id.encode()), (H_TABLE_ID, proposal.table_id.encode())]
-        if key is not None:
-            if proposal.writer != key.name:
-                raise ValueError(f"proposal {proposal.proposal_id} declares writer {proposal.writer!r} but would be signed by "
-                                 f"key {key.name!r}: the coordinator requires them to match")
-            headers += [(H_SIGNER, key.name.encode()), (H_SIGNATURE, key.sign(value))]
-        self._producer.produce(
-            self.topics.proposals, value=value, key=proposal.table_id.encode(), partition=partition, headers=headers,
-            on_delivery=on_delivery,
-        )
+        try:
+            value = encode_proposal(proposal)
+            headers: list[tuple[str, str | bytes | None]] = [(H_PROPOSAL_ID, proposal.proposal_id.encode()),
+                                                             (H_TABLE_ID, proposal.table_id.encode())]
+            if key is not None:
+                if proposal.writer != key.name:
+                    raise ValueError(f"proposal {proposal.proposal_id} declares writer {proposal.writer!r} but would be "
+                                     f"signed by key {key.name!r}: the coordinator requires them to match")
+                headers += [(H_SIGNER, key.name.encode()), (H_SIGNATURE, key.sign(value))]
+            self._producer.produce(
+                self.topics.proposals, value=value, key=proposal.table_id.encode(), partition=partition, headers=headers,
+                on_delivery=on_delivery,
+            )
+        except (EncodeError, BufferError, KafkaException, ValueError) as e:  # refused before anything was sent
+            self._listener(partition).forget(proposal.proposal_id)
+            raise ProposalNotSentError(f"proposal {proposal.proposal_id} could not be produced: {e}") from e
         self._producer.flush(30)
         try:
             delivery.result(0)

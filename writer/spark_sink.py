@@ -69,9 +69,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from reader.log import TableNotFoundError, commit_path, log_file_exists, read_commit, table_root
+from reader.log import TableNotFoundError, commit_object, read_commit
 from reader.snapshot import Snapshot, delta_schema_to_arrow
-from reader.spark_source import SOURCE_NAME, DeltaCoordSource
+from reader.spark_source import SOURCE_NAME, DeltaCoordSource, storage_options_of
+from reader.storage import TableStorage
 from schemas.actions import AddFile, SetTransaction
 from schemas.errors import ProtocolChangedException
 from schemas.expressions import arrow as expressions
@@ -127,6 +128,8 @@ class SinkOptions:
     writer_key: str | None
     metrics_path: str | None
     kafka: tuple[tuple[str, str], ...]
+    #: The table's storage options (`storage.<key>` options, delta-rs's keys).
+    storage_options: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SinkOptions:
@@ -136,8 +139,10 @@ class SinkOptions:
             raise SinkConfigError("the deltacoord sink needs a table path: .option('path', ...) or .save(path)")
         pb = o.get("partitionby") or ""
         tv = o.get("txnversion")
+        storage_options = storage_options_of(options)
+        storage = TableStorage(path, storage_options, fsync=False)
         return SinkOptions(
-            uri=str(table_root(path).resolve()),
+            uri=storage.local_path() if storage.is_local else storage.location,
             bootstrap_servers=o.get("bootstrap.servers") or o.get("kafka.bootstrap.servers"),
             topic_prefix=o.get("topic.prefix") or "deltacoord",
             checkpoint=o.get("checkpointlocation"),
@@ -152,11 +157,13 @@ class SinkOptions:
             metrics_path=o.get("metricspath"),
             kafka=tuple(sorted((k[len("kafka."):], v) for k, v in o.items()
                                if k.startswith("kafka.") and k != "kafka.bootstrap.servers")),
+            storage_options=tuple(sorted(storage_options.items())),
         )
 
     @property
-    def root(self) -> Path:
-        return Path(self.uri)
+    def root(self) -> TableStorage:
+        """The table's storage (built in the process that asks: obstore does not travel)."""
+        return TableStorage(self.uri, dict(self.storage_options), fsync=False)
 
     def table(self) -> Table:
         if not self.bootstrap_servers:
@@ -165,7 +172,7 @@ class SinkOptions:
         key = resolve_writer_key(self.writer_key)
         return Table(self.uri, self.bootstrap_servers, topics=Topics.with_prefix(self.topic_prefix),
                      writer_name=self.writer_name or (None if key is not None else "spark"), writer_key=key,
-                     decision_timeout_s=self.decision_timeout_s, **kafka_config)
+                     decision_timeout_s=self.decision_timeout_s, storage_options=dict(self.storage_options), **kafka_config)
 
     def app_id(self) -> str:
         """The streaming query's app id: option, else Spark's query id from the checkpoint, else a hash of its path."""
@@ -205,6 +212,7 @@ class StagePlan:
     schema: pa.Schema
     partition_columns: tuple[str, ...]
     replace_where: str | None = None
+    storage_options: tuple[tuple[str, str], ...] = ()
 
     def conform(self, batch: pa.RecordBatch | pa.Table) -> pa.Table:
         t = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
@@ -232,7 +240,7 @@ class StagePlan:
             raise ValueError(f"DELTA_REPLACE_WHERE_MISMATCH: {bad} written row(s) do not satisfy replaceWhere {self.replace_where!r}")
 
     def stage(self, batches: Iterator[pa.RecordBatch]) -> DeltaCoordCommitMessage:
-        root = Path(self.root)
+        root = TableStorage(self.root, dict(self.storage_options), fsync=False)
         adds: list[AddFile] = []
         pending: list[pa.Table] = []
         rows = total = 0
@@ -280,20 +288,21 @@ def _check_partitioning(opts: SinkOptions, snap: Snapshot, adds: Sequence[AddFil
             )
 
 
-def _delete_not_live(root: Path, adds: Sequence[AddFile], live_paths: set[str]) -> None:
+def _delete_not_live(root: TableStorage, adds: Sequence[AddFile], live_paths: set[str]) -> None:
     staging.delete_staged(root, [a for a in adds if a.path not in live_paths])
 
 
-def _delete_unless_in_commit(root: Path, adds: Sequence[AddFile], version: int, wait_s: float = 30.0) -> None:
+def _delete_unless_in_commit(root: TableStorage, adds: Sequence[AddFile], version: int, wait_s: float = 30.0) -> None:
     """Delete staged files that are not part of commit `version` (waits for its publication; keeps all if it never shows)."""
-    path = commit_path(root, version)
+    commit = commit_object(root, version)
     deadline = time.monotonic() + wait_s
-    while not log_file_exists(path):
+    while not commit.exists():
         if time.monotonic() > deadline:
-            log.warning("commit %s of %s not published within %.0fs; keeping %d staged file(s)", version, root, wait_s, len(adds))
+            log.warning("commit %s of %s not published within %.0fs; keeping %d staged file(s)", version, root.location, wait_s,
+                        len(adds))
             return
         time.sleep(0.05)
-    committed = {a.path for a in read_commit(path) if isinstance(a, AddFile)}
+    committed = {a.path for a in read_commit(commit) if isinstance(a, AddFile)}
     _delete_not_live(root, adds, committed)
 
 
@@ -308,7 +317,7 @@ def _arrow_schema_of(spark_schema: StructType) -> pa.Schema:
 def ensure_table(opts: SinkOptions, spark_schema: StructType) -> Snapshot:
     """The table's latest snapshot, creating the table from the DataFrame's schema when the path has none."""
     try:
-        return Snapshot.load(opts.uri)
+        return Snapshot.load(opts.uri, storage_options=dict(opts.storage_options))
     except TableNotFoundError:
         pass
     with opts.table() as t:
@@ -317,7 +326,7 @@ def ensure_table(opts: SinkOptions, spark_schema: StructType) -> Snapshot:
         deadline = time.monotonic() + opts.decision_timeout_s
         while True:
             try:
-                return Snapshot.load(opts.uri)
+                return Snapshot.load(opts.uri, storage_options=dict(opts.storage_options))
             except TableNotFoundError:
                 if time.monotonic() > deadline:
                     raise
@@ -326,7 +335,7 @@ def ensure_table(opts: SinkOptions, spark_schema: StructType) -> Snapshot:
 
 def _stage_plan(opts: SinkOptions, snap: Snapshot, replace_where: str | None = None) -> StagePlan:
     schema = delta_schema_to_arrow(snap.metadata.schema())
-    return StagePlan(opts.uri, schema, tuple(snap.partition_columns), replace_where)
+    return StagePlan(opts.uri, schema, tuple(snap.partition_columns), replace_where, opts.storage_options)
 
 
 # --------------------------------------------------------------------------- streaming writer

@@ -1,8 +1,9 @@
 """Stage data as Parquet files under the table root, with Delta's per-file statistics.
 
-Files land in Hive-style partition directories with unique names; each yields
-an `add` action carrying partition values serialised as Delta specifies and a
-stats JSON (numRecords, minValues, maxValues, nullCount).
+Files land in Hive-style partition directories with unique names, on whatever
+store the table lives (`reader.storage.TableStorage`: a local directory, S3,
+Azure, GCS); each yields an `add` action carrying partition values serialised
+as Delta specifies and a stats JSON (numRecords, minValues, maxValues, nullCount).
 """
 
 from __future__ import annotations
@@ -11,18 +12,17 @@ import contextlib
 import datetime as dt
 import decimal
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from reader.storage import TableStorage
 from schemas.actions import AddFile
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
@@ -160,15 +160,22 @@ def file_stats(table: pa.Table, columns: Iterable[str]) -> str:
 
 
 # -- files --------------------------------------------------------------------------------
+def _storage(root: Path | TableStorage) -> TableStorage:
+    # Data files are not fsynced (as before the storage edge, and as Spark does not): a torn
+    # staged file is never committed, and the log is what must be durable.
+    return root if isinstance(root, TableStorage) else TableStorage(root, fsync=False)
+
+
 def write_data_files(
-    root: Path,
+    root: Path | TableStorage,
     data: pa.Table,
     partition_by: Sequence[str] = (),
     *,
     data_change: bool = True,
     max_rows_per_file: int = 1_000_000,
 ) -> list[AddFile]:
-    """Write `data` as Parquet under `root`, one or more files per partition; returns their adds."""
+    """Write `data` as Parquet under the table `root` (a local path or its `TableStorage`), one or more
+    files per partition; returns their adds."""
     for c in partition_by:
         if c not in data.column_names:
             raise SchemaError(f"partition column {c!r} is missing from the data (columns: {data.column_names})")
@@ -188,6 +195,7 @@ def write_data_files(
             groups.append((key, data.filter(mask)))
     else:
         groups = [({}, data)]
+    storage = _storage(root)
     now_ms = int(time.time() * 1000)
     for key, part in groups:
         pvals = {c: serialize_partition_value(key[c]) for c in partition_by}
@@ -196,14 +204,12 @@ def write_data_files(
             chunk = part.slice(start, max_rows_per_file).select(data_cols)
             name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
             rel = f"{rel_dir}/{name}" if rel_dir else name
-            path = root / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(chunk, path, compression="snappy")
+            size = storage.write_parquet(rel, chunk, compression="snappy")
             adds.append(
                 AddFile(
                     path=quote(rel, safe="/=-_.~"),
                     partition_values=pvals,
-                    size=os.path.getsize(path),
+                    size=size,
                     modification_time=now_ms,
                     data_change=data_change,
                     stats=file_stats(chunk, data_cols),
@@ -212,13 +218,16 @@ def write_data_files(
     return adds
 
 
-def delete_staged(root: Path, adds: Iterable[AddFile]) -> None:
-    """Remove files staged for a proposal that did not commit."""
-    from urllib.parse import unquote
-
+def delete_staged(root: Path | TableStorage, adds: Iterable[AddFile]) -> None:
+    """Remove files staged for a proposal that did not commit (relative paths only: never a file
+    outside the table)."""
+    storage = _storage(root)
     for a in adds:
+        key = unquote(a.path)
+        if "://" in a.path or key.startswith("/"):
+            continue
         with contextlib.suppress(FileNotFoundError):
-            (root / unquote(a.path)).unlink()
+            storage.delete(key)
 
 
 def to_arrow(data: Any) -> pa.Table:

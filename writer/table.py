@@ -20,22 +20,22 @@ from one snapshot (as concurrent writers would) and see Delta's conflicts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from reader.deletion_vectors import keep_mask, read_deletion_vector
-from reader.log import TableNotFoundError, list_log, table_root
+from reader.log import TableNotFoundError, commit_key, data_object, list_log_from_hint, newest_commit_version
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError, delta_schema_to_arrow, parse_partition_value
+from reader.storage import TableStorage
 from schemas.actions import AddFile, Metadata, Protocol, SetTransaction
 from schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
 from schemas.expressions import arrow as expressions
@@ -50,6 +50,7 @@ from schemas.signing import WriterKey, resolve_writer_key
 from writer import staging
 from writer.client import CoordinatorClient
 from writer.transaction import CommitResult, Transaction
+from writer.vacuum import VacuumResult, vacuum
 
 #: A MERGE clause: "*" (all columns from the source) or target column -> SQL expression over `s.`/`t.` columns.
 Assignments = Mapping[str, str] | Literal["*"]
@@ -74,13 +75,23 @@ class MergeError(InvalidProposalError):
     """A MERGE that Delta would refuse (e.g. several source rows matching one target row)."""
 
 
-def default_table_id(root: Path) -> str:
-    """A table's id on the wire: its absolute location (stable across writers on one machine)."""
-    return root.resolve().as_uri()
+@contextlib.contextmanager
+def _abandoned_on_error(tx: Transaction) -> Iterator[None]:
+    """Files staged for `tx` are deleted if preparing it fails before it is proposed."""
+    try:
+        yield
+    except BaseException:
+        tx.abandon()
+        raise
 
 
 class Table:
     """A handle on one coordinated Delta table.
+
+    `uri` is a local path or an object-store URI (`s3://`, `s3a://`, `az://`,
+    `abfss://`, `gs://`); `storage_options` are delta-rs's keys (endpoint, region,
+    credentials, `AWS_ALLOW_HTTP`, ...), else each cloud's environment chain.
+    The writer writes data files only; `_delta_log` is the coordinator's.
 
     A handle reads its own writes: after it commits version v, snapshots wait
     (up to `publish_timeout_s`) until v is published to `_delta_log`, since
@@ -93,11 +104,12 @@ class Table:
 
     def __init__(self, uri: str | Path, bootstrap_servers: str, *, table_id: str | None = None, topics: Topics | None = None,
                  writer_name: str | None = None, decision_timeout_s: float = 60.0, publish_timeout_s: float = 60.0,
-                 client: CoordinatorClient | None = None, writer_key: WriterKey | str | Path | None = None,
-                 **kafka_config: Any) -> None:
-        self.root = table_root(str(uri)).resolve()
-        self.uri = self.root.as_uri()
-        self.table_id = table_id or default_table_id(self.root)
+                 client: CoordinatorClient | None = None, storage_options: Mapping[str, str] | None = None,
+                 writer_key: WriterKey | str | Path | None = None, **kafka_config: Any) -> None:
+        self.storage = TableStorage(uri, storage_options, fsync=False)
+        # Local tables keep the absolute file:// URI of their directory as location and id.
+        self.uri = Path(self.storage.local_path()).as_uri() if self.storage.is_local else self.storage.location
+        self.table_id = table_id or self.uri
         self.writer_key = resolve_writer_key(writer_key)
         if self.writer_key is not None:
             if writer_name is not None and writer_name != self.writer_key.name:
@@ -111,6 +123,15 @@ class Table:
         self.client = client or CoordinatorClient(bootstrap_servers, topics=topics, **kafka_config)
         self._snapshot: Snapshot | None = None
         self._floor = -1  # newest version this handle committed
+
+    @property
+    def root(self) -> Path:
+        """The table's local directory (local tables only; any table has `storage`)."""
+        return Path(self.storage.local_path())
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        return self.storage.storage_options
 
     # -- snapshots ------------------------------------------------------------------
     def committed(self, version: int, *, changed_metadata: bool = False) -> None:
@@ -129,17 +150,24 @@ class Table:
         self._snapshot = None
 
     def wait_published(self, version: int, timeout_s: float | None = None) -> None:
-        """Block until `_delta_log` holds `version` (publication follows the decision)."""
+        """Block until `_delta_log` holds `version` (publication follows the decision).
+
+        Polls for the version's own commit file (one HEAD on an object store); now and
+        then it also asks for the newest version, in case log cleanup already removed it.
+        """
         timeout = self.publish_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         delay = 0.002
+        polls = 0
+        latest: int | None = None
         while True:
-            try:
-                latest = list_log(self.root).latest_version
-            except TableNotFoundError:
-                latest = None
-            if latest is not None and latest >= version:
+            if self.storage.exists(commit_key(version)):
                 return
+            polls += 1
+            if polls % 10 == 0:
+                latest = newest_commit_version(self.storage)
+                if latest >= version:
+                    return
             if time.monotonic() >= deadline:
                 raise PublicationLagError(
                     f"version {version} of {self.uri} was committed but is not in _delta_log after {timeout:.1f}s "
@@ -153,10 +181,10 @@ class Table:
         if version is not None:
             if version <= self._floor:
                 self.wait_published(version)
-            return Snapshot.load(self.uri, version=version)
+            return Snapshot.load(self.uri, version=version, storage_options=self.storage_options)
         if self._floor >= 0:
             self.wait_published(self._floor)
-        snap = Snapshot.load(self.uri)
+        snap = Snapshot.load(self.uri, storage_options=self.storage_options)
         self._snapshot = snap
         return snap
 
@@ -171,7 +199,7 @@ class Table:
 
     def exists(self) -> bool:
         try:
-            return list_log(self.root).latest_version is not None
+            return list_log_from_hint(self.storage).latest_version is not None
         except TableNotFoundError:
             return False
 
@@ -272,7 +300,7 @@ class Table:
 
     def _read_file(self, snap: Snapshot, add: AddFile, schema: pa.Schema) -> pa.Table:
         """The rows of one data file in the table schema, deletion vector applied."""
-        t = pq.read_table(self.root / unquote(add.path))
+        t = data_object(self.storage, add.path).read_parquet_file().read()
         n = t.num_rows
         cols = []
         for f in schema:
@@ -285,7 +313,7 @@ class Table:
                 cols.append(pa.nulls(n, f.type))
         out = pa.Table.from_arrays(cols, schema=schema)
         if add.deletion_vector is not None:
-            out = out.filter(pa.array(keep_mask(n, read_deletion_vector(self.root, add.deletion_vector))))
+            out = out.filter(pa.array(keep_mask(n, read_deletion_vector(self.storage, add.deletion_vector))))
         return out
 
     def _candidates(self, snap: Snapshot, where: str | None) -> list[AddFile]:
@@ -315,16 +343,17 @@ class Table:
         snap = snapshot or (self.snapshot() if app_id is not None else self._cached())
         self._check_writable(snap)
         tx = Transaction(self, snap.version)
-        if app_id is not None and app_version is not None:
-            recorded = snap.app_versions.get(app_id, -1)
-            if app_version <= recorded:
-                return CommitResult(snap.version, tx.proposal_id, "WRITE", already_committed=True)
-            tx.read_app_id(app_id)
-            tx.add(SetTransaction(app_id, app_version, int(time.time() * 1000)))
-        table = self._conform(data, snap)
-        tx.stage(staging.write_data_files(self.root, table, snap.partition_columns))
-        return tx.commit("WRITE", changes_data=True, parameters={"mode": "Append", "partitionBy": snap.partition_columns},
-                         metrics={"numOutputRows": table.num_rows})
+        with _abandoned_on_error(tx):
+            if app_id is not None and app_version is not None:
+                recorded = snap.app_versions.get(app_id, -1)
+                if app_version <= recorded:
+                    return CommitResult(snap.version, tx.proposal_id, "WRITE", already_committed=True)
+                tx.read_app_id(app_id)
+                tx.add(SetTransaction(app_id, app_version, int(time.time() * 1000)))
+            table = self._conform(data, snap)
+            tx.stage(staging.write_data_files(self.storage, table, snap.partition_columns))
+            return tx.commit("WRITE", changes_data=True, parameters={"mode": "Append", "partitionBy": snap.partition_columns},
+                             metrics={"numOutputRows": table.num_rows})
 
     def overwrite(self, data: Any, replace_where: str | None = None, *, snapshot: Snapshot | None = None) -> CommitResult:
         """INSERT OVERWRITE: replace the whole table, or only the partitions `replace_where` selects.
@@ -339,31 +368,32 @@ class Table:
         self._check_writable(snap)
         table = self._conform(data, snap)
         tx = Transaction(self, snap.version)
-        if replace_where is None:
-            tx.read_whole()
-            replaced = snap.files()
-        else:
-            cols = columns_of(parse(replace_where))
-            part = set(snap.partition_columns)
-            if not cols or not cols <= part:
-                raise InvalidProposalError(ReasonCode.BAD_REPLACE_WHERE, f"replace_where {replace_where!r} must name partition columns only ({sorted(part)})")
-            ok = self._mask(table, expressions.compile_filter(replace_where, table.schema))
-            bad = table.num_rows - pc.sum(ok.cast(pa.int64())).as_py() if table.num_rows else 0
-            if bad:
-                raise InvalidProposalError(
-                    ReasonCode.REPLACE_WHERE_MISMATCH,
-                    f"{bad} written row(s) do not satisfy replace_where {replace_where!r}; nothing was written")
-            tx.read_predicate(replace_where)
-            replaced = self._candidates(snap, replace_where)
-            tx.read_files_from(replaced)
-        for a in replaced:
-            tx.remove(a)
-        tx.stage(staging.write_data_files(self.root, table, snap.partition_columns))
-        params: dict[str, Any] = {"mode": "Overwrite", "partitionBy": snap.partition_columns}
-        if replace_where is not None:
-            params["predicate"] = json.dumps([replace_where])
-        return tx.commit("WRITE", changes_data=True, parameters=params,
-                         metrics={"numOutputRows": table.num_rows, "numRemovedFiles": len(replaced)})
+        with _abandoned_on_error(tx):
+            if replace_where is None:
+                tx.read_whole()
+                replaced = snap.files()
+            else:
+                cols = columns_of(parse(replace_where))
+                part = set(snap.partition_columns)
+                if not cols or not cols <= part:
+                    raise InvalidProposalError(ReasonCode.BAD_REPLACE_WHERE, f"replace_where {replace_where!r} must name partition columns only ({sorted(part)})")
+                ok = self._mask(table, expressions.compile_filter(replace_where, table.schema))
+                bad = table.num_rows - pc.sum(ok.cast(pa.int64())).as_py() if table.num_rows else 0
+                if bad:
+                    raise InvalidProposalError(
+                        ReasonCode.REPLACE_WHERE_MISMATCH,
+                        f"{bad} written row(s) do not satisfy replace_where {replace_where!r}; nothing was written")
+                tx.read_predicate(replace_where)
+                replaced = self._candidates(snap, replace_where)
+                tx.read_files_from(replaced)
+            for a in replaced:
+                tx.remove(a)
+            tx.stage(staging.write_data_files(self.storage, table, snap.partition_columns))
+            params: dict[str, Any] = {"mode": "Overwrite", "partitionBy": snap.partition_columns}
+            if replace_where is not None:
+                params["predicate"] = json.dumps([replace_where])
+            return tx.commit("WRITE", changes_data=True, parameters=params,
+                             metrics={"numOutputRows": table.num_rows, "numRemovedFiles": len(replaced)})
 
     def _rewrite(self, where: str | None, operation: str, change: Callable[[pa.Table, pa.Array], pa.Table],
                  snapshot: Snapshot | None, count_name: str) -> CommitResult:
@@ -372,32 +402,33 @@ class Table:
         self._check_writable(snap)
         schema = delta_schema_to_arrow(snap.metadata.schema())
         tx = Transaction(self, snap.version)
-        if where is None:
-            tx.read_whole()
-            cond: Any = pc.scalar(True)
-        else:
-            cond = expressions.compile_filter(where, schema)
-            tx.read_predicate(where)
-        candidates = files_read(snap.files(), where, snap.metadata, schema)
-        tx.read_files_from(candidates)
-        touched = copied = 0
-        for add in candidates:
-            t = self._read_file(snap, add, schema)
-            mask = self._mask(t, cond)
-            hits = pc.sum(mask.cast(pa.int64())).as_py() or 0
-            if not hits:
-                continue
-            touched += hits
-            copied += t.num_rows - hits
-            tx.remove(add)
-            out = change(t, mask)
-            if out.num_rows:
-                tx.stage(staging.write_data_files(self.root, out, snap.partition_columns))
-        metrics = {count_name: touched, "numCopiedRows": copied}
-        if not touched:
-            return self._noop(snap, tx, operation, metrics)
-        return tx.commit(operation, changes_data=True, parameters={"predicate": json.dumps([where] if where else [])},
-                         metrics=metrics)
+        with _abandoned_on_error(tx):
+            if where is None:
+                tx.read_whole()
+                cond: Any = pc.scalar(True)
+            else:
+                cond = expressions.compile_filter(where, schema)
+                tx.read_predicate(where)
+            candidates = files_read(snap.files(), where, snap.metadata, schema)
+            tx.read_files_from(candidates)
+            touched = copied = 0
+            for add in candidates:
+                t = self._read_file(snap, add, schema)
+                mask = self._mask(t, cond)
+                hits = pc.sum(mask.cast(pa.int64())).as_py() or 0
+                if not hits:
+                    continue
+                touched += hits
+                copied += t.num_rows - hits
+                tx.remove(add)
+                out = change(t, mask)
+                if out.num_rows:
+                    tx.stage(staging.write_data_files(self.storage, out, snap.partition_columns))
+            metrics = {count_name: touched, "numCopiedRows": copied}
+            if not touched:
+                return self._noop(snap, tx, operation, metrics)
+            return tx.commit(operation, changes_data=True, parameters={"predicate": json.dumps([where] if where else [])},
+                             metrics=metrics)
 
     def delete(self, where: str | None = None, *, snapshot: Snapshot | None = None) -> CommitResult:
         """DELETE FROM table [WHERE `where`], reading `snapshot` (default: latest)."""
@@ -457,104 +488,105 @@ class Table:
                 raise staging.SchemaError(f"MERGE key {t_col!r} is not a target column ({schema.names})")
 
         tx = Transaction(self, snap.version)
-        if target_filter is None:
-            tx.read_whole()
-            cond: Any = pc.scalar(True)
-        else:
-            tx.read_predicate(target_filter)
-            cond = expressions.compile_filter(target_filter, schema)
-        candidates = files_read(snap.files(), target_filter, snap.metadata, schema)
-        tx.read_files_from(candidates)
-
-        # Source keys, typed as the target's, with their row numbers; NULL keys never match (SQL equality).
-        src_keys = pa.table({f"__k{i}": src.column(s).cast(schema.field(t).type) for i, (s, t) in enumerate(keys)})
-        src_keys = src_keys.append_column("__src", pa.array(range(src.num_rows), pa.int64()))
-        src_keys = src_keys.filter(_all_valid(src_keys, len(keys)))
-        aliases = (source_alias, target_alias)
-
-        matched_src: set[int] = set()
-        updated = deleted = copied = 0
-        conditional_delete = isinstance(when_matched_delete, str)
-        for add in candidates:
-            t = self._read_file(snap, add, schema)
-            tk = pa.table({f"__k{i}": t.column(tc) for i, (_s, tc) in enumerate(keys)})
-            tk = tk.append_column("__row", pa.array(range(t.num_rows), pa.int64()))
-            tk = tk.filter(pc.and_(self._mask(t, cond), _all_valid(tk, len(keys))))
-            if not tk.num_rows:
-                continue
-            joined = tk.join(src_keys, [f"__k{i}" for i in range(len(keys))], join_type="inner")
-            if not joined.num_rows:
-                continue
-            rows = joined.column("__row").to_numpy()
-            srcs = joined.column("__src").to_numpy()
-            matched_src.update(int(i) for i in srcs)
-            if when_matched_update is None and when_matched_delete is False:
-                continue
-            target_rows = t.take(pa.array(rows))
-            source_rows = src.take(pa.array(srcs))
-            if isinstance(when_matched_delete, str):
-                delete = self._condition(when_matched_delete, source_rows, target_rows, aliases)
+        with _abandoned_on_error(tx):
+            if target_filter is None:
+                tx.read_whole()
+                cond: Any = pc.scalar(True)
             else:
-                delete = pa.array([bool(when_matched_delete)] * len(rows))
-            update = pc.invert(delete) if when_matched_update is not None else pa.array([False] * len(rows))
-            if when_matched_update is not None or conditional_delete:
-                # As in Delta: several source rows may match one target row only under an unconditional
-                # DELETE; a matched-only MERGE counts just the pairs that some WHEN MATCHED clause selects.
-                counted = rows if when_not_matched_insert is not None else pc.filter(pa.array(rows), pc.or_(delete, update)).to_numpy()
-                if len(set(counted.tolist())) != len(counted):
-                    raise MergeError(
-                        ReasonCode.MULTIPLE_SOURCE_ROWS_MATCHED,
-                                     "several source rows matched the same target row; MERGE cannot decide which to apply")
-            n_del = len(set(pc.filter(pa.array(rows), delete).to_pylist()))
-            n_upd = pc.sum(update.cast(pa.int64())).as_py() or 0
-            if not n_del and not n_upd:
-                continue
-            touched = pc.filter(pa.array(rows), pc.or_(delete, update))
-            is_touched = pc.is_in(pa.array(range(t.num_rows), pa.int64()), value_set=touched)
-            parts = [t.filter(pc.invert(is_touched))]
-            if n_upd:
-                assert when_matched_update is not None
-                parts.append(self._assign(when_matched_update, schema, source_rows.filter(update), target_rows.filter(update),
-                                          aliases, "UPDATE SET *"))
-            out = pa.concat_tables(parts)
-            updated += n_upd
-            deleted += n_del
-            copied += parts[0].num_rows
-            tx.remove(add)
-            if out.num_rows:
-                tx.stage(staging.write_data_files(self.root, out, snap.partition_columns))
+                tx.read_predicate(target_filter)
+                cond = expressions.compile_filter(target_filter, schema)
+            candidates = files_read(snap.files(), target_filter, snap.metadata, schema)
+            tx.read_files_from(candidates)
 
-        inserted = 0
-        if when_not_matched_insert is not None:
-            todo = [i for i in range(src.num_rows) if i not in matched_src]
-            if todo:
-                source_rows = src.take(pa.array(todo, pa.int64()))
-                if when_not_matched_insert_if is not None:
-                    source_rows = source_rows.filter(self._condition(when_not_matched_insert_if, source_rows, None, aliases))
-                new_rows = self._assign(when_not_matched_insert, schema, source_rows, None, aliases, "INSERT *")
-                inserted = new_rows.num_rows
-                if inserted:
-                    tx.stage(staging.write_data_files(self.root, new_rows, snap.partition_columns))
-        metrics = {"numSourceRows": src.num_rows, "numTargetRowsUpdated": updated, "numTargetRowsDeleted": deleted,
-                   "numTargetRowsInserted": inserted, "numTargetRowsCopied": copied}
-        if not updated and not inserted and not deleted:
-            return self._noop(snap, tx, "MERGE", metrics)
-        matched: list[dict[str, str]] = []
-        if when_matched_delete is not False:
-            matched.append({"actionType": "delete",
-                            **({"predicate": when_matched_delete} if isinstance(when_matched_delete, str) else {})})
-        if when_matched_update is not None:
-            matched.append({"actionType": "update"})
-        not_matched: list[dict[str, str]] = []
-        if when_not_matched_insert is not None:
-            not_matched.append({"actionType": "insert",
-                                **({"predicate": when_not_matched_insert_if} if when_not_matched_insert_if else {})})
-        params = {
-            "predicate": json.dumps([on if isinstance(on, str) else " AND ".join(f"s.{k} = t.{k}" for k in on)]),
-            "matchedPredicates": json.dumps(matched),
-            "notMatchedPredicates": json.dumps(not_matched),
-        }
-        return tx.commit("MERGE", changes_data=True, parameters=params, metrics=metrics)
+            # Source keys, typed as the target's, with their row numbers; NULL keys never match (SQL equality).
+            src_keys = pa.table({f"__k{i}": src.column(s).cast(schema.field(t).type) for i, (s, t) in enumerate(keys)})
+            src_keys = src_keys.append_column("__src", pa.array(range(src.num_rows), pa.int64()))
+            src_keys = src_keys.filter(_all_valid(src_keys, len(keys)))
+            aliases = (source_alias, target_alias)
+
+            matched_src: set[int] = set()
+            updated = deleted = copied = 0
+            conditional_delete = isinstance(when_matched_delete, str)
+            for add in candidates:
+                t = self._read_file(snap, add, schema)
+                tk = pa.table({f"__k{i}": t.column(tc) for i, (_s, tc) in enumerate(keys)})
+                tk = tk.append_column("__row", pa.array(range(t.num_rows), pa.int64()))
+                tk = tk.filter(pc.and_(self._mask(t, cond), _all_valid(tk, len(keys))))
+                if not tk.num_rows:
+                    continue
+                joined = tk.join(src_keys, [f"__k{i}" for i in range(len(keys))], join_type="inner")
+                if not joined.num_rows:
+                    continue
+                rows = joined.column("__row").to_numpy()
+                srcs = joined.column("__src").to_numpy()
+                matched_src.update(int(i) for i in srcs)
+                if when_matched_update is None and when_matched_delete is False:
+                    continue
+                target_rows = t.take(pa.array(rows))
+                source_rows = src.take(pa.array(srcs))
+                if isinstance(when_matched_delete, str):
+                    delete = self._condition(when_matched_delete, source_rows, target_rows, aliases)
+                else:
+                    delete = pa.array([bool(when_matched_delete)] * len(rows))
+                update = pc.invert(delete) if when_matched_update is not None else pa.array([False] * len(rows))
+                if when_matched_update is not None or conditional_delete:
+                    # As in Delta: several source rows may match one target row only under an unconditional
+                    # DELETE; a matched-only MERGE counts just the pairs that some WHEN MATCHED clause selects.
+                    counted = rows if when_not_matched_insert is not None else pc.filter(pa.array(rows), pc.or_(delete, update)).to_numpy()
+                    if len(set(counted.tolist())) != len(counted):
+                        raise MergeError(
+                            ReasonCode.MULTIPLE_SOURCE_ROWS_MATCHED,
+                                         "several source rows matched the same target row; MERGE cannot decide which to apply")
+                n_del = len(set(pc.filter(pa.array(rows), delete).to_pylist()))
+                n_upd = pc.sum(update.cast(pa.int64())).as_py() or 0
+                if not n_del and not n_upd:
+                    continue
+                touched = pc.filter(pa.array(rows), pc.or_(delete, update))
+                is_touched = pc.is_in(pa.array(range(t.num_rows), pa.int64()), value_set=touched)
+                parts = [t.filter(pc.invert(is_touched))]
+                if n_upd:
+                    assert when_matched_update is not None
+                    parts.append(self._assign(when_matched_update, schema, source_rows.filter(update), target_rows.filter(update),
+                                              aliases, "UPDATE SET *"))
+                out = pa.concat_tables(parts)
+                updated += n_upd
+                deleted += n_del
+                copied += parts[0].num_rows
+                tx.remove(add)
+                if out.num_rows:
+                    tx.stage(staging.write_data_files(self.storage, out, snap.partition_columns))
+
+            inserted = 0
+            if when_not_matched_insert is not None:
+                todo = [i for i in range(src.num_rows) if i not in matched_src]
+                if todo:
+                    source_rows = src.take(pa.array(todo, pa.int64()))
+                    if when_not_matched_insert_if is not None:
+                        source_rows = source_rows.filter(self._condition(when_not_matched_insert_if, source_rows, None, aliases))
+                    new_rows = self._assign(when_not_matched_insert, schema, source_rows, None, aliases, "INSERT *")
+                    inserted = new_rows.num_rows
+                    if inserted:
+                        tx.stage(staging.write_data_files(self.storage, new_rows, snap.partition_columns))
+            metrics = {"numSourceRows": src.num_rows, "numTargetRowsUpdated": updated, "numTargetRowsDeleted": deleted,
+                       "numTargetRowsInserted": inserted, "numTargetRowsCopied": copied}
+            if not updated and not inserted and not deleted:
+                return self._noop(snap, tx, "MERGE", metrics)
+            matched: list[dict[str, str]] = []
+            if when_matched_delete is not False:
+                matched.append({"actionType": "delete",
+                                **({"predicate": when_matched_delete} if isinstance(when_matched_delete, str) else {})})
+            if when_matched_update is not None:
+                matched.append({"actionType": "update"})
+            not_matched: list[dict[str, str]] = []
+            if when_not_matched_insert is not None:
+                not_matched.append({"actionType": "insert",
+                                    **({"predicate": when_not_matched_insert_if} if when_not_matched_insert_if else {})})
+            params = {
+                "predicate": json.dumps([on if isinstance(on, str) else " AND ".join(f"s.{k} = t.{k}" for k in on)]),
+                "matchedPredicates": json.dumps(matched),
+                "notMatchedPredicates": json.dumps(not_matched),
+            }
+            return tx.commit("MERGE", changes_data=True, parameters=params, metrics=metrics)
 
     @staticmethod
     def _condition(text: str, source_rows: pa.Table, target_rows: pa.Table | None, aliases: tuple[str, str]) -> pa.Array:
@@ -604,26 +636,32 @@ class Table:
         self._check_writable(snap)
         schema = delta_schema_to_arrow(snap.metadata.schema())
         tx = Transaction(self, snap.version)
-        if where is not None:
-            tx.read_predicate(where)
-        by_part: dict[tuple[tuple[str, str | None], ...], list[AddFile]] = {}
-        for a in self._candidates(snap, where):
-            if a.size < target_file_size:
-                by_part.setdefault(tuple(sorted(a.partition_values.items())), []).append(a)
-        compacted = 0
-        for files in by_part.values():
-            if len(files) < min_files:
-                continue
-            tx.read_files_from(files)
-            merged = pa.concat_tables([self._read_file(snap, a, schema) for a in files])
-            for a in files:
-                tx.remove(a, data_change=False)
-            tx.stage(staging.write_data_files(self.root, merged, snap.partition_columns, data_change=False))
-            compacted += len(files)
-        if not compacted:
-            return self._noop(snap, tx, "OPTIMIZE", {"numRemovedFiles": 0, "numAddedFiles": 0})
-        return tx.commit("OPTIMIZE", changes_data=False,
-                         parameters={"predicate": json.dumps([where] if where else []), "filesCompacted": str(compacted)})
+        with _abandoned_on_error(tx):
+            if where is not None:
+                tx.read_predicate(where)
+            by_part: dict[tuple[tuple[str, str | None], ...], list[AddFile]] = {}
+            for a in self._candidates(snap, where):
+                if a.size < target_file_size:
+                    by_part.setdefault(tuple(sorted(a.partition_values.items())), []).append(a)
+            compacted = 0
+            for files in by_part.values():
+                if len(files) < min_files:
+                    continue
+                tx.read_files_from(files)
+                merged = pa.concat_tables([self._read_file(snap, a, schema) for a in files])
+                for a in files:
+                    tx.remove(a, data_change=False)
+                tx.stage(staging.write_data_files(self.storage, merged, snap.partition_columns, data_change=False))
+                compacted += len(files)
+            if not compacted:
+                return self._noop(snap, tx, "OPTIMIZE", {"numRemovedFiles": 0, "numAddedFiles": 0})
+            return tx.commit("OPTIMIZE", changes_data=False,
+                             parameters={"predicate": json.dumps([where] if where else []), "filesCompacted": str(compacted)})
+
+    def vacuum(self, retention_hours: float | None = None, *, dry_run: bool = False,
+               enforce_retention: bool = True) -> VacuumResult:
+        """VACUUM: delete files no retained version references and older than the retention (see `writer.vacuum`)."""
+        return vacuum(self.storage, retention_hours=retention_hours, dry_run=dry_run, enforce_retention=enforce_retention)
 
     # -- reads ----------------------------------------------------------------------
     def history(self, limit: int | None = None) -> list[dict[str, Any]]:

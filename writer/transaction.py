@@ -13,12 +13,18 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from reader.storage import TableStorage
 from schemas.actions import Action, AddFile, CommitInfo, Metadata, RemoveFile
 from schemas.actions import Protocol as ProtocolAction
-from schemas.errors import CONFLICT_CLASSES, DeltaConcurrentModificationException, DeltaCoordError, InvalidProposalError
+from schemas.errors import (
+    CONFLICT_CLASSES,
+    DeltaConcurrentModificationException,
+    DeltaCoordError,
+    InvalidProposalError,
+    ProposalNotSentError,
+)
 from schemas.messages import Decision, FileRead, Proposal
 from schemas.reasons import ReasonCode
 from schemas.signing import WriterKey
@@ -51,7 +57,7 @@ class TableHandle(Protocol):
 
     table_id: str
     uri: str
-    root: Path
+    storage: TableStorage
     writer_name: str | None
     #: Signs every proposal when set (tables with registered writer keys require it).
     writer_key: WriterKey | None
@@ -85,6 +91,8 @@ class Transaction:
         self.read_app_ids: list[str] = []
         self.actions: list[Action] = []
         self.staged: list[AddFile] = []
+        #: Set once the proposal went to Kafka: from then on only its decision may delete staged files.
+        self.proposed = False
 
     # -- reads ----------------------------------------------------------------------
     def read_predicate(self, predicate: str) -> None:
@@ -123,6 +131,13 @@ class Transaction:
     def remove(self, add: AddFile, data_change: bool = True) -> None:
         self.actions.append(add.to_remove(int(time.time() * 1000), data_change=data_change))
 
+    def abandon(self) -> None:
+        """Delete the staged files of a transaction given up before it was proposed (an error while
+        preparing it). After proposing, the decision decides: a commit references them."""
+        if not self.proposed and self.staged:
+            delete_staged(self.table.storage, self.staged)
+            self.staged = []
+
     # -- commit ---------------------------------------------------------------------
     def proposal(self, operation: str, changes_data: bool, parameters: Mapping[str, Any] | None = None,
                  metrics: Mapping[str, int] | None = None) -> Proposal:
@@ -156,21 +171,32 @@ class Transaction:
 
     def commit(self, operation: str, *, changes_data: bool = True, parameters: Mapping[str, Any] | None = None,
                timeout_s: float | None = None, metrics: Mapping[str, int] | None = None) -> CommitResult:
-        """Propose and wait. Conflicts raise `schemas.errors` classes; staged files of a rejection are deleted.
+        """Propose and wait. Conflicts raise `schemas.errors` classes; staged files of a rejection are deleted,
+        and so are those of a proposal that never reached Kafka (`ProposalNotSentError`).
 
-        An unknown outcome (CommitOutcomeUnknownError) keeps the staged files:
-        the proposal may still commit and then references them.
+        An unknown outcome (CommitOutcomeUnknownError, or a delivery that cannot be
+        confirmed) keeps the staged files: the proposal may still commit and then
+        references them (VACUUM removes them if it never does).
         """
         all_metrics = {**_metrics(self.actions), **(metrics or {})}
-        p = self.proposal(operation, changes_data, parameters, all_metrics)
-        d = self.table.client.commit(p, timeout_s or self.table.decision_timeout_s, key=self.table.writer_key)
+        try:
+            p = self.proposal(operation, changes_data, parameters, all_metrics)
+        except BaseException:
+            self.abandon()
+            raise
+        self.proposed = True
+        try:
+            d = self.table.client.commit(p, timeout_s or self.table.decision_timeout_s, key=self.table.writer_key)
+        except ProposalNotSentError:
+            delete_staged(self.table.storage, self.staged)  # it never reached Kafka: it cannot commit
+            raise
         if d.committed and d.version is not None:
             changed_metadata = any(isinstance(a, (Metadata, ProtocolAction)) for a in self.actions)
             self.table.committed(d.version, changed_metadata=changed_metadata)
             return CommitResult(
                 d.version, p.proposal_id, operation, already_committed=d.duplicate_of is not None, metrics=all_metrics,
             )
-        delete_staged(Path(self.table.root), self.staged)
+        delete_staged(self.table.storage, self.staged)
         self.table.invalidate()  # the next attempt must read a fresh snapshot
         raise error_from_decision(d)
 

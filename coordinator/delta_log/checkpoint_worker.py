@@ -32,6 +32,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from coordinator import faults
+from reader.storage import TableStorage
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class CheckpointWorkerError(RuntimeError):
 
 
 def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
-    """The worker's loop: ("warm",) or ("checkpoint", uri, version) in, ("ok"|"error", value) out."""
+    """The worker's loop: ("warm",) or ("checkpoint", uri, storage options, version) in, ("ok"|"error", value) out."""
     if nice:
         try:
             os.nice(nice)
@@ -58,6 +59,7 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="deltacoord-parent-watch", daemon=True).start()
     _lean_arrow()
     from coordinator.delta_log.checkpointer import create_checkpoint  # seconds of imports: pyarrow, the reader
+    from reader.storage import TableStorage
 
     while True:
         try:
@@ -70,8 +72,8 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
             if msg[0] == "warm":
                 reply: tuple[str, Any] = ("ok", os.getpid())
             else:
-                _kind, uri, version = msg
-                reply = ("ok", create_checkpoint(uri, version).version)
+                _kind, uri, options, version = msg
+                reply = ("ok", create_checkpoint(TableStorage(uri, options), version).version)
         except Exception as e:  # reported to the coordinator, which logs it
             reply = ("error", f"{type(e).__name__}: {e}")
         conn.send(reply)
@@ -171,8 +173,13 @@ class CheckpointWorker:
         the first checkpoint (where a second of imports would compete with deciding). Returns its pid."""
         return int(self._request(("warm",), "starting"))
 
-    def __call__(self, table_uri: str, version: int) -> int:
-        return int(self._request(("checkpoint", table_uri, version), f"checkpointing {table_uri} at version {version}"))
+    def __call__(self, table: str | TableStorage, version: int) -> int:
+        """Checkpoint `table` (a URI, or its `TableStorage` whose options travel with the request) at `version`."""
+        if isinstance(table, TableStorage):
+            uri, options = table.location, dict(table.storage_options)
+        else:
+            uri, options = table, {}
+        return int(self._request(("checkpoint", uri, options, version), f"checkpointing {uri} at version {version}"))
 
     def close(self, wait: bool = True, grace_s: float = 60.0) -> None:
         """Stop the worker; with `wait`, let a running checkpoint finish for up to `grace_s`. Never reopens."""

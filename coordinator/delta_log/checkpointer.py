@@ -2,11 +2,15 @@
 
 * `write_checkpoint(table_uri, version, items)` writes `<v>.checkpoint.parquet`
   from an iterable of reconciled actions and/or Arrow record batches in
-  checkpoint schema, in bounded row groups (ParquetWriter), to a temporary
-  file that `files.put_if_absent` puts in place: an existing checkpoint is
+  checkpoint schema, in bounded row groups (ParquetWriter), to a local
+  temporary file that `files.put_if_absent` puts in place (linked on a local
+  table, one conditional PUT on an object store): an existing checkpoint is
   never overwritten (if one exists with different content it is kept and ours
   is discarded). Then `_last_checkpoint` is updated unless it
   already points at a newer version.
+
+A table is any location `reader.log` accepts: a path, a URI, or a
+`TableStorage` built with the coordinator's storage options.
 * `checkpoint_actions(table_uri, version)` builds the checkpoint's contents from
   the previous checkpoint (streamed in batches, filtered with Arrow) plus the
   JSON commits since it, so memory is bounded by the commits since the last
@@ -23,7 +27,6 @@ never commitInfo or cdc. Adds and removes are written with dataChange=false.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -34,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from coordinator.delta_log.files import Put, put_if_absent, replace_file, temp_path
+from coordinator.delta_log.files import Put, put_if_absent, replace_file, temp_file_for
 from coordinator.faults import fault_point
 from reader.checkpoint import (
     CHECKPOINT_SCHEMA,
@@ -49,22 +52,22 @@ from reader.checkpoint import (
     small_actions_from_table,
 )
 from reader.log import (
-    LAST_CHECKPOINT_NAME,
+    LAST_CHECKPOINT_KEY,
     LastCheckpoint,
-    checkpoint_file_name,
+    TableLocation,
+    checkpoint_key,
     commit_file_name,
-    commit_path,
+    commit_key,
     iter_commit_actions,
     list_log,
-    log_dir,
-    log_file_exists,
+    list_log_from_hint,
     log_segment,
     read_last_checkpoint,
-    read_log_file,
     segment_from_last_checkpoint,
-    table_root,
+    table_storage,
 )
 from reader.snapshot import LogReplayState, Snapshot
+from reader.storage import StoredObject
 from schemas.actions import (
     Action,
     AddFile,
@@ -85,12 +88,18 @@ CheckpointItem: TypeAlias = Action | pa.RecordBatch
 @dataclass(frozen=True, slots=True)
 class CheckpointResult:
     version: int
-    path: Path
+    #: The checkpoint file (its storage and key).
+    file: StoredObject
     size: int  # rows (actions) in the checkpoint file
     size_in_bytes: int
     num_of_add_files: int | None  # None when an existing checkpoint was kept
     written: bool  # False: a checkpoint for this version already existed and was kept
     last_checkpoint_updated: bool
+
+    @property
+    def path(self) -> Path:
+        """The checkpoint's local file (tables on a local filesystem only)."""
+        return Path(self.file.storage.local_path(self.file.key))
 
 
 # --------------------------------------------------------------------------- writing
@@ -153,7 +162,7 @@ class _BoundedWriter:
 
 
 def write_checkpoint(
-    table_uri: str | os.PathLike[str],
+    table_uri: TableLocation,
     version: int,
     items: Iterable[CheckpointItem],
     *,
@@ -171,12 +180,12 @@ def write_checkpoint(
     """
     if row_group_rows <= 0:
         raise ValueError("row_group_rows must be positive")
-    root = table_root(table_uri)
-    ld = log_dir(root)
-    if not log_file_exists(commit_path(root, version)):
-        raise FileNotFoundError(f"cannot checkpoint version {version} of {root}: {commit_file_name(version)} does not exist")
-    final = ld / checkpoint_file_name(version)
-    tmp = temp_path(final)
+    storage = table_storage(table_uri)
+    if not storage.exists(commit_key(version)):
+        raise FileNotFoundError(
+            f"cannot checkpoint version {version} of {storage.location}: {commit_file_name(version)} does not exist")
+    final = StoredObject(storage, checkpoint_key(version))
+    tmp = temp_file_for(final)
     writer = _BoundedWriter(tmp, row_group_rows)
     protocols = metadatas = 0
     pending: list[Action] = []
@@ -225,7 +234,7 @@ def write_checkpoint(
     if written:
         rows, nbytes, nadds = writer.rows, size_in_bytes, writer.adds
     else:
-        rows, nbytes, nadds = pq.ParquetFile(final).metadata.num_rows, final.stat().st_size, None
+        rows, nbytes, nadds = final.read_parquet_file().metadata.num_rows, storage.head(final.key).size, None
     updated = False
     if update_last_checkpoint:
         lc = LastCheckpoint(
@@ -235,10 +244,10 @@ def write_checkpoint(
             num_of_add_files=nadds,
             checkpoint_schema=checkpoint_schema_json() if (include_checkpoint_schema and written) else None,
         )
-        updated = write_last_checkpoint(root, lc)
+        updated = write_last_checkpoint(storage, lc)
     return CheckpointResult(
         version=version,
-        path=final,
+        file=final,
         size=rows,
         size_in_bytes=nbytes,
         num_of_add_files=nadds,
@@ -247,13 +256,14 @@ def write_checkpoint(
     )
 
 
-def write_last_checkpoint(root: Path, lc: LastCheckpoint) -> bool:
+def write_last_checkpoint(table_uri: TableLocation, lc: LastCheckpoint) -> bool:
     """Atomically replace `_last_checkpoint` unless it already names a newer version."""
-    current = read_last_checkpoint(root)
+    storage = table_storage(table_uri)
+    current = read_last_checkpoint(storage)
     if current is not None and current.version > lc.version:
         return False
     # json.dumps has the C encoder; json.dump does not.
-    replace_file(log_dir(root) / LAST_CHECKPOINT_NAME, json.dumps(lc.to_json(), separators=(",", ":")).encode())
+    replace_file(StoredObject(storage, LAST_CHECKPOINT_KEY), json.dumps(lc.to_json(), separators=(",", ":")).encode())
     return True
 
 
@@ -273,7 +283,7 @@ def _unexpired(r: RemoveFile, cutoff: int) -> bool:
 
 
 def checkpoint_actions(
-    table_uri: str | os.PathLike[str],
+    table_uri: TableLocation,
     version: int | None = None,
     *,
     now_ms: int | None = None,
@@ -289,11 +299,11 @@ def checkpoint_actions(
     Arrow batches of at most `batch_rows` rows, then the commits' live adds and
     unexpired removes.
     """
-    root = table_root(table_uri)
-    hinted = segment_from_last_checkpoint(root, version) if (from_checkpoint and version is not None) else None
-    segment = hinted or log_segment(list_log(root), version, use_checkpoint=from_checkpoint)
+    storage = table_storage(table_uri)
+    hinted = segment_from_last_checkpoint(storage, version) if (from_checkpoint and version is not None) else None
+    segment = hinted or log_segment(list_log(storage), version, use_checkpoint=from_checkpoint)
     now = _now_ms(now_ms)
-    replay = _CommitReplay([p for _v, p in segment.commits])
+    replay = _CommitReplay([obj for _v, obj in segment.commits])
     state = replay.others
 
     ckpt_protocol: Protocol | None = None
@@ -314,7 +324,7 @@ def checkpoint_actions(
     protocol = state.protocol or ckpt_protocol
     metadata = state.metadata or ckpt_metadata
     if protocol is None or metadata is None:
-        raise ValueError(f"{root}: no protocol/metaData up to version {segment.version}")
+        raise ValueError(f"{storage.location}: no protocol/metaData up to version {segment.version}")
     tomb_cutoff = now - TableProperties.of(metadata).tombstone_retention_ms
     txn_ret = TableProperties.of(metadata).txn_retention_ms
     txn_cutoff = None if txn_ret is None else now - txn_ret
@@ -358,14 +368,14 @@ class _CommitReplay:
     change once published, so the second read sees the same lines.
     """
 
-    def __init__(self, commits: list[Path]) -> None:
+    def __init__(self, commits: list[StoredObject]) -> None:
         self.commits = commits
         #: protocol, metaData, txns and domains (its `files` stay empty)
         self.others = LogReplayState()
         #: key string -> commit index << 32 | line number of the key's newest add/remove
         self.files: dict[str, int] = {}
         for i, path in enumerate(commits):
-            for lineno, a in iter_commit_actions(read_log_file(path), source=str(path)):
+            for lineno, a in iter_commit_actions(path.read_bytes(), source=str(path)):
                 if isinstance(a, AddFile | RemoveFile):
                     self.files[key_string(*a.key())] = i << 32 | lineno
                 else:
@@ -375,7 +385,7 @@ class _CommitReplay:
         """The newest add or remove of each touched key, one commit file in memory at a time."""
         files = self.files
         for i, path in enumerate(self.commits):
-            for lineno, a in iter_commit_actions(read_log_file(path), source=str(path)):
+            for lineno, a in iter_commit_actions(path.read_bytes(), source=str(path)):
                 if isinstance(a, AddFile | RemoveFile) and files.get(key_string(*a.key())) == i << 32 | lineno:
                     yield a
 
@@ -403,21 +413,21 @@ def checkpoint_actions_from_snapshot(snapshot: Snapshot, *, now_ms: int | None =
 
 
 def create_checkpoint(
-    table_uri: str | os.PathLike[str],
+    table_uri: TableLocation,
     version: int | None = None,
     *,
     now_ms: int | None = None,
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
 ) -> CheckpointResult:
     """Checkpoint `version` (default latest) from the previous checkpoint + commits, then update `_last_checkpoint`."""
-    root = table_root(table_uri)
+    storage = table_storage(table_uri)
     if version is None:
-        latest = list_log(root).latest_commit_version
+        latest = list_log_from_hint(storage).latest_commit_version
         if latest is None:
-            raise FileNotFoundError(f"no commits in {root}")
+            raise FileNotFoundError(f"no commits in {storage.location}")
         version = latest
-    items = checkpoint_actions(root, version, now_ms=now_ms, batch_rows=min(row_group_rows, DEFAULT_BATCH_ROWS))
-    return write_checkpoint(root, version, items, row_group_rows=row_group_rows)
+    items = checkpoint_actions(storage, version, now_ms=now_ms, batch_rows=min(row_group_rows, DEFAULT_BATCH_ROWS))
+    return write_checkpoint(storage, version, items, row_group_rows=row_group_rows)
 
 
 __all__ = [

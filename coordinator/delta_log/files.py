@@ -1,32 +1,44 @@
-"""Every write to `_delta_log`: one put-if-absent, one atomic replace, temp files and their sweep.
+"""Every write to `_delta_log`: one put-if-absent, one replace, and the sweep of temp files.
 
-Delta's log is only safe if a version file is never overwritten. Here a file
-is first written under a temporary name in `_delta_log` and then hard-linked
-to its final name, which fails if that name exists: `put_if_absent`. Both the
+Delta's log is only safe if a version file is never overwritten. `put_if_absent`
+creates a file only if its name is free, through the storage edge
+(`reader.storage.TableStorage`): a conditional write on object stores (S3 and
+Azure `If-None-Match: *`, GCS `ifGenerationMatch=0`), a hard link of a temp file
+(or `renameat2(RENAME_NOREPLACE)`) on local filesystems. When the name is taken
+it compares bytes: the same content is a re-publication (`Put.IDENTICAL`),
+other content was written around the coordinator (`Put.DIFFERENT`). Both the
 publisher (`<v>.json`) and the checkpointer (`<v>.checkpoint.parquet`) go
 through it. `_last_checkpoint`, a hint that may be rewritten, is replaced
 atomically (`replace_file`). Reads of `_delta_log` are in `reader.log`.
 
-A filesystem that refuses hard links cannot give put-if-absent this way;
-`put_if_absent` then raises `HardLinksRefusedError` at once instead of
-falling back to something that could overwrite a version.
+A local filesystem that offers neither hard links nor RENAME_NOREPLACE cannot
+give put-if-absent; `put_if_absent` then raises `HardLinksRefusedError` at once
+instead of falling back to something that could overwrite a version.
+
+A target is a `StoredObject` (a table's storage and a key) or, for local tables,
+a plain `Path`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import filecmp
 import os
+import re
 import uuid
 from enum import Enum
 from pathlib import Path
+from typing import TypeAlias
 
-from reader.log import log_dir, table_root
+from reader.log import LOG_DIR_NAME, TableLocation, table_storage
+from reader.storage import AtomicPutUnsupportedError, StoredObject, TableStorage
+from reader.storage_local import TMP_PREFIX
 from schemas.errors import DeltaCoordError
 
-#: errno values with which link(2) says the filesystem does not do hard links.
-_NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
+#: Where `put_if_absent` and `replace_file` write.
+Target: TypeAlias = StoredObject | Path
+
+_TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
 
 
 class Put(Enum):
@@ -40,98 +52,104 @@ class Put(Enum):
 
 
 class HardLinksRefusedError(DeltaCoordError, OSError):
-    """The filesystem of a `_delta_log` refuses hard links, so put-if-absent cannot be done there."""
+    """A local `_delta_log`'s filesystem refuses hard links and RENAME_NOREPLACE, so put-if-absent cannot be done there."""
+
+
+def _resolve(target: Target, fsync: bool) -> StoredObject:
+    if isinstance(target, StoredObject):
+        return StoredObject(target.storage.with_fsync(fsync), target.key)
+    path = Path(os.path.abspath(target))
+    return StoredObject(TableStorage(path.parent, fsync=fsync), path.name)
 
 
 def temp_path(final: Path) -> Path:
-    """A fresh temporary name next to `final` (`.<name>.<32 hex>.tmp`, which `sweep_temp_files` removes)."""
+    """A fresh temporary name next to a local `final` (`.<name>.<32 hex>.tmp`, which `sweep_temp_files` removes)."""
     return final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def temp_file_for(target: Target) -> Path:
+    """A fresh local file to stream `target`'s content into before `put_if_absent(target, that_file)`:
+    next to it on a local table (so it is linked into place), in the temp directory for an object store."""
+    if isinstance(target, Path):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return temp_path(target)
+    if target.storage.is_local:
+        final = Path(target.storage.local_path(target.key))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        return temp_path(final)
+    return Path(target.storage.temp_for(target.key))
 
 
-def _write_temp(final: Path, data: bytes, fsync: bool) -> Path:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(final)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return tmp
+def put_if_absent(target: Target, data: bytes | Path, *, fsync: bool = True) -> Put:
+    """Make `target` hold `data` unless the name exists; never overwrites.
 
-
-def put_if_absent(path: Path, data: bytes | Path, *, fsync: bool = True) -> Put:
-    """Make `path` hold `data` unless the name exists; never overwrites.
-
-    `data` is the content, or a temporary file the caller wrote next to `path`
-    (a streamed checkpoint; see `temp_path`), which is consumed. Raises
-    HardLinksRefusedError when the filesystem does not do hard links; other
-    OSErrors (a full disk, missing permissions) are raised as they are.
+    `data` is the content, or a local file holding it (a streamed checkpoint; see
+    `temp_file_for`), which is consumed. Raises HardLinksRefusedError when a local
+    filesystem cannot create a name atomically; other errors (a full disk,
+    missing permissions, a store that does not answer) are raised as they are.
     """
-    tmp = data if isinstance(data, Path) else _write_temp(path, data, fsync)
+    obj = _resolve(target, fsync)
     try:
         try:
-            os.link(tmp, path)
-        except FileExistsError:
-            same = filecmp.cmp(tmp, path, shallow=False) if isinstance(data, Path) else path.read_bytes() == data
-            return Put.IDENTICAL if same else Put.DIFFERENT
-        except OSError as e:
-            if e.errno in _NO_HARD_LINKS:
-                raise HardLinksRefusedError(
-                    e.errno, f"the filesystem of {path.parent} refuses hard links ({os.strerror(e.errno or 0)}), so a "
-                    "version file cannot be created without the risk of overwriting one; put _delta_log on a "
-                    "filesystem with hard links (local disks, NFS)"
-                ) from e
-            raise
-        if fsync:
-            _fsync_dir(path.parent)
-        return Put.WRITTEN
+            if isinstance(data, Path):
+                created = obj.storage.put_file_if_absent(obj.key, data)
+            else:
+                created = obj.storage.put_if_absent(obj.key, data)
+        except AtomicPutUnsupportedError as e:
+            code = e.link_errno or 0
+            raise HardLinksRefusedError(
+                code, f"the filesystem of {obj.storage.location}/{obj.key.rsplit('/', 1)[0]} refuses hard links "
+                f"({os.strerror(code)}), so a version file cannot be created without the risk of overwriting one; "
+                "put _delta_log on a filesystem with hard links or RENAME_NOREPLACE (local disks, NFS) or on an object store"
+            ) from e
+        if created:
+            return Put.WRITTEN
+        return Put.IDENTICAL if _same(obj, data) else Put.DIFFERENT
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if isinstance(data, Path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(data)
 
 
-def replace_file(path: Path, data: bytes, *, fsync: bool = True) -> None:
-    """Atomically make `path` hold `data`, replacing what is there (for `_last_checkpoint`, a hint)."""
-    tmp = _write_temp(path, data, fsync)
+def _same(obj: StoredObject, data: bytes | Path) -> bool:
+    if isinstance(data, Path) and obj.storage.is_local:
+        return filecmp.cmp(data, obj.storage.local_path(obj.key), shallow=False)
+    expected = data.read_bytes() if isinstance(data, Path) else data
     try:
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        return obj.read_bytes() == expected
+    except FileNotFoundError:
+        return False  # deleted between the refused create and the read: not ours either
 
 
-def sweep_temp_files(table_uri: str) -> int:
-    """Delete temp files a killed writer of `_delta_log` left behind; returns how many.
+def replace_file(target: Target, data: bytes, *, fsync: bool = True) -> None:
+    """Atomically make `target` hold `data`, replacing what is there (for `_last_checkpoint`, a hint)."""
+    obj = _resolve(target, fsync)
+    obj.storage.put(obj.key, data)
 
-    Only names `temp_path` creates (`.<name>.<32 hex>.tmp`) are touched. A
-    zombie publisher whose temp file disappears just retries with a new one.
+
+def sweep_temp_files(location: TableLocation) -> int:
+    """Delete temp files a killed writer of a local `_delta_log` left behind; returns how many.
+
+    Only names `temp_path` and the storage edge create are touched. A zombie
+    publisher whose temp file disappears just retries with a new one. Object
+    stores have no temp objects (a PUT is all or nothing): nothing to do.
     """
-    d = log_dir(table_root(table_uri))
+    storage = table_storage(location)
+    if not storage.is_local:
+        return 0
+    d = storage.local_path(LOG_DIR_NAME)
     removed = 0
     try:
         names = os.listdir(d)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return 0
     for name in names:
-        if name.startswith(".") and name.endswith(".tmp") and len(name.rsplit(".", 2)[-2]) == 32:
+        if _TEMP_NAME.match(name) or name.startswith(TMP_PREFIX):
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(d / name)
+                os.unlink(os.path.join(d, name))
                 removed += 1
     return removed
 
 
-__all__ = ["HardLinksRefusedError", "Put", "put_if_absent", "replace_file", "sweep_temp_files", "temp_path"]
+__all__ = ["HardLinksRefusedError", "Put", "Target", "put_if_absent", "replace_file", "sweep_temp_files", "temp_file_for",
+           "temp_path"]

@@ -1,12 +1,14 @@
 """Publication of ratified commits to `_delta_log`, strictly in version order.
 
 A version is ratified once its decision is committed in Kafka; publication is
-its view for Delta readers, written with `files.put_if_absent`. An existing
-identical file is fine (re-publication after a crash or by a fenced peer); a
-different one means someone wrote around the coordinator, so the table halts
-and nothing is overwritten. A filesystem that refuses hard links halts the
-table too: without them no version file can be created safely. Other I/O
-errors (a full disk, a read-only mount) are retried until they clear.
+its view for Delta readers, written with `files.put_if_absent` (a conditional
+write on object stores). An existing identical file is fine (re-publication
+after a crash or by a fenced peer); a different one means someone wrote around
+the coordinator, so the table halts and nothing is overwritten. A table this
+coordinator may not write (outside its `table_roots`, a bad URI, storage
+options that cannot reach it) halts too, as does a local filesystem that
+cannot create a name atomically. Other I/O errors (a full disk, a read-only
+mount, a store that does not answer) are retried until they clear.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from dataclasses import dataclass, field
 
 from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent
 from coordinator.faults import fault_point
-from reader.log import commit_path, table_root
+from coordinator.locations import TableLocationError, TableLocations
+from reader.log import commit_key
+from reader.storage import StorageConfigError, StorageError, StoredObject
 from schemas.actions import Action, commit_to_json_lines
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,8 @@ class Publisher:
 
     fsync: bool = True
     on_published: PublishedHook | None = None
+    #: Where tables may be written and with which storage options (default: local tables anywhere).
+    locations: TableLocations = field(default_factory=TableLocations)
     tables: dict[str, TablePublication] = field(default_factory=dict)
     _q: queue.Queue[PublishTask | None] = field(default_factory=queue.Queue)
     _thread: threading.Thread | None = None
@@ -161,9 +167,14 @@ class Publisher:
         if fault_point("publish"):
             raise RuntimeError(f"injected fault: the publisher dies before publishing {task.table_id} v{task.version}")
         data = commit_to_json_lines(task.actions)
-        path = commit_path(table_root(task.table_uri), task.version)
-        # Retry transient I/O errors (disk full, read-only mount) until they clear:
-        # deciding goes on meanwhile and the lag metric shows the backlog.
+        try:
+            storage = self.locations.storage(task.table_uri)
+        except (TableLocationError, StorageConfigError) as e:
+            self._halt(t, task.table_id, f"{e}. The table is halted; nothing was written.")
+            return
+        path = StoredObject(storage, commit_key(task.version))
+        # Retry transient I/O errors (disk full, read-only mount, a store that does not answer)
+        # until they clear: deciding goes on meanwhile and the lag metric shows the backlog.
         delay = 0.05
         while True:
             try:
@@ -172,10 +183,15 @@ class Publisher:
             except HardLinksRefusedError as e:
                 self._halt(t, task.table_id, f"{e}. The table is halted; nothing was written.")
                 return
-            except OSError as e:
+            except (OSError, StorageError) as e:
+                if self._abandoned:
+                    return
                 log.warning("publishing %s failed (%s); retrying in %.2fs", path, e, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        if outcome is Put.IDENTICAL:
+            log.info("version %d of %s was already published with the same content (a re-publication; nothing replaced)",
+                     task.version, task.table_uri)
         if outcome is Put.DIFFERENT:
             self._halt(t, task.table_id, (
                 f"{path} already exists with different content (expected {len(data)} bytes): something wrote to this "
@@ -188,3 +204,6 @@ class Publisher:
                 self.on_published(task.table_id, task.table_uri, task.version, task.actions)
             except Exception:
                 log.exception("post-publication hook failed for %s v%d", task.table_id, task.version)
+
+
+__all__ = ["PublishTask", "PublishedHook", "Publisher", "TablePublication"]

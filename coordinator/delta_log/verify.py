@@ -24,37 +24,38 @@
 Data files no retained commit or checkpoint references (a writer killed after
 staging, a rejected proposal whose writer could not clean up, files waiting
 for VACUUM) are listed in `orphan_files`: they are not problems.
+
+The table is any location `reader.log` accepts; pass `storage_options` (or a
+`TableStorage`) for an object store.
 """
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from coordinator.kafka.recovery import read_decisions
 from coordinator.settings import CoordinatorSettings
 from reader.checkpoint import key_string, read_checkpoint_actions
 from reader.log import (
+    LAST_CHECKPOINT_KEY,
     LAST_CHECKPOINT_NAME,
     CheckpointRef,
     LogListing,
+    TableLocation,
     TableNotFoundError,
-    commit_path,
+    commit_file_name,
+    data_object,
     list_log,
-    log_dir,
-    log_file_exists,
     log_file_names,
     read_commit,
     read_last_checkpoint,
-    read_log_file,
-    resolve_data_path,
-    table_root,
+    table_storage,
 )
 from reader.snapshot import LogReplayState
+from reader.storage import TableStorage
 from schemas.actions import (
     Action,
     AddCDCFile,
@@ -117,11 +118,11 @@ class VerifyReport:
         }
 
 
-def verify_table(settings: CoordinatorSettings, table_uri: str, table_id: str, num_partitions: int = 1,
-                 *, require_published: bool = True) -> VerifyReport:
+def verify_table(settings: CoordinatorSettings, table_uri: TableLocation, table_id: str, num_partitions: int = 1,
+                 *, require_published: bool = True, storage_options: Mapping[str, str] | None = None) -> VerifyReport:
     """Check one table (see the module doc); `rep.problems` is empty when everything holds."""
-    rep = VerifyReport(table_id, table_uri)
-    root = table_root(table_uri)
+    root = table_storage(table_uri, storage_options)
+    rep = VerifyReport(table_id, root.location if isinstance(table_uri, TableStorage) else str(table_uri))
     ratified = _read_topic(rep, settings, table_id, partition_for(table_id, num_partitions))
 
     try:
@@ -136,7 +137,7 @@ def verify_table(settings: CoordinatorSettings, table_uri: str, table_id: str, n
     referenced = _check_replay_and_checkpoints(rep, listing, ratified)
     _check_last_checkpoint(rep, root, listing)
     if commits or listing.checkpoints:
-        _check_data_files(rep, table_uri, root)
+        _check_data_files(rep, root)
     rep.orphan_files = _orphans(root, referenced)
     return rep
 
@@ -204,20 +205,19 @@ def _check_listing(rep: VerifyReport, listing: LogListing) -> int:
     return covered_below
 
 
-def _compare_commits(rep: VerifyReport, root: Path, listing: LogListing, ratified: Mapping[int, tuple[Action, ...]],
+def _compare_commits(rep: VerifyReport, root: TableStorage, listing: LogListing, ratified: Mapping[int, tuple[Action, ...]],
                      covered_below: int, require_published: bool) -> None:
     commits = listing.commits
     for v, actions in ratified.items():
-        path = commits.get(v)
-        if path is None:
+        if v not in commits:
             if v < covered_below:
                 rep.cleaned_versions += 1
             elif require_published:
-                rep.problems.append(f"version {v} is ratified but {commit_path(root, v).name} is missing")
+                rep.problems.append(f"version {v} is ratified but {commit_file_name(v)} is missing")
             continue
         rep.published_versions += 1
-        if read_log_file(path) != commit_to_json_lines(actions):
-            rep.problems.append(f"{path.name} differs from the committed decision of version {v}")
+        if listing.commit(v).read_bytes() != commit_to_json_lines(actions):
+            rep.problems.append(f"{commit_file_name(v)} differs from the committed decision of version {v}")
     extra = sorted(v for v in commits if v not in ratified)
     if extra:
         rep.problems.append(f"_delta_log has versions {extra[:_EXAMPLES]} that the commits topic does not")
@@ -245,7 +245,7 @@ def _check_replay_and_checkpoints(rep: VerifyReport, listing: LogListing,
     replayable = True
     for v in range(latest + 1):
         actions: Iterable[Action] | None = None
-        path = commits.get(v)
+        path = listing.commit(v) if v in commits else None
         if path is not None:
             try:
                 actions = read_commit(path)
@@ -348,8 +348,8 @@ def _checkpoint_problems(ref: CheckpointRef, state: LogReplayState | None, paths
     return out
 
 
-def _check_last_checkpoint(rep: VerifyReport, root: Path, listing: LogListing) -> None:
-    if not log_file_exists(log_dir(root) / LAST_CHECKPOINT_NAME):
+def _check_last_checkpoint(rep: VerifyReport, root: TableStorage, listing: LogListing) -> None:
+    if not root.exists(LAST_CHECKPOINT_KEY):
         return
     lc = read_last_checkpoint(root)
     if lc is None:
@@ -367,11 +367,11 @@ def _check_last_checkpoint(rep: VerifyReport, root: Path, listing: LogListing) -
 # --------------------------------------------------------------------------- data files
 
 
-def _check_data_files(rep: VerifyReport, table_uri: str, root: Path) -> None:
+def _check_data_files(rep: VerifyReport, root: TableStorage) -> None:
     from reader.snapshot import Snapshot
 
     try:
-        files = Snapshot.load(table_uri).files()
+        files = Snapshot.load(root).files()
     except Exception as e:  # a log a reader cannot load is the problem to report
         rep.problems.append(f"the latest snapshot cannot be loaded: {type(e).__name__}: {str(e)[:300]}")
         return
@@ -379,9 +379,9 @@ def _check_data_files(rep: VerifyReport, table_uri: str, root: Path) -> None:
     missing: list[str] = []
     resized: list[str] = []
     for a in files:
-        p = resolve_data_path(root, a.path)
+        obj = data_object(root, a.path)
         try:
-            size = p.stat().st_size
+            size = obj.storage.head(obj.key).size
         except FileNotFoundError:
             missing.append(a.path)
             continue
@@ -395,24 +395,27 @@ def _check_data_files(rep: VerifyReport, table_uri: str, root: Path) -> None:
         rep.problems.append(f"{len(resized)} live data files have another size than the log says: {resized[:_EXAMPLES]}")
 
 
-def _orphans(root: Path, referenced: Iterable[str]) -> list[str]:
+def _orphans(root: TableStorage, referenced: Iterable[str]) -> list[str]:
     """Parquet files under the table root that no retained commit or checkpoint references (relative paths)."""
-    known: set[Path] = set()
+    known: set[str] = set()
     for p in referenced:
         try:
-            known.add(resolve_data_path(root, p))
+            obj = data_object(root, p)
         except ValueError:
-            continue  # a path of another scheme cannot be a local orphan
+            continue  # a path this reader cannot name is not an orphan of this table
+        if obj.storage.location == root.location:
+            known.add(obj.key)
     out: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for info in root.list():
+        parts = info.key.split("/")
         # Not data: _delta_log and hidden directories (cdc files in _change_data are referenced by cdc actions).
-        dirnames[:] = [d for d in dirnames if not d.startswith((".", "_delta_log"))]
-        for f in filenames:
-            if f.startswith((".", "_")) or not f.endswith(".parquet"):
-                continue
-            full = Path(dirpath) / f
-            if full not in known:
-                out.append(full.relative_to(root).as_posix())
+        if any(d.startswith((".", "_delta_log")) for d in parts[:-1]):
+            continue
+        name = parts[-1]
+        if name.startswith((".", "_")) or not name.endswith(".parquet"):
+            continue
+        if info.key not in known:
+            out.append(info.key)
     return sorted(out)
 
 
@@ -420,7 +423,7 @@ def assert_verified(rep: VerifyReport) -> None:
     assert rep.ok, f"table {rep.table_id} failed verification: {rep.problems[:10]}"
 
 
-def log_files(root: Path) -> list[str]:
+def log_files(root: TableLocation) -> list[str]:
     """Every name in the table's `_delta_log` (what a test compares before and after)."""
     return log_file_names(root)
 

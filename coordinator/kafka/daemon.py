@@ -20,16 +20,18 @@ from coordinator.delta_log.checkpoint_worker import CheckpointWorker
 from coordinator.delta_log.publisher import Publisher
 from coordinator.kafka.partition import FencedError, PartitionCoordinator, make_consumer
 from coordinator.kafka.topics import ensure_topics
+from coordinator.locations import TableLocationError
 from coordinator.metrics import Metrics, MetricsServer
 from coordinator.settings import CoordinatorSettings
 from reader.log import checkpoint_exists, newest_commit_version
+from reader.storage import StorageError, TableStorage
 from schemas.actions import Action, Metadata
 from schemas.properties import TableProperties
 
 log = logging.getLogger(__name__)
 
-#: Writes the checkpoint of (table_uri, version); returns nothing, raises on failure.
-CheckpointFn = Callable[[str, int], object]
+#: Writes the checkpoint of (table storage, version); returns nothing, raises on failure.
+CheckpointFn = Callable[[TableStorage, int], object]
 
 #: `run()` exit codes: stopped on request, fenced by a newer coordinator, stopped by an error,
 #: stopped on request with ratified versions not in `_delta_log` (the next owner publishes them).
@@ -77,7 +79,8 @@ class Coordinator:
     _server: MetricsServer | None = None
 
     def __post_init__(self) -> None:
-        self.publisher = Publisher(fsync=self.publish_fsync, on_published=self._on_published)
+        self.locations = self.settings.locations(fsync=self.publish_fsync)
+        self.publisher = Publisher(fsync=self.publish_fsync, on_published=self._on_published, locations=self.locations)
 
     # -- checkpoints (never on the deciding thread) -------------------------------
     def _on_published(self, table_id: str, table_uri: str, version: int, actions: Sequence[Action]) -> None:
@@ -133,7 +136,7 @@ class Coordinator:
         assert self.checkpoint_fn is not None
         t0 = time.monotonic()
         try:
-            self.checkpoint_fn(req.table_uri, req.version)
+            self.checkpoint_fn(self.locations.storage(req.table_uri), req.version)
             self.metrics.checkpoint_duration.observe(time.monotonic() - t0)
         except Exception:
             log.exception("checkpoint of %s at version %d failed", req.table_uri, req.version)
@@ -226,9 +229,15 @@ class Coordinator:
             if st.metadata is None:
                 continue
             interval = TableProperties.of(st.metadata).checkpoint_interval
-            published = newest_commit_version(st.table_uri)
-            due = published - published % interval
-            if due > 0 and not checkpoint_exists(st.table_uri, due):
+            try:
+                storage = self.locations.storage(st.table_uri)
+                published = newest_commit_version(storage)
+                due = published - published % interval
+                missing = due > 0 and not checkpoint_exists(storage, due)
+            except (TableLocationError, ValueError, OSError, StorageError) as e:  # the publisher halts a table it cannot reach
+                log.warning("cannot look for a missing checkpoint of %s: %s", st.table_uri, e)
+                continue
+            if missing:
                 self._ckpt_q.put(_CheckpointRequest(table_id, st.table_uri, due))
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -264,6 +273,11 @@ class Coordinator:
         self.heartbeat()
         if self.watchdog_s is not None:
             threading.Thread(target=self._watchdog, name="deltacoord-watchdog", daemon=True).start()
+        if self.locations.roots is None:
+            log.warning("table_roots is not set: this coordinator creates and publishes tables in any local directory "
+                        "it can write, and serves no object store; set table_roots in production")
+        else:
+            log.info("table roots: %s", self.locations.describe_roots())
         admin = AdminClient(self.settings.client())
         self._num_partitions = ensure_topics(admin, self.settings.topics, partitions=self.num_partitions,
                                              dead_letter_bound=self.settings.dead_letter_record_bound())

@@ -33,6 +33,7 @@ commits (`stalled`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import threading
@@ -47,12 +48,15 @@ from coordinator.delta_log.files import sweep_temp_files
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.faults import fault_point
 from coordinator.kafka.recovery import rebuild_states
+from coordinator.locations import TableLocationError, TableLocations
 from coordinator.metrics import Metrics
 from coordinator.rules.authentication import Signature
 from coordinator.rules.batch import Submitted, decide_batch, rejection
 from coordinator.rules.state import TableState
 from coordinator.rules.validate import path_problem
 from coordinator.settings import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_KEY_BYTES, CoordinatorSettings
+from reader.log import newest_commit_version
+from reader.storage import StorageError
 from schemas.actions import AddCDCFile, AddFile
 from schemas.codec import decode_proposal, encode_decision
 from schemas.errors import DecodeError, InvalidProposalError
@@ -159,17 +163,17 @@ def dead_letter(raw: bytes | None, key: bytes | None, error: str, source: str, k
     return _DeadLetter(value, key[:DEAD_LETTER_KEY_BYTES] if key is not None else None, headers)
 
 
-def added_files_problem(table_uri: str, files: Sequence[AddFile | AddCDCFile]) -> str | None:
-    """Why an added file is not in the table's storage with its declared size, or None (the storage edge's `head`).
+def added_files_problem(locations: TableLocations, table_uri: str, files: Sequence[AddFile | AddCDCFile]) -> str | None:
+    """Why an added file is not in the table's storage with its declared size, or None (the storage edge's `head`,
+    through the coordinator's own storage options for the table's location).
 
-    Paths validation will refuse (outside the table, into `_delta_log`) are left to it. The storage
-    edge is imported here, on first use: it loads Arrow, which the deciding process otherwise never needs.
+    Paths validation will refuse (outside the table, into `_delta_log`) are left to it.
     """
-    from reader.storage import ObjectNotFoundError, StorageError, TableStorage
+    from reader.storage import ObjectNotFoundError
 
     try:
-        storage = TableStorage(table_uri)
-    except (StorageError, ValueError) as e:
+        storage = locations.storage(table_uri)
+    except (StorageError, TableLocationError, ValueError) as e:
         return f"the table's storage at {table_uri} cannot be opened to check the added files: {e}"
     for f in files:
         if path_problem(f.path, table_uri) is not None:
@@ -291,13 +295,26 @@ class PartitionCoordinator:
             assert d.version is not None
             self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
 
+        locations = self.publisher.locations
+
         def new_table(table_uri: str) -> None:
-            swept = sweep_temp_files(table_uri)
+            try:
+                swept = sweep_temp_files(locations.storage(table_uri))
+            except (TableLocationError, ValueError, OSError, StorageError):
+                return  # a location the publisher will halt
             if swept:
                 log.info("removed %d temp files a killed publisher left in %s", swept, table_uri)
 
+        def published_version(table_uri: str) -> int:
+            try:
+                return newest_commit_version(locations.storage(table_uri))
+            except (TableLocationError, ValueError, OSError, StorageError) as e:
+                log.warning("cannot list _delta_log of %s (%s); republishing its history", table_uri, e)
+                return -1
+
         self.states = rebuild_states(self.settings, self.partition, publish=publish, new_table=new_table,
-                                     heartbeat=self._heartbeat, on_record=self.metrics.recovery_records.inc)
+                                     heartbeat=self._heartbeat, on_record=self.metrics.recovery_records.inc,
+                                     published_version=published_version)
         self.metrics.tables.inc(len(self.states))
         log.info("partition %d: recovered %d tables from %s", self.partition, len(self.states), self.settings.topics.commits)
 
@@ -311,8 +328,9 @@ class PartitionCoordinator:
             self.waiting_since = time.monotonic()
         decoded = [self._decode(m) for m in batch]
         proposals = [x.submitted for x in decoded if x.submitted is not None]
+        check_files = functools.partial(added_files_problem, self.publisher.locations)
         decided, overlay = decide_batch(self.states, proposals, int(time.time() * 1000),
-                                        halted=self.publisher.halted_tables(), check_files=added_files_problem)
+                                        halted=self.publisher.halted_tables(), check_files=check_files)
         it = iter(decided)
         decisions: list[Decision] = []
         outs: list[_Out] = []
@@ -502,6 +520,13 @@ class PartitionCoordinator:
                     "partition count stale (topics changed)?"))
                 return _Decoded(offset, rejected=rejection(p.table_id, p.table_uri, p.proposal_id, err, None,
                                                            at_ms or int(time.time() * 1000)))
+        # The door: a table location this coordinator may not serve is refused before anything is decided.
+        refused = self.publisher.locations.problem(p.table_uri)
+        if refused is not None:
+            log.warning("partition %d: refused proposal %s for table %s: %s %s", self.partition, p.proposal_id[:100],
+                        p.table_id[:200], refused.reason, str(refused)[:500])
+            return _Decoded(offset, rejected=rejection(p.table_id, p.table_uri, p.proposal_id, refused, None,
+                                                       at_ms or int(time.time() * 1000)))
         signer, signature = header(m, H_SIGNER), header(m, H_SIGNATURE)
         sig = None
         if signer is not None and signature is not None:

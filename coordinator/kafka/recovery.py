@@ -104,13 +104,15 @@ def read_decisions(
 
 def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Callable[[Decision], None],
                    new_table: Callable[[str], None] = lambda uri: None, heartbeat: Callable[[], None] = lambda: None,
-                   on_record: Callable[[], None] | None = None) -> dict[str, TableState]:
+                   on_record: Callable[[], None] | None = None,
+                   published_version: Callable[[str], int] = newest_commit_version) -> dict[str, TableState]:
     """Table states as the fold of the partition's committed decisions (event sourcing).
 
     Ratified versions missing from `_delta_log` (a crash between the Kafka
     commit and publication) go to `publish`, oldest first, as they are read;
     so does the newest version already on disk, which put-if-absent re-checks
-    byte for byte. `new_table(table_uri)` runs once per table, first.
+    byte for byte. `new_table(table_uri)` runs once per table, first;
+    `published_version(table_uri)` is the newest version in its `_delta_log`.
     """
     states: dict[str, TableState] = {}
     on_disk: dict[str, int] = {}
@@ -123,7 +125,7 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
         if st is None:
             st = TableState.empty(d.table_id, d.table_uri)
             states[d.table_id] = st
-            on_disk[d.table_id] = newest_commit_version(d.table_uri)
+            on_disk[d.table_id] = published_version(d.table_uri)
             new_table(d.table_uri)
         if d.version != st.version + 1:
             raise RecoveryError(

@@ -4,6 +4,18 @@ Both systems run in the same invocation on the same disk. For deltacoord the
 latency is propose -> decision (the Kafka round trip and the decision; staging
 the Parquet file is excluded and reported separately). For delta-rs it is the
 `write_deltalake` call, which includes writing its file and its own retries.
+
+With `storage="s3"` both tables live in one bucket of the local S3 server
+(versitygw, which enforces `If-None-Match`), delta-rs commits with its S3
+conditional-put mode (`aws_conditional_put=etag`), and both latencies run from
+the write call (staging the data file included) to the version's visibility in
+`_delta_log`. delta-rs's call returns once its own conditional PUT of `<v>.json`
+succeeded, so its call is that latency. deltacoord's call returns at the decision
+(durable in Kafka) and the coordinator publishes `<v>.json` after it: one
+watcher in the bench process lists `_delta_log` (from the last version it saw)
+every few milliseconds and notes in shared memory when each version appears;
+each writer waits for its version there before its next write, as a delta-rs
+writer waits for its call, so both run closed loops from write call to visibility.
 Every writer process of both systems makes one untimed warm-up commit before
 the start barrier, so the figures are steady state, not process start-up.
 Before the timed deltacoord phase an untimed one of the same shape warms the
@@ -59,8 +71,58 @@ def _summary(writers: int, results: list[dict[str, Any]], k: int, elapsed: float
     }
 
 
+class _VisibilityWatch:
+    """Notes when each `<v>.json` appears in a table's `_delta_log`: wall-clock times in `seen`, a shared
+    array the writer processes read (0 until the version is seen)."""
+
+    def __init__(self, storage: Any, versions: int, interval_s: float = 0.004) -> None:
+        import threading
+
+        self.storage = storage
+        self.interval_s = interval_s
+        self.seen: Any = mp.get_context("spawn").Array("d", versions, lock=False)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-visibility", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last: str | None = None
+        while not self._stop.is_set():
+            try:
+                listed = self.storage.list_keys("_delta_log", start_after=last)
+            except OSError:  # a transient failure of the store: the next listing sees the same versions
+                listed = []
+            for key, _mtime in listed:
+                name = key.rsplit("/", 1)[1]
+                if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
+                    v = int(name[:20])
+                    if v < len(self.seen) and not self.seen[v]:
+                        self.seen[v] = time.time()
+                    last = key if last is None or key > last else last
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def _seen_at(seen: Any, version: int) -> float:
+    return float(seen[version]) if 0 <= version < len(seen) else 0.0
+
+
+def _await_seen(seen: Any, version: int, timeout_s: float = 60.0) -> float:
+    """Block until the bench's watcher saw `version` (a read of shared memory, no request); when it did."""
+    deadline = time.monotonic() + timeout_s
+    while not (at := _seen_at(seen, version)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"version {version} not visible in _delta_log after {timeout_s:.0f}s")
+        time.sleep(0.001)
+    return at
+
+
 # -- deltacoord writers ---------------------------------------------------------------
-def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, barrier: Any, out: str) -> None:
+def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_options: dict[str, str], seen: Any,
+               barrier: Any, out: str) -> None:
     import pyarrow as pa
 
     from schemas.errors import DeltaCoordError
@@ -68,47 +130,62 @@ def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, barrier:
     from writer import staging
     from writer.table import Table
 
-    t = Table(table, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"bench-{w}")
+    t = Table(table, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"bench-{w}", storage_options=storage_options)
     snap = t.snapshot()
+    # On an object store the latency runs from the write call (staging included) to visibility in
+    # _delta_log, which the bench process watches (`seen`).
+    to_visibility = seen is not None
 
     def staged(row_id: int, value: str) -> Any:
         tx = t.begin(snap)
-        tx.stage(staging.write_data_files(t.root, pa.table({"id": [row_id], "writer": [w], "value": [value]})))
+        tx.stage(staging.write_data_files(t.storage, pa.table({"id": [row_id], "writer": [w], "value": [value]})))
         return tx
 
     # One untimed warm-up commit (as the delta-rs side does): connections, the decision
     # listener, fastavro's compiled schemas and pyarrow's Parquet writer are then ready,
     # so the timed commits measure the steady state, not process start-up.
     s0 = time.perf_counter()
-    staged(-1, "warm-up").commit("WRITE", parameters={"mode": "Append"})
+    first = staged(-1, "warm-up").commit("WRITE", parameters={"mode": "Append"})
+    if to_visibility:
+        _await_seen(seen, first.version)
     warm = [(time.perf_counter() - s0) * 1000]
     lat: list[float] = []
     stage: list[float] = []
     failed = 0
+    end = 0.0
     barrier.wait()
     for i in range(k):
+        began = time.time()
         s0 = time.perf_counter()
         tx = staged(i, f"{w}-{i}")
         s1 = time.perf_counter()
         try:
-            tx.commit("WRITE", parameters={"mode": "Append"})
-            lat.append((time.perf_counter() - s1) * 1000)
-        except DeltaCoordError:
+            r = tx.commit("WRITE", parameters={"mode": "Append"})
+            if to_visibility:
+                end = _await_seen(seen, r.version)
+                lat.append((end - began) * 1000)
+            else:
+                lat.append((time.perf_counter() - s1) * 1000)
+        except (DeltaCoordError, TimeoutError):
             failed += 1
         stage.append((s1 - s0) * 1000)
     t.close()
-    Path(out).write_text(json.dumps({"lat": lat, "failed": failed, "stage": stage, "warm": warm, "end": time.time()}))
+    Path(out).write_text(json.dumps({"lat": lat, "failed": failed, "stage": stage, "warm": warm,
+                                     "end": end if to_visibility else time.time()}))
 
 
-def _rs_writer(table: str, w: int, k: int, barrier: Any, out: str) -> None:
+def _rs_writer(table: str, w: int, k: int, storage_options: dict[str, str], barrier: Any, out: str) -> None:
+    """delta-rs's writer: its call returns when its commit is visible (its own conditional PUT of `<v>.json`)."""
     import pyarrow as pa
     from deltalake import write_deltalake
 
+    opts = storage_options or None
     # Untimed warm-up, as on the deltacoord side; its own retries may run out under contention.
     s0 = time.perf_counter()
     warm: list[float] = []
     with contextlib.suppress(Exception):
-        write_deltalake(table, pa.table({"id": [-1], "writer": [w], "value": ["warm-up"]}), mode="append")
+        write_deltalake(table, pa.table({"id": [-1], "writer": [w], "value": ["warm-up"]}), mode="append",
+                        storage_options=opts)
         warm.append((time.perf_counter() - s0) * 1000)
     lat: list[float] = []
     failed = 0
@@ -116,14 +193,16 @@ def _rs_writer(table: str, w: int, k: int, barrier: Any, out: str) -> None:
     for i in range(k):
         s0 = time.perf_counter()
         try:
-            write_deltalake(table, pa.table({"id": [i], "writer": [w], "value": [f"{w}-{i}"]}), mode="append")
+            write_deltalake(table, pa.table({"id": [i], "writer": [w], "value": [f"{w}-{i}"]}), mode="append",
+                            storage_options=opts)
             lat.append((time.perf_counter() - s0) * 1000)
         except Exception:
             failed += 1
     Path(out).write_text(json.dumps({"lat": lat, "failed": failed, "warm": warm, "end": time.time()}))
 
 
-def _run_processes(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[list[dict[str, Any]], float]:
+def _run_processes(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[list[dict[str, Any]], float, float]:
+    """Run `n` writer processes released together; their results, and when the timed phase began and ended."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(n + 1)
     outs = [workdir / f"out-{uuid.uuid4().hex[:6]}-{i}.json" for i in range(n)]
@@ -139,10 +218,14 @@ def _run_processes(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[l
         p.join()
     results = [json.loads(o.read_text()) for o in outs if o.exists()]
     end = max((r["end"] for r in results), default=time.time())
-    return results, end - t0
+    return results, t0, end
 
 
-def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, quiet: bool = False) -> dict[str, Any]:
+def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, quiet: bool = False,
+                     table: str | None = None, storage_options: dict[str, str] | None = None,
+                     table_roots: str | None = None) -> dict[str, Any]:
+    """deltacoord's phase: a coordinator process and `writers` writer processes on `table`
+    (default: a directory in `workdir`; an object-store URI with its storage options)."""
     import pyarrow as pa
     from confluent_kafka.admin import AdminClient
 
@@ -155,20 +238,33 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     topics = Topics.with_prefix(prefix)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     ensure_topics(admin, topics)
+    options = dict(storage_options or {})
+    # Credentials go to the coordinator through its environment (the cloud's chain), not its command line.
+    secret = {k: v for k, v in options.items() if k.upper() in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
+    storage_args = [a for key, value in options.items() if key not in secret for a in ("--storage-option", f"{key}={value}")]
+    roots_args = ["--table-roots", table_roots] if table_roots else []
     log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - lives as long as the child
     coord = subprocess.Popen(
         [sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
-         "--topic-prefix", prefix, "--log-level", "WARNING"],
-        stdout=log, stderr=subprocess.STDOUT,
+         "--topic-prefix", prefix, "--log-level", "WARNING", *roots_args, *storage_args],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **{k.upper(): v for k, v in secret.items()}},
     )
-    table = workdir / "deltacoord-table"
+    location = table or str(workdir / "deltacoord-table")
+    watch: _VisibilityWatch | None = None
     try:
-        with Table(table, bootstrap, topics=topics) as t:
+        with Table(location, bootstrap, topics=topics, storage_options=options) as t:
             t.create(pa.schema([(n, getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS]))
+            if not t.storage.is_local:
+                watch = _VisibilityWatch(t.storage, 1 + writers * (k + 1))
         if not quiet:
-            _say(f"deltacoord: {writers} writers x {k} blind appends ...")
-        results, elapsed = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, str(table), i, k), writers, workdir)
+            _say(f"deltacoord: {writers} writers x {k} blind appends on {location} ...")
+        seen = None if watch is None else watch.seen
+        results, t0, end = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, location, i, k, options, seen),
+                                          writers, workdir)
+        elapsed = end - t0
     finally:
+        if watch is not None:
+            watch.stop()
         coord.terminate()
         coord.wait(60)
         log.close()
@@ -182,15 +278,18 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     return out
 
 
-def bench_delta_rs(writers: int, k: int, workdir: Path) -> dict[str, Any]:
+def bench_delta_rs(writers: int, k: int, workdir: Path, *, table: str | None = None,
+                   storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    table = workdir / "delta-rs-table"
-    write_deltalake(str(table), pa.table({n: pa.array([], getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS}), mode="overwrite")
-    _say(f"delta-rs: {writers} processes x {k} write_deltalake appends ...")
-    results, elapsed = _run_processes(_rs_writer, lambda i: (str(table), i, k), writers, workdir)
-    return _summary(writers, results, k, elapsed)
+    location = table or str(workdir / "delta-rs-table")
+    options = dict(storage_options or {})
+    write_deltalake(location, pa.table({n: pa.array([], getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS}), mode="overwrite",
+                    storage_options=options or None)
+    _say(f"delta-rs: {writers} processes x {k} write_deltalake appends on {location} ...")
+    results, t0, end = _run_processes(_rs_writer, lambda i: (location, i, k, options), writers, workdir)
+    return _summary(writers, results, k, end - t0)
 
 
 # -- memory --------------------------------------------------------------------------
@@ -281,26 +380,53 @@ def _in_subprocess(fn: str, *args: Any) -> dict[str, Any]:
 
 
 def run(writers: int, commits_per_writer: int, memory_files: int, bootstrap: str | None,
-        warmup_commits_per_writer: int = 150) -> dict[str, Any]:
+        warmup_commits_per_writer: int = 150, *, storage: str = "local") -> dict[str, Any]:
     from coordinator.tooling.broker import LocalBroker
+    from coordinator.tooling.storage_servers import S3Server
 
+    if storage not in ("local", "s3"):
+        raise ValueError(f"storage must be 'local' or 's3', not {storage!r}")
     workdir = Path(tempfile.mkdtemp(prefix="deltacoord-bench-"))
     broker = LocalBroker()
     started = False
+    s3 = S3Server() if storage == "s3" else None
+    started_s3 = s3 is not None and s3.status() is None
     if bootstrap is None:
         started = broker.status() is None
         _say("starting the local broker ..." if started else "reusing the running local broker")
         bootstrap = broker.start().bootstrap_servers
     try:
+        options: dict[str, str] = {}
+        tables: dict[str, str | None] = {"warm": None, "dc": None, "rs": None}
+        roots: str | None = None
+        if s3 is not None:
+            _say("starting the local S3 server (versitygw) ..." if started_s3 else "reusing the running local S3 server")
+            info = s3.start()
+            bucket = f"bench-{uuid.uuid4().hex[:10]}"
+            s3.create_bucket(bucket)
+            options = dict(info.storage_options)
+            roots = f"s3://{bucket}"
+            tables = {name: f"s3://{bucket}/{name}" for name in tables}
+            _say(f"tables in s3://{bucket} on {info.endpoint} (delta-rs: aws_conditional_put={options.get('aws_conditional_put')})")
         if warmup_commits_per_writer > 0:
             _say(f"warming the broker (untimed): {writers} writers x {warmup_commits_per_writer} appends ...")
-            warm = bench_deltacoord(bootstrap, writers, warmup_commits_per_writer, workdir / "warm-up", quiet=True)
+            warm = bench_deltacoord(bootstrap, writers, warmup_commits_per_writer, workdir / "warm-up", quiet=True,
+                                    table=tables["warm"], storage_options=options, table_roots=roots)
             _say(f"warm-up done: {warm['commits_per_s']} commits/s, p99 {warm['p99_ms']} ms (not reported)")
-        dc = bench_deltacoord(bootstrap, writers, commits_per_writer, workdir)
+        dc = bench_deltacoord(bootstrap, writers, commits_per_writer, workdir, table=tables["dc"], storage_options=options,
+                              table_roots=roots)
         _say(f"deltacoord: {json.dumps(dc)}")
-        rs = bench_delta_rs(writers, commits_per_writer, workdir)
+        rs = bench_delta_rs(writers, commits_per_writer, workdir, table=tables["rs"], storage_options=options)
         _say(f"delta-rs:   {json.dumps(rs)}")
         result: dict[str, Any] = {"deltacoord": dc, "delta_rs": rs}
+        if s3 is not None:
+            result["storage"] = "s3"
+            result["latency"] = "write call (staging included) to visibility in _delta_log"
+            ratio = dc["commits_per_s"] / rs["commits_per_s"] if rs["commits_per_s"] else float("inf")
+            result["ratio"] = round(ratio, 1)
+            _say(f"deltacoord/delta-rs commits/s ratio on S3: {ratio:.1f}x (target >= 20x); failed {dc['failed']} vs "
+                 f"{rs['failed']}; p50/p99 {dc['p50_ms']}/{dc['p99_ms']} ms vs {rs['p50_ms']}/{rs['p99_ms']} ms")
+            return result
         if memory_files > 0:
             _say(f"memory: writing a table of {memory_files:,} live files ...")
             made = _in_subprocess("memory_table", memory_files, workdir)
@@ -314,6 +440,8 @@ def run(writers: int, commits_per_writer: int, memory_files: int, bootstrap: str
     finally:
         if started:
             broker.stop()
+        if s3 is not None and started_s3:
+            s3.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -6,6 +6,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,14 +24,14 @@ def main() -> None:
 # -- jars -------------------------------------------------------------------
 @main.group("jars")
 def jars_group() -> None:
-    """JVM jars resolved from Maven Central (Kafka broker, Delta Lake for Spark)."""
+    """JVM jars resolved from Maven Central (Kafka broker, Delta Lake for Spark, S3A for Spark on S3)."""
 
 
 @jars_group.command("fetch")
-@click.argument("which", type=click.Choice(["kafka", "delta", "all"]), default="all")
+@click.argument("which", type=click.Choice(["kafka", "delta", "s3a", "all"]), default="all")
 def jars_fetch(which: str) -> None:
     """Resolve jars with Maven into ~/.cache/deltacoord/jars (no-op when cached)."""
-    names = ["kafka", "delta"] if which == "all" else [which]
+    names = ["kafka", "delta", "s3a"] if which == "all" else [which]
     try:
         for name in names:
             js = jars.fetch(name)
@@ -40,7 +41,7 @@ def jars_fetch(which: str) -> None:
 
 
 @jars_group.command("path")
-@click.argument("which", type=click.Choice(["kafka", "delta"]))
+@click.argument("which", type=click.Choice(["kafka", "delta", "s3a"]))
 def jars_path(which: str) -> None:
     """Print the classpath of a jar set (fetching it if needed)."""
     click.echo(jars.classpath(which))
@@ -139,11 +140,17 @@ def coordinator_group() -> None:
               help="Raw bytes of an undecodable message kept in its dead letter (default 65536; size and hash go in headers).")
 @click.option("--stall-seconds", type=float, envvar=env_var("stall_seconds"), default=None,
               help="/healthz answers 503 when proposals wait and no batch was committed this long (default 60).")
+@click.option("--table-roots", envvar=env_var("table_roots"), default=None,
+              help="Comma-separated URI prefixes under which tables may be created and published (s3://bucket/tables,"
+                   "/data/tables); proposals for other locations are refused. Unset: local tables anywhere, no object store.")
+@click.option("--storage-option", "storage_pairs", multiple=True, metavar="KEY=VALUE",
+              help="Storage option for every table's store, as delta-rs names them (repeatable); credentials also come "
+                   "from AWS_*, AZURE_*, GOOGLE_* variables.")
 def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None, partitions: str | None,
                     num_partitions: int | None, group_id: str | None, transactional_id_prefix: str | None, max_batch: int | None,
                     metrics_port: int | None, no_fsync: bool, no_checkpoints: bool, kafka_pairs: tuple[str, ...],
                     watchdog_seconds: float | None, log_level: str | None, dead_letter_max_bytes: int | None,
-                    stall_seconds: float | None) -> None:
+                    stall_seconds: float | None, table_roots: str | None, storage_pairs: tuple[str, ...]) -> None:
     """Consume proposals, decide them, record decisions in Kafka, publish _delta_log."""
     from coordinator import logs
     from coordinator.kafka import daemon
@@ -153,9 +160,9 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         "num_partitions": num_partitions, "group_id": group_id, "transactional_id_prefix": transactional_id_prefix,
         "max_batch": max_batch, "metrics_port": metrics_port, "fsync": False if no_fsync else None,
         "checkpoints": False if no_checkpoints else None, "watchdog_seconds": watchdog_seconds, "log_level": log_level,
-        "dead_letter_max_bytes": dead_letter_max_bytes, "stall_seconds": stall_seconds,
+        "dead_letter_max_bytes": dead_letter_max_bytes, "stall_seconds": stall_seconds, "table_roots": table_roots,
     }
-    run = load_settings(config_file, flags, kafka_pairs)
+    run = load_settings(config_file, flags, kafka_pairs, storage_pairs)
     logs.setup_logging(run.log_level)
     if not run.coordinator.bootstrap_servers:
         raise click.UsageError("no Kafka bootstrap servers: pass --bootstrap-servers, DELTACOORD_BOOTSTRAP_SERVERS or the config file")
@@ -176,24 +183,87 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
 @click.option("--writers", type=int, default=16, show_default=True)
 @click.option("--commits-per-writer", type=int, default=50, show_default=True)
 @click.option("--memory-files", type=int, default=1_000_000, show_default=True,
-              help="Live files for the memory measurements (0 skips them).")
+              help="Live files for the memory measurements (0 skips them; always skipped with --storage s3).")
 @click.option("--bootstrap-servers", default=None, help="Use this broker instead of the local one.")
 @click.option("--warmup-commits-per-writer", type=int, default=150, show_default=True,
               help="Untimed deltacoord appends per writer first, to warm the broker's JVM (0 skips).")
+@click.option("--storage", type=click.Choice(["local", "s3"]), default="local", show_default=True,
+              help="Where both systems' tables live: a local directory, or the local S3 server (versitygw), where the "
+                   "latency is from the write call to the version's visibility in _delta_log.")
 def bench_cmd(writers: int, commits_per_writer: int, memory_files: int, bootstrap_servers: str | None,
-              warmup_commits_per_writer: int) -> None:
-    """Commits/s and propose-to-decision latency vs delta-rs, in one run; last line is JSON."""
+              warmup_commits_per_writer: int, storage: str) -> None:
+    """Commits/s and latency vs delta-rs, in one run; last line is JSON."""
     from coordinator.tooling.bench import run
 
-    click.echo(json.dumps(run(writers, commits_per_writer, memory_files, bootstrap_servers, warmup_commits_per_writer)))
+    click.echo(json.dumps(run(writers, commits_per_writer, memory_files, bootstrap_servers, warmup_commits_per_writer,
+                              storage=storage)))
 
 
 @main.command("demo")
-def demo_cmd() -> None:
+@click.option("--storage", type=click.Choice(["local", "s3"]), default="local", show_default=True,
+              help="Where the table lives: a temporary directory, or a bucket on the local S3 server (versitygw).")
+def demo_cmd(storage: str) -> None:
     """Broker + coordinator + concurrent writers + conflicts + delta-rs verification; last line is JSON."""
     from coordinator.tooling.demo import main as demo_main
 
-    demo_main()
+    demo_main(storage=storage)
+
+
+# -- storage servers -------------------------------------------------------------
+@main.group("storage")
+def storage_group() -> None:
+    """Local object-storage servers for development and tests: S3 (versitygw), Azure (Azurite), GCS (fake-gcs-server)."""
+
+
+_STORAGE_KINDS = click.Choice(["s3", "azure", "gcs", "all"])
+
+
+def _servers(kind: str) -> list[Any]:
+    from coordinator.tooling import storage_servers
+
+    return [storage_servers.server(k) for k in (storage_servers.KINDS if kind == "all" else [kind])]
+
+
+@storage_group.command("start")
+@click.argument("kind", type=_STORAGE_KINDS, default="s3")
+@click.option("--port", type=int, default=None, help="Port (default: the previous one, else a free one); one server only.")
+def storage_start(kind: str, port: int | None) -> None:
+    """Start (building on first use) a local server; prints its endpoint and storage options as JSON lines."""
+    from coordinator.tooling.storage_servers import StorageServerError
+
+    if port is not None and kind == "all":
+        raise click.UsageError("--port names one server's port; choose s3, azure or gcs")
+    for srv in _servers(kind):
+        try:
+            srv.artifact().ensure(quiet=False)
+            info = srv.start(port)
+        except StorageServerError as e:
+            raise click.ClickException(str(e)) from e
+        click.echo(json.dumps({"running": True, **asdict(info)}))
+
+
+@storage_group.command("stop")
+@click.argument("kind", type=_STORAGE_KINDS, default="all")
+def storage_stop(kind: str) -> None:
+    """Stop local servers."""
+    for srv in _servers(kind):
+        click.echo(f"{srv.kind}: {'stopped' if srv.stop() else 'was not running'}")
+
+
+@storage_group.command("status")
+@click.argument("kind", type=_STORAGE_KINDS, default="all")
+def storage_status(kind: str) -> None:
+    """Each server's pid, endpoint and storage options as JSON lines; exit 1 if one is stopped."""
+    stopped = False
+    for srv in _servers(kind):
+        info = srv.status()
+        if info is None:
+            stopped = True
+            click.echo(json.dumps({"kind": srv.kind, "running": False, "home": str(srv.home)}))
+        else:
+            click.echo(json.dumps({"running": True, **asdict(info)}))
+    if stopped:
+        sys.exit(1)
 
 
 def _register_extensions() -> None:

@@ -1,7 +1,8 @@
-"""Command-line pieces shared by the `deltacoord` subcommands: settings, `key=value` pairs and Kafka options."""
+"""Command-line pieces shared by the `deltacoord` subcommands: settings, `key=value` pairs, Kafka and storage options."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -9,15 +10,16 @@ from typing import Any, TypeVar
 import click
 
 from coordinator import settings
+from reader.storage import StorageUriError, parse_table_uri
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def load_settings(config_file: Path | None, flags: Mapping[str, object] | None = None,
-                  kafka_pairs: tuple[str, ...] = ()) -> settings.RunSettings:
+                  kafka_pairs: tuple[str, ...] = (), storage_pairs: tuple[str, ...] = ()) -> settings.RunSettings:
     """`coordinator.settings.load` (file, environment, flags), its errors as usage errors."""
     try:
-        return settings.load(config_file, flags, kafka_pairs=kafka_pairs)
+        return settings.load(config_file, flags, kafka_pairs=kafka_pairs, storage_pairs=storage_pairs)
     except settings.SettingsError as e:
         raise click.UsageError(str(e)) from e
 
@@ -42,3 +44,37 @@ def kafka_options(f: F) -> F:
     f = click.option("--bootstrap-servers", envvar="DELTACOORD_BOOTSTRAP_SERVERS", required=True,
                      help="Kafka bootstrap servers (or DELTACOORD_BOOTSTRAP_SERVERS).")(f)
     return f
+
+
+def storage_options(f: F) -> F:
+    """--storage-option KEY=VALUE (repeatable): the table's storage options, as delta-rs names them."""
+    return click.option("--storage-option", "storage_pairs", multiple=True, metavar="KEY=VALUE",
+                        help="Storage option for the table's store, as delta-rs names them (repeatable), e.g. "
+                             "AWS_ENDPOINT_URL=http://127.0.0.1:9000; credentials also come from AWS_*, AZURE_*, "
+                             "GOOGLE_* variables.")(f)
+
+
+class TableLocationParam(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """A table: a local directory or an object-store URI (s3://, s3a://, az://, abfss://, gs://).
+
+    A local table that must exist is checked here (a usage error, exit 2); object stores are
+    checked when the command reads them.
+    """
+
+    name = "table"
+
+    def __init__(self, exists: bool = False) -> None:
+        self.exists = exists
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+        try:
+            uri = parse_table_uri(text)
+        except StorageUriError as e:
+            self.fail(str(e), param, ctx)
+        if uri.kind == "file":
+            if os.path.exists(uri.path) and not os.path.isdir(uri.path):
+                self.fail(f"{text!r} is a file, not a table directory", param, ctx)
+            if self.exists and not os.path.isdir(uri.path):
+                self.fail(f"Directory {text!r} does not exist.", param, ctx)
+        return text

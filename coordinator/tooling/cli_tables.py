@@ -6,12 +6,17 @@
     deltacoord writer-key generate NAME --out NAME.key         (a key pair; prints the table property entry)
     deltacoord table history PATH [--limit N]                  (JSON lines, newest first, from _delta_log)
     deltacoord table describe PATH [--version V]               (one JSON object, from _delta_log)
+    deltacoord table vacuum PATH [--retention-hours H] [--dry-run]   (delete files no retained version needs)
     deltacoord tail TABLE [--from-version N|latest]            (one JSON line per committed version, from Kafka)
+
+PATH is a local directory or an object-store URI (`s3://bucket/t`, `abfss://...`,
+`gs://...`); `--storage-option KEY=VALUE` (repeatable) gives its storage options as
+delta-rs names them, else each cloud's environment chain is used.
 
 Writes go through the coordinator (`writer.table.Table`), so they need
 `--bootstrap-servers` (or DELTACOORD_BOOTSTRAP_SERVERS) and the deployment's
 `--topic-prefix` (or DELTACOORD_TOPIC_PREFIX, default `deltacoord`). Reads of
-`history`/`describe` only need the table directory. `tail` reads the commits
+`history`/`describe` and `vacuum` only need the table's storage. `tail` reads the commits
 topic (`reader.stream.CommitStream`), so it shows a version as soon as it is
 decided, before it is published to `_delta_log`. Writes sign their proposal with
 `--writer-key FILE` (or DELTACOORD_WRITER_KEY) when given.
@@ -37,8 +42,9 @@ from typing import Any, Literal
 import click
 import pyarrow as pa
 
-from coordinator.tooling.cli_options import F, kafka_options, parse_pairs
+from coordinator.tooling.cli_options import F, TableLocationParam, kafka_options, parse_pairs, storage_options
 from reader.snapshot import Snapshot, delta_type_to_arrow
+from reader.storage import StorageError
 from schemas.actions import json_lines
 from schemas.errors import CommitOutcomeUnknownError, DeltaCoordError
 from schemas.routing import Topics
@@ -127,21 +133,22 @@ def _errors() -> Iterator[None]:
         yield
     except CommitOutcomeUnknownError as e:
         raise UnknownOutcome(str(e)) from e
-    except (DeltaCoordError, SchemaError, FileNotFoundError) as e:
+    except (DeltaCoordError, SchemaError, FileNotFoundError, StorageError) as e:
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
 
 
 def _table(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
-           writer_key: str | None) -> Any:
+           writer_key: str | None, storage_pairs: tuple[str, ...] = ()) -> Any:
     from schemas.signing import WriterKeyError
     from writer.table import Table
 
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
-    try:
-        return Table(path, bootstrap_servers, table_id=table_id, topics=Topics.with_prefix(topic_prefix),
-                     writer_key=writer_key, **kafka)
-    except WriterKeyError as e:
-        raise click.BadParameter(str(e), param_hint="--writer-key / DELTACOORD_WRITER_KEY") from e
+    with _errors():
+        try:
+            return Table(path, bootstrap_servers, table_id=table_id, topics=Topics.with_prefix(topic_prefix),
+                         writer_key=writer_key, storage_options=parse_pairs(storage_pairs, "--storage-option"), **kafka)
+        except WriterKeyError as e:
+            raise click.BadParameter(str(e), param_hint="--writer-key / DELTACOORD_WRITER_KEY") from e
 
 
 def _result_json(r: Any) -> dict[str, Any]:
@@ -163,7 +170,7 @@ def _writes(f: F) -> F:
     f = click.option("--writer-key", envvar=WRITER_KEY_ENV, default=None, metavar="FILE",
                      help="Writer key file that signs the proposal (or DELTACOORD_WRITER_KEY); tables with "
                           "deltacoord.writerKeys require it. Create one with `deltacoord writer-key generate`.")(f)
-    return _table_id_option(kafka_options(f))
+    return storage_options(_table_id_option(kafka_options(f)))
 
 
 @click.group("table")
@@ -172,7 +179,7 @@ def table_group() -> None:
 
 
 @table_group.command("create")
-@click.argument("path", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("path", type=TableLocationParam())
 @click.option("--schema", "schema_spec", required=True,
               help='Columns as "name:type,...", types: long, integer, short, byte, double, float, boolean, string, '
                    'binary, date, timestamp, decimal(p,s); append " not null" to a type for a required column.')
@@ -181,14 +188,14 @@ def table_group() -> None:
 @click.option("--property", "properties", multiple=True, metavar="KEY=VALUE", help="Table property (repeatable).")
 @click.option("--name", default=None, help="Table name recorded in metaData.")
 @_writes
-def create_cmd(path: Path, schema_spec: str, partition_by: tuple[str, ...], properties: tuple[str, ...], name: str | None,
+def create_cmd(path: str, schema_spec: str, partition_by: tuple[str, ...], properties: tuple[str, ...], name: str | None,
                bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
-               writer_key: str | None) -> None:
+               writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
     """CREATE TABLE at PATH (version 0)."""
     schema = parse_schema(schema_spec)
     parts = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
     props = parse_pairs(properties, "--property")
-    with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key) as t:
+    with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.create(schema, partition_by=parts, properties=props, name=name)))
 
 
@@ -220,7 +227,7 @@ def _read_json_rows(source: str) -> list[dict[str, Any]]:
 
 
 @table_group.command("append")
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", type=TableLocationParam(exists=True))
 @click.option("--json-rows", "json_rows", default=None, metavar="FILE|-|JSON",
               help="Rows as a JSON array or JSON lines: a file, '-' for stdin, or inline text.")
 @click.option("--parquet", "parquet_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -228,9 +235,9 @@ def _read_json_rows(source: str) -> list[dict[str, Any]]:
 @click.option("--app-id", default=None, help="Idempotent writes: the application id (with --app-version).")
 @click.option("--app-version", type=int, default=None, help="Idempotent writes: the application's version.")
 @_writes
-def append_cmd(path: Path, json_rows: str | None, parquet_file: Path | None, app_id: str | None, app_version: int | None,
+def append_cmd(path: str, json_rows: str | None, parquet_file: Path | None, app_id: str | None, app_version: int | None,
                bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
-               writer_key: str | None) -> None:
+               writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
     """Append rows (a blind INSERT) to the table at PATH."""
     if (json_rows is None) == (parquet_file is None):
         raise click.UsageError("give exactly one of --json-rows and --parquet")
@@ -249,7 +256,7 @@ def append_cmd(path: Path, json_rows: str | None, parquet_file: Path | None, app
             data = pa.Table.from_pylist(rows)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise click.BadParameter(f"rows cannot be converted to a table: {e}", param_hint="--json-rows") from e
-    with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key) as t:
+    with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         try:
             r = t.append(data, app_id=app_id, app_version=app_version)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
@@ -258,44 +265,46 @@ def append_cmd(path: Path, json_rows: str | None, parquet_file: Path | None, app
 
 
 @table_group.command("delete")
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", type=TableLocationParam(exists=True))
 @click.option("--where", required=True, help="SQL condition of the rows to delete, e.g. \"date = '2024-01-01'\".")
 @_writes
-def delete_cmd(path: Path, where: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...],
-               table_id: str | None, writer_key: str | None) -> None:
+def delete_cmd(path: str, where: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...],
+               table_id: str | None, writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
     """DELETE FROM the table at PATH WHERE a condition."""
-    with _errors(), _table(str(path), bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key) as t:
+    with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.delete(where)))
 
 
-def _load(path: Path, version: int | None = None) -> Snapshot:
+def _load(path: str, version: int | None = None, storage_pairs: tuple[str, ...] = ()) -> Snapshot:
     with _errors():
-        return Snapshot.load(path, version=version)
+        return Snapshot.load(path, version=version, storage_options=parse_pairs(storage_pairs, "--storage-option"))
 
 
 @table_group.command("history")
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", type=TableLocationParam(exists=True))
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the newest N versions.")
-def history_cmd(path: Path, limit: int | None) -> None:
+@storage_options
+def history_cmd(path: str, limit: int | None, storage_pairs: tuple[str, ...]) -> None:
     """commitInfo of each version as JSON lines, newest first (from _delta_log)."""
     with _errors():
-        for entry in _load(path).history(limit):
+        for entry in _load(path, None, storage_pairs).history(limit):
             _echo_json(entry)
 
 
 @table_group.command("describe")
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", type=TableLocationParam(exists=True))
 @click.option("--version", "version", type=click.IntRange(min=0), default=None, help="Describe this version (default latest).")
-def describe_cmd(path: Path, version: int | None) -> None:
+@storage_options
+def describe_cmd(path: str, version: int | None, storage_pairs: tuple[str, ...]) -> None:
     """Version, schema, partition columns, properties and file count (from _delta_log)."""
     import pyarrow.compute as pc
 
-    snap = _load(path, version)
+    snap = _load(path, version, storage_pairs)
     md, proto = snap.metadata, snap.protocol
     files = snap.add_files_struct()
     size = pc.sum(files.field("size")).as_py() if len(files) else 0
     _echo_json({
-        "location": str(snap.root),
+        "location": str(snap.root) if snap.storage.is_local else snap.location,
         "version": snap.version,
         "id": md.id,
         "name": md.name,
@@ -308,6 +317,31 @@ def describe_cmd(path: Path, version: int | None) -> None:
         "createdTime": md.created_time,
         "protocol": proto.to_json()["protocol"],
     })
+
+
+@table_group.command("vacuum")
+@click.argument("path", type=TableLocationParam(exists=True))
+@click.option("--retention-hours", type=click.FloatRange(min=0), default=None,
+              help="Delete unreferenced files older than this (default: the table's delta.deletedFileRetentionDuration, 168).")
+@click.option("--dry-run", is_flag=True, help="Only list what would be deleted.")
+@click.option("--no-retention-check", is_flag=True,
+              help="Allow a retention shorter than delta.deletedFileRetentionDuration (only when nothing writes to the "
+                   "table or reads older versions).")
+@storage_options
+def vacuum_cmd(path: str, retention_hours: float | None, dry_run: bool, no_retention_check: bool,
+               storage_pairs: tuple[str, ...]) -> None:
+    """VACUUM: delete data files no retained version references, older than the retention (Delta's rules)."""
+    from writer.vacuum import VacuumRetentionError, vacuum
+
+    try:
+        with _errors():
+            result = vacuum(path, retention_hours=retention_hours, dry_run=dry_run, enforce_retention=not no_retention_check,
+                            storage_options=parse_pairs(storage_pairs, "--storage-option"))
+    except click.ClickException as e:
+        if isinstance(e.__cause__, VacuumRetentionError):
+            raise click.UsageError(str(e.__cause__)) from e
+        raise
+    _echo_json(result.to_json())
 
 
 def _from_version(value: str) -> int | Literal["latest"]:

@@ -4,9 +4,11 @@
 
 Prints one JSON report on stdout. Exit codes: 0 the table verifies, 1 it has
 problems (listed in the report's `problems`), 2 bad arguments or no proposals
-topic. `--table-id` defaults to the table's absolute `file://` URI (what
-`writer.table.Table` uses) and `--num-partitions` to the partition count of
-`<prefix>.proposals`.
+topic. TABLE is a local path or an object-store URI (with `--storage-option
+KEY=VALUE`, or credentials from the environment). `--table-id` defaults to the
+table's location as `writer.table.Table` names it (the absolute `file://` URI of
+a local table, the normal form of an object-store URI) and `--num-partitions`
+to the partition count of `<prefix>.proposals`.
 
 `register(main)` adds the command to the main `deltacoord` group.
 """
@@ -21,8 +23,9 @@ from pathlib import Path
 import click
 
 from coordinator.settings import CoordinatorSettings
-from coordinator.tooling.cli_options import kafka_options, load_settings
+from coordinator.tooling.cli_options import kafka_options, load_settings, parse_pairs, storage_options
 from reader.log import table_root
+from reader.storage import StorageUriError, parse_table_uri
 
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
@@ -43,12 +46,15 @@ def proposals_partitions(settings: CoordinatorSettings, timeout_s: float = 30.0)
 
 
 def table_location(table: str) -> str:
-    """The table's absolute `file://` URI from a path or a `file://` URI."""
+    """The table's location as `writer.table.Table` names it: the absolute `file://` URI of a local
+    directory, the normal form of an object-store URI."""
     try:
-        root = table_root(table)
-    except ValueError as e:
+        uri = parse_table_uri(table)
+    except StorageUriError as e:
         raise click.BadParameter(str(e), param_hint="TABLE") from e
-    return Path(root).resolve().as_uri()
+    if uri.kind != "file":
+        return str(uri)
+    return Path(table_root(table)).resolve().as_uri()
 
 
 @click.command("verify")
@@ -59,8 +65,9 @@ def table_location(table: str) -> str:
               help="Partitions of the proposals topic (default: read from the topic).")
 @click.option("--allow-unpublished", is_flag=True,
               help="Do not report ratified versions missing at the end of _delta_log (a coordinator still publishing).")
+@storage_options
 def verify_cmd(table: str, bootstrap_servers: str, topic_prefix: str, table_id: str | None, num_partitions: int | None,
-               allow_unpublished: bool, kafka_pairs: tuple[str, ...]) -> None:
+               allow_unpublished: bool, kafka_pairs: tuple[str, ...], storage_pairs: tuple[str, ...]) -> None:
     """Check TABLE's _delta_log, checkpoints and data files against the commits topic; print a JSON report."""
     from coordinator.delta_log.verify import verify_table
 
@@ -68,7 +75,8 @@ def verify_cmd(table: str, bootstrap_servers: str, topic_prefix: str, table_id: 
     run = load_settings(None, {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}, kafka_pairs)
     settings = dataclasses.replace(run.coordinator, group_id=f"{topic_prefix}-verify")
     partitions = num_partitions if num_partitions is not None else proposals_partitions(settings)
-    rep = verify_table(settings, uri, table_id or uri, partitions, require_published=not allow_unpublished)
+    rep = verify_table(settings, uri, table_id or uri, partitions, require_published=not allow_unpublished,
+                       storage_options=parse_pairs(storage_pairs, "--storage-option"))
     click.echo(json.dumps(rep.to_json(), indent=2, ensure_ascii=False))
     if not rep.ok:
         sys.exit(EXIT_PROBLEMS)

@@ -1,4 +1,9 @@
-"""`deltacoord demo`: the product in two minutes, end to end on a real broker."""
+"""`deltacoord demo`: the product in two minutes, end to end on a real broker.
+
+`--storage s3` puts the table in a fresh bucket of the local S3 server
+(versitygw, started if needed): the same writers, coordinator and delta-rs
+check, with storage options instead of a directory.
+"""
 
 from __future__ import annotations
 
@@ -32,12 +37,29 @@ def _say(msg: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run_demo(table_dir: Path | None = None, writers: int = 4, appends_per_writer: int = 10, keep_broker: bool = False) -> dict[str, Any]:
+def run_demo(table_dir: Path | None = None, writers: int = 4, appends_per_writer: int = 10, keep_broker: bool = False,
+             storage: str = "local") -> dict[str, Any]:
     from deltalake import DeltaTable
     from deltalake import __version__ as deltalake_version
 
+    from coordinator.tooling.storage_servers import S3Server
     from reader.snapshot import Snapshot
     from writer.table import Table
+
+    s3 = S3Server() if storage == "s3" else None
+    started_s3 = s3 is not None and s3.status() is None
+    options: dict[str, str] = {}
+    root: Path | str
+    if s3 is not None:
+        _say("starting the local S3 server (versitygw) ..." if started_s3 else "reusing the running local S3 server")
+        s3_info = s3.start()
+        bucket = f"deltacoord-demo-{uuid.uuid4().hex[:8]}"
+        s3.create_bucket(bucket)
+        options = dict(s3_info.storage_options)
+        root = f"s3://{bucket}/sales"
+        _say(f"S3 at {s3_info.endpoint}, bucket {bucket}")
+    else:
+        root = table_dir or Path(tempfile.mkdtemp(prefix="deltacoord-demo-")) / "sales"
 
     broker = LocalBroker()
     started_broker = broker.status() is None
@@ -47,7 +69,9 @@ def run_demo(table_dir: Path | None = None, writers: int = 4, appends_per_writer
     topics = Topics.with_prefix(f"demo-{uuid.uuid4().hex[:6]}")
     ensure_topics(AdminClient({"bootstrap.servers": info.bootstrap_servers}), topics)
     settings = CoordinatorSettings(info.bootstrap_servers, topics=topics, group_id=f"{topics.proposals}-coord",
-                                   transactional_id_prefix=f"{topics.proposals}-tx")
+                                   transactional_id_prefix=f"{topics.proposals}-tx",
+                                   table_roots=(str(root).rsplit("/", 1)[0],) if s3 is not None else None,
+                                   storage_options=options)
     coord = Coordinator(settings, checkpoint_fn=create_checkpoint)
     thread = threading.Thread(target=coord.run, name="demo-coordinator", daemon=True)
     thread.start()
@@ -55,17 +79,16 @@ def run_demo(table_dir: Path | None = None, writers: int = 4, appends_per_writer
         time.sleep(0.05)
     _say(f"coordinator ready on {topics.proposals} -> {topics.commits}")
 
-    root = table_dir or Path(tempfile.mkdtemp(prefix="deltacoord-demo-")) / "sales"
     conflicts: Counter[str] = Counter()
     events: list[str] = []
     try:
-        table = Table(root, info.bootstrap_servers, topics=topics)
+        table = Table(root, info.bootstrap_servers, topics=topics, storage_options=options)
         table.create(SCHEMA, partition_by=["date"], properties={Property.CHECKPOINT_INTERVAL.value: "10"})
         _say(f"created {table.uri} partitioned by date")
         table.append(pa.table({"id": [0, 1, 2], "date": DATES, "amount": [10, 20, 30]}))
 
         def appender(w: int) -> None:
-            with Table(root, info.bootstrap_servers, topics=topics) as t:
+            with Table(root, info.bootstrap_servers, topics=topics, storage_options=options) as t:
                 for i in range(appends_per_writer):
                     d = DATES[(w + i) % len(DATES)]
                     t.append(pa.table({"id": [1000 * (w + 1) + i], "date": [d], "amount": [i]}))
@@ -115,11 +138,12 @@ def run_demo(table_dir: Path | None = None, writers: int = 4, appends_per_writer
         for line in events:
             _say(line)
 
-        latest = Snapshot.load(table.uri).version
+        latest = Snapshot.load(table.uri, storage_options=options).version
         _say(f"verifying all {latest + 1} versions with delta-rs {deltalake_version} ...")
         for v in range(latest + 1):
-            ours = Snapshot.load(table.uri, version=v).to_pyarrow().sort_by("id")
-            theirs = DeltaTable(str(root), version=v).to_pyarrow_table().select(ours.column_names).sort_by("id")
+            ours = Snapshot.load(table.uri, version=v, storage_options=options).to_pyarrow().sort_by("id")
+            theirs = DeltaTable(str(root), version=v, storage_options=options or None).to_pyarrow_table()
+            theirs = theirs.select(ours.column_names).sort_by("id")
             if not ours.cast(theirs.schema).equals(theirs):
                 raise AssertionError(f"version {v}: delta-rs and deltacoord disagree")
         table.close()
@@ -130,6 +154,7 @@ def run_demo(table_dir: Path | None = None, writers: int = 4, appends_per_writer
             "commits": commits,
             "conflicts": dict(conflicts),
             "verified_with": f"deltalake {deltalake_version}",
+            **({"storage": storage} if storage != "local" else {}),
         }
     finally:
         coord.stop_event.set()
@@ -137,10 +162,13 @@ def run_demo(table_dir: Path | None = None, writers: int = 4, appends_per_writer
         if started_broker and not keep_broker:
             broker.stop()
             _say("broker stopped")
+        if s3 is not None and started_s3:
+            s3.stop()
+            _say("S3 server stopped")
 
 
-def main(keep_table: bool = True) -> None:
-    summary = run_demo()
-    if not keep_table:
+def main(keep_table: bool = True, storage: str = "local") -> None:
+    summary = run_demo(storage=storage)
+    if not keep_table and storage == "local":
         shutil.rmtree(Path(summary["table"].removeprefix("file://")).parent, ignore_errors=True)
     print(json.dumps(summary), flush=True)

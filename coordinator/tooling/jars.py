@@ -1,4 +1,4 @@
-"""Resolve JVM jars (the Kafka broker, Delta Lake for Spark) from Maven Central.
+"""Resolve JVM jars (the Kafka broker, Delta Lake for Spark, Hadoop's S3A filesystem) from Maven Central.
 
 The poms live under `deploy/maven/<name>/pom.xml`; Maven copies the resolved
 jars into a cache outside the repository (`~/.cache/deltacoord/jars/<name>-<key>/`),
@@ -19,10 +19,12 @@ log = logging.getLogger(__name__)
 
 #: What each jar set copies: Kafka needs its whole runtime closure; Delta only
 #: its own jars, since Spark (from the pyspark wheel) provides the rest and
-#: Delta's transitive Jackson/Hadoop jars would clash with Spark's.
+#: Delta's transitive Jackson/Hadoop jars would clash with Spark's; S3A its
+#: runtime closure (the AWS SDK bundle), Hadoop itself being 'provided'.
 _COPY_ARGS: dict[str, list[str]] = {
     "kafka": ["-DincludeScope=runtime"],
     "delta": ["-DincludeScope=runtime", "-DexcludeTransitive=true"],
+    "s3a": ["-DincludeScope=runtime"],
 }
 
 

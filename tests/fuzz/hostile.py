@@ -284,13 +284,16 @@ def hostile_proposal(rng: random.Random, ctx: TableCtx, *, huge: int = 0) -> tup
         p = _base(rng, ctx, (), read_predicates=tuple(_bad_predicate(rng) for _ in range(rng.randint(1, 3))))
         reason = "BAD_PREDICATE"
     elif kind == 8:
+        # A location the coordinator's door refuses (no `..`, no NUL, absolute, a served scheme; the barrage's
+        # coordinator has no table_roots, so it serves local tables only) is refused before anything else.
         if rng.random() < 0.5:
-            other = rng.choice([f"file:///nowhere/{uuid.UUID(int=rng.getrandbits(128))}", nasty_text(rng) + "\x00x", "é" * 300])
+            other, reason = rng.choice([(f"file:///nowhere/{uuid.UUID(int=rng.getrandbits(128))}", "UNKNOWN_TABLE"),
+                                        (nasty_text(rng) + "\x00x", "BAD_TABLE_URI"), ("é" * 300, "BAD_TABLE_URI")])
             p = dataclasses.replace(_base(rng, ctx, (_add(rng),)), table_id=other, table_uri=other)
-            reason = "UNKNOWN_TABLE"
         else:
-            p = dataclasses.replace(_base(rng, ctx, (_add(rng),)), table_uri=rng.choice(["file:///elsewhere", "s3://b/t", ""]))
-            reason = "TABLE_URI_MISMATCH"
+            uri, reason = rng.choice([("file:///elsewhere", "TABLE_URI_MISMATCH"), ("s3://b/t", "TABLE_OUTSIDE_ROOTS"),
+                                      ("", "BAD_TABLE_URI")])
+            p = dataclasses.replace(_base(rng, ctx, (_add(rng),)), table_uri=uri)
     else:
         # A creation of a new table that is itself invalid (so nothing is created).
         new_id = f"file:///tmp/fuzz-created/{uuid.UUID(int=rng.getrandbits(128))}"

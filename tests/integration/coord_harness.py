@@ -38,9 +38,12 @@ def harness_settings(bootstrap: str, topics: Topics, **overrides: object) -> Coo
 
 @contextmanager
 def coordinator_thread(bootstrap: str, topics: Topics, max_proposal_bytes: int = 4 * 1024 * 1024,
+                       table_roots: tuple[str, ...] | None = None, storage_options: dict[str, str] | None = None,
                        settings_overrides: dict[str, object] | None = None, **kwargs: object) -> Iterator[Coordinator]:
-    """A coordinator in this process; stopped gracefully at exit. `kwargs` go to `Coordinator`."""
-    settings = harness_settings(bootstrap, topics, max_proposal_bytes=max_proposal_bytes, **(settings_overrides or {}))
+    """A coordinator in this process; stopped gracefully at exit (`table_roots`, `storage_options`: its settings;
+    `settings_overrides` replace other fields). `kwargs` go to `Coordinator`."""
+    settings = harness_settings(bootstrap, topics, max_proposal_bytes=max_proposal_bytes, table_roots=table_roots,
+                                storage_options=dict(storage_options or {}), **(settings_overrides or {}))
     coord = Coordinator(settings, publish_fsync=False, **kwargs)  # type: ignore[arg-type]
     result: dict[str, int] = {}
     t = threading.Thread(target=lambda: result.setdefault("code", coord.run()), daemon=True)
@@ -97,7 +100,8 @@ def start_coordinator_process(bootstrap: str, topics: Topics, log_dir: Path, *ex
     return CoordinatorProcess(proc, log)
 
 
-def append_worker(bootstrap: str, prefix: str, table_path: str, writer: int, count: int, out: str) -> None:
+def append_worker(bootstrap: str, prefix: str, table_path: str, writer: int, count: int, out: str,
+                  storage_options: dict[str, str] | None = None) -> None:
     """Body of one writer process: `count` one-row blind appends; records versions and latencies as JSON."""
     import json
 
@@ -105,7 +109,8 @@ def append_worker(bootstrap: str, prefix: str, table_path: str, writer: int, cou
 
     from writer.table import Table
 
-    t = Table(table_path, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"w{writer}")
+    t = Table(table_path, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"w{writer}",
+              storage_options=storage_options)
     results = []
     for i in range(count):
         t0 = time.monotonic()

@@ -1,5 +1,9 @@
 """Spark helpers for the `deltacoord` data-source tests: a local session with the Delta jars, and a child driver.
 
+A session built with `s3=` storage options also carries Hadoop's S3A filesystem
+(hadoop-aws and the AWS SDK bundle, `deltacoord jars fetch s3a`) configured for
+that S3 endpoint, so Delta Lake on Spark reads the tables there as `s3a://`.
+
 `child_main` is the body of a separate driver process (``python -c "from
 tests.integration.spark_harness import child_main; child_main()" <json>``)
 that streams a directory of JSON files into a coordinated table. With
@@ -36,11 +40,30 @@ def spark_env() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
 
 
-def build_session(app: str = "deltacoord-tests") -> SparkSession:
+def s3a_conf(storage_options: dict[str, str]) -> dict[str, str]:
+    """Hadoop S3A settings for the local S3 server named by delta-rs-style storage options."""
+    opts = {k.lower(): v for k, v in storage_options.items()}
+    return {
+        "fs.s3a.endpoint": opts["aws_endpoint_url"],
+        "fs.s3a.endpoint.region": opts.get("aws_region", "us-east-1"),
+        "fs.s3a.path.style.access": "true",
+        "fs.s3a.connection.ssl.enabled": str(not opts["aws_endpoint_url"].startswith("http://")).lower(),
+        "fs.s3a.access.key": opts["aws_access_key_id"],
+        "fs.s3a.secret.key": opts["aws_secret_access_key"],
+        "fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+    }
+
+
+def build_session(app: str = "deltacoord-tests", s3: dict[str, str] | None = None) -> SparkSession:
     spark_env()
     jars = classpath("delta").replace(os.pathsep, ",")
+    if s3 is not None:
+        jars += "," + classpath("s3a").replace(os.pathsep, ",")
+    builder = SparkSession.builder
+    for k, v in s3a_conf(s3).items() if s3 is not None else ():
+        builder = builder.config(f"spark.hadoop.{k}", v)
     spark = (
-        SparkSession.builder.master("local[2]").appName(app)
+        builder.master("local[2]").appName(app)
         .config("spark.jars", jars)
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
@@ -93,9 +116,11 @@ def child_main() -> None:
     spark = build_session("deltacoord-child")
     spark.dataSource.register(CrashingDataSource)
     df = spark.readStream.schema("id long, value string").option("maxFilesPerTrigger", 1).json(args["source"])
+    w = df.writeStream.format("deltacoord")
+    for k, v in args.get("storage_options", {}).items():
+        w = w.option(f"storage.{k}", v)
     w = (
-        df.writeStream.format("deltacoord")
-        .option("path", args["table"])
+        w.option("path", args["table"])
         .option("bootstrap.servers", args["bootstrap"])
         .option("topic.prefix", args["prefix"])
         .option("checkpointLocation", args["checkpoint"])
@@ -109,4 +134,5 @@ def child_main() -> None:
     spark.stop()
 
 
-__all__ = ["CrashingDataSource", "SinkOptions", "_stage_plan", "build_session", "child_main", "ensure_table", "spark_env"]
+__all__ = ["CrashingDataSource", "SinkOptions", "_stage_plan", "build_session", "child_main", "ensure_table", "s3a_conf",
+           "spark_env"]

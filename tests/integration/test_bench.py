@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 KEYS = {"writers", "commits", "failed", "commits_per_s", "p50_ms", "p99_ms", "first_commit_p50_ms"}
 
@@ -26,3 +28,20 @@ def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str) -> None:
     assert dc["writers"] == 2 and dc["commits"] == 6 and dc["failed"] == 0
     assert rs["commits"] + rs["failed"] == 6
     assert dc["commits_per_s"] > 0 and 0 < dc["p50_ms"] <= dc["p99_ms"]
+
+
+def test_bench_on_s3_measures_both_systems_to_visibility(kafka_bootstrap: str, tmp_path: Path) -> None:
+    env = {**os.environ, "DELTACOORD_S3_SERVER_HOME": str(tmp_path / "s3")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "coordinator.tooling.cli", "bench", "--storage", "s3", "--writers", "2",
+         "--commits-per-writer", "3", "--warmup-commits-per-writer", "2", "--bootstrap-servers", kafka_bootstrap],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "aws_conditional_put=etag" in proc.stderr, "delta-rs runs in its S3 conditional-put mode"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["storage"] == "s3" and "visibility" in out["latency"] and out["ratio"] > 0
+    dc, rs = out["deltacoord"], out["delta_rs"]
+    assert set(dc) >= KEYS and set(rs) >= KEYS
+    assert dc["commits"] == 6 and dc["failed"] == 0 and rs["commits"] + rs["failed"] == 6
+    assert 0 < dc["p50_ms"] <= dc["p99_ms"]

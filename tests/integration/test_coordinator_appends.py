@@ -1,4 +1,4 @@
-"""16 concurrent writer processes x 50 blind appends through one coordinator."""
+"""16 concurrent writer processes x 50 blind appends through one coordinator, on a local directory and on S3."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import multiprocessing as mp
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from coordinator.delta_log.checkpointer import create_checkpoint
 from coordinator.kafka.recovery import read_decisions
 from coordinator.settings import CoordinatorSettings
 from schemas.actions import parse_commit
 from schemas.messages import Outcome
+from tests.conftest import TablePlace
 from tests.integration.coord_harness import append_worker, coordinator_thread, fresh_topics
 from writer.table import Table
 
@@ -22,16 +22,18 @@ PER_WRITER = 50
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.string())])
 
 
-def test_sixteen_writers_fifty_blind_appends_each(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_sixteen_writers_fifty_blind_appends_each(kafka_bootstrap: str, tmp_path: Path, table_place: TablePlace) -> None:
     topics = fresh_topics(kafka_bootstrap)
     prefix = topics.proposals.removesuffix(".proposals")
-    table_path = tmp_path / "events"
-    with coordinator_thread(kafka_bootstrap, topics, checkpoint_fn=create_checkpoint) as coord:
-        with Table(table_path, kafka_bootstrap, topics=topics) as t:
+    table_path = table_place.uri("events")
+    options = table_place.storage_options
+    with coordinator_thread(kafka_bootstrap, topics, checkpoint_fn=create_checkpoint, **table_place.coordinator_settings) as coord:
+        with Table(table_path, kafka_bootstrap, topics=topics, storage_options=options) as t:
             t.create(SCHEMA, partition_by=["date"], properties={"delta.checkpointInterval": "10"})
         ctx = mp.get_context("spawn")
         outs = [tmp_path / f"w{i}.json" for i in range(WRITERS)]
-        procs = [ctx.Process(target=append_worker, args=(kafka_bootstrap, prefix, str(table_path), i, PER_WRITER, str(outs[i])))
+        procs = [ctx.Process(target=append_worker,
+                             args=(kafka_bootstrap, prefix, table_path, i, PER_WRITER, str(outs[i]), options))
                  for i in range(WRITERS)]
         for p in procs:
             p.start()
@@ -60,20 +62,20 @@ def test_sixteen_writers_fifty_blind_appends_each(kafka_bootstrap: str, tmp_path
     # _delta_log equals the commits topic, byte for byte.
     from schemas.actions import commit_to_json_lines
 
-    log_dir = table_path / "_delta_log"
+    log = table_place.storage(table_path)
     for d in decisions:
         assert d.version is not None
-        assert (log_dir / f"{d.version:020d}.json").read_bytes() == commit_to_json_lines(d.actions)
-        assert parse_commit((log_dir / f"{d.version:020d}.json").read_bytes())[0] == d.actions[0]
+        assert log.get(f"_delta_log/{d.version:020d}.json") == commit_to_json_lines(d.actions)
+        assert parse_commit(log.get(f"_delta_log/{d.version:020d}.json"))[0] == d.actions[0]
 
     # Checkpoints every 10 versions, and delta-rs reads every version with the expected row counts.
-    assert (log_dir / "_last_checkpoint").exists()
-    assert (log_dir / f"{800:020d}.checkpoint.parquet").exists()
-    for v in range(0, WRITERS * PER_WRITER + 1):
-        adds = DeltaTable(str(table_path), version=v).get_add_actions(flatten=True)
+    assert log.exists("_delta_log/_last_checkpoint")
+    assert log.exists(f"_delta_log/{800:020d}.checkpoint.parquet")
+    for v, dt in table_place.delta_tables(table_path, range(0, WRITERS * PER_WRITER + 1)):
+        adds = dt.get_add_actions(flatten=True)
         assert sum(adds.column("num_records").to_pylist()) == v, f"version {v}"
     for v in [1, 10, 11, 399, 655]:
-        assert DeltaTable(str(table_path), version=v).to_pyarrow_table().num_rows == v
+        assert table_place.delta_table(table_path, version=v).to_pyarrow_table().num_rows == v
     # All rows, each once.
-    final = DeltaTable(str(table_path)).to_pyarrow_table()
+    final = table_place.delta_table(table_path).to_pyarrow_table()
     assert sorted(final.column("id").to_pylist()) == sorted(w * 1_000_000 + i for w in range(WRITERS) for i in range(PER_WRITER))

@@ -3,7 +3,7 @@
 Each bad proposal gets a rejection with a reason code on the commits topic;
 undecodable bytes go to the dead-letter topic (a bounded prefix of them; and, when the
 writer named itself in headers, a rejection it can wait for). A valid proposal
-after all of them still commits.
+after all of them still commits. Runs with the table in a local directory and on S3.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from schemas.actions import AddFile, CommitInfo, Metadata, Protocol
 from schemas.codec import encode_proposal
 from schemas.messages import Decision, Proposal
 from schemas.routing import H_ERROR, H_PROPOSAL_ID, H_TABLE_ID
+from tests.conftest import TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from writer.client import CoordinatorClient
 from writer.table import Table
@@ -41,17 +42,20 @@ def _add(path: str, size: int = 10) -> AddFile:
     return AddFile(path, {"date": "2024-01-01"}, size, 0, True)
 
 
-def test_each_bad_input_gets_a_reasoned_rejection_or_dead_letter(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_each_bad_input_gets_a_reasoned_rejection_or_dead_letter(kafka_bootstrap: str, tmp_path: Path,
+                                                                 table_place: TablePlace) -> None:
     topics = fresh_topics(kafka_bootstrap)
-    root = tmp_path / "t"
-    with coordinator_thread(kafka_bootstrap, topics, max_proposal_bytes=64 * 1024) as coord:
+    root = table_place.uri("t")
+    # A table this coordinator serves but nobody created.
+    nowhere = "file:///nowhere" if table_place.is_local else table_place.uri("nowhere")
+    with coordinator_thread(kafka_bootstrap, topics, max_proposal_bytes=64 * 1024, **table_place.coordinator_settings) as coord:
         client = CoordinatorClient(kafka_bootstrap, topics=topics)
-        t = Table(root, kafka_bootstrap, topics=topics, client=client)
+        t = Table(root, kafka_bootstrap, topics=topics, client=client, storage_options=table_place.storage_options)
         t.create(SCHEMA, partition_by=["date"])
         md = Metadata(id="x", schema_string='{"type":"struct","fields":[]}')
         cases: dict[str, Proposal] = {
             "UNKNOWN_TABLE": dataclasses.replace(_proposal(t, 0, (_add("date=2024-01-01/a.parquet"),)),
-                                                 table_id="file:///nowhere", table_uri="file:///nowhere"),
+                                                 table_id=nowhere, table_uri=nowhere),
             "READ_VERSION_AHEAD": _proposal(t, 7, (_add("date=2024-01-01/b.parquet"),)),
             "BAD_READ_VERSION": _proposal(t, -5, (_add("date=2024-01-01/c.parquet"),)),
             "PATH_ESCAPES_TABLE": _proposal(t, 0, (_add("../../etc/passwd"),)),

@@ -2,11 +2,19 @@
 
 Whatever happens, no version is lost, duplicated or published twice, every
 proposal gets exactly one decision, and `_delta_log` equals the commits topic.
+The crash and fencing tests run with the table in a local directory and on the
+local S3 server (the SIGKILL at a checkpoint also on Azure and GCS); the zombie
+that resumes after being fenced runs on S3, where only the conditional write
+keeps it from replacing a published version.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +25,7 @@ import pytest
 from coordinator.delta_log.verify import assert_verified, verify_table
 from coordinator.settings import CoordinatorSettings
 from schemas.routing import Topics
+from tests.conftest import StoreServer, TablePlace, make_place
 from tests.integration.coord_harness import CoordinatorProcess, fresh_topics, start_coordinator_process
 from writer.table import Table
 
@@ -32,11 +41,11 @@ def _wait_until(cond: object, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _appenders(bootstrap: str, topics: Topics, path: Path, writers: int, per_writer: int,
-               results: list[int], errors: list[BaseException]) -> list[threading.Thread]:
+def _appenders(bootstrap: str, topics: Topics, path: str, writers: int, per_writer: int,
+               results: list[int], errors: list[BaseException], storage_options: dict[str, str]) -> list[threading.Thread]:
     def body(w: int) -> None:
         try:
-            with Table(path, bootstrap, topics=topics, decision_timeout_s=120) as t:
+            with Table(path, bootstrap, topics=topics, decision_timeout_s=120, storage_options=storage_options) as t:
                 for i in range(per_writer):
                     r = t.append(pa.table({"id": [w * 10_000 + i], "date": [f"2024-01-0{w % 3 + 1}"]}))
                     results.append(r.version)
@@ -53,23 +62,36 @@ def _settings(bootstrap: str, topics: Topics) -> CoordinatorSettings:
     return CoordinatorSettings(bootstrap_servers=bootstrap, topics=topics, group_id="verify")
 
 
-@pytest.mark.parametrize("point,n", [("after_decide", 4), ("after_kafka_commit", 4), ("checkpoint_before_publish", 1)])
-def test_sigkill_at_a_chosen_point_then_restart(kafka_bootstrap: str, tmp_path: Path, point: str, n: int) -> None:
+_POINTS = [("after_decide", 4), ("after_kafka_commit", 4), ("checkpoint_before_publish", 1)]
+
+
+@pytest.mark.parametrize("kind,point,n", [
+    *[("local", p, n) for p, n in _POINTS],
+    *[("s3", p, n) for p, n in _POINTS],
+    ("azure", "checkpoint_before_publish", 1),
+    ("gcs", "checkpoint_before_publish", 1),
+])
+def test_sigkill_at_a_chosen_point_then_restart(kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest,
+                                                kind: str, point: str, n: int) -> None:
+    place: TablePlace = make_place(request, kind, tmp_path)
     topics = fresh_topics(kafka_bootstrap)
-    path = tmp_path / "t"
+    path = place.uri("t")
+    log = place.storage(path)
+    opts = place.storage_options
     # Static assignment (--partitions 0): the restarted coordinator takes over at once,
     # without waiting for the group to expire the killed member's session.
-    first = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0",
+    first = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", *place.coordinator_args,
                                       env={"DELTACOORD_FAULT": f"{point}:{n}"})
-    with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120) as t:
+    with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120, storage_options=opts) as t:
         t.create(SCHEMA, partition_by=["date"], properties={"delta.checkpointInterval": "5"})
-    _wait_until(lambda: (path / "_delta_log" / f"{0:020d}.json").exists(), 60, "publication of version 0")
+    _wait_until(lambda: log.exists(f"_delta_log/{0:020d}.json"), 60, "publication of version 0")
     results: list[int] = []
     errors: list[BaseException] = []
-    threads = _appenders(kafka_bootstrap, topics, path, writers=4, per_writer=8, results=results, errors=errors)
+    threads = _appenders(kafka_bootstrap, topics, path, writers=4, per_writer=8, results=results, errors=errors,
+                         storage_options=opts)
     first.proc.wait(120)
     assert first.proc.returncode == -9, f"the fault point {point} was not reached (exit {first.proc.returncode})"
-    second = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0")
+    second = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", *place.coordinator_args)
     try:
         for th in threads:
             th.join(180)
@@ -78,40 +100,41 @@ def test_sigkill_at_a_chosen_point_then_restart(kafka_bootstrap: str, tmp_path: 
         # The killed coordinator may have answered every writer: the restarted one must
         # still finish its recovery (sweep, re-publication, checkpoints) before it stops.
         _wait_until(lambda: "coordinator ready" in second.log.read_text(errors="replace"), 120, "the restarted coordinator")
-        _wait_until(lambda: (path / "_delta_log" / f"{32:020d}.json").exists(), 60, "publication of the last version")
+        _wait_until(lambda: log.exists(f"_delta_log/{32:020d}.json"), 60, "publication of the last version")
         if point == "checkpoint_before_publish":
             # The restarted coordinator writes the newest due checkpoint at the table's own
             # interval (5, known from the recovered state), even if the killed process had
             # already published past it; intermediate ones may be skipped, as Delta allows.
             # Wait while it runs: the writers may all have been answered by the killed one.
-            last = path / "_delta_log" / "_last_checkpoint"
-            _wait_until(lambda: (path / "_delta_log" / f"{30:020d}.checkpoint.parquet").exists(), 120, "checkpoint 30")
-            _wait_until(lambda: last.exists() and json.loads(last.read_text())["version"] == 30, 60, "_last_checkpoint at 30")
+            last = "_delta_log/_last_checkpoint"
+            _wait_until(lambda: log.exists(f"_delta_log/{30:020d}.checkpoint.parquet"), 120, "checkpoint 30")
+            _wait_until(lambda: log.exists(last) and json.loads(log.get(last))["version"] == 30, 60, "_last_checkpoint at 30")
     finally:
         second.kill(15)
-    rep = verify_table(_settings(kafka_bootstrap, topics), path.as_uri(), path.resolve().as_uri())
+    rep = verify_table(_settings(kafka_bootstrap, topics), path, place.table_id(path), storage_options=opts)
     assert_verified(rep)
     assert rep.topic_versions == 33 and rep.published_versions == 33
-    assert not list((path / "_delta_log").glob("*.json.*.tmp")), "no half-written commit file is left visible"
-    from deltalake import DeltaTable
-
-    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 32
+    assert not [k for k, _ in log.list_keys("_delta_log") if ".json." in k and k.endswith(".tmp")], \
+        "no half-written commit file is left visible"
+    assert place.delta_table(path).to_pyarrow_table().num_rows == 32
     if point == "checkpoint_before_publish":
-        assert DeltaTable(str(path), version=30).to_pyarrow_table().num_rows == 30
+        assert place.delta_table(path, version=30).to_pyarrow_table().num_rows == 30
 
 
-def test_second_coordinator_fences_the_first(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_second_coordinator_fences_the_first(kafka_bootstrap: str, tmp_path: Path, table_place: TablePlace) -> None:
     topics = fresh_topics(kafka_bootstrap)
-    path = tmp_path / "t"
+    path = table_place.uri("t")
+    log = table_place.storage(path)
     # Two coordinators statically assigned the same partition: the zombie case the
     # consumer group normally prevents. Kafka's transactional fencing must still hold.
-    a: CoordinatorProcess = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0")
-    with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120) as t:
+    a: CoordinatorProcess = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0",
+                                                      *table_place.coordinator_args)
+    with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120, storage_options=table_place.storage_options) as t:
         t.create(SCHEMA, partition_by=["date"])
-        _wait_until(lambda: (path / "_delta_log" / f"{0:020d}.json").exists(), 60, "publication of version 0")
+        _wait_until(lambda: log.exists(f"_delta_log/{0:020d}.json"), 60, "publication of version 0")
         for i in range(5):
             t.append(pa.table({"id": [i], "date": ["2024-01-01"]}))
-        b = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0")
+        b = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", *table_place.coordinator_args)
         try:
             # Both now consume the partition; only B's transactions can commit.
             time.sleep(3)
@@ -123,15 +146,80 @@ def test_second_coordinator_fences_the_first(kafka_bootstrap: str, tmp_path: Pat
             assert b.alive()
             for i in range(15, 20):
                 t.append(pa.table({"id": [i], "date": ["2024-01-01"]}))
-            _wait_until(lambda: (path / "_delta_log" / f"{20:020d}.json").exists(), 60, "publication")
+            _wait_until(lambda: log.exists(f"_delta_log/{20:020d}.json"), 60, "publication")
         finally:
             b.kill(15)
-    rep = verify_table(_settings(kafka_bootstrap, topics), path.as_uri(), path.resolve().as_uri())
+    rep = verify_table(_settings(kafka_bootstrap, topics), path, table_place.table_id(path),
+                       storage_options=table_place.storage_options)
     assert_verified(rep)
     assert rep.topic_versions == 21
-    from deltalake import DeltaTable
+    assert sorted(table_place.delta_table(path).to_pyarrow_table().column("id").to_pylist()) == list(range(20))
 
-    assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("id").to_pylist()) == list(range(20))
+
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_fenced_zombie_never_replaces_a_published_version_on_s3(kafka_bootstrap: str, tmp_path: Path,
+                                                                   request: pytest.FixtureRequest) -> None:
+    """A coordinator paused between its Kafka commit and the publication of that version resumes
+    after a successor fenced it and published the version: its conditional write is refused, the
+    object is not replaced, it stops as fenced, and `deltacoord verify` finds nothing wrong."""
+    place = make_place(request, "s3", tmp_path)
+    topics = fresh_topics(kafka_bootstrap)
+    path = place.uri("t")
+    log = place.storage(path)
+    v2 = f"_delta_log/{2:020d}.json"
+    # The third batch (create, append, append) stops the process right after its Kafka commit.
+    a = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", *place.coordinator_args,
+                                  env={"DELTACOORD_FAULT": "after_kafka_commit:3:stop"})
+    b: CoordinatorProcess | None = None
+    try:
+        with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120, storage_options=place.storage_options) as t:
+            t.create(SCHEMA, partition_by=["date"])
+            t.append(pa.table({"id": [0], "date": ["2024-01-01"]}))
+            assert t.append(pa.table({"id": [1], "date": ["2024-01-01"]})).version == 2  # ratified by A, then A stops
+            _wait_until(lambda: _state(a.proc.pid) == "T", 60, "the first coordinator to stop after its Kafka commit")
+            assert not log.exists(v2), "the paused coordinator published nothing after its commit"
+            b = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", *place.coordinator_args)
+            _wait_until(lambda: log.exists(v2), 120, "the successor to publish version 2 from the commits topic")
+            ratified = log.get(v2)
+            # The object as the S3 server stores it (versitygw's posix backend: one file per object);
+            # a replacement would be a new file (another inode) even with the same bytes.
+            server: StoreServer = request.getfixturevalue("s3_server")
+            backing = server.server.data_dir / place.root.removeprefix("s3://") / "t" / v2
+            before = os.stat(backing)
+            for i in range(2, 5):
+                t.append(pa.table({"id": [i], "date": ["2024-01-01"]}))
+            os.kill(a.proc.pid, signal.SIGCONT)
+            # Resumed, A publishes its version 2 (refused: the object exists) and is fenced on its next
+            # transaction: more proposals reach both coordinators.
+            attempt = f"version 2 of {t.uri} was already published with the same content"
+            _wait_until(lambda: attempt in a.log.read_text(errors="replace"), 60,
+                        "the resumed coordinator's attempt to publish version 2")
+            for i in range(5, 8):
+                t.append(pa.table({"id": [i], "date": ["2024-01-01"]}))
+            a.proc.wait(60)
+            assert a.proc.returncode == 3, f"the zombie's exit code {a.proc.returncode}"
+            after = os.stat(backing)
+            assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "version 2 was replaced"
+            assert log.get(v2) == ratified
+            _wait_until(lambda: log.exists(f"_delta_log/{8:020d}.json"), 60, "publication of version 8")
+    finally:
+        if a.alive():
+            os.kill(a.proc.pid, signal.SIGCONT)
+            a.kill()
+        if b is not None:
+            b.kill(15)
+    prefix = topics.proposals.removesuffix(".proposals")
+    storage_args = [x for k, v in place.storage_options.items() for x in ("--storage-option", f"{k}={v}")]
+    verify = subprocess.run([sys.executable, "-m", "coordinator.tooling.cli", "verify", path, "--bootstrap-servers",
+                             kafka_bootstrap, "--topic-prefix", prefix, *storage_args], capture_output=True, text=True,
+                            timeout=300)
+    assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-2000:]
+    report = json.loads(verify.stdout)
+    assert report["ok"] and report["problems"] == [] and report["published_versions"] == 9
 
 
 def test_watchdog_exits_a_coordinator_whose_loop_is_stuck(kafka_bootstrap: str, tmp_path: Path) -> None:

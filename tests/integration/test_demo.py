@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def test_demo_runs_end_to_end_and_ends_with_its_json_summary(tmp_path: Path) -> None:
@@ -30,3 +31,19 @@ def test_demo_runs_end_to_end_and_ends_with_its_json_summary(tmp_path: Path) -> 
     status = subprocess.run([sys.executable, "-m", "coordinator.tooling.cli", "broker", "status"], capture_output=True,
                             text=True, env=env)
     assert status.returncode == 1
+
+
+def test_demo_on_the_local_s3_server(tmp_path: Path, local_broker: Any) -> None:
+    """`deltacoord demo --storage s3`: the same demo with the table in a bucket of the local S3 server."""
+    env = {**os.environ, "DELTACOORD_S3_SERVER_HOME": str(tmp_path / "s3")}
+    if local_broker is not None:
+        env["DELTACOORD_BROKER_HOME"] = str(local_broker.home)  # reuse the session's broker
+    proc = subprocess.run([sys.executable, "-m", "coordinator.tooling.cli", "demo", "--storage", "s3"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads([ln for ln in proc.stdout.splitlines() if ln.strip()][-1])
+    assert summary["storage"] == "s3" and summary["table"].startswith("s3://deltacoord-demo-")
+    assert summary["versions"] == summary["commits"] >= 40
+    assert summary["conflicts"].get("ConcurrentAppendException") == 1
+    assert summary["conflicts"].get("ConcurrentDeleteReadException") == 1
+    assert "S3 server stopped" in proc.stdout, "the demo stops the S3 server it started"

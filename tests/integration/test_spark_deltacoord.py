@@ -1,6 +1,10 @@
 """The `deltacoord` PySpark data source against a real broker, a real coordinator and Spark with Delta Lake.
 
-One Spark session for the module (child driver processes start their own).
+One Spark session for the module (child driver processes start their own), one
+coordinator serving both a local directory and a bucket of the local S3 server.
+The sink's exactly-once restart, its commit protocol and Delta Lake on Spark
+reading every version run on both; on S3 the sink takes `storage.<key>` options
+and Delta on Spark reads the table as `s3a://`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from coordinator.kafka.daemon import Coordinator
 from reader.snapshot import Snapshot
 from schemas.errors import ConcurrentTransactionException
 from schemas.routing import Topics
+from tests.conftest import StoreServer, TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.spark_harness import REPO, build_session, spark_env
 from writer import spark_sink
@@ -38,8 +43,8 @@ ROW_SCHEMA = StructType([StructField("id", LongType()), StructField("value", Str
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    s = build_session()
+def spark(s3_server: StoreServer) -> Iterator[SparkSession]:
+    s = build_session(s3=s3_server.storage_options)
     spark_sink.register(s)
     try:
         yield s
@@ -48,31 +53,41 @@ def spark() -> Iterator[SparkSession]:
 
 
 class Env:
-    def __init__(self, bootstrap: str, topics: Topics, coord: Coordinator) -> None:
+    def __init__(self, bootstrap: str, topics: Topics, coord: Coordinator, s3: TablePlace) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
         self.prefix = topics.proposals.removesuffix(".proposals")
         self.coord = coord
+        self.s3 = s3
+
+    def place(self, kind: str, tmp_path: Path) -> TablePlace:
+        """Where a test's tables live: its own directory, or (a test's own prefix of) the module's bucket."""
+        return TablePlace("local", str(tmp_path)) if kind == "local" else \
+            TablePlace("s3", f"{self.s3.root}/{tmp_path.name}", self.s3.storage_options)
 
     def published(self) -> None:
         assert self.coord.wait_published(30)
 
-    def table(self, path: Path) -> Table:
-        return Table(path, self.bootstrap, topics=self.topics)
+    def table(self, path: Path | str, storage_options: dict[str, str] | None = None) -> Table:
+        return Table(path, self.bootstrap, topics=self.topics, storage_options=storage_options)
 
-    def sink(self, df: DataFrame, path: Path, checkpoint: Path, **options: str) -> Any:
+    def sink(self, df: DataFrame, path: Path | str, checkpoint: Path, storage_options: dict[str, str] | None = None,
+             **options: str) -> Any:
         w = (df.writeStream.format("deltacoord").option("path", str(path)).option("bootstrap.servers", self.bootstrap)
              .option("topic.prefix", self.prefix).option("checkpointLocation", str(checkpoint)))
-        for k, v in options.items():
+        for k, v in {**{f"storage.{k}": v for k, v in (storage_options or {}).items()}, **options}.items():
             w = w.option(k, v)
         return w.trigger(availableNow=True).start()
 
 
 @pytest.fixture(scope="module")
-def env(kafka_bootstrap: str) -> Iterator[Env]:
+def env(kafka_bootstrap: str, s3_server: StoreServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     topics = fresh_topics(kafka_bootstrap)
-    with coordinator_thread(kafka_bootstrap, topics) as coord:
-        yield Env(kafka_bootstrap, topics, coord)
+    bucket = s3_server.new_bucket()
+    s3 = TablePlace("s3", bucket.root, bucket.storage_options)
+    roots = (str(tmp_path_factory.getbasetemp()), bucket.root)
+    with coordinator_thread(kafka_bootstrap, topics, table_roots=roots, storage_options=bucket.storage_options) as coord:
+        yield Env(kafka_bootstrap, topics, coord, s3)
 
 
 def _rows(t: pa.Table, cols: list[str] | None = None) -> list[tuple[Any, ...]]:
@@ -114,25 +129,29 @@ def _run_child(args: dict[str, Any], log: Path, timeout: float = 240) -> int:
             proc.wait(10)
 
 
-def test_stream_killed_between_decision_and_spark_commit_log_restarts_exactly_once(env: Env, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_stream_killed_between_decision_and_spark_commit_log_restarts_exactly_once(env: Env, tmp_path: Path,
+                                                                                   kind: str) -> None:
+    place = env.place(kind, tmp_path)
+    opts = place.storage_options
     ids = _json_files(tmp_path / "src", files=6, rows=25)
-    table, metrics = tmp_path / "table", tmp_path / "metrics.jsonl"
-    args = {"source": str(tmp_path / "src"), "table": str(table), "bootstrap": env.bootstrap, "prefix": env.prefix,
+    table, metrics = place.uri("table"), tmp_path / "metrics.jsonl"
+    args = {"source": str(tmp_path / "src"), "table": table, "bootstrap": env.bootstrap, "prefix": env.prefix,
             "checkpoint": str(tmp_path / "ckpt"), "metrics": str(metrics), "marker": str(tmp_path / "crashed"),
-            "crash_after_batch": 2}
+            "crash_after_batch": 2, "storage_options": opts}
     log = tmp_path / "child.log"
     rc = _run_child(args, log)
     assert rc == -signal.SIGKILL, f"the first run should have been SIGKILLed (rc={rc}); log:\n{log.read_text()[-4000:]}"
     assert (tmp_path / "crashed").exists()
     env.published()
-    snap = Snapshot.load(str(table))
+    snap = Snapshot.load(table, storage_options=opts)
     assert max(snap.app_versions.values()) == 2  # batches 0..2 committed in Kafka, Spark recorded only 0..1
     assert not (tmp_path / "ckpt" / "commits" / "2").exists()
 
     rc = _run_child({**args, "crash_after_batch": -1}, log)
     assert rc == 0, log.read_text()[-4000:]
     env.published()
-    snap = Snapshot.load(str(table))
+    snap = Snapshot.load(table, storage_options=opts)
     got = sorted(snap.to_pyarrow().column("id").to_pylist())
     assert got == ids  # every row exactly once
     assert list(snap.app_versions.values()) == [5]
@@ -140,7 +159,7 @@ def test_stream_killed_between_decision_and_spark_commit_log_restarts_exactly_on
     second = [e for e in entries if e["batchId"] == 2]
     assert len(second) == 2 and (second[1].get("skipped") or second[1].get("duplicate")), entries
     # No staged file of the replayed batch is left behind as an orphan.
-    data_files = {str(p.relative_to(table)) for p in table.rglob("*.parquet") if "_delta_log" not in p.parts}
+    data_files = {o.key for o in place.storage(table).list() if o.key.endswith(".parquet") and "_delta_log" not in o.key}
     assert data_files == set(snap.file_paths())
 
 
@@ -226,44 +245,55 @@ def test_source_stops_at_add_columns_and_continues_after_restart(spark: SparkSes
 # --------------------------------------------------------------------------- (4) Delta Lake on Spark reads every version
 
 
-def test_delta_spark_reads_every_version_written_by_the_sink(spark: SparkSession, env: Env, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_delta_spark_reads_every_version_written_by_the_sink(spark: SparkSession, env: Env, tmp_path: Path,
+                                                             kind: str) -> None:
+    place = env.place(kind, tmp_path)
+    opts = place.storage_options
+    storage = {f"storage.{k}": v for k, v in opts.items()}
     _json_files(tmp_path / "in", files=3, rows=8)
-    path = tmp_path / "t"
+    path = place.uri("t")
+    # Delta Lake on Spark reads an S3 table through Hadoop's S3A filesystem.
+    delta_path = path if place.is_local else "s3a://" + path.removeprefix("s3://")
     df = spark.readStream.schema(ROW_SCHEMA).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
     df = df.selectExpr("id", "value", "CAST(id % 3 AS STRING) AS part")
-    q = env.sink(df, path, tmp_path / "ckpt", partitionBy="part")
+    q = env.sink(df, path, tmp_path / "ckpt", opts, partitionBy="part")
     q.awaitTermination(180)
     assert q.exception() is None, q.exception()
     batch = spark.createDataFrame([(100, "over", "1"), (101, "over", "1")], "id long, value string, part string")
     (batch.write.format("deltacoord").option("bootstrap.servers", env.bootstrap).option("topic.prefix", env.prefix)
-     .option("replaceWhere", "part = '1'").mode("overwrite").save(str(path)))
+     .options(**storage).option("replaceWhere", "part = '1'").mode("overwrite").save(path))
     more = spark.createDataFrame([(200, "more", "2")], "id long, value string, part string")
-    more.write.format("deltacoord").option("bootstrap.servers", env.bootstrap).option("topic.prefix", env.prefix).mode("append").save(str(path))
+    (more.write.format("deltacoord").option("bootstrap.servers", env.bootstrap).option("topic.prefix", env.prefix)
+     .options(**storage).mode("append").save(path))
     env.published()
-    latest = Snapshot.load(str(path)).version
+    latest = Snapshot.load(path, storage_options=opts).version
     assert latest == 5  # create, 3 micro-batches, replaceWhere overwrite, append
     cols = ["id", "value", "part"]
     for v in range(latest + 1):
-        ours = _rows(Snapshot.load(str(path), version=v).to_pyarrow(), cols)
-        delta = _spark_rows(spark.read.format("delta").option("versionAsOf", v).load(str(path)), cols)
-        via_source = _spark_rows(spark.read.format("deltacoord").option("versionAsOf", v).load(str(path)), cols)
+        ours = _rows(Snapshot.load(path, version=v, storage_options=opts).to_pyarrow(), cols)
+        delta = _spark_rows(spark.read.format("delta").option("versionAsOf", v).load(delta_path), cols)
+        via_source = _spark_rows(spark.read.format("deltacoord").options(**storage).option("versionAsOf", v).load(path), cols)
         assert delta == ours == via_source, f"version {v}"
-    final = _rows(Snapshot.load(str(path)).to_pyarrow(), cols)
+    final = _rows(Snapshot.load(path, storage_options=opts).to_pyarrow(), cols)
     assert (100, "over", "1") in final and not any(r[2] == "1" and r[0] < 100 for r in final)
-    hist = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("version", "operation").collect()
+    hist = spark.sql(f"DESCRIBE HISTORY delta.`{delta_path}`").select("version", "operation").collect()
     assert {r["operation"] for r in hist} >= {"STREAMING UPDATE", "WRITE", "CREATE TABLE"}
 
 
 # --------------------------------------------------------------------------- commit protocol, without a query
 
 
-def _writer(env: Env, path: Path, checkpoint: str, app_id: str | None = None) -> DeltaCoordStreamWriter:
-    opts = {"path": str(path), "bootstrap.servers": env.bootstrap, "topic.prefix": env.prefix, "checkpointLocation": checkpoint}
+def _writer(env: Env, path: Path | str, checkpoint: str, app_id: str | None = None,
+            storage_options: dict[str, str] | None = None) -> DeltaCoordStreamWriter:
+    opts = {"path": str(path), "bootstrap.servers": env.bootstrap, "topic.prefix": env.prefix, "checkpointLocation": checkpoint,
+            **{f"storage.{k}": v for k, v in (storage_options or {}).items()}}
     if app_id:
         opts["appId"] = app_id
     so = SinkOptions.parse(opts)
     snap = ensure_table(so, ROW_SCHEMA)
-    return DeltaCoordStreamWriter(so, StagePlan(so.uri, snap.schema(), tuple(snap.partition_columns)), overwrite=False)
+    return DeltaCoordStreamWriter(so, StagePlan(so.uri, snap.schema(), tuple(snap.partition_columns), None,
+                                                so.storage_options), overwrite=False)
 
 
 def _stage(w: DeltaCoordStreamWriter, ids: list[int]) -> spark_sink.DeltaCoordCommitMessage:
@@ -283,10 +313,14 @@ class _Stale:
         monkeypatch.setattr(Table, "snapshot", snapshot)
 
 
-def test_replayed_batch_is_answered_by_its_proposal_id(env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "t"
-    w = _writer(env, path, str(tmp_path / "ckpt"), app_id="q1")
-    before = Snapshot.load(str(path))
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_replayed_batch_is_answered_by_its_proposal_id(env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       kind: str) -> None:
+    place = env.place(kind, tmp_path)
+    opts = place.storage_options
+    path = place.uri("t")
+    w = _writer(env, path, str(tmp_path / "ckpt"), app_id="q1", storage_options=opts)
+    before = Snapshot.load(path, storage_options=opts)
     w.commit([_stage(w, [1, 2])], 0)
     env.published()
     # The query died before Spark's commit log; publication lags, so the replay still sees the old snapshot.
@@ -295,20 +329,23 @@ def test_replayed_batch_is_answered_by_its_proposal_id(env: Env, tmp_path: Path,
     w.commit([replay], 0)
     monkeypatch.undo()
     env.published()
-    snap = Snapshot.load(str(path))
+    snap = Snapshot.load(path, storage_options=opts)
     assert sorted(snap.to_pyarrow().column("id").to_pylist()) == [1, 2]
     assert snap.version == before.version + 1
     for add in replay.adds:
-        assert not (path / json.loads(add)["path"]).exists()  # the replay's staged files were deleted
+        assert not place.exists(path, json.loads(add)["path"])  # the replay's staged files were deleted
 
 
-def test_two_queries_sharing_an_app_id_conflict(env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "t"
-    a = _writer(env, path, str(tmp_path / "ckpt-a"), app_id="shared")
-    b = _writer(env, path, str(tmp_path / "ckpt-b"), app_id="shared")
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_two_queries_sharing_an_app_id_conflict(env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    place = env.place(kind, tmp_path)
+    opts = place.storage_options
+    path = place.uri("t")
+    a = _writer(env, path, str(tmp_path / "ckpt-a"), app_id="shared", storage_options=opts)
+    b = _writer(env, path, str(tmp_path / "ckpt-b"), app_id="shared", storage_options=opts)
     a.commit([_stage(a, [1])], 0)
     env.published()
-    base = Snapshot.load(str(path))
+    base = Snapshot.load(path, storage_options=opts)
     ma, mb = _stage(a, [2]), _stage(b, [3])
     _Stale(monkeypatch, base, threading.Barrier(2))
     errors: list[BaseException] = []
@@ -327,6 +364,6 @@ def test_two_queries_sharing_an_app_id_conflict(env: Env, tmp_path: Path, monkey
     monkeypatch.undo()
     assert len(errors) == 1 and isinstance(errors[0], ConcurrentTransactionException), errors
     env.published()
-    snap = Snapshot.load(str(path))
+    snap = Snapshot.load(path, storage_options=opts)
     assert snap.app_versions == {"shared": 1}
     assert len(snap.to_pyarrow().column("id").to_pylist()) == 2

@@ -80,3 +80,29 @@ def test_a_port_taken_before_the_server_binds_it_is_replaced(
             assert "address already in use" in server.log_path.read_text().lower().replace("eaddrinuse", "address already in use")
         finally:
             server.stop()
+
+
+def test_deltacoord_storage_start_status_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`deltacoord storage ...`: the servers behind the CLI, with the storage options to reach them."""
+    from click.testing import CliRunner
+
+    from coordinator.tooling.cli import main
+
+    monkeypatch.setenv("DELTACOORD_S3_SERVER_HOME", str(tmp_path / "s3"))
+    runner = CliRunner()
+    stopped = runner.invoke(main, ["storage", "status", "s3"])
+    assert stopped.exit_code == 1 and json.loads(stopped.output)["running"] is False
+    started = runner.invoke(main, ["storage", "start", "s3"])
+    try:
+        assert started.exit_code == 0, started.output
+        info = json.loads(started.output.strip().splitlines()[-1])
+        assert info["running"] is True and info["kind"] == "s3" and info["storage_options"]["aws_conditional_put"] == "etag"
+        status = runner.invoke(main, ["storage", "status", "s3"])
+        assert status.exit_code == 0 and json.loads(status.output)["pid"] == info["pid"]
+        S3Server().create_bucket("cli")
+        TableStorage("s3://cli/t", info["storage_options"]).put("k", b"v")
+    finally:
+        stop = runner.invoke(main, ["storage", "stop", "s3"])
+    assert stop.exit_code == 0 and "s3: stopped" in stop.output
+    assert runner.invoke(main, ["storage", "status", "s3"]).exit_code == 1
+    assert runner.invoke(main, ["storage", "start", "all", "--port", "1"]).exit_code == 2

@@ -3,7 +3,8 @@
 The stream reads decisions from the commits topic, so it sees a version as soon
 as it is ratified; `test_sees_a_version_before_it_is_published` holds the
 coordinator's publisher back to show that, then checks the published file is
-byte for byte the commit the stream delivered.
+byte for byte the commit the stream delivered. The coordinator-backed tests run
+with the table in a local directory and on S3.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
-from coordinator.delta_log.publisher import PublishTask, commit_path
+from coordinator.delta_log.publisher import PublishTask
 from coordinator.kafka.partition import decision_headers
 from reader.stream import CommitEvent, CommitStream, StreamGapError, UnsupportedSourceChangeError, normalize_table_id
 from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, RemoveFile, commit_to_json_lines, parse_commit
@@ -26,6 +27,7 @@ from schemas.codec import encode_decision
 from schemas.errors import MetadataChangedException
 from schemas.messages import Decision, Outcome
 from schemas.routing import Topics
+from tests.conftest import TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from writer.table import Table
 
@@ -61,11 +63,12 @@ def versions(events: list[CommitEvent]) -> list[int]:
 
 
 def test_reader_started_first_sees_100_concurrent_commits_then_stops_at_add_columns(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
+        kafka_bootstrap: str, table_place: TablePlace) -> None:
     topics = fresh_topics(kafka_bootstrap)
-    path = tmp_path / "t"
+    path = table_place.uri("t")
+    opts = table_place.storage_options
     writers, per_writer = 4, 25
-    with coordinator_thread(kafka_bootstrap, topics) as coord:
+    with coordinator_thread(kafka_bootstrap, topics, **table_place.coordinator_settings) as coord:
         # The reader starts before the table exists.
         stream = CommitStream(path, kafka_bootstrap, topics=topics)
         collected: list[CommitEvent] = []
@@ -82,11 +85,11 @@ def test_reader_started_first_sees_100_concurrent_commits_then_stops_at_add_colu
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        with Table(path, kafka_bootstrap, topics=topics) as creator:
+        with Table(path, kafka_bootstrap, topics=topics, storage_options=opts) as creator:
             creator.create(SCHEMA, partition_by=["date"])
 
         def write(w: int) -> None:
-            with Table(path, kafka_bootstrap, topics=topics, writer_name=f"w{w}") as t:
+            with Table(path, kafka_bootstrap, topics=topics, writer_name=f"w{w}", storage_options=opts) as t:
                 for i in range(per_writer):
                     t.append(rows([w * 1000 + i], f"2024-01-0{w + 1}"))
 
@@ -95,7 +98,7 @@ def test_reader_started_first_sees_100_concurrent_commits_then_stops_at_add_colu
             th.start()
         for th in threads:
             th.join(60)
-        with Table(path, kafka_bootstrap, topics=topics) as t:
+        with Table(path, kafka_bootstrap, topics=topics, storage_options=opts) as t:
             assert t.add_columns([pa.field("x", pa.int64())]).version == 101
             assert t.append(pa.table({"id": [7], "date": ["2024-02-01"], "value": ["z"], "x": [1]})).version == 102
             assert t.append(pa.table({"id": [8], "date": ["2024-02-01"], "value": ["z"], "x": [2]})).version == 103
@@ -114,7 +117,7 @@ def test_reader_started_first_sees_100_concurrent_commits_then_stops_at_add_colu
 
         assert coord.wait_published(30)
         for e in collected:
-            published = commit_path(path, e.version).read_bytes()
+            published = table_place.read(path, table_place.commit_key(e.version))
             assert commit_to_json_lines(e.actions) == published
             actions = parse_commit(published)
             info = next(a for a in actions if isinstance(a, CommitInfo))
@@ -131,10 +134,11 @@ def test_reader_started_first_sees_100_concurrent_commits_then_stops_at_add_colu
             assert again.position == 104
 
 
-def test_optimize_deletes_options_and_starting_points(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_optimize_deletes_options_and_starting_points(kafka_bootstrap: str, table_place: TablePlace) -> None:
     topics = fresh_topics(kafka_bootstrap)
-    path = tmp_path / "t"
-    with coordinator_thread(kafka_bootstrap, topics) as coord, Table(path, kafka_bootstrap, topics=topics) as t:
+    path = table_place.uri("t")
+    with coordinator_thread(kafka_bootstrap, topics, **table_place.coordinator_settings) as coord, \
+            Table(path, kafka_bootstrap, topics=topics, storage_options=table_place.storage_options) as t:
         t.create(SCHEMA, partition_by=["date"])                          # 0
         t.append(rows([1, 2], "A"))                                      # 1
         t.append(rows([3], "B"))                                         # 2
@@ -172,7 +176,7 @@ def test_optimize_deletes_options_and_starting_points(kafka_bootstrap: str, tmp_
             assert error.error_class == "DELTA_SOURCE_IGNORE_DELETE" and error.version == 6
             assert "Detected deleted data" in str(error) and "ignoreDeletes" in str(error)
             assert s.position == 6
-        assert [a.path for a in events[0].added] == [a.path for a in parse_commit(commit_path(path, 1).read_bytes())
+        assert [a.path for a in events[0].added] == [a.path for a in parse_commit(table_place.read(path, table_place.commit_key(1)))
                                                      if isinstance(a, AddFile)]
 
         # skip_change_commits: both DELETEs are skipped; the property change does not fail the stream.
@@ -232,10 +236,11 @@ def test_optimize_deletes_options_and_starting_points(kafka_bootstrap: str, tmp_
             assert error is None and versions(events) == [13]
 
 
-def test_sees_a_version_before_it_is_published(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_sees_a_version_before_it_is_published(kafka_bootstrap: str, table_place: TablePlace) -> None:
     topics = fresh_topics(kafka_bootstrap)
-    path = tmp_path / "t"
-    with coordinator_thread(kafka_bootstrap, topics) as coord, Table(path, kafka_bootstrap, topics=topics) as t:
+    path = table_place.uri("t")
+    with coordinator_thread(kafka_bootstrap, topics, **table_place.coordinator_settings) as coord, \
+            Table(path, kafka_bootstrap, topics=topics, storage_options=table_place.storage_options) as t:
         t.create(SCHEMA)
         t.append(rows([1], "A"))
         assert coord.wait_published(30)
@@ -247,7 +252,7 @@ def test_sees_a_version_before_it_is_published(kafka_bootstrap: str, tmp_path: P
             with CommitStream(path, kafka_bootstrap, topics=topics, starting_version=2) as s:
                 events, error = drain(s, until=lambda ev: bool(ev))
             assert error is None and versions(events) == [2]
-            assert not commit_path(path, 2).exists()
+            assert not table_place.exists(path, table_place.commit_key(2))
             # Decided but not yet handed to the publisher: its queue is idle, yet version 2 is not out.
             assert coord.publisher.wait_idle(1)
             assert not coord.wait_published(0.5)
@@ -256,7 +261,7 @@ def test_sees_a_version_before_it_is_published(kafka_bootstrap: str, tmp_path: P
             for task in held:
                 submit(task)
         assert coord.wait_published(30)
-        assert commit_path(path, 2).read_bytes() == commit_to_json_lines(events[0].actions)
+        assert table_place.read(path, table_place.commit_key(2)) == commit_to_json_lines(events[0].actions)
 
 
 def _decision(table: str, version: int | None, actions: tuple[Any, ...] = (), *, outcome: Outcome = Outcome.COMMITTED,

@@ -5,11 +5,13 @@ commits them in a fixed order through the real coordinator, and asserts the
 exact exception Delta's ConflictChecker would raise for the loser (checks run
 protocol -> metadata -> app ids -> appends -> delete-read -> delete-delete,
 first failure wins), that a rejection leaves no staged files, and that
-delta-rs reads every resulting version like our reader does.
+delta-rs reads every resulting version like our reader does. The module runs
+once with its tables in local directories and once on the local S3 server.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,11 +26,18 @@ from schemas.errors import (
     MetadataChangedException,
     ProtocolChangedException,
 )
-from tests.integration.test_writer_operations import SCHEMA, Env, data, env, rows
+from tests.conftest import TablePlace, make_place
+from tests.integration.test_writer_operations import SCHEMA, Env, data, rows, running_env
 from writer.table import Table
 from writer.transaction import retry
 
-__all__ = ["env"]  # the module-scoped coordinator fixture, shared by import
+
+@pytest.fixture(scope="module", params=["local", "s3"])
+def env(request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """One coordinator for the module's tests, serving local directories, then a bucket of the S3 server."""
+    place: TablePlace = make_place(request, request.param, tmp_path_factory.mktemp("tables"))
+    with running_env(kafka_bootstrap, place) as e:
+        yield e
 
 D1, D2 = "2024-01-01", "2024-01-02"
 

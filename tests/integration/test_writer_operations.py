@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from coordinator.kafka.daemon import Coordinator
 from reader.snapshot import Snapshot
 from schemas.errors import CommitOutcomeUnknownError, InvalidProposalError
 from schemas.routing import Topics
+from tests.conftest import TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from writer import staging
 from writer.client import CoordinatorClient
@@ -37,10 +39,13 @@ class Env:
     topics: Topics
     client: CoordinatorClient
     coordinator: Coordinator
+    #: Where the tables live; a test's `tmp_path / name` is moved there (`TablePlace.of`).
+    place: TablePlace
     handles: list[Table] = field(default_factory=list)
 
     def table(self, path: Path, **kwargs: Any) -> Table:
-        t = Table(path, self.bootstrap, topics=self.topics, client=self.client, **kwargs)
+        t = Table(self.place.of(path), self.bootstrap, topics=self.topics, client=self.client,
+                  storage_options=self.place.storage_options, **kwargs)
         self.handles.append(t)
         return t
 
@@ -60,16 +65,23 @@ class Env:
         return assert_delta_rs_agrees(t)
 
 
-@pytest.fixture(scope="module")
-def env(kafka_bootstrap: str) -> Iterator[Env]:
-    """One coordinator and one client for the whole module (startup is the slow part)."""
+@contextmanager
+def running_env(kafka_bootstrap: str, place: TablePlace) -> Iterator[Env]:
+    """One coordinator serving `place` and one client (what a module's tests share: startup is the slow part)."""
     topics = fresh_topics(kafka_bootstrap)
-    with coordinator_thread(kafka_bootstrap, topics) as coord:
+    with coordinator_thread(kafka_bootstrap, topics, **place.coordinator_settings) as coord:
         client = CoordinatorClient(kafka_bootstrap, topics=topics)
         try:
-            yield Env(kafka_bootstrap, topics, client, coord)
+            yield Env(kafka_bootstrap, topics, client, coord, place)
         finally:
             client.close()
+
+
+@pytest.fixture(scope="module")
+def env(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """One coordinator and one client for the whole module, tables in local directories."""
+    with running_env(kafka_bootstrap, TablePlace("local", str(tmp_path_factory.mktemp("tables")))) as e:
+        yield e
 
 
 # -- helpers (also used by test_writer_conflicts) ---------------------------------------------
@@ -87,10 +99,11 @@ def data(ids: list[int], date: str | list[str], value: str | list[str]) -> pa.Ta
 
 def assert_delta_rs_agrees(t: Table) -> int:
     """delta-rs reads every version with exactly the rows our reader reconstructs; returns the count."""
-    latest = Snapshot.load(t.uri).version
+    latest = Snapshot.load(t.uri, storage_options=t.storage_options).version
+    where = str(t.root) if t.storage.is_local else t.uri
     for v in range(latest + 1):
-        ours = Snapshot.load(t.uri, version=v).to_pyarrow()
-        theirs = DeltaTable(str(t.root), version=v).to_pyarrow_table()
+        ours = Snapshot.load(t.uri, version=v, storage_options=t.storage_options).to_pyarrow()
+        theirs = DeltaTable(where, version=v, storage_options=t.storage_options or None).to_pyarrow_table()
         assert sorted(theirs.column_names) == sorted(ours.column_names), f"version {v}"
         key = sorted(ours.column_names)
         assert _keyed(theirs, key) == _keyed(ours, key), f"version {v} differs between delta-rs and deltacoord"
@@ -101,20 +114,25 @@ def _keyed(t: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
     return sorted((tuple(r[c] for c in columns) for r in t.to_pylist()), key=repr)
 
 
+def _data_files(t: Table) -> set[str]:
+    return {o.key for o in t.storage.list() if o.key.endswith(".parquet") and not o.key.startswith("_delta_log/")}
+
+
 def orphans(t: Table) -> set[str]:
-    """Parquet files on disk that no version of the log references (a rejection must leave none)."""
+    """Parquet files in the table's storage that no version of the log references (a rejection must leave none)."""
     referenced: set[str] = set()
-    for f in (t.root / "_delta_log").glob("*.json"):
-        for line in f.read_text().splitlines():
+    for key, _mtime in t.storage.list_keys("_delta_log"):
+        if not key.endswith(".json"):
+            continue
+        for line in t.storage.get(key).decode().splitlines():
             add = json.loads(line).get("add")
             if add:
                 referenced.add(unquote(add["path"]))
-    on_disk = {str(p.relative_to(t.root)) for p in t.root.rglob("*.parquet") if "_delta_log" not in p.parts}
-    return on_disk - referenced
+    return _data_files(t) - referenced
 
 
 def parquet_count(t: Table) -> int:
-    return sum(1 for p in t.root.rglob("*.parquet") if "_delta_log" not in p.parts)
+    return len(_data_files(t))
 
 
 # -- operations --------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from coordinator.delta_log import files
 from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent, sweep_temp_files, temp_path
 from coordinator.delta_log.publisher import Publisher, PublishTask
+from reader import storage_local
 from reader.log import commit_path, log_file_names
 from schemas.actions import CommitInfo, Protocol, commit_to_json_lines
 
@@ -39,12 +40,17 @@ def test_sweep_removes_only_temp_files(tmp_path: Path) -> None:
 
 @pytest.fixture
 def no_hard_links(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A filesystem that refuses link(2), as some network and FUSE filesystems do."""
+    """A filesystem that refuses link(2), as some network and FUSE filesystems do, and has no
+    renameat2(RENAME_NOREPLACE) either (the storage edge's fallback)."""
 
     def refuse(src: object, dst: object, *args: object, **kwargs: object) -> None:
         raise OSError(errno.EPERM, os.strerror(errno.EPERM))
 
+    def unsupported(src: str, dst: str) -> None:
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), dst)
+
     monkeypatch.setattr(files.os, "link", refuse)
+    monkeypatch.setattr(storage_local, "rename_noreplace", unsupported)
 
 
 @pytest.mark.usefixtures("no_hard_links")
