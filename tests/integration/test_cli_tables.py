@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -148,7 +149,8 @@ def test_tail_follows_new_versions_until_ctrl_c(kafka_bootstrap: str, tmp_path: 
         proc = subprocess.Popen(
             [sys.executable, "-c", code, "tail", str(path), "--topic-prefix", prefix_of(topics)],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "DELTACOORD_BOOTSTRAP_SERVERS": kafka_bootstrap, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "DELTACOORD_BOOTSTRAP_SERVERS": kafka_bootstrap, "PYTHONPATH": str(REPO),
+                 "PYTHONFAULTHANDLER": "1"},
         )
         out: queue.Queue[str] = queue.Queue()
         err: queue.Queue[str] = queue.Queue()
@@ -163,7 +165,15 @@ def test_tail_follows_new_versions_until_ctrl_c(kafka_bootstrap: str, tmp_path: 
             assert [g["version"] for g in got] == [1, 2]
             assert all(g["operation"] == "WRITE" and g["numAddedFiles"] == 1 for g in got)
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(20) == 0
+            try:
+                code_ = proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+                proc.wait(10)
+                time.sleep(0.5)
+                stacks = "".join(err.get_nowait() for _ in range(err.qsize()))
+                raise AssertionError(f"tail did not stop within 20 s of SIGINT; its threads:\n{stacks}") from None
+            assert code_ == 0
         finally:
             if proc.poll() is None:
                 proc.kill()
