@@ -338,12 +338,18 @@ class Table:
                snapshot: Snapshot | None = None) -> CommitResult:
         """A blind append (reads nothing). With app_id/app_version, exactly once per app version.
 
+        On a `maxcompute` table it starts from the latest snapshot (an INSERT INTO
+        fails against one committed after its read version).
+
         An app version <= the recorded one is skipped (`already_committed=True`);
         two pipelines with one app id racing get ConcurrentTransactionException.
         """
         if (app_id is None) != (app_version is None):
             raise ValueError("give both app_id and app_version, or neither")
         snap = snapshot or (self.snapshot() if app_id is not None else self._cached())
+        if snapshot is None and app_id is None and TableProperties.of(snap.metadata).maxcompute:
+            # MaxCompute's rules fail an INSERT INTO that finishes after another one it did not see.
+            snap = self.snapshot()
         self._check_writable(snap)
         tx = Transaction(self, snap.version)
         with _abandoned_on_error(tx):

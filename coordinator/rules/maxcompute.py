@@ -188,7 +188,7 @@ def _fail(job: Job, w: WinningCommit, earlier: JobType | None, row: Row | None, 
 
 def later_fails(job: Job, w: WinningCommit, earlier: JobType, row: Row) -> None:
     """The earlier job succeeds; the later job fails."""
-    raise _fail(job, w, earlier, row, f"MaxCompute's rules fail a {job.type} finishing after a {earlier}")
+    raise _fail(job, w, earlier, row, f"MaxCompute's rules fail the later-finishing job of this pair ({earlier}, then {job.type})")
 
 
 def later_overwrites(job: Job, w: WinningCommit, earlier: JobType, row: Row) -> None:
