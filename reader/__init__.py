@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from reader.snapshot import Snapshot, UnsupportedTableFeatureError, load_snapshot
     from reader.stream import CommitEvent, CommitStream
+    from reader.time_versions import IncrementalRead, TimeVersion, incremental_read, time_versions
 
 _PUBLIC = {
     "Snapshot": "reader.snapshot",
@@ -23,9 +24,14 @@ _PUBLIC = {
     "load_snapshot": "reader.snapshot",
     "CommitEvent": "reader.stream",
     "CommitStream": "reader.stream",
+    "IncrementalRead": "reader.time_versions",
+    "TimeVersion": "reader.time_versions",
+    "incremental_read": "reader.time_versions",
+    "time_versions": "reader.time_versions",
 }
 
-__all__ = ["CommitEvent", "CommitStream", "Snapshot", "UnsupportedTableFeatureError", "load_snapshot"]
+__all__ = ["CommitEvent", "CommitStream", "IncrementalRead", "Snapshot", "TimeVersion", "UnsupportedTableFeatureError",
+           "incremental_read", "load_snapshot", "time_versions"]
 
 
 def __getattr__(name: str) -> Any:

@@ -60,6 +60,7 @@ from reader.log import (
     list_log,
     list_log_from_hint,
     log_segment,
+    read_commit,
     read_commit_info,
     table_storage,
 )
@@ -67,6 +68,7 @@ from reader.storage import StoredObject, TableStorage
 from schemas.actions import (
     Action,
     AddFile,
+    CommitInfo,
     DeletionVector,
     DomainMetadata,
     Metadata,
@@ -76,6 +78,7 @@ from schemas.actions import (
 )
 from schemas.errors import DeltaCoordError
 from schemas.expressions.types import parse_text, to_bool, to_date, to_timestamp
+from schemas.jobs import is_time_version
 from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
 
 if TYPE_CHECKING:
@@ -289,8 +292,13 @@ class Snapshot:
         timestamp: TimestampLike | None = None,
         *,
         storage_options: Mapping[str, str] | None = None,
+        time_version: bool = False,
     ) -> Snapshot:
         """Reconstruct the table at `version` (default latest) or as of `timestamp`.
+
+        `time_version=True` (with a timestamp) resolves it to the newest *time version*
+        at or before it: compaction and clustering commits make none (`schemas.jobs`),
+        so the snapshot is the last commit that changed data, as MaxCompute reads by time.
 
         `table_uri` is a path, a URI (`s3://...`, `abfss://...`, `gs://...`) or a
         `TableStorage`; `storage_options` are delta-rs's keys (endpoint, region,
@@ -308,7 +316,11 @@ class Snapshot:
         if timestamp is not None:
             listing = list_log(storage)
             version = _version_at_timestamp(storage, listing, to_epoch_ms(timestamp))
+            if time_version:
+                version = _time_version_at_or_before(listing, version)
             return cls._load_from_listing(uri, storage, listing, version)
+        if time_version:
+            raise ValueError("time_version=True resolves a timestamp: give timestamp=")
         listing = list_log_from_hint(storage, at_most=version)
         if listing.listed_from is not None:
             try:
@@ -497,6 +509,22 @@ class Snapshot:
     def _column_mapping_mode(self) -> str:
         return TableProperties.of(self.metadata).column_mapping_mode
 
+    def read_adds(self, adds: Sequence[AddFile]) -> pa.Table:
+        """The rows of the given data files (of this table, e.g. added by some commit) in this snapshot's schema."""
+        self.check_readable()
+        schema_json = self.metadata.schema()
+        schema = delta_schema_to_arrow(schema_json)
+        mode = self._column_mapping_mode()
+        fields_json = {f["name"]: f for f in schema_json["fields"]}
+        part_cols = set(self.metadata.partition_columns)
+        data_fields = [(n, fields_json[n]) for n in schema.names if n not in part_cols]
+        pieces = []
+        for a in adds:
+            pv = {c: parse_partition_value(a.partition_values.get(c), schema.field(c).type) for c in part_cols}
+            pieces.append(_read_data_file(data_object(self.storage, a.path), data_fields, mode, schema, pv,
+                                          a.deletion_vector, self.storage, a.size))
+        return pa.concat_tables(pieces) if pieces else schema.empty_table()
+
     def to_pyarrow(self, columns: Sequence[str] | None = None, filter: Filter | None = None) -> pa.Table:
         """Read the table's rows as one Arrow table.
 
@@ -668,6 +696,16 @@ def _commit_timestamp(storage: TableStorage, version: int, protocol: Protocol, m
         if segment is not None and segment.checkpoint is not None and segment.checkpoint.version == version:
             return segment.checkpoint.paths[0].mtime_ms()
         raise VersionNotFoundError(f"commit {version} of {storage.location} is not available to read its timestamp") from None
+
+
+def _time_version_at_or_before(listing: LogListing, version: int) -> int:
+    """The newest version <= `version` that made a time version (the earliest commit when none did)."""
+    for v in sorted((v for v in listing.commits if v <= version), reverse=True):
+        actions = read_commit(listing.commit(v))
+        ci = next((a for a in actions if isinstance(a, CommitInfo)), None)
+        if is_time_version(ci, actions):
+            return v
+    return version
 
 
 def _version_at_timestamp(storage: TableStorage, listing: LogListing, ts_ms: int) -> int:

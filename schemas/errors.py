@@ -159,6 +159,23 @@ class ConcurrentWriteException(DeltaConcurrentModificationException):
     error_class = "DELTA_CONCURRENT_WRITE"
 
 
+class ConcurrentJobException(DeltaConcurrentModificationException):
+    """MaxCompute's conflict table (`deltacoord.conflictProfile = maxcompute`) fails the later-finishing job.
+
+    Not a Delta class: the table's rules are MaxCompute's job-by-job table, and
+    the message names both job types and the cell that failed.
+    """
+
+    error_class = "DELTACOORD_CONCURRENT_JOB"
+
+    def default_message(self) -> str:
+        return (
+            f"ConcurrentJobException: a concurrent job ({self.winning_operation or 'TRANSACTION'} committed at version "
+            f"{self.winning_version}) finished first{self._in_partition()}{self._table()}; the table's maxcompute "
+            "conflict profile fails the later-finishing job. Please try the operation again."
+        )
+
+
 #: Every conflict class by Delta's name, for decoding decisions.
 CONFLICT_CLASSES: dict[str, type[DeltaConcurrentModificationException]] = {
     c.__name__: c
@@ -170,6 +187,7 @@ CONFLICT_CLASSES: dict[str, type[DeltaConcurrentModificationException]] = {
         ProtocolChangedException,
         ConcurrentTransactionException,
         ConcurrentWriteException,
+        ConcurrentJobException,
     )
 }
 

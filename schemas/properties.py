@@ -34,6 +34,8 @@ class Property(StrEnum):
     WRITER_KEYS = "deltacoord.writerKeys"
     #: `true`: the coordinator checks that every added file exists with its declared size before ratifying.
     VERIFY_ADDED_FILES = "deltacoord.verifyAddedFiles"
+    #: Which transaction rules decide the table's commits: `delta` (default) or `maxcompute`.
+    CONFLICT_PROFILE = "deltacoord.conflictProfile"
 
 
 #: Key in a schema field's metadata (not a table property) naming its physical column.
@@ -45,6 +47,11 @@ SNAPSHOT_ISOLATION = "SnapshotIsolation"
 #: Levels a table may declare (SnapshotIsolation is only ever a per-commit downgrade).
 TABLE_ISOLATION_LEVELS = frozenset({SERIALIZABLE, WRITE_SERIALIZABLE})
 DEFAULT_CHECKPOINT_INTERVAL = 10
+#: Delta Lake's ConflictChecker (the default profile).
+DELTA_PROFILE = "delta"
+#: MaxCompute's job-by-job conflict table (`coordinator.rules.maxcompute`).
+MAXCOMPUTE_PROFILE = "maxcompute"
+CONFLICT_PROFILES = frozenset({DELTA_PROFILE, MAXCOMPUTE_PROFILE})
 DEFAULT_TOMBSTONE_RETENTION = "interval 1 week"
 
 _UNIT_MS = {
@@ -180,9 +187,25 @@ class TableProperties:
     def verify_added_files(self) -> bool:
         return _true(self.raw.get(Property.VERIFY_ADDED_FILES))
 
+    @property
+    def conflict_profile(self) -> str:
+        """`deltacoord.conflictProfile` in lower case; `delta` when unset.
+
+        Not checked here: validation rejects a profile outside `CONFLICT_PROFILES`.
+        """
+        return (self.raw.get(Property.CONFLICT_PROFILE) or DELTA_PROFILE).strip().lower()
+
+    @property
+    def maxcompute(self) -> bool:
+        """The table follows MaxCompute's transaction rules (and records time versions)."""
+        return self.conflict_profile == MAXCOMPUTE_PROFILE
+
 
 __all__ = [
+    "CONFLICT_PROFILES",
     "DEFAULT_CHECKPOINT_INTERVAL",
+    "DELTA_PROFILE",
+    "MAXCOMPUTE_PROFILE",
     "PHYSICAL_NAME_KEY",
     "SERIALIZABLE",
     "SNAPSHOT_ISOLATION",

@@ -42,6 +42,10 @@ class ReasonCode(StrEnum):
     MALFORMED_PROPOSAL = "MALFORMED_PROPOSAL"
     COMMIT_INFO_TOO_DEEP = "COMMIT_INFO_TOO_DEEP"
     COMMIT_INFO_TOO_LARGE = "COMMIT_INFO_TOO_LARGE"
+    #: `deltacoord.conflictProfile` names no known profile (`delta`, `maxcompute`).
+    BAD_CONFLICT_PROFILE = "BAD_CONFLICT_PROFILE"
+    #: On a `maxcompute` table, a data change whose MaxCompute job type cannot be derived from its operation.
+    UNKNOWN_JOB_TYPE = "UNKNOWN_JOB_TYPE"
     # -- the door: the table's location, checked before anything is decided (coordinator.locations) --
     #: The table URI is not an absolute, normal location (empty, relative, `..`, encoded separators, NUL, ...).
     BAD_TABLE_URI = "BAD_TABLE_URI"

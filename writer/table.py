@@ -12,7 +12,9 @@ coordinator can only be as permissive as the declarations are narrow:
   (pruned and skipped the same way);
 * OVERWRITE with `replace_where` declares that predicate and the files it
   replaces; a full overwrite reads the whole table;
-* OPTIMIZE declares only the files it compacted and changes no data.
+* OPTIMIZE (and `compact`, minor or major) declares only the files it
+  compacted and changes no data;
+* TRUNCATE removes every file of the table or of the partitions it names.
 
 Every operation accepts `snapshot=` so callers can run several operations
 from one snapshot (as concurrent writers would) and see Delta's conflicts.
@@ -42,6 +44,7 @@ from schemas.expressions import arrow as expressions
 from schemas.expressions.partitions import prune
 from schemas.expressions.scan import files_read
 from schemas.expressions.syntax import ExpressionError, columns_of, parse, split_merge_condition
+from schemas.jobs import COMPACTION_PARAMETER
 from schemas.messages import Decision
 from schemas.properties import TableProperties
 from schemas.reasons import ReasonCode
@@ -335,12 +338,18 @@ class Table:
                snapshot: Snapshot | None = None) -> CommitResult:
         """A blind append (reads nothing). With app_id/app_version, exactly once per app version.
 
+        On a `maxcompute` table it starts from the latest snapshot (an INSERT INTO
+        fails against one committed after its read version).
+
         An app version <= the recorded one is skipped (`already_committed=True`);
         two pipelines with one app id racing get ConcurrentTransactionException.
         """
         if (app_id is None) != (app_version is None):
             raise ValueError("give both app_id and app_version, or neither")
         snap = snapshot or (self.snapshot() if app_id is not None else self._cached())
+        if snapshot is None and app_id is None and TableProperties.of(snap.metadata).maxcompute:
+            # MaxCompute's rules fail an INSERT INTO that finishes after another one it did not see.
+            snap = self.snapshot()
         self._check_writable(snap)
         tx = Transaction(self, snap.version)
         with _abandoned_on_error(tx):
@@ -630,8 +639,33 @@ class Table:
         """Compact small files per partition; data does not change (dataChange=false).
 
         Declares only the compacted files as read, so it loses (ConcurrentDeleteReadException)
-        only to a concurrent removal of one of them.
+        only to a concurrent removal of one of them. It is a minor compaction (`compact`).
         """
+        return self._compact(where, lambda files: [a for a in files if a.size < target_file_size], min_files, None,
+                             snapshot)
+
+    def compact(self, kind: Literal["minor", "major"] = "minor", where: str | None = None, *,
+                small_file_size: int = 128 * 1024 * 1024, snapshot: Snapshot | None = None) -> CommitResult:
+        """MaxCompute's compactions, per partition (only those `where` selects), changing no data.
+
+        `minor` merges the partition's small files (smaller than `small_file_size`, at
+        least two); `major` merges every file of the partition into one (when it has
+        more than one, or files with deletion vectors). Both are `OPTIMIZE` commits
+        with parameter `compaction` naming the kind, which the `maxcompute` conflict
+        profile reads (`schemas.jobs`); neither makes a new time version.
+        """
+        if kind == "minor":
+            return self._compact(where, lambda files: [a for a in files if a.size < small_file_size], 2, kind, snapshot)
+        if kind == "major":
+            def every(files: list[AddFile]) -> list[AddFile]:
+                return files if len(files) > 1 or any(a.deletion_vector is not None for a in files) else []
+
+            return self._compact(where, every, 1, kind, snapshot)
+        raise ValueError(f"compaction kind {kind!r}: give 'minor' or 'major'")
+
+    def _compact(self, where: str | None, select: Callable[[list[AddFile]], list[AddFile]], min_files: int,
+                 kind: str | None, snapshot: Snapshot | None) -> CommitResult:
+        """Merge, per partition, the files `select` picks (when at least `min_files`) into new files."""
         snap = snapshot or self.snapshot()
         self._check_writable(snap)
         schema = delta_schema_to_arrow(snap.metadata.schema())
@@ -641,22 +675,53 @@ class Table:
                 tx.read_predicate(where)
             by_part: dict[tuple[tuple[str, str | None], ...], list[AddFile]] = {}
             for a in self._candidates(snap, where):
-                if a.size < target_file_size:
-                    by_part.setdefault(tuple(sorted(a.partition_values.items())), []).append(a)
+                by_part.setdefault(tuple(sorted(a.partition_values.items())), []).append(a)
             compacted = 0
-            for files in by_part.values():
-                if len(files) < min_files:
+            for part_files in by_part.values():
+                files = select(part_files)
+                if not files or len(files) < min_files:
                     continue
                 tx.read_files_from(files)
                 merged = pa.concat_tables([self._read_file(snap, a, schema) for a in files])
                 for a in files:
                     tx.remove(a, data_change=False)
-                tx.stage(staging.write_data_files(self.storage, merged, snap.partition_columns, data_change=False))
+                if merged.num_rows:
+                    tx.stage(staging.write_data_files(self.storage, merged, snap.partition_columns, data_change=False))
                 compacted += len(files)
             if not compacted:
                 return self._noop(snap, tx, "OPTIMIZE", {"numRemovedFiles": 0, "numAddedFiles": 0})
-            return tx.commit("OPTIMIZE", changes_data=False,
-                             parameters={"predicate": json.dumps([where] if where else []), "filesCompacted": str(compacted)})
+            params = {"predicate": json.dumps([where] if where else []), "filesCompacted": str(compacted)}
+            if kind is not None:
+                params[COMPACTION_PARAMETER] = kind
+            return tx.commit("OPTIMIZE", changes_data=False, parameters=params)
+
+    def truncate(self, where: str | None = None, *, snapshot: Snapshot | None = None) -> CommitResult:
+        """TRUNCATE TABLE [PARTITION]: remove every file (or those of the partitions `where` selects).
+
+        `where` may name partition columns only. Like an overwrite with no rows, it
+        declares the predicate and the removed files as read (the whole table without
+        `where`); the `maxcompute` profile treats it as INSERT OVERWRITE.
+        """
+        snap = snapshot or self.snapshot()
+        self._check_writable(snap)
+        tx = Transaction(self, snap.version)
+        with _abandoned_on_error(tx):
+            if where is None:
+                tx.read_whole()
+                removed = snap.files()
+            else:
+                cols = columns_of(parse(where))
+                part = set(snap.partition_columns)
+                if not cols or not cols <= part:
+                    raise InvalidProposalError(ReasonCode.BAD_REPLACE_WHERE,
+                                               f"truncate where {where!r} must name partition columns only ({sorted(part)})")
+                tx.read_predicate(where)
+                removed = self._candidates(snap, where)
+                tx.read_files_from(removed)
+            for a in removed:
+                tx.remove(a)
+            return tx.commit("TRUNCATE", changes_data=True, parameters={"predicate": json.dumps([where] if where else [])},
+                             metrics={"numRemovedFiles": len(removed)})
 
     def vacuum(self, retention_hours: float | None = None, *, dry_run: bool = False,
                enforce_retention: bool = True) -> VacuumResult:

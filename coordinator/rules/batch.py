@@ -9,8 +9,8 @@ forks take the batch's commits. The caller then either applies the overlay to
 the live states (`Overlay.apply_to`, after the transaction committed) or drops
 it (the transaction aborted: nothing to undo, nothing to re-read).
 
-Per proposal: authentication (`authentication.py`), admission (`admission.py`), then `conflicts.decide` (redelivery,
-validation, the conflict checks, the rebase). Any exception raised while
+Per proposal: authentication (`authentication.py`), admission (`admission.py`), then `profiles.decide` (redelivery,
+validation, the conflict checks of the table's profile, the rebase). Any exception raised while
 deciding is a bug of this code, not bad input: it propagates, and no decision
 of the batch is recorded.
 """
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from coordinator.rules.admission import admission_error
 from coordinator.rules.authentication import Signature, authentication_error
-from coordinator.rules.conflicts import Accepted, Duplicate, Rejected, decide
+from coordinator.rules.conflicts import Accepted, Duplicate, Rejected
+from coordinator.rules.profiles import decide
 from coordinator.rules.state import TableState
 from schemas.actions import Action, AddCDCFile, AddFile, Metadata
 from schemas.errors import DeltaCoordError, InvalidProposalError

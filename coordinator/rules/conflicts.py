@@ -36,7 +36,7 @@ and the ICT enablement version/timestamp moved to the real version.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,7 +240,8 @@ class _Current:
         )
 
 
-def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
+def _check_table_level(cur: _Current, w: WinningCommit, table: str) -> None:
+    """Checks 1-4 (protocol, metadata, domain metadata, app ids): the same under every conflict profile."""
     v = w.version
     op = w.operation
     # 1. protocol
@@ -279,6 +280,12 @@ def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
     # 4. app ids the transaction read
     if cur.read_app_ids and not w.app_ids.isdisjoint(cur.read_app_ids):
         raise _Conflict(ConcurrentTransactionException(winning_version=v, winning_operation=op, table=table), v)
+
+
+def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
+    v = w.version
+    op = w.operation
+    _check_table_level(cur, w, table)
     # 5. appends
     if w.partition_rows and cur.checks_appends and (not w.is_blind_append or cur.checks_blind_appends):
         schema = cur.read_schema
@@ -468,7 +475,11 @@ def _rebase(state: TableState, proposal: Proposal, cur: _Current, now_ms: int) -
 # ---------------------------------------------------------------------------
 
 
-def decide(state: TableState, proposal: Proposal, now_ms: int) -> Accepted | Rejected | Duplicate:
+#: A conflict check: (state, winners, proposal, now) -> the decision (`check`, or another profile's).
+Checker = Callable[[TableState, Sequence[WinningCommit], Proposal, int], "Accepted | Rejected"]
+
+
+def decide(state: TableState, proposal: Proposal, now_ms: int, checker: Checker | None = None) -> Accepted | Rejected | Duplicate:
     """Decide one proposal. Never raises for bad input; does not modify `state`.
 
     Anything else it raises is a bug of this code and is left to propagate: it
@@ -496,7 +507,7 @@ def decide(state: TableState, proposal: Proposal, now_ms: int) -> Accepted | Rej
                 table=state.table_uri or state.table_id,
             )
             return Rejected(err, None)
-    return check(state, winners, proposal, now_ms)
+    return (checker or check)(state, winners, proposal, now_ms)
 
 
 __all__ = [
@@ -504,6 +515,7 @@ __all__ = [
     "SNAPSHOT_ISOLATION",
     "WRITE_SERIALIZABLE",
     "Accepted",
+    "Checker",
     "Duplicate",
     "Rejected",
     "can_downgrade_to_snapshot_isolation",

@@ -51,6 +51,7 @@ from schemas.actions import (
     SetTransaction,
 )
 from schemas.expressions.partitions import PartitionSchema, Row, partition_schema, row_of
+from schemas.properties import TableProperties
 
 DEFAULT_MAX_WINDOW_COMMITS = 50_000
 DEFAULT_MAX_WINDOW_FILES = 100_000
@@ -97,6 +98,10 @@ class WinningCommit:
     #: Such a winner can conflict only through app ids or with a transaction whose reads are
     #: checked against blind appends (Serializable, or one changing metadata); see `conflicts.check`.
     quiet: bool = False
+    #: The commit's own file actions, kept only on `maxcompute` tables: that profile's rebase
+    #: names the earlier job's files (an overwrite removes them, a compaction's rebase replaces them).
+    added_files: tuple[AddFile, ...] = ()
+    removed_files: tuple[RemoveFile, ...] = ()
 
 
 def file_key_hash(action: AddFile | RemoveFile) -> int:
@@ -297,6 +302,7 @@ class TableState:
         commit_info: CommitInfo | None = None
         adds: list[AddFile] = []
         removed: set[str] = set()
+        removes: list[RemoveFile] = []
         metadata: Metadata | None = None
         protocol: Protocol | None = None
         app_ids: set[str] = set()
@@ -310,6 +316,7 @@ class TableState:
                 live.add(hash((a.path, dv.unique_id() if dv is not None else None)))
             elif isinstance(a, RemoveFile):
                 removed.add(a.path)
+                removes.append(a)
                 n_files += 1
                 dv = a.deletion_vector
                 live.discard(hash((a.path, dv.unique_id() if dv is not None else None)))
@@ -356,6 +363,7 @@ class TableState:
             self.last_commit_timestamp = commit_info.timestamp
         if version == 0:
             self.creation_operation = operation
+        keep_files = TableProperties.of(self.metadata).maxcompute
         self.version = version
         winner = WinningCommit(
             version=version,
@@ -373,6 +381,8 @@ class TableState:
             in_commit_timestamp=ict,
             num_file_actions=n_files,
             quiet=metadata is None and protocol is None and not domains and not removed and (blind or not rows),
+            added_files=tuple(adds) if keep_files else (),
+            removed_files=tuple(removes) if keep_files else (),
         )
         self._window.append(winner, self.max_window_commits, self.max_window_files)
 

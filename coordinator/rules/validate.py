@@ -61,7 +61,7 @@ from schemas.expressions.partitions import (
     partition_schema,
 )
 from schemas.messages import FileRead, Proposal
-from schemas.properties import TABLE_ISOLATION_LEVELS, Property, TableProperties
+from schemas.properties import CONFLICT_PROFILES, TABLE_ISOLATION_LEVELS, Property, TableProperties
 from schemas.reasons import ReasonCode
 
 MAX_READER_VERSION = 3
@@ -91,6 +91,7 @@ REASONS = frozenset(
         ReasonCode.PATH_ESCAPES_TABLE,
         ReasonCode.PARTITION_VALUES_MISMATCH,
         ReasonCode.BAD_ISOLATION_LEVEL,
+        ReasonCode.BAD_CONFLICT_PROFILE,
         ReasonCode.BAD_SCHEMA,
         ReasonCode.APPEND_ONLY,
         ReasonCode.BAD_PREDICATE,
@@ -431,6 +432,12 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
         raise _err(
             ReasonCode.BAD_ISOLATION_LEVEL,
             f"{Property.ISOLATION_LEVEL}={level!r}; must be one of {sorted(TABLE_ISOLATION_LEVELS)}",
+        )
+    profile = TableProperties.of(effective).conflict_profile
+    if profile not in CONFLICT_PROFILES:
+        raise _err(
+            ReasonCode.BAD_CONFLICT_PROFILE,
+            f"{Property.CONFLICT_PROFILE}={profile!r}; must be one of {sorted(CONFLICT_PROFILES)}",
         )
     if effective is not None:
         schema = partition_schema(effective)  # raises BAD_SCHEMA

@@ -3,6 +3,8 @@
     deltacoord table create PATH --schema "id:long,date:string,amount:decimal(10,2)" --partition-by date --property k=v
     deltacoord table append PATH --json-rows rows.jsonl        (or --parquet file.parquet)
     deltacoord table delete PATH --where "date = '2024-01-01'"
+    deltacoord table truncate PATH [--where "date = '2024-01-01'"]   (TRUNCATE TABLE [PARTITION])
+    deltacoord table compact PATH --kind minor|major [--where ...] [--small-file-size BYTES]
     deltacoord writer-key generate NAME --out NAME.key         (a key pair; prints the table property entry)
     deltacoord table history PATH [--limit N]                  (JSON lines, newest first, from _delta_log)
     deltacoord table describe PATH [--version V]               (one JSON object, from _delta_log)
@@ -273,6 +275,34 @@ def delete_cmd(path: str, where: str, bootstrap_servers: str, topic_prefix: str,
     """DELETE FROM the table at PATH WHERE a condition."""
     with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.delete(where)))
+
+
+@table_group.command("truncate")
+@click.argument("path", type=TableLocationParam(exists=True))
+@click.option("--where", default=None, help="Only the partitions this condition on partition columns selects.")
+@_writes
+def truncate_cmd(path: str, where: str | None, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...],
+                 table_id: str | None, writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
+    """TRUNCATE the table at PATH (or its partitions WHERE a condition): remove every file."""
+    with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+        _echo_json(_result_json(t.truncate(where)))
+
+
+@table_group.command("compact")
+@click.argument("path", type=TableLocationParam(exists=True))
+@click.option("--kind", type=click.Choice(["minor", "major"]), default="minor", show_default=True,
+              help="minor: merge each partition's small files; major: merge every file of each partition.")
+@click.option("--where", default=None, help="Only the partitions this condition on partition columns selects.")
+@click.option("--small-file-size", type=click.IntRange(min=1), default=128 * 1024 * 1024, show_default=True,
+              help="minor: files smaller than this many bytes are merged.")
+@_writes
+def compact_cmd(path: str, kind: str, where: str | None, small_file_size: int, bootstrap_servers: str,
+                topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None, writer_key: str | None,
+                storage_pairs: tuple[str, ...]) -> None:
+    """Compact the table at PATH (an OPTIMIZE that changes no data and makes no new time version)."""
+    with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+        _echo_json(_result_json(t.compact("major" if kind == "major" else "minor", where,
+                                          small_file_size=small_file_size)))
 
 
 def _load(path: str, version: int | None = None, storage_pairs: tuple[str, ...] = ()) -> Snapshot:

@@ -211,3 +211,28 @@ def test_table_commands_and_verify_on_s3_with_storage_options(cli: click.Group, 
         assert Snapshot.load(uri, storage_options=s3_bucket.storage_options).to_pyarrow().column("id").to_pylist() == [2]
         bad = run(cli, "table", "describe", "s3://bucket/../x", *storage, ok=False)
         assert bad.exit_code == 2 and "'..'" in bad.output
+
+
+def test_compact_and_truncate_on_a_maxcompute_table(cli: click.Group, kafka_bootstrap: str, tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap)
+    path = str(tmp_path / "t")
+    kafka = ["--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix_of(topics)]
+    with coordinator_thread(kafka_bootstrap, topics) as coord:
+        run(cli, "table", "create", path, "--schema", "id:long,date:string", "--partition-by", "date",
+            "--property", "deltacoord.conflictProfile=maxcompute", *kafka)
+        for i in (1, 2, 3):
+            run(cli, "table", "append", path, "--json-rows", json.dumps([{"id": i, "date": "2024-01-01"}]), *kafka)
+        run(cli, "table", "append", path, "--json-rows", json.dumps([{"id": 9, "date": "2024-01-02"}]), *kafka)
+        major = lines(run(cli, "table", "compact", path, "--kind", "major", *kafka))[0]
+        assert major["version"] == 5 and major["operation"] == "OPTIMIZE"
+        truncated = lines(run(cli, "table", "truncate", path, "--where", "date = '2024-01-02'", *kafka))[0]
+        assert truncated["version"] == 6 and truncated["operation"] == "TRUNCATE"
+        bad = run(cli, "table", "compact", path, "--kind", "huge", *kafka, ok=False)
+        assert bad.exit_code == 2 and "huge" in bad.output
+        assert coord.wait_published(30)
+        history = lines(run(cli, "table", "history", path))
+        assert [h["operationParameters"].get("compaction") for h in history if h["operation"] == "OPTIMIZE"] == ["major"]
+        assert [h["deltacoord.timeVersion"] for h in history][:2] == [True, False]
+        snap = Snapshot.load(path)
+        assert sorted(snap.to_pyarrow().column("id").to_pylist()) == [1, 2, 3]
+        assert len(snap.files()) == 1
