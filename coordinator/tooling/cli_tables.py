@@ -191,7 +191,12 @@ def table_group() -> None:
 def create_cmd(path: str, schema_spec: str, partition_by: tuple[str, ...], properties: tuple[str, ...], name: str | None,
                bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
                writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
-    """CREATE TABLE at PATH (version 0)."""
+    """CREATE TABLE at PATH (version 0).
+
+    \b
+    Example:
+      deltacoord table create /data/sales --schema "id:long,date:string,amount:decimal(10,2)" --partition-by date
+    """
     schema = parse_schema(schema_spec)
     parts = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
     props = parse_pairs(properties, "--property")
@@ -238,7 +243,13 @@ def _read_json_rows(source: str) -> list[dict[str, Any]]:
 def append_cmd(path: str, json_rows: str | None, parquet_file: Path | None, app_id: str | None, app_version: int | None,
                bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
                writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
-    """Append rows (a blind INSERT) to the table at PATH."""
+    """Append rows (a blind INSERT) to the table at PATH.
+
+    \b
+    Example:
+      deltacoord table append /data/sales --json-rows rows.jsonl
+      deltacoord table append s3://lake/sales --parquet batch.parquet --storage-option AWS_REGION=eu-west-1
+    """
     if (json_rows is None) == (parquet_file is None):
         raise click.UsageError("give exactly one of --json-rows and --parquet")
     if (app_id is None) != (app_version is None):
@@ -270,7 +281,12 @@ def append_cmd(path: str, json_rows: str | None, parquet_file: Path | None, app_
 @_writes
 def delete_cmd(path: str, where: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...],
                table_id: str | None, writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
-    """DELETE FROM the table at PATH WHERE a condition."""
+    """DELETE FROM the table at PATH WHERE a condition.
+
+    \b
+    Example:
+      deltacoord table delete /data/sales --where "date = '2024-01-01'"
+    """
     with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.delete(where)))
 
@@ -285,7 +301,12 @@ def _load(path: str, version: int | None = None, storage_pairs: tuple[str, ...] 
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the newest N versions.")
 @storage_options
 def history_cmd(path: str, limit: int | None, storage_pairs: tuple[str, ...]) -> None:
-    """commitInfo of each version as JSON lines, newest first (from _delta_log)."""
+    """commitInfo of each version as JSON lines, newest first (from _delta_log).
+
+    \b
+    Example:
+      deltacoord table history /data/sales --limit 5
+    """
     with _errors():
         for entry in _load(path, None, storage_pairs).history(limit):
             _echo_json(entry)
@@ -296,7 +317,12 @@ def history_cmd(path: str, limit: int | None, storage_pairs: tuple[str, ...]) ->
 @click.option("--version", "version", type=click.IntRange(min=0), default=None, help="Describe this version (default latest).")
 @storage_options
 def describe_cmd(path: str, version: int | None, storage_pairs: tuple[str, ...]) -> None:
-    """Version, schema, partition columns, properties and file count (from _delta_log)."""
+    """Version, schema, partition columns, properties and file count (from _delta_log).
+
+    \b
+    Example:
+      deltacoord table describe /data/sales --version 3
+    """
     import pyarrow.compute as pc
 
     snap = _load(path, version, storage_pairs)
@@ -330,7 +356,12 @@ def describe_cmd(path: str, version: int | None, storage_pairs: tuple[str, ...])
 @storage_options
 def vacuum_cmd(path: str, retention_hours: float | None, dry_run: bool, no_retention_check: bool,
                storage_pairs: tuple[str, ...]) -> None:
-    """VACUUM: delete data files no retained version references, older than the retention (Delta's rules)."""
+    """VACUUM: delete data files no retained version references, older than the retention (Delta's rules).
+
+    \b
+    Example:
+      deltacoord table vacuum /data/sales --dry-run
+    """
     from writer.vacuum import VacuumRetentionError, vacuum
 
     try:
@@ -371,6 +402,10 @@ def tail_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs:
 
     Reads the commits topic, so a version shows before it is in _delta_log.
     Runs until Ctrl-C (or --until-version / --idle-timeout).
+
+    \b
+    Example:
+      deltacoord tail /data/sales --from-version latest
     """
     from reader.stream import CommitStream
 

@@ -68,7 +68,12 @@ def table_location(table: str) -> str:
 @storage_options
 def verify_cmd(table: str, bootstrap_servers: str, topic_prefix: str, table_id: str | None, num_partitions: int | None,
                allow_unpublished: bool, kafka_pairs: tuple[str, ...], storage_pairs: tuple[str, ...]) -> None:
-    """Check TABLE's _delta_log, checkpoints and data files against the commits topic; print a JSON report."""
+    """Check TABLE's _delta_log, checkpoints and data files against the commits topic; print a JSON report.
+
+    \b
+    Example:
+      deltacoord verify /data/sales --bootstrap-servers localhost:19092
+    """
     from coordinator.delta_log.verify import verify_table
 
     uri = table_location(table)
