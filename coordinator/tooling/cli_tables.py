@@ -42,7 +42,14 @@ from typing import Any, Literal
 import click
 import pyarrow as pa
 
-from coordinator.tooling.cli_options import F, TableLocationParam, kafka_options, parse_pairs, storage_options
+from coordinator.tooling.cli_options import (
+    F,
+    TableLocationParam,
+    kafka_options,
+    parse_pairs,
+    reach_kafka,
+    storage_options,
+)
 from reader.snapshot import Snapshot, delta_type_to_arrow
 from reader.storage import StorageError
 from schemas.actions import json_lines
@@ -143,6 +150,7 @@ def _table(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tu
     from writer.table import Table
 
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
+    reach_kafka(bootstrap_servers, kafka)
     with _errors():
         try:
             return Table(path, bootstrap_servers, table_id=table_id, topics=Topics.with_prefix(topic_prefix),
@@ -411,6 +419,7 @@ def tail_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs:
 
     start = _from_version(from_version)
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
+    reach_kafka(bootstrap_servers, kafka)
     with _errors():
         stream = CommitStream(table, bootstrap_servers, topics=Topics.with_prefix(topic_prefix),
                               starting_version=start,

@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 
 from coordinator.settings import CoordinatorSettings
-from coordinator.tooling.cli_options import kafka_options, load_settings, parse_pairs, storage_options
+from coordinator.tooling.cli_options import kafka_options, load_settings, parse_pairs, reach_kafka, storage_options
 from reader.log import table_root
 from reader.storage import StorageUriError, parse_table_uri
 
@@ -77,6 +77,7 @@ def verify_cmd(table: str, bootstrap_servers: str, topic_prefix: str, table_id: 
     from coordinator.delta_log.verify import verify_table
 
     uri = table_location(table)
+    reach_kafka(bootstrap_servers, parse_pairs(kafka_pairs, "--kafka"))
     run = load_settings(None, {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}, kafka_pairs)
     settings = dataclasses.replace(run.coordinator, group_id=f"{topic_prefix}-verify")
     partitions = num_partitions if num_partitions is not None else proposals_partitions(settings)
