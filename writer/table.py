@@ -75,6 +75,34 @@ class MergeError(InvalidProposalError):
     """A MERGE that Delta would refuse (e.g. several source rows matching one target row)."""
 
 
+#: Called with the rows, files and bytes staged so far.
+Progress = Callable[[int, int, int], None]
+#: Rows staged per chunk when appending from a RecordBatchReader (one data file per chunk and partition).
+CHUNK_ROWS = 1_000_000
+
+
+def _chunks(data: Any) -> Iterator[Any]:
+    """The data to append in chunks: a RecordBatchReader as tables of at most CHUNK_ROWS rows, an iterator
+    (a generator of tables or batches) item by item, anything else whole."""
+    if isinstance(data, Iterator):
+        yield from data
+        return
+    if not isinstance(data, pa.RecordBatchReader):
+        yield data
+        return
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    chunks = 0
+    for batch in data:
+        pending.append(batch)
+        count += batch.num_rows
+        if count >= CHUNK_ROWS:
+            yield pa.Table.from_batches(pending, schema=data.schema)
+            pending, count, chunks = [], 0, chunks + 1
+    if pending or not chunks:
+        yield pa.Table.from_batches(pending, schema=data.schema)
+
+
 def _type_family(t: pa.DataType) -> str:
     """Types that cast into each other without changing what a value means (as delta-rs and Spark's
     ANSI store assignment allow): numbers, text, binary, dates and timestamps, booleans, and nested types."""
@@ -369,11 +397,14 @@ class Table:
 
     # -- writes ---------------------------------------------------------------------
     def append(self, data: Any, *, app_id: str | None = None, app_version: int | None = None,
-               snapshot: Snapshot | None = None) -> CommitResult:
+               snapshot: Snapshot | None = None, progress: Progress | None = None) -> CommitResult:
         """A blind append (reads nothing). With app_id/app_version, exactly once per app version.
 
         An app version <= the recorded one is skipped (`already_committed=True`);
         two pipelines with one app id racing get ConcurrentTransactionException.
+        A `pyarrow.RecordBatchReader` (or an iterator of tables) is staged as it is read, a file per
+        million rows (per table), so memory stays bounded by one chunk; `progress(rows, files, bytes)`
+        is called after each staged chunk.
         """
         if (app_id is None) != (app_version is None):
             raise ValueError("give both app_id and app_version, or neither")
@@ -387,10 +418,16 @@ class Table:
                     return CommitResult(snap.version, tx.proposal_id, "WRITE", already_committed=True)
                 tx.read_app_id(app_id)
                 tx.add(SetTransaction(app_id, app_version, int(time.time() * 1000)))
-            table = self._conform(data, snap)
-            tx.stage(staging.write_data_files(self.storage, table, snap.partition_columns))
+            rows = files = size = 0
+            for chunk in _chunks(data):
+                table = self._conform(chunk, snap)
+                adds = staging.write_data_files(self.storage, table, snap.partition_columns)
+                tx.stage(adds)
+                rows, files, size = rows + table.num_rows, files + len(adds), size + sum(a.size for a in adds)
+                if progress is not None:
+                    progress(rows, files, size)
             return tx.commit("WRITE", changes_data=True, parameters={"mode": "Append", "partitionBy": snap.partition_columns},
-                             metrics={"numOutputRows": table.num_rows})
+                             metrics={"numOutputRows": rows})
 
     def overwrite(self, data: Any, replace_where: str | None = None, *, snapshot: Snapshot | None = None) -> CommitResult:
         """INSERT OVERWRITE: replace the whole table, or only the partitions `replace_where` selects.
