@@ -32,6 +32,7 @@ from typing import Any
 
 from coordinator.locations import TableLocations
 from reader.storage_uri import StorageUriError, check_table_uri
+from schemas.kafka_logs import kafka_config
 from schemas.routing import Topics
 
 DEFAULT_TOPIC_PREFIX = "deltacoord"
@@ -93,7 +94,7 @@ class CoordinatorSettings:
 
     def client(self, defaults: dict[str, Any] | None = None, **required: Any) -> dict[str, Any]:
         """Client config: our tuning defaults, then the user's settings, then what correctness requires."""
-        return {**(defaults or {}), "bootstrap.servers": self.bootstrap_servers, **self.kafka, **required}
+        return kafka_config({**(defaults or {}), "bootstrap.servers": self.bootstrap_servers, **self.kafka, **required})
 
     def transactional_id(self, partition: int) -> str:
         return f"{self.transactional_id_prefix}-{self.topics.proposals}-{partition}"

@@ -543,7 +543,7 @@ class Snapshot:
 
         # The SQL engine is imported here, not with the module: the checkpoint process reads
         # snapshots without filters and should not carry sqlglot.
-        from schemas.expressions.arrow import filter_text, filter_tree, implied, resolve_column, to_arrow
+        from schemas.expressions.arrow import evaluating, filter_text, filter_tree, implied, resolve_column, to_arrow
         from schemas.expressions.syntax import columns_of
 
         tree = filter_tree(filter) if filter is not None else None
@@ -574,7 +574,8 @@ class Snapshot:
             pruning = implied(tree, part_cols)
             if pruning is not None:
                 ptable = pa.table({**{c: part_arrays[c] for c in part_cols}, "__file_index": pa.array(np.arange(n_files))})
-                kept = ptable.filter(to_arrow(pruning, ptable.schema, text))
+                with evaluating(text):
+                    kept = ptable.filter(to_arrow(pruning, ptable.schema, text))
                 selected = kept.column("__file_index").to_numpy()
 
         # ---- read the selected files
@@ -607,7 +608,8 @@ class Snapshot:
             pieces = [read_one(i) for i in idx]
         result = pa.concat_tables(pieces) if pieces else read_schema.empty_table()
         if tree is not None:
-            result = result.filter(to_arrow(tree, result.schema, text))
+            with evaluating(text):
+                result = result.filter(to_arrow(tree, result.schema, text))
         return result.select(out_names)
 
 

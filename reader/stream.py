@@ -70,6 +70,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from reader.log import table_root
 from reader.snapshot import TimestampLike, to_epoch_ms
 from reader.storage_uri import StorageUriError, normalize_table_uri
+from schemas import kafka_logs
 from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
 from schemas.codec import decode_decision
 from schemas.errors import DeltaCoordError, MetadataChangedException
@@ -282,7 +283,7 @@ class CommitStream:
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
         }
-        self._consumer = Consumer(conf)
+        self._consumer = Consumer(kafka_logs.kafka_config(conf))
         try:
             md = self._consumer.list_topics(self.topics.commits, timeout=30)
             t = md.topics.get(self.topics.commits)

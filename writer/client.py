@@ -16,6 +16,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from schemas import kafka_logs
 from schemas.codec import decode_decision, encode_proposal
 from schemas.errors import CommitOutcomeUnknownError, EncodeError, ProposalNotSentError
 from schemas.messages import Decision, Proposal
@@ -116,7 +117,7 @@ class CoordinatorClient:
 
     def __init__(self, bootstrap_servers: str, *, topics: Topics | None = None, **kafka_config: Any) -> None:
         self.topics = topics or Topics.with_prefix()
-        self._conf: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **kafka_config}
+        self._conf: dict[str, Any] = kafka_logs.kafka_config({"bootstrap.servers": bootstrap_servers, **kafka_config})
         self._producer = Producer({**self._conf, "enable.idempotence": True, "linger.ms": 0, "acks": "all"})
         self._listeners: dict[int, _PartitionListener] = {}
         self._lock = threading.Lock()

@@ -71,11 +71,74 @@ class TableExistsError(ProtocolChangedException):
     """
 
     def __init__(self, uri: str) -> None:
-        super().__init__(f"TableExistsError: a Delta table already exists at {uri}", winning_version=0, table=uri)
+        super().__init__(f"a Delta table already exists at {uri}; append to it, or create the new table at another location", winning_version=0, table=uri)
 
 
 class MergeError(InvalidProposalError):
     """A MERGE that Delta would refuse (e.g. several source rows matching one target row)."""
+
+
+#: Called with the rows, files and bytes staged so far.
+Progress = Callable[[int, int, int], None]
+#: Rows staged per chunk when appending from a RecordBatchReader (one data file per chunk and partition).
+CHUNK_ROWS = 1_000_000
+
+
+def _chunks(data: Any) -> Iterator[Any]:
+    """The data to append in chunks: a RecordBatchReader as tables of at most CHUNK_ROWS rows, an iterator
+    (a generator of tables or batches) item by item, anything else whole."""
+    if isinstance(data, Iterator):
+        yield from data
+        return
+    if not isinstance(data, pa.RecordBatchReader):
+        yield data
+        return
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    chunks = 0
+    for batch in data:
+        pending.append(batch)
+        count += batch.num_rows
+        if count >= CHUNK_ROWS:
+            yield pa.Table.from_batches(pending, schema=data.schema)
+            pending, count, chunks = [], 0, chunks + 1
+    if pending or not chunks:
+        yield pa.Table.from_batches(pending, schema=data.schema)
+
+
+def _type_family(t: pa.DataType) -> str:
+    """Types that cast into each other without changing what a value means (as delta-rs and Spark's
+    ANSI store assignment allow): numbers, text, binary, dates and timestamps, booleans, and nested types."""
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "numeric"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_binary_view(t):
+        return "binary"
+    if pa.types.is_date(t) or pa.types.is_timestamp(t):
+        return "datetime"
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_null(t):
+        return "null"
+    return str(t)  # nested: the cast itself checks the fields
+
+
+def _check_assignable(column: str, given: pa.DataType, target: pa.DataType) -> None:
+    """Refuse data whose type means something else in the column (an int written into a string column).
+
+    Within a family the cast is Arrow's safe cast: an overflow or a truncation fails instead of changing a value.
+    """
+    g, want = _type_family(given), _type_family(target)
+    if g == "null" or g == want or (g.startswith(("struct", "list", "large_list", "map")) and want == g.split("<")[0]):
+        return
+    if g.split("<")[0] == want.split("<")[0]:
+        return
+    if (g, want) == ("string", "datetime"):
+        return  # ISO dates and timestamps given as text (JSON has no date type); a value that does not parse fails
+    raise staging.SchemaError(f"column {column!r} is {target} in the table but the data has {given}: deltacoord does not "
+                              f"cast between {g.split('<')[0]} and {want.split('<')[0]} (it would change the values' meaning); "
+                              f"convert the column in the data first, e.g. pyarrow.compute.cast(..., {target})")
 
 
 @contextlib.contextmanager
@@ -290,6 +353,7 @@ class Table:
         cols = []
         for f in target:
             if f.name in t.column_names:
+                _check_assignable(f.name, t.column(f.name).type, f.type)
                 try:
                     col = t.column(f.name).cast(f.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
@@ -324,9 +388,10 @@ class Table:
         return prune(snap.files(), where, snap.metadata, lambda a: a.partition_values)
 
     @staticmethod
-    def _mask(t: pa.Table, cond: Any) -> pa.Array:
-        """Rows where `cond` is TRUE (NULL counts as false, as in SQL WHERE)."""
-        m = ds.dataset(t).to_table(columns={"m": cond}).column("m")
+    def _mask(t: pa.Table, cond: Any, text: str = "condition") -> pa.Array:
+        """Rows where `cond` (the SQL `text`) is TRUE (NULL counts as false, as in SQL WHERE)."""
+        with expressions.evaluating(text):
+            m = ds.dataset(t).to_table(columns={"m": cond}).column("m")
         return pc.fill_null(m.combine_chunks(), False)
 
     @staticmethod
@@ -335,7 +400,7 @@ class Table:
 
     # -- writes ---------------------------------------------------------------------
     def append(self, data: Any, *, app_id: str | None = None, app_version: int | None = None,
-               snapshot: Snapshot | None = None) -> CommitResult:
+               snapshot: Snapshot | None = None, progress: Progress | None = None) -> CommitResult:
         """A blind append (reads nothing). With app_id/app_version, exactly once per app version.
 
         On a `maxcompute` table it starts from the latest snapshot (an INSERT INTO
@@ -343,6 +408,9 @@ class Table:
 
         An app version <= the recorded one is skipped (`already_committed=True`);
         two pipelines with one app id racing get ConcurrentTransactionException.
+        A `pyarrow.RecordBatchReader` (or an iterator of tables) is staged as it is read, a file per
+        million rows (per table), so memory stays bounded by one chunk; `progress(rows, files, bytes)`
+        is called after each staged chunk.
         """
         if (app_id is None) != (app_version is None):
             raise ValueError("give both app_id and app_version, or neither")
@@ -359,10 +427,16 @@ class Table:
                     return CommitResult(snap.version, tx.proposal_id, "WRITE", already_committed=True)
                 tx.read_app_id(app_id)
                 tx.add(SetTransaction(app_id, app_version, int(time.time() * 1000)))
-            table = self._conform(data, snap)
-            tx.stage(staging.write_data_files(self.storage, table, snap.partition_columns))
+            rows = files = size = 0
+            for chunk in _chunks(data):
+                table = self._conform(chunk, snap)
+                adds = staging.write_data_files(self.storage, table, snap.partition_columns)
+                tx.stage(adds)
+                rows, files, size = rows + table.num_rows, files + len(adds), size + sum(a.size for a in adds)
+                if progress is not None:
+                    progress(rows, files, size)
             return tx.commit("WRITE", changes_data=True, parameters={"mode": "Append", "partitionBy": snap.partition_columns},
-                             metrics={"numOutputRows": table.num_rows})
+                             metrics={"numOutputRows": rows})
 
     def overwrite(self, data: Any, replace_where: str | None = None, *, snapshot: Snapshot | None = None) -> CommitResult:
         """INSERT OVERWRITE: replace the whole table, or only the partitions `replace_where` selects.
@@ -386,7 +460,7 @@ class Table:
                 part = set(snap.partition_columns)
                 if not cols or not cols <= part:
                     raise InvalidProposalError(ReasonCode.BAD_REPLACE_WHERE, f"replace_where {replace_where!r} must name partition columns only ({sorted(part)})")
-                ok = self._mask(table, expressions.compile_filter(replace_where, table.schema))
+                ok = self._mask(table, expressions.compile_filter(replace_where, table.schema), replace_where)
                 bad = table.num_rows - pc.sum(ok.cast(pa.int64())).as_py() if table.num_rows else 0
                 if bad:
                     raise InvalidProposalError(
@@ -423,7 +497,7 @@ class Table:
             touched = copied = 0
             for add in candidates:
                 t = self._read_file(snap, add, schema)
-                mask = self._mask(t, cond)
+                mask = self._mask(t, cond, where or "TRUE")
                 hits = pc.sum(mask.cast(pa.int64())).as_py() or 0
                 if not hits:
                     continue
@@ -520,7 +594,7 @@ class Table:
                 t = self._read_file(snap, add, schema)
                 tk = pa.table({f"__k{i}": t.column(tc) for i, (_s, tc) in enumerate(keys)})
                 tk = tk.append_column("__row", pa.array(range(t.num_rows), pa.int64()))
-                tk = tk.filter(pc.and_(self._mask(t, cond), _all_valid(tk, len(keys))))
+                tk = tk.filter(pc.and_(self._mask(t, cond, target_filter or "TRUE"), _all_valid(tk, len(keys))))
                 if not tk.num_rows:
                     continue
                 joined = tk.join(src_keys, [f"__k{i}" for i in range(len(keys))], join_type="inner")

@@ -128,7 +128,10 @@ def verify_table(settings: CoordinatorSettings, table_uri: TableLocation, table_
     try:
         listing = list_log(root)
     except TableNotFoundError as e:
-        if ratified and require_published:
+        if not ratified:
+            rep.problems.append(f"no Delta table at {rep.table_uri}: no _delta_log there and no commit of table id "
+                                f"{table_id} on {settings.topics.commits}; check the path (and --table-id, --topic-prefix)")
+        elif require_published:
             rep.problems.append(f"{len(ratified)} versions are ratified but there is no _delta_log: {e}")
         return rep
     commits = listing.commits

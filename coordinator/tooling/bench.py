@@ -43,6 +43,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from schemas.kafka_logs import kafka_config
+
 SCHEMA_FIELDS = [("id", "int64"), ("writer", "int64"), ("value", "string")]
 
 
@@ -236,7 +238,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     workdir.mkdir(parents=True, exist_ok=True)
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
     topics = Topics.with_prefix(prefix)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(kafka_config({"bootstrap.servers": bootstrap}))
     ensure_topics(admin, topics)
     options = dict(storage_options or {})
     # Credentials go to the coordinator through its environment (the cloud's chain), not its command line.

@@ -16,9 +16,21 @@ from coordinator.tooling.broker import BrokerError, LocalBroker, LocalCluster
 from coordinator.tooling.cli_options import load_settings
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="deltacoord", prog_name="deltacoord")
 def main() -> None:
-    """deltacoord: a commit coordinator for Delta Lake tables built on Apache Kafka."""
+    """deltacoord: a commit coordinator for Delta Lake tables built on Apache Kafka.
+
+    Writers propose commits through Kafka, one coordinator per partition decides them
+    with Delta's conflict rules and publishes _delta_log. Every command prints its
+    help with -h; settings also come from DELTACOORD_* variables.
+
+    \b
+    Example (a local broker, a coordinator, one table):
+      deltacoord broker start
+      deltacoord coordinator run --bootstrap-servers localhost:19092 &
+      deltacoord table create /tmp/t --schema "id:long" --bootstrap-servers localhost:19092
+    """
 
 
 # -- jars -------------------------------------------------------------------
@@ -30,7 +42,12 @@ def jars_group() -> None:
 @jars_group.command("fetch")
 @click.argument("which", type=click.Choice(["kafka", "delta", "s3a", "all"]), default="all")
 def jars_fetch(which: str) -> None:
-    """Resolve jars with Maven into ~/.cache/deltacoord/jars (no-op when cached)."""
+    """Resolve jars with Maven into ~/.cache/deltacoord/jars (no-op when cached).
+
+    \b
+    Example:
+      deltacoord jars fetch delta
+    """
     names = ["kafka", "delta", "s3a"] if which == "all" else [which]
     try:
         for name in names:
@@ -43,7 +60,12 @@ def jars_fetch(which: str) -> None:
 @jars_group.command("path")
 @click.argument("which", type=click.Choice(["kafka", "delta", "s3a"]))
 def jars_path(which: str) -> None:
-    """Print the classpath of a jar set (fetching it if needed)."""
+    """Print the classpath of a jar set (fetching it if needed).
+
+    \b
+    Example:
+      deltacoord jars path kafka
+    """
     click.echo(jars.classpath(which))
 
 
@@ -61,10 +83,16 @@ def broker_group(ctx: click.Context, home: Path | None) -> None:
 @click.option("--brokers", type=click.IntRange(1, 9), default=1, show_default=True,
               help="Nodes; more than 1 starts a KRaft cluster (replication factor 3, min ISR 2).")
 @click.option("--fresh", is_flag=True, help="Wipe the broker's data directory first.")
-@click.option("--timeout", type=float, default=120.0, show_default=True)
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for the broker to answer.")
 @click.pass_obj
 def broker_start(broker: LocalBroker, port: int | None, brokers: int, fresh: bool, timeout: float) -> None:
-    """Start the broker; a running broker is left alone and its address printed."""
+    """Start the broker; a running broker is left alone and its address printed.
+
+    \b
+    Example:
+      deltacoord broker start
+      deltacoord broker start --brokers 3 --fresh
+    """
     if brokers > 1:
         if port is not None:
             raise click.UsageError("--port is for a single broker; a cluster's nodes take 19092 and free ports")
@@ -91,7 +119,12 @@ def broker_start(broker: LocalBroker, port: int | None, brokers: int, fresh: boo
 @broker_group.command("stop")
 @click.pass_obj
 def broker_stop(broker: LocalBroker) -> None:
-    """Stop the broker and its JVM (every node of a cluster)."""
+    """Stop the broker and its JVM (every node of a cluster).
+
+    \b
+    Example:
+      deltacoord broker stop
+    """
     if LocalCluster(broker.home).stop():
         click.echo("cluster stopped")
         return
@@ -101,7 +134,12 @@ def broker_stop(broker: LocalBroker) -> None:
 @broker_group.command("status")
 @click.pass_obj
 def broker_status(broker: LocalBroker) -> None:
-    """Print the broker's pid, address and log path as JSON (a cluster's per node); exit 1 if stopped."""
+    """Print the broker's pid, address and log path as JSON (a cluster's per node); exit 1 if stopped.
+
+    \b
+    Example:
+      deltacoord broker status
+    """
     cinfo = LocalCluster(broker.home).status()
     if cinfo is not None:
         click.echo(json.dumps({"running": True, "brokers": len(cinfo.nodes), **asdict(cinfo)}))
@@ -122,13 +160,17 @@ def coordinator_group() -> None:
 @coordinator_group.command("run")
 @click.option("--config", "config_file", type=click.Path(exists=True, path_type=Path), envvar="DELTACOORD_CONFIG",
               help="TOML file with [coordinator] and [kafka] tables.")
-@click.option("--bootstrap-servers", envvar=env_var("bootstrap_servers"), default=None)
+@click.option("--bootstrap-servers", envvar=env_var("bootstrap_servers"), default=None,
+              help="Kafka brokers, host:port[,host:port...] (or DELTACOORD_BOOTSTRAP_SERVERS).")
 @click.option("--topic-prefix", envvar=env_var("topic_prefix"), default=None, help="Topics are <prefix>.proposals/.commits/.deadletters.")
 @click.option("--partitions", envvar=env_var("partitions"), default=None, help="Comma-separated proposals partitions to own (default: all).")
 @click.option("--num-partitions", type=int, envvar=env_var("num_partitions"), default=None, help="Partitions when creating topics.")
-@click.option("--group-id", envvar=env_var("group_id"), default=None)
-@click.option("--transactional-id-prefix", envvar=env_var("transactional_id_prefix"), default=None)
-@click.option("--max-batch", type=int, envvar=env_var("max_batch"), default=None)
+@click.option("--group-id", envvar=env_var("group_id"), default=None,
+              help="Consumer group coordinators share to split partitions (default <prefix>-coordinator).")
+@click.option("--transactional-id-prefix", envvar=env_var("transactional_id_prefix"), default=None,
+              help="Prefix of the per-partition transactional ids that fence zombies (default <prefix>-coordinator).")
+@click.option("--max-batch", type=int, envvar=env_var("max_batch"), default=None,
+              help="Most proposals decided in one Kafka transaction (default 500).")
 @click.option("--metrics-port", type=int, envvar=env_var("metrics_port"), default=None, help="Serve /metrics and /healthz.")
 @click.option("--no-fsync", is_flag=True, help="Do not fsync published files (Kafka stays the durable copy).")
 @click.option("--no-checkpoints", is_flag=True, help="Do not write checkpoints.")
@@ -151,7 +193,13 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
                     metrics_port: int | None, no_fsync: bool, no_checkpoints: bool, kafka_pairs: tuple[str, ...],
                     watchdog_seconds: float | None, log_level: str | None, dead_letter_max_bytes: int | None,
                     stall_seconds: float | None, table_roots: str | None, storage_pairs: tuple[str, ...]) -> None:
-    """Consume proposals, decide them, record decisions in Kafka, publish _delta_log."""
+    """Consume proposals, decide them, record decisions in Kafka, publish _delta_log.
+
+    \b
+    Example:
+      deltacoord coordinator run --bootstrap-servers localhost:19092 --metrics-port 9464
+      deltacoord coordinator run --config coordinator.toml --table-roots s3://lake/tables
+    """
     from coordinator import logs
     from coordinator.kafka import daemon
 
@@ -180,8 +228,8 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
 
 
 @main.command("bench")
-@click.option("--writers", type=int, default=16, show_default=True)
-@click.option("--commits-per-writer", type=int, default=50, show_default=True)
+@click.option("--writers", type=int, default=16, show_default=True, help="Concurrent writer processes, for both systems.")
+@click.option("--commits-per-writer", type=int, default=50, show_default=True, help="Timed one-row appends per writer process.")
 @click.option("--memory-files", type=int, default=1_000_000, show_default=True,
               help="Live files for the memory measurements (0 skips them; always skipped with --storage s3).")
 @click.option("--bootstrap-servers", default=None, help="Use this broker instead of the local one.")
@@ -192,7 +240,12 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
                    "latency is from the write call to the version's visibility in _delta_log.")
 def bench_cmd(writers: int, commits_per_writer: int, memory_files: int, bootstrap_servers: str | None,
               warmup_commits_per_writer: int, storage: str) -> None:
-    """Commits/s and latency vs delta-rs, in one run; last line is JSON."""
+    """Commits/s and latency vs delta-rs, in one run; last line is JSON.
+
+    \b
+    Example:
+      deltacoord bench --writers 16 --commits-per-writer 50
+    """
     from coordinator.tooling.bench import run
 
     click.echo(json.dumps(run(writers, commits_per_writer, memory_files, bootstrap_servers, warmup_commits_per_writer,
@@ -203,7 +256,12 @@ def bench_cmd(writers: int, commits_per_writer: int, memory_files: int, bootstra
 @click.option("--storage", type=click.Choice(["local", "s3"]), default="local", show_default=True,
               help="Where the table lives: a temporary directory, or a bucket on the local S3 server (versitygw).")
 def demo_cmd(storage: str) -> None:
-    """Broker + coordinator + concurrent writers + conflicts + delta-rs verification; last line is JSON."""
+    """Broker + coordinator + concurrent writers + conflicts + delta-rs verification; last line is JSON.
+
+    \b
+    Example:
+      deltacoord demo
+    """
     from coordinator.tooling.demo import main as demo_main
 
     demo_main(storage=storage)
@@ -228,7 +286,12 @@ def _servers(kind: str) -> list[Any]:
 @click.argument("kind", type=_STORAGE_KINDS, default="s3")
 @click.option("--port", type=int, default=None, help="Port (default: the previous one, else a free one); one server only.")
 def storage_start(kind: str, port: int | None) -> None:
-    """Start (building on first use) a local server; prints its endpoint and storage options as JSON lines."""
+    """Start (building on first use) a local server; prints its endpoint and storage options as JSON lines.
+
+    \b
+    Example:
+      deltacoord storage start s3
+    """
     from coordinator.tooling.storage_servers import StorageServerError
 
     if port is not None and kind == "all":
@@ -245,7 +308,12 @@ def storage_start(kind: str, port: int | None) -> None:
 @storage_group.command("stop")
 @click.argument("kind", type=_STORAGE_KINDS, default="all")
 def storage_stop(kind: str) -> None:
-    """Stop local servers."""
+    """Stop local servers.
+
+    \b
+    Example:
+      deltacoord storage stop
+    """
     for srv in _servers(kind):
         click.echo(f"{srv.kind}: {'stopped' if srv.stop() else 'was not running'}")
 
@@ -253,7 +321,12 @@ def storage_stop(kind: str) -> None:
 @storage_group.command("status")
 @click.argument("kind", type=_STORAGE_KINDS, default="all")
 def storage_status(kind: str) -> None:
-    """Each server's pid, endpoint and storage options as JSON lines; exit 1 if one is stopped."""
+    """Each server's pid, endpoint and storage options as JSON lines; exit 1 if one is stopped.
+
+    \b
+    Example:
+      deltacoord storage status s3
+    """
     stopped = False
     for srv in _servers(kind):
         info = srv.status()

@@ -24,7 +24,8 @@ def register(main: click.Group) -> None:
     @click.option("--writer-principal", "writers", multiple=True, help="Writer principal, e.g. User:writer (repeatable).")
     @click.option("--coordinator-principal", "coordinators", multiple=True, help="Coordinator principal (repeatable).")
     @click.option("--reader-principal", "readers", multiple=True, help="Change-feed reader principal (repeatable, optional).")
-    @click.option("--topic-prefix", default="deltacoord", show_default=True, envvar="DELTACOORD_TOPIC_PREFIX")
+    @click.option("--topic-prefix", default="deltacoord", show_default=True, envvar="DELTACOORD_TOPIC_PREFIX",
+                  help="Topics are <prefix>.proposals/.commits/.deadletters (or DELTACOORD_TOPIC_PREFIX).")
     @click.option("--group-id", default=None, envvar="DELTACOORD_GROUP_ID", help="Coordinator group (default <prefix>-coordinator).")
     @click.option("--transactional-id-prefix", default=None, envvar="DELTACOORD_TRANSACTIONAL_ID_PREFIX",
                   help="Coordinator transactional-id prefix (default <prefix>-coordinator).")
@@ -34,16 +35,22 @@ def register(main: click.Group) -> None:
                   help=f"Consumer-group prefix readers use (repeatable; default {', '.join(DEFAULT_READER_GROUP_PREFIXES)}).")
     @click.option("--idempotent-write-acl", is_flag=True,
                   help="Also grant IDEMPOTENT_WRITE on the cluster (only brokers older than Kafka 3.0 need it).")
-    @click.option("--bootstrap-server", default="localhost:9092", show_default=True, envvar="DELTACOORD_BOOTSTRAP_SERVERS",
+    @click.option("--bootstrap-servers", "--bootstrap-server", "bootstrap_server", default="localhost:9092", show_default=True, envvar="DELTACOORD_BOOTSTRAP_SERVERS",
                   help="Written into the commands; the admin running them needs ALTER on the cluster.")
     @click.option("--command-config", default=None, help="Admin client properties file passed to kafka-acls.sh.")
     @click.option("--kafka-acls", "executable", default="kafka-acls.sh", show_default=True, help="Path of kafka-acls.sh.")
-    @click.option("--format", "fmt", type=click.Choice(["commands", "json"]), default="commands", show_default=True)
+    @click.option("--format", "fmt", type=click.Choice(["commands", "json"]), default="commands", show_default=True,
+                  help="Shell commands for kafka-acls.sh, or the ACL entries as JSON.")
     def acls_cmd(writers: tuple[str, ...], coordinators: tuple[str, ...], readers: tuple[str, ...], topic_prefix: str,
                  group_id: str | None, transactional_id_prefix: str | None, writer_group_prefixes: tuple[str, ...],
                  reader_group_prefixes: tuple[str, ...], idempotent_write_acl: bool, bootstrap_server: str,
                  command_config: str | None, executable: str, fmt: str) -> None:
-        """Print the kafka-acls.sh commands granting writers and coordinators exactly what they need."""
+        """Print the kafka-acls.sh commands granting writers and coordinators exactly what they need.
+
+        \b
+        Example:
+          deltacoord acls --writer-principal User:ingest --coordinator-principal User:coordinator
+        """
         req = AclRequest(
             writer_principals=writers, coordinator_principals=coordinators, topic_prefix=topic_prefix,
             group_id=group_id, transactional_id_prefix=transactional_id_prefix,

@@ -42,7 +42,12 @@ def register(main: click.Group) -> None:
     @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Write the private key file here (refuses to overwrite); default: NAME.key.")
     def generate(name: str, out: Path | None) -> None:
-        """Create a key pair named NAME; print its deltacoord.writerKeys entry as JSON."""
+        """Create a key pair named NAME; print its deltacoord.writerKeys entry as JSON.
+
+        \b
+        Example:
+          deltacoord writer-key generate ingest --out ingest.key
+        """
         try:
             key = WriterKey.generate(name)
         except WriterKeyError as e:
@@ -59,7 +64,12 @@ def register(main: click.Group) -> None:
     @writer_key_group.command("show")
     @click.argument("key_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
     def show(key_file: Path) -> None:
-        """Print the name and public entry of a key file as JSON."""
+        """Print the name and public entry of a key file as JSON.
+
+        \b
+        Example:
+          deltacoord writer-key show ingest.key
+        """
         try:
             key = WriterKey.load(key_file)
         except WriterKeyError as e:

@@ -78,3 +78,19 @@ class TableLocationParam(click.ParamType):  # type: ignore[type-arg]  # generic 
             if self.exists and not os.path.isdir(uri.path):
                 self.fail(f"Directory {text!r} does not exist.", param, ctx)
         return text
+
+
+class KafkaUnreachable(click.ClickException):
+    """No broker answered: a configuration problem (exit 2), said in one line."""
+
+    exit_code = 2
+
+
+def reach_kafka(bootstrap_servers: str, kafka: dict[str, Any]) -> None:
+    """Fail fast (exit 2, one line) when no broker of `bootstrap_servers` answers."""
+    from schemas.kafka_logs import UnreachableKafkaError, probe
+
+    try:
+        probe({**kafka, "bootstrap.servers": bootstrap_servers})
+    except UnreachableKafkaError as e:
+        raise KafkaUnreachable(str(e)) from None

@@ -33,10 +33,11 @@ outcome of a write is unknown (it may still commit: look it up by proposal id).
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -44,7 +45,14 @@ from typing import Any, Literal
 import click
 import pyarrow as pa
 
-from coordinator.tooling.cli_options import F, TableLocationParam, kafka_options, parse_pairs, storage_options
+from coordinator.tooling.cli_options import (
+    F,
+    TableLocationParam,
+    kafka_options,
+    parse_pairs,
+    reach_kafka,
+    storage_options,
+)
 from reader.snapshot import Snapshot, delta_type_to_arrow
 from reader.storage import StorageError
 from schemas.actions import json_lines
@@ -145,6 +153,7 @@ def _table(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tu
     from writer.table import Table
 
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
+    reach_kafka(bootstrap_servers, kafka)
     with _errors():
         try:
             return Table(path, bootstrap_servers, table_id=table_id, topics=Topics.with_prefix(topic_prefix),
@@ -193,7 +202,12 @@ def table_group() -> None:
 def create_cmd(path: str, schema_spec: str, partition_by: tuple[str, ...], properties: tuple[str, ...], name: str | None,
                bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
                writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
-    """CREATE TABLE at PATH (version 0)."""
+    """CREATE TABLE at PATH (version 0).
+
+    \b
+    Example:
+      deltacoord table create /data/sales --schema "id:long,date:string,amount:decimal(10,2)" --partition-by date
+    """
     schema = parse_schema(schema_spec)
     parts = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
     props = parse_pairs(properties, "--property")
@@ -201,31 +215,76 @@ def create_cmd(path: str, schema_spec: str, partition_by: tuple[str, ...], prope
         _echo_json(_result_json(t.create(schema, partition_by=parts, properties=props, name=name)))
 
 
-def _read_json_rows(source: str) -> list[dict[str, Any]]:
-    """A JSON array, or JSON lines (one object per line), inline, from a file, or from stdin (`-`)."""
-    text: str
-    stripped = source.lstrip()
+#: JSON rows converted to Arrow per chunk: memory stays bounded by one chunk, whatever the input's size.
+JSON_CHUNK_ROWS = 200_000
+
+
+def _json_lines_of(source: str) -> Iterator[str]:
+    """The non-blank lines of JSON-lines input: inline text, a file or stdin (`-`), read lazily."""
     if source == "-":
-        text = sys.stdin.read()
-    elif stripped.startswith(("[", "{")):
-        text = source
-    else:
-        try:
-            text = Path(source).read_text(encoding="utf-8")
-        except OSError as e:
-            raise click.BadParameter(f"cannot read {source!r}: {e}", param_hint="--json-rows") from e
-    text = text.strip()
-    rows: list[Any]
+        yield from (line for line in sys.stdin if line.strip())
+        return
+    if source.lstrip().startswith(("[", "{")):
+        yield from (line for line in json_lines(source) if line.strip())
+        return
     try:
-        if text.startswith("["):
-            rows = json.loads(text)
-        else:
-            rows = [json.loads(line) for line in json_lines(text) if line.strip()]
-    except json.JSONDecodeError as e:
-        raise click.BadParameter(f"not JSON rows: {e}", param_hint="--json-rows") from e
+        f = open(source, encoding="utf-8")  # noqa: SIM115 - closed below, after the generator is drained
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {source!r}: {e}", param_hint="--json-rows") from e
+    with f:
+        yield from (line for line in f if line.strip())
+
+
+def _rows_table(rows: list[Any], first_row: int) -> pa.Table:
     if not all(isinstance(r, dict) for r in rows):
         raise click.BadParameter("every row must be a JSON object", param_hint="--json-rows")
-    return rows
+    try:
+        return pa.Table.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise click.BadParameter(f"rows {first_row}..{first_row + len(rows) - 1} cannot be converted to a table: {e}",
+                                 param_hint="--json-rows") from e
+
+
+def _json_row_tables(source: str) -> Iterator[pa.Table]:
+    """A JSON array, or JSON lines (one object per line), as Arrow tables of at most JSON_CHUNK_ROWS rows."""
+    lines = _json_lines_of(source)
+    first = next(lines, None)
+    if first is None:
+        raise click.UsageError("no rows to append")
+    if first.lstrip().startswith("["):  # a JSON array is parsed whole
+        text = first + "".join(lines)
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise click.BadParameter(f"not JSON rows: {e}", param_hint="--json-rows") from e
+        if not rows:
+            raise click.UsageError("no rows to append")
+        yield _rows_table(rows, 1)
+        return
+    chunk: list[Any] = []
+    n = 0
+    for line in itertools.chain([first], lines):
+        n += 1
+        try:
+            chunk.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise click.BadParameter(f"line {n} is not JSON: {e}", param_hint="--json-rows") from e
+        if len(chunk) >= JSON_CHUNK_ROWS:
+            yield _rows_table(chunk, n - len(chunk) + 1)
+            chunk = []
+    if chunk:
+        yield _rows_table(chunk, n - len(chunk) + 1)
+
+
+def _progress_line() -> Callable[[int, int, int], None] | None:
+    """On a terminal, a line on stderr rewritten as chunks are staged; None (silent) otherwise."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(rows: int, files: int, size: int) -> None:
+        click.echo(f"\rstaged {rows:,} rows in {files} file(s), {size / 1e6:,.1f} MB", err=True, nl=False)
+
+    return show
 
 
 @table_group.command("append")
@@ -240,29 +299,34 @@ def _read_json_rows(source: str) -> list[dict[str, Any]]:
 def append_cmd(path: str, json_rows: str | None, parquet_file: Path | None, app_id: str | None, app_version: int | None,
                bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
                writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
-    """Append rows (a blind INSERT) to the table at PATH."""
+    """Append rows (a blind INSERT) to the table at PATH.
+
+    \b
+    Example:
+      deltacoord table append /data/sales --json-rows rows.jsonl
+      deltacoord table append s3://lake/sales --parquet batch.parquet --storage-option AWS_REGION=eu-west-1
+    """
     if (json_rows is None) == (parquet_file is None):
         raise click.UsageError("give exactly one of --json-rows and --parquet")
     if (app_id is None) != (app_version is None):
         raise click.UsageError("give both --app-id and --app-version, or neither")
+    data: Any
     if parquet_file is not None:
         import pyarrow.parquet as pq
 
-        data = pq.read_table(parquet_file)
+        data = pq.ParquetFile(parquet_file).iter_batches(batch_size=65_536)  # streamed, a chunk at a time
     else:
         assert json_rows is not None
-        rows = _read_json_rows(json_rows)
-        if not rows:
-            raise click.UsageError("no rows to append")
-        try:
-            data = pa.Table.from_pylist(rows)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            raise click.BadParameter(f"rows cannot be converted to a table: {e}", param_hint="--json-rows") from e
+        data = _json_row_tables(json_rows)
     with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+        show = _progress_line()
         try:
-            r = t.append(data, app_id=app_id, app_version=app_version)
+            r = t.append(data, app_id=app_id, app_version=app_version, progress=show)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
             raise click.ClickException(f"the rows do not fit the table schema: {e}") from e
+        finally:
+            if show is not None:
+                click.echo("", err=True)
         _echo_json(_result_json(r))
 
 
@@ -272,7 +336,12 @@ def append_cmd(path: str, json_rows: str | None, parquet_file: Path | None, app_
 @_writes
 def delete_cmd(path: str, where: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...],
                table_id: str | None, writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
-    """DELETE FROM the table at PATH WHERE a condition."""
+    """DELETE FROM the table at PATH WHERE a condition.
+
+    \b
+    Example:
+      deltacoord table delete /data/sales --where "date = '2024-01-01'"
+    """
     with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.delete(where)))
 
@@ -315,7 +384,12 @@ def _load(path: str, version: int | None = None, storage_pairs: tuple[str, ...] 
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the newest N versions.")
 @storage_options
 def history_cmd(path: str, limit: int | None, storage_pairs: tuple[str, ...]) -> None:
-    """commitInfo of each version as JSON lines, newest first (from _delta_log)."""
+    """commitInfo of each version as JSON lines, newest first (from _delta_log).
+
+    \b
+    Example:
+      deltacoord table history /data/sales --limit 5
+    """
     with _errors():
         for entry in _load(path, None, storage_pairs).history(limit):
             _echo_json(entry)
@@ -326,7 +400,12 @@ def history_cmd(path: str, limit: int | None, storage_pairs: tuple[str, ...]) ->
 @click.option("--version", "version", type=click.IntRange(min=0), default=None, help="Describe this version (default latest).")
 @storage_options
 def describe_cmd(path: str, version: int | None, storage_pairs: tuple[str, ...]) -> None:
-    """Version, schema, partition columns, properties and file count (from _delta_log)."""
+    """Version, schema, partition columns, properties and file count (from _delta_log).
+
+    \b
+    Example:
+      deltacoord table describe /data/sales --version 3
+    """
     import pyarrow.compute as pc
 
     snap = _load(path, version, storage_pairs)
@@ -360,7 +439,12 @@ def describe_cmd(path: str, version: int | None, storage_pairs: tuple[str, ...])
 @storage_options
 def vacuum_cmd(path: str, retention_hours: float | None, dry_run: bool, no_retention_check: bool,
                storage_pairs: tuple[str, ...]) -> None:
-    """VACUUM: delete data files no retained version references, older than the retention (Delta's rules)."""
+    """VACUUM: delete data files no retained version references, older than the retention (Delta's rules).
+
+    \b
+    Example:
+      deltacoord table vacuum /data/sales --dry-run
+    """
     from writer.vacuum import VacuumRetentionError, vacuum
 
     try:
@@ -401,11 +485,16 @@ def tail_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs:
 
     Reads the commits topic, so a version shows before it is in _delta_log.
     Runs until Ctrl-C (or --until-version / --idle-timeout).
+
+    \b
+    Example:
+      deltacoord tail /data/sales --from-version latest
     """
     from reader.stream import CommitStream
 
     start = _from_version(from_version)
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
+    reach_kafka(bootstrap_servers, kafka)
     with _errors():
         stream = CommitStream(table, bootstrap_servers, topics=Topics.with_prefix(topic_prefix),
                               starting_version=start,

@@ -275,7 +275,8 @@ def _common(f: Any) -> Any:
     for opt in reversed([
         click.option("--config", "config_file", type=click.Path(exists=True, path_type=Path), envvar="DELTACOORD_CONFIG",
                      help="TOML file: bootstrap_servers and topic_prefix from [coordinator], client settings from [kafka]."),
-        click.option("--bootstrap-servers", envvar="DELTACOORD_BOOTSTRAP_SERVERS", default=None),
+        click.option("--bootstrap-servers", envvar="DELTACOORD_BOOTSTRAP_SERVERS", default=None,
+                     help="Kafka bootstrap servers (or DELTACOORD_BOOTSTRAP_SERVERS, or the config file)."),
         click.option("--topic-prefix", envvar="DELTACOORD_TOPIC_PREFIX", default=None,
                      help="Topics are <prefix>.proposals/.commits/.deadletters (default deltacoord)."),
         click.option("--kafka", "kafka_pairs", multiple=True, help="Extra Kafka client setting key=value (repeatable)."),
@@ -305,7 +306,12 @@ def register(main: click.Group) -> None:
     def topics_create(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None,
                       kafka_pairs: tuple[str, ...], partitions: int, replication_factor: int,
                       min_insync_replicas: int | None, max_message_bytes: int, allow_unsafe: bool) -> None:
-        """Create the missing topics; report how existing ones differ. Prints JSON."""
+        """Create the missing topics; report how existing ones differ. Prints JSON.
+
+        \b
+        Example:
+          deltacoord topics create --bootstrap-servers kafka:9092 --partitions 12 --replication-factor 3
+        """
         from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
         isr = min_insync_replicas if min_insync_replicas is not None else default_min_insync_replicas(replication_factor)
@@ -351,7 +357,12 @@ def register(main: click.Group) -> None:
     @_common
     def topics_describe(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None,
                         kafka_pairs: tuple[str, ...]) -> None:
-        """Partition counts, replication factors and configs of the three topics as JSON; exit 1 on problems."""
+        """Partition counts, replication factors and configs of the three topics as JSON; exit 1 on problems.
+
+        \b
+        Example:
+          deltacoord topics describe --bootstrap-servers kafka:9092
+        """
         admin, _bootstrap, topics, dl_bound = _deployment(config_file, bootstrap_servers, topic_prefix, kafka_pairs)
         names = [topics.proposals, topics.commits, topics.dead_letters]
         states = describe_states(admin, names)

@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 
 from coordinator.settings import CoordinatorSettings
-from coordinator.tooling.cli_options import kafka_options, load_settings, parse_pairs, storage_options
+from coordinator.tooling.cli_options import kafka_options, load_settings, parse_pairs, reach_kafka, storage_options
 from reader.log import table_root
 from reader.storage import StorageUriError, parse_table_uri
 
@@ -68,10 +68,16 @@ def table_location(table: str) -> str:
 @storage_options
 def verify_cmd(table: str, bootstrap_servers: str, topic_prefix: str, table_id: str | None, num_partitions: int | None,
                allow_unpublished: bool, kafka_pairs: tuple[str, ...], storage_pairs: tuple[str, ...]) -> None:
-    """Check TABLE's _delta_log, checkpoints and data files against the commits topic; print a JSON report."""
+    """Check TABLE's _delta_log, checkpoints and data files against the commits topic; print a JSON report.
+
+    \b
+    Example:
+      deltacoord verify /data/sales --bootstrap-servers localhost:19092
+    """
     from coordinator.delta_log.verify import verify_table
 
     uri = table_location(table)
+    reach_kafka(bootstrap_servers, parse_pairs(kafka_pairs, "--kafka"))
     run = load_settings(None, {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}, kafka_pairs)
     settings = dataclasses.replace(run.coordinator, group_id=f"{topic_prefix}-verify")
     partitions = num_partitions if num_partitions is not None else proposals_partitions(settings)

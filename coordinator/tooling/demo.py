@@ -26,6 +26,7 @@ from coordinator.kafka.topics import ensure_topics
 from coordinator.settings import CoordinatorSettings
 from coordinator.tooling.broker import LocalBroker
 from schemas.errors import DeltaConcurrentModificationException
+from schemas.kafka_logs import kafka_config
 from schemas.properties import Property
 from schemas.routing import Topics
 
@@ -67,7 +68,7 @@ def run_demo(table_dir: Path | None = None, writers: int = 4, appends_per_writer
     info = broker.start()
     _say(f"broker at {info.bootstrap_servers}")
     topics = Topics.with_prefix(f"demo-{uuid.uuid4().hex[:6]}")
-    ensure_topics(AdminClient({"bootstrap.servers": info.bootstrap_servers}), topics)
+    ensure_topics(AdminClient(kafka_config({"bootstrap.servers": info.bootstrap_servers})), topics)
     settings = CoordinatorSettings(info.bootstrap_servers, topics=topics, group_id=f"{topics.proposals}-coord",
                                    transactional_id_prefix=f"{topics.proposals}-tx",
                                    table_roots=(str(root).rsplit("/", 1)[0],) if s3 is not None else None,

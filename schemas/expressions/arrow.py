@@ -14,7 +14,8 @@ part of a filter that prunes by partition columns alone.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any, TypeAlias
 
@@ -123,6 +124,40 @@ class _Translator:
             v = float(v)
         return pc.scalar(_scalar(v, t))
 
+    def category(self, node: exp.Expr) -> str | None:
+        """The value category of a column, a column arithmetic or a comparison (None: a literal or unknown)."""
+        node = unparen(node)
+        if isinstance(node, exp.Column):
+            return category_of_arrow(self.column(node)[1])
+        if isinstance(node, tuple(_ARITH)):
+            return NUM
+        if isinstance(node, (exp.And, exp.Or, exp.Not, exp.In, exp.Between, exp.Is, *_CMP)):
+            return BOOL
+        return None
+
+    def mismatch(self, node: exp.Expr, problem: str, kind: str = "BINARY_OP_DIFF_TYPES") -> ExpressionError:
+        """Spark's DATATYPE_MISMATCH, naming the sub-expression, the operand types and the way out."""
+        return self.bad(f"[DATATYPE_MISMATCH.{kind}] cannot resolve {node.sql(dialect='spark')!r}: {problem}")
+
+    def _describe(self, node: exp.Expr) -> str:
+        node = unparen(node)
+        if isinstance(node, exp.Column):
+            return f"{node.sql(dialect='spark')} ({_type_name(self.column(node)[1])})"
+        return f"{node.sql(dialect='spark')} ({self.category(node)})"
+
+    def check_operands(self, node: exp.Expr, left: exp.Expr, right: exp.Expr, arithmetic: bool) -> None:
+        """Refuse operands Spark would refuse (or silently cast away) before Arrow meets them."""
+        lc, rc = self.category(left), self.category(right)
+        if arithmetic:
+            for side, c in ((left, lc), (right, rc)):
+                if c not in (None, NUM):
+                    raise self.mismatch(node, f"the operator needs numeric operands, but {self._describe(side)} is not "
+                                              "numeric", "BINARY_OP_WRONG_TYPE")
+            return
+        if lc is not None and rc is not None and lc != rc:
+            raise self.mismatch(node, f"{self._describe(left)} and {self._describe(right)} have incompatible types; "
+                                      "compare values of one type")
+
     def operands(self, left: exp.Expr, right: exp.Expr) -> tuple[pc.Expression, pc.Expression]:
         """Both sides of a comparison or an arithmetic operation, brought to comparable types."""
         lt, rt = self.typed_of(left), self.typed_of(right)
@@ -148,6 +183,8 @@ class _Translator:
             return pc.scalar(self.literal(node))
         for cls, fn in _ARITH.items():
             if isinstance(node, cls):
+                assert isinstance(node, exp.Binary)
+                self.check_operands(node, node.left, node.right, arithmetic=True)
                 a, b = self.operands(node.left, node.right)
                 return getattr(pc, fn)(a, b)
         return self.boolean(node)
@@ -166,7 +203,7 @@ class _Translator:
         cat = category_of_value(self.literal(o))
         if cat in (STR, None):
             return expr
-        return pc.cast(expr, _CAST_TARGET[cat])
+        return expr.cast(_CAST_TARGET[cat])
 
     def boolean(self, node: exp.Expr) -> pc.Expression:
         node = unparen(node)
@@ -179,6 +216,7 @@ class _Translator:
         fn = _CMP.get(type(node))
         if fn is not None:
             assert isinstance(node, exp.Binary)
+            self.check_operands(node, node.left, node.right, arithmetic=False)
             return self.compare(fn, node.left, node.right)
         if isinstance(node, exp.In):
             if node.args.get("query") is not None:
@@ -219,6 +257,31 @@ class _Translator:
             raise self.bad(f"IN values {values!r} are not of the column's type {t}: {e}") from e
 
 
+def _type_name(t: pa.DataType) -> str:
+    """An Arrow type as Spark names it in messages (bigint, string, date, ...)."""
+    names = {pa.int64(): "bigint", pa.int32(): "int", pa.int16(): "smallint", pa.int8(): "tinyint", pa.float64(): "double",
+             pa.float32(): "float", pa.string(): "string", pa.large_string(): "string", pa.bool_(): "boolean",
+             pa.date32(): "date", pa.binary(): "binary"}
+    if t in names:
+        return names[t]
+    if pa.types.is_timestamp(t):
+        return "timestamp" if t.tz else "timestamp_ntz"
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    return str(t)
+
+
+@contextmanager
+def evaluating(text: str) -> Iterator[None]:
+    """Arrow's errors while evaluating `text` over rows, as an ExpressionError naming the expression: a value
+    that does not cast (a string column compared with a number) is Spark's CAST_INVALID_INPUT."""
+    try:
+        yield
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ExpressionError(text, f"[CAST_INVALID_INPUT] cannot be evaluated over the rows: {first}") from e
+
+
 def to_arrow(node: exp.Expr, schema: pa.Schema, text: str) -> Any:
     """Translate a parsed SQL expression into a pyarrow.compute Expression over `schema`."""
     return _Translator(schema, text).value(node)
@@ -237,7 +300,8 @@ def evaluate(text: str, table: pa.Table) -> pa.Array:
     expr = to_arrow(node, table.schema, text)
     import pyarrow.dataset as ds  # here: the module costs memory the checkpoint process does not need
 
-    return ds.dataset(table).to_table(columns={"v": expr}).column("v").combine_chunks()
+    with evaluating(text):
+        return ds.dataset(table).to_table(columns={"v": expr}).column("v").combine_chunks()
 
 
 def evaluate_qualified(text: str, table: pa.Table, prefixes: dict[str, str], sides: dict[str, set[str]]) -> pa.Array:
@@ -331,6 +395,7 @@ __all__ = [
     "compile_filter",
     "evaluate",
     "evaluate_qualified",
+    "evaluating",
     "filter_text",
     "filter_tree",
     "implied",

@@ -33,6 +33,8 @@ MAX_TOTAL_PREDICATE_CHARS = 65_536
 #: deterministic instead of depending on how deep Python's stack already is.
 MAX_PREDICATE_NESTING = 64
 _NOT_TOKEN = re.compile(r"\bNOT\b", re.IGNORECASE)
+#: Terminal escape sequences (sqlglot underlines the offending token): never in a message.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class ExpressionError(InvalidProposalError, ValueError):
@@ -79,7 +81,7 @@ def parse(text: str, *, reason: ReasonCode = ReasonCode.BAD_EXPRESSION, what: st
     try:
         parsed = sqlglot.parse(text, read="spark")
     except Exception as e:  # sqlglot raises ParseError, TokenError and others
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = _ANSI.sub("", str(e).splitlines()[0]) if str(e) else type(e).__name__
         raise ExpressionError(text, f"does not parse: {first}", reason=reason, what=what) from e
     if len(parsed) != 1 or parsed[0] is None:
         raise ExpressionError(text, "must be exactly one expression", reason=reason, what=what)

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
+from deltalake import DeltaTable
 
 from coordinator.tooling.cli_tables import parse_schema, register
 from reader.snapshot import Snapshot
@@ -126,6 +127,44 @@ def test_create_append_delete_history_describe_and_tail(cli: click.Group, kafka_
         idle = run(cli, "tail", path, *kafka, "--from-version", "latest", "--idle-timeout", "0.5")
         assert lines(idle) == [] and "from version 5" in idle.stderr
         assert run(cli, "tail", path, *kafka, "--from-version", "-1", ok=False).exit_code == 2
+
+
+def _data_files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*.parquet") if "_delta_log" not in p.parts}
+
+
+def test_append_streams_json_lines_in_chunks_and_leaves_nothing_on_a_bad_line(
+        cli: click.Group, kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordinator.tooling import cli_tables
+
+    monkeypatch.setattr(cli_tables, "JSON_CHUNK_ROWS", 3)
+    topics = fresh_topics(kafka_bootstrap)
+    root = tmp_path / "t"
+    kafka = ["--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix_of(topics)]
+    with coordinator_thread(kafka_bootstrap, topics) as coord:
+        run(cli, "table", "create", str(root), "--schema", "id:long,day:date", *kafka)
+        rows = tmp_path / "rows.jsonl"
+        rows.write_text("".join(json.dumps({"id": i, "day": f"2024-01-{i + 1:02d}"}) + "\n" for i in range(10)))
+        done = lines(run(cli, "table", "append", str(root), "--json-rows", str(rows), *kafka))[0]
+        # Ten rows in chunks of three: four files staged, one commit.
+        assert done["version"] == 1 and done["metrics"]["numOutputRows"] == 10
+        assert len(_data_files(root)) == 4
+        before = _data_files(root)
+
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(6)) + "{not json\n")
+        failed = run(cli, "table", "append", str(root), "--json-rows", str(bad), *kafka, ok=False)
+        assert failed.exit_code == 2 and "line 7 is not JSON" in failed.output, failed.output
+        # Two chunks were staged before line 7; both were deleted.
+        assert _data_files(root) == before
+
+        wrong_type = tmp_path / "wrong.jsonl"
+        wrong_type.write_text('{"id": "seven", "day": "2024-02-01"}\n')
+        refused = run(cli, "table", "append", str(root), "--json-rows", str(wrong_type), *kafka, ok=False)
+        assert refused.exit_code == 1 and "does not cast between string and numeric" in refused.output, refused.output
+        assert _data_files(root) == before
+        assert coord.wait_published(30)
+    assert sorted(DeltaTable(str(root)).to_pyarrow_table().column("id").to_pylist()) == list(range(10))
 
 
 def _reader(stream: IO[str], out: queue.Queue[str]) -> None:

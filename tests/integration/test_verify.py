@@ -114,6 +114,13 @@ def test_cli_prints_a_json_report_and_exit_codes(built: Built, tmp_path: Path) -
                                           "--topic-prefix", "no-such-prefix-x"])
     assert missing_topic.exit_code == 2 and "not found" in missing_topic.output
 
+    no_table = runner.invoke(group, ["verify", str(tmp_path / "no" / "such" / "table"), "--bootstrap-servers",
+                                     built.bootstrap, "--topic-prefix", prefix])
+    assert no_table.exit_code == 1, no_table.output
+    no_table_report = json.loads(no_table.output)
+    assert no_table_report["ok"] is False
+    assert any(p.startswith("no Delta table at ") for p in no_table_report["problems"]), no_table_report
+
 
 def test_tampered_commit_file_is_reported(built: Built, tmp_path: Path) -> None:
     root = built.copy(tmp_path / "t")

@@ -1,0 +1,81 @@
+"""Mistakes a new user makes get errors they can act on: type mismatches named like Spark's, no terminal
+escape codes, no silent casts that change what a value means."""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+import pytest
+
+from schemas.expressions.arrow import compile_filter, evaluate
+from schemas.expressions.syntax import ExpressionError, parse
+from writer.staging import SchemaError
+from writer.table import TableExistsError, _check_assignable
+
+ROWS = pa.table({"id": pa.array([1, 2], pa.int64()), "name": pa.array(["1", "b"]), "ok": pa.array([True, False]),
+                 "amount": pa.array([1.5, 2.0])})
+
+
+def _filter(text: str) -> int:
+    return ROWS.filter(compile_filter(text, ROWS.schema)).num_rows
+
+
+@pytest.mark.parametrize(("text", "kind", "names"), [
+    ("id = name", "BINARY_OP_DIFF_TYPES", ["id (bigint)", "name (string)"]),
+    ("name + 1 > 2", "BINARY_OP_WRONG_TYPE", ["name (string)"]),
+    ("ok + 1 = 2", "BINARY_OP_WRONG_TYPE", ["ok (boolean)"]),
+    ("(id > 1) = amount", "BINARY_OP_DIFF_TYPES", ["amount (double)"]),
+])
+def test_type_mismatches_are_named_like_spark(text: str, kind: str, names: list[str]) -> None:
+    with pytest.raises(ExpressionError) as e:
+        _filter(text)
+    msg = str(e.value)
+    assert f"[DATATYPE_MISMATCH.{kind}]" in msg and text.split(" ")[0] in msg
+    for n in names:
+        assert n in msg, msg
+    assert "Arrow" not in msg and "kernel" not in msg
+
+
+def test_compatible_operands_still_evaluate() -> None:
+    assert _filter("id + amount > 3") == 1
+    assert _filter("(id > 1) = ok") == 0
+    assert _filter("name = 'b'") == 1
+    assert _filter("id BETWEEN 1 AND amount") == 2
+
+
+def test_string_column_against_a_number_casts_and_a_bad_value_is_named() -> None:
+    ok_rows = pa.table({"name": pa.array(["1", "3"])})
+    assert ok_rows.filter(compile_filter("name > 2", ok_rows.schema)).num_rows == 1
+    with pytest.raises(ExpressionError, match=r"\[CAST_INVALID_INPUT\].*'b'"):
+        evaluate("name > 2", ROWS)
+
+
+@pytest.mark.parametrize("text", ["id = = 1", "id IN (1,", "id = 'x", "foo(", "id = 1 1"])
+def test_parse_errors_carry_no_terminal_escape_codes(text: str) -> None:
+    with pytest.raises(ExpressionError) as e:
+        parse(text)
+    assert not re.search(r"\x1b\[", str(e.value)) and "does not parse" in str(e.value)
+
+
+@pytest.mark.parametrize(("given", "target"), [
+    (pa.int64(), pa.string()), (pa.string(), pa.int64()), (pa.float64(), pa.bool_()), (pa.bool_(), pa.int32()),
+    (pa.binary(), pa.string()), (pa.int64(), pa.date32()),
+])
+def test_writes_refuse_casts_that_change_meaning(given: pa.DataType, target: pa.DataType) -> None:
+    with pytest.raises(SchemaError, match="does not cast between"):
+        _check_assignable("c", given, target)
+
+
+@pytest.mark.parametrize(("given", "target"), [
+    (pa.int32(), pa.int64()), (pa.string(), pa.large_string()), (pa.null(), pa.string()),
+    (pa.string(), pa.date32()), (pa.date32(), pa.timestamp("us", tz="UTC")),
+    (pa.list_(pa.int64()), pa.list_(pa.int32())), (pa.struct([("a", pa.int64())]), pa.struct([("a", pa.int32())])),
+])
+def test_writes_accept_casts_within_a_family(given: pa.DataType, target: pa.DataType) -> None:
+    _check_assignable("c", given, target)
+
+
+def test_table_exists_error_names_itself_once() -> None:
+    msg = f"{type(TableExistsError('file:///t')).__name__}: {TableExistsError('file:///t')}"
+    assert msg.count("TableExistsError") == 1 and "file:///t" in msg
