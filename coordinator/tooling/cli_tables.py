@@ -352,7 +352,12 @@ def delete_cmd(path: str, where: str, bootstrap_servers: str, topic_prefix: str,
 @_writes
 def truncate_cmd(path: str, where: str | None, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...],
                  table_id: str | None, writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
-    """TRUNCATE the table at PATH (or its partitions WHERE a condition): remove every file."""
+    """TRUNCATE the table at PATH (or its partitions WHERE a condition): remove every file.
+
+    \b
+    Example:
+      deltacoord table truncate /data/sales --where "date = '2024-01-01'"
+    """
     with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.truncate(where)))
 
@@ -368,7 +373,12 @@ def truncate_cmd(path: str, where: str | None, bootstrap_servers: str, topic_pre
 def compact_cmd(path: str, kind: str, where: str | None, small_file_size: int, bootstrap_servers: str,
                 topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None, writer_key: str | None,
                 storage_pairs: tuple[str, ...]) -> None:
-    """Compact the table at PATH (an OPTIMIZE that changes no data and makes no new time version)."""
+    """Compact the table at PATH (an OPTIMIZE that changes no data and makes no new time version).
+
+    \b
+    Example:
+      deltacoord table compact /data/sales --kind major --where "date = '2024-01-01'"
+    """
     with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.compact("major" if kind == "major" else "minor", where,
                                           small_file_size=small_file_size)))
