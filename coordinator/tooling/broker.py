@@ -31,6 +31,8 @@ from typing import Any
 
 from coordinator.tooling import jars
 
+log = logging.getLogger(__name__)
+
 DEFAULT_PORT = 19092
 KAFKA_HEAP = "-Xmx768m"
 KAFKA_HEAP_MIN = "-Xms256m"
@@ -212,12 +214,22 @@ class LocalBroker:
                 return running
             if fresh:
                 shutil.rmtree(self.data_dir, ignore_errors=True)
-            port, cport = self._choose_ports(port)
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            self.config_path.write_text(server_properties(port, cport, self.data_dir))
-            proc, info = self._launch(port, cport)
-            self._await_ready(info, proc, timeout_s)
-            return info
+            requested = port
+            for attempt in range(3):
+                port_, cport = self._choose_ports(requested) if attempt == 0 else (_free_port(), _free_port())
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+                self.config_path.write_text(server_properties(port_, cport, self.data_dir))
+                proc, info = self._launch(port_, cport)
+                try:
+                    self._await_ready(info, proc, timeout_s)
+                    return info
+                except BrokerError:
+                    # Ports are chosen free, then bound seconds later by the JVM: another process may take one in
+                    # between (two test sessions starting together). Unless the port was asked for, take others.
+                    if requested is not None or "Address already in use" not in self._log_tail() or attempt == 2:
+                        raise
+                    log.info("a port of the broker was taken before it bound it; retrying on other ports")
+            raise AssertionError("unreachable")
 
     def _launch(self, port: int, cport: int, cluster_id: str | None = None,
                 heap: tuple[str, str] = (KAFKA_HEAP_MIN, KAFKA_HEAP)) -> tuple[subprocess.Popen[bytes], BrokerInfo]:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -90,3 +93,23 @@ def test_start_waits_for_its_own_broker_not_any_broker_on_the_port(kafka_bootstr
     finally:
         stand_in.kill()
         stand_in.wait()
+
+
+def test_a_port_taken_between_choosing_and_binding_is_retried_on_other_ports(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two sessions starting together both see the same ports free; the JVM that binds second must not die.
+    from coordinator.tooling import broker as broker_mod
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        held = taken.getsockname()[1]
+        monkeypatch.setattr(broker_mod.LocalBroker, "_choose_ports",
+                            lambda self, port: (broker_mod._free_port(), held))
+        b = broker_mod.LocalBroker(tmp_path / "broker")
+        try:
+            info = b.start(timeout_s=120)
+            assert info.controller_port != held and b.status() is not None
+            assert "Address already in use" in (tmp_path / "broker" / "server.log").read_text()
+        finally:
+            b.stop()
