@@ -9,6 +9,10 @@ Implements PROTOCOL.md "Deletion Vector Format" without a roaring library:
 
 The magic number and the bitmap are little endian. Row indexes are returned as
 a sorted `numpy.uint64` array.
+
+Writing (`deletion_vector_for`): a small bitmap goes inline in the log, so the
+coordinator can read it without I/O (row-level conflict resolution needs the
+rows); a larger one goes to a `deletion_vector_<uuid>.bin` file.
 """
 
 from __future__ import annotations
@@ -206,9 +210,15 @@ def decode_roaring64(buf: bytes) -> npt.NDArray[np.uint64]:
     return np.sort(np.concatenate(parts))
 
 
-def encode_roaring64(rows: Iterable[int]) -> bytes:
+def _rows_array(rows: Iterable[int] | npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    if isinstance(rows, np.ndarray):
+        return np.unique(rows.astype(np.uint64))
+    return np.unique(np.fromiter(rows, dtype=np.uint64))
+
+
+def encode_roaring64(rows: Iterable[int] | npt.NDArray[np.uint64]) -> bytes:
     """Delta's serialisation of a row-index set (array and bitmap containers, no runs)."""
-    values = np.unique(np.fromiter(rows, dtype=np.uint64))
+    values = _rows_array(rows)
     out = bytearray(struct.pack("<i", DV_MAGIC))
     highs = values >> np.uint64(32)
     buckets = np.unique(highs)
@@ -247,6 +257,45 @@ def dv_file_bytes(bitmaps: Iterable[bytes]) -> tuple[bytes, list[int]]:
         offsets.append(len(out))
         out += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data) & 0xFFFFFFFF)
     return bytes(out), offsets
+
+
+# --------------------------------------------------------------------------- writing
+
+#: Serialised bitmaps up to this size are stored inline (`i`); larger ones in a DV file (`u`).
+DEFAULT_INLINE_MAX_BYTES = 4096
+
+
+def inline_descriptor(rows: Iterable[int] | npt.NDArray[np.uint64]) -> DeletionVector:
+    """An inline (`i`) descriptor of a row set: Z85 of the serialised bitmap, no I/O."""
+    values = _rows_array(rows)
+    data = encode_roaring64(values)
+    return DeletionVector("i", z85_encode(data), len(data), len(values),
+                          max_row_index=int(values[-1]) if len(values) else None)
+
+
+def inline_rows(dv: DeletionVector) -> npt.NDArray[np.uint64]:
+    """The rows of an inline DV (pure: the coordinator decodes proposals with it)."""
+    if dv.storage_type != "i":
+        raise DeletionVectorError(f"deletion vector {dv.unique_id()[:40]} is stored in a file, not inline")
+    rows = decode_roaring64(z85_decode(dv.path_or_inline_dv)[: dv.size_in_bytes])
+    if len(rows) != dv.cardinality:
+        raise DeletionVectorError(f"inline deletion vector decodes to {len(rows)} rows, descriptor says {dv.cardinality}")
+    return rows
+
+
+def write_deletion_vector(storage: TableStorage, rows: Iterable[int] | npt.NDArray[np.uint64], *,
+                          inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES) -> DeletionVector:
+    """The descriptor of a DV holding `rows`: inline when its bitmap is at most `inline_max_bytes`,
+    else a new `deletion_vector_<uuid>.bin` at the table root (version byte, then size, bitmap, CRC-32)."""
+    values = _rows_array(rows)
+    data = encode_roaring64(values)
+    max_row = int(values[-1]) if len(values) else None
+    if len(data) <= inline_max_bytes:
+        return DeletionVector("i", z85_encode(data), len(data), len(values), max_row_index=max_row)
+    ident = uuid.uuid4()
+    blob, offsets = dv_file_bytes([data])
+    storage.put(f"deletion_vector_{ident}.bin", blob)
+    return DeletionVector("u", z85_encode(ident.bytes), len(data), len(values), offset=offsets[0], max_row_index=max_row)
 
 
 # --------------------------------------------------------------------------- reading
