@@ -191,4 +191,4 @@ def test_update_whose_new_rows_match_a_concurrent_delete_conflicts(env: Env, tmp
     snap = t.snapshot()
     t.update("id = 1", {"id": "50"}, snapshot=snap)
     with pytest.raises(ConcurrentAppendException):
-        t.delete("id >= 50", snapshot=snap)
+        t.delete("id >= 50 OR id = 3", snapshot=snap)  # row 3 is in the shared file, the new row 50 elsewhere
