@@ -10,7 +10,7 @@ vector the writer read and the add the new one; the rows it newly deleted
 (deleted or updated rows: an UPDATE rewrites its rows to new files) are the
 new vector minus the old. Inline vectors (`i`) are decoded here; a vector in a
 file would need I/O, so such an update falls back to the file-level rules.
-The writer keeps vectors inline up to `reader.deletion_vectors.DEFAULT_INLINE_MAX_BYTES`.
+The writer keeps vectors inline up to `schemas.deletion_vectors.DEFAULT_INLINE_MAX_BYTES`.
 
 When a winner and the current transaction both replaced the vector of one
 file and their changed rows are disjoint, the current transaction is rebased:
@@ -23,19 +23,20 @@ conflict while one whose new rows the current transaction would have read does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
-from reader.deletion_vectors import DeletionVectorError, inline_descriptor, inline_rows
-from reader.snapshot import delta_schema_to_arrow
 from schemas.actions import Action, AddFile, DeletionVector, Metadata, RemoveFile
-from schemas.expressions.stats import file_filter
+from schemas.deletion_vectors import DeletionVectorError, inline_descriptor, inline_rows
 from schemas.expressions.syntax import ExpressionError
 from schemas.properties import TableProperties
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 Rows = npt.NDArray[np.uint64]
 
@@ -113,16 +114,33 @@ def rebased_update(current: DvUpdate, current_rows: Rows, winner: DvUpdate) -> D
                     replace(current.add, deletion_vector=inline_descriptor(union)))
 
 
+def _stats_schema(metadata: Metadata) -> pa.Schema:
+    """The top-level primitive columns (a condition on any other column cannot skip a file).
+
+    Arrow is imported here, not at module level: the deciding process loads it only for row-level tables.
+    """
+    import pyarrow as pa
+
+    primitives = {"string": pa.string(), "long": pa.int64(), "integer": pa.int32(), "short": pa.int16(),
+                  "byte": pa.int8(), "float": pa.float32(), "double": pa.float64(), "boolean": pa.bool_(),
+                  "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us")}
+    fields = metadata.schema().get("fields", [])
+    return pa.schema([pa.field(f["name"], primitives[f["type"]]) for f in fields
+                      if isinstance(f.get("type"), str) and f["type"] in primitives])
+
+
 class NewRowMatcher:
     """Whether files a winner added may hold rows the current transaction's read predicates select (stats)."""
 
     def __init__(self, predicates: Sequence[str], metadata: Metadata) -> None:
-        self.tests = []
+        self.tests: list[Callable[[AddFile], bool]] = []
         self.everything = not predicates
         if self.everything:
             return
+        from schemas.expressions.stats import file_filter  # Arrow, only for row-level tables
+
         try:
-            schema: pa.Schema = delta_schema_to_arrow(metadata.schema())
+            schema = _stats_schema(metadata)
             self.tests = [file_filter(p, schema, metadata.partition_columns) for p in predicates]
         except (ExpressionError, ValueError, KeyError, TypeError):
             self.everything = True  # a condition the stats cannot judge: every new file may match
