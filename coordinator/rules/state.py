@@ -104,7 +104,8 @@ class WinningCommit:
     added_files: tuple[AddFile, ...] = ()
     removed_files: tuple[RemoveFile, ...] = ()
     #: On row-level tables (`row_level.row_level_table`): the files whose deletion vector the commit
-    #: replaced, by path, and its added files that hold new rows (not such a re-added file).
+    #: replaced, by path, and its added files that hold new rows (not such a re-added file, nor a
+    #: compaction's dataChange=false output).
     dv_updates: Mapping[str, DvUpdate] = field(default_factory=dict)
     new_files: tuple[AddFile, ...] = ()
 
@@ -373,7 +374,7 @@ class TableState:
         new_files: tuple[AddFile, ...] = ()
         if adds and row_level_table(self.metadata):
             dvu = dv_updates(actions) if removes else {}
-            new_files = tuple(a for a in adds if a.path not in dvu)
+            new_files = tuple(a for a in adds if a.data_change and a.path not in dvu)
         self.version = version
         winner = WinningCommit(
             version=version,
