@@ -25,6 +25,7 @@ class Property(StrEnum):
     ICT_ENABLEMENT_VERSION = "delta.inCommitTimestampEnablementVersion"
     ICT_ENABLEMENT_TIMESTAMP = "delta.inCommitTimestampEnablementTimestamp"
     COLUMN_MAPPING_MODE = "delta.columnMapping.mode"
+    ENABLE_DELETION_VECTORS = "delta.enableDeletionVectors"
     DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
     SET_TRANSACTION_RETENTION = "delta.setTransactionRetentionDuration"
     #: The writers allowed to propose commits to the table (comma-separated names).
@@ -152,6 +153,11 @@ class TableProperties:
         v = self.raw.get(Property.ICT_ENABLEMENT_VERSION)
         t = self.raw.get(Property.ICT_ENABLEMENT_TIMESTAMP)
         return (int(v) if v else 0), (int(t) if t else None)
+
+    @property
+    def deletion_vectors(self) -> bool:
+        """DELETE, UPDATE and MERGE mark removed rows in deletion vectors instead of rewriting files."""
+        return _true(self.raw.get(Property.ENABLE_DELETION_VECTORS))
 
     @property
     def column_mapping_mode(self) -> str:

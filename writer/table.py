@@ -23,6 +23,7 @@ from one snapshot (as concurrent writers would) and see Delta's conflicts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
@@ -30,11 +31,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from reader.deletion_vectors import keep_mask, read_deletion_vector
+from reader.deletion_vectors import DEFAULT_INLINE_MAX_BYTES, keep_mask, read_deletion_vector, write_deletion_vector
 from reader.log import TableNotFoundError, commit_key, data_object, list_log_from_hint, newest_commit_version
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError, delta_schema_to_arrow, parse_partition_value
 from reader.storage import TableStorage
@@ -76,6 +79,50 @@ class TableExistsError(ProtocolChangedException):
 
 class MergeError(InvalidProposalError):
     """A MERGE that Delta would refuse (e.g. several source rows matching one target row)."""
+
+
+#: The table feature deletion vectors need (reader 3 / writer 7 protocols list it on both sides).
+DV_FEATURE = "deletionVectors"
+#: Writer features the legacy writer versions imply, for upgrading a (1, n) protocol to table features.
+_LEGACY_WRITER_FEATURES = {2: ("appendOnly", "invariants"), 3: ("checkConstraints",), 4: ("changeDataFeed", "generatedColumns"),
+                           5: ("columnMapping",), 6: ("identityColumns",)}
+
+
+def _create_protocol(props: Mapping[str, str]) -> Protocol:
+    """The protocol a new table needs for its properties (deletion vectors, in-commit timestamps)."""
+    tp = TableProperties(props)
+    if not tp.deletion_vectors and not tp.in_commit_timestamps:
+        return Protocol(1, 2)
+    writer = ["appendOnly", "invariants"]
+    if tp.in_commit_timestamps:
+        writer.append("inCommitTimestamp")
+    if not tp.deletion_vectors:
+        return Protocol(1, 7, writer_features=tuple(writer))
+    return Protocol(3, 7, reader_features=(DV_FEATURE,), writer_features=(*writer, DV_FEATURE))
+
+
+def _with_dv_feature(p: Protocol) -> Protocol | None:
+    """`p` upgraded to support deletion vectors (None when it already does)."""
+    if DV_FEATURE in (p.writer_features or ()) and DV_FEATURE in (p.reader_features or ()):
+        return None
+    writer = list(p.writer_features or ())
+    if p.min_writer_version < 7:
+        writer = [f for v in range(2, p.min_writer_version + 1) for f in _LEGACY_WRITER_FEATURES.get(v, ())]
+    reader = list(p.reader_features or ())
+    if p.min_reader_version == 2:
+        reader = ["columnMapping"]
+    return Protocol(3, 7, reader_features=(*dict.fromkeys([*reader, DV_FEATURE]),),
+                    writer_features=(*dict.fromkeys([*writer, DV_FEATURE]),))
+
+
+def _loose_stats(stats: str | None) -> str | None:
+    """A file's stats once some of its rows are deleted by a DV: numRecords stays the physical count and the
+    min/max bounds may no longer be reached (`tightBounds: false`)."""
+    if stats is None:
+        return None
+    d = json.loads(stats)
+    d["tightBounds"] = False
+    return json.dumps(d, separators=(",", ":"))
 
 
 #: Called with the rows, files and bytes staged so far.
@@ -171,7 +218,8 @@ class Table:
     def __init__(self, uri: str | Path, bootstrap_servers: str, *, table_id: str | None = None, topics: Topics | None = None,
                  writer_name: str | None = None, decision_timeout_s: float = 60.0, publish_timeout_s: float = 60.0,
                  client: CoordinatorClient | None = None, storage_options: Mapping[str, str] | None = None,
-                 writer_key: WriterKey | str | Path | None = None, **kafka_config: Any) -> None:
+                 writer_key: WriterKey | str | Path | None = None, dv_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
+                 **kafka_config: Any) -> None:
         self.storage = TableStorage(uri, storage_options, fsync=False)
         # Local tables keep the absolute file:// URI of their directory as location and id.
         self.uri = Path(self.storage.local_path()).as_uri() if self.storage.is_local else self.storage.location
@@ -186,6 +234,8 @@ class Table:
         self.decision_timeout_s = decision_timeout_s
         self.publish_timeout_s = publish_timeout_s
         self._own_client = client is None
+        #: Deletion vectors whose bitmap is at most this size are stored in the log, larger ones in files.
+        self.dv_inline_max_bytes = dv_inline_max_bytes
         self.client = client or CoordinatorClient(bootstrap_servers, topics=topics, **kafka_config)
         self._snapshot: Snapshot | None = None
         self._floor = -1  # newest version this handle committed
@@ -277,8 +327,7 @@ class Table:
         for c in partition_by:
             if c not in schema.names:
                 raise staging.SchemaError(f"partition column {c!r} is not in the schema {schema.names}")
-        ict = TableProperties(props).in_commit_timestamps
-        protocol = Protocol(1, 7, writer_features=("appendOnly", "invariants", "inCommitTimestamp")) if ict else Protocol(1, 2)
+        protocol = _create_protocol(props)
         md = Metadata(
             id=str(uuid.uuid4()), name=name, schema_string=staging.schema_string(schema), partition_columns=tuple(partition_by),
             configuration=props, created_time=int(time.time() * 1000),
@@ -316,6 +365,10 @@ class Table:
         """ALTER TABLE SET TBLPROPERTIES (a metaData action: concurrent writers get MetadataChangedException)."""
         snap = snapshot or self.snapshot()
         tx = Transaction(self, snap.version)
+        if TableProperties(properties).deletion_vectors:
+            upgraded = _with_dv_feature(snap.protocol)
+            if upgraded is not None:
+                tx.add(upgraded)
         tx.add(self._replace_metadata(snap.metadata, configuration={**snap.metadata.configuration, **properties}))
         return tx.commit("SET TBLPROPERTIES", changes_data=False, parameters={"properties": dict(properties)})
 
@@ -367,6 +420,10 @@ class Table:
 
     def _read_file(self, snap: Snapshot, add: AddFile, schema: pa.Schema) -> pa.Table:
         """The rows of one data file in the table schema, deletion vector applied."""
+        return self._scan(snap, add, schema)[0]
+
+    def _scan(self, snap: Snapshot, add: AddFile, schema: pa.Schema) -> tuple[pa.Table, npt.NDArray[np.int64]]:
+        """The rows of one data file (deletion vector applied) and the physical row index of each."""
         t = data_object(self.storage, add.path).read_parquet_file().read()
         n = t.num_rows
         cols = []
@@ -379,9 +436,32 @@ class Table:
             else:
                 cols.append(pa.nulls(n, f.type))
         out = pa.Table.from_arrays(cols, schema=schema)
+        positions = np.arange(n, dtype=np.int64)
         if add.deletion_vector is not None:
-            out = out.filter(pa.array(keep_mask(n, read_deletion_vector(self.storage, add.deletion_vector))))
-        return out
+            keep = keep_mask(n, read_deletion_vector(self.storage, add.deletion_vector))
+            out = out.filter(pa.array(keep))
+            positions = positions[keep]
+        return out, positions
+
+    @staticmethod
+    def _writes_dvs(snap: Snapshot) -> bool:
+        """DELETE, UPDATE and MERGE write deletion vectors: the property is on and the protocol has the feature."""
+        return TableProperties.of(snap.metadata).deletion_vectors and DV_FEATURE in (snap.protocol.writer_features or ())
+
+    def _delete_rows(self, tx: Transaction, add: AddFile, kept: npt.NDArray[np.int64], deleted: npt.NDArray[np.int64]) -> None:
+        """Mark the physical rows `deleted` of `add` as deleted: the file is removed and re-added with a deletion
+        vector holding its earlier deleted rows and these (removed for good when no row is left).
+
+        `kept` are the file's rows alive before (its deletion vector holds the others).
+        """
+        tx.remove(add)
+        if len(kept) <= len(np.unique(deleted)):
+            return
+        before = (read_deletion_vector(self.storage, add.deletion_vector) if add.deletion_vector is not None
+                  else np.zeros(0, dtype=np.uint64))
+        gone = np.union1d(before, deleted.astype(np.uint64))
+        dv = write_deletion_vector(self.storage, gone.astype(np.uint64), inline_max_bytes=self.dv_inline_max_bytes)
+        tx.add(dataclasses.replace(add, deletion_vector=dv, stats=_loose_stats(add.stats), data_change=True))
 
     def _candidates(self, snap: Snapshot, where: str | None) -> list[AddFile]:
         """Files that may hold matching rows by partition (the coordinator's own matcher, `partitions.prune`)."""
@@ -495,16 +575,22 @@ class Table:
             candidates = files_read(snap.files(), where, snap.metadata, schema)
             tx.read_files_from(candidates)
             touched = copied = 0
+            dvs = self._writes_dvs(snap)
             for add in candidates:
-                t = self._read_file(snap, add, schema)
+                t, positions = self._scan(snap, add, schema)
                 mask = self._mask(t, cond, where or "TRUE")
                 hits = pc.sum(mask.cast(pa.int64())).as_py() or 0
                 if not hits:
                     continue
                 touched += hits
-                copied += t.num_rows - hits
-                tx.remove(add)
-                out = change(t, mask)
+                if dvs:
+                    # Mark the matching rows deleted; an UPDATE writes their new values to a new file.
+                    self._delete_rows(tx, add, positions, positions[mask.to_numpy(zero_copy_only=False)])
+                    out = change(t, mask).filter(mask) if operation == "UPDATE" else t.slice(0, 0)
+                else:
+                    copied += t.num_rows - hits
+                    tx.remove(add)
+                    out = change(t, mask)
                 if out.num_rows:
                     tx.stage(staging.write_data_files(self.storage, out, snap.partition_columns))
             metrics = {count_name: touched, "numCopiedRows": copied}
@@ -590,8 +676,9 @@ class Table:
             matched_src: set[int] = set()
             updated = deleted = copied = 0
             conditional_delete = isinstance(when_matched_delete, str)
+            dvs = self._writes_dvs(snap)
             for add in candidates:
-                t = self._read_file(snap, add, schema)
+                t, positions = self._scan(snap, add, schema)
                 tk = pa.table({f"__k{i}": t.column(tc) for i, (_s, tc) in enumerate(keys)})
                 tk = tk.append_column("__row", pa.array(range(t.num_rows), pa.int64()))
                 tk = tk.filter(pc.and_(self._mask(t, cond, target_filter or "TRUE"), _all_valid(tk, len(keys))))
@@ -626,7 +713,8 @@ class Table:
                     continue
                 touched = pc.filter(pa.array(rows), pc.or_(delete, update))
                 is_touched = pc.is_in(pa.array(range(t.num_rows), pa.int64()), value_set=touched)
-                parts = [t.filter(pc.invert(is_touched))]
+                # With deletion vectors the touched rows are marked deleted and only the updated ones rewritten.
+                parts = [t.slice(0, 0) if dvs else t.filter(pc.invert(is_touched))]
                 if n_upd:
                     assert when_matched_update is not None
                     parts.append(self._assign(when_matched_update, schema, source_rows.filter(update), target_rows.filter(update),
@@ -635,7 +723,10 @@ class Table:
                 updated += n_upd
                 deleted += n_del
                 copied += parts[0].num_rows
-                tx.remove(add)
+                if dvs:
+                    self._delete_rows(tx, add, positions, positions[is_touched.to_numpy(zero_copy_only=False)])
+                else:
+                    tx.remove(add)
                 if out.num_rows:
                     tx.stage(staging.write_data_files(self.storage, out, snap.partition_columns))
 

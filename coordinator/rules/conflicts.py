@@ -23,6 +23,13 @@ documents state that metadata and protocol changes fail concurrent writes):
 * any winner `metaData` fails it with MetadataChangedException (Spark has an
   allow-list of config-only changes such as enabling row tracking, deletion
   vectors or in-commit timestamps; delta-rs and Kernel fail on any metaData);
+* on a row-level table (deletion vectors enabled, no partition columns;
+  `coordinator.rules.row_level`) the append check ignores files a winner only
+  re-added with a new deletion vector and matches its other new files against
+  the read predicates by their statistics, and two deletion-vector updates of
+  one file with disjoint changed rows do not conflict: the current one is
+  rebased onto the union of both vectors (overlapping rows are a
+  ConcurrentDeleteDeleteException);
 * a winner and the current transaction both writing `delta.rowTracking` domain
   metadata is a retryable ConcurrentWriteException: Spark resolves it by
   re-assigning row ids, a rewrite this engine does not do.
@@ -40,6 +47,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from coordinator.rules.row_level import (
+    DvUpdate,
+    NewRowMatcher,
+    Rows,
+    changed_rows,
+    dv_updates,
+    rebased_update,
+    row_level_table,
+    same_vector,
+)
 from coordinator.rules.state import TableState, WindowExceededError, WinningCommit
 from coordinator.rules.validate import check_txn_versions, table_isolation_level, validate_proposal
 from schemas.actions import (
@@ -182,6 +201,8 @@ class _Current:
         "checks_appends",
         "checks_blind_appends",
         "domains",
+        "dv",
+        "dv_rows",
         "has_metadata",
         "has_protocol",
         "level",
@@ -191,7 +212,10 @@ class _Current:
         "read_files",
         "read_paths",
         "read_schema",
+        "rebased",
         "remove_pvs",
+        "row_level",
+        "row_matcher",
         "whole_table",
     )
 
@@ -238,6 +262,22 @@ class _Current:
             and proposal.read_predicates
             else None
         )
+        # Row-level concurrency (see `row_level`): the file's deletion-vector updates, as proposed and as rebased.
+        self.row_level = proposal.read_version >= 0 and row_level_table(read_md)
+        self.row_matcher = (
+            NewRowMatcher(proposal.read_predicates, read_md)
+            if self.row_level and read_md is not None and self.checks_appends and not self.whole_table
+            else None
+        )
+        self.dv: dict[str, DvUpdate] = dv_updates(proposal.actions) if self.row_level else {}
+        self.dv_rows: dict[str, Rows | None] = {}
+        self.rebased: dict[str, DvUpdate] = {}
+
+    def changed(self, path: str) -> Rows | None:
+        """Rows this transaction newly deleted in `path` (None: not decodable without I/O)."""
+        if path not in self.dv_rows:
+            self.dv_rows[path] = changed_rows(self.dv[path])
+        return self.dv_rows[path]
 
 
 def _check_table_level(cur: _Current, w: WinningCommit, table: str) -> None:
@@ -282,12 +322,69 @@ def _check_table_level(cur: _Current, w: WinningCommit, table: str) -> None:
         raise _Conflict(ConcurrentTransactionException(winning_version=v, winning_operation=op, table=table), v)
 
 
+def _check_new_rows(cur: _Current, w: WinningCommit, table: str) -> None:
+    """Check 5 on a row-level table: the winner's files holding new rows, matched by their statistics."""
+    if not w.new_files or not cur.checks_appends or (w.is_blind_append and not cur.checks_blind_appends):
+        return
+    hit = w.new_files[0] if cur.whole_table or cur.row_matcher is None else cur.row_matcher.first_match(w.new_files)
+    if hit is not None:
+        raise _Conflict(ConcurrentAppendException(winning_version=w.version, winning_operation=w.operation, table=table),
+                        w.version)
+
+
+def _resolve_rows(cur: _Current, w: WinningCommit, removed: frozenset[str], table: str) -> frozenset[str]:
+    """The winner's removed paths that still conflict once deletion-vector updates of other rows are resolved.
+
+    A file the winner only gave a new deletion vector does not conflict with a transaction that read it
+    (the rows it changed are in the winner's other files, which check 5 matched) nor with one that replaced
+    the same vector with disjoint rows (rebased here); the same row changed by both is a conflict.
+    """
+    if cur.whole_table or not w.dv_updates:
+        return removed
+    remaining: set[str] = set()
+    for p in removed:
+        proposed = cur.dv.get(p)
+        if p not in cur.read_paths and p not in cur.remove_pvs:
+            continue
+        wu = w.dv_updates.get(p)
+        w_rows = changed_rows(wu) if wu is not None else None
+        if wu is None or w_rows is None:
+            remaining.add(p)
+            continue
+        if proposed is None:
+            if p in cur.remove_pvs:
+                remaining.add(p)  # this transaction removes the whole file
+            continue
+        mine = cur.rebased.get(p, proposed)
+        c_rows = cur.changed(p)
+        if c_rows is None or not same_vector(mine.old, wu.old):
+            remaining.add(p)
+            continue
+        both = np.intersect1d(c_rows, w_rows, assume_unique=True)
+        if len(both):
+            raise _Conflict(
+                ConcurrentDeleteDeleteException(
+                    f"ConcurrentDeleteDeleteException: This transaction attempted to delete or update {len(both)} row(s) "
+                    f"of file {p} (row {int(both[0])} first) that a concurrent update ({w.operation or 'TRANSACTION'} "
+                    f"committed at version {w.version}) also deleted or updated. Please try the operation again.",
+                    winning_version=w.version, winning_operation=w.operation, table=table),
+                w.version)
+        moved = rebased_update(mine, c_rows, wu)
+        if moved is None:
+            remaining.add(p)
+            continue
+        cur.rebased[p] = moved
+    return frozenset(remaining)
+
+
 def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
     v = w.version
     op = w.operation
     _check_table_level(cur, w, table)
     # 5. appends
-    if w.partition_rows and cur.checks_appends and (not w.is_blind_append or cur.checks_blind_appends):
+    if cur.row_level and not w.partition_schema:
+        _check_new_rows(cur, w, table)
+    elif w.partition_rows and cur.checks_appends and (not w.is_blind_append or cur.checks_blind_appends):
         schema = cur.read_schema
         hit: Row | None = None
         rows = w.partition_rows
@@ -312,6 +409,8 @@ def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
                 v,
             )
     removed = w.removed_paths
+    if removed and cur.row_level:
+        removed = _resolve_rows(cur, w, removed, table)
     if removed:
         # 6. delete-read
         if cur.read_paths and not removed.isdisjoint(cur.read_paths):
@@ -405,6 +504,19 @@ def _ict_enabled(metadata: Metadata | None) -> bool:
     return TableProperties.of(metadata).in_commit_timestamps
 
 
+def _rebased_actions(actions: Sequence[Action], rebased: Mapping[str, DvUpdate]) -> tuple[Action, ...]:
+    """The proposal's actions with each rebased deletion-vector update's remove and add replaced."""
+    out: list[Action] = []
+    for a in actions:
+        u = rebased.get(a.path) if isinstance(a, (AddFile, RemoveFile)) else None
+        if u is not None and isinstance(a, RemoveFile):
+            a = u.remove
+        elif u is not None and isinstance(a, AddFile) and a.deletion_vector is not None:
+            a = u.add
+        out.append(a)
+    return tuple(out)
+
+
 def _rebase(state: TableState, proposal: Proposal, cur: _Current, now_ms: int) -> tuple[Action, ...]:
     version = state.version + 1
     new_md = cur.new_metadata
@@ -434,6 +546,8 @@ def _rebase(state: TableState, proposal: Proposal, cur: _Current, now_ms: int) -
     commit_info = CommitInfo(values)
 
     actions = proposal.actions
+    if cur.rebased:
+        actions = _rebased_actions(actions, cur.rebased)
     needs_fixup = new_md is not None and ict is not None and Property.ICT_ENABLEMENT_VERSION in new_md.configuration
     has_txn = False
     for a in actions:

@@ -35,10 +35,11 @@ recorded in Kafka (`coordinator.rules.batch`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coordinator.rules.layers import ForkedTxnIndex, ForkedWindow, LayeredDict, TxnIndex, WinnersWindow
 from coordinator.rules.live_files import LiveFileLayer, LiveFileSet
+from coordinator.rules.row_level import DvUpdate, dv_updates, row_level_table
 from schemas.actions import (
     Action,
     AddCDCFile,
@@ -102,6 +103,11 @@ class WinningCommit:
     #: names the earlier job's files (an overwrite removes them, a compaction's rebase replaces them).
     added_files: tuple[AddFile, ...] = ()
     removed_files: tuple[RemoveFile, ...] = ()
+    #: On row-level tables (`row_level.row_level_table`): the files whose deletion vector the commit
+    #: replaced, by path, and its added files that hold new rows (not such a re-added file, nor a
+    #: compaction's dataChange=false output).
+    dv_updates: Mapping[str, DvUpdate] = field(default_factory=dict)
+    new_files: tuple[AddFile, ...] = ()
 
 
 def file_key_hash(action: AddFile | RemoveFile) -> int:
@@ -364,6 +370,11 @@ class TableState:
         if version == 0:
             self.creation_operation = operation
         keep_files = TableProperties.of(self.metadata).maxcompute
+        dvu: Mapping[str, DvUpdate] = {}
+        new_files: tuple[AddFile, ...] = ()
+        if adds and row_level_table(self.metadata):
+            dvu = dv_updates(actions) if removes else {}
+            new_files = tuple(a for a in adds if a.data_change and a.path not in dvu)
         self.version = version
         winner = WinningCommit(
             version=version,
@@ -383,6 +394,8 @@ class TableState:
             quiet=metadata is None and protocol is None and not domains and not removed and (blind or not rows),
             added_files=tuple(adds) if keep_files else (),
             removed_files=tuple(removes) if keep_files else (),
+            dv_updates=dvu,
+            new_files=new_files,
         )
         self._window.append(winner, self.max_window_commits, self.max_window_files)
 
