@@ -190,6 +190,12 @@ class Transaction:
         except ProposalNotSentError:
             delete_staged(self.table.storage, self.staged)  # it never reached Kafka: it cannot commit
             raise
+        except KeyboardInterrupt as e:
+            # Sent, undecided: the caller must learn which proposal to look up (its files stay: it may commit).
+            e.deltacoord_proposal_id = p.proposal_id  # type: ignore[attr-defined]
+            e.add_note(f"proposal {p.proposal_id} of table {p.table_id} was sent before the interrupt; "
+                       "its outcome is unknown: it may still commit (look it up by proposal id)")
+            raise
         if d.committed and d.version is not None:
             changed_metadata = any(isinstance(a, (Metadata, ProtocolAction)) for a in self.actions)
             self.table.committed(d.version, changed_metadata=changed_metadata)

@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -134,15 +135,33 @@ def _echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, separators=(",", ":"), default=str))
 
 
+def _lookup_args(path: str, bootstrap_servers: str, topic_prefix: str, table_id: str | None) -> list[str]:
+    """The arguments of `deltacoord table lookup` that find this command's table."""
+    return [path, "--bootstrap-servers", bootstrap_servers, "--topic-prefix", topic_prefix,
+            *(["--table-id", table_id] if table_id else [])]
+
+
+def _lookup_hint(proposal_id: str, lookup: Sequence[str] | None) -> str:
+    where = " ".join(shlex.quote(a) for a in lookup) if lookup else "TABLE"
+    return (f"Find out with: deltacoord table lookup {where} {proposal_id}   (do not simply re-run the command: "
+            "if the proposal commits, the rows would be there twice)")
+
+
 @contextmanager
-def _errors() -> Iterator[None]:
+def _errors(lookup: Sequence[str] | None = None) -> Iterator[None]:
     """Project errors as clean CLI errors (no traceback)."""
     from writer.staging import SchemaError
 
     try:
         yield
     except CommitOutcomeUnknownError as e:
-        raise UnknownOutcome(str(e)) from e
+        raise UnknownOutcome(f"{e}\n{_lookup_hint(e.proposal_id, lookup)}") from e
+    except KeyboardInterrupt as e:
+        pid = getattr(e, "deltacoord_proposal_id", None)
+        if pid is None:
+            raise click.ClickException("interrupted before anything was proposed; nothing was written") from None
+        raise UnknownOutcome(f"interrupted while waiting for the decision of proposal {pid}: the outcome is unknown "
+                             f"(it may still commit).\n{_lookup_hint(pid, lookup)}") from None
     except (DeltaCoordError, SchemaError, FileNotFoundError, StorageError) as e:
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
 
@@ -156,8 +175,11 @@ def _table(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tu
     reach_kafka(bootstrap_servers, kafka)
     with _errors():
         try:
+            ctx = click.get_current_context(silent=True)
+            timeout = {} if ctx is None or _TIMEOUT_KEY not in ctx.meta else {"decision_timeout_s": ctx.meta[_TIMEOUT_KEY]}
             return Table(path, bootstrap_servers, table_id=table_id, topics=Topics.with_prefix(topic_prefix),
-                         writer_key=writer_key, storage_options=parse_pairs(storage_pairs, "--storage-option"), **kafka)
+                         writer_key=writer_key, storage_options=parse_pairs(storage_pairs, "--storage-option"),
+                         **timeout, **kafka)
         except WriterKeyError as e:
             raise click.BadParameter(str(e), param_hint="--writer-key / DELTACOORD_WRITER_KEY") from e
 
@@ -181,7 +203,19 @@ def _writes(f: F) -> F:
     f = click.option("--writer-key", envvar=WRITER_KEY_ENV, default=None, metavar="FILE",
                      help="Writer key file that signs the proposal (or DELTACOORD_WRITER_KEY); tables with "
                           "deltacoord.writerKeys require it. Create one with `deltacoord writer-key generate`.")(f)
+    f = click.option("--timeout", type=click.FloatRange(min=0.1), default=None, expose_value=False, is_eager=True,
+                     callback=_remember_timeout, envvar="DELTACOORD_TIMEOUT",
+                     help="Seconds to wait for the decision (default 60, or DELTACOORD_TIMEOUT); then the outcome "
+                          "is unknown (exit 3) and `deltacoord table lookup` tells it later.")(f)
     return storage_options(_table_id_option(kafka_options(f)))
+
+
+def _remember_timeout(ctx: click.Context, _param: click.Parameter, value: float | None) -> None:
+    if value is not None:
+        ctx.meta[_TIMEOUT_KEY] = value
+
+
+_TIMEOUT_KEY = "deltacoord.decision_timeout_s"
 
 
 @click.group("table")
@@ -211,7 +245,8 @@ def create_cmd(path: str, schema_spec: str, partition_by: tuple[str, ...], prope
     schema = parse_schema(schema_spec)
     parts = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
     props = parse_pairs(properties, "--property")
-    with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+    with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
+            _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.create(schema, partition_by=parts, properties=props, name=name)))
 
 
@@ -318,7 +353,8 @@ def append_cmd(path: str, json_rows: str | None, parquet_file: Path | None, app_
     else:
         assert json_rows is not None
         data = _json_row_tables(json_rows)
-    with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+    with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
+            _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         show = _progress_line()
         try:
             r = t.append(data, app_id=app_id, app_version=app_version, progress=show)
@@ -342,7 +378,8 @@ def delete_cmd(path: str, where: str, bootstrap_servers: str, topic_prefix: str,
     Example:
       deltacoord table delete /data/sales --where "date = '2024-01-01'"
     """
-    with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+    with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
+            _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.delete(where)))
 
 
@@ -358,7 +395,8 @@ def truncate_cmd(path: str, where: str | None, bootstrap_servers: str, topic_pre
     Example:
       deltacoord table truncate /data/sales --where "date = '2024-01-01'"
     """
-    with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+    with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
+            _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.truncate(where)))
 
 
@@ -379,7 +417,8 @@ def compact_cmd(path: str, kind: str, where: str | None, small_file_size: int, b
     Example:
       deltacoord table compact /data/sales --kind major --where "date = '2024-01-01'"
     """
-    with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+    with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
+            _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.compact("major" if kind == "major" else "minor", where,
                                           small_file_size=small_file_size)))
 
@@ -403,6 +442,35 @@ def history_cmd(path: str, limit: int | None, storage_pairs: tuple[str, ...]) ->
     with _errors():
         for entry in _load(path, None, storage_pairs).history(limit):
             _echo_json(entry)
+
+
+@table_group.command("lookup")
+@click.argument("path", type=TableLocationParam())
+@click.argument("proposal_id")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds to scan the commits topic.")
+@storage_options
+@_table_id_option
+@kafka_options
+def lookup_cmd(path: str, proposal_id: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...],
+               table_id: str | None, storage_pairs: tuple[str, ...], timeout: float) -> None:
+    """The decision of PROPOSAL_ID on the table at PATH, from the commits topic (after an unknown outcome).
+
+    Prints the decision as JSON and exits 0 when it was decided; exits 3 when the commits topic has no
+    decision for it (yet): it was never received, or no coordinator has decided it so far.
+
+    \b
+    Example:
+      deltacoord table lookup /data/sales 0b6f5c1e-9a43-4f57-8d0e-2f1a6f0c9b1d
+    """
+    with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, None, storage_pairs) as t:
+        d = t.lookup_decision(proposal_id, timeout_s=timeout)
+    if d is None:
+        _echo_json({"proposalId": proposal_id, "decided": False})
+        raise UnknownOutcome(f"no decision for proposal {proposal_id} on the commits topic (yet): it was not received, "
+                             "or no coordinator serves the table's partition; run this again once a coordinator runs")
+    _echo_json({"proposalId": proposal_id, "decided": True, "committed": d.committed, "version": d.version,
+                "duplicateOf": d.duplicate_of, "reason": d.reason_code or d.error_type, "message": d.error_message})
 
 
 @table_group.command("describe")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -165,6 +167,36 @@ def test_append_streams_json_lines_in_chunks_and_leaves_nothing_on_a_bad_line(
         assert _data_files(root) == before
         assert coord.wait_published(30)
     assert sorted(DeltaTable(str(root)).to_pyarrow_table().column("id").to_pylist()) == list(range(10))
+
+
+def test_unknown_outcome_names_the_proposal_and_lookup_tells_it_later(cli: click.Group, kafka_bootstrap: str,
+                                                                       tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap)
+    path = str(tmp_path / "t")
+    kafka = ["--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix_of(topics)]
+    with coordinator_thread(kafka_bootstrap, topics):
+        run(cli, "table", "create", path, "--schema", "id:long", *kafka)
+    # No coordinator now: the append is sent, nobody decides it within the timeout.
+    r = run(cli, "table", "append", path, "--json-rows", '[{"id": 1}]', "--timeout", "2", *kafka, ok=False)
+    assert r.exit_code == 3, r.output
+    m = re.search(r"deltacoord table lookup (.+) ([0-9a-f-]{36})", r.output)
+    assert m is not None, r.output
+    proposal_id = m.group(2)
+    undecided = run(cli, "table", "lookup", path, proposal_id, "--timeout", "5", *kafka, ok=False)
+    assert undecided.exit_code == 3 and json.loads(undecided.stdout.splitlines()[0])["decided"] is False
+    # A coordinator decides it once it runs; the hint's own arguments find the table.
+    with coordinator_thread(kafka_bootstrap, topics) as coord:
+        hint_args = shlex.split(m.group(1))
+        deadline = time.monotonic() + 60
+        while True:
+            found = run(cli, "table", "lookup", *hint_args, proposal_id, "--timeout", "5", ok=False)
+            if found.exit_code == 0 or time.monotonic() > deadline:
+                break
+        assert found.exit_code == 0, found.output
+        decided = json.loads(found.stdout)
+        assert decided["decided"] is True and decided["committed"] is True and decided["version"] == 1
+        assert coord.wait_published(30)
+    assert DeltaTable(path).to_pyarrow_table().column("id").to_pylist() == [1]
 
 
 def _reader(stream: IO[str], out: queue.Queue[str]) -> None:
