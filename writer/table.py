@@ -37,7 +37,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from reader.deletion_vectors import DEFAULT_INLINE_MAX_BYTES, keep_mask, read_deletion_vector, write_deletion_vector
+from reader.deletion_vectors import (
+    DEFAULT_INLINE_MAX_BYTES,
+    dv_object,
+    keep_mask,
+    read_deletion_vector,
+    write_deletion_vector,
+)
 from reader.log import TableNotFoundError, commit_key, data_object, list_log_from_hint, newest_commit_version
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError, delta_schema_to_arrow, parse_partition_value
 from reader.storage import TableStorage
@@ -461,6 +467,8 @@ class Table:
                   else np.zeros(0, dtype=np.uint64))
         gone = np.union1d(before, deleted.astype(np.uint64))
         dv = write_deletion_vector(self.storage, gone.astype(np.uint64), inline_max_bytes=self.dv_inline_max_bytes)
+        if dv.storage_type == "u":  # a file: deleted with the staged files if the proposal does not commit
+            tx.staged_keys.append(dv_object(self.storage, dv).key)
         tx.add(dataclasses.replace(add, deletion_vector=dv, stats=_loose_stats(add.stats), data_change=True))
 
     def _candidates(self, snap: Snapshot, where: str | None) -> list[AddFile]:

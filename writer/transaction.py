@@ -7,6 +7,7 @@ and any mix of add/remove/metaData/protocol/txn/domainMetadata actions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -91,6 +92,8 @@ class Transaction:
         self.read_app_ids: list[str] = []
         self.actions: list[Action] = []
         self.staged: list[AddFile] = []
+        #: Other objects written for this transaction (deletion-vector files), deleted with the staged files.
+        self.staged_keys: list[str] = []
         #: Set once the proposal went to Kafka: from then on only its decision may delete staged files.
         self.proposed = False
 
@@ -134,9 +137,15 @@ class Transaction:
     def abandon(self) -> None:
         """Delete the staged files of a transaction given up before it was proposed (an error while
         preparing it). After proposing, the decision decides: a commit references them."""
-        if not self.proposed and self.staged:
-            delete_staged(self.table.storage, self.staged)
-            self.staged = []
+        if not self.proposed:
+            self._delete_staged()
+            self.staged, self.staged_keys = [], []
+
+    def _delete_staged(self) -> None:
+        delete_staged(self.table.storage, self.staged)
+        for key in self.staged_keys:
+            with contextlib.suppress(FileNotFoundError):
+                self.table.storage.delete(key)
 
     # -- commit ---------------------------------------------------------------------
     def proposal(self, operation: str, changes_data: bool, parameters: Mapping[str, Any] | None = None,
@@ -188,7 +197,7 @@ class Transaction:
         try:
             d = self.table.client.commit(p, timeout_s or self.table.decision_timeout_s, key=self.table.writer_key)
         except ProposalNotSentError:
-            delete_staged(self.table.storage, self.staged)  # it never reached Kafka: it cannot commit
+            self._delete_staged()  # it never reached Kafka: it cannot commit
             raise
         except KeyboardInterrupt as e:
             # Sent, undecided: the caller must learn which proposal to look up (its files stay: it may commit).
@@ -202,7 +211,7 @@ class Transaction:
             return CommitResult(
                 d.version, p.proposal_id, operation, already_committed=d.duplicate_of is not None, metrics=all_metrics,
             )
-        delete_staged(self.table.storage, self.staged)
+        self._delete_staged()
         self.table.invalidate()  # the next attempt must read a fresh snapshot
         raise error_from_decision(d)
 

@@ -24,7 +24,11 @@ from reader.deletion_vectors import read_deletion_vector
 from reader.log import commit_key
 from reader.snapshot import Snapshot
 from schemas.actions import AddFile, RemoveFile, parse_commit
-from schemas.errors import ConcurrentAppendException, ConcurrentDeleteDeleteException
+from schemas.errors import (
+    ConcurrentAppendException,
+    ConcurrentDeleteDeleteException,
+    DeltaConcurrentModificationException,
+)
 from tests.conftest import TablePlace
 from tests.integration.test_writer_operations import SCHEMA, Env, data, parquet_count, rows, running_env
 from writer.table import Table
@@ -172,6 +176,20 @@ def test_deletes_of_the_same_row_conflict(env: Env, tmp_path: Path) -> None:
     with pytest.raises(ConcurrentDeleteDeleteException):
         t.delete("id IN (3, 4)", snapshot=snap)
     assert sorted(r[0] for r in rows(t)) == [0, 1, 4, 5, 6, 7, 8, 9]
+
+
+def test_a_rejected_delete_leaves_no_deletion_vector_file(env: Env, tmp_path: Path) -> None:
+    # Vectors go to files here (64-byte inline limit); the loser's file is deleted with its staged files.
+    t = one_file(env, tmp_path / "orphan", n=2000, dv_inline_max_bytes=64)
+    snap = t.snapshot()
+    t.delete("id < 1500", snapshot=snap)
+    kept = {o.key for o in t.storage.list() if o.key.startswith("deletion_vector_")}
+    assert len(kept) == 1
+    # File vectors fall back to the file-level rules (the rules read no files): a conflict either way.
+    with pytest.raises(DeltaConcurrentModificationException):
+        t.delete("id >= 1000 AND id < 1800", snapshot=snap)
+    assert {o.key for o in t.storage.list() if o.key.startswith("deletion_vector_")} == kept
+    assert sorted(r[0] for r in rows(t)) == list(range(1500, 2000))
 
 
 def test_update_and_delete_of_different_rows_both_commit(env: Env, tmp_path: Path) -> None:
