@@ -59,6 +59,7 @@ from schemas.properties import TableProperties
 from schemas.reasons import ReasonCode
 from schemas.routing import Topics
 from schemas.signing import WriterKey, resolve_writer_key
+from schemas.writer_features import writer_problems
 from writer import staging
 from writer.client import CoordinatorClient
 from writer.transaction import CommitResult, Transaction
@@ -394,13 +395,20 @@ class Table:
 
     # -- helpers --------------------------------------------------------------------
     @staticmethod
-    def _check_writable(snap: Snapshot) -> None:
-        """Refuse tables whose files this writer would corrupt (it writes logical column names only)."""
+    def _check_writable(snap: Snapshot, operation: str = "WRITE") -> None:
+        """Refuse tables whose declared writer features this writer cannot honour for `operation`
+        (`schemas.writer_features`): writing them anyway would break the table for every other engine."""
+        problems = writer_problems(snap.protocol, snap.metadata, operation)
         mode = TableProperties.of(snap.metadata).column_mapping_mode
-        if mode != "none":
-            raise UnsupportedTableFeatureError(f"{snap.table_uri}: writing tables with column mapping ({mode}) is not supported")
-        if snap.protocol.min_writer_version > 7:
-            raise UnsupportedTableFeatureError(f"{snap.table_uri}: writer version {snap.protocol.min_writer_version} is not supported")
+        if mode != "none" and not any(f == "columnMapping" for f, _ in problems):
+            problems.append(("columnMapping", f"column mapping ({mode} mode): this writer writes logical column names only"))
+        if problems:
+            feature, why = problems[0]
+            more = "" if len(problems) == 1 else f" (and {', '.join(f for f, _ in problems[1:])})"
+            raise UnsupportedTableFeatureError(
+                f"{snap.table_uri}: cannot {operation} this table: writer feature {feature}: {why}{more}. Write it with "
+                "an engine that supports the feature, or change the table so it no longer needs it."
+            )
 
     def _conform(self, data: Any, snap: Snapshot) -> pa.Table:
         """Data cast to the table schema (missing nullable columns as nulls, extra columns refused)."""
@@ -506,7 +514,7 @@ class Table:
         if snapshot is None and app_id is None and TableProperties.of(snap.metadata).maxcompute:
             # MaxCompute's rules fail an INSERT INTO that finishes after another one it did not see.
             snap = self.snapshot()
-        self._check_writable(snap)
+        self._check_writable(snap, "WRITE")
         tx = Transaction(self, snap.version)
         with _abandoned_on_error(tx):
             if app_id is not None and app_version is not None:
@@ -536,7 +544,7 @@ class Table:
         concurrently; a full overwrite reads the whole table.
         """
         snap = snapshot or self.snapshot()
-        self._check_writable(snap)
+        self._check_writable(snap, "WRITE")
         table = self._conform(data, snap)
         tx = Transaction(self, snap.version)
         with _abandoned_on_error(tx):
@@ -570,7 +578,7 @@ class Table:
                  snapshot: Snapshot | None, count_name: str) -> CommitResult:
         """DELETE/UPDATE: scan files surviving partition pruning, rewrite those with matching rows."""
         snap = snapshot or self.snapshot()
-        self._check_writable(snap)
+        self._check_writable(snap, operation)
         schema = delta_schema_to_arrow(snap.metadata.schema())
         tx = Transaction(self, snap.version)
         with _abandoned_on_error(tx):
@@ -651,7 +659,7 @@ class Table:
             # As in Delta: only the last WHEN MATCHED clause may omit its condition, and the delete comes first.
             raise ValueError("an unconditional when_matched_delete leaves nothing for when_matched_update; give it a condition")
         snap = snapshot or self.snapshot()
-        self._check_writable(snap)
+        self._check_writable(snap, "MERGE")
         schema = delta_schema_to_arrow(snap.metadata.schema())
         src = staging.to_arrow(source)
         if isinstance(on, str):
@@ -840,7 +848,7 @@ class Table:
                  kind: str | None, snapshot: Snapshot | None) -> CommitResult:
         """Merge, per partition, the files `select` picks (when at least `min_files`) into new files."""
         snap = snapshot or self.snapshot()
-        self._check_writable(snap)
+        self._check_writable(snap, "OPTIMIZE")
         schema = delta_schema_to_arrow(snap.metadata.schema())
         tx = Transaction(self, snap.version)
         with _abandoned_on_error(tx):
@@ -876,7 +884,7 @@ class Table:
         `where`); the `maxcompute` profile treats it as INSERT OVERWRITE.
         """
         snap = snapshot or self.snapshot()
-        self._check_writable(snap)
+        self._check_writable(snap, "TRUNCATE")
         tx = Transaction(self, snap.version)
         with _abandoned_on_error(tx):
             if where is None:

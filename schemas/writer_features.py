@@ -1,0 +1,180 @@
+"""Which Delta writer features this project's writer honours, and which it refuses, per table and operation.
+
+A writer that ignores a feature the table declares breaks the table for every other engine (a CHECK
+constraint left unenforced, a generated column left wrong, a change data feed with holes). PROTOCOL.md
+lets a writer write a table only when it supports every writer feature the table's protocol names, so
+`writer_problems` answers, before anything is staged: which of the table's features this writer cannot
+honour for this operation, and why. The answer is pure (protocol and metadata in, reasons out).
+
+Outcomes (`FEATURES` documents each):
+* honoured: appendOnly (the coordinator refuses removes), deletionVectors, domainMetadata,
+  inCommitTimestamp, timestampNtz, typeWidening (this writer never widens a type), vacuumProtocolCheck,
+  clustering (appends; OPTIMIZE does not recluster), invariants, checkConstraints, generatedColumns and
+  identityColumns when the table has no such column or constraint (legacy protocols imply those features
+  on every table of their version), changeDataFeed for operations that rewrite no file partially (appends, overwrites, OPTIMIZE, TRUNCATE);
+* refused: columnMapping (name or id mode), rowTracking, v2Checkpoint, icebergCompatV1/V2,
+  allowColumnDefaults, variantType, CHECK constraints, NOT NULL-style invariants given as expressions,
+  generated and identity columns, DELETE/UPDATE/MERGE with change data feed on, and any unknown feature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.actions import Metadata, Protocol
+
+#: Writer features each legacy writer version implies (cumulative), per PROTOCOL.md.
+_LEGACY: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (2, ("appendOnly", "invariants")),
+    (3, ("checkConstraints",)),
+    (4, ("changeDataFeed", "generatedColumns")),
+    (5, ("columnMapping",)),
+    (6, ("identityColumns",)),
+)
+
+#: Operations that rewrite no file partially: readers of the change data feed infer their changes from the
+#: add and remove actions, so no `_change_data` file is owed.
+NO_CHANGE_DATA_OWED = frozenset({"WRITE", "STREAMING UPDATE", "CREATE TABLE", "CREATE OR REPLACE TABLE", "OPTIMIZE",
+                                 "SET TBLPROPERTIES", "TRUNCATE"})
+
+
+def writer_features(protocol: Protocol) -> tuple[str, ...]:
+    """The writer features a protocol names: its list at writer version 7, else those its version implies."""
+    if protocol.min_writer_version >= 7:
+        return tuple(protocol.writer_features or ())
+    return tuple(f for version, names in _LEGACY if protocol.min_writer_version >= version for f in names)
+
+
+def _fields(schema: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every field of a Delta schema, nested ones included, with its dotted name."""
+    for f in schema.get("fields", []):
+        name = f"{prefix}{f.get('name')}"
+        yield name, f
+        t = f.get("type")
+        while isinstance(t, Mapping):
+            if t.get("type") == "struct":
+                yield from _fields(t, name + ".")
+                break
+            t = t.get("elementType") or t.get("valueType")
+
+
+def _with_metadata(md: Metadata, key: str) -> list[str]:
+    try:
+        schema = md.schema()
+    except (ValueError, TypeError):
+        return []
+    return [n for n, f in _fields(schema) if key in (f.get("metadata") or {})]
+
+
+def _types(md: Metadata) -> set[str]:
+    try:
+        text = md.schema_string or ""
+    except AttributeError:
+        return set()
+    return {t for t in ("variant",) if f'"{t}"' in text}
+
+
+Rule = Callable[[Metadata, str], str | None]
+
+
+def _honoured(_md: Metadata, _op: str) -> str | None:
+    return None
+
+
+def _refused(why: str) -> Rule:
+    def rule(_md: Metadata, _op: str) -> str | None:
+        return why
+
+    return rule
+
+
+def _invariants(md: Metadata, _op: str) -> str | None:
+    cols = _with_metadata(md, "delta.invariants")
+    return None if not cols else f"columns {cols} carry invariants (delta.invariants) this writer does not check"
+
+
+def _check_constraints(md: Metadata, _op: str) -> str | None:
+    names = sorted(k for k in md.configuration if k.startswith("delta.constraints."))
+    return None if not names else f"CHECK constraints {names} are not enforced by this writer"
+
+
+def _generated(md: Metadata, _op: str) -> str | None:
+    cols = _with_metadata(md, "delta.generationExpression")
+    return None if not cols else f"generated columns {cols} are not computed by this writer"
+
+
+def _identity(md: Metadata, _op: str) -> str | None:
+    cols = [c for c in _with_metadata(md, "delta.identity.start")]
+    return None if not cols else f"identity columns {cols} are not assigned by this writer"
+
+
+def _change_data_feed(md: Metadata, op: str) -> str | None:
+    on = str(md.configuration.get("delta.enableChangeDataFeed", "false")).lower() == "true"
+    if not on or op in NO_CHANGE_DATA_OWED:
+        return None
+    return f"the change data feed is on and {op} would need _change_data files, which this writer does not write"
+
+
+def _column_mapping(md: Metadata, _op: str) -> str | None:
+    mode = str(md.configuration.get("delta.columnMapping.mode", "none")).lower()
+    return None if mode == "none" else f"column mapping ({mode} mode): this writer writes logical column names only"
+
+
+def _variant(md: Metadata, _op: str) -> str | None:
+    return "the variant type cannot be written (Arrow has no variant type)" if _types(md) else None
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One writer feature: how this writer treats it, and the rule that says when it cannot."""
+
+    name: str
+    outcome: str  # "honoured", "refused", or "conditional" (honoured unless the rule finds a problem)
+    rule: Rule
+
+
+FEATURES: dict[str, Feature] = {f.name: f for f in (
+    Feature("appendOnly", "honoured", _honoured),
+    Feature("invariants", "conditional", _invariants),
+    Feature("checkConstraints", "conditional", _check_constraints),
+    Feature("changeDataFeed", "conditional", _change_data_feed),
+    Feature("generatedColumns", "conditional", _generated),
+    Feature("columnMapping", "conditional", _column_mapping),
+    Feature("identityColumns", "conditional", _identity),
+    Feature("deletionVectors", "honoured", _honoured),
+    Feature("rowTracking", "refused", _refused("row tracking: this writer does not assign row ids")),
+    Feature("timestampNtz", "honoured", _honoured),
+    Feature("domainMetadata", "honoured", _honoured),
+    Feature("v2Checkpoint", "refused", _refused("V2 checkpoints: the coordinator writes classic checkpoints only")),
+    Feature("icebergCompatV1", "refused", _refused("Iceberg compatibility V1 needs Iceberg metadata this writer does not keep")),
+    Feature("icebergCompatV2", "refused", _refused("Iceberg compatibility V2 needs Iceberg metadata this writer does not keep")),
+    Feature("clustering", "honoured", _honoured),
+    Feature("vacuumProtocolCheck", "honoured", _honoured),
+    Feature("typeWidening", "honoured", _honoured),
+    Feature("typeWidening-preview", "honoured", _honoured),
+    Feature("inCommitTimestamp", "honoured", _honoured),
+    Feature("allowColumnDefaults", "refused", _refused("column defaults: this writer does not fill default values")),
+    Feature("variantType", "conditional", _variant),
+    Feature("variantType-preview", "conditional", _variant),
+)}
+
+
+def writer_problems(protocol: Protocol, metadata: Metadata, operation: str) -> list[tuple[str, str]]:
+    """(feature, why) for every writer feature of the table this writer cannot honour for `operation`."""
+    problems: list[tuple[str, str]] = []
+    if protocol.min_writer_version > 7:
+        problems.append((f"writer version {protocol.min_writer_version}", "newer than the protocol this writer knows (7)"))
+    for name in writer_features(protocol):
+        feature = FEATURES.get(name)
+        if feature is None:
+            problems.append((name, "a writer feature this writer does not know"))
+            continue
+        why = feature.rule(metadata, operation)
+        if why is not None:
+            problems.append((name, why))
+    return problems
+
+
+__all__ = ["FEATURES", "NO_CHANGE_DATA_OWED", "Feature", "writer_features", "writer_problems"]

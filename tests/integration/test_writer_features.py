@@ -1,0 +1,153 @@
+"""Every Delta writer feature, honoured or refused by name, on tables delta-rs builds.
+
+delta-rs adds each feature it knows to a fresh table (`alter.add_feature`); a feature delta-rs cannot add
+is added by one protocol commit written here. The writer must refuse, before staging anything, every
+feature it cannot honour for the operation, naming it; the features it honours pass its check (their
+behaviour is tested where it is built: append-only, deletion vectors, in-commit timestamps, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, TableFeatures, write_deltalake
+
+from reader.snapshot import Snapshot, UnsupportedTableFeatureError
+from schemas.writer_features import FEATURES, writer_problems
+from writer.table import Table
+
+Make = Callable[[Path], None]
+
+
+def _base(path: Path) -> DeltaTable:
+    write_deltalake(str(path), pa.table({"id": pa.array([1, 2], pa.int64()), "s": pa.array(["a", "b"])}))
+    return DeltaTable(str(path))
+
+
+def _feature(name: str, then: Callable[[DeltaTable], None] | None = None) -> Make:
+    def make(path: Path) -> None:
+        dt = _base(path)
+        dt.alter.add_feature(getattr(TableFeatures, name), allow_protocol_versions_increase=True)
+        if then is not None:
+            then(DeltaTable(str(path)))
+
+    return make
+
+
+def _protocol_commit(feature: str, reader: bool = False, properties: dict[str, str] | None = None) -> Make:
+    """For features delta-rs cannot add: one commit raising the protocol to name `feature`."""
+
+    def make(path: Path) -> None:
+        dt = _base(path)
+        p = dt.protocol()
+        writer = sorted({*(p.writer_features or []), feature})
+        readers = sorted({*(p.reader_features or []), feature}) if reader else p.reader_features
+        proto: dict[str, object] = {"minReaderVersion": 3 if reader else p.min_reader_version, "minWriterVersion": 7,
+                                    "writerFeatures": writer}
+        if readers is not None:
+            proto["readerFeatures"] = readers
+        lines = [{"protocol": proto}]
+        if properties:
+            md = dt.metadata()
+            lines.append({"metaData": {"id": md.id, "format": {"provider": "parquet", "options": {}},
+                                       "schemaString": dt.schema().to_json(), "partitionColumns": md.partition_columns,
+                                       "configuration": {**md.configuration, **properties}, "createdTime": 0}})
+        lines.append({"commitInfo": {"operation": "UPGRADE PROTOCOL", "timestamp": 0}})
+        (path / "_delta_log" / f"{dt.version() + 1:020d}.json").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    return make
+
+
+def _column_metadata(key: str, value: str) -> Callable[[DeltaTable], None]:
+    """Column `s` gets metadata delta-rs protects (delta.*): one metaData commit written here."""
+
+    def then(dt: DeltaTable) -> None:
+        md = dt.metadata()
+        schema = json.loads(dt.schema().to_json())
+        for f in schema["fields"]:
+            if f["name"] == "s":
+                f["metadata"] = {**f.get("metadata", {}), key: value}
+        action = {"metaData": {"id": md.id, "format": {"provider": "parquet", "options": {}},
+                               "schemaString": json.dumps(schema), "partitionColumns": md.partition_columns,
+                               "configuration": md.configuration, "createdTime": 0}}
+        log = Path(dt.table_uri.removeprefix("file://")) / "_delta_log"
+        (log / f"{dt.version() + 1:020d}.json").write_text(
+            json.dumps(action) + "\n" + json.dumps({"commitInfo": {"operation": "CHANGE COLUMN", "timestamp": 0}}) + "\n")
+
+    return then
+
+
+#: feature -> (how the table is built, operation, the outcome: None = honoured, else a phrase of the refusal)
+CASES: dict[str, tuple[Make, str, str | None]] = {
+    "appendOnly": (_feature("AppendOnly"), "WRITE", None),
+    "invariants": (_feature("Invariants"), "WRITE", None),
+    "invariants with a column invariant": (
+        _feature("Invariants", _column_metadata("delta.invariants", json.dumps({"expression": {"expression": "s IS NOT NULL"}}))),
+        "WRITE", "invariants"),
+    "checkConstraints": (_feature("CheckConstraints"), "WRITE", None),
+    "checkConstraints with a constraint": (
+        _feature("CheckConstraints", lambda dt: dt.alter.add_constraint({"id_positive": "id > 0"})), "WRITE", "CHECK constraints"),
+    "changeDataFeed on, append": (
+        _feature("ChangeDataFeed", lambda dt: dt.alter.set_table_properties({"delta.enableChangeDataFeed": "true"})),
+        "WRITE", None),
+    "changeDataFeed on, delete": (
+        _feature("ChangeDataFeed", lambda dt: dt.alter.set_table_properties({"delta.enableChangeDataFeed": "true"})),
+        "DELETE", "_change_data"),
+    "generatedColumns": (_feature("GeneratedColumns"), "WRITE", None),
+    "generatedColumns with a generated column": (
+        _feature("GeneratedColumns", _column_metadata("delta.generationExpression", "upper(s)")), "WRITE", "generated columns"),
+    "identityColumns": (_feature("IdentityColumns"), "WRITE", None),
+    "identityColumns with an identity column": (
+        _feature("IdentityColumns", _column_metadata("delta.identity.start", "1")), "WRITE", "identity columns"),
+    "columnMapping (mode none)": (_feature("ColumnMapping"), "WRITE", None),
+    "columnMapping (name mode)": (_protocol_commit("columnMapping", reader=True, properties={
+        "delta.columnMapping.mode": "name", "delta.columnMapping.maxColumnId": "2"}), "WRITE", "column mapping"),
+    "deletionVectors": (_feature("DeletionVectors"), "DELETE", None),
+    "rowTracking": (_feature("RowTracking"), "WRITE", "row ids"),
+    "timestampNtz": (_feature("TimestampWithoutTimezone"), "WRITE", None),
+    "domainMetadata": (_feature("DomainMetadata"), "WRITE", None),
+    "v2Checkpoint": (_feature("V2Checkpoint"), "WRITE", "classic checkpoints"),
+    "icebergCompatV1": (_feature("IcebergCompatV1"), "WRITE", "Iceberg"),
+    "icebergCompatV2": (_protocol_commit("icebergCompatV2"), "WRITE", "Iceberg"),
+    "clustering": (_protocol_commit("clustering"), "WRITE", None),
+    "vacuumProtocolCheck": (_protocol_commit("vacuumProtocolCheck", reader=True), "WRITE", None),
+    "typeWidening": (_protocol_commit("typeWidening", reader=True), "WRITE", None),
+    "inCommitTimestamp": (_protocol_commit("inCommitTimestamp"), "WRITE", None),
+    "allowColumnDefaults": (_protocol_commit("allowColumnDefaults"), "WRITE", "default values"),
+    "variantType": (_feature("VariantType"), "WRITE", None),
+    "an unknown feature": (_protocol_commit("someFutureFeature"), "WRITE", "does not know"),
+}
+
+
+def test_every_known_writer_feature_has_a_case() -> None:
+    covered = {name.split(" ")[0] for name in CASES}
+    missing = [f for f in FEATURES if f not in covered and not f.endswith("-preview")]
+    assert not missing, f"writer features without a case: {missing}"
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_writer_feature_is_honoured_or_refused_by_name(case: str, tmp_path: Path, kafka_bootstrap: str) -> None:
+    make, operation, refusal = CASES[case]
+    path = tmp_path / "t"
+    make(path)
+    snap = Snapshot.load(str(path))
+    feature = case.split(" ")[0] if case != "an unknown feature" else "someFutureFeature"
+    problems = writer_problems(snap.protocol, snap.metadata, operation)
+    if refusal is None:
+        assert problems == [], problems
+        return
+    assert [f for f, _ in problems] == [feature], problems
+    assert refusal in problems[0][1]
+    before = sorted(p.name for p in path.glob("*.parquet"))
+    with Table(path, kafka_bootstrap) as t, pytest.raises(UnsupportedTableFeatureError,
+                                                          match=f"writer feature {feature}:") as e:
+        if operation == "DELETE":
+            t.delete("id = 1")
+        else:
+            t.append(pa.table({"id": pa.array([3], pa.int64()), "s": pa.array(["c"])}))
+    assert refusal in str(e.value)
+    assert sorted(p.name for p in path.glob("*.parquet")) == before, "nothing is staged for a refused write"
