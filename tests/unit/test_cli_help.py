@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner
 
 from coordinator.tooling.cli import main
 
@@ -56,13 +57,17 @@ def test_every_command_has_help_an_example_and_option_help(path: tuple[str, ...]
 
 
 def test_short_help_flag_and_version() -> None:
-    runner = CliRunner()
-    root = runner.invoke(main, ["-h"], prog_name="deltacoord")
-    assert root.exit_code == 0 and "Usage: deltacoord" in root.output, root.output
-    sub = runner.invoke(main, ["table", "append", "-h"], prog_name="deltacoord")
-    assert sub.exit_code == 0 and "--json-rows" in sub.output and "Example:" in sub.output, sub.output
-    v = runner.invoke(main, ["--version"])
-    assert v.exit_code == 0 and v.output.strip() == f"deltacoord, version {version('deltacoord')}", v.output
+    # A fresh process: click caches each command's help option, so in-process runs of other tests must not matter.
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "coordinator.tooling.cli", *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+
+    root = cli("-h")
+    assert root.returncode == 0 and "Usage: " in root.stdout and "Example" in root.stdout, root.stderr
+    sub = cli("table", "append", "-h")
+    assert sub.returncode == 0 and "--json-rows" in sub.stdout and "Example:" in sub.stdout, sub.stderr
+    v = cli("--version")
+    assert v.returncode == 0 and v.stdout.strip() == f"deltacoord, version {version('deltacoord')}", v.stdout
 
 
 _DOC_LINE = re.compile(r"^\s*(?:\$\s*)?(deltacoord\s[^#|>&]*)")
