@@ -235,6 +235,7 @@ def test_tail_follows_new_versions_until_ctrl_c(kafka_bootstrap: str, tmp_path: 
             got = [json.loads(_next_line(out, 20, f"line {i}")) for i in range(2)]
             assert [g["version"] for g in got] == [1, 2]
             assert all(g["operation"] == "WRITE" and g["numAddedFiles"] == 1 for g in got)
+            masks = [ln for ln in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if ln.startswith("Sig")]
             proc.send_signal(signal.SIGINT)
             try:
                 code_ = proc.wait(20)
@@ -243,7 +244,8 @@ def test_tail_follows_new_versions_until_ctrl_c(kafka_bootstrap: str, tmp_path: 
                 proc.wait(10)
                 time.sleep(0.5)
                 stacks = "".join(err.get_nowait() for _ in range(err.qsize()))
-                raise AssertionError(f"tail did not stop within 20 s of SIGINT; its threads:\n{stacks}") from None
+                raise AssertionError(f"tail did not stop within 20 s of SIGINT; signal masks {masks}; "
+                                     f"its threads:\n{stacks}") from None
             assert code_ == 0
         finally:
             if proc.poll() is None:
