@@ -159,7 +159,7 @@ def _errors(lookup: Sequence[str] | None = None) -> Iterator[None]:
     except KeyboardInterrupt as e:
         pid = getattr(e, "deltacoord_proposal_id", None)
         if pid is None:
-            raise click.ClickException("interrupted before anything was proposed; nothing was written") from None
+            raise  # nothing was proposed (staged files are deleted); commands such as tail stop on it
         raise UnknownOutcome(f"interrupted while waiting for the decision of proposal {pid}: the outcome is unknown "
                              f"(it may still commit).\n{_lookup_hint(pid, lookup)}") from None
     except (DeltaCoordError, SchemaError, FileNotFoundError, StorageError) as e:
