@@ -56,9 +56,9 @@ def s3a_conf(storage_options: dict[str, str]) -> dict[str, str]:
 
 def build_session(app: str = "deltacoord-tests", s3: dict[str, str] | None = None) -> SparkSession:
     spark_env()
-    jars = classpath("delta").replace(os.pathsep, ",")
-    if s3 is not None:
-        jars += "," + classpath("s3a").replace(os.pathsep, ",")
+    # The S3A jars always: a test process launches one JVM, and jars given to a later session do not reach
+    # Hadoop's FileSystem lookup, so the first session must already carry them (whichever module runs first).
+    jars = classpath("delta").replace(os.pathsep, ",") + "," + classpath("s3a").replace(os.pathsep, ",")
     builder = SparkSession.builder
     for k, v in s3a_conf(s3).items() if s3 is not None else ():
         builder = builder.config(f"spark.hadoop.{k}", v)

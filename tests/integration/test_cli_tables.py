@@ -214,7 +214,11 @@ def _next_line(q: queue.Queue[str], timeout_s: float, what: str) -> str:
 def test_tail_follows_new_versions_until_ctrl_c(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = fresh_topics(kafka_bootstrap)
     path = tmp_path / "t"
-    code = "import click; from coordinator.tooling.cli_tables import register; g = click.Group(); register(g); g()"
+    # The child makes Ctrl-C raise KeyboardInterrupt itself: it inherits the test process's SIGINT disposition at
+    # exec, and a library thread of the test process may hold SIGINT ignored at that instant (as a C system() call
+    # does); then Python would leave SIGINT ignored in the child, as it does for a background job of a shell.
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); import click; "
+            "from coordinator.tooling.cli_tables import register; g = click.Group(); register(g); g()")
     with coordinator_thread(kafka_bootstrap, topics), Table(path, kafka_bootstrap, topics=topics) as t:
         t.create(pa.schema([("id", pa.int64())]))
         proc = subprocess.Popen(
