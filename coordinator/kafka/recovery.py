@@ -31,6 +31,33 @@ class RecoveryError(RuntimeError):
     """The commits topic could not be read to its end; state must not be rebuilt from part of it."""
 
 
+#: Errors a partition-leader election answers with for a while; asking again later is correct.
+_LEADER_MOVING = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS,
+})
+
+
+def watermarks(c: Consumer, tp: TopicPartition, budget_s: float = 90.0) -> tuple[int, int]:
+    """The partition's low and high offsets, asked again (backing off) while its leader moves, for up to
+    `budget_s`: a leader election takes seconds, and recovery must not fail the daemon for it."""
+    deadline = time.monotonic() + budget_s
+    delay = 0.2
+    while True:
+        try:
+            low, high = c.get_watermark_offsets(tp, timeout=min(30.0, max(1.0, deadline - time.monotonic())))
+            return int(low), int(high)
+        except KafkaException as e:
+            err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+            moving = err is not None and (err.retriable() or err.code() in _LEADER_MOVING)
+            if not moving or time.monotonic() + delay > deadline:
+                raise
+            log.info("offsets of %s[%d] not available yet (%s); asking again", tp.topic, tp.partition, err)
+            time.sleep(delay)
+            delay = min(delay * 2, 3.0)
+
+
 def _header(msg: Message, name: str) -> str | None:
     v = header(msg, name)
     return None if v is None else v.decode("utf-8", errors="replace")
@@ -54,7 +81,7 @@ def read_decisions(
     )
     try:
         tp = TopicPartition(settings.topics.commits, partition)
-        low, high = c.get_watermark_offsets(tp, timeout=30)
+        low, high = watermarks(c, tp)
         if high <= low:
             return
         c.assign([TopicPartition(settings.topics.commits, partition, low)])
