@@ -27,6 +27,16 @@ H_RAW_SHA256 = "deltacoord.raw_sha256"
 #: On proposals: the name of the writer key that signed the value, and the Ed25519 signature (64 bytes).
 H_SIGNER = "deltacoord.signer"
 H_SIGNATURE = "deltacoord.signature"
+#: On proposals: the replies-topic partition (decimal text) where the writer reads its answers. Absent: the
+#: writer reads its decision from the commits topic (older writers) and gets no publication notice.
+H_REPLY_PARTITION = "deltacoord.reply_partition"
+#: On replies: what the record says, `decision` (its value is the decision, written in the same transaction
+#: as the commits-topic record) or `published` / `unpublished` (no value; H_VERSION names the version;
+#: H_ERROR says why a version will not be published).
+H_KIND = "deltacoord.kind"
+KIND_DECISION = b"decision"
+KIND_PUBLISHED = b"published"
+KIND_UNPUBLISHED = b"unpublished"
 
 
 class _HasHeaders(Protocol):
@@ -43,15 +53,25 @@ def header(msg: _HasHeaders, name: str) -> bytes | None:
 
 @dataclass(frozen=True)
 class Topics:
-    """The three topics of one deltacoord deployment, named from a prefix."""
+    """The topics of one deltacoord deployment, named from a prefix.
+
+    `replies` carries each writer's own decisions and publication notices, on a reply partition the
+    writer names in its proposals, so a writer never fetches other writers' decisions.
+    """
 
     proposals: str
     commits: str
     dead_letters: str
+    replies: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.replies:
+            object.__setattr__(self, "replies", self.commits.rsplit(".", 1)[0] + ".replies" if "." in self.commits
+                               else self.commits + ".replies")
 
     @staticmethod
     def with_prefix(prefix: str = "deltacoord") -> Topics:
-        return Topics(f"{prefix}.proposals", f"{prefix}.commits", f"{prefix}.deadletters")
+        return Topics(f"{prefix}.proposals", f"{prefix}.commits", f"{prefix}.deadletters", f"{prefix}.replies")
 
 
 def murmur2(data: bytes) -> int:

@@ -49,7 +49,7 @@ from schemas.routing import Topics
 from schemas.signing import WriterKey, resolve_writer_key
 from writer import staging
 from writer.client import CoordinatorClient
-from writer.transaction import CommitResult, Transaction
+from writer.transaction import CommitResult, Transaction, WaitFor, check_wait
 from writer.vacuum import VacuumResult, vacuum
 
 #: A MERGE clause: "*" (all columns from the source) or target column -> SQL expression over `s.`/`t.` columns.
@@ -93,9 +93,14 @@ class Table:
     credentials, `AWS_ALLOW_HTTP`, ...), else each cloud's environment chain.
     The writer writes data files only; `_delta_log` is the coordinator's.
 
-    A handle reads its own writes: after it commits version v, snapshots wait
-    (up to `publish_timeout_s`) until v is published to `_delta_log`, since
-    the coordinator publishes after recording the decision.
+    Every operation returns once its version is published in `_delta_log`
+    (`wait="published"`, the default), so Spark, delta-rs and any Delta reader
+    see it; with `wait="ratified"` it returns once the decision is recorded in
+    Kafka, a few milliseconds earlier, and `snapshot(ratified=True)` reads it.
+    A ratified version not published within `publish_timeout_s` raises
+    `CommitNotPublishedError` (it is committed all the same). A handle reads its
+    own writes: after it commits version v, published snapshots wait (up to
+    `publish_timeout_s`) until v is in `_delta_log`.
 
     `writer_key` (a `WriterKey`, a key file's path, or the key text; default:
     `DELTACOORD_WRITER_KEY`) signs every proposal, and the writer name is the
@@ -105,7 +110,7 @@ class Table:
     def __init__(self, uri: str | Path, bootstrap_servers: str, *, table_id: str | None = None, topics: Topics | None = None,
                  writer_name: str | None = None, decision_timeout_s: float = 60.0, publish_timeout_s: float = 60.0,
                  client: CoordinatorClient | None = None, storage_options: Mapping[str, str] | None = None,
-                 writer_key: WriterKey | str | Path | None = None, **kafka_config: Any) -> None:
+                 writer_key: WriterKey | str | Path | None = None, wait: WaitFor = "published", **kafka_config: Any) -> None:
         self.storage = TableStorage(uri, storage_options, fsync=False)
         # Local tables keep the absolute file:// URI of their directory as location and id.
         self.uri = Path(self.storage.local_path()).as_uri() if self.storage.is_local else self.storage.location
@@ -119,6 +124,7 @@ class Table:
         self.writer_name = writer_name
         self.decision_timeout_s = decision_timeout_s
         self.publish_timeout_s = publish_timeout_s
+        self.wait: WaitFor = check_wait(wait)
         self._own_client = client is None
         self.client = client or CoordinatorClient(bootstrap_servers, topics=topics, **kafka_config)
         self._snapshot: Snapshot | None = None

@@ -33,6 +33,7 @@ commits (`stalled`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -47,6 +48,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from coordinator.delta_log.files import sweep_temp_files
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.faults import fault_point
+from coordinator.kafka.notices import PublicationNotices
 from coordinator.kafka.recovery import rebuild_states
 from coordinator.locations import TableLocationError, TableLocations
 from coordinator.metrics import Metrics
@@ -64,15 +66,18 @@ from schemas.messages import Decision
 from schemas.reasons import ReasonCode
 from schemas.routing import (
     H_ERROR,
+    H_KIND,
     H_OUTCOME,
     H_PROPOSAL_ID,
     H_RAW_SHA256,
     H_RAW_SIZE,
+    H_REPLY_PARTITION,
     H_SIGNATURE,
     H_SIGNER,
     H_SOURCE,
     H_TABLE_ID,
     H_VERSION,
+    KIND_DECISION,
     header,
     partition_for,
 )
@@ -127,6 +132,8 @@ class _Decoded:
     submitted: Submitted | None = None
     rejected: Decision | None = None
     dead: _DeadLetter | None = None
+    #: The replies-topic partition the writer reads (header `deltacoord.reply_partition`), if valid.
+    reply: int | None = None
 
 
 @dataclass(frozen=True)
@@ -224,12 +231,15 @@ class PartitionCoordinator:
     """
 
     def __init__(self, settings: CoordinatorSettings, partition: int, publisher: Publisher, metrics: Metrics,
-                 consumer: Consumer, heartbeat: Callable[[], None] | None = None, num_partitions: int = 0) -> None:
+                 consumer: Consumer, heartbeat: Callable[[], None] | None = None, num_partitions: int = 0,
+                 notices: PublicationNotices | None = None) -> None:
         self.settings = settings
         self._heartbeat = heartbeat or (lambda: None)
         self.partition = partition
         #: The proposals topic's partition count (0: unknown, the partition check is off).
         self.num_partitions = num_partitions
+        #: Where writers' replies and publication notices go (None: decisions only on the commits topic).
+        self.notices = notices
         self.publisher = publisher
         self.metrics = metrics
         self.consumer = consumer
@@ -327,20 +337,29 @@ class PartitionCoordinator:
         if self.waiting_since is None:
             self.waiting_since = time.monotonic()
         decoded = [self._decode(m) for m in batch]
+        for m, x in zip(batch, decoded, strict=True):
+            x.reply = self._reply_partition(m)
         proposals = [x.submitted for x in decoded if x.submitted is not None]
         check_files = functools.partial(added_files_problem, self.publisher.locations)
         decided, overlay = decide_batch(self.states, proposals, int(time.time() * 1000),
                                         halted=self.publisher.halted_tables(), check_files=check_files)
         it = iter(decided)
         decisions: list[Decision] = []
+        replies: list[int | None] = []
         outs: list[_Out] = []
         s = self.settings
         for x in decoded:
             d = next(it) if x.submitted is not None else x.rejected
             if d is not None:
                 decisions.append(d)
+                replies.append(x.reply)
                 outs.append(_Out(s.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d),
                                  self.partition, x.offset))
+                if x.reply is not None:
+                    # The writer's own copy, in the same transaction: visible exactly when the decision is
+                    # ratified. Without the actions: the writer needs the outcome, the commits topic has the rest.
+                    outs.append(_Out(s.topics.replies, encode_decision(dataclasses.replace(d, actions=())), None,
+                                     [*decision_headers(d), (H_KIND, KIND_DECISION)], x.reply, x.offset))
             if x.dead is not None:
                 outs.append(_Out(s.topics.dead_letters, x.dead.value, x.dead.key, x.dead.headers, None, x.offset))
         dead = sum(1 for x in decoded if x.dead is not None)
@@ -376,9 +395,11 @@ class PartitionCoordinator:
                 self.metrics.decision_latency.observe(max(0.0, now - ts / 1000.0))
         self.metrics.batch_size.observe(len(batch))
         self.metrics.proposals.labels(self._label).inc(len(batch))
-        for d in decisions:
+        for d, reply in zip(decisions, replies, strict=True):
             if d.committed and d.duplicate_of is None and d.version is not None:
                 self.metrics.commits.labels(self._label).inc()
+                if reply is not None and self.notices is not None:
+                    self.notices.expect(d.table_id, d.version, reply, d.proposal_id)
                 self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
             elif d.committed:
                 self.metrics.duplicates.inc()
@@ -463,6 +484,15 @@ class PartitionCoordinator:
         return f"{why} (last failure: {self.last_failure})" if self.last_failure else why
 
     # -- decoding -------------------------------------------------------------------
+    def _reply_partition(self, m: Message) -> int | None:
+        """The valid reply partition a message names, or None (no replies topic, no or a bad header)."""
+        n = self.notices.num_partitions if self.notices is not None else 0
+        raw = header(m, H_REPLY_PARTITION)
+        if n <= 0 or raw is None or not raw.isdigit() or len(raw) > 9:
+            return None
+        p = int(raw)
+        return p if p < n else None
+
     def _decode(self, m: Message) -> _Decoded:
         offset = m.offset()
         assert offset is not None

@@ -1,0 +1,161 @@
+"""A commit returns when Delta readers see it; each writer fetches only its own decisions.
+
+By default a commit returns once `_delta_log/<v>.json` is published (the coordinator's notice on the
+writer's reply partition says so), so delta-rs sees it the moment `append()` returns, with no sleep and
+no retry. Decisions and notices travel on the replies topic, on a partition each writer process leases
+through a consumer group: a writer's reply consumer never fetches another writer's decisions.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from coordinator.kafka.daemon import Coordinator
+from schemas.errors import CommitNotPublishedError
+from schemas.routing import Topics
+from tests.conftest import TablePlace
+from tests.integration.coord_harness import append_worker, coordinator_thread, fresh_topics
+from writer.client import CoordinatorClient
+from writer.table import Table
+
+SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.string())])
+
+
+def _row(i: int) -> pa.Table:
+    return pa.table({"id": [i], "date": ["2024-01-01"], "value": [f"v{i}"]})
+
+
+@pytest.fixture
+def topics(kafka_bootstrap: str) -> Topics:
+    return fresh_topics(kafka_bootstrap, reply_partitions=4)
+
+
+@pytest.fixture
+def coordinator(kafka_bootstrap: str, topics: Topics, table_place: TablePlace) -> Iterator[Coordinator]:
+    with coordinator_thread(kafka_bootstrap, topics, **table_place.coordinator_settings) as coord:
+        yield coord
+
+
+def test_a_returned_commit_is_visible_to_delta_rs_at_once(kafka_bootstrap: str, topics: Topics, table_place: TablePlace,
+                                                          coordinator: Coordinator, tmp_path: Path) -> None:
+    uri = table_place.of(tmp_path / "t")
+    t = Table(uri, kafka_bootstrap, topics=topics, storage_options=table_place.storage_options)
+    try:
+        assert t.create(SCHEMA).version == 0
+        assert table_place.delta_table(uri).version() == 0
+        for i in range(1, 21):
+            r = t.append(_row(i))
+            assert r.version == i
+            # No sleep, no retry: the version is in _delta_log when append() returns.
+            assert table_place.delta_table(uri).version() == i
+            assert table_place.exists(uri, table_place.commit_key(i))
+        assert table_place.delta_table(uri).to_pyarrow_table().num_rows == 20
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("table_place", ["local"], indirect=True)
+def test_a_halted_table_says_committed_but_not_published(kafka_bootstrap: str, topics: Topics, table_place: TablePlace,
+                                                         coordinator: Coordinator, tmp_path: Path) -> None:
+    t = Table(tmp_path / "t", kafka_bootstrap, topics=topics)
+    try:
+        t.create(SCHEMA)
+        before = t.snapshot()
+        # Someone wrote version 1 around the coordinator: publishing the ratified version 1 halts the table.
+        (tmp_path / "t" / "_delta_log" / f"{1:020d}.json").write_text('{"commitInfo":{"operation":"ROGUE"}}\n')
+        with pytest.raises(CommitNotPublishedError) as ei:
+            t.append(_row(1), snapshot=before)
+        assert ei.value.version == 1
+        assert "halted" in str(ei.value)
+        assert coordinator.publisher.halted(t.table_id) is not None
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("table_place", ["local"], indirect=True)
+def test_each_writer_fetches_only_its_own_decisions(kafka_bootstrap: str, topics: Topics, table_place: TablePlace,
+                                                     coordinator: Coordinator, tmp_path: Path) -> None:
+    clients = [CoordinatorClient(kafka_bootstrap, topics=topics) for _ in range(3)]
+    try:
+        # Three members, four partitions: once every member holds a lease and all four are held, the
+        # group is at its target (2/1/1) and no partition moves while the writers commit.
+        for c in clients:
+            assert c.wait_leased(60), "no reply partition was leased"
+        deadline = threading.Event()
+        for _ in range(600):
+            leases = [c._replies().leased() for c in clients]
+            if all(leases) and frozenset().union(*leases) == frozenset(range(4)) and sum(map(len, leases)) == 4:
+                break
+            deadline.wait(0.1)
+        else:
+            pytest.fail(f"the reply group did not settle: {leases}")
+        tables = [Table(tmp_path / "t", kafka_bootstrap, topics=topics, client=c) for c in clients]
+        tables[0].create(SCHEMA)
+        errors: list[BaseException] = []
+
+        def write(t: Table, w: int) -> None:
+            try:
+                for i in range(10):
+                    t.append(_row(w * 100 + i))
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=write, args=(t, w)) for w, t in enumerate(tables)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(300)
+        assert not errors
+        assert tables[0].snapshot().version == 30
+        for c in clients:
+            counts = c.reply_counts
+            assert counts.foreign == 0, f"a writer fetched {counts.foreign} answers to other writers' proposals"
+            assert counts.records >= 10  # its own decisions (and notices)
+        assert clients[0].reply_counts.records >= 11  # the create too
+    finally:
+        for c in clients:
+            c.close()
+
+
+@pytest.mark.parametrize("table_place", ["local"], indirect=True)
+def test_more_writer_processes_than_reply_partitions_all_get_their_decisions(
+        kafka_bootstrap: str, topics: Topics, table_place: TablePlace, coordinator: Coordinator, tmp_path: Path) -> None:
+    t = Table(tmp_path / "t", kafka_bootstrap, topics=topics)
+    t.create(SCHEMA)
+    t.close()
+    ctx = multiprocessing.get_context("spawn")
+    n, k = 6, 8  # six processes on four reply partitions: some share one and skip the others' answers
+    procs = [ctx.Process(target=append_worker, args=(kafka_bootstrap, topics.proposals.removesuffix(".proposals"),
+                                                     str(tmp_path / "t"), w, k, str(tmp_path / f"w{w}.json")))
+             for w in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(600)
+        assert p.exitcode == 0
+    versions = sorted(r["version"] for w in range(n) for r in json.loads((tmp_path / f"w{w}.json").read_text()))
+    assert versions == list(range(1, n * k + 1))
+    assert table_place.delta_table(str(tmp_path / "t")).version() == n * k
+
+
+@pytest.mark.parametrize("table_place", ["local"], indirect=True)
+def test_a_restarted_writer_gets_its_decisions(kafka_bootstrap: str, topics: Topics, table_place: TablePlace,
+                                               coordinator: Coordinator, tmp_path: Path) -> None:
+    t = Table(tmp_path / "t", kafka_bootstrap, topics=topics)
+    t.create(SCHEMA)
+    t.append(_row(1))
+    t.close()
+    for round_ in range(2):
+        again = Table(tmp_path / "t", kafka_bootstrap, topics=topics)
+        try:
+            assert again.append(_row(2 + round_)).version == 2 + round_
+            assert table_place.delta_table(str(tmp_path / "t")).version() == 2 + round_
+        finally:
+            again.close()
