@@ -19,6 +19,7 @@ failure: the proposal may still commit.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -92,6 +93,15 @@ class Pending:
     decision: Future[Decision] = field(default_factory=Future)
     #: The published version; fails with ProposalNotPublishedError when the coordinator will not publish it.
     published: Future[int] = field(default_factory=Future)
+
+    def result(self, timeout_s: float | None = None) -> Decision:
+        """The decision (waits up to `timeout_s`; TimeoutError after)."""
+        return self.decision.result(timeout_s)
+
+    @property
+    def header(self) -> tuple[str, bytes]:
+        """The proposal header that routes its answers here (for tools producing proposals themselves)."""
+        return (H_REPLY_PARTITION, str(self.reply_partition).encode())
 
 
 @dataclass
@@ -208,10 +218,8 @@ class _Replies:
         while not self._stop.is_set():
             if time.monotonic() - last_release > 1.0:
                 last_release = time.monotonic()
-                try:
+                with contextlib.suppress(KafkaException):
                     self._release_idle()
-                except KafkaException:
-                    pass
             try:
                 first = self._reader.poll(0.1)
             except (KafkaException, RuntimeError):
@@ -262,10 +270,8 @@ class _Replies:
         for t in self._threads:
             t.join(5)
         for c in (self._lease, self._reader):
-            try:
+            with contextlib.suppress(KafkaException, RuntimeError):
                 c.close()
-            except (KafkaException, RuntimeError):
-                pass
 
 
 #: Delivery errors that mean the broker never wrote the proposal (not a timeout, whose message may
@@ -295,10 +301,8 @@ class CoordinatorClient:
         self._reply_group = reply_group or f"deltacoord-writer-{self.topics.replies}"
         self._replies_: _Replies | None = None
         # Start leasing a reply partition now: the lease takes about a second, usually before the first commit.
-        try:
+        with contextlib.suppress(RuntimeError):  # no topics yet: retried (and reported) at the first proposal
             self._replies()
-        except RuntimeError:
-            pass  # no coordinator yet: retried (and reported) at the first proposal
 
     def _partition_count(self, topic: str) -> int:
         md = self._producer.list_topics(topic, timeout=30)
@@ -329,6 +333,10 @@ class CoordinatorClient:
         """Block until this writer holds a reply partition of its own (False on timeout: it shares one)."""
         return self._replies().wait_leased(timeout_s)
 
+    def expect(self, proposal_id: str) -> Pending:
+        """Wait for answers to a proposal produced elsewhere: produce it with the result's `header`."""
+        return self._replies().expect(proposal_id)
+
     def propose(self, proposal: Proposal, key: WriterKey | None = None) -> Pending:
         """Produce the proposal (signed with `key` when given); the result's futures resolve with its decision
         and its publication."""
@@ -349,7 +357,7 @@ class CoordinatorClient:
             value = encode_proposal(proposal)
             headers: list[tuple[str, str | bytes | None]] = [(H_PROPOSAL_ID, proposal.proposal_id.encode()),
                                                              (H_TABLE_ID, proposal.table_id.encode()),
-                                                             (H_REPLY_PARTITION, str(pending.reply_partition).encode())]
+                                                             pending.header]
             if key is not None:
                 if proposal.writer != key.name:
                     raise ValueError(f"proposal {proposal.proposal_id} declares writer {proposal.writer!r} but would be "
