@@ -31,6 +31,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from reader.ratified import RatifiedSource
 from schemas.codec import decode_decision, encode_proposal
 from schemas.errors import CommitOutcomeUnknownError, EncodeError, ProposalNotSentError
 from schemas.messages import Decision, Proposal
@@ -332,6 +333,11 @@ class CoordinatorClient:
     def wait_leased(self, timeout_s: float = 30.0) -> bool:
         """Block until this writer holds a reply partition of its own (False on timeout: it shares one)."""
         return self._replies().wait_leased(timeout_s)
+
+    def ratified_source(self, table_id: str) -> RatifiedSource:
+        """Where a reader finds `table_id`'s ratified but unpublished versions (this client's Kafka and topics)."""
+        conf = {k: v for k, v in self._conf.items() if k != "bootstrap.servers"}
+        return RatifiedSource(str(self._conf["bootstrap.servers"]), table_id, self.topics, conf)
 
     def expect(self, proposal_id: str) -> Pending:
         """Wait for answers to a proposal produced elsewhere: produce it with the result's `header`."""

@@ -182,8 +182,19 @@ class Table:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
 
-    def snapshot(self, version: int | None = None) -> Snapshot:
-        """The published snapshot (latest by default), never older than this handle's own commits."""
+    def snapshot(self, version: int | None = None, *, ratified: bool = False) -> Snapshot:
+        """The published snapshot (latest by default), never older than this handle's own commits.
+
+        With `ratified=True`, the latest snapshot including versions ratified in Kafka but not yet
+        in `_delta_log` (read from the commits topic): it never waits on publication.
+        """
+        if ratified:
+            if version is not None:
+                raise ValueError("snapshot(ratified=True) reads the latest version: give no version")
+            snap = Snapshot.load(self.uri, storage_options=self.storage_options,
+                                 ratified=self.client.ratified_source(self.table_id))
+            self._snapshot = snap
+            return snap
         if version is not None:
             if version <= self._floor:
                 self.wait_published(version)

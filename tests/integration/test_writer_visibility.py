@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from coordinator.kafka.daemon import Coordinator
+from reader.snapshot import Snapshot
 from schemas.errors import CommitNotPublishedError
 from schemas.routing import Topics
 from tests.conftest import TablePlace
-from tests.integration.coord_harness import append_worker, coordinator_thread, fresh_topics
+from tests.integration.coord_harness import append_worker, coordinator_thread, fresh_topics, start_coordinator_process
 from writer.client import CoordinatorClient
 from writer.table import Table
 
@@ -159,3 +161,33 @@ def test_a_restarted_writer_gets_its_decisions(kafka_bootstrap: str, topics: Top
             assert table_place.delta_table(str(tmp_path / "t")).version() == 2 + round_
         finally:
             again.close()
+
+
+def test_a_ratified_commit_is_read_through_deltacoord_before_it_is_published(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The publisher is held (it hangs before writing version 1): `wait="ratified"` commits return, our reader
+    sees them from the commits topic, delta-rs does not yet; a default commit says it is not published."""
+    topics = fresh_topics(kafka_bootstrap)
+    proc = start_coordinator_process(kafka_bootstrap, topics, tmp_path, env={"DELTACOORD_FAULT": "publish:2:hang"})
+    path = tmp_path / "t"
+    try:
+        t = Table(path, kafka_bootstrap, topics=topics, wait="ratified", publish_timeout_s=3.0, decision_timeout_s=120)
+        try:
+            assert t.create(SCHEMA).version == 0
+            for v in (1, 2):
+                assert t.append(_row(v)).version == v
+                assert not (path / "_delta_log" / f"{v:020d}.json").exists()
+                snap = t.snapshot(ratified=True)
+                assert snap.version == v
+                assert sorted(snap.to_pyarrow().column("id").to_pylist()) == list(range(1, v + 1))
+            assert Snapshot.load(path).version == 0  # what _delta_log says
+            assert DeltaTable(str(path)).version() == 0
+            with pytest.raises(CommitNotPublishedError) as ei:
+                t.wait = "published"
+                t.append(_row(3))
+            assert ei.value.version == 3
+            assert "not published" in str(ei.value)
+        finally:
+            t.close()
+    finally:
+        proc.kill()

@@ -587,6 +587,7 @@ def test_acls_grant_exactly_the_needed_operations() -> None:
     assert grants(entries, W) == {
         (TOPIC, "dc.proposals", LITERAL, "WRITE"), (TOPIC, "dc.proposals", LITERAL, "DESCRIBE"),
         (TOPIC, "dc.commits", LITERAL, "READ"), (TOPIC, "dc.commits", LITERAL, "DESCRIBE"),
+        (TOPIC, "dc.replies", LITERAL, "READ"), (TOPIC, "dc.replies", LITERAL, "DESCRIBE"),
         (GROUP, "deltacoord-writer-", PREFIXED, "READ"), (GROUP, "deltacoord-lookup", PREFIXED, "READ"),
     }
     assert grants(entries, C) == {
@@ -594,6 +595,7 @@ def test_acls_grant_exactly_the_needed_operations() -> None:
         (TOPIC, "dc.commits", LITERAL, "WRITE"), (TOPIC, "dc.commits", LITERAL, "READ"),
         (TOPIC, "dc.commits", LITERAL, "DESCRIBE"), (TOPIC, "dc.commits", LITERAL, "DESCRIBE_CONFIGS"),
         (TOPIC, "dc.deadletters", LITERAL, "WRITE"), (TOPIC, "dc.deadletters", LITERAL, "DESCRIBE"),
+        (TOPIC, "dc.replies", LITERAL, "WRITE"), (TOPIC, "dc.replies", LITERAL, "DESCRIBE"),
         (GROUP, "dc-coordinator", LITERAL, "READ"), (GROUP, "dc-coordinator", LITERAL, "DESCRIBE"),
         (GROUP, "dc-coordinator-recovery", LITERAL, "READ"), (GROUP, "dc-coordinator-recovery", LITERAL, "DESCRIBE"),
         (TRANSACTIONAL_ID, "dc-tx-dc.proposals-", PREFIXED, "WRITE"),
