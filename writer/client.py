@@ -20,6 +20,7 @@ failure: the proposal may still commit.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import threading
 import time
@@ -111,6 +112,9 @@ class ReplyCounts:
 
     records: int = 0
     foreign: int = 0
+    #: Bytes the reply consumers received from the brokers (librdkafka's `rxbytes`; needs the client
+    #: option `statistics.interval.ms`, and is as fresh as the last statistics report).
+    rx_bytes: int = 0
 
 
 class _Replies:
@@ -131,7 +135,10 @@ class _Replies:
         self.counts = ReplyCounts()
         self._lease_seen = threading.Event()
         self._stop = threading.Event()
+        self._rx: dict[str, int] = {}
+        stats = {"stats_cb": self._on_stats} if "statistics.interval.ms" in conf else {}
         self._reader = Consumer({
+            **stats,
             **conf,
             "group.id": f"deltacoord-writer-reader-{uuid.uuid4().hex[:12]}",  # never joins: assigned by hand
             "enable.auto.commit": False,
@@ -140,6 +147,7 @@ class _Replies:
             "fetch.wait.max.ms": 100,
         })
         self._lease = Consumer({
+            **stats,
             **conf,
             "group.id": group_id,
             "group.protocol": "consumer",
@@ -153,6 +161,12 @@ class _Replies:
         ]
         for t in self._threads:
             t.start()
+
+    def _on_stats(self, raw: str) -> None:
+        doc = json.loads(raw)
+        with self._lock:
+            self._rx[str(doc.get("name"))] = int(doc.get("rxbytes", 0))
+            self.counts.rx_bytes = sum(self._rx.values())
 
     # -- the lease ------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

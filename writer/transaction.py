@@ -69,6 +69,9 @@ class CommitResult:
     metrics: Mapping[str, int] = field(default_factory=dict)
     #: True when the operation had nothing to change and, like Delta's commitIfNeeded, made no commit.
     noop: bool = False
+    #: Milliseconds from proposing to the decision (`decided_ms`) and, when waited for, to publication
+    #: (`published_ms`): where a commit's time went.
+    timings: Mapping[str, float] = field(default_factory=dict)
 
 
 class TableHandle(Protocol):
@@ -215,6 +218,7 @@ class Transaction:
             raise
         self.proposed = True
         client = self.table.client
+        t0 = time.perf_counter()
         try:
             pending = client.propose(p, key=self.table.writer_key)
         except ProposalNotSentError:
@@ -222,13 +226,16 @@ class Transaction:
             raise
         try:
             d = client.decided(pending, p.table_id, timeout_s or self.table.decision_timeout_s)
+            timings = {"decided_ms": (time.perf_counter() - t0) * 1000}
             if d.committed and d.version is not None:
                 changed_metadata = any(isinstance(a, (Metadata, ProtocolAction)) for a in self.actions)
                 self.table.committed(d.version, changed_metadata=changed_metadata)
                 if mode == "published":
                     self._await_publication(pending, d.version, notice=d.duplicate_of is None)
+                    timings["published_ms"] = (time.perf_counter() - t0) * 1000
                 return CommitResult(
                     d.version, p.proposal_id, operation, already_committed=d.duplicate_of is not None, metrics=all_metrics,
+                    timings=timings,
                 )
         finally:
             client.forget(p.proposal_id)

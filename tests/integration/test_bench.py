@@ -28,6 +28,9 @@ def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str) -> None:
     assert dc["writers"] == 2 and dc["commits"] == 6 and dc["failed"] == 0
     assert rs["commits"] + rs["failed"] == 6
     assert dc["commits_per_s"] > 0 and 0 < dc["p50_ms"] <= dc["p99_ms"]
+    # Propose -> decided <= propose -> visible (a commit returns once published), and the reply consumers' bytes.
+    assert 0 < dc["decided_p50_ms"] <= dc["visible_p50_ms"]
+    assert dc["fetch_bytes_per_commit"] > 0 and "foreign_records" in dc
 
 
 def test_bench_on_s3_measures_both_systems_to_visibility(kafka_bootstrap: str, tmp_path: Path) -> None:
