@@ -315,12 +315,17 @@ class CoordinatorClient:
         self._num_partitions: int | None = None
         self._reply_group = reply_group or f"deltacoord-writer-{self.topics.replies}"
         self._replies_: _Replies | None = None
-        # Start leasing a reply partition now: the lease takes about a second, usually before the first commit.
-        with contextlib.suppress(RuntimeError):  # no topics yet: retried (and reported) at the first proposal
-            self._replies()
+        self._closed = False
+        # Start leasing a reply partition now, in the background: the lease takes about a second,
+        # usually less than preparing the first commit.
+        threading.Thread(target=self._lease_early, name="deltacoord-reply-start", daemon=True).start()
 
-    def _partition_count(self, topic: str) -> int:
-        md = self._producer.list_topics(topic, timeout=30)
+    def _lease_early(self) -> None:
+        with contextlib.suppress(Exception):  # no broker or topics yet: retried (and reported) at the first proposal
+            self._replies(timeout_s=10)
+
+    def _partition_count(self, topic: str, timeout_s: float = 30) -> int:
+        md = self._producer.list_topics(topic, timeout=timeout_s)
         t = md.topics.get(topic)
         if t is None or t.error is not None or not t.partitions:
             raise RuntimeError(f"topic {topic} not found on {self._conf['bootstrap.servers']}: is a coordinator running "
@@ -332,11 +337,16 @@ class CoordinatorClient:
             self._num_partitions = self._partition_count(self.topics.proposals)
         return partition_for(table_id, self._num_partitions)
 
-    def _replies(self) -> _Replies:
+    def _replies(self, timeout_s: float = 30) -> _Replies:
         with self._lock:
+            if self._replies_ is not None:
+                return self._replies_
+        n = self._partition_count(self.topics.replies, timeout_s)  # a broker round trip: not under the lock
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the coordinator client is closed")
             if self._replies_ is None:
-                self._replies_ = _Replies(self._conf, self.topics.replies, self._reply_group,
-                                          self._partition_count(self.topics.replies))
+                self._replies_ = _Replies(self._conf, self.topics.replies, self._reply_group, n)
             return self._replies_
 
     @property
@@ -444,6 +454,7 @@ class CoordinatorClient:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             replies, self._replies_ = self._replies_, None
         if replies is not None:
             replies.close()
