@@ -136,6 +136,7 @@ class _Replies:
         self._lease_seen = threading.Event()
         self._stop = threading.Event()
         self._rx: dict[str, int] = {}
+        self._stats_lock = threading.Lock()
         stats = {"stats_cb": self._on_stats} if "statistics.interval.ms" in conf else {}
         self._reader = Consumer({
             **stats,
@@ -163,8 +164,9 @@ class _Replies:
             t.start()
 
     def _on_stats(self, raw: str) -> None:
+        # Runs inside a consumer's poll: never under `_lock`, which `expect` holds across broker calls.
         doc = json.loads(raw)
-        with self._lock:
+        with self._stats_lock:
             self._rx[str(doc.get("name"))] = int(doc.get("rxbytes", 0))
             self.counts.rx_bytes = sum(self._rx.values())
 
