@@ -30,10 +30,18 @@ H_SIGNATURE = "deltacoord.signature"
 #: On proposals: the replies-topic partition (decimal text) where the writer reads its answers. Absent: the
 #: writer reads its decision from the commits topic (older writers) and gets no publication notice.
 H_REPLY_PARTITION = "deltacoord.reply_partition"
-#: On replies: what the record says, `decision` (its value is the decision, written in the same transaction
-#: as the commits-topic record) or `published` / `unpublished` (no value; H_VERSION names the version;
-#: H_ERROR says why a version will not be published).
+#: On proposals: when the writer wants its answer. Absent or `published`: one reply once the version is in
+#: `_delta_log` (a rejection at once); `ratified`: the decision at once, once it is recorded in Kafka.
+H_WAIT = "deltacoord.wait"
+WAIT_RATIFIED = b"ratified"
+WAIT_PUBLISHED = b"published"
+#: On replies (sent after the coordinator's transaction commits; their value is the decision without its
+#: actions): `decision` (ratified; nothing more will come), `published` (ratified and in `_delta_log`),
+#: `unpublished` (ratified, but its table's publication halted; H_ERROR says why).
 H_KIND = "deltacoord.kind"
+#: On replies: when the coordinator consumed the proposal, committed its transaction and (kind `published`)
+#: published the version, as `name=epoch-ms` pairs joined by `;` (where a commit's time went).
+H_TIMES = "deltacoord.times"
 KIND_DECISION = b"decision"
 KIND_PUBLISHED = b"published"
 KIND_UNPUBLISHED = b"unpublished"

@@ -1,9 +1,10 @@
 """Propose commits and learn their outcome from the writer's own reply partition.
 
 Decisions are routed, not broadcast: each proposal names a partition of the
-replies topic (header `deltacoord.reply_partition`), and the coordinator writes
-the decision there in the same Kafka transaction as the commits-topic record,
-then a `published` notice once `_delta_log/<v>.json` exists. A writer process
+replies topic (header `deltacoord.reply_partition`), and once the Kafka
+transaction recording the decision has committed, the coordinator sends the
+writer one reply there: the decision, and for a new version by default only
+once `_delta_log/<v>.json` exists (`coordinator.kafka.notices`). A writer process
 leases reply partitions through a consumer group on the replies topic
 (`group.protocol=consumer`): Kafka gives each partition to one live member, so
 a writer fetches only its own answers and the broker's fetch work per commit
@@ -13,8 +14,12 @@ Until the first lease arrives (about a second after start), or when there are
 more writer processes than reply partitions, a writer uses a shared partition
 and skips other writers' answers by the proposal-id header.
 
-A decision that does not arrive in time is an unknown outcome, never a
-failure: the proposal may still commit.
+A reply is a copy; the commits topic is the truth. A writer that hears nothing
+within `REPLY_WAIT_S` (a coordinator that died between its transaction and the
+reply, a reply lost) looks for its proposal id in the table's commits partition,
+from shortly before it proposed, and again with growing pauses; a decision found
+in neither by the deadline is an unknown outcome, never a failure: the proposal
+may still commit.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +49,9 @@ from schemas.routing import (
     H_SIGNATURE,
     H_SIGNER,
     H_TABLE_ID,
+    H_TIMES,
     H_VERSION,
+    H_WAIT,
     KIND_DECISION,
     KIND_PUBLISHED,
     KIND_UNPUBLISHED,
@@ -53,6 +60,12 @@ from schemas.routing import (
     partition_for,
 )
 from schemas.signing import WriterKey
+
+#: How long a writer waits for its reply before it also looks for its decision in the commits topic.
+REPLY_WAIT_S = 5.0
+#: The commits-topic scan starts this long before the proposal was produced (clocks of the writer,
+#: the broker and the coordinator may disagree by this much).
+CLOCK_SKEW_MS = 60_000
 
 #: Retriable reasons a broker call fails while a partition's leadership moves (a failover, a new topic).
 _LEADERSHIP_MOVING = frozenset({
@@ -92,7 +105,17 @@ class Pending:
 
     proposal_id: str
     reply_partition: int
+    #: `published`: one reply once the version is in `_delta_log`; `ratified`: the decision at once.
+    wait: str = "published"
+    #: When the proposal was produced (ms since the epoch): a commits-topic scan starts near it.
+    proposed_ms: int = 0
     decision: Future[Decision] = field(default_factory=Future)
+    #: Epoch seconds: the proposal handed to the producer, acknowledged by the broker, its reply received.
+    sent_at: float = 0.0
+    produced_at: float = 0.0
+    replied_at: float = 0.0
+    #: The coordinator's epoch seconds from the reply (`consumed`, `ratified`, `published`).
+    coordinator_times: dict[str, float] = field(default_factory=dict)
     #: The published version; fails with ProposalNotPublishedError when the coordinator will not publish it.
     published: Future[int] = field(default_factory=Future)
 
@@ -104,6 +127,26 @@ class Pending:
     def header(self) -> tuple[str, bytes]:
         """The proposal header that routes its answers here (for tools producing proposals themselves)."""
         return (H_REPLY_PARTITION, str(self.reply_partition).encode())
+
+    @property
+    def headers(self) -> list[tuple[str, str | bytes | None]]:
+        """Every routing header of the proposal: the reply partition and when to answer."""
+        return [self.header, (H_WAIT, self.wait.encode())]
+
+
+def _parse_times(raw: bytes | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in (raw or b"").decode("ascii", errors="replace").split(";"):
+        name, _, ms = part.partition("=")
+        with contextlib.suppress(ValueError):
+            out[name] = float(ms) / 1000
+    return out
+
+
+def _check_wait(wait: str) -> str:
+    if wait not in ("published", "ratified"):
+        raise ValueError(f"wait={wait!r}: use 'published' or 'ratified'")
+    return wait
 
 
 @dataclass
@@ -165,9 +208,13 @@ class _Replies:
 
     def _on_stats(self, raw: str) -> None:
         # Runs inside a consumer's poll: never under `_lock`, which `expect` holds across broker calls.
+        # Bytes received per broker connection (`brokers.*.rxbytes`; the top level has no `rxbytes`).
+        # Logical brokers (the group coordinator's alias of a real one) would count a connection twice.
         doc = json.loads(raw)
+        brokers = doc.get("brokers") or {}
+        rx = sum(int(b.get("rxbytes", 0)) for b in brokers.values() if b.get("source") != "logical")
         with self._stats_lock:
-            self._rx[str(doc.get("name"))] = int(doc.get("rxbytes", 0))
+            self._rx[str(doc.get("name"))] = rx
             self.counts.rx_bytes = sum(self._rx.values())
 
     # -- the lease ------------------------------------------------------------------
@@ -199,7 +246,7 @@ class _Replies:
         return self._lease_seen.wait(timeout_s) and bool(self.leased())
 
     # -- routing ----------------------------------------------------------------------
-    def expect(self, proposal_id: str) -> Pending:
+    def expect(self, proposal_id: str, wait: str = "published") -> Pending:
         """Register a proposal on this writer's current reply partition (read from its end from now on)."""
         with self._lock:
             partition = min(self._leased) if self._leased else self._shared
@@ -208,7 +255,7 @@ class _Replies:
                 # Every answer to a proposal produced from now on lies at a later offset.
                 self._reader.incremental_assign([TopicPartition(self.topic, partition, high)])
                 self._reading.add(partition)
-            pending = Pending(proposal_id, partition)
+            pending = Pending(proposal_id, partition, wait, int(time.time() * 1000))
             key = proposal_id.encode()
             self._pending[key] = pending
             self._ours[key] = None
@@ -255,6 +302,7 @@ class _Replies:
     def _route(self, m: Any) -> None:
         pid = header(m, H_PROPOSAL_ID)
         kind = header(m, H_KIND) or KIND_DECISION
+        replied_at = time.time()
         with self._lock:
             self.counts.records += 1
             if pid is None or pid not in self._ours:
@@ -265,16 +313,21 @@ class _Replies:
                 return
             if kind != KIND_DECISION:
                 self._pending.pop(pid, None)  # a notice is the last answer a proposal gets
+        value = m.value()
+        if not pending.replied_at:
+            pending.replied_at = replied_at
+            pending.coordinator_times.update(_parse_times(header(m, H_TIMES)))
+        if value is not None and not pending.decision.done():  # every reply carries the decision
+            with contextlib.suppress(InvalidStateError):  # a commits-topic scan found it first
+                try:
+                    decision = decode_decision(value)
+                except Exception as e:  # a decision we cannot read is still not an outcome we may invent
+                    pending.decision.set_exception(e)
+                else:
+                    pending.decision.set_result(decision)
         if kind == KIND_DECISION:
-            value = m.value()
-            if pending.decision.done():
-                return
-            try:
-                assert value is not None
-                pending.decision.set_result(decode_decision(value))
-            except Exception as e:  # a decision we cannot read is still not an outcome we may invent
-                pending.decision.set_exception(e)
-        elif kind == KIND_PUBLISHED and not pending.published.done():
+            return
+        if kind == KIND_PUBLISHED and not pending.published.done():
             version = header(m, H_VERSION)
             pending.published.set_result(int(version) if version else -1)
         elif kind == KIND_UNPUBLISHED and not pending.published.done():
@@ -365,16 +418,16 @@ class CoordinatorClient:
         conf = {k: v for k, v in self._conf.items() if k != "bootstrap.servers"}
         return RatifiedSource(str(self._conf["bootstrap.servers"]), table_id, self.topics, conf)
 
-    def expect(self, proposal_id: str) -> Pending:
-        """Wait for answers to a proposal produced elsewhere: produce it with the result's `header`."""
-        return self._replies().expect(proposal_id)
+    def expect(self, proposal_id: str, wait: str = "published") -> Pending:
+        """Wait for answers to a proposal produced elsewhere: produce it with the result's `headers`."""
+        return self._replies().expect(proposal_id, _check_wait(wait))
 
-    def propose(self, proposal: Proposal, key: WriterKey | None = None) -> Pending:
+    def propose(self, proposal: Proposal, key: WriterKey | None = None, wait: str = "published") -> Pending:
         """Produce the proposal (signed with `key` when given); the result's futures resolve with its decision
-        and its publication."""
+        and (`wait="published"`) its publication."""
         partition = self.partition_of(proposal.table_id)
         replies = self._replies()
-        pending = replies.expect(proposal.proposal_id)
+        pending = replies.expect(proposal.proposal_id, _check_wait(wait))
         delivery: Future[None] = Future()
 
         def on_delivery(err: KafkaError | None, _msg: Any) -> None:
@@ -389,12 +442,13 @@ class CoordinatorClient:
             value = encode_proposal(proposal)
             headers: list[tuple[str, str | bytes | None]] = [(H_PROPOSAL_ID, proposal.proposal_id.encode()),
                                                              (H_TABLE_ID, proposal.table_id.encode()),
-                                                             pending.header]
+                                                             *pending.headers]
             if key is not None:
                 if proposal.writer != key.name:
                     raise ValueError(f"proposal {proposal.proposal_id} declares writer {proposal.writer!r} but would be "
                                      f"signed by key {key.name!r}: the coordinator requires them to match")
                 headers += [(H_SIGNER, key.name.encode()), (H_SIGNATURE, key.sign(value))]
+            pending.sent_at = time.time()
             self._producer.produce(
                 self.topics.proposals, value=value, key=proposal.table_id.encode(), partition=partition, headers=headers,
                 on_delivery=on_delivery,
@@ -403,6 +457,7 @@ class CoordinatorClient:
             replies.forget(proposal.proposal_id)
             raise ProposalNotSentError(f"proposal {proposal.proposal_id} could not be produced: {e}") from e
         self._producer.flush(30)
+        pending.produced_at = time.time()
         try:
             delivery.result(0)
         except Exception:
@@ -411,12 +466,28 @@ class CoordinatorClient:
         return pending
 
     def decided(self, pending: Pending, table_id: str, timeout_s: float) -> Decision:
-        """The decision of a proposed `pending`; CommitOutcomeUnknownError if none arrives in `timeout_s`."""
-        try:
-            return pending.decision.result(timeout_s)
-        except TimeoutError:
-            self.forget(pending.proposal_id)
-            raise CommitOutcomeUnknownError(pending.proposal_id, table_id, timeout_s) from None
+        """The decision of a proposed `pending`: its reply, or (none within REPLY_WAIT_S) the decision found in
+        the commits topic; CommitOutcomeUnknownError if neither has it within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        wait_s = REPLY_WAIT_S
+        while True:
+            try:
+                return pending.decision.result(max(0.0, min(wait_s, deadline - time.monotonic())))
+            except TimeoutError:
+                pass
+            # No reply yet: the decision may be recorded all the same (the source of truth is the commits topic).
+            remaining = deadline - time.monotonic()
+            found = self.lookup_decision(table_id, pending.proposal_id, timeout_s=max(1.0, min(30.0, remaining)),
+                                         since_ms=pending.proposed_ms - CLOCK_SKEW_MS)
+            if found is not None:
+                if not pending.decision.done():
+                    with contextlib.suppress(InvalidStateError):  # a reply that raced the scan says the same
+                        pending.decision.set_result(found)
+                return found
+            if time.monotonic() >= deadline:
+                self.forget(pending.proposal_id)
+                raise CommitOutcomeUnknownError(pending.proposal_id, table_id, timeout_s) from None
+            wait_s = min(wait_s * 2, 30.0)
 
     def forget(self, proposal_id: str) -> None:
         """Stop waiting for any answer to `proposal_id`."""
@@ -425,21 +496,31 @@ class CoordinatorClient:
     def commit(self, proposal: Proposal, timeout_s: float = 60.0, key: WriterKey | None = None) -> Decision:
         """Propose (signed with `key` when given) and wait for the decision (ratification only).
         Raises CommitOutcomeUnknownError if no decision arrives in time."""
-        pending = self.propose(proposal, key)
+        pending = self.propose(proposal, key, wait="ratified")
         d = self.decided(pending, proposal.table_id, timeout_s)
         self.forget(proposal.proposal_id)
         return d
 
-    def lookup_decision(self, table_id: str, proposal_id: str, timeout_s: float = 30.0) -> Decision | None:
-        """Scan the table's commits partition for a proposal's decision (after an unknown outcome)."""
+    def lookup_decision(self, table_id: str, proposal_id: str, timeout_s: float = 30.0,
+                        since_ms: int | None = None) -> Decision | None:
+        """Scan the table's commits partition for a proposal's decision (after an unknown outcome), from its
+        start or from the first record at or after `since_ms` (ms since the epoch)."""
         partition = self.partition_of(table_id)
-        c = Consumer({**self._conf, "group.id": "deltacoord-lookup", "enable.auto.commit": False, "isolation.level": "read_committed"})
+        conf = {k: v for k, v in self._conf.items() if k != "statistics.interval.ms"}
+        c = Consumer({**conf, "group.id": "deltacoord-lookup", "enable.auto.commit": False, "isolation.level": "read_committed"})
         try:
             tp = TopicPartition(self.topics.commits, partition)
             low, high = c.get_watermark_offsets(tp, timeout=timeout_s)
             if high <= low:
                 return None  # nothing decided on this partition yet
-            c.assign([TopicPartition(self.topics.commits, partition, low)])
+            start = low
+            if since_ms is not None and since_ms > 0:
+                found = c.offsets_for_times([TopicPartition(self.topics.commits, partition, since_ms)], timeout=timeout_s)
+                if found and found[0].offset < 0:
+                    return None  # no record as recent as that
+                if found and found[0].offset > low:
+                    start = found[0].offset
+            c.assign([TopicPartition(self.topics.commits, partition, start)])
             want = proposal_id.encode()
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:

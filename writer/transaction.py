@@ -220,13 +220,13 @@ class Transaction:
         client = self.table.client
         t0 = time.perf_counter()
         try:
-            pending = client.propose(p, key=self.table.writer_key)
+            pending = client.propose(p, key=self.table.writer_key, wait=mode)
         except ProposalNotSentError:
             delete_staged(self.table.storage, self.staged)  # it never reached Kafka: it cannot commit
             raise
         try:
             d = client.decided(pending, p.table_id, timeout_s or self.table.decision_timeout_s)
-            timings = {"decided_ms": (time.perf_counter() - t0) * 1000}
+            timings = _timings(pending, (time.perf_counter() - t0) * 1000)
             if d.committed and d.version is not None:
                 changed_metadata = any(isinstance(a, (Metadata, ProtocolAction)) for a in self.actions)
                 self.table.committed(d.version, changed_metadata=changed_metadata)
@@ -277,6 +277,29 @@ class Transaction:
             except ProposalNotPublishedError as e:
                 raise CommitNotPublishedError(table.table_id, version, str(e)) from None
             delay = min(delay * 2, 0.5)
+
+
+def _timings(pending: Pending, elapsed_ms: float) -> dict[str, float]:
+    """Milliseconds since the proposal was handed to the producer: `produced` (broker acknowledged),
+    the coordinator's `consumed` (its batch began), `ratified` (its transaction committed) and `put`
+    (`<v>.json` written; wait="published"), `reply` (the reply reached this writer), `decided_ms` (the
+    decision known to be ratified: the coordinator's `ratified` when the reply carries it). Coordinator
+    times are its wall clock: exact on one host, skewed by the clocks' difference across hosts."""
+    def since(t: float) -> float:
+        return round((t - pending.sent_at) * 1000, 3)
+
+    out: dict[str, float] = {"decided_ms": elapsed_ms}
+    if pending.sent_at:
+        if pending.produced_at:
+            out["produced_ms"] = since(pending.produced_at)
+        for name, key in (("consumed", "consumed_ms"), ("ratified", "ratified_ms"), ("published", "put_ms")):
+            if name in pending.coordinator_times:
+                out[key] = since(pending.coordinator_times[name])
+        if pending.replied_at:
+            out["reply_ms"] = since(pending.replied_at)
+        if "ratified_ms" in out:
+            out["decided_ms"] = min(elapsed_ms, out["ratified_ms"])
+    return out
 
 
 def _json(v: Any) -> str:

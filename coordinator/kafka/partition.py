@@ -33,7 +33,6 @@ commits (`stalled`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import logging
@@ -66,7 +65,6 @@ from schemas.messages import Decision
 from schemas.reasons import ReasonCode
 from schemas.routing import (
     H_ERROR,
-    H_KIND,
     H_OUTCOME,
     H_PROPOSAL_ID,
     H_RAW_SHA256,
@@ -77,7 +75,8 @@ from schemas.routing import (
     H_SOURCE,
     H_TABLE_ID,
     H_VERSION,
-    KIND_DECISION,
+    H_WAIT,
+    WAIT_RATIFIED,
     header,
     partition_for,
 )
@@ -134,6 +133,8 @@ class _Decoded:
     dead: _DeadLetter | None = None
     #: The replies-topic partition the writer reads (header `deltacoord.reply_partition`), if valid.
     reply: int | None = None
+    #: The writer returns at ratification (header `deltacoord.wait: ratified`): its reply goes at once.
+    ratified_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -336,30 +337,27 @@ class PartitionCoordinator:
             return
         if self.waiting_since is None:
             self.waiting_since = time.monotonic()
+        consumed_at = time.time()
         decoded = [self._decode(m) for m in batch]
         for m, x in zip(batch, decoded, strict=True):
             x.reply = self._reply_partition(m)
+            x.ratified_only = header(m, H_WAIT) == WAIT_RATIFIED
         proposals = [x.submitted for x in decoded if x.submitted is not None]
         check_files = functools.partial(added_files_problem, self.publisher.locations)
         decided, overlay = decide_batch(self.states, proposals, int(time.time() * 1000),
                                         halted=self.publisher.halted_tables(), check_files=check_files)
         it = iter(decided)
         decisions: list[Decision] = []
-        replies: list[int | None] = []
+        replies: list[tuple[int | None, bool]] = []
         outs: list[_Out] = []
         s = self.settings
         for x in decoded:
             d = next(it) if x.submitted is not None else x.rejected
             if d is not None:
                 decisions.append(d)
-                replies.append(x.reply)
+                replies.append((x.reply, x.ratified_only))
                 outs.append(_Out(s.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d),
                                  self.partition, x.offset))
-                if x.reply is not None:
-                    # The writer's own copy, in the same transaction: visible exactly when the decision is
-                    # ratified. Without the actions: the writer needs the outcome, the commits topic has the rest.
-                    outs.append(_Out(s.topics.replies, encode_decision(dataclasses.replace(d, actions=())), None,
-                                     [*decision_headers(d), (H_KIND, KIND_DECISION)], x.reply, x.offset))
             if x.dead is not None:
                 outs.append(_Out(s.topics.dead_letters, x.dead.value, x.dead.key, x.dead.headers, None, x.offset))
         dead = sum(1 for x in decoded if x.dead is not None)
@@ -389,17 +387,24 @@ class PartitionCoordinator:
         overlay.apply_to(self.states)
         self.metrics.tables.inc(len(overlay.created))
         now = time.time()
+        times = {"consumed": consumed_at, "ratified": now}
         for m in batch:
             ts = m.timestamp()[1]
             if ts > 0:
                 self.metrics.decision_latency.observe(max(0.0, now - ts / 1000.0))
         self.metrics.batch_size.observe(len(batch))
         self.metrics.proposals.labels(self._label).inc(len(batch))
-        for d, reply in zip(decisions, replies, strict=True):
-            if d.committed and d.duplicate_of is None and d.version is not None:
+        for d, (reply, ratified_only) in zip(decisions, replies, strict=True):
+            new_version = d.committed and d.duplicate_of is None and d.version is not None
+            if reply is not None and self.notices is not None:
+                # After the transaction, outside it (see coordinator.kafka.notices): ratified now.
+                if new_version and not ratified_only:
+                    self.notices.expect(d, reply, times)  # one reply, once published (registered before submit)
+                else:
+                    self.notices.decided(d, reply, times)
+            if new_version:
+                assert d.version is not None
                 self.metrics.commits.labels(self._label).inc()
-                if reply is not None and self.notices is not None:
-                    self.notices.expect(d.table_id, d.version, reply, d.proposal_id)
                 self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
             elif d.committed:
                 self.metrics.duplicates.inc()

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import signal
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
 
 from coordinator.kafka.daemon import Coordinator
@@ -26,6 +30,7 @@ from tests.conftest import TablePlace
 from tests.integration.coord_harness import append_worker, coordinator_thread, fresh_topics, start_coordinator_process
 from writer.client import CoordinatorClient
 from writer.table import Table
+from writer.transaction import WaitFor
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.string())])
 
@@ -191,3 +196,71 @@ def test_a_ratified_commit_is_read_through_deltacoord_before_it_is_published(
             t.close()
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize("wait", ["published", "ratified"])
+def test_a_reply_lost_with_its_coordinator_is_found_in_the_commits_topic(kafka_bootstrap: str, tmp_path: Path,
+                                                                         wait: WaitFor) -> None:
+    """The coordinator stops right after the Kafka transaction that ratifies version 2, before any reply:
+    the writer finds its decision in the commits topic (nothing is proposed again), and with the default
+    wait returns once the successor has published version 2."""
+    topics = fresh_topics(kafka_bootstrap)
+    path = tmp_path / "t"
+    a = start_coordinator_process(kafka_bootstrap, topics, tmp_path, env={"DELTACOORD_FAULT": "after_kafka_commit:3:stop"})
+    b = None
+    try:
+        with Table(path, kafka_bootstrap, topics=topics, wait=wait, decision_timeout_s=120, publish_timeout_s=120) as t:
+            t.create(SCHEMA)
+            t.append(_row(1))
+            result: list[int] = []
+            errors: list[BaseException] = []
+
+            def third() -> None:
+                try:
+                    result.append(t.append(_row(2)).version)
+                except BaseException as e:
+                    errors.append(e)
+
+            th = threading.Thread(target=third)
+            th.start()
+            _wait_until(lambda: _state(a.proc.pid) == "T", 60, "the coordinator to stop after its Kafka commit")
+            if wait == "ratified":
+                th.join(120)  # no coordinator runs: the decision comes from the commits topic
+                assert result == [2], errors
+                assert not (path / "_delta_log" / f"{2:020d}.json").exists()
+            b = start_coordinator_process(kafka_bootstrap, topics, tmp_path)
+            th.join(120)
+            assert not th.is_alive() and not errors, errors
+            assert result == [2]
+            if wait == "published":
+                assert DeltaTable(str(path)).version() == 2  # visible the moment append() returned
+        assert _end_offsets(kafka_bootstrap, topics.proposals) == 3, "a proposal was sent again"
+    finally:
+        if a.alive():
+            os.kill(a.proc.pid, signal.SIGCONT)
+            a.kill()
+        if b is not None:
+            b.kill(15)
+
+
+def _wait_until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _end_offsets(bootstrap: str, topic: str) -> int:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "deltacoord-test-offsets"})
+    try:
+        md = c.list_topics(topic, timeout=30)
+        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in md.topics[topic].partitions)
+    finally:
+        c.close()
