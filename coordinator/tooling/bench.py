@@ -76,6 +76,10 @@ def _summary(writers: int, results: list[dict[str, Any]], k: int, elapsed: float
         if xs:
             out[f"{name}_p50_ms"] = round(_percentile(xs, 0.5), 2)
             out[f"{name}_p99_ms"] = round(_percentile(xs, 0.99), 2)
+    steps = [s for r in results for s in r.get("steps", [])]
+    if steps:  # where a commit's time goes: p50 of each step's time since proposing (CommitResult.timings)
+        names = sorted({k for s in steps for k in s}, key=lambda k: _percentile([s[k] for s in steps if k in s], 0.5))
+        out["steps_p50_ms"] = {k: round(_percentile([s[k] for s in steps if k in s], 0.5), 2) for k in names}
     if any("rx_bytes" in r for r in results) and commits:
         out["fetch_bytes_per_commit"] = round(sum(r.get("rx_bytes", 0) for r in results) / commits, 1)
         out["foreign_records"] = sum(r.get("foreign", 0) for r in results)
@@ -114,6 +118,7 @@ def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_
     decided: list[float] = []
     visible: list[float] = []
     stage: list[float] = []
+    steps: list[dict[str, float]] = []
     failed = 0
     time.sleep(2 * STATS_MS / 1000)  # a statistics report after the warm-up: the baseline of the bytes
     counts = t.client.reply_counts
@@ -128,6 +133,7 @@ def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_
             lat.append((time.perf_counter() - s0) * 1000)
             decided.append(r.timings["decided_ms"])
             visible.append(r.timings["published_ms"])
+            steps.append(dict(r.timings))
         except DeltaCoordError:
             failed += 1
         stage.append((s1 - s0) * 1000)
@@ -137,7 +143,7 @@ def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_
     t.close()
     Path(out).write_text(json.dumps({"lat": lat, "decided": decided, "visible": visible, "failed": failed, "stage": stage,
                                      "warm": warm, "end": end, "rx_bytes": counts.rx_bytes - rx0,
-                                     "foreign": counts.foreign - foreign0}))
+                                     "foreign": counts.foreign - foreign0, "steps": steps}))
 
 
 def _rs_writer(table: str, w: int, k: int, storage_options: dict[str, str], barrier: Any, out: str) -> None:
