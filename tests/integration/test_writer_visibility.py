@@ -1,9 +1,10 @@
 """A commit returns when Delta readers see it; each writer fetches only its own decisions.
 
-By default a commit returns once `_delta_log/<v>.json` is published (the coordinator's notice on the
-writer's reply partition says so), so delta-rs sees it the moment `append()` returns, with no sleep and
-no retry. Decisions and notices travel on the replies topic, on a partition each writer process leases
-through a consumer group: a writer's reply consumer never fetches another writer's decisions.
+By default a commit returns once `_delta_log/<v>.json` is published (the coordinator's one reply on the
+writer's reply partition, sent after publication, says so), so delta-rs sees it the moment `append()`
+returns, with no sleep and no retry. Replies travel on the replies topic, on a partition each writer
+process leases through a consumer group: a writer's reply consumer never fetches another writer's
+decisions. A reply lost with its coordinator is made up for by the commits topic.
 """
 
 from __future__ import annotations
