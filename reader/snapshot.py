@@ -19,6 +19,7 @@ deletion vectors applied.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import decimal
 import functools
@@ -54,6 +55,7 @@ from reader.log import (
     LogSegment,
     TableLocation,
     VersionNotFoundError,
+    commit_key,
     commit_object,
     data_object,
     iter_commits,
@@ -64,7 +66,8 @@ from reader.log import (
     read_commit_info,
     table_storage,
 )
-from reader.storage import StoredObject, TableStorage
+from reader.ratified import RatifiedSource
+from reader.storage import StorageError, StoredObject, TableStorage
 from schemas.actions import (
     Action,
     AddFile,
@@ -293,6 +296,7 @@ class Snapshot:
         *,
         storage_options: Mapping[str, str] | None = None,
         time_version: bool = False,
+        ratified: RatifiedSource | None = None,
     ) -> Snapshot:
         """Reconstruct the table at `version` (default latest) or as of `timestamp`.
 
@@ -308,9 +312,18 @@ class Snapshot:
         commit gives the latest version, one before the earliest commit is an error.
         The latest version (or one at or after `_last_checkpoint`) is found by listing
         the log from the hinted checkpoint on; older versions list the whole log.
+
+        With `ratified` (the table's deployment and id), the latest snapshot also holds the
+        versions ratified in Kafka but not yet published to `_delta_log` (read-your-writes for
+        `wait="ratified"` commits); its `history()` and `timestamp` still describe published versions.
         """
         if version is not None and timestamp is not None:
             raise ValueError("give a version or a timestamp, not both")
+        if ratified is not None:
+            if version is not None or timestamp is not None:
+                raise ValueError("ratified versions are read for the latest snapshot only: give no version or timestamp")
+            published = cls.load(table_uri, storage_options=storage_options)
+            return published.with_commits(ratified.after(published.version, published._commit_info_ms()))
         storage = table_storage(table_uri, storage_options)
         uri = storage.location if isinstance(table_uri, TableStorage) else str(table_uri)
         if timestamp is not None:
@@ -390,6 +403,33 @@ class Snapshot:
             _checkpoint_adds=ckpt_adds,
             _commit_files=dict(state.files),
         )
+
+    def _commit_info_ms(self) -> int:
+        """This version's commitInfo timestamp (0 when its commit file or timestamp is not there)."""
+        try:
+            ci = read_commit_info(StoredObject(self.storage, commit_key(self.version)))
+        except (OSError, StorageError, CorruptLogError):
+            return 0
+        ts = ci.values.get("timestamp") if ci is not None else None
+        return int(ts) if isinstance(ts, int) else 0
+
+    def with_commits(self, commits: Sequence[tuple[int, Sequence[Action]]]) -> Snapshot:
+        """This snapshot moved forward by the given commits (each version's actions, in order from version + 1)."""
+        if not commits:
+            return self
+        for i, (v, _a) in enumerate(commits):
+            if v != self.version + 1 + i:
+                raise ValueError(f"commits after version {self.version} must follow it one by one; got version {v}")
+        state = LogReplayState(self.protocol, self.metadata, dict(self.txns), dict(self.domain_metadata), dict(self._commit_files))
+        touched: set[str] = set()
+        for _v, actions in commits:
+            state.apply(actions)
+            touched.update(key_string(*a.key()) for a in actions if isinstance(a, AddFile | RemoveFile))
+        assert state.protocol is not None and state.metadata is not None
+        return dataclasses.replace(
+            self, version=commits[-1][0], protocol=state.protocol, metadata=state.metadata, txns=dict(state.txns),
+            domain_metadata={k: d for k, d in state.domains.items() if not d.removed},
+            _checkpoint_adds=_filter_out_keys(self._checkpoint_adds, touched), _commit_files=state.files)
 
     @property
     def root(self) -> Path:

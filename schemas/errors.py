@@ -231,6 +231,22 @@ class CommitOutcomeUnknownError(DeltaCoordError):
         )
 
 
+class CommitNotPublishedError(DeltaCoordError):
+    """The commit is ratified (durable in Kafka, it will not be undone) but `_delta_log/<version>.json` was not
+    published in time, or the table's publication is halted: Delta readers do not see it yet.
+
+    Not a failure of the commit: never retry it (that would commit the data twice). Readers that read
+    through deltacoord (`Snapshot.load(..., ratified=...)`, `Table.snapshot(ratified=True)`) see it already.
+    """
+
+    def __init__(self, table_id: str, version: int, why: str) -> None:
+        self.table_id = table_id
+        self.version = version
+        self.why = why
+        super().__init__(f"version {version} of table {table_id} is committed in Kafka but not published to "
+                         f"_delta_log: {why}")
+
+
 class ProposalNotSentError(DeltaCoordError):
     """The proposal never reached Kafka (refused by the client or the broker before it was written),
     so it cannot commit: its staged files were deleted and a retry is safe."""

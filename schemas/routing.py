@@ -27,6 +27,24 @@ H_RAW_SHA256 = "deltacoord.raw_sha256"
 #: On proposals: the name of the writer key that signed the value, and the Ed25519 signature (64 bytes).
 H_SIGNER = "deltacoord.signer"
 H_SIGNATURE = "deltacoord.signature"
+#: On proposals: the replies-topic partition (decimal text) where the writer reads its answers. Absent: the
+#: writer reads its decision from the commits topic (older writers) and gets no publication notice.
+H_REPLY_PARTITION = "deltacoord.reply_partition"
+#: On proposals: when the writer wants its answer. Absent or `published`: one reply once the version is in
+#: `_delta_log` (a rejection at once); `ratified`: the decision at once, once it is recorded in Kafka.
+H_WAIT = "deltacoord.wait"
+WAIT_RATIFIED = b"ratified"
+WAIT_PUBLISHED = b"published"
+#: On replies (sent after the coordinator's transaction commits; their value is the decision without its
+#: actions): `decision` (ratified; nothing more will come), `published` (ratified and in `_delta_log`),
+#: `unpublished` (ratified, but its table's publication halted; H_ERROR says why).
+H_KIND = "deltacoord.kind"
+#: On replies: when the coordinator consumed the proposal, committed its transaction and (kind `published`)
+#: published the version, as `name=epoch-ms` pairs joined by `;` (where a commit's time went).
+H_TIMES = "deltacoord.times"
+KIND_DECISION = b"decision"
+KIND_PUBLISHED = b"published"
+KIND_UNPUBLISHED = b"unpublished"
 
 
 class _HasHeaders(Protocol):
@@ -43,15 +61,25 @@ def header(msg: _HasHeaders, name: str) -> bytes | None:
 
 @dataclass(frozen=True)
 class Topics:
-    """The three topics of one deltacoord deployment, named from a prefix."""
+    """The topics of one deltacoord deployment, named from a prefix.
+
+    `replies` carries each writer's own decisions and publication notices, on a reply partition the
+    writer names in its proposals, so a writer never fetches other writers' decisions.
+    """
 
     proposals: str
     commits: str
     dead_letters: str
+    replies: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.replies:
+            object.__setattr__(self, "replies", self.commits.rsplit(".", 1)[0] + ".replies" if "." in self.commits
+                               else self.commits + ".replies")
 
     @staticmethod
     def with_prefix(prefix: str = "deltacoord") -> Topics:
-        return Topics(f"{prefix}.proposals", f"{prefix}.commits", f"{prefix}.deadletters")
+        return Topics(f"{prefix}.proposals", f"{prefix}.commits", f"{prefix}.deadletters", f"{prefix}.replies")
 
 
 def murmur2(data: bytes) -> int:

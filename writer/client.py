@@ -1,106 +1,348 @@
-"""Propose commits and learn their outcome from the commits topic.
+"""Propose commits and learn their outcome from the writer's own reply partition.
 
-A `CoordinatorClient` produces each proposal to its table's partition and
-listens on the same partition of the commits topic. Decisions are matched by
-the proposal-id header, so other writers' decisions are skipped without being
-decoded. A decision that does not arrive in time is an unknown outcome, never a
-failure: the proposal may still commit.
+Decisions are routed, not broadcast: each proposal names a partition of the
+replies topic (header `deltacoord.reply_partition`), and once the Kafka
+transaction recording the decision has committed, the coordinator sends the
+writer one reply there: the decision, and for a new version by default only
+once `_delta_log/<v>.json` exists (`coordinator.kafka.notices`). A writer process
+leases reply partitions through a consumer group on the replies topic
+(`group.protocol=consumer`): Kafka gives each partition to one live member, so
+a writer fetches only its own answers and the broker's fetch work per commit
+does not grow with the number of writers. The group consumer only holds the
+lease (its partitions are paused); a second consumer, assigned by hand, reads.
+Until the first lease arrives (about a second after start), or when there are
+more writer processes than reply partitions, a writer uses a shared partition
+and skips other writers' answers by the proposal-id header.
+
+A reply is a copy; the commits topic is the truth. A writer that hears nothing
+within `REPLY_WAIT_S` (a coordinator that died between its transaction and the
+reply, a reply lost) looks for its proposal id in the table's commits partition,
+from shortly before it proposed, and again with growing pauses; a decision found
+in neither by the deadline is an unknown outcome, never a failure: the proposal
+may still commit.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import random
 import threading
 import time
-from concurrent.futures import Future
+import uuid
+from collections import OrderedDict
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from reader.ratified import RatifiedSource
 from schemas import kafka_logs
 from schemas.codec import decode_decision, encode_proposal
 from schemas.errors import CommitOutcomeUnknownError, EncodeError, ProposalNotSentError
 from schemas.messages import Decision, Proposal
-from schemas.routing import H_PROPOSAL_ID, H_SIGNATURE, H_SIGNER, H_TABLE_ID, Topics, header, partition_for
+from schemas.routing import (
+    H_ERROR,
+    H_KIND,
+    H_PROPOSAL_ID,
+    H_REPLY_PARTITION,
+    H_SIGNATURE,
+    H_SIGNER,
+    H_TABLE_ID,
+    H_TIMES,
+    H_VERSION,
+    H_WAIT,
+    KIND_DECISION,
+    KIND_PUBLISHED,
+    KIND_UNPUBLISHED,
+    Topics,
+    header,
+    partition_for,
+)
 from schemas.signing import WriterKey
+
+#: How long a writer waits for its reply before it also looks for its decision in the commits topic.
+REPLY_WAIT_S = 5.0
+#: The commits-topic scan starts this long before the proposal was produced (clocks of the writer,
+#: the broker and the coordinator may disagree by this much).
+CLOCK_SKEW_MS = 60_000
+
+#: Retriable reasons a broker call fails while a partition's leadership moves (a failover, a new topic).
+_LEADERSHIP_MOVING = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._WAIT_COORD,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS, KafkaError._UNKNOWN_PARTITION,
+    KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE,
+})
 
 
 def _end_offset(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> int:
-    """The partition's end offset, retried while leadership settles (new topic, moving leader)."""
+    """The partition's end offset, retried within `timeout_s` while leadership settles (a new topic, a
+    partition-leader failover): any retriable error or a leadership error is tried again."""
     deadline = time.monotonic() + timeout_s
+    delay = 0.05
     while True:
+        remaining = deadline - time.monotonic()
         try:
-            _low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            _low, high = consumer.get_watermark_offsets(tp, timeout=max(1.0, min(10.0, remaining)))
             return int(high)
         except KafkaException as e:
             err = e.args[0]
-            if time.monotonic() > deadline or not (isinstance(err, KafkaError) and (err.retriable() or err.code() in (
-                    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART))):
+            retriable = isinstance(err, KafkaError) and not err.fatal() and (err.retriable() or err.code() in _LEADERSHIP_MOVING)
+            if time.monotonic() + delay > deadline or not retriable:
                 raise
-            time.sleep(0.2)
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
-class _PartitionListener:
-    """Tails one commits partition from a fixed offset and resolves pending futures."""
+class ProposalNotPublishedError(RuntimeError):
+    """The coordinator says a ratified version will not be published (its table is halted)."""
 
-    def __init__(self, conf: dict[str, Any], topic: str, partition: int) -> None:
-        self._consumer = Consumer({
+
+@dataclass
+class Pending:
+    """A proposal in flight: its decision, then (for a new commit) its publication notice."""
+
+    proposal_id: str
+    reply_partition: int
+    #: `published`: one reply once the version is in `_delta_log`; `ratified`: the decision at once.
+    wait: str = "published"
+    #: When the proposal was produced (ms since the epoch): a commits-topic scan starts near it.
+    proposed_ms: int = 0
+    decision: Future[Decision] = field(default_factory=Future)
+    #: Epoch seconds: the proposal handed to the producer, acknowledged by the broker, its reply received.
+    sent_at: float = 0.0
+    produced_at: float = 0.0
+    replied_at: float = 0.0
+    #: The coordinator's epoch seconds from the reply (`consumed`, `ratified`, `published`).
+    coordinator_times: dict[str, float] = field(default_factory=dict)
+    #: The published version; fails with ProposalNotPublishedError when the coordinator will not publish it.
+    published: Future[int] = field(default_factory=Future)
+
+    def result(self, timeout_s: float | None = None) -> Decision:
+        """The decision (waits up to `timeout_s`; TimeoutError after)."""
+        return self.decision.result(timeout_s)
+
+    @property
+    def header(self) -> tuple[str, bytes]:
+        """The proposal header that routes its answers here (for tools producing proposals themselves)."""
+        return (H_REPLY_PARTITION, str(self.reply_partition).encode())
+
+    @property
+    def headers(self) -> list[tuple[str, str | bytes | None]]:
+        """Every routing header of the proposal: the reply partition and when to answer."""
+        return [self.header, (H_WAIT, self.wait.encode())]
+
+
+def _parse_times(raw: bytes | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in (raw or b"").decode("ascii", errors="replace").split(";"):
+        name, _, ms = part.partition("=")
+        with contextlib.suppress(ValueError):
+            out[name] = float(ms) / 1000
+    return out
+
+
+def _check_wait(wait: str) -> str:
+    if wait not in ("published", "ratified"):
+        raise ValueError(f"wait={wait!r}: use 'published' or 'ratified'")
+    return wait
+
+
+@dataclass
+class ReplyCounts:
+    """What this writer's reply consumer fetched: every record, and those answering a proposal not its own."""
+
+    records: int = 0
+    foreign: int = 0
+    #: Bytes the reply consumers received from the brokers (librdkafka's `rxbytes`; needs the client
+    #: option `statistics.interval.ms`, and is as fresh as the last statistics report).
+    rx_bytes: int = 0
+
+
+class _Replies:
+    """This process's reply partitions: the lease (group consumer, paused) and the reader (manual assignment)."""
+
+    #: Proposal ids remembered as ours, to tell own late answers (a notice after `wait="ratified"`) from foreign ones.
+    KEEP_IDS = 100_000
+
+    def __init__(self, conf: dict[str, Any], topic: str, group_id: str, num_partitions: int) -> None:
+        self.topic = topic
+        self.num_partitions = num_partitions
+        self._lock = threading.Lock()
+        self._leased: set[int] = set()
+        self._reading: set[int] = set()
+        self._shared = random.randrange(num_partitions)
+        self._pending: dict[bytes, Pending] = {}
+        self._ours: OrderedDict[bytes, None] = OrderedDict()
+        self.counts = ReplyCounts()
+        self._lease_seen = threading.Event()
+        self._stop = threading.Event()
+        self._rx: dict[str, int] = {}
+        self._stats_lock = threading.Lock()
+        stats = {"stats_cb": self._on_stats} if "statistics.interval.ms" in conf else {}
+        self._reader = Consumer({
+            **stats,
             **conf,
-            "group.id": f"deltacoord-writer-{id(self)}",
+            "group.id": f"deltacoord-writer-reader-{uuid.uuid4().hex[:12]}",  # never joins: assigned by hand
             "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 100,
         })
-        tp = TopicPartition(topic, partition)
-        high = _end_offset(self._consumer, tp)
-        # Start at the end as of now: every proposal produced after this point
-        # has its decision at a later offset.
-        self._consumer.assign([TopicPartition(topic, partition, high)])
-        self._pending: dict[bytes, Future[Decision]] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"deltacoord-decisions-{partition}", daemon=True)
-        self._thread.start()
+        self._lease = Consumer({
+            **stats,
+            **conf,
+            "group.id": group_id,
+            "group.protocol": "consumer",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "latest",
+        })
+        self._lease.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self._threads = [
+            threading.Thread(target=self._hold_lease, name="deltacoord-reply-lease", daemon=True),
+            threading.Thread(target=self._read, name="deltacoord-replies", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
 
-    def expect(self, proposal_id: str) -> Future[Decision]:
-        fut: Future[Decision] = Future()
+    def _on_stats(self, raw: str) -> None:
+        # Runs inside a consumer's poll: never under `_lock`, which `expect` holds across broker calls.
+        # Bytes received per broker connection (`brokers.*.rxbytes`; the top level has no `rxbytes`).
+        # Logical brokers (the group coordinator's alias of a real one) would count a connection twice.
+        doc = json.loads(raw)
+        brokers = doc.get("brokers") or {}
+        rx = sum(int(b.get("rxbytes", 0)) for b in brokers.values() if b.get("source") != "logical")
+        with self._stats_lock:
+            self._rx[str(doc.get("name"))] = rx
+            self.counts.rx_bytes = sum(self._rx.values())
+
+    # -- the lease ------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.incremental_assign(partitions)
+        consumer.pause(partitions)  # the lease consumer holds partitions; the reader fetches
         with self._lock:
-            self._pending[proposal_id.encode()] = fut
-        return fut
+            self._leased.update(tp.partition for tp in partitions)
+        if self._leased:
+            self._lease_seen.set()
+
+    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        with self._lock:
+            self._leased.difference_update(tp.partition for tp in partitions)
+
+    def _hold_lease(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._lease.poll(0.2)  # delivers no records (paused); runs the group protocol
+            except (KafkaException, RuntimeError):
+                time.sleep(0.2)
+
+    def leased(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._leased)
+
+    def wait_leased(self, timeout_s: float) -> bool:
+        """True once this writer holds a reply partition of its own."""
+        return self._lease_seen.wait(timeout_s) and bool(self.leased())
+
+    # -- routing ----------------------------------------------------------------------
+    def expect(self, proposal_id: str, wait: str = "published") -> Pending:
+        """Register a proposal on this writer's current reply partition (read from its end from now on)."""
+        with self._lock:
+            partition = min(self._leased) if self._leased else self._shared
+            if partition not in self._reading:
+                high = _end_offset(self._reader, TopicPartition(self.topic, partition))
+                # Every answer to a proposal produced from now on lies at a later offset.
+                self._reader.incremental_assign([TopicPartition(self.topic, partition, high)])
+                self._reading.add(partition)
+            pending = Pending(proposal_id, partition, wait, int(time.time() * 1000))
+            key = proposal_id.encode()
+            self._pending[key] = pending
+            self._ours[key] = None
+            if len(self._ours) > self.KEEP_IDS:
+                self._ours.popitem(last=False)
+            return pending
 
     def forget(self, proposal_id: str) -> None:
         with self._lock:
             self._pending.pop(proposal_id.encode(), None)
 
-    def _run(self) -> None:
+    def _release_idle(self) -> None:
+        """Stop reading partitions no longer leased nor in use (after a lease moved, or after the shared one)."""
+        with self._lock:
+            in_use = {p.reply_partition for p in self._pending.values()}
+            current = min(self._leased) if self._leased else self._shared
+            idle = [p for p in self._reading if p not in self._leased and p not in in_use and p != current]
+            if idle:
+                self._reader.incremental_unassign([TopicPartition(self.topic, p) for p in idle])
+                self._reading.difference_update(idle)
+
+    def _read(self) -> None:
+        last_release = time.monotonic()
         while not self._stop.is_set():
-            # poll() returns as soon as one decision is there; consume(n, t) would wait for n.
-            first = self._consumer.poll(0.1)
+            if time.monotonic() - last_release > 1.0:
+                last_release = time.monotonic()
+                with contextlib.suppress(KafkaException):
+                    self._release_idle()
+            try:
+                first = self._reader.poll(0.1)
+            except (KafkaException, RuntimeError):
+                time.sleep(0.1)
+                continue
             if first is None:
                 continue
-            for m in [first, *self._consumer.consume(500, 0)]:
+            for m in [first, *self._reader.consume(500, 0)]:
                 err = m.error()
                 if err is not None:
                     if err.code() != KafkaError._PARTITION_EOF:
                         time.sleep(0.1)
                     continue
-                pid = header(m, H_PROPOSAL_ID)
-                if pid is None:
-                    continue
-                with self._lock:
-                    fut = self._pending.pop(pid, None)
-                if fut is None:
-                    continue
-                value = m.value()
+                self._route(m)
+
+    def _route(self, m: Any) -> None:
+        pid = header(m, H_PROPOSAL_ID)
+        kind = header(m, H_KIND) or KIND_DECISION
+        replied_at = time.time()
+        with self._lock:
+            self.counts.records += 1
+            if pid is None or pid not in self._ours:
+                self.counts.foreign += 1
+                return
+            pending = self._pending.get(pid)
+            if pending is None:
+                return
+            if kind != KIND_DECISION:
+                self._pending.pop(pid, None)  # a notice is the last answer a proposal gets
+        value = m.value()
+        if not pending.replied_at:
+            pending.replied_at = replied_at
+            pending.coordinator_times.update(_parse_times(header(m, H_TIMES)))
+        if value is not None and not pending.decision.done():  # every reply carries the decision
+            with contextlib.suppress(InvalidStateError):  # a commits-topic scan found it first
                 try:
-                    assert value is not None
-                    fut.set_result(decode_decision(value))
+                    decision = decode_decision(value)
                 except Exception as e:  # a decision we cannot read is still not an outcome we may invent
-                    fut.set_exception(e)
+                    pending.decision.set_exception(e)
+                else:
+                    pending.decision.set_result(decision)
+        if kind == KIND_DECISION:
+            return
+        if kind == KIND_PUBLISHED and not pending.published.done():
+            version = header(m, H_VERSION)
+            pending.published.set_result(int(version) if version else -1)
+        elif kind == KIND_UNPUBLISHED and not pending.published.done():
+            why = header(m, H_ERROR)
+            pending.published.set_exception(ProposalNotPublishedError(
+                why.decode("utf-8", errors="replace") if why else "the coordinator will not publish this version"))
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(5)
-        self._consumer.close()
+        for t in self._threads:
+            t.join(5)
+        for c in (self._lease, self._reader):
+            with contextlib.suppress(KafkaException, RuntimeError):
+                c.close()
 
 
 #: Delivery errors that mean the broker never wrote the proposal (not a timeout, whose message may
@@ -113,39 +355,80 @@ _NOT_WRITTEN = frozenset({
 
 
 class CoordinatorClient:
-    """Send proposals to the coordinator and wait for decisions."""
+    """Send proposals to the coordinator and wait for decisions (and publication) on this writer's reply partition.
 
-    def __init__(self, bootstrap_servers: str, *, topics: Topics | None = None, **kafka_config: Any) -> None:
+    `reply_group` names the consumer group whose members lease the replies topic's partitions
+    (default `deltacoord-writer-<replies topic>`, inside the writers' ACL group prefix); writers with a different group id share nothing but may
+    collide on partitions, so keep one group per deployment.
+    """
+
+    def __init__(self, bootstrap_servers: str, *, topics: Topics | None = None, reply_group: str | None = None,
+                 **kafka_config: Any) -> None:
         self.topics = topics or Topics.with_prefix()
         self._conf: dict[str, Any] = kafka_logs.kafka_config({"bootstrap.servers": bootstrap_servers, **kafka_config})
         self._producer = Producer({**self._conf, "enable.idempotence": True, "linger.ms": 0, "acks": "all"})
-        self._listeners: dict[int, _PartitionListener] = {}
         self._lock = threading.Lock()
         self._num_partitions: int | None = None
+        self._reply_group = reply_group or f"deltacoord-writer-{self.topics.replies}"
+        self._replies_: _Replies | None = None
+        self._closed = False
+        # Start leasing a reply partition now, in the background: the lease takes about a second,
+        # usually less than preparing the first commit.
+        threading.Thread(target=self._lease_early, name="deltacoord-reply-start", daemon=True).start()
+
+    def _lease_early(self) -> None:
+        with contextlib.suppress(Exception):  # no broker or topics yet: retried (and reported) at the first proposal
+            self._replies(timeout_s=10)
+
+    def _partition_count(self, topic: str, timeout_s: float = 30) -> int:
+        md = self._producer.list_topics(topic, timeout=timeout_s)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None or not t.partitions:
+            raise RuntimeError(f"topic {topic} not found on {self._conf['bootstrap.servers']}: is a coordinator running "
+                               "(it creates the topics), or were they created with `deltacoord topics create`?")
+        return len(t.partitions)
 
     def partition_of(self, table_id: str) -> int:
         if self._num_partitions is None:
-            md = self._producer.list_topics(self.topics.proposals, timeout=30)
-            t = md.topics.get(self.topics.proposals)
-            if t is None or t.error is not None or not t.partitions:
-                raise RuntimeError(
-                    f"proposals topic {self.topics.proposals} not found on {self._conf['bootstrap.servers']}: is a coordinator running?"
-                )
-            self._num_partitions = len(t.partitions)
+            self._num_partitions = self._partition_count(self.topics.proposals)
         return partition_for(table_id, self._num_partitions)
 
-    def _listener(self, partition: int) -> _PartitionListener:
+    def _replies(self, timeout_s: float = 30) -> _Replies:
         with self._lock:
-            lst = self._listeners.get(partition)
-            if lst is None:
-                lst = _PartitionListener(self._conf, self.topics.commits, partition)
-                self._listeners[partition] = lst
-            return lst
+            if self._replies_ is not None:
+                return self._replies_
+        n = self._partition_count(self.topics.replies, timeout_s)  # a broker round trip: not under the lock
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the coordinator client is closed")
+            if self._replies_ is None:
+                self._replies_ = _Replies(self._conf, self.topics.replies, self._reply_group, n)
+            return self._replies_
 
-    def propose(self, proposal: Proposal, key: WriterKey | None = None) -> Future[Decision]:
-        """Produce the proposal (signed with `key` when given); the future resolves with its decision."""
+    @property
+    def reply_counts(self) -> ReplyCounts:
+        """Records this writer's reply consumer fetched, and how many answered other writers' proposals."""
+        return self._replies().counts
+
+    def wait_leased(self, timeout_s: float = 30.0) -> bool:
+        """Block until this writer holds a reply partition of its own (False on timeout: it shares one)."""
+        return self._replies().wait_leased(timeout_s)
+
+    def ratified_source(self, table_id: str) -> RatifiedSource:
+        """Where a reader finds `table_id`'s ratified but unpublished versions (this client's Kafka and topics)."""
+        conf = {k: v for k, v in self._conf.items() if k != "bootstrap.servers"}
+        return RatifiedSource(str(self._conf["bootstrap.servers"]), table_id, self.topics, conf)
+
+    def expect(self, proposal_id: str, wait: str = "published") -> Pending:
+        """Wait for answers to a proposal produced elsewhere: produce it with the result's `headers`."""
+        return self._replies().expect(proposal_id, _check_wait(wait))
+
+    def propose(self, proposal: Proposal, key: WriterKey | None = None, wait: str = "published") -> Pending:
+        """Produce the proposal (signed with `key` when given); the result's futures resolve with its decision
+        and (`wait="published"`) its publication."""
         partition = self.partition_of(proposal.table_id)
-        fut = self._listener(partition).expect(proposal.proposal_id)
+        replies = self._replies()
+        pending = replies.expect(proposal.proposal_id, _check_wait(wait))
         delivery: Future[None] = Future()
 
         def on_delivery(err: KafkaError | None, _msg: Any) -> None:
@@ -159,46 +442,86 @@ class CoordinatorClient:
         try:
             value = encode_proposal(proposal)
             headers: list[tuple[str, str | bytes | None]] = [(H_PROPOSAL_ID, proposal.proposal_id.encode()),
-                                                             (H_TABLE_ID, proposal.table_id.encode())]
+                                                             (H_TABLE_ID, proposal.table_id.encode()),
+                                                             *pending.headers]
             if key is not None:
                 if proposal.writer != key.name:
                     raise ValueError(f"proposal {proposal.proposal_id} declares writer {proposal.writer!r} but would be "
                                      f"signed by key {key.name!r}: the coordinator requires them to match")
                 headers += [(H_SIGNER, key.name.encode()), (H_SIGNATURE, key.sign(value))]
+            pending.sent_at = time.time()
             self._producer.produce(
                 self.topics.proposals, value=value, key=proposal.table_id.encode(), partition=partition, headers=headers,
                 on_delivery=on_delivery,
             )
         except (EncodeError, BufferError, KafkaException, ValueError) as e:  # refused before anything was sent
-            self._listener(partition).forget(proposal.proposal_id)
+            replies.forget(proposal.proposal_id)
             raise ProposalNotSentError(f"proposal {proposal.proposal_id} could not be produced: {e}") from e
         self._producer.flush(30)
+        pending.produced_at = time.time()
         try:
             delivery.result(0)
         except Exception:
-            self._listener(partition).forget(proposal.proposal_id)
+            replies.forget(proposal.proposal_id)
             raise
-        return fut
+        return pending
+
+    def decided(self, pending: Pending, table_id: str, timeout_s: float) -> Decision:
+        """The decision of a proposed `pending`: its reply, or (none within REPLY_WAIT_S) the decision found in
+        the commits topic; CommitOutcomeUnknownError if neither has it within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        wait_s = REPLY_WAIT_S
+        while True:
+            try:
+                return pending.decision.result(max(0.0, min(wait_s, deadline - time.monotonic())))
+            except TimeoutError:
+                pass
+            # No reply yet: the decision may be recorded all the same (the source of truth is the commits topic).
+            remaining = deadline - time.monotonic()
+            found = self.lookup_decision(table_id, pending.proposal_id, timeout_s=max(1.0, min(30.0, remaining)),
+                                         since_ms=pending.proposed_ms - CLOCK_SKEW_MS)
+            if found is not None:
+                if not pending.decision.done():
+                    with contextlib.suppress(InvalidStateError):  # a reply that raced the scan says the same
+                        pending.decision.set_result(found)
+                return found
+            if time.monotonic() >= deadline:
+                self.forget(pending.proposal_id)
+                raise CommitOutcomeUnknownError(pending.proposal_id, table_id, timeout_s) from None
+            wait_s = min(wait_s * 2, 30.0)
+
+    def forget(self, proposal_id: str) -> None:
+        """Stop waiting for any answer to `proposal_id`."""
+        self._replies().forget(proposal_id)
 
     def commit(self, proposal: Proposal, timeout_s: float = 60.0, key: WriterKey | None = None) -> Decision:
-        """Propose (signed with `key` when given) and wait. Raises CommitOutcomeUnknownError if no decision arrives in time."""
-        fut = self.propose(proposal, key)
-        try:
-            return fut.result(timeout_s)
-        except TimeoutError:
-            self._listener(self.partition_of(proposal.table_id)).forget(proposal.proposal_id)
-            raise CommitOutcomeUnknownError(proposal.proposal_id, proposal.table_id, timeout_s) from None
+        """Propose (signed with `key` when given) and wait for the decision (ratification only).
+        Raises CommitOutcomeUnknownError if no decision arrives in time."""
+        pending = self.propose(proposal, key, wait="ratified")
+        d = self.decided(pending, proposal.table_id, timeout_s)
+        self.forget(proposal.proposal_id)
+        return d
 
-    def lookup_decision(self, table_id: str, proposal_id: str, timeout_s: float = 30.0) -> Decision | None:
-        """Scan the table's commits partition for a proposal's decision (after an unknown outcome)."""
+    def lookup_decision(self, table_id: str, proposal_id: str, timeout_s: float = 30.0,
+                        since_ms: int | None = None) -> Decision | None:
+        """Scan the table's commits partition for a proposal's decision (after an unknown outcome), from its
+        start or from the first record at or after `since_ms` (ms since the epoch)."""
         partition = self.partition_of(table_id)
-        c = Consumer({**self._conf, "group.id": "deltacoord-lookup", "enable.auto.commit": False, "isolation.level": "read_committed"})
+        conf = {k: v for k, v in self._conf.items() if k != "statistics.interval.ms"}
+        c = Consumer({**conf, "group.id": "deltacoord-lookup", "enable.auto.commit": False, "isolation.level": "read_committed"})
         try:
             tp = TopicPartition(self.topics.commits, partition)
             low, high = c.get_watermark_offsets(tp, timeout=timeout_s)
             if high <= low:
                 return None  # nothing decided on this partition yet
-            c.assign([TopicPartition(self.topics.commits, partition, low)])
+            start = low
+            if since_ms is not None and since_ms > 0:
+                found = c.offsets_for_times([TopicPartition(self.topics.commits, partition, since_ms)], timeout=timeout_s)
+                if found and found[0].offset < 0:
+                    return None  # no record as recent as that
+                if found and found[0].offset > low:
+                    start = found[0].offset
+            c.assign([TopicPartition(self.topics.commits, partition, start)])
             want = proposal_id.encode()
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
@@ -214,7 +537,9 @@ class CoordinatorClient:
             c.close()
 
     def close(self) -> None:
-        for lst in self._listeners.values():
-            lst.close()
-        self._listeners.clear()
+        with self._lock:
+            self._closed = True
+            replies, self._replies_ = self._replies_, None
+        if replies is not None:
+            replies.close()
         self._producer.flush(10)

@@ -62,7 +62,7 @@ from schemas.signing import WriterKey, resolve_writer_key
 from schemas.writer_features import writer_problems
 from writer import staging
 from writer.client import CoordinatorClient
-from writer.transaction import CommitResult, Transaction
+from writer.transaction import CommitResult, Transaction, WaitFor, check_wait
 from writer.vacuum import VacuumResult, vacuum
 
 #: A MERGE clause: "*" (all columns from the source) or target column -> SQL expression over `s.`/`t.` columns.
@@ -213,9 +213,14 @@ class Table:
     credentials, `AWS_ALLOW_HTTP`, ...), else each cloud's environment chain.
     The writer writes data files only; `_delta_log` is the coordinator's.
 
-    A handle reads its own writes: after it commits version v, snapshots wait
-    (up to `publish_timeout_s`) until v is published to `_delta_log`, since
-    the coordinator publishes after recording the decision.
+    Every operation returns once its version is published in `_delta_log`
+    (`wait="published"`, the default), so Spark, delta-rs and any Delta reader
+    see it; with `wait="ratified"` it returns once the decision is recorded in
+    Kafka, a few milliseconds earlier, and `snapshot(ratified=True)` reads it.
+    A ratified version not published within `publish_timeout_s` raises
+    `CommitNotPublishedError` (it is committed all the same). A handle reads its
+    own writes: after it commits version v, published snapshots wait (up to
+    `publish_timeout_s`) until v is in `_delta_log`.
 
     `writer_key` (a `WriterKey`, a key file's path, or the key text; default:
     `DELTACOORD_WRITER_KEY`) signs every proposal, and the writer name is the
@@ -226,7 +231,7 @@ class Table:
                  writer_name: str | None = None, decision_timeout_s: float = 60.0, publish_timeout_s: float = 60.0,
                  client: CoordinatorClient | None = None, storage_options: Mapping[str, str] | None = None,
                  writer_key: WriterKey | str | Path | None = None, dv_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
-                 **kafka_config: Any) -> None:
+                 wait: WaitFor = "published", **kafka_config: Any) -> None:
         self.storage = TableStorage(uri, storage_options, fsync=False)
         # Local tables keep the absolute file:// URI of their directory as location and id.
         self.uri = Path(self.storage.local_path()).as_uri() if self.storage.is_local else self.storage.location
@@ -240,6 +245,7 @@ class Table:
         self.writer_name = writer_name
         self.decision_timeout_s = decision_timeout_s
         self.publish_timeout_s = publish_timeout_s
+        self.wait: WaitFor = check_wait(wait)
         self._own_client = client is None
         #: Deletion vectors whose bitmap is at most this size are stored in the log, larger ones in files.
         self.dv_inline_max_bytes = dv_inline_max_bytes
@@ -299,8 +305,19 @@ class Table:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
 
-    def snapshot(self, version: int | None = None) -> Snapshot:
-        """The published snapshot (latest by default), never older than this handle's own commits."""
+    def snapshot(self, version: int | None = None, *, ratified: bool = False) -> Snapshot:
+        """The published snapshot (latest by default), never older than this handle's own commits.
+
+        With `ratified=True`, the latest snapshot including versions ratified in Kafka but not yet
+        in `_delta_log` (read from the commits topic): it never waits on publication.
+        """
+        if ratified:
+            if version is not None:
+                raise ValueError("snapshot(ratified=True) reads the latest version: give no version")
+            snap = Snapshot.load(self.uri, storage_options=self.storage_options,
+                                 ratified=self.client.ratified_source(self.table_id))
+            self._snapshot = snap
+            return snap
         if version is not None:
             if version <= self._floor:
                 self.wait_published(version)

@@ -14,13 +14,15 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
-from reader.storage import TableStorage
+from reader.log import commit_key
+from reader.storage import StorageError, TableStorage
 from schemas.actions import Action, AddFile, CommitInfo, Metadata, RemoveFile
 from schemas.actions import Protocol as ProtocolAction
 from schemas.errors import (
     CONFLICT_CLASSES,
+    CommitNotPublishedError,
     DeltaConcurrentModificationException,
     DeltaCoordError,
     InvalidProposalError,
@@ -29,10 +31,27 @@ from schemas.errors import (
 from schemas.messages import Decision, FileRead, Proposal
 from schemas.reasons import ReasonCode
 from schemas.signing import WriterKey
-from writer.client import CoordinatorClient
+from writer.client import CoordinatorClient, Pending, ProposalNotPublishedError
 from writer.staging import delete_staged
 
 ENGINE_INFO = "deltacoord-writer/0.1"
+
+#: When a commit returns: `published` (default) once `_delta_log/<v>.json` exists, so every Delta reader
+#: sees it; `ratified` once the decision is recorded in Kafka (read it through deltacoord with `ratified=`).
+WaitFor = Literal["published", "ratified"]
+WAIT_MODES: tuple[WaitFor, ...] = ("published", "ratified")
+#: How long a writer waits for the coordinator's publication notice before it also looks for `<v>.json`
+#: itself (a lost notice, or a coordinator restarted between ratification and publication).
+NOTICE_WAIT_S = 2.0
+
+
+def check_wait(wait: str) -> WaitFor:
+    if wait == "published":
+        return "published"
+    if wait == "ratified":
+        return "ratified"
+    raise ValueError(f"wait={wait!r}: use 'published' (return once Delta readers see the commit) or 'ratified' "
+                     "(return once it is recorded in Kafka)")
 
 
 @dataclass(frozen=True)
@@ -51,6 +70,9 @@ class CommitResult:
     metrics: Mapping[str, int] = field(default_factory=dict)
     #: True when the operation had nothing to change and, like Delta's commitIfNeeded, made no commit.
     noop: bool = False
+    #: Milliseconds from proposing to the decision (`decided_ms`) and, when waited for, to publication
+    #: (`published_ms`): where a commit's time went.
+    timings: Mapping[str, float] = field(default_factory=dict)
 
 
 class TableHandle(Protocol):
@@ -63,6 +85,10 @@ class TableHandle(Protocol):
     #: Signs every proposal when set (tables with registered writer keys require it).
     writer_key: WriterKey | None
     decision_timeout_s: float
+    #: How long a commit waits for publication after ratification (wait="published").
+    publish_timeout_s: float
+    #: The default of `Transaction.commit(wait=...)`.
+    wait: WaitFor
     client: CoordinatorClient
 
     def committed(self, version: int, *, changed_metadata: bool = False) -> None: ...
@@ -179,14 +205,20 @@ class Transaction:
         )
 
     def commit(self, operation: str, *, changes_data: bool = True, parameters: Mapping[str, Any] | None = None,
-               timeout_s: float | None = None, metrics: Mapping[str, int] | None = None) -> CommitResult:
-        """Propose and wait. Conflicts raise `schemas.errors` classes; staged files of a rejection are deleted,
+               timeout_s: float | None = None, metrics: Mapping[str, int] | None = None,
+               wait: WaitFor | None = None) -> CommitResult:
+        """Propose and wait: by default (`wait="published"`, or the table's `wait`) until the version is ratified
+        in Kafka and published in `_delta_log`, so any Delta reader sees it; with `wait="ratified"` until
+        ratified only. Conflicts raise `schemas.errors` classes; staged files of a rejection are deleted,
         and so are those of a proposal that never reached Kafka (`ProposalNotSentError`).
 
         An unknown outcome (CommitOutcomeUnknownError, or a delivery that cannot be
         confirmed) keeps the staged files: the proposal may still commit and then
-        references them (VACUUM removes them if it never does).
+        references them (VACUUM removes them if it never does). A ratified version not
+        published within the table's `publish_timeout_s`, or on a halted table, raises
+        CommitNotPublishedError: it is committed (durable in Kafka), just not visible yet.
         """
+        mode = check_wait(wait or self.table.wait)
         all_metrics = {**_metrics(self.actions), **(metrics or {})}
         try:
             p = self.proposal(operation, changes_data, parameters, all_metrics)
@@ -194,26 +226,102 @@ class Transaction:
             self.abandon()
             raise
         self.proposed = True
+        client = self.table.client
+        t0 = time.perf_counter()
         try:
-            d = self.table.client.commit(p, timeout_s or self.table.decision_timeout_s, key=self.table.writer_key)
+            pending = client.propose(p, key=self.table.writer_key, wait=mode)
         except ProposalNotSentError:
             self._delete_staged()  # it never reached Kafka: it cannot commit
             raise
         except KeyboardInterrupt as e:
-            # Sent, undecided: the caller must learn which proposal to look up (its files stay: it may commit).
-            e.deltacoord_proposal_id = p.proposal_id  # type: ignore[attr-defined]
-            e.add_note(f"proposal {p.proposal_id} of table {p.table_id} was sent before the interrupt; "
-                       "its outcome is unknown: it may still commit (look it up by proposal id)")
-            raise
-        if d.committed and d.version is not None:
-            changed_metadata = any(isinstance(a, (Metadata, ProtocolAction)) for a in self.actions)
-            self.table.committed(d.version, changed_metadata=changed_metadata)
-            return CommitResult(
-                d.version, p.proposal_id, operation, already_committed=d.duplicate_of is not None, metrics=all_metrics,
-            )
+            raise _sent_before(e, p) from None
+        try:
+            d = client.decided(pending, p.table_id, timeout_s or self.table.decision_timeout_s)
+            timings = _timings(pending, (time.perf_counter() - t0) * 1000)
+            if d.committed and d.version is not None:
+                changed_metadata = any(isinstance(a, (Metadata, ProtocolAction)) for a in self.actions)
+                self.table.committed(d.version, changed_metadata=changed_metadata)
+                if mode == "published":
+                    self._await_publication(pending, d.version, notice=d.duplicate_of is None)
+                    timings["published_ms"] = (time.perf_counter() - t0) * 1000
+                return CommitResult(
+                    d.version, p.proposal_id, operation, already_committed=d.duplicate_of is not None, metrics=all_metrics,
+                    timings=timings,
+                )
+        except KeyboardInterrupt as e:
+            raise _sent_before(e, p) from None
+        finally:
+            client.forget(p.proposal_id)
         self._delete_staged()
         self.table.invalidate()  # the next attempt must read a fresh snapshot
         raise error_from_decision(d)
+
+    def _await_publication(self, pending: Pending, version: int, *, notice: bool) -> None:
+        """Return once `_delta_log/<version>.json` exists: on the coordinator's notice, or (no notice within
+        NOTICE_WAIT_S, or none to expect for an already-committed proposal) on finding the file."""
+        table = self.table
+        deadline = time.monotonic() + table.publish_timeout_s
+        if notice:
+            try:
+                pending.published.result(min(NOTICE_WAIT_S, table.publish_timeout_s))
+                return
+            except TimeoutError:
+                pass
+            except ProposalNotPublishedError as e:
+                raise CommitNotPublishedError(table.table_id, version, str(e)) from None
+        delay = 0.005
+        key = commit_key(version)
+        while True:
+            try:
+                if table.storage.exists(key):
+                    return
+            except (OSError, StorageError):
+                pass  # the store does not answer: the deadline decides
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommitNotPublishedError(table.table_id, version, (
+                    f"_delta_log/{key.rsplit('/', 1)[-1]} did not appear within {table.publish_timeout_s:.1f}s; the "
+                    "coordinator's publisher is behind or stopped (it publishes on restart)"))
+            try:
+                pending.published.result(min(delay, remaining))  # a late notice still ends the wait
+                return
+            except TimeoutError:
+                pass
+            except ProposalNotPublishedError as e:
+                raise CommitNotPublishedError(table.table_id, version, str(e)) from None
+            delay = min(delay * 2, 0.5)
+
+
+def _timings(pending: Pending, elapsed_ms: float) -> dict[str, float]:
+    """Milliseconds since the proposal was handed to the producer: `produced` (broker acknowledged),
+    the coordinator's `consumed` (its batch began), `ratified` (its transaction committed) and `put`
+    (`<v>.json` written; wait="published"), `reply` (the reply reached this writer), `decided_ms` (the
+    decision known to be ratified: the coordinator's `ratified` when the reply carries it). Coordinator
+    times are its wall clock: exact on one host, skewed by the clocks' difference across hosts."""
+    def since(t: float) -> float:
+        return round((t - pending.sent_at) * 1000, 3)
+
+    out: dict[str, float] = {"decided_ms": elapsed_ms}
+    if pending.sent_at:
+        if pending.produced_at:
+            out["produced_ms"] = since(pending.produced_at)
+        for name, key in (("consumed", "consumed_ms"), ("ratified", "ratified_ms"), ("published", "put_ms")):
+            if name in pending.coordinator_times:
+                out[key] = since(pending.coordinator_times[name])
+        if pending.replied_at:
+            out["reply_ms"] = since(pending.replied_at)
+        if "ratified_ms" in out:
+            out["decided_ms"] = min(elapsed_ms, out["ratified_ms"])
+    return out
+
+
+def _sent_before(e: KeyboardInterrupt, p: Proposal) -> KeyboardInterrupt:
+    """An interrupt after the proposal went out: the caller must learn which proposal to look up (its staged
+    files stay: it may still commit)."""
+    e.deltacoord_proposal_id = p.proposal_id  # type: ignore[attr-defined]
+    e.add_note(f"proposal {p.proposal_id} of table {p.table_id} was sent before the interrupt; "
+               "its outcome is unknown: it may still commit (look it up by proposal id)")
+    return e
 
 
 def _json(v: Any) -> str:

@@ -49,6 +49,8 @@ class TablePublication:
 
 #: Called after version v of a table is published: (table_id, table_uri, version, actions).
 PublishedHook = Callable[[str, str, int, Sequence[Action]], None]
+#: Called when a ratified version will not be published because its table is halted: (task, why).
+UnpublishedHook = Callable[[PublishTask, str], None]
 
 
 @dataclass
@@ -57,6 +59,7 @@ class Publisher:
 
     fsync: bool = True
     on_published: PublishedHook | None = None
+    on_unpublished: UnpublishedHook | None = None
     #: Where tables may be written and with which storage options (default: local tables anywhere).
     locations: TableLocations = field(default_factory=TableLocations)
     tables: dict[str, TablePublication] = field(default_factory=dict)
@@ -153,16 +156,28 @@ class Publisher:
                     self._pending -= 1
                     self._idle.notify_all()
 
-    def _halt(self, t: TablePublication, table_id: str, why: str) -> None:
+    def _halt(self, t: TablePublication, table_id: str, why: str, task: PublishTask | None = None) -> None:
         log.error("halting table %s: %s", table_id, why)
         with self._lock:
             t.halted = why
             self._halted[table_id] = why
+        if task is not None:
+            self._unpublished(task, why)
+
+    def _unpublished(self, task: PublishTask, why: str) -> None:
+        if self.on_unpublished is not None:
+            try:
+                self.on_unpublished(task, why)
+            except Exception:
+                log.exception("unpublished hook failed for %s v%d", task.table_id, task.version)
 
     def _publish(self, task: PublishTask) -> None:
         with self._lock:
             t = self.tables.setdefault(task.table_id, TablePublication())
-            if self._abandoned or task.table_id in self._forgotten or t.halted is not None or task.version <= t.published:
+            halted = t.halted
+            if self._abandoned or task.table_id in self._forgotten or halted is not None or task.version <= t.published:
+                if halted is not None and not self._abandoned:
+                    self._unpublished(task, halted)
                 return
         if fault_point("publish"):
             raise RuntimeError(f"injected fault: the publisher dies before publishing {task.table_id} v{task.version}")
@@ -170,7 +185,7 @@ class Publisher:
         try:
             storage = self.locations.storage(task.table_uri)
         except (TableLocationError, StorageConfigError) as e:
-            self._halt(t, task.table_id, f"{e}. The table is halted; nothing was written.")
+            self._halt(t, task.table_id, f"{e}. The table is halted; nothing was written.", task)
             return
         path = StoredObject(storage, commit_key(task.version))
         # Retry transient I/O errors (disk full, read-only mount, a store that does not answer)
@@ -181,7 +196,7 @@ class Publisher:
                 outcome = put_if_absent(path, data, fsync=self.fsync)
                 break
             except HardLinksRefusedError as e:
-                self._halt(t, task.table_id, f"{e}. The table is halted; nothing was written.")
+                self._halt(t, task.table_id, f"{e}. The table is halted; nothing was written.", task)
                 return
             except (OSError, StorageError) as e:
                 if self._abandoned:
@@ -195,7 +210,7 @@ class Publisher:
         if outcome is Put.DIFFERENT:
             self._halt(t, task.table_id, (
                 f"{path} already exists with different content (expected {len(data)} bytes): something wrote to this "
-                "table around the coordinator. The table is halted; nothing was overwritten."))
+                "table around the coordinator. The table is halted; nothing was overwritten."), task)
             return
         with self._lock:
             t.published = task.version
@@ -206,4 +221,4 @@ class Publisher:
                 log.exception("post-publication hook failed for %s v%d", task.table_id, task.version)
 
 
-__all__ = ["PublishTask", "PublishedHook", "Publisher", "TablePublication"]
+__all__ = ["PublishTask", "PublishedHook", "Publisher", "TablePublication", "UnpublishedHook"]

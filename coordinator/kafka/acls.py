@@ -148,6 +148,7 @@ def plan_acls(req: AclRequest) -> list[AclEntry]:
     for w in req.writer_principals:
         grant(w, TOPIC, topics.proposals, LITERAL, "WRITE", "DESCRIBE")
         grant(w, TOPIC, topics.commits, LITERAL, "READ", "DESCRIBE")
+        grant(w, TOPIC, topics.replies, LITERAL, "READ", "DESCRIBE")
         for gp in req.writer_group_prefixes:
             grant(w, GROUP, gp, PREFIXED, "READ")
         if req.idempotent_write_acl:
@@ -156,6 +157,7 @@ def plan_acls(req: AclRequest) -> list[AclEntry]:
         grant(c, TOPIC, topics.proposals, LITERAL, "READ", "DESCRIBE")
         grant(c, TOPIC, topics.commits, LITERAL, "WRITE", "READ", "DESCRIBE", "DESCRIBE_CONFIGS")
         grant(c, TOPIC, topics.dead_letters, LITERAL, "WRITE", "DESCRIBE")
+        grant(c, TOPIC, topics.replies, LITERAL, "WRITE", "DESCRIBE")
         for g in coordinator_groups(req.coordinator_group):
             grant(c, GROUP, g, LITERAL, "READ", "DESCRIBE")
         grant(c, TRANSACTIONAL_ID, transactional_id_acl_prefix(req.txn_prefix, topics), PREFIXED, "WRITE", "DESCRIBE")

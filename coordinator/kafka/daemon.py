@@ -17,7 +17,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from confluent_kafka.admin import AdminClient
 
 from coordinator.delta_log.checkpoint_worker import CheckpointWorker
-from coordinator.delta_log.publisher import Publisher
+from coordinator.delta_log.publisher import Publisher, PublishTask
+from coordinator.kafka.notices import PublicationNotices
 from coordinator.kafka.partition import FencedError, PartitionCoordinator, make_consumer
 from coordinator.kafka.topics import ensure_topics
 from coordinator.locations import TableLocationError
@@ -77,13 +78,21 @@ class Coordinator:
     _last_loop: float = 0.0
     _ckpt_q: queue.Queue[_CheckpointRequest | None] = field(default_factory=queue.Queue)
     _server: MetricsServer | None = None
+    _notices: PublicationNotices | None = None
 
     def __post_init__(self) -> None:
         self.locations = self.settings.locations(fsync=self.publish_fsync)
-        self.publisher = Publisher(fsync=self.publish_fsync, on_published=self._on_published, locations=self.locations)
+        self.publisher = Publisher(fsync=self.publish_fsync, on_published=self._on_published,
+                                   on_unpublished=self._on_unpublished, locations=self.locations)
+
+    def _on_unpublished(self, task: PublishTask, why: str) -> None:
+        if self._notices is not None:
+            self._notices.unpublished(task.table_id, task.version, why)
 
     # -- checkpoints (never on the deciding thread) -------------------------------
     def _on_published(self, table_id: str, table_uri: str, version: int, actions: Sequence[Action]) -> None:
+        if self._notices is not None:
+            self._notices.published(table_id, version)  # first: a writer waits on it
         md = next((a for a in actions if isinstance(a, Metadata)), None) or self._metadata_of(table_id)
         interval = TableProperties.of(md).checkpoint_interval
         if self.checkpoint_fn is not None and version > 0 and version % interval == 0:
@@ -210,7 +219,7 @@ class Coordinator:
         try:
             for tp in partitions:
                 w = PartitionCoordinator(self.settings, tp.partition, self.publisher, self.metrics, consumer, self.heartbeat,
-                                         num_partitions=self._num_partitions)
+                                         num_partitions=self._num_partitions, notices=self._notices)
                 start = w.start()
                 self._workers[tp.partition] = w
                 self._schedule_missing_checkpoints(w)
@@ -282,6 +291,7 @@ class Coordinator:
         self._num_partitions = ensure_topics(admin, self.settings.topics, partitions=self.num_partitions,
                                              dead_letter_bound=self.settings.dead_letter_record_bound())
         del admin  # an idle admin client would keep reconnecting for the life of the process
+        self._notices = PublicationNotices(self.settings.client(), self.settings.topics.replies)
         if self.metrics_port is not None:
             self._server = MetricsServer(self.metrics, self.health, self.metrics_port)
             self._server.start()
@@ -359,6 +369,8 @@ class Coordinator:
                               "the next owner of their partitions publishes them", self.unpublished)
                     if code == EXIT_OK:
                         code = EXIT_UNPUBLISHED
+            if self._notices is not None:
+                self._notices.close()
             self._ckpt_q.put(None)
             ckpt.join(300 if not self.fenced else 0.1)
             if isinstance(self.checkpoint_fn, CheckpointWorker):

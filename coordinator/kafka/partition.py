@@ -47,6 +47,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from coordinator.delta_log.files import sweep_temp_files
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.faults import fault_point
+from coordinator.kafka.notices import PublicationNotices
 from coordinator.kafka.recovery import rebuild_states
 from coordinator.locations import TableLocationError, TableLocations
 from coordinator.metrics import Metrics
@@ -68,11 +69,14 @@ from schemas.routing import (
     H_PROPOSAL_ID,
     H_RAW_SHA256,
     H_RAW_SIZE,
+    H_REPLY_PARTITION,
     H_SIGNATURE,
     H_SIGNER,
     H_SOURCE,
     H_TABLE_ID,
     H_VERSION,
+    H_WAIT,
+    WAIT_RATIFIED,
     header,
     partition_for,
 )
@@ -127,6 +131,10 @@ class _Decoded:
     submitted: Submitted | None = None
     rejected: Decision | None = None
     dead: _DeadLetter | None = None
+    #: The replies-topic partition the writer reads (header `deltacoord.reply_partition`), if valid.
+    reply: int | None = None
+    #: The writer returns at ratification (header `deltacoord.wait: ratified`): its reply goes at once.
+    ratified_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -224,12 +232,15 @@ class PartitionCoordinator:
     """
 
     def __init__(self, settings: CoordinatorSettings, partition: int, publisher: Publisher, metrics: Metrics,
-                 consumer: Consumer, heartbeat: Callable[[], None] | None = None, num_partitions: int = 0) -> None:
+                 consumer: Consumer, heartbeat: Callable[[], None] | None = None, num_partitions: int = 0,
+                 notices: PublicationNotices | None = None) -> None:
         self.settings = settings
         self._heartbeat = heartbeat or (lambda: None)
         self.partition = partition
         #: The proposals topic's partition count (0: unknown, the partition check is off).
         self.num_partitions = num_partitions
+        #: Where writers' replies and publication notices go (None: decisions only on the commits topic).
+        self.notices = notices
         self.publisher = publisher
         self.metrics = metrics
         self.consumer = consumer
@@ -326,19 +337,25 @@ class PartitionCoordinator:
             return
         if self.waiting_since is None:
             self.waiting_since = time.monotonic()
+        consumed_at = time.time()
         decoded = [self._decode(m) for m in batch]
+        for m, x in zip(batch, decoded, strict=True):
+            x.reply = self._reply_partition(m)
+            x.ratified_only = header(m, H_WAIT) == WAIT_RATIFIED
         proposals = [x.submitted for x in decoded if x.submitted is not None]
         check_files = functools.partial(added_files_problem, self.publisher.locations)
         decided, overlay = decide_batch(self.states, proposals, int(time.time() * 1000),
                                         halted=self.publisher.halted_tables(), check_files=check_files)
         it = iter(decided)
         decisions: list[Decision] = []
+        replies: list[tuple[int | None, bool]] = []
         outs: list[_Out] = []
         s = self.settings
         for x in decoded:
             d = next(it) if x.submitted is not None else x.rejected
             if d is not None:
                 decisions.append(d)
+                replies.append((x.reply, x.ratified_only))
                 outs.append(_Out(s.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d),
                                  self.partition, x.offset))
             if x.dead is not None:
@@ -370,14 +387,23 @@ class PartitionCoordinator:
         overlay.apply_to(self.states)
         self.metrics.tables.inc(len(overlay.created))
         now = time.time()
+        times = {"consumed": consumed_at, "ratified": now}
         for m in batch:
             ts = m.timestamp()[1]
             if ts > 0:
                 self.metrics.decision_latency.observe(max(0.0, now - ts / 1000.0))
         self.metrics.batch_size.observe(len(batch))
         self.metrics.proposals.labels(self._label).inc(len(batch))
-        for d in decisions:
-            if d.committed and d.duplicate_of is None and d.version is not None:
+        for d, (reply, ratified_only) in zip(decisions, replies, strict=True):
+            new_version = d.committed and d.duplicate_of is None and d.version is not None
+            if reply is not None and self.notices is not None:
+                # After the transaction, outside it (see coordinator.kafka.notices): ratified now.
+                if new_version and not ratified_only:
+                    self.notices.expect(d, reply, times)  # one reply, once published (registered before submit)
+                else:
+                    self.notices.decided(d, reply, times)
+            if new_version:
+                assert d.version is not None
                 self.metrics.commits.labels(self._label).inc()
                 self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
             elif d.committed:
@@ -463,6 +489,15 @@ class PartitionCoordinator:
         return f"{why} (last failure: {self.last_failure})" if self.last_failure else why
 
     # -- decoding -------------------------------------------------------------------
+    def _reply_partition(self, m: Message) -> int | None:
+        """The valid reply partition a message names, or None (no replies topic, no or a bad header)."""
+        n = self.notices.num_partitions if self.notices is not None else 0
+        raw = header(m, H_REPLY_PARTITION)
+        if n <= 0 or raw is None or not raw.isdigit() or len(raw) > 9:
+            return None
+        p = int(raw)
+        return p if p < n else None
+
     def _decode(self, m: Message) -> _Decoded:
         offset = m.offset()
         assert offset is not None

@@ -1,4 +1,4 @@
-"""Provisioning and validation of the proposals, commits and dead-letter topics.
+"""Provisioning and validation of the proposals, commits, dead-letter and replies topics.
 
 The commits topic is the source of truth, so it is never compacted and keeps
 its records forever by default (retention.ms=-1); proposals only need to live
@@ -10,6 +10,10 @@ The dead-letter topic gets explicit limits rather than the broker's defaults:
 sends with its default `dead_letter_max_bytes`) and `retention.bytes` (1 GiB),
 so a flood of undecodable messages can neither block the coordinator nor fill
 the brokers' disks.
+
+The replies topic carries each writer's own decisions and publication notices
+(`writer.client`); its partition count bounds how many writer processes get a
+partition of their own (`DEFAULT_REPLY_PARTITIONS`), and its records expire after a day.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ WEEK_MS = 7 * 24 * 3600 * 1000
 #: Explicit limits of the dead-letter topic (see the module docstring).
 DEAD_LETTER_MAX_MESSAGE_BYTES = 1024 * 1024
 DEAD_LETTER_RETENTION_BYTES = 1024 * 1024 * 1024
+#: Partitions of the replies topic: one per live writer process is exclusive; more writers share
+#: (each still reads only one partition). Cheap to have: replies are tiny and expire after a day.
+DEFAULT_REPLY_PARTITIONS = 32
+#: Replies only matter while a writer waits (seconds); a day covers any debugging.
+REPLY_RETENTION_MS = 24 * 3600 * 1000
 
 
 class TopicConfigError(RuntimeError):
@@ -45,7 +54,8 @@ class TopicSpec:
     config: dict[str, str] = field(default_factory=dict)
 
 
-def topic_specs(topics: Topics, partitions: int, replication_factor: int) -> list[TopicSpec]:
+def topic_specs(topics: Topics, partitions: int, replication_factor: int,
+                reply_partitions: int = DEFAULT_REPLY_PARTITIONS) -> list[TopicSpec]:
     min_isr = str(max(1, replication_factor - 1))
     common = {"min.insync.replicas": min_isr, "unclean.leader.election.enable": "false", "cleanup.policy": "delete"}
     return [
@@ -54,6 +64,9 @@ def topic_specs(topics: Topics, partitions: int, replication_factor: int) -> lis
         TopicSpec(topics.dead_letters, 1, replication_factor, {
             **common, "retention.ms": str(4 * WEEK_MS), "retention.bytes": str(DEAD_LETTER_RETENTION_BYTES),
             "max.message.bytes": str(DEAD_LETTER_MAX_MESSAGE_BYTES),
+        }),
+        TopicSpec(topics.replies, reply_partitions, replication_factor, {
+            **common, "retention.ms": str(REPLY_RETENTION_MS), "retention.bytes": str(DEAD_LETTER_RETENTION_BYTES),
         }),
     ]
 
@@ -72,7 +85,7 @@ def dead_letter_limit_problem(topic: str, configs: Mapping[str, str | None], rec
 
 
 def ensure_topics(admin: AdminClient, topics: Topics, partitions: int = 1, replication_factor: int | None = None,
-                  dead_letter_bound: int | None = None) -> int:
+                  dead_letter_bound: int | None = None, reply_partitions: int = DEFAULT_REPLY_PARTITIONS) -> int:
     """Create missing topics, validate existing ones; returns the proposals partition count.
 
     With `dead_letter_bound` (the largest dead letter this coordinator sends), a dead-letter
@@ -80,7 +93,7 @@ def ensure_topics(admin: AdminClient, topics: Topics, partitions: int = 1, repli
     """
     md = admin.list_topics(timeout=30)
     rf = replication_factor or min(3, max(1, len(md.brokers)))
-    specs = topic_specs(topics, partitions, rf)
+    specs = topic_specs(topics, partitions, rf, reply_partitions)
     missing = [s for s in specs if s.name not in md.topics]
     if missing:
         futures = admin.create_topics(

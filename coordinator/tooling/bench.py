@@ -46,6 +46,8 @@ from typing import Any
 from schemas.kafka_logs import kafka_config
 
 SCHEMA_FIELDS = [("id", "int64"), ("writer", "int64"), ("value", "string")]
+#: statistics.interval.ms of the deltacoord writers' Kafka clients (their reply consumers' received bytes).
+STATS_MS = 250
 
 
 def _say(msg: str) -> None:
@@ -65,65 +67,29 @@ def _summary(writers: int, results: list[dict[str, Any]], k: int, elapsed: float
     latencies = [x for r in results for x in r["lat"]]
     failed = sum(r["failed"] for r in results) + (writers - len(results)) * k
     commits = len(latencies)
-    return {
+    out: dict[str, Any] = {
         "writers": writers, "commits": commits, "failed": failed,
         "commits_per_s": round(commits / elapsed, 1) if elapsed > 0 else 0.0,
         "p50_ms": round(_percentile(latencies, 0.5), 2), "p99_ms": round(_percentile(latencies, 0.99), 2),
         "first_commit_p50_ms": round(_percentile([x for r in results for x in r.get("warm", [])], 0.5), 2),
     }
-
-
-class _VisibilityWatch:
-    """Notes when each `<v>.json` appears in a table's `_delta_log`: wall-clock times in `seen`, a shared
-    array the writer processes read (0 until the version is seen)."""
-
-    def __init__(self, storage: Any, versions: int, interval_s: float = 0.004) -> None:
-        import threading
-
-        self.storage = storage
-        self.interval_s = interval_s
-        self.seen: Any = mp.get_context("spawn").Array("d", versions, lock=False)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-visibility", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        last: str | None = None
-        while not self._stop.is_set():
-            try:
-                listed = self.storage.list_keys("_delta_log", start_after=last)
-            except OSError:  # a transient failure of the store: the next listing sees the same versions
-                listed = []
-            for key, _mtime in listed:
-                name = key.rsplit("/", 1)[1]
-                if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
-                    v = int(name[:20])
-                    if v < len(self.seen) and not self.seen[v]:
-                        self.seen[v] = time.time()
-                    last = key if last is None or key > last else last
-            self._stop.wait(self.interval_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-
-def _seen_at(seen: Any, version: int) -> float:
-    return float(seen[version]) if 0 <= version < len(seen) else 0.0
-
-
-def _await_seen(seen: Any, version: int, timeout_s: float = 60.0) -> float:
-    """Block until the bench's watcher saw `version` (a read of shared memory, no request); when it did."""
-    deadline = time.monotonic() + timeout_s
-    while not (at := _seen_at(seen, version)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"version {version} not visible in _delta_log after {timeout_s:.0f}s")
-        time.sleep(0.001)
-    return at
+    for name in ("decided", "visible"):  # deltacoord's propose -> decision and propose -> publication
+        xs = [x for r in results for x in r.get(name, [])]
+        if xs:
+            out[f"{name}_p50_ms"] = round(_percentile(xs, 0.5), 2)
+            out[f"{name}_p99_ms"] = round(_percentile(xs, 0.99), 2)
+    steps = [s for r in results for s in r.get("steps", [])]
+    if steps:  # where a commit's time goes: p50 of each step's time since proposing (CommitResult.timings)
+        names = sorted({k for s in steps for k in s}, key=lambda k: _percentile([s[k] for s in steps if k in s], 0.5))
+        out["steps_p50_ms"] = {k: round(_percentile([s[k] for s in steps if k in s], 0.5), 2) for k in names}
+    if any("rx_bytes" in r for r in results) and commits:
+        out["fetch_bytes_per_commit"] = round(sum(r.get("rx_bytes", 0) for r in results) / commits, 1)
+        out["foreign_records"] = sum(r.get("foreign", 0) for r in results)
+    return out
 
 
 # -- deltacoord writers ---------------------------------------------------------------
-def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_options: dict[str, str], seen: Any,
+def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_options: dict[str, str],
                barrier: Any, out: str) -> None:
     import pyarrow as pa
 
@@ -132,48 +98,54 @@ def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_
     from writer import staging
     from writer.table import Table
 
-    t = Table(table, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"bench-{w}", storage_options=storage_options)
+    # Client statistics every STATS_MS: the reply consumers' received bytes (`rxbytes`) give the fetch bytes.
+    stats: dict[str, Any] = {"statistics.interval.ms": STATS_MS}
+    t = Table(table, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"bench-{w}", storage_options=storage_options,
+              **stats)
+    t.client.wait_leased(60)  # a reply partition of its own (else it shares one, and says so in foreign_records)
     snap = t.snapshot()
-    # On an object store the latency runs from the write call (staging included) to visibility in
-    # _delta_log, which the bench process watches (`seen`).
-    to_visibility = seen is not None
 
     def staged(row_id: int, value: str) -> Any:
         tx = t.begin(snap)
         tx.stage(staging.write_data_files(t.storage, pa.table({"id": [row_id], "writer": [w], "value": [value]})))
         return tx
 
-    # One untimed warm-up commit (as the delta-rs side does): connections, the decision
-    # listener, fastavro's compiled schemas and pyarrow's Parquet writer are then ready,
-    # so the timed commits measure the steady state, not process start-up.
+    # One untimed warm-up commit (as the delta-rs side does): connections, the reply consumer,
+    # fastavro's compiled schemas and pyarrow's Parquet writer are then ready, so the timed
+    # commits measure the steady state, not process start-up.
     s0 = time.perf_counter()
-    first = staged(-1, "warm-up").commit("WRITE", parameters={"mode": "Append"})
-    if to_visibility:
-        _await_seen(seen, first.version)
+    staged(-1, "warm-up").commit("WRITE", parameters={"mode": "Append"})
     warm = [(time.perf_counter() - s0) * 1000]
     lat: list[float] = []
+    decided: list[float] = []
+    visible: list[float] = []
     stage: list[float] = []
+    steps: list[dict[str, float]] = []
     failed = 0
-    end = 0.0
+    time.sleep(2 * STATS_MS / 1000)  # a statistics report after the warm-up: the baseline of the bytes
+    counts = t.client.reply_counts
+    rx0, foreign0 = counts.rx_bytes, counts.foreign
     barrier.wait()
     for i in range(k):
-        began = time.time()
         s0 = time.perf_counter()
         tx = staged(i, f"{w}-{i}")
         s1 = time.perf_counter()
         try:
-            r = tx.commit("WRITE", parameters={"mode": "Append"})
-            if to_visibility:
-                end = _await_seen(seen, r.version)
-                lat.append((end - began) * 1000)
-            else:
-                lat.append((time.perf_counter() - s1) * 1000)
-        except (DeltaCoordError, TimeoutError):
+            r = tx.commit("WRITE", parameters={"mode": "Append"})  # returns once published in _delta_log
+            lat.append((time.perf_counter() - s0) * 1000)
+            decided.append(r.timings["decided_ms"])
+            visible.append(r.timings["published_ms"])
+            steps.append(dict(r.timings))
+        except DeltaCoordError:
             failed += 1
         stage.append((s1 - s0) * 1000)
+    end = time.time()
+    time.sleep(2 * STATS_MS / 1000)  # the last statistics report covers the timed commits
+    counts = t.client.reply_counts
     t.close()
-    Path(out).write_text(json.dumps({"lat": lat, "failed": failed, "stage": stage, "warm": warm,
-                                     "end": end if to_visibility else time.time()}))
+    Path(out).write_text(json.dumps({"lat": lat, "decided": decided, "visible": visible, "failed": failed, "stage": stage,
+                                     "warm": warm, "end": end, "rx_bytes": counts.rx_bytes - rx0,
+                                     "foreign": counts.foreign - foreign0, "steps": steps}))
 
 
 def _rs_writer(table: str, w: int, k: int, storage_options: dict[str, str], barrier: Any, out: str) -> None:
@@ -231,7 +203,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     import pyarrow as pa
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.kafka.topics import ensure_topics
+    from coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, ensure_topics
     from schemas.routing import Topics
     from writer.table import Table
 
@@ -239,7 +211,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
     topics = Topics.with_prefix(prefix)
     admin = AdminClient(kafka_config({"bootstrap.servers": bootstrap}))
-    ensure_topics(admin, topics)
+    ensure_topics(admin, topics, reply_partitions=max(DEFAULT_REPLY_PARTITIONS, 2 * writers))
     options = dict(storage_options or {})
     # Credentials go to the coordinator through its environment (the cloud's chain), not its command line.
     secret = {k: v for k, v in options.items() if k.upper() in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
@@ -252,27 +224,21 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **{k.upper(): v for k, v in secret.items()}},
     )
     location = table or str(workdir / "deltacoord-table")
-    watch: _VisibilityWatch | None = None
     try:
         with Table(location, bootstrap, topics=topics, storage_options=options) as t:
             t.create(pa.schema([(n, getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS]))
-            if not t.storage.is_local:
-                watch = _VisibilityWatch(t.storage, 1 + writers * (k + 1))
         if not quiet:
             _say(f"deltacoord: {writers} writers x {k} blind appends on {location} ...")
-        seen = None if watch is None else watch.seen
-        results, t0, end = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, location, i, k, options, seen),
+        results, t0, end = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, location, i, k, options),
                                           writers, workdir)
         elapsed = end - t0
     finally:
-        if watch is not None:
-            watch.stop()
         coord.terminate()
         coord.wait(60)
         log.close()
         # Leave the broker as found: bench topics piling up on a long-lived local broker slow it down.
         for f in admin.delete_topics(
-                [topics.proposals, topics.commits, topics.dead_letters], operation_timeout=30).values():
+                [topics.proposals, topics.commits, topics.dead_letters, topics.replies], operation_timeout=30).values():
             with contextlib.suppress(Exception):
                 f.result(60)
     out = _summary(writers, results, k, elapsed)
@@ -381,13 +347,33 @@ def _in_subprocess(fn: str, *args: Any) -> dict[str, Any]:
     return result
 
 
-def run(writers: int, commits_per_writer: int, memory_files: int, bootstrap: str | None,
+def _compare(dc: dict[str, Any], rs: dict[str, Any]) -> dict[str, Any]:
+    """The issue's ratios of one writer count: commits/s, and write call to visible (p50, p99)."""
+    def ratio(a: float, b: float) -> float:
+        return round(a / b, 2) if b else float("inf")
+    return {"commits_per_s_ratio": ratio(dc["commits_per_s"], rs["commits_per_s"]),
+            "p50_fraction_of_delta_rs": ratio(dc["p50_ms"], rs["p50_ms"]),
+            "p99_fraction_of_delta_rs": ratio(dc["p99_ms"], rs["p99_ms"])}
+
+
+def run(writers: int | list[int], commits_per_writer: int | list[int], memory_files: int, bootstrap: str | None,
         warmup_commits_per_writer: int = 150, *, storage: str = "local") -> dict[str, Any]:
+    """One run per writer count (each: deltacoord, then delta-rs on the same storage), then the memory figures.
+
+    With one writer count the result is {"deltacoord", "delta_rs", ...}; with several, {"runs": [...], ...}.
+    """
     from coordinator.tooling.broker import LocalBroker
     from coordinator.tooling.storage_servers import S3Server
 
     if storage not in ("local", "s3"):
         raise ValueError(f"storage must be 'local' or 's3', not {storage!r}")
+    counts = [writers] if isinstance(writers, int) else list(writers)
+    ks = [commits_per_writer] * len(counts) if isinstance(commits_per_writer, int) else list(commits_per_writer)
+    if len(ks) == 1:
+        ks = ks * len(counts)
+    if not counts or len(ks) != len(counts) or min(counts) < 1 or min(ks) < 1:
+        raise ValueError(f"writers {counts} and commits per writer {ks}: give positive numbers, one commit count or one "
+                         "per writer count")
     workdir = Path(tempfile.mkdtemp(prefix="deltacoord-bench-"))
     broker = LocalBroker()
     started = False
@@ -399,8 +385,8 @@ def run(writers: int, commits_per_writer: int, memory_files: int, bootstrap: str
         bootstrap = broker.start().bootstrap_servers
     try:
         options: dict[str, str] = {}
-        tables: dict[str, str | None] = {"warm": None, "dc": None, "rs": None}
         roots: str | None = None
+        bucket = ""
         if s3 is not None:
             _say("starting the local S3 server (versitygw) ..." if started_s3 else "reusing the running local S3 server")
             info = s3.start()
@@ -408,36 +394,44 @@ def run(writers: int, commits_per_writer: int, memory_files: int, bootstrap: str
             s3.create_bucket(bucket)
             options = dict(info.storage_options)
             roots = f"s3://{bucket}"
-            tables = {name: f"s3://{bucket}/{name}" for name in tables}
             _say(f"tables in s3://{bucket} on {info.endpoint} (delta-rs: aws_conditional_put={options.get('aws_conditional_put')})")
+
+        def table(name: str) -> str | None:
+            return f"s3://{bucket}/{name}" if s3 is not None else None
+
         if warmup_commits_per_writer > 0:
-            _say(f"warming the broker (untimed): {writers} writers x {warmup_commits_per_writer} appends ...")
-            warm = bench_deltacoord(bootstrap, writers, warmup_commits_per_writer, workdir / "warm-up", quiet=True,
-                                    table=tables["warm"], storage_options=options, table_roots=roots)
+            n = min(16, max(counts))
+            _say(f"warming the broker (untimed): {n} writers x {warmup_commits_per_writer} appends ...")
+            warm = bench_deltacoord(bootstrap, n, warmup_commits_per_writer, workdir / "warm-up", quiet=True,
+                                    table=table("warm"), storage_options=options, table_roots=roots)
             _say(f"warm-up done: {warm['commits_per_s']} commits/s, p99 {warm['p99_ms']} ms (not reported)")
-        dc = bench_deltacoord(bootstrap, writers, commits_per_writer, workdir, table=tables["dc"], storage_options=options,
-                              table_roots=roots)
-        _say(f"deltacoord: {json.dumps(dc)}")
-        rs = bench_delta_rs(writers, commits_per_writer, workdir, table=tables["rs"], storage_options=options)
-        _say(f"delta-rs:   {json.dumps(rs)}")
-        result: dict[str, Any] = {"deltacoord": dc, "delta_rs": rs}
+        runs: list[dict[str, Any]] = []
+        for n, k in zip(counts, ks, strict=True):
+            dc = bench_deltacoord(bootstrap, n, k, workdir / f"dc-{n}", table=table(f"dc-{n}"), storage_options=options,
+                                  table_roots=roots)
+            _say(f"deltacoord: {json.dumps(dc)}")
+            (workdir / f"rs-{n}").mkdir(parents=True, exist_ok=True)
+            rs = bench_delta_rs(n, k, workdir / f"rs-{n}", table=table(f"rs-{n}"), storage_options=options)
+            _say(f"delta-rs:   {json.dumps(rs)}")
+            cmp = _compare(dc, rs)
+            _say(f"{n} writers: {json.dumps(cmp)}")
+            runs.append({"deltacoord": dc, "delta_rs": rs, **cmp})
+        result: dict[str, Any] = runs[0] if len(runs) == 1 else {"runs": runs}
+        result["latency"] = ("write call (staging the Parquet file included) until the version is in _delta_log, for both; "
+                             "deltacoord's decided/visible figures run from proposing")
         if s3 is not None:
             result["storage"] = "s3"
-            result["latency"] = "write call (staging included) to visibility in _delta_log"
-            ratio = dc["commits_per_s"] / rs["commits_per_s"] if rs["commits_per_s"] else float("inf")
-            result["ratio"] = round(ratio, 1)
-            _say(f"deltacoord/delta-rs commits/s ratio on S3: {ratio:.1f}x (target >= 20x); failed {dc['failed']} vs "
-                 f"{rs['failed']}; p50/p99 {dc['p50_ms']}/{dc['p99_ms']} ms vs {rs['p50_ms']}/{rs['p99_ms']} ms")
-            return result
-        if memory_files > 0:
+            result["ratio"] = runs[-1]["commits_per_s_ratio"]
+        if memory_files > 0 and s3 is None:
             _say(f"memory: writing a table of {memory_files:,} live files ...")
             made = _in_subprocess("memory_table", memory_files, workdir)
             _say(f"memory: a coordinator holding it checkpoints version {made['version']} ...")
             result["memory"] = _in_subprocess("memory_coordinator", made["table"], made["version"])
             _say(f"memory: {json.dumps(result['memory'])} (target < 300 MB)")
-        ratio = dc["commits_per_s"] / rs["commits_per_s"] if rs["commits_per_s"] else float("inf")
-        _say(f"deltacoord/delta-rs commits/s ratio: {ratio:.1f}x (target >= 10x); p99 {dc['p99_ms']} ms (target < 100 ms); "
-             f"failed {dc['failed']} vs {rs['failed']}")
+        if len(runs) > 1:
+            a, b = runs[0]["deltacoord"], next((r["deltacoord"] for r in runs if r["deltacoord"]["writers"] == 16), runs[1]["deltacoord"])
+            if a.get("fetch_bytes_per_commit"):
+                result["fetch_bytes_growth"] = round(b["fetch_bytes_per_commit"] / a["fetch_bytes_per_commit"], 2)
         return result
     finally:
         if started:

@@ -137,6 +137,10 @@ share.coordinator.state.topic.min.isr=1
 min.insync.replicas=1
 default.replication.factor=1
 group.initial.rebalance.delay.ms=0
+# Writers lease reply partitions through a consumer group (KIP-848): a lower heartbeat interval
+# hands a partition to a new writer sooner.
+group.consumer.heartbeat.interval.ms=500
+group.consumer.min.heartbeat.interval.ms=500
 num.network.threads=2
 num.io.threads=4
 message.max.bytes=8388608
@@ -392,6 +396,10 @@ min.insync.replicas={isr}
 default.replication.factor={rf}
 unclean.leader.election.enable=false
 group.initial.rebalance.delay.ms=0
+# Writers lease reply partitions through a consumer group (KIP-848): a lower heartbeat interval
+# hands a partition to a new writer sooner.
+group.consumer.heartbeat.interval.ms=500
+group.consumer.min.heartbeat.interval.ms=500
 num.network.threads=2
 num.io.threads=2
 num.replica.fetchers=1

@@ -228,8 +228,10 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
 
 
 @main.command("bench")
-@click.option("--writers", type=int, default=16, show_default=True, help="Concurrent writer processes, for both systems.")
-@click.option("--commits-per-writer", type=int, default=50, show_default=True, help="Timed one-row appends per writer process.")
+@click.option("--writers", default="16", show_default=True,
+              help="Writer processes, or a comma-separated list of counts run one after the other (e.g. 1,16,64).")
+@click.option("--commits-per-writer", default="50", show_default=True,
+              help="Timed commits per writer: one count for every run, or one per writer count (e.g. 100,50,10).")
 @click.option("--memory-files", type=int, default=1_000_000, show_default=True,
               help="Live files for the memory measurements (0 skips them; always skipped with --storage s3).")
 @click.option("--bootstrap-servers", default=None, help="Use this broker instead of the local one.")
@@ -238,7 +240,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
 @click.option("--storage", type=click.Choice(["local", "s3"]), default="local", show_default=True,
               help="Where both systems' tables live: a local directory, or the local S3 server (versitygw), where the "
                    "latency is from the write call to the version's visibility in _delta_log.")
-def bench_cmd(writers: int, commits_per_writer: int, memory_files: int, bootstrap_servers: str | None,
+def bench_cmd(writers: str, commits_per_writer: str, memory_files: int, bootstrap_servers: str | None,
               warmup_commits_per_writer: int, storage: str) -> None:
     """Commits/s and latency vs delta-rs, in one run; last line is JSON.
 
@@ -248,8 +250,21 @@ def bench_cmd(writers: int, commits_per_writer: int, memory_files: int, bootstra
     """
     from coordinator.tooling.bench import run
 
-    click.echo(json.dumps(run(writers, commits_per_writer, memory_files, bootstrap_servers, warmup_commits_per_writer,
-                              storage=storage)))
+    def counts(text: str, option: str) -> list[int]:
+        try:
+            out = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            out = []
+        if not out or min(out) < 1:
+            raise click.BadParameter(f"{text!r}: give positive whole numbers separated by commas", param_hint=option)
+        return out
+
+    ws, ks = counts(writers, "--writers"), counts(commits_per_writer, "--commits-per-writer")
+    if len(ks) not in (1, len(ws)):
+        raise click.BadParameter(f"{len(ks)} counts for {len(ws)} writer counts: give one, or one per writer count",
+                                 param_hint="--commits-per-writer")
+    click.echo(json.dumps(run(ws if len(ws) > 1 else ws[0], ks if len(ks) > 1 else ks[0], memory_files,
+                              bootstrap_servers, warmup_commits_per_writer, storage=storage)))
 
 
 @main.command("demo")

@@ -1,4 +1,4 @@
-"""`deltacoord topics create|describe`: provision and inspect the three topics with durable settings.
+"""`deltacoord topics create|describe`: provision and inspect the four topics with durable settings.
 
 `create` refuses settings that can lose ratified commits unless `--allow-unsafe`:
 
@@ -14,7 +14,7 @@ retention must reach back at least to the newest checkpoint of every table (a
 coordinator rebuilds a table from the commits topic; versions that are gone
 from Kafka must be covered by a checkpoint in `_delta_log`). Infinite is the
 default and the only setting that needs no bookkeeping. Unclean leader election
-is disabled on all three topics. The dead-letter topic gets explicit limits
+is disabled on all four topics. The dead-letter topic gets explicit limits
 (max.message.bytes 1 MiB, retention.bytes 1 GiB, four weeks); `describe` and
 `create` report a dead-letter topic too small for the largest dead letter the
 coordinator may send (`dead_letter_max_bytes` plus key and headers).
@@ -35,7 +35,7 @@ from typing import Any
 
 import click
 
-from coordinator.kafka.topics import TopicSpec, dead_letter_limit_problem, topic_specs
+from coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, TopicSpec, dead_letter_limit_problem, topic_specs
 from schemas.routing import Topics
 
 SAFE_REPLICATION_FACTOR = 3
@@ -127,10 +127,11 @@ def check_replication(partitions: int, replication_factor: int, min_insync_repli
 
 
 def create_specs(topics: Topics, partitions: int, replication_factor: int, min_insync_replicas: int,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[TopicSpec]:
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 reply_partitions: int = DEFAULT_REPLY_PARTITIONS) -> list[TopicSpec]:
     """`coordinator.kafka.topics.topic_specs` with the chosen min ISR and message size limit."""
     out = []
-    for s in topic_specs(topics, partitions, replication_factor):
+    for s in topic_specs(topics, partitions, replication_factor, reply_partitions):
         cfg = {**s.config, "min.insync.replicas": str(min_insync_replicas), "unclean.leader.election.enable": "false"}
         if s.name != topics.dead_letters:  # the dead-letter topic keeps its own explicit limit
             cfg["max.message.bytes"] = str(max_message_bytes)
@@ -170,7 +171,7 @@ def topic_problems(topics: Topics, states: Mapping[str, TopicState],
         problem = dead_letter_limit_problem(topics.dead_letters, dl.configs, dead_letter_bound)
         if problem:
             problems.append(problem)
-    for name in (topics.proposals, topics.commits, topics.dead_letters):
+    for name in (topics.proposals, topics.commits, topics.dead_letters, topics.replies):
         st = states.get(name)
         if st is None or not st.exists:
             problems.append(f"{name} does not exist" + (f" ({st.error})" if st is not None and st.error else ""))
@@ -294,6 +295,9 @@ def register(main: click.Group) -> None:
 
     @topics_group.command("create")
     @_common
+    @click.option("--reply-partitions", type=click.IntRange(min=1), default=DEFAULT_REPLY_PARTITIONS, show_default=True,
+                  help="Partitions of the replies topic: writer processes up to this many each read a partition of their "
+                       "own; more share one (see docs/operations.md).")
     @click.option("--partitions", type=int, required=True,
                   help="Proposals and commits partitions. Changing it later moves tables between partitions: "
                        "see docs/operations.md before choosing.")
@@ -305,7 +309,8 @@ def register(main: click.Group) -> None:
     @click.option("--allow-unsafe", is_flag=True, help="Accept RF < 3, min ISR < 2 or min ISR >= RF (test clusters).")
     def topics_create(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None,
                       kafka_pairs: tuple[str, ...], partitions: int, replication_factor: int,
-                      min_insync_replicas: int | None, max_message_bytes: int, allow_unsafe: bool) -> None:
+                      min_insync_replicas: int | None, max_message_bytes: int, allow_unsafe: bool,
+                      reply_partitions: int) -> None:
         """Create the missing topics; report how existing ones differ. Prints JSON.
 
         \b
@@ -327,7 +332,7 @@ def register(main: click.Group) -> None:
             raise click.ClickException(
                 f"replication factor {replication_factor} but {bootstrap} has {len(md.brokers)} broker(s)"
             )
-        specs = create_specs(topics, partitions, replication_factor, isr, max_message_bytes)
+        specs = create_specs(topics, partitions, replication_factor, isr, max_message_bytes, reply_partitions)
         missing = [s for s in specs if s.name not in md.topics]
         created = []
         if missing:
@@ -357,14 +362,14 @@ def register(main: click.Group) -> None:
     @_common
     def topics_describe(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None,
                         kafka_pairs: tuple[str, ...]) -> None:
-        """Partition counts, replication factors and configs of the three topics as JSON; exit 1 on problems.
+        """Partition counts, replication factors and configs of the four topics as JSON; exit 1 on problems.
 
         \b
         Example:
           deltacoord topics describe --bootstrap-servers kafka:9092
         """
         admin, _bootstrap, topics, dl_bound = _deployment(config_file, bootstrap_servers, topic_prefix, kafka_pairs)
-        names = [topics.proposals, topics.commits, topics.dead_letters]
+        names = [topics.proposals, topics.commits, topics.dead_letters, topics.replies]
         states = describe_states(admin, names)
         problems, warnings = topic_problems(topics, states, dl_bound)
         click.echo(json.dumps({

@@ -23,9 +23,11 @@ from coordinator.settings import CoordinatorSettings
 from schemas.routing import Topics
 
 
-def fresh_topics(bootstrap: str, partitions: int = 1) -> Topics:
+def fresh_topics(bootstrap: str, partitions: int = 1, reply_partitions: int = 4) -> Topics:
+    """New topics for one test (a few reply partitions: tests run a handful of writer processes)."""
     topics = Topics.with_prefix(f"t{uuid.uuid4().hex[:8]}")
-    ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), topics, partitions=partitions)
+    ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), topics, partitions=partitions,
+                  reply_partitions=reply_partitions)
     return topics
 
 

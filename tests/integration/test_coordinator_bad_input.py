@@ -77,9 +77,9 @@ def test_each_bad_input_gets_a_reasoned_rejection_or_dead_letter(kafka_bootstrap
         # Undecodable bytes: with headers the writer is told; without, only the dead letter records it.
         raw = Producer({"bootstrap.servers": kafka_bootstrap})
         pid = str(uuid.uuid4())
-        garbage_fut = client._listener(client.partition_of(t.table_id)).expect(pid)
+        garbage_fut = client.expect(pid)
         raw.produce(topics.proposals, value=b"\xc3\x01not avro at all", partition=0,
-                    headers=[(H_PROPOSAL_ID, pid.encode()), (H_TABLE_ID, t.table_id.encode())])
+                    headers=[(H_PROPOSAL_ID, pid.encode()), (H_TABLE_ID, t.table_id.encode()), garbage_fut.header])
         raw.produce(topics.proposals, value=b"\x00\x01\x02 random", partition=0)
         good_bytes = encode_proposal(_proposal(t, 0, (_add("date=2024-01-01/g.parquet"),)))
         raw.produce(topics.proposals, value=good_bytes[: len(good_bytes) // 2], partition=0)  # truncated

@@ -176,7 +176,8 @@ def test_a_fenced_zombie_never_replaces_a_published_version_on_s3(kafka_bootstra
                                   env={"DELTACOORD_FAULT": "after_kafka_commit:3:stop"})
     b: CoordinatorProcess | None = None
     try:
-        with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120, storage_options=place.storage_options) as t:
+        with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120, storage_options=place.storage_options,
+                   wait="ratified") as t:  # version 2 is published only once the successor runs
             t.create(SCHEMA, partition_by=["date"])
             t.append(pa.table({"id": [0], "date": ["2024-01-01"]}))
             assert t.append(pa.table({"id": [1], "date": ["2024-01-01"]})).version == 2  # ratified by A, then A stops

@@ -37,7 +37,7 @@ from schemas.messages import Decision
 from schemas.routing import H_ERROR, H_PROPOSAL_ID, H_RAW_SHA256, H_RAW_SIZE, H_TABLE_ID, Topics
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from writer import staging
-from writer.client import CoordinatorClient
+from writer.client import CoordinatorClient, Pending
 from writer.table import Table
 from writer.transaction import Transaction
 
@@ -86,11 +86,18 @@ class Scene:
     coord: Coordinator
     client: CoordinatorClient
     appender: Appender
+    #: Proposal id -> its answers, for messages sent `named`.
+    expected: dict[str, Pending] = field(default_factory=dict)
 
     def send(self, value: bytes, *, named: bool) -> tuple[str, float]:
-        """Produce `value` to the table's partition (with the writer's headers when `named`); returns its id and when."""
+        """Produce `value` to the table's partition (with the writer's headers when `named`, its answers in
+        `expected`); returns its id and when."""
         pid = str(uuid.uuid4())
-        headers = [(H_PROPOSAL_ID, pid.encode()), (H_TABLE_ID, self.appender.table.table_id.encode())] if named else []
+        headers: list[tuple[str, bytes]] = []
+        if named:
+            self.expected[pid] = self.client.expect(pid)
+            headers = [(H_PROPOSAL_ID, pid.encode()), (H_TABLE_ID, self.appender.table.table_id.encode()),
+                       self.expected[pid].header]
         p = Producer({"bootstrap.servers": self.coord.settings.bootstrap_servers, "message.max.bytes": 64 * 1024 * 1024,
                       "linger.ms": 0})
         p.produce(self.topics.proposals, value=value, partition=0, headers=headers)
@@ -176,7 +183,7 @@ def test_an_undecodable_message_just_under_the_topic_limit_is_dead_lettered(scen
     limit = _limit(s.coord.settings.bootstrap_servers, s.topics.proposals)
     poison = bytes([0xFF]) * (limit - 512)  # the largest value the topic takes with the writer's headers
     pid, t0 = s.send(poison, named=True)
-    d = s.client._listener(0).expect(pid).result(120)
+    d = s.expected[pid].result(120)
     print(f"\nundecodable message of {len(poison)} bytes (topic limit {limit}): rejected {time.monotonic() - t0:.2f}s "
           f"after it was produced, {_failures(s):.0f} failed transactions")
     assert not d.committed and d.reason_code == "OVERSIZE"
@@ -217,7 +224,7 @@ def test_a_dead_letter_topic_too_small_loses_the_bytes_not_the_partition(scene: 
     named, anonymous = b"\xc3\x01" * 50_000, b"\xfe" * 100_000
     pid, t0 = s.send(named, named=True)
     s.send(anonymous, named=False)
-    d = s.client._listener(0).expect(pid).result(120)
+    d = s.expected[pid].result(120)
     _wait_answered(s, 2)
     print(f"\ndead-letter topic limit {dl_limit}: both messages answered {time.monotonic() - t0:.2f}s after they were "
           f"produced, {_failures(s):.0f} failed transactions")

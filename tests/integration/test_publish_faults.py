@@ -82,8 +82,9 @@ def _delta_log_replaced_by_a_file(root: Path) -> Iterator[None]:
 def test_unwritable_delta_log_lags_then_catches_up(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = fresh_topics(kafka_bootstrap)
     root = (tmp_path / "t").resolve()
+    # wait="ratified": commits return while nothing can be published (a default commit would wait for it).
     with coordinator_thread(kafka_bootstrap, topics, checkpoint_fn=create_checkpoint) as coord, \
-            Table(root, kafka_bootstrap, topics=topics) as t:
+            Table(root, kafka_bootstrap, topics=topics, wait="ratified") as t:
         t.create(SCHEMA, partition_by=["date"], properties={"delta.checkpointInterval": "4"})
         for i in range(3):
             t.append(pa.table({"id": [i], "date": ["2024-01-01"]}))
@@ -137,7 +138,7 @@ def test_disk_full_simulated_with_a_file_size_limit(kafka_bootstrap: str, tmp_pa
     proc = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", "--no-checkpoints",
                                      "--metrics-port", str(port))
     try:
-        with Table(root, kafka_bootstrap, topics=topics) as t:
+        with Table(root, kafka_bootstrap, topics=topics, wait="ratified") as t:  # commits return while unpublished
             t.create(SCHEMA, partition_by=["date"])
             t.append(pa.table({"id": [0], "date": ["2024-01-01"]}))
             t.wait_published(1, 30)

@@ -42,7 +42,7 @@ def prefix(kafka_bootstrap: str, unique_name: Callable[[str], str]) -> Iterator[
     t = Topics.with_prefix(p)
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     existing = set(admin.list_topics(timeout=30).topics)
-    names = [n for n in (t.proposals, t.commits, t.dead_letters) if n in existing]
+    names = [n for n in (t.proposals, t.commits, t.dead_letters, t.replies) if n in existing]
     if names:
         for f in admin.delete_topics(names).values():
             f.result(30)
@@ -51,10 +51,10 @@ def prefix(kafka_bootstrap: str, unique_name: Callable[[str], str]) -> Iterator[
 def test_create_then_describe(kafka_bootstrap: str, prefix: str) -> None:
     t = Topics.with_prefix(prefix)
     res = _run(kafka_bootstrap, "create", "--topic-prefix", prefix, "--partitions", "3", "--replication-factor", "1",
-               "--min-insync-replicas", "1", "--allow-unsafe")
+               "--min-insync-replicas", "1", "--allow-unsafe", "--reply-partitions", "5")
     assert res.exit_code == 0, res.output
     out = _json(res)
-    assert sorted(out["created"]) == sorted([t.proposals, t.commits, t.dead_letters])
+    assert sorted(out["created"]) == sorted([t.proposals, t.commits, t.dead_letters, t.replies])
     assert out["problems"] == []
     assert "replication factor 1 < 3" in res.stderr
 
@@ -64,7 +64,8 @@ def test_create_then_describe(kafka_bootstrap: str, prefix: str) -> None:
     topics = desc["topics"]
     assert topics[t.proposals]["partitions"] == topics[t.commits]["partitions"] == 3
     assert topics[t.dead_letters]["partitions"] == 1
-    for name in (t.proposals, t.commits, t.dead_letters):
+    assert topics[t.replies]["partitions"] == 5
+    for name in (t.proposals, t.commits, t.dead_letters, t.replies):
         assert topics[name]["exists"] is True
         assert topics[name]["replication_factor"] == 1
         cfg = topics[name]["configs"]
@@ -80,7 +81,7 @@ def test_create_then_describe(kafka_bootstrap: str, prefix: str) -> None:
 
     # Again: nothing to create, nothing differs.
     res = _run(kafka_bootstrap, "create", "--topic-prefix", prefix, "--partitions", "3", "--replication-factor", "1",
-               "--min-insync-replicas", "1", "--allow-unsafe")
+               "--min-insync-replicas", "1", "--allow-unsafe", "--reply-partitions", "5")
     assert res.exit_code == 0, res.output
     again = _json(res)
     assert again["created"] == [] and again["differences"] == {}
@@ -99,7 +100,7 @@ def test_unsafe_create_is_refused_and_creates_nothing(kafka_bootstrap: str, pref
     assert res.exit_code == 1
     desc = _json(res)
     assert all(not v["exists"] for v in desc["topics"].values())
-    assert len(desc["problems"]) == 3
+    assert len(desc["problems"]) == 4
 
 
 def test_create_refuses_more_replicas_than_brokers(kafka_bootstrap: str, prefix: str) -> None:

@@ -55,12 +55,11 @@ def test_a_history_resent_to_the_other_partition_is_rejected(kafka_bootstrap: st
             assert client.commit(history[-1]).version == v + 1
 
         # Re-send the same four proposals to the other partition.
-        listener = client._listener(other)
-        futures = [listener.expect(p.proposal_id) for p in history]
+        futures = [client.expect(p.proposal_id) for p in history]
         raw = Producer({"bootstrap.servers": kafka_bootstrap})
-        for p in history:
+        for p, fut in zip(history, futures, strict=True):
             raw.produce(topics.proposals, value=encode_proposal(p), key=p.table_id.encode(), partition=other,
-                        headers=[(H_PROPOSAL_ID, p.proposal_id.encode()), (H_TABLE_ID, p.table_id.encode())])
+                        headers=[(H_PROPOSAL_ID, p.proposal_id.encode()), (H_TABLE_ID, p.table_id.encode()), fut.header])
         assert raw.flush(30) == 0
         for p, fut in zip(history, futures, strict=True):
             d = fut.result(60)

@@ -43,7 +43,7 @@ from coordinator.kafka.acls import (
     plan_acls,
     render_commands,
 )
-from coordinator.kafka.topics import TopicSpec
+from coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, TopicSpec
 from coordinator.metrics import Metrics, MetricsServer
 from coordinator.settings import CoordinatorSettings
 from coordinator.tooling import cli_acls, cli_topics
@@ -587,6 +587,7 @@ def test_acls_grant_exactly_the_needed_operations() -> None:
     assert grants(entries, W) == {
         (TOPIC, "dc.proposals", LITERAL, "WRITE"), (TOPIC, "dc.proposals", LITERAL, "DESCRIBE"),
         (TOPIC, "dc.commits", LITERAL, "READ"), (TOPIC, "dc.commits", LITERAL, "DESCRIBE"),
+        (TOPIC, "dc.replies", LITERAL, "READ"), (TOPIC, "dc.replies", LITERAL, "DESCRIBE"),
         (GROUP, "deltacoord-writer-", PREFIXED, "READ"), (GROUP, "deltacoord-lookup", PREFIXED, "READ"),
     }
     assert grants(entries, C) == {
@@ -594,6 +595,7 @@ def test_acls_grant_exactly_the_needed_operations() -> None:
         (TOPIC, "dc.commits", LITERAL, "WRITE"), (TOPIC, "dc.commits", LITERAL, "READ"),
         (TOPIC, "dc.commits", LITERAL, "DESCRIBE"), (TOPIC, "dc.commits", LITERAL, "DESCRIBE_CONFIGS"),
         (TOPIC, "dc.deadletters", LITERAL, "WRITE"), (TOPIC, "dc.deadletters", LITERAL, "DESCRIBE"),
+        (TOPIC, "dc.replies", LITERAL, "WRITE"), (TOPIC, "dc.replies", LITERAL, "DESCRIBE"),
         (GROUP, "dc-coordinator", LITERAL, "READ"), (GROUP, "dc-coordinator", LITERAL, "DESCRIBE"),
         (GROUP, "dc-coordinator-recovery", LITERAL, "READ"), (GROUP, "dc-coordinator-recovery", LITERAL, "DESCRIBE"),
         (TRANSACTIONAL_ID, "dc-tx-dc.proposals-", PREFIXED, "WRITE"),
@@ -752,7 +754,9 @@ def test_default_min_insync_replicas_is_a_safe_majority() -> None:
 def test_create_specs_keep_the_commits_topic_forever_and_uncompacted() -> None:
     topics = Topics.with_prefix("dc")
     specs = {s.name: s for s in create_specs(topics, 12, 3, 2)}
-    assert set(specs) == {topics.proposals, topics.commits, topics.dead_letters}
+    assert set(specs) == {topics.proposals, topics.commits, topics.dead_letters, topics.replies}
+    assert specs[topics.replies].partitions == DEFAULT_REPLY_PARTITIONS
+    assert specs[topics.replies].config["retention.ms"] == str(24 * 3600 * 1000)
     commits = specs[topics.commits]
     assert commits.config["cleanup.policy"] == "delete"
     assert commits.config["retention.ms"] == "-1" and commits.config["retention.bytes"] == "-1"

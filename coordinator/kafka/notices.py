@@ -1,0 +1,133 @@
+"""Replies: each writer's answers, sent to the reply partition its proposal names, after the transaction.
+
+Replies are not part of the coordinator's Kafka transaction: adding up to one reply partition per
+writer to every transaction (AddPartitionsToTxn, a commit marker per partition) would cost the
+coordinator's throughput. The commits topic, written in the transaction, stays the source of truth;
+a reply is a copy of a fact already true there, sent with an idempotent (not transactional) producer
+once the transaction committed, so a reply never tells of a decision that could still be undone.
+
+What a proposal gets (its header `deltacoord.wait` says which):
+
+- `published` (default): one reply, kind `published`, carrying the decision (without its actions)
+  once `_delta_log/<v>.json` exists; rejections and duplicates get their decision (kind `decision`)
+  right after the transaction; a version whose table halts gets kind `unpublished` with why.
+- `ratified`: the decision (kind `decision`) right after the transaction, nothing more.
+
+A reply can be lost (the coordinator dies between its transaction and the reply): a writer that
+hears nothing within a bound looks for its proposal id in the commits topic itself. Expectations are
+bounded (`MAX_WAITING`, oldest dropped): a reply nobody gets is what that fallback is for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+from schemas.codec import encode_decision
+from schemas.messages import Decision
+from schemas.routing import (
+    H_ERROR,
+    H_KIND,
+    H_OUTCOME,
+    H_PROPOSAL_ID,
+    H_TABLE_ID,
+    H_TIMES,
+    H_VERSION,
+    KIND_DECISION,
+    KIND_PUBLISHED,
+    KIND_UNPUBLISHED,
+)
+
+log = logging.getLogger(__name__)
+
+#: Ratified versions awaiting publication whose reply is remembered.
+MAX_WAITING = 100_000
+
+_Headers = list[tuple[str, str | bytes | None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reply:
+    partition: int
+    value: bytes
+    headers: _Headers
+
+
+def _times(times: dict[str, float]) -> bytes:
+    return ";".join(f"{k}={v * 1000:.3f}" for k, v in times.items()).encode()
+
+
+def _reply_of(d: Decision, partition: int, times: dict[str, float]) -> _Reply:
+    """The writer's copy of a decision: without its actions (the writer has them; the commits topic keeps them)."""
+    h: _Headers = [(H_PROPOSAL_ID, d.proposal_id.encode()), (H_TABLE_ID, d.table_id.encode()),
+                   (H_OUTCOME, d.outcome.value.encode()), (H_TIMES, _times(times))]
+    if d.committed and d.version is not None:
+        h.append((H_VERSION, str(d.version).encode()))
+    return _Reply(partition, encode_decision(dataclasses.replace(d, actions=())), h)
+
+
+class PublicationNotices:
+    """Sends each writer its reply: at once (`decided`), or once its version is published (`expect`, then
+    `published` / `unpublished` from the publisher's hooks)."""
+
+    def __init__(self, client_config: dict[str, Any], topic: str) -> None:
+        self.topic = topic
+        # linger 0: a reply is what a writer waits on; batching it behind others only delays it.
+        self._producer = Producer({**client_config, "enable.idempotence": True, "acks": "all", "linger.ms": 0})
+        md = self._producer.list_topics(topic, timeout=30)
+        t = md.topics.get(topic)
+        #: The replies topic's partition count (0: no replies topic; writers then get no routed answers).
+        self.num_partitions = len(t.partitions) if t is not None and t.error is None and t.partitions else 0
+        self._waiting: OrderedDict[tuple[str, int], _Reply] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def decided(self, d: Decision, partition: int, times: dict[str, float]) -> None:
+        """Send `d` now (the transaction that recorded it has committed); `times`: name -> epoch seconds."""
+        r = _reply_of(d, partition, times)
+        self._produce(r.partition, r.value, [*r.headers, (H_KIND, KIND_DECISION)], d.table_id, d.version)
+
+    def expect(self, d: Decision, partition: int, times: dict[str, float]) -> None:
+        """Send `d` (committed as a new version) once its version is published."""
+        assert d.version is not None
+        with self._lock:
+            self._waiting[(d.table_id, d.version)] = _reply_of(d, partition, times)
+            if len(self._waiting) > MAX_WAITING:
+                self._waiting.popitem(last=False)
+
+    def published(self, table_id: str, version: int) -> None:
+        self._send(table_id, version, KIND_PUBLISHED, None)
+
+    def unpublished(self, table_id: str, version: int, why: str) -> None:
+        self._send(table_id, version, KIND_UNPUBLISHED, why)
+
+    def _send(self, table_id: str, version: int, kind: bytes, why: str | None) -> None:
+        with self._lock:
+            r = self._waiting.pop((table_id, version), None)
+        if r is None:
+            return
+        headers = [*r.headers, (H_KIND, kind)]
+        if kind == KIND_PUBLISHED:
+            published = _times({"published": time.time()})
+            headers = [(k, v + b";" + published if k == H_TIMES and isinstance(v, bytes) else v) for k, v in headers]
+        if why is not None:
+            headers.append((H_ERROR, why.encode("utf-8", errors="replace")[:4096]))
+        self._produce(r.partition, r.value, headers, table_id, version)
+
+    def _produce(self, partition: int, value: bytes, headers: _Headers, table_id: str, version: int | None) -> None:
+        try:
+            self._producer.produce(self.topic, value=value, partition=partition, headers=headers)
+            self._producer.poll(0)
+        except (KafkaException, BufferError) as e:  # the writer falls back to the commits topic
+            log.warning("could not send the reply for %s v%s: %s", table_id, version, e)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._producer.flush(timeout_s)
+
+
+__all__ = ["MAX_WAITING", "PublicationNotices"]

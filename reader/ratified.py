@@ -1,0 +1,114 @@
+"""Ratified versions a table's `_delta_log` does not have yet, read from the commits topic.
+
+A version is committed once its decision is in the commits topic; `_delta_log/<v>.json` follows a few
+milliseconds later. A reader that must see its own `wait="ratified"` commits at once (as Delta's
+catalog-managed tables let readers see ratified commits before they are published) reads the newest
+published version from `_delta_log`, then the decisions after it from Kafka.
+
+The scan is short: it starts at the first commits-topic record no older than the newest published
+version's commitInfo timestamp (the coordinator stamps it when it decides, just before it produces the
+decision; `SCAN_MARGIN_MS` covers a clock step), found with Kafka's time index, and ends at the
+partition's end. Only records whose table-id header matches are decoded.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from schemas.actions import Action
+from schemas.codec import decode_decision
+from schemas.errors import DeltaCoordError
+from schemas.routing import H_TABLE_ID, H_VERSION, Topics, header, partition_for
+
+#: How far before the newest published version's commitInfo timestamp the scan starts.
+SCAN_MARGIN_MS = 5_000
+
+
+class RatifiedReadError(DeltaCoordError):
+    """The commits topic could not be read to its end in time."""
+
+
+@dataclass(frozen=True)
+class RatifiedSource:
+    """Where a table's ratified versions are: the deployment's Kafka and topics, and the table's id."""
+
+    bootstrap_servers: str
+    table_id: str
+    topics: Topics = field(default_factory=Topics.with_prefix)
+    kafka_config: Mapping[str, Any] = field(default_factory=dict)
+    timeout_s: float = 30.0
+
+    def after(self, version: int, since_ms: int) -> list[tuple[int, tuple[Action, ...]]]:
+        """The table's ratified versions after `version`, in order, each with its actions (the commit exactly as it
+        will be published); `since_ms` is `version`'s commitInfo timestamp (0: scan the whole partition)."""
+        c = Consumer({"bootstrap.servers": self.bootstrap_servers, **self.kafka_config,
+                      "group.id": f"deltacoord-stream-ratified-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False,
+                      "isolation.level": "read_committed"})
+        try:
+            return self._scan(c, version, since_ms)
+        except KafkaException as e:
+            raise RatifiedReadError(f"cannot read the ratified versions of {self.table_id} from "
+                                    f"{self.topics.commits}: {e}") from e
+        finally:
+            c.close()
+
+    def _scan(self, c: Consumer, version: int, since_ms: int) -> list[tuple[int, tuple[Action, ...]]]:
+        topic = self.topics.commits
+        md = c.list_topics(topic, timeout=self.timeout_s)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None or not t.partitions:
+            raise RatifiedReadError(f"commits topic {topic} not found on {self.bootstrap_servers}")
+        tp = TopicPartition(topic, partition_for(self.table_id, len(t.partitions)))
+        low, high = c.get_watermark_offsets(tp, timeout=self.timeout_s)
+        if high <= low:
+            return []
+        start = low
+        if since_ms > 0:
+            (found,) = c.offsets_for_times([TopicPartition(topic, tp.partition, max(0, since_ms - SCAN_MARGIN_MS))],
+                                           timeout=self.timeout_s)
+            if found.offset < 0:
+                return []  # every record is older: nothing was ratified after `version`
+            start = max(low, found.offset)
+        c.assign([TopicPartition(topic, tp.partition, start)])
+        want = self.table_id.encode()
+        out: dict[int, tuple[Action, ...]] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            for m in c.consume(500, 0.1):
+                err = m.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise KafkaException(err)
+                    continue
+                if header(m, H_TABLE_ID) != want:
+                    continue
+                raw_version = header(m, H_VERSION)
+                if raw_version is None or int(raw_version) <= version:
+                    continue
+                value = m.value()
+                if value is None:
+                    continue
+                d = decode_decision(value)
+                if d.committed and d.duplicate_of is None and d.version is not None:
+                    out[d.version] = d.actions
+            # The position, not the last offset: transaction markers are never delivered.
+            if c.position([tp])[0].offset >= high:
+                break
+            if time.monotonic() > deadline:
+                raise RatifiedReadError(f"{topic} partition {tp.partition} was not read to offset {high} within "
+                                        f"{self.timeout_s:.0f}s (an open transaction holds read_committed readers back)")
+        commits: list[tuple[int, tuple[Action, ...]]] = []
+        for n in sorted(out):
+            if n != version + 1 + len(commits):
+                break  # not contiguous: stop at the gap rather than skip a version
+            commits.append((n, out[n]))
+        return commits
+
+
+__all__ = ["SCAN_MARGIN_MS", "RatifiedReadError", "RatifiedSource"]
