@@ -75,6 +75,10 @@ class CoordinatorSettings:
     dead_letter_max_bytes: int = 64 * 1024
     #: `/healthz` turns unhealthy when proposals wait and no batch was committed for this long.
     stall_timeout_s: float = 60.0
+    #: A repeated proposal id is answered with its first decision while it is among the newest this many
+    #: decisions of its partition and younger than `decided_ids_max_age_ms` (`coordinator.rules.decided`).
+    decided_ids_limit: int = 50_000
+    decided_ids_max_age_ms: int = 7 * 24 * 3600 * 1000
 
     #: URI prefixes under which tables may be created and published; None: local tables anywhere.
     table_roots: tuple[str, ...] | None = None

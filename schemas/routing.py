@@ -27,6 +27,9 @@ H_RAW_SHA256 = "deltacoord.raw_sha256"
 #: On proposals: the name of the writer key that signed the value, and the Ed25519 signature (64 bytes).
 H_SIGNER = "deltacoord.signer"
 H_SIGNATURE = "deltacoord.signature"
+#: On control records of the commits topic (`halt`, `resume`) and on an operator's `resume` request
+#: on the proposals topic: what the record does. Decisions of proposals never carry it.
+H_CONTROL = "deltacoord.control"
 
 
 class _HasHeaders(Protocol):

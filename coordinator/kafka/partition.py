@@ -11,8 +11,23 @@ re-read from the commits topic.
 
 The transactional id is fixed per partition, so a newer coordinator for the
 partition fences this one; a fenced coordinator stops without publishing
-anything. An exception from the decision path is a bug: it propagates with
-the batch undecided and uncommitted, and the daemon stops.
+anything. An exception deciding one proposal halts that proposal's table (see
+`coordinator.rules.batch`); any other exception from the decision path is a
+bug: it propagates with the batch undecided and uncommitted, and the daemon
+stops.
+
+Nothing acknowledged is invisible: before a batch that ratifies version v of a
+table is recorded, `_delta_log/<v>.json` must be absent (one HEAD, or a stat,
+per table and batch). A file there was written around the coordinator: the
+table halts and the batch is decided again without it, so no writer is told
+COMMITTED for a version readers would never see. A store that cannot answer
+rejects that table's proposals of the batch (STORAGE_UNAVAILABLE, retryable).
+
+Halts are persisted: a halt record (`coordinator.kafka.control`) goes into
+the next transaction of the table's partition (the batch's, or one of its own
+when the halt came from the publisher or the checkpointer), so recovery
+restores it. A repeated proposal id is answered with its first decision
+(`coordinator.rules.decided`).
 
 At the door: a proposal for a table of another partition (murmur2(table id) %
 partitions) is rejected with WRONG_PARTITION and never decided; the writer's
@@ -33,6 +48,7 @@ commits (`stalled`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -47,15 +63,17 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from coordinator.delta_log.files import sweep_temp_files
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.faults import fault_point
-from coordinator.kafka.recovery import rebuild_states
+from coordinator.kafka.control import HALT, RESUME, halt_record, resume_record
+from coordinator.kafka.recovery import Recovered, rebuild_states
 from coordinator.locations import TableLocationError, TableLocations
 from coordinator.metrics import Metrics
 from coordinator.rules.authentication import Signature
-from coordinator.rules.batch import Submitted, decide_batch, rejection
+from coordinator.rules.batch import Overlay, Submitted, decide_batch, rejection
+from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from coordinator.rules.validate import path_problem
 from coordinator.settings import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_KEY_BYTES, CoordinatorSettings
-from reader.log import newest_commit_version
+from reader.log import commit_key, newest_commit_version
 from reader.storage import StorageError
 from schemas.actions import AddCDCFile, AddFile
 from schemas.codec import decode_proposal, encode_decision
@@ -63,6 +81,7 @@ from schemas.errors import DecodeError, InvalidProposalError
 from schemas.messages import Decision
 from schemas.reasons import ReasonCode
 from schemas.routing import (
+    H_CONTROL,
     H_ERROR,
     H_OUTCOME,
     H_PROPOSAL_ID,
@@ -103,10 +122,12 @@ def _header(msg: Message, name: str) -> str | None:
     return None if v is None else v.decode("utf-8", errors="replace")
 
 
-def decision_headers(d: Decision) -> list[tuple[str, str | bytes | None]]:
+def decision_headers(d: Decision, control: str | None = None) -> list[tuple[str, str | bytes | None]]:
     h: list[tuple[str, str | bytes | None]] = [(H_PROPOSAL_ID, d.proposal_id.encode()), (H_TABLE_ID, d.table_id.encode()), (H_OUTCOME, d.outcome.value.encode())]
     if d.committed and d.version is not None:
         h.append((H_VERSION, str(d.version).encode()))
+    if control is not None:
+        h.append((H_CONTROL, control.encode()))
     return h
 
 
@@ -127,6 +148,8 @@ class _Decoded:
     submitted: Submitted | None = None
     rejected: Decision | None = None
     dead: _DeadLetter | None = None
+    #: An operator's request to resume this table (`deltacoord table resume`).
+    resume: str | None = None
 
 
 @dataclass(frozen=True)
@@ -234,6 +257,9 @@ class PartitionCoordinator:
         self.metrics = metrics
         self.consumer = consumer
         self.states: dict[str, TableState] = {}
+        self.decided = DecidedIds(settings.decided_ids_limit, settings.decided_ids_max_age_ms)
+        #: Halt and resume records not yet on the commits topic: (table id, kind, record).
+        self._controls: list[tuple[str, str, Decision]] = []
         self.producer: Producer | None = None
         self._label = str(partition)
         self._tp = TopicPartition(settings.topics.proposals, partition)
@@ -273,6 +299,7 @@ class PartitionCoordinator:
         self.producer.init_transactions(60)
         log.info("partition %d: transactional producer ready in %.1fs; recovering", self.partition, time.monotonic() - t0)
         self._recover()
+        self.flush_controls()
         self.committed_to = self.committed_offset()
         self.last_commit = time.monotonic()
         return self.committed_to
@@ -288,13 +315,9 @@ class PartitionCoordinator:
             self.producer = None
 
     def _recover(self) -> None:
-        """Rebuild the partition's table states from the commits topic; publish what `_delta_log` lacks."""
+        """Rebuild the partition's table states from the commits topic; publish what `_delta_log` lacks;
+        restore the halts (and record those recovery found)."""
         self.metrics.tables.dec(len(self.states))
-
-        def publish(d: Decision) -> None:
-            assert d.version is not None
-            self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
-
         locations = self.publisher.locations
 
         def new_table(table_uri: str) -> None:
@@ -312,11 +335,88 @@ class PartitionCoordinator:
                 log.warning("cannot list _delta_log of %s (%s); republishing its history", table_uri, e)
                 return -1
 
-        self.states = rebuild_states(self.settings, self.partition, publish=publish, new_table=new_table,
-                                     heartbeat=self._heartbeat, on_record=self.metrics.recovery_records.inc,
-                                     published_version=published_version)
+        rec: Recovered = rebuild_states(self.settings, self.partition, new_table=new_table, heartbeat=self._heartbeat,
+                                        on_record=self.metrics.recovery_records.inc, published_version=published_version)
+        self.states = rec.states
+        self.decided = rec.decided
+        for tid, (uri, why) in rec.halted.items():
+            self.publisher.halt(tid, uri, why, notify=False)
+        for tid, (uri, why) in rec.new_halts.items():
+            self.note_halt(tid, uri, why)
+        for ds in rec.to_publish.values():
+            for d in ds:
+                assert d.version is not None
+                self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
         self.metrics.tables.inc(len(self.states))
-        log.info("partition %d: recovered %d tables from %s", self.partition, len(self.states), self.settings.topics.commits)
+        self.metrics.halted_tables.set(self.publisher.halted_count())
+        log.info("partition %d: recovered %d tables (%d halted) from %d records of %s", self.partition, len(self.states),
+                 len(rec.halted), rec.records, self.settings.topics.commits)
+
+    # -- halts --------------------------------------------------------------------
+    def note_halt(self, table_id: str, table_uri: str, why: str) -> None:
+        """Record a halt of `table_id` (already in force in the publisher) on the commits topic, with the next transaction."""
+        if any(tid == table_id and kind == HALT for tid, kind, _ in self._controls):
+            return
+        st = self.states.get(table_id)
+        head = st.version if st is not None else -1
+        self._controls.append((table_id, HALT, halt_record(table_id, table_uri, why, head, int(time.time() * 1000))))
+
+    def flush_controls(self) -> None:
+        """Record pending halts in a transaction of their own (when no batch comes to carry them)."""
+        if not self._controls or self.producer is None:
+            return
+        outs = [self._control_out(d, kind) for _tid, kind, d in self._controls]
+        try:
+            self._transact([], outs, [])
+        except FencedError:
+            raise
+        except ProducerStuckError as e:
+            self._failed(str(e))
+            self._replace_producer(e)
+            return
+        except KafkaException as e:
+            self._failed(str(e))
+            log.warning("partition %d: recording %d halts failed (%s); retrying with the next transaction", self.partition,
+                        len(outs), e)
+            with contextlib.suppress(KafkaException):
+                self.producer.abort_transaction(60)
+            return
+        log.info("partition %d: recorded halts of %s", self.partition, sorted({t for t, _k, _d in self._controls}))
+        self._controls = []
+
+    def _control_out(self, d: Decision, kind: str) -> _Out:
+        return _Out(self.settings.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d, kind),
+                    self.partition, -1)
+
+    def _probe(self, overlay: Overlay, probed: dict[tuple[str, int], str | None]) -> tuple[dict[str, str], dict[str, str]]:
+        """Tables the batch would ratify a version of whose `<v>.json` already exists (foreign, why), and those whose
+        store cannot say (unavailable, why). `probed` caches answers within the batch."""
+        foreign: dict[str, str] = {}
+        unavailable: dict[str, str] = {}
+        for tid, st in overlay.tables.items():
+            live = self.states.get(tid)
+            v = live.version + 1 if live is not None else 0
+            key = (tid, v)
+            if key not in probed:
+                probed[key] = None
+                try:
+                    found = self.publisher.locations.storage(st.table_uri).exists(commit_key(v))
+                except (TableLocationError, StorageError, OSError, ValueError) as e:
+                    unavailable[tid] = (f"the table's storage could not be checked for a version {v} written around the "
+                                        f"coordinator ({e}); nothing was decided, retry")
+                    probed[key] = "unavailable"
+                    continue
+                if found:
+                    probed[key] = (
+                        f"_delta_log/{commit_key(v).rsplit('/', 1)[-1]} exists, but version {v} was not ratified: it was "
+                        "written around the coordinator, and a commit as that version would be invisible. The table is "
+                        "halted; see 'Recover a halted table'")
+            why = probed[key]
+            if why == "unavailable":
+                unavailable.setdefault(tid, "the table's storage could not be checked; retry")
+            elif why is not None:
+                foreign[tid] = why
+        return foreign, unavailable
 
     # -- the loop ---------------------------------------------------------------
     def process(self, batch: Sequence[Message]) -> None:
@@ -329,11 +429,39 @@ class PartitionCoordinator:
         decoded = [self._decode(m) for m in batch]
         proposals = [x.submitted for x in decoded if x.submitted is not None]
         check_files = functools.partial(added_files_problem, self.publisher.locations)
-        decided, overlay = decide_batch(self.states, proposals, int(time.time() * 1000),
-                                        halted=self.publisher.halted_tables(), check_files=check_files)
+        now_ms = int(time.time() * 1000)
+        halted = self.publisher.halted_tables()
+        decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
+                                        earlier=self.decided.get)
+        # Nothing acknowledged is invisible: no version of the batch may already have a file in _delta_log.
+        probed: dict[tuple[str, int], str | None] = {}
+        unavailable: set[str] = set()
+        while True:
+            foreign, cannot = self._probe(overlay, probed)
+            if not foreign and not cannot:
+                break
+            for tid, why in foreign.items():
+                uri = overlay.tables[tid].table_uri
+                log.error("partition %d: %s: %s", self.partition, tid, why)
+                self.publisher.halt(tid, uri, why, notify=False)
+                self.note_halt(tid, uri, why)
+            unavailable.update(cannot)
+            halted = {**halted, **foreign, **cannot}
+            decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
+                                            earlier=self.decided.get)
+        if unavailable:
+            decided = [dataclasses.replace(d, reason_code=ReasonCode.STORAGE_UNAVAILABLE.value)
+                       if d.table_id in unavailable and d.reason_code == ReasonCode.TABLE_HALTED.value
+                       and d.table_id not in self.publisher.halted_tables() else d for d in decided]
+        for tid, why in overlay.halts.items():
+            st = self.states.get(tid)
+            uri = st.table_uri if st is not None else next(p.proposal.table_uri for p in proposals if p.proposal.table_id == tid)
+            self.publisher.halt(tid, uri, why, notify=False)
+            self.note_halt(tid, uri, why)
         it = iter(decided)
         decisions: list[Decision] = []
         outs: list[_Out] = []
+        resumed: list[str] = []
         s = self.settings
         for x in decoded:
             d = next(it) if x.submitted is not None else x.rejected
@@ -343,6 +471,17 @@ class PartitionCoordinator:
                                  self.partition, x.offset))
             if x.dead is not None:
                 outs.append(_Out(s.topics.dead_letters, x.dead.value, x.dead.key, x.dead.headers, None, x.offset))
+            if x.resume is not None and x.resume not in resumed:
+                st = self.states.get(x.resume)
+                if st is None:
+                    log.warning("partition %d: a request to resume table %s, which this partition does not hold; ignored",
+                                self.partition, x.resume[:200])
+                    continue
+                resumed.append(x.resume)
+                self._controls = [c for c in self._controls if c[0] != x.resume]
+                self._controls.append((x.resume, RESUME, resume_record(x.resume, st.table_uri, st.version, now_ms)))
+        controls = list(self._controls)
+        outs.extend(self._control_out(d, kind) for _tid, kind, d in controls)
         dead = sum(1 for x in decoded if x.dead is not None)
         fault_point("after_decide")
         refused: list[_Refusal] = []
@@ -367,7 +506,10 @@ class PartitionCoordinator:
             return
         fault_point("after_kafka_commit")
         self._committed(batch)
+        self._controls = [c for c in self._controls if c not in controls]
         overlay.apply_to(self.states)
+        for d in decisions:
+            self.decided.remember(d)
         self.metrics.tables.inc(len(overlay.created))
         now = time.time()
         for m in batch:
@@ -389,6 +531,18 @@ class PartitionCoordinator:
         self.metrics.dead_letters.inc(dead)
         self.metrics.publish_lag.set(self.publisher.lag())
         self.metrics.halted_tables.set(self.publisher.halted_count())
+        if resumed:
+            self._resume(resumed)
+
+    def _resume(self, tables: Sequence[str]) -> None:
+        """After a resumption is recorded: rebuild the partition as at a restart, which republishes what the halt
+        held back (and halts the table again if its cause is still there)."""
+        log.warning("partition %d: tables %s resumed by an operator; rebuilding the partition", self.partition, list(tables))
+        for tid in tables:
+            self.publisher.resume(tid)
+        self.publisher.forget(self.states.keys())
+        self.close()
+        self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.start()))
 
     # -- progress and poison -------------------------------------------------------
     def _committed(self, batch: Sequence[Message]) -> None:
@@ -490,6 +644,14 @@ class PartitionCoordinator:
         raw = m.value()
         at_ms = max(0, m.timestamp()[1])
         source = _source(m)
+        control = header(m, H_CONTROL)
+        if control is not None:
+            table_id = _header(m, H_TABLE_ID)
+            if control == RESUME.encode() and table_id:
+                log.warning("partition %d: %s asks to resume table %s", self.partition, source, table_id[:200])
+                return _Decoded(offset, resume=table_id)
+            error = f"a control message that is not a resume request with a table id (control={control[:100]!r})"
+            return _Decoded(offset, dead=dead_letter(raw, m.key(), error, source, self.settings.dead_letter_max_bytes))
         try:
             if raw is None:
                 raise DecodeError("empty message (no value)")
@@ -563,10 +725,11 @@ class PartitionCoordinator:
                     if isinstance(kerr, KafkaError) and kerr.code() in RECORD_REFUSALS:
                         note(o, kerr)
                     raise
-            last_offset = batch[-1].offset()
-            assert last_offset is not None
-            offsets = [TopicPartition(s.topics.proposals, self.partition, last_offset + 1)]
-            self._send_offsets(offsets)
+            if batch:
+                last_offset = batch[-1].offset()
+                assert last_offset is not None
+                offsets = [TopicPartition(s.topics.proposals, self.partition, last_offset + 1)]
+                self._send_offsets(offsets)
             if fault_point("before_kafka_commit"):
                 raise KafkaException(KafkaError(KafkaError._FAIL, "injected fault: the transaction fails before its commit",
                                                 retriable=True, txn_requires_abort=True))

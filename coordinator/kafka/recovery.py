@@ -14,9 +14,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from coordinator.kafka.control import HALT, RESUME, control_kind
+from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from coordinator.settings import CoordinatorSettings
 from reader.log import newest_commit_version
@@ -45,6 +48,16 @@ def read_decisions(
     `on_record` is called once per record fetched (filtered out or not), for the
     recovery metric.
     """
+    for d, _offset in read_decisions_at(settings, partition, table_id=table_id, min_version=min_version,
+                                        stall_timeout_s=stall_timeout_s, on_record=on_record):
+        yield d
+
+
+def read_decisions_at(
+    settings: CoordinatorSettings, partition: int, *, table_id: str | None = None, min_version: int = 0,
+    stall_timeout_s: float = 120.0, on_record: Callable[[], None] | None = None, from_offset: int | None = None,
+) -> Iterator[tuple[Decision, int]]:
+    """`read_decisions` with each record's offset, from `from_offset` (default: the start of the partition)."""
     c = Consumer(
         settings.client(
             {"fetch.message.max.bytes": max(settings.max_proposal_bytes * 2, 1_048_576)},
@@ -55,6 +68,8 @@ def read_decisions(
     try:
         tp = TopicPartition(settings.topics.commits, partition)
         low, high = c.get_watermark_offsets(tp, timeout=30)
+        if from_offset is not None:
+            low = max(low, from_offset)
         if high <= low:
             return
         c.assign([TopicPartition(settings.topics.commits, partition, low)])
@@ -83,7 +98,7 @@ def read_decisions(
                         continue
                 value = m.value()
                 if value is not None:
-                    yield decode_decision(value)
+                    yield decode_decision(value), m.offset() or 0
             pos = c.position([tp])[0].offset
             if pos >= high:
                 break
@@ -102,39 +117,120 @@ def read_decisions(
         c.close()
 
 
-def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Callable[[Decision], None],
+@dataclass
+class Recovered:
+    """What recovery rebuilt of one commits partition."""
+
+    states: dict[str, TableState] = field(default_factory=dict)
+    #: Halted tables (their last control record is a halt, or recovery halted them) -> (table uri, why).
+    halted: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Halts found by this recovery, not yet on the commits topic (the caller records them).
+    new_halts: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Per table, ratified versions to (re)publish, oldest first: those not in `_delta_log`, and the newest one there.
+    to_publish: dict[str, list[Decision]] = field(default_factory=dict)
+    decided: DecidedIds = field(default_factory=DecidedIds)
+    #: The commits-topic offset read up to (exclusive) and how many records were read.
+    end_offset: int = 0
+    records: int = 0
+
+    def halt(self, table_id: str, table_uri: str, why: str) -> None:
+        """Halt a table this recovery found at fault (recorded by the caller)."""
+        log.error("halting table %s during recovery: %s", table_id, why)
+        self.halted[table_id] = (table_uri, why)
+        self.new_halts[table_id] = (table_uri, why)
+        self.to_publish.pop(table_id, None)
+
+
+def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Callable[[Decision], None] | None = None,
                    new_table: Callable[[str], None] = lambda uri: None, heartbeat: Callable[[], None] = lambda: None,
                    on_record: Callable[[], None] | None = None,
-                   published_version: Callable[[str], int] = newest_commit_version) -> dict[str, TableState]:
-    """Table states as the fold of the partition's committed decisions (event sourcing).
+                   published_version: Callable[[str], int] = newest_commit_version,
+                   base: Recovered | None = None, from_offset: int | None = None) -> Recovered:
+    """Table states as the fold of the partition's committed decisions (event sourcing), from the
+    start of the partition or from `from_offset` on top of `base` (a snapshot's state).
 
-    Ratified versions missing from `_delta_log` (a crash between the Kafka
-    commit and publication) go to `publish`, oldest first, as they are read;
-    so does the newest version already on disk, which put-if-absent re-checks
-    byte for byte. `new_table(table_uri)` runs once per table, first;
-    `published_version(table_uri)` is the newest version in its `_delta_log`.
+    Ratified versions missing from `_delta_log` (a crash between the Kafka commit
+    and publication) are listed in `to_publish`, oldest first (`publish`, if
+    given, is called with each at the end); so is the newest version already on
+    disk, which put-if-absent re-checks byte for byte. `new_table(table_uri)`
+    runs once per table, first; `published_version(table_uri)` is the newest
+    version in its `_delta_log`.
+
+    A fault of one table halts that table, never the recovery: a version that
+    does not follow its predecessor, an error applying it, and a `_delta_log`
+    holding versions beyond the newest one Kafka ratified (written around the
+    coordinator: the next commit would be acknowledged but invisible). Control
+    records (`coordinator.kafka.control`) halt and resume tables.
     """
-    states: dict[str, TableState] = {}
+    rec = base if base is not None else Recovered(decided=DecidedIds(settings.decided_ids_limit,
+                                                                     settings.decided_ids_max_age_ms))
+    states = rec.states
     on_disk: dict[str, int] = {}
-    for i, d in enumerate(read_decisions(settings, partition, on_record=on_record)):
-        if i % 1000 == 0:
+
+    def first_sight(table_id: str, table_uri: str) -> None:
+        on_disk[table_id] = published_version(table_uri)
+        new_table(table_uri)
+
+    for known in states.values():
+        first_sight(known.table_id, known.table_uri)
+    broken: set[str] = set()  # tables whose later versions cannot be applied (halted)
+    n = 0
+    for d, offset in read_decisions_at(settings, partition, from_offset=from_offset, on_record=on_record):
+        n += 1
+        rec.end_offset = offset + 1
+        if n % 1000 == 0:
             heartbeat()  # a long recovery is progress, not a hang
+        kind = control_kind(d)
+        if kind == HALT:
+            rec.halted[d.table_id] = (d.table_uri, d.error_message or "halted")
+            rec.new_halts.pop(d.table_id, None)
+            continue
+        if kind == RESUME:
+            rec.halted.pop(d.table_id, None)
+            rec.new_halts.pop(d.table_id, None)
+            continue
+        rec.decided.remember(d)
         if not d.committed or d.duplicate_of is not None or d.version is None:
             continue
-        st = states.get(d.table_id)
-        if st is None:
-            st = TableState.empty(d.table_id, d.table_uri)
-            states[d.table_id] = st
-            on_disk[d.table_id] = published_version(d.table_uri)
-            new_table(d.table_uri)
+        found = states.get(d.table_id)
+        if found is None:
+            st = states[d.table_id] = TableState.empty(d.table_id, d.table_uri)
+            first_sight(d.table_id, d.table_uri)
+        else:
+            st = found
+        if d.table_id in broken:
+            continue
         if d.version != st.version + 1:
-            raise RecoveryError(
-                f"commits topic is not contiguous for table {d.table_id}: version {d.version} after {st.version}"
-            )
-        st.apply(d.version, d.actions)
+            broken.add(d.table_id)
+            rec.halt(d.table_id, d.table_uri, (
+                f"the commits topic is not contiguous for this table: version {d.version} follows {st.version}. The "
+                "table is halted with its state at that version"))
+            continue
+        try:
+            st.apply(d.version, d.actions)
+        except Exception as e:  # a fault of this code on one table: that table stops, the others recover
+            broken.add(d.table_id)
+            rec.halt(d.table_id, d.table_uri, f"recovering version {d.version} failed unexpectedly ({type(e).__name__}: {e})")
+            continue
         if d.version >= on_disk[d.table_id]:
-            publish(d)
-    return states
+            rec.to_publish.setdefault(d.table_id, []).append(d)
+    rec.records += n
+    rec.end_offset = max(rec.end_offset, from_offset or 0)
+    for tid, st in states.items():
+        disk = on_disk.get(tid, -1)
+        if disk > st.version and tid not in rec.halted:
+            rec.halt(tid, st.table_uri, (
+                f"_delta_log holds version {disk} but Kafka ratified only up to {st.version}: versions "
+                f"{st.version + 1}..{disk} were written around the coordinator, and the next commit would be acknowledged "
+                "but invisible. The table is halted; see 'Recover a halted table'"))
+    for tid in list(rec.to_publish):
+        if tid in rec.halted:
+            del rec.to_publish[tid]
+    if publish is not None:
+        for ds in rec.to_publish.values():
+            for d in ds:
+                publish(d)
+    return rec
 
 
-__all__ = ["RecoveryError", "read_decisions", "rebuild_states"]
+__all__ = ["Recovered", "RecoveryError", "read_decisions", "read_decisions_at", "rebuild_states"]

@@ -20,8 +20,8 @@ and three bounded indexes:
 * **Live-file set** -- one 64-bit hash per live logical file key
   (path, deletion-vector id); no AddFile bodies. About 8 bytes per file in a
   sorted array (`LiveFileSet`), i.e. 8 MB for 1,000,000 live files. The
-  hashes use Python's per-process string hashing: they are never persisted,
-  the state is rebuilt from the log on start.
+  hash is BLAKE2b-64 of the key, the same in every process, because state
+  snapshots persist it (Python's `hash()` of a str is salted per process).
 
 The window keeps no AddFile either: a winner's added files are summarised by
 their distinct partition rows, which is all the append check reads.
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from hashlib import blake2b
 
 from coordinator.rules.layers import ForkedTxnIndex, ForkedWindow, LayeredDict, TxnIndex, WinnersWindow
 from coordinator.rules.live_files import LiveFileLayer, LiveFileSet
@@ -99,10 +100,16 @@ class WinningCommit:
     quiet: bool = False
 
 
+def key_hash(path: str, dv_id: str | None) -> int:
+    """Stable signed 64-bit hash of a logical file key (path, deletion vector id); see the module docstring."""
+    data = path.encode("utf-8", "surrogatepass") if dv_id is None else f"{path}\x00{dv_id}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
 def file_key_hash(action: AddFile | RemoveFile) -> int:
     """64-bit hash of a file action's logical key (path, deletion vector id)."""
     dv = action.deletion_vector
-    return hash((action.path, dv.unique_id() if dv is not None else None))
+    return key_hash(action.path, dv.unique_id() if dv is not None else None)
 
 
 class TableState:
@@ -307,12 +314,12 @@ class TableState:
             if isinstance(a, AddFile):
                 adds.append(a)
                 dv = a.deletion_vector
-                live.add(hash((a.path, dv.unique_id() if dv is not None else None)))
+                live.add(key_hash(a.path, dv.unique_id() if dv is not None else None))
             elif isinstance(a, RemoveFile):
                 removed.add(a.path)
                 n_files += 1
                 dv = a.deletion_vector
-                live.discard(hash((a.path, dv.unique_id() if dv is not None else None)))
+                live.discard(key_hash(a.path, dv.unique_id() if dv is not None else None))
             elif isinstance(a, CommitInfo):
                 commit_info = a
             elif isinstance(a, Metadata):
@@ -385,4 +392,5 @@ __all__ = [
     "WindowExceededError",
     "WinningCommit",
     "file_key_hash",
+    "key_hash",
 ]
