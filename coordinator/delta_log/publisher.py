@@ -102,6 +102,20 @@ class Publisher:
             return [tid for tid, v in versions.items()
                     if (t := self.tables.get(tid)) is None or (t.halted is None and t.published < v)]
 
+    def mark_published(self, table_id: str, version: int) -> None:
+        """What recovery found in `_delta_log`: versions up to `version` need no publication."""
+        with self._lock:
+            self._forgotten.discard(table_id)
+            t = self.tables.setdefault(table_id, TablePublication())
+            t.published = max(t.published, version)
+            t.ratified = max(t.ratified, version)
+
+    def published_version(self, table_id: str) -> int:
+        """The newest version of the table this publisher published (-1: none, or unknown)."""
+        with self._lock:
+            t = self.tables.get(table_id)
+            return -1 if t is None else t.published
+
     def halted(self, table_id: str) -> str | None:
         with self._lock:
             return self._halted.get(table_id)

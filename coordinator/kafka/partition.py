@@ -54,6 +54,7 @@ import hashlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -64,7 +65,8 @@ from coordinator.delta_log.files import sweep_temp_files
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.faults import fault_point
 from coordinator.kafka.control import HALT, RESUME, halt_record, resume_record
-from coordinator.kafka.recovery import Recovered, rebuild_states
+from coordinator.kafka.recovery import Recovered, recover_partition
+from coordinator.kafka.snapshot import PartitionSnapshot, SnapshotStore
 from coordinator.locations import TableLocationError, TableLocations
 from coordinator.metrics import Metrics
 from coordinator.rules.authentication import Signature
@@ -172,6 +174,8 @@ class _Out:
     headers: list[tuple[str, str | bytes | None]]
     partition: int | None
     source: int
+    #: The decision this record carries (commits topic), for the offsets state snapshots need.
+    decision: Decision | None = None
 
 
 def dead_letter(raw: bytes | None, key: bytes | None, error: str, source: str, keep_bytes: int) -> _DeadLetter:
@@ -258,6 +262,16 @@ class PartitionCoordinator:
         self.consumer = consumer
         self.states: dict[str, TableState] = {}
         self.decided = DecidedIds(settings.decided_ids_limit, settings.decided_ids_max_age_ms)
+        # -- state snapshots (`coordinator.kafka.snapshot`): the commits-topic offset the states cover, the
+        # last record folded, records since the last snapshot, and where recent versions were recorded.
+        self._snapshots = (SnapshotStore(settings.state_root, settings.storage_options, settings.topics.commits, partition)
+                           if settings.state_root else None)
+        self.commits_end = 0
+        self._last_record: tuple[int, str] | None = None
+        self._since_snapshot = 0
+        self._recorded_at: deque[tuple[str, int, int]] = deque(maxlen=max(2 * settings.snapshot_every_records, 1000))
+        self._delivered: list[tuple[_Out, int]] = []
+        self._snapshot_thread: threading.Thread | None = None
         #: Halt and resume records not yet on the commits topic: (table id, kind, record).
         self._controls: list[tuple[str, str, Decision]] = []
         self.producer: Producer | None = None
@@ -335,22 +349,102 @@ class PartitionCoordinator:
                 log.warning("cannot list _delta_log of %s (%s); republishing its history", table_uri, e)
                 return -1
 
-        rec: Recovered = rebuild_states(self.settings, self.partition, new_table=new_table, heartbeat=self._heartbeat,
-                                        on_record=self.metrics.recovery_records.inc, published_version=published_version)
+        rec: Recovered = recover_partition(self.settings, self.partition, new_table=new_table, heartbeat=self._heartbeat,
+                                           on_record=self.metrics.recovery_records.inc,
+                                           published_version=published_version)
         self.states = rec.states
         self.decided = rec.decided
+        self.commits_end = rec.end_offset
+        self._last_record = rec.last
+        self._since_snapshot = rec.records if rec.snapshot_offset is not None else rec.end_offset
+        self._recorded_at.clear()
         for tid, (uri, why) in rec.halted.items():
             self.publisher.halt(tid, uri, why, notify=False)
         for tid, (uri, why) in rec.new_halts.items():
             self.note_halt(tid, uri, why)
+        for tid, st in self.states.items():
+            if tid not in rec.halted:
+                pending = rec.to_publish.get(tid)
+                first = pending[0][0].version if pending else None
+                self.publisher.mark_published(tid, st.version if first is None else first - 1)
         for ds in rec.to_publish.values():
-            for d in ds:
+            for d, offset in ds:
                 assert d.version is not None
+                self._recorded_at.append((d.table_id, d.version, offset))
                 self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
         self.metrics.tables.inc(len(self.states))
         self.metrics.halted_tables.set(self.publisher.halted_count())
-        log.info("partition %d: recovered %d tables (%d halted) from %d records of %s", self.partition, len(self.states),
-                 len(rec.halted), rec.records, self.settings.topics.commits)
+        log.info("partition %d: recovered %d tables (%d halted) from %d records of %s%s", self.partition, len(self.states),
+                 len(rec.halted), rec.records, self.settings.topics.commits,
+                 "" if rec.snapshot_offset is None else f" after the state snapshot at offset {rec.snapshot_offset}")
+
+    # -- state snapshots --------------------------------------------------------------
+    def _note_recorded(self) -> None:
+        """After a transaction committed: the offsets its commits-topic records got."""
+        for o, offset in self._delivered:
+            self.commits_end = max(self.commits_end, offset + 1)
+            self._since_snapshot += 1
+            d = o.decision
+            if d is None:
+                continue
+            if self._last_record is None or offset > self._last_record[0]:
+                self._last_record = (offset, d.proposal_id)
+            if d.committed and d.duplicate_of is None and d.version is not None:
+                self._recorded_at.append((d.table_id, d.version, offset))
+        self._delivered = []
+
+    def maybe_snapshot(self, force: bool = False) -> bool:
+        """Write a state snapshot when `snapshot_every_records` records were recorded since the last (or `force`).
+
+        The states are exported here, between batches; encoding and writing happen in a thread. False
+        when none was started (not due, one still being written, or a version not yet published is too
+        old to find again).
+        """
+        if self._snapshots is None or not (force or self._since_snapshot >= self.settings.snapshot_every_records):
+            return False
+        if self._snapshot_thread is not None and self._snapshot_thread.is_alive():
+            return False
+        republish: dict[str, tuple[int, int]] = {}
+        halted = self.publisher.halted_tables()
+        for tid, st in self.states.items():
+            published = self.publisher.published_version(tid)
+            if tid in halted or published >= st.version:
+                continue
+            at = next((off for t, v, off in self._recorded_at if t == tid and v == published + 1), None)
+            if at is None:
+                log.info("partition %d: no state snapshot now: version %d of %s is not published yet and was recorded "
+                         "too long ago", self.partition, published + 1, tid)
+                self._since_snapshot = self.settings.snapshot_every_records // 2
+                return False
+            republish[tid] = (at, published + 1)
+        snap = PartitionSnapshot(
+            commits_topic=self.settings.topics.commits, partition=self.partition, offset=self.commits_end,
+            last=self._last_record, tables=[st.export() for st in self.states.values()],
+            halted={tid: (self.states[tid].table_uri, why) for tid, why in halted.items() if tid in self.states},
+            decided=list(self.decided), republish_from=republish, created_ms=int(time.time() * 1000))
+        self._since_snapshot = 0
+        store = self._snapshots
+
+        def write() -> None:
+            t0 = time.monotonic()
+            try:
+                size = store.write(snap)
+            except Exception as e:  # a snapshot is an optimisation: the next one tries again
+                log.warning("partition %d: writing the state snapshot at offset %d failed: %s", self.partition,
+                            snap.offset, e)
+                return
+            log.info("partition %d: state snapshot at offset %d written (%d tables, %d bytes) in %.2fs", self.partition,
+                     snap.offset, len(snap.tables), size, time.monotonic() - t0)
+
+        self._snapshot_thread = threading.Thread(target=write, name=f"deltacoord-snapshot-{self.partition}", daemon=True)
+        self._snapshot_thread.start()
+        return True
+
+    def wait_snapshot(self, timeout_s: float = 60.0) -> None:
+        """Wait for the snapshot being written, if any."""
+        t = self._snapshot_thread
+        if t is not None:
+            t.join(timeout_s)
 
     # -- halts --------------------------------------------------------------------
     def note_halt(self, table_id: str, table_uri: str, why: str) -> None:
@@ -386,7 +480,7 @@ class PartitionCoordinator:
 
     def _control_out(self, d: Decision, kind: str) -> _Out:
         return _Out(self.settings.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d, kind),
-                    self.partition, -1)
+                    self.partition, -1, d)
 
     def _probe(self, overlay: Overlay, probed: dict[tuple[str, int], str | None]) -> tuple[dict[str, str], dict[str, str]]:
         """Tables the batch would ratify a version of whose `<v>.json` already exists (foreign, why), and those whose
@@ -468,7 +562,7 @@ class PartitionCoordinator:
             if d is not None:
                 decisions.append(d)
                 outs.append(_Out(s.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d),
-                                 self.partition, x.offset))
+                                 self.partition, x.offset, d))
             if x.dead is not None:
                 outs.append(_Out(s.topics.dead_letters, x.dead.value, x.dead.key, x.dead.headers, None, x.offset))
             if x.resume is not None and x.resume not in resumed:
@@ -533,6 +627,7 @@ class PartitionCoordinator:
         self.metrics.halted_tables.set(self.publisher.halted_count())
         if resumed:
             self._resume(resumed)
+        self.maybe_snapshot()
 
     def _resume(self, tables: Sequence[str]) -> None:
         """After a resumption is recorded: rebuild the partition as at a restart, which republishes what the halt
@@ -706,11 +801,16 @@ class PartitionCoordinator:
             refused.append(_Refusal(o.source, o.topic, size, f"{o.topic}: {err.str()}"))
 
         def noted(o: _Out) -> Callable[[KafkaError | None, Message], None]:
-            def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            def on_delivery(err: KafkaError | None, msg: Message) -> None:
                 if err is not None and err.code() in RECORD_REFUSALS:
                     note(o, err)
+                elif err is None and o.topic == s.topics.commits:
+                    offset = msg.offset()
+                    if offset is not None and offset >= 0:
+                        self._delivered.append((o, offset))
             return on_delivery
 
+        self._delivered = []
         try:
             self.producer.begin_transaction()
             for o in outs:
@@ -734,6 +834,7 @@ class PartitionCoordinator:
                 raise KafkaException(KafkaError(KafkaError._FAIL, "injected fault: the transaction fails before its commit",
                                                 retriable=True, txn_requires_abort=True))
             self._commit_with_retry()
+            self._note_recorded()
         except KafkaException as e:
             # Delivery reports of the failed transaction say which records were refused.
             with contextlib.suppress(KafkaException, RuntimeError):

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -23,6 +24,7 @@ from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from coordinator.settings import CoordinatorSettings
 from reader.log import newest_commit_version
+from reader.storage import StorageError
 from schemas.codec import decode_decision
 from schemas.messages import Decision
 from schemas.routing import H_TABLE_ID, H_VERSION, header
@@ -32,6 +34,10 @@ log = logging.getLogger(__name__)
 
 class RecoveryError(RuntimeError):
     """The commits topic could not be read to its end; state must not be rebuilt from part of it."""
+
+
+class SnapshotUnusableError(RecoveryError):
+    """A state snapshot cannot serve this recovery (a table's `_delta_log` lacks versions it does not say how to find)."""
 
 
 def _header(msg: Message, name: str) -> str | None:
@@ -56,8 +62,11 @@ def read_decisions(
 def read_decisions_at(
     settings: CoordinatorSettings, partition: int, *, table_id: str | None = None, min_version: int = 0,
     stall_timeout_s: float = 120.0, on_record: Callable[[], None] | None = None, from_offset: int | None = None,
+    on_end: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[Decision, int]]:
-    """`read_decisions` with each record's offset, from `from_offset` (default: the start of the partition)."""
+    """`read_decisions` with each record's offset, from `from_offset` (default: the start of the partition).
+
+    `on_end` is called first with the offset the read ends at (the high watermark)."""
     c = Consumer(
         settings.client(
             {"fetch.message.max.bytes": max(settings.max_proposal_bytes * 2, 1_048_576)},
@@ -68,6 +77,8 @@ def read_decisions_at(
     try:
         tp = TopicPartition(settings.topics.commits, partition)
         low, high = c.get_watermark_offsets(tp, timeout=30)
+        if on_end is not None:
+            on_end(high)
         if from_offset is not None:
             low = max(low, from_offset)
         if high <= low:
@@ -126,12 +137,17 @@ class Recovered:
     halted: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: Halts found by this recovery, not yet on the commits topic (the caller records them).
     new_halts: dict[str, tuple[str, str]] = field(default_factory=dict)
-    #: Per table, ratified versions to (re)publish, oldest first: those not in `_delta_log`, and the newest one there.
-    to_publish: dict[str, list[Decision]] = field(default_factory=dict)
+    #: Per table, ratified versions to (re)publish, oldest first, with their commits-topic offsets: those not in
+    #: `_delta_log`, and the newest one there.
+    to_publish: dict[str, list[tuple[Decision, int]]] = field(default_factory=dict)
     decided: DecidedIds = field(default_factory=DecidedIds)
     #: The commits-topic offset read up to (exclusive) and how many records were read.
     end_offset: int = 0
     records: int = 0
+    #: (offset, proposal id) of the last record folded (None: none yet).
+    last: tuple[int, str] | None = None
+    #: The state snapshot recovery started from (its offset), if any.
+    snapshot_offset: int | None = None
 
     def halt(self, table_id: str, table_uri: str, why: str) -> None:
         """Halt a table this recovery found at fault (recorded by the caller)."""
@@ -145,9 +161,13 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
                    new_table: Callable[[str], None] = lambda uri: None, heartbeat: Callable[[], None] = lambda: None,
                    on_record: Callable[[], None] | None = None,
                    published_version: Callable[[str], int] = newest_commit_version,
-                   base: Recovered | None = None, from_offset: int | None = None) -> Recovered:
+                   base: Recovered | None = None, from_offset: int | None = None,
+                   republish_from: Mapping[str, tuple[int, int]] | None = None) -> Recovered:
     """Table states as the fold of the partition's committed decisions (event sourcing), from the
-    start of the partition or from `from_offset` on top of `base` (a snapshot's state).
+    start of the partition or from `from_offset` on top of `base` (a snapshot's state); with
+    `republish_from` (table id -> (offset, version)) the records from there to `from_offset` are read
+    again only for the versions of those tables `_delta_log` still lacks. A table of `base` whose
+    `_delta_log` lacks older versions than that raises SnapshotUnusableError.
 
     Ratified versions missing from `_delta_log` (a crash between the Kafka commit
     and publication) are listed in `to_publish`, oldest first (`publish`, if
@@ -175,11 +195,33 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
         first_sight(known.table_id, known.table_uri)
     broken: set[str] = set()  # tables whose later versions cannot be applied (halted)
     n = 0
-    for d, offset in read_decisions_at(settings, partition, from_offset=from_offset, on_record=on_record):
+    fold_from = from_offset or 0
+    again: dict[str, int] = {}
+    for tid, st0 in states.items():
+        if tid in rec.halted or on_disk[tid] >= st0.version:
+            continue
+        offset_version = (republish_from or {}).get(tid)
+        if offset_version is None or on_disk[tid] + 1 < offset_version[1]:
+            raise SnapshotUnusableError(
+                f"table {tid}: _delta_log ends at version {on_disk[tid]}, the snapshot at offset {fold_from} holds it at "
+                f"{st0.version} and knows where to find versions from {offset_version[1] if offset_version else '-'} on")
+        again[tid] = offset_version[0]
+    start = min([fold_from, *again.values()])
+
+    def ended(high: int) -> None:
+        rec.end_offset = max(high, fold_from)
+
+    for d, offset in read_decisions_at(settings, partition, from_offset=start, on_record=on_record, on_end=ended):
         n += 1
-        rec.end_offset = offset + 1
         if n % 1000 == 0:
             heartbeat()  # a long recovery is progress, not a hang
+        if offset < fold_from:  # already in the snapshot: only a version _delta_log may still lack
+            tid = d.table_id
+            if (tid in again and offset >= again[tid] and d.committed and d.duplicate_of is None and d.version is not None
+                    and d.version >= on_disk[tid] and d.version <= states[tid].version):
+                rec.to_publish.setdefault(tid, []).append((d, offset))
+            continue
+        rec.last = (offset, d.proposal_id)
         kind = control_kind(d)
         if kind == HALT:
             rec.halted[d.table_id] = (d.table_uri, d.error_message or "halted")
@@ -213,9 +255,8 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             rec.halt(d.table_id, d.table_uri, f"recovering version {d.version} failed unexpectedly ({type(e).__name__}: {e})")
             continue
         if d.version >= on_disk[d.table_id]:
-            rec.to_publish.setdefault(d.table_id, []).append(d)
+            rec.to_publish.setdefault(d.table_id, []).append((d, offset))
     rec.records += n
-    rec.end_offset = max(rec.end_offset, from_offset or 0)
     for tid, st in states.items():
         disk = on_disk.get(tid, -1)
         if disk > st.version and tid not in rec.halted:
@@ -228,9 +269,50 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             del rec.to_publish[tid]
     if publish is not None:
         for ds in rec.to_publish.values():
-            for d in ds:
+            for d, _offset in ds:
                 publish(d)
     return rec
 
 
-__all__ = ["Recovered", "RecoveryError", "read_decisions", "read_decisions_at", "rebuild_states"]
+def recover_partition(settings: CoordinatorSettings, partition: int, **kwargs: Any) -> Recovered:
+    """`rebuild_states` from the newest usable state snapshot (`coordinator.kafka.snapshot`), or from the start."""
+    if settings.state_root:
+        from coordinator.kafka.snapshot import SnapshotStore
+
+        store = SnapshotStore(settings.state_root, settings.storage_options, settings.topics.commits, partition)
+        try:
+            snapshots = store.newest()
+        except (OSError, StorageError) as e:
+            log.warning("cannot list the state snapshots of partition %d under %s (%s); reading the whole commits "
+                        "partition", partition, settings.state_root, e)
+            snapshots = []
+        for snap in snapshots:
+            if snap.commits_topic != settings.topics.commits or snap.partition != partition:
+                continue
+            if snap.last is not None and not _record_is(settings, partition, snap.last):
+                log.warning("ignoring the state snapshot at offset %d of %s[%d]: the record it ends with is not on the "
+                            "topic (was the topic recreated?)", snap.offset, settings.topics.commits, partition)
+                continue
+            t0 = time.monotonic()
+            base = Recovered(states={t.table_id: TableState.from_export(t) for t in snap.tables}, halted=dict(snap.halted),
+                             decided=DecidedIds(settings.decided_ids_limit, settings.decided_ids_max_age_ms),
+                             last=snap.last, snapshot_offset=snap.offset)
+            base.decided.extend(snap.decided)
+            log.info("partition %d: state snapshot at offset %d loaded (%d tables) in %.2fs", partition, snap.offset,
+                     len(snap.tables), time.monotonic() - t0)
+            try:
+                return rebuild_states(settings, partition, base=base, from_offset=snap.offset,
+                                      republish_from=snap.republish_from, **kwargs)
+            except SnapshotUnusableError as e:
+                log.warning("partition %d: not using the state snapshot at offset %d: %s", partition, snap.offset, e)
+    return rebuild_states(settings, partition, **kwargs)
+
+
+def _record_is(settings: CoordinatorSettings, partition: int, last: tuple[int, str]) -> bool:
+    """Whether the committed record at offset `last[0]` of the commits partition has proposal id `last[1]`."""
+    for d, offset in read_decisions_at(settings, partition, from_offset=last[0], stall_timeout_s=30):
+        return offset == last[0] and d.proposal_id == last[1]
+    return False
+
+
+__all__ = ["Recovered", "RecoveryError", "SnapshotUnusableError", "read_decisions", "read_decisions_at", "rebuild_states", "recover_partition"]

@@ -38,6 +38,8 @@ from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 
+import numpy as np
+
 from coordinator.rules.layers import ForkedTxnIndex, ForkedWindow, LayeredDict, TxnIndex, WinnersWindow
 from coordinator.rules.live_files import LiveFileLayer, LiveFileSet
 from schemas.actions import (
@@ -110,6 +112,26 @@ def file_key_hash(action: AddFile | RemoveFile) -> int:
     """64-bit hash of a file action's logical key (path, deletion vector id)."""
     dv = action.deletion_vector
     return key_hash(action.path, dv.unique_id() if dv is not None else None)
+
+
+@dataclass(frozen=True, slots=True)
+class TableStateExport:
+    """A table's state without its winners window, for a state snapshot (`coordinator.kafka.snapshot`)."""
+
+    table_id: str
+    table_uri: str
+    version: int
+    protocol: Protocol | None
+    metadata: Metadata | None
+    app_versions: Mapping[str, int]
+    domains: tuple[DomainMetadata, ...]
+    last_ict: int | None
+    last_commit_timestamp: int | None
+    creation_operation: str | None
+    #: The live-file set's key hashes (`key_hash`), sorted int64.
+    live_hashes: np.ndarray
+    #: The txnId index, oldest first: (proposal id, version).
+    txn_ids: tuple[tuple[str, int], ...]
 
 
 class TableState:
@@ -250,6 +272,38 @@ class TableState:
         self.creation_operation = fork.creation_operation
         self._partition_schema = fork._partition_schema
 
+    def export(self) -> TableStateExport:
+        """What a state snapshot keeps of this (live, unforked) state: everything but the winners window."""
+        assert isinstance(self._live, LiveFileSet) and isinstance(self._txns, TxnIndex), "export a live state, not a fork"
+        self._live.merge()
+        txns = self._txns
+        return TableStateExport(
+            table_id=self.table_id, table_uri=self.table_uri, version=self.version, protocol=self.protocol,
+            metadata=self.metadata, app_versions=dict(self.app_versions), domains=tuple(self.domains.values()),
+            last_ict=self.last_ict, last_commit_timestamp=self.last_commit_timestamp,
+            creation_operation=self.creation_operation, live_hashes=self._live.array(),
+            txn_ids=tuple((txns.order_at(i), v) for i in range(len(txns)) if (v := txns.get(txns.order_at(i))) is not None))
+
+    @classmethod
+    def from_export(cls, e: TableStateExport, **bounds: int) -> TableState:
+        """The state `export` saw, with an empty winners window (proposals that read an older version than
+        `e.version` are rejected as too old to check until commits refill it)."""
+        st = cls(e.table_id, e.table_uri, **bounds)
+        st.version = e.version
+        st.protocol = e.protocol
+        st.metadata = e.metadata
+        st._partition_schema = partition_schema(e.metadata) if e.metadata is not None else ()
+        st.app_versions = dict(e.app_versions)
+        st.domains = {d.domain: d for d in e.domains}
+        st.last_ict = e.last_ict
+        st.last_commit_timestamp = e.last_commit_timestamp
+        st.creation_operation = e.creation_operation
+        st._window = WinnersWindow(next_version=e.version + 1)
+        st._live = LiveFileSet.of_array(e.live_hashes)
+        for txn_id, v in e.txn_ids:
+            st._txns.remember(txn_id, v)
+        return st
+
     # -- queries -----------------------------------------------------------------
 
     @property
@@ -389,6 +443,7 @@ __all__ = [
     "DEFAULT_MAX_WINDOW_FILES",
     "DEFAULT_TXN_INDEX_LIMIT",
     "TableState",
+    "TableStateExport",
     "WindowExceededError",
     "WinningCommit",
     "file_key_hash",
