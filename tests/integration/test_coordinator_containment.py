@@ -82,7 +82,7 @@ def _resume(bootstrap: str, topics: Topics, table: str) -> None:
 
 
 def _halted(coord: Coordinator) -> dict[str, Any]:
-    ok, detail = coord.health()
+    _ok, detail = coord.health()
     halted = detail["halted_tables"]
     assert isinstance(halted, dict)
     return halted
@@ -176,23 +176,23 @@ def test_foreign_versions_beyond_kafkas_head_halt_at_recovery_until_resumed(kafk
 def test_a_publisher_failure_halts_one_table_and_the_halt_survives_a_restart(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = fresh_topics(kafka_bootstrap)
     a, b = (tmp_path / "a").resolve(), (tmp_path / "b").resolve()
-    with coordinator_thread(kafka_bootstrap, topics) as coord:
-        with Table(a, kafka_bootstrap, topics=topics) as ta, Table(b, kafka_bootstrap, topics=topics) as tb:
-            ta.create(SCHEMA)
-            assert coord.wait_published(60)
-            faults.arm("publish:1:fail")  # the next publication (b's version 0) fails on an unexpected error
-            try:
-                tb.create(SCHEMA)
-                _wait(lambda: b.as_uri() in _halted(coord), "b to halt")
-            finally:
-                faults.arm(None)
-            assert "failed unexpectedly" in _halted(coord)[b.as_uri()]
-            assert coord.metrics.halted_tables._value.get() == 1
-            for i in range(3):
-                assert ta.append(_rows(i)).version == i + 1
-            ta.wait_published(3, 60)
-            assert not _commit_file(b, 0).exists()
-            assert coord.ready and not coord.fenced
+    with coordinator_thread(kafka_bootstrap, topics) as coord, \
+            Table(a, kafka_bootstrap, topics=topics) as ta, Table(b, kafka_bootstrap, topics=topics) as tb:
+        ta.create(SCHEMA)
+        assert coord.wait_published(60)
+        faults.arm("publish:1:fail")  # the next publication (b's version 0) fails on an unexpected error
+        try:
+            tb.create(SCHEMA)
+            _wait(lambda: b.as_uri() in _halted(coord), "b to halt")
+        finally:
+            faults.arm(None)
+        assert "failed unexpectedly" in _halted(coord)[b.as_uri()]
+        assert coord.metrics.halted_tables._value.get() == 1
+        for i in range(3):
+            assert ta.append(_rows(i)).version == i + 1
+        ta.wait_published(3, 60)
+        assert not _commit_file(b, 0).exists()
+        assert coord.ready and not coord.fenced
     with coordinator_thread(kafka_bootstrap, topics) as coord:
         assert list(_halted(coord)) == [b.as_uri()], "the halt survives a restart"
         with Table(a, kafka_bootstrap, topics=topics) as ta:
@@ -213,20 +213,20 @@ def test_a_decision_path_fault_on_one_table_halts_only_that_table(kafka_bootstra
             raise ZeroDivisionError("a bug that only this table's proposals reach")
         return decide(state, p, now_ms)
 
-    with coordinator_thread(kafka_bootstrap, topics) as coord:
-        with Table(good, kafka_bootstrap, topics=topics) as tg, Table(bad, kafka_bootstrap, topics=topics) as tbad:
-            tg.create(SCHEMA)
-            tbad.create(SCHEMA)
-            monkeypatch.setattr(batch_module, "decide", faulty)
-            client = CoordinatorClient(kafka_bootstrap, topics=topics)
-            try:
-                d = client.commit(_append_proposal(bad.as_uri(), 0), 60)
-            finally:
-                client.close()
-            assert not d.committed and d.reason_code == "TABLE_HALTED" and "ZeroDivisionError" in (d.error_message or "")
-            assert "ZeroDivisionError" in _halted(coord)[bad.as_uri()]
-            assert tg.append(_rows(1)).version == 1, "the other table goes on, the daemon did not stop"
-            assert coord.ready and not coord.stop_event.is_set()
+    with coordinator_thread(kafka_bootstrap, topics) as coord, \
+            Table(good, kafka_bootstrap, topics=topics) as tg, Table(bad, kafka_bootstrap, topics=topics) as tbad:
+        tg.create(SCHEMA)
+        tbad.create(SCHEMA)
+        monkeypatch.setattr(batch_module, "decide", faulty)
+        client = CoordinatorClient(kafka_bootstrap, topics=topics)
+        try:
+            d = client.commit(_append_proposal(bad.as_uri(), 0), 60)
+        finally:
+            client.close()
+        assert not d.committed and d.reason_code == "TABLE_HALTED" and "ZeroDivisionError" in (d.error_message or "")
+        assert "ZeroDivisionError" in _halted(coord)[bad.as_uri()]
+        assert tg.append(_rows(1)).version == 1, "the other table goes on, the daemon did not stop"
+        assert coord.ready and not coord.stop_event.is_set()
     monkeypatch.setattr(batch_module, "decide", decide)
     with coordinator_thread(kafka_bootstrap, topics) as coord:
         assert list(_halted(coord)) == [bad.as_uri()]
@@ -262,3 +262,54 @@ def test_a_replayed_proposal_gets_its_first_decision(kafka_bootstrap: str, tmp_p
             assert t.append(_rows(1)).version == 1, "nothing was committed for the replays"
     answers = [d for d in _decisions(kafka_bootstrap, topics, uri) if d.proposal_id == replayed.proposal_id]
     assert [(d.outcome.value, d.reason_code) for d in answers] == [("REJECTED", "UNKNOWN_TABLE")] * 3
+
+
+# --------------------------------------------------------------------------- (d) restarts from a state snapshot
+
+
+def test_a_restart_reads_the_newest_snapshot_plus_the_records_after_it(kafka_bootstrap: str, tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap)
+    root = (tmp_path / "t").resolve()
+    uri = root.as_uri()
+    state = {"state_root": str(tmp_path / "state"), "snapshot_every_records": 10}
+    early = _append_proposal(uri, 0)
+    rejected = _append_proposal(uri, 99)
+    with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
+        client = CoordinatorClient(kafka_bootstrap, topics=topics)
+        try:
+            with Table(root, kafka_bootstrap, topics=topics) as t:
+                t.create(SCHEMA)
+                assert client.commit(early, 60).version == 1
+                assert client.commit(rejected, 60).reason_code == "READ_VERSION_AHEAD"
+                for i in range(25):
+                    assert t.append(_rows(i)).version == i + 2
+        finally:
+            client.close()
+        assert coord.wait_published(60)
+        worker = coord._workers[0]
+        worker.wait_snapshot()
+        assert worker.maybe_snapshot(force=True)  # one covering everything, for the check below
+        worker.wait_snapshot()
+    total = 28  # creation, early, rejected, 25 appends
+    with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
+        assert coord.metrics.recovery_records._value.get() < 5, "only the records after the snapshot are read"
+        client = CoordinatorClient(kafka_bootstrap, topics=topics)
+        try:
+            again = client.commit(early, 60)  # a redelivery of a commit from before the snapshot
+            assert again.committed and again.duplicate_of == 1
+            replay = client.commit(rejected, 60)  # a replayed rejection from before the snapshot
+            assert not replay.committed and replay.reason_code == "READ_VERSION_AHEAD"
+        finally:
+            client.close()
+        with Table(root, kafka_bootstrap, topics=topics) as t:
+            assert t.append(_rows(100)).version == 27
+            t.wait_published(27, 60)
+    # _delta_log lost its newest versions: the newest snapshot cannot say where to find them, so an older one
+    # (or the whole topic) is read.
+    for v in (25, 26, 27):
+        _commit_file(root, v).unlink()
+    with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
+        assert 5 < coord.metrics.recovery_records._value.get() <= total + 3
+        _wait(lambda: _commit_file(root, 27).exists(), "the lost versions to be published again")
+    snap = Snapshot.load(root)  # (version 1 adds a file the test never wrote: only the log is read)
+    assert snap.version == 27 and len(list(snap.file_paths())) == 27

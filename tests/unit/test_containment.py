@@ -18,7 +18,19 @@ from coordinator.rules.state import TableState, key_hash
 from schemas.actions import CommitInfo
 from schemas.messages import Decision, Outcome
 from schemas.reasons import ReasonCode
-from tests.unit.builders import NOW, TABLE_ID, TABLE_URI, Harness, add, domain, metadata, proposal, protocol, remove, txn
+from tests.unit.builders import (
+    NOW,
+    TABLE_ID,
+    TABLE_URI,
+    Harness,
+    add,
+    domain,
+    metadata,
+    proposal,
+    protocol,
+    remove,
+    txn,
+)
 
 
 def test_file_key_hashes_are_the_same_in_every_process() -> None:
@@ -129,7 +141,7 @@ def test_a_repeated_proposal_id_is_answered_with_its_first_decision() -> None:
 
 
 def test_a_fault_deciding_one_table_halts_that_table_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    good, bad = Harness(), Harness()
+    good = Harness()
     bad_state = TableState.empty("bad", "s3://lake/bad")
     bad_state.apply(0, [CommitInfo({"operation": "CREATE TABLE"}), protocol(), metadata()])
     decide = batch_module.decide
