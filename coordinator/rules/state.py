@@ -300,8 +300,7 @@ class TableState:
         st.creation_operation = e.creation_operation
         st._window = WinnersWindow(next_version=e.version + 1)
         st._live = LiveFileSet.of_array(e.live_hashes)
-        for txn_id, v in e.txn_ids:
-            st._txns.remember(txn_id, v)
+        st._txns = TxnIndex.of(e.txn_ids, st.txn_index_limit)
         return st
 
     # -- queries -----------------------------------------------------------------
