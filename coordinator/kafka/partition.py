@@ -482,6 +482,27 @@ class PartitionCoordinator:
         return _Out(self.settings.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d, kind),
                     self.partition, -1, d)
 
+    def _uri_of(self, table_id: str, proposals: Sequence[Submitted]) -> str:
+        st = self.states.get(table_id)
+        if st is not None:
+            return st.table_uri
+        return next((p.proposal.table_uri for p in proposals if p.proposal.table_id == table_id), "")
+
+    @staticmethod
+    def _encode_all(decided: Sequence[Decision], faults: dict[str, str]) -> dict[int, bytes]:
+        """Encode the batch's decisions (by id()); a table whose decision cannot be encoded goes to `faults`."""
+        out: dict[int, bytes] = {}
+        for d in decided:
+            if d.table_id in faults:
+                continue
+            try:
+                out[id(d)] = encode_decision(d)
+            except Exception as e:  # a fault of this code on that table
+                log.exception("encoding the decision of %s for table %s failed", d.proposal_id[:100], d.table_id[:200])
+                faults[d.table_id] = (f"encoding a decision of this table failed unexpectedly ({type(e).__name__}: {e}); "
+                                      "the table is halted so that the other tables go on. Report it with the log")
+        return out
+
     def _probe(self, overlay: Overlay, probed: dict[tuple[str, int], str | None]) -> tuple[dict[str, str], dict[str, str]]:
         """Tables the batch would ratify a version of whose `<v>.json` already exists (foreign, why), and those whose
         store cannot say (unavailable, why). `probed` caches answers within the batch."""
@@ -528,14 +549,19 @@ class PartitionCoordinator:
         decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
                                         earlier=self.decided.get)
         # Nothing acknowledged is invisible: no version of the batch may already have a file in _delta_log.
+        # A decision that cannot be encoded is a fault of this code on its table: the table halts.
         probed: dict[tuple[str, int], str | None] = {}
         unavailable: set[str] = set()
         while True:
             foreign, cannot = self._probe(overlay, probed)
+            encoded = self._encode_all(decided, foreign)
             if not foreign and not cannot:
                 break
+            if all(t in halted for t in [*foreign, *cannot]):
+                raise RuntimeError(f"partition {self.partition}: the decisions of halted tables {sorted(foreign)} cannot be "
+                                   "encoded either")
             for tid, why in foreign.items():
-                uri = overlay.tables[tid].table_uri
+                uri = overlay.tables[tid].table_uri if tid in overlay.tables else self._uri_of(tid, proposals)
                 log.error("partition %d: %s: %s", self.partition, tid, why)
                 self.publisher.halt(tid, uri, why, notify=False)
                 self.note_halt(tid, uri, why)
@@ -548,8 +574,7 @@ class PartitionCoordinator:
                        if d.table_id in unavailable and d.reason_code == ReasonCode.TABLE_HALTED.value
                        and d.table_id not in self.publisher.halted_tables() else d for d in decided]
         for tid, why in overlay.halts.items():
-            st = self.states.get(tid)
-            uri = st.table_uri if st is not None else next(p.proposal.table_uri for p in proposals if p.proposal.table_id == tid)
+            uri = self._uri_of(tid, proposals)
             self.publisher.halt(tid, uri, why, notify=False)
             self.note_halt(tid, uri, why)
         it = iter(decided)
@@ -561,8 +586,9 @@ class PartitionCoordinator:
             d = next(it) if x.submitted is not None else x.rejected
             if d is not None:
                 decisions.append(d)
-                outs.append(_Out(s.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d),
-                                 self.partition, x.offset, d))
+                value = encoded.get(id(d))
+                outs.append(_Out(s.topics.commits, value if value is not None else encode_decision(d), d.table_id.encode(),
+                                 decision_headers(d), self.partition, x.offset, d))
             if x.dead is not None:
                 outs.append(_Out(s.topics.dead_letters, x.dead.value, x.dead.key, x.dead.headers, None, x.offset))
             if x.resume is not None and x.resume not in resumed:

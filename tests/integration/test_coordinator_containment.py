@@ -313,3 +313,31 @@ def test_a_restart_reads_the_newest_snapshot_plus_the_records_after_it(kafka_boo
         _wait(lambda: _commit_file(root, 27).exists(), "the lost versions to be published again")
     snap = Snapshot.load(root)  # (version 1 adds a file the test never wrote: only the log is read)
     assert snap.version == 27 and len(list(snap.file_paths())) == 27
+
+
+def test_a_decision_that_cannot_be_encoded_halts_only_its_table(kafka_bootstrap: str, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordinator.kafka import partition as partition_module
+
+    topics = fresh_topics(kafka_bootstrap)
+    good, bad = (tmp_path / "good").resolve(), (tmp_path / "bad").resolve()
+    encode = partition_module.encode_decision
+
+    def faulty(d: Decision) -> bytes:
+        if d.table_id == bad.as_uri() and d.committed:
+            raise OverflowError("a bug that only this table's commits reach")
+        return encode(d)
+
+    with coordinator_thread(kafka_bootstrap, topics) as coord, \
+            Table(good, kafka_bootstrap, topics=topics) as tg, Table(bad, kafka_bootstrap, topics=topics) as tbad:
+        tg.create(SCHEMA)
+        tbad.create(SCHEMA)
+        monkeypatch.setattr(partition_module, "encode_decision", faulty)
+        client = CoordinatorClient(kafka_bootstrap, topics=topics)
+        try:
+            d = client.commit(_append_proposal(bad.as_uri(), 0), 60)
+        finally:
+            client.close()
+        assert not d.committed and d.reason_code == "TABLE_HALTED" and "OverflowError" in (d.error_message or "")
+        assert tg.append(_rows(1)).version == 1 and coord.ready
+        assert list(_halted(coord)) == [bad.as_uri()]
