@@ -171,8 +171,10 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
 
     Ratified versions missing from `_delta_log` (a crash between the Kafka commit
     and publication) are listed in `to_publish`, oldest first (`publish`, if
-    given, is called with each at the end); so is the newest version already on
-    disk, which put-if-absent re-checks byte for byte. `new_table(table_uri)`
+    given, is called with each at the end); so is every version after the last
+    one known to be published (a snapshot says which; without one, from the
+    newest version on disk), which put-if-absent compares byte for byte with what
+    `_delta_log` holds. `new_table(table_uri)`
     runs once per table, first; `published_version(table_uri)` is the newest
     version in its `_delta_log`.
 
@@ -186,9 +188,12 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
                                                                      settings.decided_ids_max_age_ms))
     states = rec.states
     on_disk: dict[str, int] = {}
+    #: Per table, the first version to (re)publish: every ratified version from there on is compared byte
+    #: for byte with `_delta_log` (put-if-absent), written where it is missing.
+    compare_from: dict[str, int] = {}
 
     def first_sight(table_id: str, table_uri: str) -> None:
-        on_disk[table_id] = published_version(table_uri)
+        on_disk[table_id] = compare_from[table_id] = published_version(table_uri)
         new_table(table_uri)
 
     for known in states.values():
@@ -198,14 +203,17 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
     fold_from = from_offset or 0
     again: dict[str, int] = {}
     for tid, st0 in states.items():
-        if tid in rec.halted or on_disk[tid] >= st0.version:
-            continue
+        # A snapshot knows what was published when it was written: every version after that is compared.
         offset_version = (republish_from or {}).get(tid)
-        if offset_version is None or on_disk[tid] + 1 < offset_version[1]:
+        compare_from[tid] = min(on_disk[tid], offset_version[1] if offset_version else st0.version + 1)
+        if tid in rec.halted:
+            continue
+        if offset_version is not None and offset_version[0] < fold_from:
+            again[tid] = offset_version[0]
+        if on_disk[tid] < st0.version and (offset_version is None or on_disk[tid] + 1 < offset_version[1]):
             raise SnapshotUnusableError(
                 f"table {tid}: _delta_log ends at version {on_disk[tid]}, the snapshot at offset {fold_from} holds it at "
                 f"{st0.version} and knows where to find versions from {offset_version[1] if offset_version else '-'} on")
-        again[tid] = offset_version[0]
     start = min([fold_from, *again.values()])
 
     def ended(high: int) -> None:
@@ -218,7 +226,7 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
         if offset < fold_from:  # already in the snapshot: only a version _delta_log may still lack
             tid = d.table_id
             if (tid in again and offset >= again[tid] and d.committed and d.duplicate_of is None and d.version is not None
-                    and d.version >= on_disk[tid] and d.version <= states[tid].version):
+                    and d.version >= compare_from[tid] and d.version <= states[tid].version):
                 rec.to_publish.setdefault(tid, []).append((d, offset))
             continue
         rec.last = (offset, d.proposal_id)
@@ -254,7 +262,7 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             broken.add(d.table_id)
             rec.halt(d.table_id, d.table_uri, f"recovering version {d.version} failed unexpectedly ({type(e).__name__}: {e})")
             continue
-        if d.version >= on_disk[d.table_id]:
+        if d.version >= compare_from[d.table_id]:
             rec.to_publish.setdefault(d.table_id, []).append((d, offset))
     rec.records += n
     for tid, st in states.items():

@@ -341,3 +341,29 @@ def test_a_decision_that_cannot_be_encoded_halts_only_its_table(kafka_bootstrap:
         assert not d.committed and d.reason_code == "TABLE_HALTED" and "OverflowError" in (d.error_message or "")
         assert tg.append(_rows(1)).version == 1 and coord.ready
         assert list(_halted(coord)) == [bad.as_uri()]
+
+
+def test_recovery_compares_every_version_after_the_snapshot_not_only_the_newest(kafka_bootstrap: str,
+                                                                                 tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap)
+    root = (tmp_path / "t").resolve()
+    state = {"state_root": str(tmp_path / "state"), "snapshot_every_records": 1_000_000}
+    with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
+        with Table(root, kafka_bootstrap, topics=topics) as t:
+            t.create(SCHEMA)
+            for i in range(3):
+                t.append(_rows(i))
+        assert coord.wait_published(60)
+        worker = coord._workers[0]
+        assert worker.maybe_snapshot(force=True)  # covers versions 0..3, all published
+        worker.wait_snapshot()
+        with Table(root, kafka_bootstrap, topics=topics) as t:
+            for i in range(3, 6):
+                t.append(_rows(i))  # versions 4..6, after the snapshot
+        assert coord.wait_published(60)
+    # Version 5 (not the newest) is replaced behind the coordinator's back.
+    changed = _commit_file(root, 5).read_bytes() + b"\n"
+    _commit_file(root, 5).write_bytes(changed)
+    with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
+        _wait(lambda: root.as_uri() in _halted(coord), "the changed version 5 to halt the table")
+        assert "different content" in _halted(coord)[root.as_uri()]
