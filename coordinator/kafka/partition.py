@@ -272,6 +272,9 @@ class PartitionCoordinator:
         self._recorded_at: deque[tuple[str, int, int]] = deque(maxlen=max(2 * settings.snapshot_every_records, 1000))
         self._delivered: list[tuple[_Out, int]] = []
         self._snapshot_thread: threading.Thread | None = None
+        self._snapshot_requested = False
+        #: State snapshots written by this partition coordinator (for tests and logs).
+        self.snapshots_written = 0
         #: Halt and resume records not yet on the commits topic: (table id, kind, record).
         self._controls: list[tuple[str, str, Decision]] = []
         self.producer: Producer | None = None
@@ -400,6 +403,7 @@ class PartitionCoordinator:
         when none was started (not due, one still being written, or a version not yet published is too
         old to find again).
         """
+        force = force or self._snapshot_requested
         if self._snapshots is None or not (force or self._since_snapshot >= self.settings.snapshot_every_records):
             return False
         if self._snapshot_thread is not None and self._snapshot_thread.is_alive():
@@ -423,6 +427,7 @@ class PartitionCoordinator:
             halted={tid: (self.states[tid].table_uri, why) for tid, why in halted.items() if tid in self.states},
             decided=list(self.decided), republish_from=republish, created_ms=int(time.time() * 1000))
         self._since_snapshot = 0
+        self._snapshot_requested = False
         store = self._snapshots
 
         def write() -> None:
@@ -435,10 +440,15 @@ class PartitionCoordinator:
                 return
             log.info("partition %d: state snapshot at offset %d written (%d tables, %d bytes) in %.2fs", self.partition,
                      snap.offset, len(snap.tables), size, time.monotonic() - t0)
+            self.snapshots_written += 1
 
         self._snapshot_thread = threading.Thread(target=write, name=f"deltacoord-snapshot-{self.partition}", daemon=True)
         self._snapshot_thread.start()
         return True
+
+    def request_snapshot(self) -> None:
+        """Have the deciding thread write a snapshot at its next turn (from another thread: the states are its own)."""
+        self._snapshot_requested = True
 
     def wait_snapshot(self, timeout_s: float = 60.0) -> None:
         """Wait for the snapshot being written, if any."""

@@ -179,7 +179,7 @@ def test_a_publisher_failure_halts_one_table_and_the_halt_survives_a_restart(kaf
     with coordinator_thread(kafka_bootstrap, topics) as coord, \
             Table(a, kafka_bootstrap, topics=topics) as ta, Table(b, kafka_bootstrap, topics=topics) as tb:
         ta.create(SCHEMA)
-        assert coord.wait_published(60)
+        ta.wait_published(0, 60)  # (a's decision can reach the writer before the coordinator hands it to the publisher)
         faults.arm("publish:1:fail")  # the next publication (b's version 0) fails on an unexpected error
         try:
             tb.create(SCHEMA)
@@ -287,9 +287,9 @@ def test_a_restart_reads_the_newest_snapshot_plus_the_records_after_it(kafka_boo
             client.close()
         assert coord.wait_published(60)
         worker = coord._workers[0]
-        worker.wait_snapshot()
-        assert worker.maybe_snapshot(force=True)  # one covering everything, for the check below
-        worker.wait_snapshot()
+        written = worker.snapshots_written
+        worker.request_snapshot()  # one covering everything, for the check below
+        _wait(lambda: worker.snapshots_written > written, "a snapshot covering everything")
     total = 28  # creation, early, rejected, 25 appends
     with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
         assert coord.metrics.recovery_records._value.get() < 5, "only the records after the snapshot are read"
@@ -355,8 +355,8 @@ def test_recovery_compares_every_version_after_the_snapshot_not_only_the_newest(
                 t.append(_rows(i))
         assert coord.wait_published(60)
         worker = coord._workers[0]
-        assert worker.maybe_snapshot(force=True)  # covers versions 0..3, all published
-        worker.wait_snapshot()
+        worker.request_snapshot()  # covers versions 0..3, all published
+        _wait(lambda: worker.snapshots_written == 1, "the snapshot")
         with Table(root, kafka_bootstrap, topics=topics) as t:
             for i in range(3, 6):
                 t.append(_rows(i))  # versions 4..6, after the snapshot
