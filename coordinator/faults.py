@@ -14,7 +14,7 @@ committed; `:fail` aborts the transaction), `after_kafka_commit` (decisions
 committed, nothing published), `checkpoint_before_publish` (checkpoint Parquet
 written to its temp name only), `send_offsets` (in the thread adding the
 consumed offsets to the transaction), `publish` (the publisher about to write a
-version; `:fail` makes the publisher thread die of an unexpected error).
+version; `:fail` makes publishing it fail on an unexpected error, which halts that table).
 """
 
 from __future__ import annotations

@@ -76,6 +76,15 @@ class CoordinatorSettings:
     dead_letter_max_bytes: int = 64 * 1024
     #: `/healthz` turns unhealthy when proposals wait and no batch was committed for this long.
     stall_timeout_s: float = 60.0
+    #: A repeated proposal id is answered with its first decision while it is among the newest this many
+    #: decisions of its partition and younger than `decided_ids_max_age_ms` (`coordinator.rules.decided`).
+    decided_ids_limit: int = 50_000
+    decided_ids_max_age_ms: int = 7 * 24 * 3600 * 1000
+    #: Where partition state snapshots go (a local directory or an object-store prefix, with `storage_options`);
+    #: None: no snapshots, a restart reads the whole commits partition (`coordinator.kafka.snapshot`).
+    state_root: str | None = None
+    #: A snapshot is written after this many commits-topic records since the last one.
+    snapshot_every_records: int = 10_000
 
     #: URI prefixes under which tables may be created and published; None: local tables anywhere.
     table_roots: tuple[str, ...] | None = None
@@ -122,7 +131,7 @@ class RunSettings:
 FILE_KEYS = (
     "bootstrap_servers", "topic_prefix", "partitions", "num_partitions", "group_id", "transactional_id_prefix",
     "max_batch", "metrics_port", "fsync", "checkpoints", "watchdog_seconds", "log_level", "dead_letter_max_bytes",
-    "stall_seconds", "table_roots",
+    "stall_seconds", "table_roots", "state_root", "snapshot_every_records", "decided_ids_limit", "decided_ids_max_age_hours",
 )
 #: Keys that a `DELTACOORD_<KEY>` variable sets (fsync and checkpoints only have their --no-... flags).
 ENV_VARS = {k: f"DELTACOORD_{k.upper()}" for k in FILE_KEYS if k not in ("fsync", "checkpoints")}
@@ -311,6 +320,10 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         max_batch=integer("max_batch", 500),
         dead_letter_max_bytes=integer("dead_letter_max_bytes", 64 * 1024),
         stall_timeout_s=number("stall_seconds", 60.0),
+        decided_ids_limit=integer("decided_ids_limit", 50_000),
+        decided_ids_max_age_ms=int(number("decided_ids_max_age_hours", 168.0) * 3600 * 1000),
+        state_root=text("state_root", "") or None,
+        snapshot_every_records=integer("snapshot_every_records", 10_000),
         table_roots=None if roots is None else _as_roots(roots[0], "table_roots", roots[1]),
         storage_options=storage_options,
         storage_options_by_root=by_root,
@@ -319,6 +332,10 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         raise SettingsError(f"dead_letter_max_bytes must be 0 or more, got {coordinator.dead_letter_max_bytes}")
     if coordinator.stall_timeout_s <= 0:
         raise SettingsError(f"stall_seconds must be above 0, got {coordinator.stall_timeout_s}")
+    if coordinator.decided_ids_limit < 0 or coordinator.decided_ids_max_age_ms < 0:
+        raise SettingsError("decided_ids_limit and decided_ids_max_age_hours must be 0 or more")
+    if coordinator.snapshot_every_records < 1:
+        raise SettingsError(f"snapshot_every_records must be 1 or more, got {coordinator.snapshot_every_records}")
     parts = get("partitions")
     metrics = get("metrics_port")
     watchdog = get("watchdog_seconds")

@@ -61,6 +61,8 @@ class ReasonCode(StrEnum):
     BAD_WRITER_KEYS = "BAD_WRITER_KEYS"
     #: The table verifies added files (`deltacoord.verifyAddedFiles`) and one is missing or has another size.
     ADDED_FILE_MISSING = "ADDED_FILE_MISSING"
+    #: The table's store could not be checked for a version written around the coordinator; retry.
+    STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
     # -- the Kafka edge: messages that are not a decodable proposal --
     UNDECODABLE = "UNDECODABLE"
     OVERSIZE = "OVERSIZE"

@@ -45,6 +45,9 @@ H_TIMES = "deltacoord.times"
 KIND_DECISION = b"decision"
 KIND_PUBLISHED = b"published"
 KIND_UNPUBLISHED = b"unpublished"
+#: On control records of the commits topic (`halt`, `resume`) and on an operator's `resume` request
+#: on the proposals topic: what the record does. Decisions of proposals never carry it.
+H_CONTROL = "deltacoord.control"
 
 
 class _HasHeaders(Protocol):

@@ -188,10 +188,13 @@ class SinkOptions:
                 return qid
         return str(uuid.uuid5(_PROPOSAL_NS, str(ckpt.resolve())))
 
-    def proposal_id(self, table_id: str, app_id: str, batch_id: int) -> str:
-        """Deterministic per (table, app id, batch, checkpoint): a re-run batch is the same proposal."""
+    def proposal_id(self, table_id: str, app_id: str, batch_id: int, read_version: int) -> str:
+        """Deterministic per (table, app id, batch, checkpoint, read version): a batch re-run on the same snapshot
+        is the same proposal (answered with its first decision). The coordinator decides each proposal id once,
+        so a re-run after a rejection must read a newer snapshot to be decided again; the batch's SetTransaction
+        keeps a re-run from committing twice whatever its id."""
         ckpt = str(_path_of(self.checkpoint).resolve()) if self.checkpoint else ""
-        return str(uuid.uuid5(_PROPOSAL_NS, f"{table_id}\x00{app_id}\x00{batch_id}\x00{ckpt}"))
+        return str(uuid.uuid5(_PROPOSAL_NS, f"{table_id}\x00{app_id}\x00{batch_id}\x00{ckpt}\x00{read_version}"))
 
 
 def _record_metrics(opts: SinkOptions, entry: Mapping[str, Any]) -> None:
@@ -378,7 +381,7 @@ class DeltaCoordStreamWriter(_StagingWriter, DataSourceStreamArrowWriter):
                     _record_metrics(opts, {**entry, "skipped": True, "recorded": recorded})
                     return
                 tx = table.begin(snap)
-                tx.proposal_id = opts.proposal_id(table.table_id, app_id, batchId)
+                tx.proposal_id = opts.proposal_id(table.table_id, app_id, batchId, snap.version)
                 tx.read_app_id(app_id)
                 tx.add(SetTransaction(app_id, batchId, int(time.time() * 1000)))
                 if self.overwrite:  # Complete output mode: replace the table's content

@@ -46,6 +46,10 @@ class CheckpointWorkerError(RuntimeError):
     """The worker failed, died or timed out; the checkpoint was not written (or not confirmed)."""
 
 
+class CheckpointFailedError(CheckpointWorkerError):
+    """Writing the checkpoint itself failed (not an I/O error, not the worker): a fault of that table, which halts it."""
+
+
 def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
     """The worker's loop: ("warm",) or ("checkpoint", uri, storage options, version) in, ("ok"|"error", value) out."""
     if nice:
@@ -59,7 +63,7 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="deltacoord-parent-watch", daemon=True).start()
     _lean_arrow()
     from coordinator.delta_log.checkpointer import create_checkpoint  # seconds of imports: pyarrow, the reader
-    from reader.storage import TableStorage
+    from reader.storage import StorageError, TableStorage
 
     while True:
         try:
@@ -74,7 +78,9 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
             else:
                 _kind, uri, options, version = msg
                 reply = ("ok", create_checkpoint(TableStorage(uri, options), version).version)
-        except Exception as e:  # reported to the coordinator, which logs it
+        except (OSError, StorageError) as e:  # transient storage trouble: the next checkpoint tries again
+            reply = ("io-error", f"{type(e).__name__}: {e}")
+        except Exception as e:  # reported to the coordinator, which halts the table
             reply = ("error", f"{type(e).__name__}: {e}")
         conn.send(reply)
 
@@ -164,6 +170,8 @@ class CheckpointWorker:
                         raise CheckpointWorkerError(f"the checkpoint worker died while {what}") from None
                     log.warning("the checkpoint worker died; retrying %s on a new one", what)
         kind, value = reply
+        if kind == "error":
+            raise CheckpointFailedError(f"{what} failed: {value}")
         if kind != "ok":
             raise CheckpointWorkerError(f"{what} failed: {value}")
         return value

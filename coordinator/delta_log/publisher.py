@@ -8,7 +8,10 @@ the coordinator, so the table halts and nothing is overwritten. A table this
 coordinator may not write (outside its `table_roots`, a bad URI, storage
 options that cannot reach it) halts too, as does a local filesystem that
 cannot create a name atomically. Other I/O errors (a full disk, a read-only
-mount, a store that does not answer) are retried until they clear.
+mount, a store that does not answer) are retried until they clear. An
+unexpected error publishing one table halts that table only; the thread goes
+on with the others. Every halt is reported to `on_halted`, which persists it
+(`coordinator.kafka.control`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class TablePublication:
 PublishedHook = Callable[[str, str, int, Sequence[Action]], None]
 #: Called when a ratified version will not be published because its table is halted: (task, why).
 UnpublishedHook = Callable[[PublishTask, str], None]
+#: Called when a table halts: (table_id, table_uri, why).
+HaltedHook = Callable[[str, str, str], None]
 
 
 @dataclass
@@ -60,6 +65,7 @@ class Publisher:
     fsync: bool = True
     on_published: PublishedHook | None = None
     on_unpublished: UnpublishedHook | None = None
+    on_halted: HaltedHook | None = None
     #: Where tables may be written and with which storage options (default: local tables anywhere).
     locations: TableLocations = field(default_factory=TableLocations)
     tables: dict[str, TablePublication] = field(default_factory=dict)
@@ -98,6 +104,20 @@ class Publisher:
         with self._lock:
             return [tid for tid, v in versions.items()
                     if (t := self.tables.get(tid)) is None or (t.halted is None and t.published < v)]
+
+    def mark_published(self, table_id: str, version: int) -> None:
+        """What recovery found in `_delta_log`: versions up to `version` need no publication."""
+        with self._lock:
+            self._forgotten.discard(table_id)
+            t = self.tables.setdefault(table_id, TablePublication())
+            t.published = max(t.published, version)
+            t.ratified = max(t.ratified, version)
+
+    def published_version(self, table_id: str) -> int:
+        """The newest version of the table this publisher published (-1: none, or unknown)."""
+        with self._lock:
+            t = self.tables.get(table_id)
+            return -1 if t is None else t.published
 
     def halted(self, table_id: str) -> str | None:
         with self._lock:
@@ -151,20 +171,45 @@ class Publisher:
                 return
             try:
                 self._publish(task)
+            except Exception as e:  # a bug, or a failure nothing here handles: it stops this table only
+                log.exception("publishing %s v%d failed unexpectedly", task.table_id, task.version)
+                self.halt(task.table_id, task.table_uri, (
+                    f"publishing version {task.version} failed unexpectedly ({type(e).__name__}: {e}). The table is halted; "
+                    "versions from this one on are not published"))
             finally:
                 with self._idle:
                     self._pending -= 1
                     self._idle.notify_all()
 
-    def _halt(self, t: TablePublication, table_id: str, why: str, task: PublishTask | None = None) -> None:
-        log.error("halting table %s: %s", table_id, why)
+    def halt(self, table_id: str, table_uri: str, why: str, *, notify: bool = True) -> None:
+        """Stop publishing (and deciding) `table_id`; `notify`: report it to `on_halted` (False: already persisted)."""
         with self._lock:
+            if notify and table_id in self._forgotten:
+                return  # its partition moved: the new owner finds the cause itself
+            self._forgotten.discard(table_id)
+            t = self.tables.setdefault(table_id, TablePublication())
+            first = t.halted is None
             t.halted = why
             self._halted[table_id] = why
-        if task is not None:
-            self._unpublished(task, why)
+        if first:
+            log.error("halting table %s: %s", table_id, why)
+        if notify and self.on_halted is not None:
+            self.on_halted(table_id, table_uri, why)
+
+    def resume(self, table_id: str) -> None:
+        """Lift a halt in memory (the caller persisted the resumption and republishes what it held back)."""
+        with self._lock:
+            self._halted.pop(table_id, None)
+            t = self.tables.get(table_id)
+            if t is not None:
+                t.halted = None
+
+    def _halt(self, task: PublishTask, why: str) -> None:
+        self.halt(task.table_id, task.table_uri, why)
+        self._unpublished(task, why)
 
     def _unpublished(self, task: PublishTask, why: str) -> None:
+        """Tell the writer waiting for `task`'s publication that it will not happen (its table is halted)."""
         if self.on_unpublished is not None:
             try:
                 self.on_unpublished(task, why)
@@ -185,7 +230,7 @@ class Publisher:
         try:
             storage = self.locations.storage(task.table_uri)
         except (TableLocationError, StorageConfigError) as e:
-            self._halt(t, task.table_id, f"{e}. The table is halted; nothing was written.", task)
+            self._halt(task, f"{e}. The table is halted; nothing was written.")
             return
         path = StoredObject(storage, commit_key(task.version))
         # Retry transient I/O errors (disk full, read-only mount, a store that does not answer)
@@ -196,7 +241,7 @@ class Publisher:
                 outcome = put_if_absent(path, data, fsync=self.fsync)
                 break
             except HardLinksRefusedError as e:
-                self._halt(t, task.table_id, f"{e}. The table is halted; nothing was written.", task)
+                self._halt(task, f"{e}. The table is halted; nothing was written.")
                 return
             except (OSError, StorageError) as e:
                 if self._abandoned:
@@ -208,9 +253,9 @@ class Publisher:
             log.info("version %d of %s was already published with the same content (a re-publication; nothing replaced)",
                      task.version, task.table_uri)
         if outcome is Put.DIFFERENT:
-            self._halt(t, task.table_id, (
+            self._halt(task, (
                 f"{path} already exists with different content (expected {len(data)} bytes): something wrote to this "
-                "table around the coordinator. The table is halted; nothing was overwritten."), task)
+                "table around the coordinator. The table is halted; nothing was overwritten."))
             return
         with self._lock:
             t.published = task.version
@@ -221,4 +266,4 @@ class Publisher:
                 log.exception("post-publication hook failed for %s v%d", task.table_id, task.version)
 
 
-__all__ = ["PublishTask", "PublishedHook", "Publisher", "TablePublication", "UnpublishedHook"]
+__all__ = ["HaltedHook", "PublishTask", "PublishedHook", "Publisher", "TablePublication", "UnpublishedHook"]

@@ -16,7 +16,7 @@ from types import FrameType
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from coordinator.delta_log.checkpoint_worker import CheckpointWorker
+from coordinator.delta_log.checkpoint_worker import CheckpointFailedError, CheckpointWorker, CheckpointWorkerError
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.kafka.notices import PublicationNotices
 from coordinator.kafka.partition import FencedError, PartitionCoordinator, make_consumer
@@ -28,6 +28,7 @@ from reader.log import checkpoint_exists, newest_commit_version
 from reader.storage import StorageError, TableStorage
 from schemas.actions import Action, Metadata
 from schemas.properties import TableProperties
+from schemas.routing import partition_for
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +78,40 @@ class Coordinator:
     _num_partitions: int = 0
     _last_loop: float = 0.0
     _ckpt_q: queue.Queue[_CheckpointRequest | None] = field(default_factory=queue.Queue)
+    #: Halts from the publisher and checkpoint threads, for the deciding thread to record: (table id, uri, why).
+    _halt_q: queue.Queue[tuple[str, str, str]] = field(default_factory=queue.Queue)
     _server: MetricsServer | None = None
     _notices: PublicationNotices | None = None
 
     def __post_init__(self) -> None:
         self.locations = self.settings.locations(fsync=self.publish_fsync)
         self.publisher = Publisher(fsync=self.publish_fsync, on_published=self._on_published,
-                                   on_unpublished=self._on_unpublished, locations=self.locations)
+                                   on_unpublished=self._on_unpublished, locations=self.locations,
+                                   on_halted=self._on_halted)
 
     def _on_unpublished(self, task: PublishTask, why: str) -> None:
         if self._notices is not None:
             self._notices.unpublished(task.table_id, task.version, why)
+
+    # -- halts (recorded by the deciding thread, visible at once) -------------------
+    def _on_halted(self, table_id: str, table_uri: str, why: str) -> None:
+        self.metrics.halted_tables.set(self.publisher.halted_count())
+        self._halt_q.put((table_id, table_uri, why))
+
+    def _record_halts(self) -> None:
+        """Hand halts from other threads to the owning partitions, which record them on the commits topic."""
+        while True:
+            try:
+                table_id, table_uri, why = self._halt_q.get_nowait()
+            except queue.Empty:
+                break
+            w = next((w for w in self._workers.values() if table_id in w.states), None)
+            if w is None and self._num_partitions > 0:
+                w = self._workers.get(partition_for(table_id, self._num_partitions))
+            if w is not None:
+                w.note_halt(table_id, table_uri, why)
+        for w in list(self._workers.values()):
+            w.flush_controls()
 
     # -- checkpoints (never on the deciding thread) -------------------------------
     def _on_published(self, table_id: str, table_uri: str, version: int, actions: Sequence[Action]) -> None:
@@ -147,8 +171,17 @@ class Coordinator:
         try:
             self.checkpoint_fn(self.locations.storage(req.table_uri), req.version)
             self.metrics.checkpoint_duration.observe(time.monotonic() - t0)
-        except Exception:
+        except (OSError, StorageError) as e:  # transient: the next checkpoint of the table tries again
+            log.warning("checkpoint of %s at version %d failed: %s", req.table_uri, req.version, e)
+        except CheckpointWorkerError as e:
+            if not isinstance(e, CheckpointFailedError):  # the worker died or hung: not this table's fault
+                log.error("checkpoint of %s at version %d failed: %s", req.table_uri, req.version, e)
+                return
+            self.publisher.halt(req.table_id, req.table_uri, f"the checkpoint of version {req.version} failed: {e}")
+        except Exception as e:  # a fault of this code on this table: halt it, the others go on
             log.exception("checkpoint of %s at version %d failed", req.table_uri, req.version)
+            self.publisher.halt(req.table_id, req.table_uri,
+                                f"the checkpoint of version {req.version} failed unexpectedly ({type(e).__name__}: {e})")
 
     # -- liveness ---------------------------------------------------------------------
     def heartbeat(self) -> None:
@@ -318,10 +351,12 @@ class Coordinator:
             s = self.settings
             while not self.stop_event.is_set():
                 self.heartbeat()
+                self._record_halts()
                 first = consumer.poll(s.poll_timeout_s)
                 if first is None:
                     for owned in list(self._workers.values()):
                         owned.observe()
+                        owned.maybe_snapshot()
                     continue
                 msgs = [first, *consumer.consume(s.max_batch - 1, 0)] if s.max_batch > 1 else [first]
                 by_partition: dict[int, list[Message]] = {}

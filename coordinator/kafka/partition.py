@@ -11,8 +11,23 @@ re-read from the commits topic.
 
 The transactional id is fixed per partition, so a newer coordinator for the
 partition fences this one; a fenced coordinator stops without publishing
-anything. An exception from the decision path is a bug: it propagates with
-the batch undecided and uncommitted, and the daemon stops.
+anything. An exception deciding one proposal halts that proposal's table (see
+`coordinator.rules.batch`); any other exception from the decision path is a
+bug: it propagates with the batch undecided and uncommitted, and the daemon
+stops.
+
+Nothing acknowledged is invisible: before a batch that ratifies version v of a
+table is recorded, `_delta_log/<v>.json` must be absent (one HEAD, or a stat,
+per table and batch). A file there was written around the coordinator: the
+table halts and the batch is decided again without it, so no writer is told
+COMMITTED for a version readers would never see. A store that cannot answer
+rejects that table's proposals of the batch (STORAGE_UNAVAILABLE, retryable).
+
+Halts are persisted: a halt record (`coordinator.kafka.control`) goes into
+the next transaction of the table's partition (the batch's, or one of its own
+when the halt came from the publisher or the checkpointer), so recovery
+restores it. A repeated proposal id is answered with its first decision
+(`coordinator.rules.decided`).
 
 At the door: a proposal for a table of another partition (murmur2(table id) %
 partitions) is rejected with WRONG_PARTITION and never decided; the writer's
@@ -33,11 +48,13 @@ commits (`stalled`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -47,16 +64,19 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from coordinator.delta_log.files import sweep_temp_files
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.faults import fault_point
+from coordinator.kafka.control import HALT, RESUME, halt_record, resume_record
 from coordinator.kafka.notices import PublicationNotices
-from coordinator.kafka.recovery import rebuild_states
+from coordinator.kafka.recovery import Recovered, recover_partition
+from coordinator.kafka.snapshot import PartitionSnapshot, SnapshotStore
 from coordinator.locations import TableLocationError, TableLocations
 from coordinator.metrics import Metrics
 from coordinator.rules.authentication import Signature
-from coordinator.rules.batch import Submitted, decide_batch, rejection
+from coordinator.rules.batch import Overlay, Submitted, decide_batch, rejection
+from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from coordinator.rules.validate import path_problem
 from coordinator.settings import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_KEY_BYTES, CoordinatorSettings
-from reader.log import newest_commit_version
+from reader.log import commit_key, newest_commit_version
 from reader.storage import StorageError
 from schemas.actions import AddCDCFile, AddFile
 from schemas.codec import decode_proposal, encode_decision
@@ -64,6 +84,7 @@ from schemas.errors import DecodeError, InvalidProposalError
 from schemas.messages import Decision
 from schemas.reasons import ReasonCode
 from schemas.routing import (
+    H_CONTROL,
     H_ERROR,
     H_OUTCOME,
     H_PROPOSAL_ID,
@@ -107,10 +128,12 @@ def _header(msg: Message, name: str) -> str | None:
     return None if v is None else v.decode("utf-8", errors="replace")
 
 
-def decision_headers(d: Decision) -> list[tuple[str, str | bytes | None]]:
+def decision_headers(d: Decision, control: str | None = None) -> list[tuple[str, str | bytes | None]]:
     h: list[tuple[str, str | bytes | None]] = [(H_PROPOSAL_ID, d.proposal_id.encode()), (H_TABLE_ID, d.table_id.encode()), (H_OUTCOME, d.outcome.value.encode())]
     if d.committed and d.version is not None:
         h.append((H_VERSION, str(d.version).encode()))
+    if control is not None:
+        h.append((H_CONTROL, control.encode()))
     return h
 
 
@@ -135,6 +158,8 @@ class _Decoded:
     reply: int | None = None
     #: The writer returns at ratification (header `deltacoord.wait: ratified`): its reply goes at once.
     ratified_only: bool = False
+    #: An operator's request to resume this table (`deltacoord table resume`).
+    resume: str | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +182,8 @@ class _Out:
     headers: list[tuple[str, str | bytes | None]]
     partition: int | None
     source: int
+    #: The decision this record carries (commits topic), for the offsets state snapshots need.
+    decision: Decision | None = None
 
 
 def dead_letter(raw: bytes | None, key: bytes | None, error: str, source: str, keep_bytes: int) -> _DeadLetter:
@@ -245,6 +272,22 @@ class PartitionCoordinator:
         self.metrics = metrics
         self.consumer = consumer
         self.states: dict[str, TableState] = {}
+        self.decided = DecidedIds(settings.decided_ids_limit, settings.decided_ids_max_age_ms)
+        # -- state snapshots (`coordinator.kafka.snapshot`): the commits-topic offset the states cover, the
+        # last record folded, records since the last snapshot, and where recent versions were recorded.
+        self._snapshots = (SnapshotStore(settings.state_root, settings.storage_options, settings.topics.commits, partition)
+                           if settings.state_root else None)
+        self.commits_end = 0
+        self._last_record: tuple[int, str] | None = None
+        self._since_snapshot = 0
+        self._recorded_at: deque[tuple[str, int, int]] = deque(maxlen=max(2 * settings.snapshot_every_records, 1000))
+        self._delivered: list[tuple[_Out, int]] = []
+        self._snapshot_thread: threading.Thread | None = None
+        self._snapshot_requested = False
+        #: State snapshots written by this partition coordinator (for tests and logs).
+        self.snapshots_written = 0
+        #: Halt and resume records not yet on the commits topic: (table id, kind, record).
+        self._controls: list[tuple[str, str, Decision]] = []
         self.producer: Producer | None = None
         self._label = str(partition)
         self._tp = TopicPartition(settings.topics.proposals, partition)
@@ -284,6 +327,7 @@ class PartitionCoordinator:
         self.producer.init_transactions(60)
         log.info("partition %d: transactional producer ready in %.1fs; recovering", self.partition, time.monotonic() - t0)
         self._recover()
+        self.flush_controls()
         self.committed_to = self.committed_offset()
         self.last_commit = time.monotonic()
         return self.committed_to
@@ -299,13 +343,9 @@ class PartitionCoordinator:
             self.producer = None
 
     def _recover(self) -> None:
-        """Rebuild the partition's table states from the commits topic; publish what `_delta_log` lacks."""
+        """Rebuild the partition's table states from the commits topic; publish what `_delta_log` lacks;
+        restore the halts (and record those recovery found)."""
         self.metrics.tables.dec(len(self.states))
-
-        def publish(d: Decision) -> None:
-            assert d.version is not None
-            self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
-
         locations = self.publisher.locations
 
         def new_table(table_uri: str) -> None:
@@ -323,11 +363,196 @@ class PartitionCoordinator:
                 log.warning("cannot list _delta_log of %s (%s); republishing its history", table_uri, e)
                 return -1
 
-        self.states = rebuild_states(self.settings, self.partition, publish=publish, new_table=new_table,
-                                     heartbeat=self._heartbeat, on_record=self.metrics.recovery_records.inc,
-                                     published_version=published_version)
+        rec: Recovered = recover_partition(self.settings, self.partition, new_table=new_table, heartbeat=self._heartbeat,
+                                           on_record=self.metrics.recovery_records.inc,
+                                           published_version=published_version)
+        self.states = rec.states
+        self.decided = rec.decided
+        self.commits_end = rec.end_offset
+        self._last_record = rec.last
+        self._since_snapshot = rec.records if rec.snapshot_offset is not None else rec.end_offset
+        self._recorded_at.clear()
+        for tid, (uri, why) in rec.halted.items():
+            self.publisher.halt(tid, uri, why, notify=False)
+        for tid, (uri, why) in rec.new_halts.items():
+            self.note_halt(tid, uri, why)
+        for tid, st in self.states.items():
+            if tid not in rec.halted:
+                pending = rec.to_publish.get(tid)
+                first = pending[0][0].version if pending else None
+                self.publisher.mark_published(tid, st.version if first is None else first - 1)
+        for ds in rec.to_publish.values():
+            for d, offset in ds:
+                assert d.version is not None
+                self._recorded_at.append((d.table_id, d.version, offset))
+                self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
         self.metrics.tables.inc(len(self.states))
-        log.info("partition %d: recovered %d tables from %s", self.partition, len(self.states), self.settings.topics.commits)
+        self.metrics.halted_tables.set(self.publisher.halted_count())
+        log.info("partition %d: recovered %d tables (%d halted) from %d records of %s%s", self.partition, len(self.states),
+                 len(rec.halted), rec.records, self.settings.topics.commits,
+                 "" if rec.snapshot_offset is None else f" after the state snapshot at offset {rec.snapshot_offset}")
+
+    # -- state snapshots --------------------------------------------------------------
+    def _note_recorded(self) -> None:
+        """After a transaction committed: the offsets its commits-topic records got."""
+        for o, offset in self._delivered:
+            self.commits_end = max(self.commits_end, offset + 1)
+            self._since_snapshot += 1
+            d = o.decision
+            if d is None:
+                continue
+            if self._last_record is None or offset > self._last_record[0]:
+                self._last_record = (offset, d.proposal_id)
+            if d.committed and d.duplicate_of is None and d.version is not None:
+                self._recorded_at.append((d.table_id, d.version, offset))
+        self._delivered = []
+
+    def maybe_snapshot(self, force: bool = False) -> bool:
+        """Write a state snapshot when `snapshot_every_records` records were recorded since the last (or `force`).
+
+        The states are exported here, between batches; encoding and writing happen in a thread. False
+        when none was started (not due, one still being written, or a version not yet published is too
+        old to find again).
+        """
+        force = force or self._snapshot_requested
+        if self._snapshots is None or not (force or self._since_snapshot >= self.settings.snapshot_every_records):
+            return False
+        if self._snapshot_thread is not None and self._snapshot_thread.is_alive():
+            return False
+        republish: dict[str, tuple[int, int]] = {}
+        halted = self.publisher.halted_tables()
+        for tid, st in self.states.items():
+            published = self.publisher.published_version(tid)
+            if tid in halted or published >= st.version:
+                continue
+            at = next((off for t, v, off in self._recorded_at if t == tid and v == published + 1), None)
+            if at is None:
+                log.info("partition %d: no state snapshot now: version %d of %s is not published yet and was recorded "
+                         "too long ago", self.partition, published + 1, tid)
+                self._since_snapshot = self.settings.snapshot_every_records // 2
+                return False
+            republish[tid] = (at, published + 1)
+        snap = PartitionSnapshot(
+            commits_topic=self.settings.topics.commits, partition=self.partition, offset=self.commits_end,
+            last=self._last_record, tables=[st.export() for st in self.states.values()],
+            halted={tid: (self.states[tid].table_uri, why) for tid, why in halted.items() if tid in self.states},
+            decided=list(self.decided), republish_from=republish, created_ms=int(time.time() * 1000))
+        self._since_snapshot = 0
+        self._snapshot_requested = False
+        store = self._snapshots
+
+        def write() -> None:
+            t0 = time.monotonic()
+            try:
+                size = store.write(snap)
+            except Exception as e:  # a snapshot is an optimisation: the next one tries again
+                log.warning("partition %d: writing the state snapshot at offset %d failed: %s", self.partition,
+                            snap.offset, e)
+                return
+            log.info("partition %d: state snapshot at offset %d written (%d tables, %d bytes) in %.2fs", self.partition,
+                     snap.offset, len(snap.tables), size, time.monotonic() - t0)
+            self.snapshots_written += 1
+
+        self._snapshot_thread = threading.Thread(target=write, name=f"deltacoord-snapshot-{self.partition}", daemon=True)
+        self._snapshot_thread.start()
+        return True
+
+    def request_snapshot(self) -> None:
+        """Have the deciding thread write a snapshot at its next turn (from another thread: the states are its own)."""
+        self._snapshot_requested = True
+
+    def wait_snapshot(self, timeout_s: float = 60.0) -> None:
+        """Wait for the snapshot being written, if any."""
+        t = self._snapshot_thread
+        if t is not None:
+            t.join(timeout_s)
+
+    # -- halts --------------------------------------------------------------------
+    def note_halt(self, table_id: str, table_uri: str, why: str) -> None:
+        """Record a halt of `table_id` (already in force in the publisher) on the commits topic, with the next transaction."""
+        if any(tid == table_id and kind == HALT for tid, kind, _ in self._controls):
+            return
+        st = self.states.get(table_id)
+        head = st.version if st is not None else -1
+        self._controls.append((table_id, HALT, halt_record(table_id, table_uri, why, head, int(time.time() * 1000))))
+
+    def flush_controls(self) -> None:
+        """Record pending halts in a transaction of their own (when no batch comes to carry them)."""
+        if not self._controls or self.producer is None:
+            return
+        outs = [self._control_out(d, kind) for _tid, kind, d in self._controls]
+        try:
+            self._transact([], outs, [])
+        except FencedError:
+            raise
+        except ProducerStuckError as e:
+            self._failed(str(e))
+            self._replace_producer(e)
+            return
+        except KafkaException as e:
+            self._failed(str(e))
+            log.warning("partition %d: recording %d halts failed (%s); retrying with the next transaction", self.partition,
+                        len(outs), e)
+            with contextlib.suppress(KafkaException):
+                self.producer.abort_transaction(60)
+            return
+        log.info("partition %d: recorded halts of %s", self.partition, sorted({t for t, _k, _d in self._controls}))
+        self._controls = []
+
+    def _control_out(self, d: Decision, kind: str) -> _Out:
+        return _Out(self.settings.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d, kind),
+                    self.partition, -1, d)
+
+    def _uri_of(self, table_id: str, proposals: Sequence[Submitted]) -> str:
+        st = self.states.get(table_id)
+        if st is not None:
+            return st.table_uri
+        return next((p.proposal.table_uri for p in proposals if p.proposal.table_id == table_id), "")
+
+    @staticmethod
+    def _encode_all(decided: Sequence[Decision], faults: dict[str, str]) -> dict[int, bytes]:
+        """Encode the batch's decisions (by id()); a table whose decision cannot be encoded goes to `faults`."""
+        out: dict[int, bytes] = {}
+        for d in decided:
+            if d.table_id in faults:
+                continue
+            try:
+                out[id(d)] = encode_decision(d)
+            except Exception as e:  # a fault of this code on that table
+                log.exception("encoding the decision of %s for table %s failed", d.proposal_id[:100], d.table_id[:200])
+                faults[d.table_id] = (f"encoding a decision of this table failed unexpectedly ({type(e).__name__}: {e}); "
+                                      "the table is halted so that the other tables go on. Report it with the log")
+        return out
+
+    def _probe(self, overlay: Overlay, probed: dict[tuple[str, int], str | None]) -> tuple[dict[str, str], dict[str, str]]:
+        """Tables the batch would ratify a version of whose `<v>.json` already exists (foreign, why), and those whose
+        store cannot say (unavailable, why). `probed` caches answers within the batch."""
+        foreign: dict[str, str] = {}
+        unavailable: dict[str, str] = {}
+        for tid, st in overlay.tables.items():
+            live = self.states.get(tid)
+            v = live.version + 1 if live is not None else 0
+            key = (tid, v)
+            if key not in probed:
+                probed[key] = None
+                try:
+                    found = self.publisher.locations.storage(st.table_uri).exists(commit_key(v))
+                except (TableLocationError, StorageError, OSError, ValueError) as e:
+                    unavailable[tid] = (f"the table's storage could not be checked for a version {v} written around the "
+                                        f"coordinator ({e}); nothing was decided, retry")
+                    probed[key] = "unavailable"
+                    continue
+                if found:
+                    probed[key] = (
+                        f"_delta_log/{commit_key(v).rsplit('/', 1)[-1]} exists, but version {v} was not ratified: it was "
+                        "written around the coordinator, and a commit as that version would be invisible. The table is "
+                        "halted; see 'Recover a halted table'")
+            why = probed[key]
+            if why == "unavailable":
+                unavailable.setdefault(tid, "the table's storage could not be checked; retry")
+            elif why is not None:
+                foreign[tid] = why
+        return foreign, unavailable
 
     # -- the loop ---------------------------------------------------------------
     def process(self, batch: Sequence[Message]) -> None:
@@ -344,22 +569,66 @@ class PartitionCoordinator:
             x.ratified_only = header(m, H_WAIT) == WAIT_RATIFIED
         proposals = [x.submitted for x in decoded if x.submitted is not None]
         check_files = functools.partial(added_files_problem, self.publisher.locations)
-        decided, overlay = decide_batch(self.states, proposals, int(time.time() * 1000),
-                                        halted=self.publisher.halted_tables(), check_files=check_files)
+        now_ms = int(time.time() * 1000)
+        halted = self.publisher.halted_tables()
+        decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
+                                        earlier=self.decided.get)
+        # Nothing acknowledged is invisible: no version of the batch may already have a file in _delta_log.
+        # A decision that cannot be encoded is a fault of this code on its table: the table halts.
+        probed: dict[tuple[str, int], str | None] = {}
+        unavailable: set[str] = set()
+        while True:
+            foreign, cannot = self._probe(overlay, probed)
+            encoded = self._encode_all(decided, foreign)
+            if not foreign and not cannot:
+                break
+            if all(t in halted for t in [*foreign, *cannot]):
+                raise RuntimeError(f"partition {self.partition}: the decisions of halted tables {sorted(foreign)} cannot be "
+                                   "encoded either")
+            for tid, why in foreign.items():
+                uri = overlay.tables[tid].table_uri if tid in overlay.tables else self._uri_of(tid, proposals)
+                log.error("partition %d: %s: %s", self.partition, tid, why)
+                self.publisher.halt(tid, uri, why, notify=False)
+                self.note_halt(tid, uri, why)
+            unavailable.update(cannot)
+            halted = {**halted, **foreign, **cannot}
+            decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
+                                            earlier=self.decided.get)
+        if unavailable:
+            decided = [dataclasses.replace(d, reason_code=ReasonCode.STORAGE_UNAVAILABLE.value)
+                       if d.table_id in unavailable and d.reason_code == ReasonCode.TABLE_HALTED.value
+                       and d.table_id not in self.publisher.halted_tables() else d for d in decided]
+        for tid, why in overlay.halts.items():
+            uri = self._uri_of(tid, proposals)
+            self.publisher.halt(tid, uri, why, notify=False)
+            self.note_halt(tid, uri, why)
         it = iter(decided)
         decisions: list[Decision] = []
         replies: list[tuple[int | None, bool]] = []
         outs: list[_Out] = []
+        resumed: list[str] = []
         s = self.settings
         for x in decoded:
             d = next(it) if x.submitted is not None else x.rejected
             if d is not None:
                 decisions.append(d)
                 replies.append((x.reply, x.ratified_only))
-                outs.append(_Out(s.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d),
-                                 self.partition, x.offset))
+                value = encoded.get(id(d))
+                outs.append(_Out(s.topics.commits, value if value is not None else encode_decision(d), d.table_id.encode(),
+                                 decision_headers(d), self.partition, x.offset, d))
             if x.dead is not None:
                 outs.append(_Out(s.topics.dead_letters, x.dead.value, x.dead.key, x.dead.headers, None, x.offset))
+            if x.resume is not None and x.resume not in resumed:
+                st = self.states.get(x.resume)
+                if st is None:
+                    log.warning("partition %d: a request to resume table %s, which this partition does not hold; ignored",
+                                self.partition, x.resume[:200])
+                    continue
+                resumed.append(x.resume)
+                self._controls = [c for c in self._controls if c[0] != x.resume]
+                self._controls.append((x.resume, RESUME, resume_record(x.resume, st.table_uri, st.version, now_ms)))
+        controls = list(self._controls)
+        outs.extend(self._control_out(d, kind) for _tid, kind, d in controls)
         dead = sum(1 for x in decoded if x.dead is not None)
         fault_point("after_decide")
         refused: list[_Refusal] = []
@@ -384,7 +653,10 @@ class PartitionCoordinator:
             return
         fault_point("after_kafka_commit")
         self._committed(batch)
+        self._controls = [c for c in self._controls if c not in controls]
         overlay.apply_to(self.states)
+        for d in decisions:
+            self.decided.remember(d)
         self.metrics.tables.inc(len(overlay.created))
         now = time.time()
         times = {"consumed": consumed_at, "ratified": now}
@@ -415,6 +687,19 @@ class PartitionCoordinator:
         self.metrics.dead_letters.inc(dead)
         self.metrics.publish_lag.set(self.publisher.lag())
         self.metrics.halted_tables.set(self.publisher.halted_count())
+        if resumed:
+            self._resume(resumed)
+        self.maybe_snapshot()
+
+    def _resume(self, tables: Sequence[str]) -> None:
+        """After a resumption is recorded: rebuild the partition as at a restart, which republishes what the halt
+        held back (and halts the table again if its cause is still there)."""
+        log.warning("partition %d: tables %s resumed by an operator; rebuilding the partition", self.partition, list(tables))
+        for tid in tables:
+            self.publisher.resume(tid)
+        self.publisher.forget(self.states.keys())
+        self.close()
+        self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.start()))
 
     # -- progress and poison -------------------------------------------------------
     def _committed(self, batch: Sequence[Message]) -> None:
@@ -525,6 +810,14 @@ class PartitionCoordinator:
         raw = m.value()
         at_ms = max(0, m.timestamp()[1])
         source = _source(m)
+        control = header(m, H_CONTROL)
+        if control is not None:
+            table_id = _header(m, H_TABLE_ID)
+            if control == RESUME.encode() and table_id:
+                log.warning("partition %d: %s asks to resume table %s", self.partition, source, table_id[:200])
+                return _Decoded(offset, resume=table_id)
+            error = f"a control message that is not a resume request with a table id (control={control[:100]!r})"
+            return _Decoded(offset, dead=dead_letter(raw, m.key(), error, source, self.settings.dead_letter_max_bytes))
         try:
             if raw is None:
                 raise DecodeError("empty message (no value)")
@@ -579,11 +872,16 @@ class PartitionCoordinator:
             refused.append(_Refusal(o.source, o.topic, size, f"{o.topic}: {err.str()}"))
 
         def noted(o: _Out) -> Callable[[KafkaError | None, Message], None]:
-            def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            def on_delivery(err: KafkaError | None, msg: Message) -> None:
                 if err is not None and err.code() in RECORD_REFUSALS:
                     note(o, err)
+                elif err is None and o.topic == s.topics.commits:
+                    offset = msg.offset()
+                    if offset is not None and offset >= 0:
+                        self._delivered.append((o, offset))
             return on_delivery
 
+        self._delivered = []
         try:
             self.producer.begin_transaction()
             for o in outs:
@@ -598,14 +896,16 @@ class PartitionCoordinator:
                     if isinstance(kerr, KafkaError) and kerr.code() in RECORD_REFUSALS:
                         note(o, kerr)
                     raise
-            last_offset = batch[-1].offset()
-            assert last_offset is not None
-            offsets = [TopicPartition(s.topics.proposals, self.partition, last_offset + 1)]
-            self._send_offsets(offsets)
+            if batch:
+                last_offset = batch[-1].offset()
+                assert last_offset is not None
+                offsets = [TopicPartition(s.topics.proposals, self.partition, last_offset + 1)]
+                self._send_offsets(offsets)
             if fault_point("before_kafka_commit"):
                 raise KafkaException(KafkaError(KafkaError._FAIL, "injected fault: the transaction fails before its commit",
                                                 retriable=True, txn_requires_abort=True))
             self._commit_with_retry()
+            self._note_recorded()
         except KafkaException as e:
             # Delivery reports of the failed transaction say which records were refused.
             with contextlib.suppress(KafkaException, RuntimeError):

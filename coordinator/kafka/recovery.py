@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from coordinator.kafka.control import HALT, RESUME, control_kind
+from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from coordinator.settings import CoordinatorSettings
 from reader.log import newest_commit_version
+from reader.storage import StorageError
 from schemas.codec import decode_decision
 from schemas.messages import Decision
 from schemas.routing import H_TABLE_ID, H_VERSION, header
@@ -58,6 +63,10 @@ def watermarks(c: Consumer, tp: TopicPartition, budget_s: float = 90.0) -> tuple
             delay = min(delay * 2, 3.0)
 
 
+class SnapshotUnusableError(RecoveryError):
+    """A state snapshot cannot serve this recovery (a table's `_delta_log` lacks versions it does not say how to find)."""
+
+
 def _header(msg: Message, name: str) -> str | None:
     v = header(msg, name)
     return None if v is None else v.decode("utf-8", errors="replace")
@@ -72,6 +81,19 @@ def read_decisions(
     `on_record` is called once per record fetched (filtered out or not), for the
     recovery metric.
     """
+    for d, _offset in read_decisions_at(settings, partition, table_id=table_id, min_version=min_version,
+                                        stall_timeout_s=stall_timeout_s, on_record=on_record):
+        yield d
+
+
+def read_decisions_at(
+    settings: CoordinatorSettings, partition: int, *, table_id: str | None = None, min_version: int = 0,
+    stall_timeout_s: float = 120.0, on_record: Callable[[], None] | None = None, from_offset: int | None = None,
+    on_end: Callable[[int], None] | None = None,
+) -> Iterator[tuple[Decision, int]]:
+    """`read_decisions` with each record's offset, from `from_offset` (default: the start of the partition).
+
+    `on_end` is called first with the offset the read ends at (the high watermark)."""
     c = Consumer(
         settings.client(
             {"fetch.message.max.bytes": max(settings.max_proposal_bytes * 2, 1_048_576)},
@@ -82,6 +104,10 @@ def read_decisions(
     try:
         tp = TopicPartition(settings.topics.commits, partition)
         low, high = watermarks(c, tp)
+        if on_end is not None:
+            on_end(high)
+        if from_offset is not None:
+            low = max(low, from_offset)
         if high <= low:
             return
         c.assign([TopicPartition(settings.topics.commits, partition, low)])
@@ -110,7 +136,7 @@ def read_decisions(
                         continue
                 value = m.value()
                 if value is not None:
-                    yield decode_decision(value)
+                    yield decode_decision(value), m.offset() or 0
             pos = c.position([tp])[0].offset
             if pos >= high:
                 break
@@ -129,39 +155,199 @@ def read_decisions(
         c.close()
 
 
-def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Callable[[Decision], None],
+@dataclass
+class Recovered:
+    """What recovery rebuilt of one commits partition."""
+
+    states: dict[str, TableState] = field(default_factory=dict)
+    #: Halted tables (their last control record is a halt, or recovery halted them) -> (table uri, why).
+    halted: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Halts found by this recovery, not yet on the commits topic (the caller records them).
+    new_halts: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Per table, ratified versions to (re)publish, oldest first, with their commits-topic offsets: those not in
+    #: `_delta_log`, and the newest one there.
+    to_publish: dict[str, list[tuple[Decision, int]]] = field(default_factory=dict)
+    decided: DecidedIds = field(default_factory=DecidedIds)
+    #: The commits-topic offset read up to (exclusive) and how many records were read.
+    end_offset: int = 0
+    records: int = 0
+    #: (offset, proposal id) of the last record folded (None: none yet).
+    last: tuple[int, str] | None = None
+    #: The state snapshot recovery started from (its offset), if any.
+    snapshot_offset: int | None = None
+
+    def halt(self, table_id: str, table_uri: str, why: str) -> None:
+        """Halt a table this recovery found at fault (recorded by the caller)."""
+        log.error("halting table %s during recovery: %s", table_id, why)
+        self.halted[table_id] = (table_uri, why)
+        self.new_halts[table_id] = (table_uri, why)
+        self.to_publish.pop(table_id, None)
+
+
+def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Callable[[Decision], None] | None = None,
                    new_table: Callable[[str], None] = lambda uri: None, heartbeat: Callable[[], None] = lambda: None,
                    on_record: Callable[[], None] | None = None,
-                   published_version: Callable[[str], int] = newest_commit_version) -> dict[str, TableState]:
-    """Table states as the fold of the partition's committed decisions (event sourcing).
+                   published_version: Callable[[str], int] = newest_commit_version,
+                   base: Recovered | None = None, from_offset: int | None = None,
+                   republish_from: Mapping[str, tuple[int, int]] | None = None) -> Recovered:
+    """Table states as the fold of the partition's committed decisions (event sourcing), from the
+    start of the partition or from `from_offset` on top of `base` (a snapshot's state); with
+    `republish_from` (table id -> (offset, version)) the records from there to `from_offset` are read
+    again only for the versions of those tables `_delta_log` still lacks. A table of `base` whose
+    `_delta_log` lacks older versions than that raises SnapshotUnusableError.
 
-    Ratified versions missing from `_delta_log` (a crash between the Kafka
-    commit and publication) go to `publish`, oldest first, as they are read;
-    so does the newest version already on disk, which put-if-absent re-checks
-    byte for byte. `new_table(table_uri)` runs once per table, first;
-    `published_version(table_uri)` is the newest version in its `_delta_log`.
+    Ratified versions missing from `_delta_log` (a crash between the Kafka commit
+    and publication) are listed in `to_publish`, oldest first (`publish`, if
+    given, is called with each at the end); so is every version after the last
+    one known to be published (a snapshot says which; without one, from the
+    newest version on disk), which put-if-absent compares byte for byte with what
+    `_delta_log` holds. `new_table(table_uri)`
+    runs once per table, first; `published_version(table_uri)` is the newest
+    version in its `_delta_log`.
+
+    A fault of one table halts that table, never the recovery: a version that
+    does not follow its predecessor, an error applying it, and a `_delta_log`
+    holding versions beyond the newest one Kafka ratified (written around the
+    coordinator: the next commit would be acknowledged but invisible). Control
+    records (`coordinator.kafka.control`) halt and resume tables.
     """
-    states: dict[str, TableState] = {}
+    rec = base if base is not None else Recovered(decided=DecidedIds(settings.decided_ids_limit,
+                                                                     settings.decided_ids_max_age_ms))
+    states = rec.states
     on_disk: dict[str, int] = {}
-    for i, d in enumerate(read_decisions(settings, partition, on_record=on_record)):
-        if i % 1000 == 0:
+    #: Per table, the first version to (re)publish: every ratified version from there on is compared byte
+    #: for byte with `_delta_log` (put-if-absent), written where it is missing.
+    compare_from: dict[str, int] = {}
+
+    def first_sight(table_id: str, table_uri: str) -> None:
+        on_disk[table_id] = compare_from[table_id] = published_version(table_uri)
+        new_table(table_uri)
+
+    for known in states.values():
+        first_sight(known.table_id, known.table_uri)
+    broken: set[str] = set()  # tables whose later versions cannot be applied (halted)
+    n = 0
+    fold_from = from_offset or 0
+    again: dict[str, int] = {}
+    for tid, st0 in states.items():
+        # A snapshot knows what was published when it was written: every version after that is compared.
+        offset_version = (republish_from or {}).get(tid)
+        compare_from[tid] = min(on_disk[tid], offset_version[1] if offset_version else st0.version + 1)
+        if tid in rec.halted:
+            continue
+        if offset_version is not None and offset_version[0] < fold_from:
+            again[tid] = offset_version[0]
+        if on_disk[tid] < st0.version and (offset_version is None or on_disk[tid] + 1 < offset_version[1]):
+            raise SnapshotUnusableError(
+                f"table {tid}: _delta_log ends at version {on_disk[tid]}, the snapshot at offset {fold_from} holds it at "
+                f"{st0.version} and knows where to find versions from {offset_version[1] if offset_version else '-'} on")
+    start = min([fold_from, *again.values()])
+
+    def ended(high: int) -> None:
+        rec.end_offset = max(high, fold_from)
+
+    for d, offset in read_decisions_at(settings, partition, from_offset=start, on_record=on_record, on_end=ended):
+        n += 1
+        if n % 1000 == 0:
             heartbeat()  # a long recovery is progress, not a hang
+        if offset < fold_from:  # already in the snapshot: only a version _delta_log may still lack
+            tid = d.table_id
+            if (tid in again and offset >= again[tid] and d.committed and d.duplicate_of is None and d.version is not None
+                    and d.version >= compare_from[tid] and d.version <= states[tid].version):
+                rec.to_publish.setdefault(tid, []).append((d, offset))
+            continue
+        rec.last = (offset, d.proposal_id)
+        kind = control_kind(d)
+        if kind == HALT:
+            rec.halted[d.table_id] = (d.table_uri, d.error_message or "halted")
+            rec.new_halts.pop(d.table_id, None)
+            continue
+        if kind == RESUME:
+            rec.halted.pop(d.table_id, None)
+            rec.new_halts.pop(d.table_id, None)
+            continue
+        rec.decided.remember(d)
         if not d.committed or d.duplicate_of is not None or d.version is None:
             continue
-        st = states.get(d.table_id)
-        if st is None:
-            st = TableState.empty(d.table_id, d.table_uri)
-            states[d.table_id] = st
-            on_disk[d.table_id] = published_version(d.table_uri)
-            new_table(d.table_uri)
+        found = states.get(d.table_id)
+        if found is None:
+            st = states[d.table_id] = TableState.empty(d.table_id, d.table_uri)
+            first_sight(d.table_id, d.table_uri)
+        else:
+            st = found
+        if d.table_id in broken:
+            continue
         if d.version != st.version + 1:
-            raise RecoveryError(
-                f"commits topic is not contiguous for table {d.table_id}: version {d.version} after {st.version}"
-            )
-        st.apply(d.version, d.actions)
-        if d.version >= on_disk[d.table_id]:
-            publish(d)
-    return states
+            broken.add(d.table_id)
+            rec.halt(d.table_id, d.table_uri, (
+                f"the commits topic is not contiguous for this table: version {d.version} follows {st.version}. The "
+                "table is halted with its state at that version"))
+            continue
+        try:
+            st.apply(d.version, d.actions)
+        except Exception as e:  # a fault of this code on one table: that table stops, the others recover
+            broken.add(d.table_id)
+            rec.halt(d.table_id, d.table_uri, f"recovering version {d.version} failed unexpectedly ({type(e).__name__}: {e})")
+            continue
+        if d.version >= compare_from[d.table_id]:
+            rec.to_publish.setdefault(d.table_id, []).append((d, offset))
+    rec.records += n
+    for tid, st in states.items():
+        disk = on_disk.get(tid, -1)
+        if disk > st.version and tid not in rec.halted:
+            rec.halt(tid, st.table_uri, (
+                f"_delta_log holds version {disk} but Kafka ratified only up to {st.version}: versions "
+                f"{st.version + 1}..{disk} were written around the coordinator, and the next commit would be acknowledged "
+                "but invisible. The table is halted; see 'Recover a halted table'"))
+    for tid in list(rec.to_publish):
+        if tid in rec.halted:
+            del rec.to_publish[tid]
+    if publish is not None:
+        for ds in rec.to_publish.values():
+            for d, _offset in ds:
+                publish(d)
+    return rec
 
 
-__all__ = ["RecoveryError", "read_decisions", "rebuild_states"]
+def recover_partition(settings: CoordinatorSettings, partition: int, **kwargs: Any) -> Recovered:
+    """`rebuild_states` from the newest usable state snapshot (`coordinator.kafka.snapshot`), or from the start."""
+    if settings.state_root:
+        from coordinator.kafka.snapshot import SnapshotStore
+
+        store = SnapshotStore(settings.state_root, settings.storage_options, settings.topics.commits, partition)
+        try:
+            snapshots = store.newest()
+        except (OSError, StorageError) as e:
+            log.warning("cannot list the state snapshots of partition %d under %s (%s); reading the whole commits "
+                        "partition", partition, settings.state_root, e)
+            snapshots = []
+        for snap in snapshots:
+            if snap.commits_topic != settings.topics.commits or snap.partition != partition:
+                continue
+            if snap.last is not None and not _record_is(settings, partition, snap.last):
+                log.warning("ignoring the state snapshot at offset %d of %s[%d]: the record it ends with is not on the "
+                            "topic (was the topic recreated?)", snap.offset, settings.topics.commits, partition)
+                continue
+            t0 = time.monotonic()
+            base = Recovered(states={t.table_id: TableState.from_export(t) for t in snap.tables}, halted=dict(snap.halted),
+                             decided=DecidedIds(settings.decided_ids_limit, settings.decided_ids_max_age_ms),
+                             last=snap.last, snapshot_offset=snap.offset)
+            base.decided.extend(snap.decided)
+            log.info("partition %d: state snapshot at offset %d loaded (%d tables) in %.2fs", partition, snap.offset,
+                     len(snap.tables), time.monotonic() - t0)
+            try:
+                return rebuild_states(settings, partition, base=base, from_offset=snap.offset,
+                                      republish_from=snap.republish_from, **kwargs)
+            except SnapshotUnusableError as e:
+                log.warning("partition %d: not using the state snapshot at offset %d: %s", partition, snap.offset, e)
+    return rebuild_states(settings, partition, **kwargs)
+
+
+def _record_is(settings: CoordinatorSettings, partition: int, last: tuple[int, str]) -> bool:
+    """Whether the committed record at offset `last[0]` of the commits partition has proposal id `last[1]`."""
+    for d, offset in read_decisions_at(settings, partition, from_offset=last[0], stall_timeout_s=30):
+        return offset == last[0] and d.proposal_id == last[1]
+    return False
+
+
+__all__ = ["Recovered", "RecoveryError", "SnapshotUnusableError", "read_decisions", "read_decisions_at", "rebuild_states", "recover_partition"]

@@ -10,8 +10,11 @@ coordinator knows of the table rather than what the proposal says:
   writer keys the name was proved by a signature (`authentication.py`, checked
   first); otherwise it is only declared. Kafka ACLs decide who may propose at
   all, the list narrows it per table;
-* the table's publication is not halted (`TABLE_HALTED`): `halted` maps a
-  table id to why, as the publisher reported it before the batch.
+* the table is not halted (`TABLE_HALTED`): `halted` maps a table id to why
+  (publication failed, a version was written around the coordinator, a fault
+  of this code on that table). Checked first, also for a table this
+  coordinator does not know yet: a creation onto a foreign `_delta_log` is
+  refused too.
 
 An unknown table is not refused here: validation reports `UNKNOWN_TABLE` for a
 proposal that neither finds the table nor creates it.
@@ -36,6 +39,9 @@ def allowed_writers(state: TableState) -> frozenset[str] | None:
 def admission_error(state: TableState | None, proposal: Proposal, halted: Mapping[str, str]) -> InvalidProposalError | None:
     """Why `proposal` may not be decided on `state` (None: the table is unknown here), or None."""
     p = proposal
+    why = halted.get(p.table_id)
+    if why is not None:
+        return InvalidProposalError(ReasonCode.TABLE_HALTED, why)
     if state is None:
         return None
     if state.table_uri != p.table_uri:
@@ -48,9 +54,6 @@ def admission_error(state: TableState | None, proposal: Proposal, halted: Mappin
             ReasonCode.WRITER_NOT_ALLOWED,
             f"writer {p.writer!r} is not in the allow-list of table {p.table_id} ({Property.ALLOWED_WRITERS})",
         )
-    why = halted.get(p.table_id)
-    if why is not None:
-        return InvalidProposalError(ReasonCode.TABLE_HALTED, why)
     return None
 
 

@@ -9,14 +9,19 @@ forks take the batch's commits. The caller then either applies the overlay to
 the live states (`Overlay.apply_to`, after the transaction committed) or drops
 it (the transaction aborted: nothing to undo, nothing to re-read).
 
-Per proposal: authentication (`authentication.py`), admission (`admission.py`), then `profiles.decide` (redelivery,
-validation, the conflict checks of the table's profile, the rebase). Any exception raised while
-deciding is a bug of this code, not bad input: it propagates, and no decision
-of the batch is recorded.
+Per proposal: a proposal id decided before is answered with its first
+decision (`earlier`, see `coordinator.rules.decided`); then authentication
+(`authentication.py`), admission (`admission.py`), then `profiles.decide`
+(redelivery, validation, the conflict checks of the table's profile, the rebase). An exception raised
+while deciding one proposal is a bug of this code, not bad input; it is
+contained to that proposal's table: the batch is decided again with the table
+halted (`Overlay.halts` says which and why; the caller persists the halt), so
+the other tables go on and the daemon does not crash-loop on the same record.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
@@ -31,8 +36,12 @@ from schemas.messages import Decision, Outcome, Proposal
 from schemas.properties import TableProperties
 from schemas.reasons import ReasonCode
 
+log = logging.getLogger(__name__)
+
 #: Checks that a table's added files exist as declared: (table uri, files) -> why not, or None.
 FileCheck = Callable[[str, Sequence[AddFile | AddCDCFile]], str | None]
+#: The first decision of a proposal id decided before this batch: (table id, proposal id) -> decision, or None.
+EarlierDecision = Callable[[str, str], Decision | None]
 
 _NOTHING_HALTED: Mapping[str, str] = {}
 
@@ -63,6 +72,8 @@ class Overlay:
     created: list[str] = field(default_factory=list)
     #: Every acceptance of the batch, in decision order.
     commits: list[TentativeCommit] = field(default_factory=list)
+    #: Tables halted while deciding this batch (a fault of this code on that table) -> why.
+    halts: dict[str, str] = field(default_factory=dict)
 
     def state(self, live: Mapping[str, TableState], table_id: str) -> TableState | None:
         """A table as the batch sees it so far."""
@@ -143,25 +154,73 @@ def decide_one(live: Mapping[str, TableState], overlay: Overlay, p: Proposal, no
     return rejection(p.table_id, p.table_uri, p.proposal_id, result.error, result.winning_version, now_ms)
 
 
+class _TableFault(Exception):
+    """An unexpected error deciding a proposal of `table_id`."""
+
+    def __init__(self, table_id: str, table_uri: str, cause: Exception) -> None:
+        super().__init__(table_id)
+        self.table_id, self.table_uri, self.cause = table_id, table_uri, cause
+
+
+def repeated(first: Decision, now_ms: int) -> Decision:
+    """The answer to a proposal id decided before: its first decision (a commit answered as a duplicate of it)."""
+    if first.committed and first.version is not None:
+        return Decision(table_id=first.table_id, table_uri=first.table_uri, proposal_id=first.proposal_id,
+                        outcome=Outcome.COMMITTED, version=first.version, duplicate_of=first.version, decided_at_ms=now_ms)
+    return Decision(table_id=first.table_id, table_uri=first.table_uri, proposal_id=first.proposal_id,
+                    outcome=Outcome.REJECTED, error_type=first.error_type, error_message=first.error_message,
+                    reason_code=first.reason_code, winning_version=first.winning_version, decided_at_ms=now_ms)
+
+
 def decide_batch(states: Mapping[str, TableState], proposals: Sequence[Proposal | Submitted], now: int, *,
                  halted: Mapping[str, str] = _NOTHING_HALTED,
-                 check_files: FileCheck | None = None) -> tuple[list[Decision], Overlay]:
+                 check_files: FileCheck | None = None,
+                 earlier: EarlierDecision | None = None) -> tuple[list[Decision], Overlay]:
     """Decide `proposals` in order against `states` (never modified); one decision per proposal.
 
     A proposal is decided at its submission time when known (`Submitted.at_ms`),
     else at `now` (ms). `halted` maps table ids whose publication is halted to why.
     `check_files` verifies added files for tables with `deltacoord.verifyAddedFiles`.
+    `earlier` finds the first decision of a proposal id decided before the batch.
     """
+    halts: dict[str, str] = {}
+    while True:
+        try:
+            decisions, overlay = _decide_all(states, proposals, now, {**halted, **halts}, check_files, earlier)
+        except _TableFault as f:
+            why = (f"deciding a proposal of this table failed unexpectedly ({type(f.cause).__name__}: {f.cause}); the "
+                   "table is halted so that the other tables go on. Report it with the coordinator's log")
+            log.error("halting table %s: %s", f.table_id, why, exc_info=f.cause)
+            halts[f.table_id] = why
+            continue
+        overlay.halts = halts
+        return decisions, overlay
+
+
+def _decide_all(states: Mapping[str, TableState], proposals: Sequence[Proposal | Submitted], now: int,
+                halted: Mapping[str, str], check_files: FileCheck | None,
+                earlier: EarlierDecision | None) -> tuple[list[Decision], Overlay]:
     overlay = Overlay()
     decisions: list[Decision] = []
+    seen: dict[tuple[str, str], Decision] = {}
     for item in proposals:
         if isinstance(item, Submitted):
             p, at, sig = item.proposal, item.at_ms or now, item.signature
         else:
             p, at, sig = item, now, None
-        decisions.append(decide_one(states, overlay, p, at, halted, sig, check_files))
+        key = (p.table_id, p.proposal_id)
+        first = seen.get(key) or (earlier(*key) if earlier is not None else None)
+        if first is not None:
+            decisions.append(repeated(first, at))
+            continue
+        try:
+            d = decide_one(states, overlay, p, at, halted, sig, check_files)
+        except Exception as e:
+            raise _TableFault(p.table_id, p.table_uri, e) from e
+        seen[key] = d
+        decisions.append(d)
     return decisions, overlay
 
 
-__all__ = ["FileCheck", "Overlay", "Submitted", "TentativeCommit", "decide_batch", "decide_one", "rejection",
-           "verifies_added_files"]
+__all__ = ["EarlierDecision", "FileCheck", "Overlay", "Submitted", "TentativeCommit", "decide_batch", "decide_one",
+           "rejection", "repeated", "verifies_added_files"]

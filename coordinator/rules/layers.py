@@ -18,7 +18,7 @@ The live-file set's layer is `coordinator.rules.live_files.LiveFileLayer`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from itertools import islice
 from typing import Generic, Protocol, TypeVar
 
@@ -215,6 +215,15 @@ class TxnIndex:
 
     def get(self, txn_id: str) -> int | None:
         return self._index.get(txn_id)
+
+    @classmethod
+    def of(cls, pairs: Sequence[tuple[str, int]], limit: int) -> TxnIndex:
+        """An index holding the newest `limit` of `pairs` (txn id, version; oldest first), built in bulk."""
+        idx = cls(limit)
+        kept = pairs[max(0, len(pairs) - limit):] if limit else ()
+        idx._index = dict(kept)
+        idx._order = deque(t for t, _v in kept)
+        return idx
 
     def order_at(self, i: int) -> str:
         """The i-th oldest id in the index."""

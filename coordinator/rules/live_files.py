@@ -32,6 +32,18 @@ class LiveFileSet:
         self._added: set[int] = set()
         self._removed: set[int] = set()
 
+    @classmethod
+    def of_array(cls, hashes: np.ndarray) -> LiveFileSet:
+        """A set holding `hashes`, already sorted and unique int64 (`array()` of another set)."""
+        s = cls()
+        s._base = np.ascontiguousarray(hashes, dtype=np.int64)
+        return s
+
+    def array(self) -> np.ndarray:
+        """The members as a sorted int64 array (pending changes merged first)."""
+        self.merge()
+        return self._base
+
     def _in_base(self, h: int) -> bool:
         base = self._base
         i = int(base.searchsorted(h))

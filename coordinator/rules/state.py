@@ -20,8 +20,8 @@ and three bounded indexes:
 * **Live-file set** -- one 64-bit hash per live logical file key
   (path, deletion-vector id); no AddFile bodies. About 8 bytes per file in a
   sorted array (`LiveFileSet`), i.e. 8 MB for 1,000,000 live files. The
-  hashes use Python's per-process string hashing: they are never persisted,
-  the state is rebuilt from the log on start.
+  hash is BLAKE2b-64 of the key, the same in every process, because state
+  snapshots persist it (Python's `hash()` of a str is salted per process).
 
 The window keeps no AddFile either: a winner's added files are summarised by
 their distinct partition rows, which is all the append check reads.
@@ -36,6 +36,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from hashlib import blake2b
+
+import numpy as np
 
 from coordinator.rules.layers import ForkedTxnIndex, ForkedWindow, LayeredDict, TxnIndex, WinnersWindow
 from coordinator.rules.live_files import LiveFileLayer, LiveFileSet
@@ -110,10 +113,36 @@ class WinningCommit:
     new_files: tuple[AddFile, ...] = ()
 
 
+def key_hash(path: str, dv_id: str | None) -> int:
+    """Stable signed 64-bit hash of a logical file key (path, deletion vector id); see the module docstring."""
+    data = path.encode("utf-8", "surrogatepass") if dv_id is None else f"{path}\x00{dv_id}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
 def file_key_hash(action: AddFile | RemoveFile) -> int:
     """64-bit hash of a file action's logical key (path, deletion vector id)."""
     dv = action.deletion_vector
-    return hash((action.path, dv.unique_id() if dv is not None else None))
+    return key_hash(action.path, dv.unique_id() if dv is not None else None)
+
+
+@dataclass(frozen=True, slots=True)
+class TableStateExport:
+    """A table's state without its winners window, for a state snapshot (`coordinator.kafka.snapshot`)."""
+
+    table_id: str
+    table_uri: str
+    version: int
+    protocol: Protocol | None
+    metadata: Metadata | None
+    app_versions: Mapping[str, int]
+    domains: tuple[DomainMetadata, ...]
+    last_ict: int | None
+    last_commit_timestamp: int | None
+    creation_operation: str | None
+    #: The live-file set's key hashes (`key_hash`), sorted int64.
+    live_hashes: np.ndarray
+    #: The txnId index, oldest first: (proposal id, version).
+    txn_ids: tuple[tuple[str, int], ...]
 
 
 class TableState:
@@ -254,6 +283,37 @@ class TableState:
         self.creation_operation = fork.creation_operation
         self._partition_schema = fork._partition_schema
 
+    def export(self) -> TableStateExport:
+        """What a state snapshot keeps of this (live, unforked) state: everything but the winners window."""
+        assert isinstance(self._live, LiveFileSet) and isinstance(self._txns, TxnIndex), "export a live state, not a fork"
+        self._live.merge()
+        txns = self._txns
+        return TableStateExport(
+            table_id=self.table_id, table_uri=self.table_uri, version=self.version, protocol=self.protocol,
+            metadata=self.metadata, app_versions=dict(self.app_versions), domains=tuple(self.domains.values()),
+            last_ict=self.last_ict, last_commit_timestamp=self.last_commit_timestamp,
+            creation_operation=self.creation_operation, live_hashes=self._live.array(),
+            txn_ids=tuple((txns.order_at(i), v) for i in range(len(txns)) if (v := txns.get(txns.order_at(i))) is not None))
+
+    @classmethod
+    def from_export(cls, e: TableStateExport, **bounds: int) -> TableState:
+        """The state `export` saw, with an empty winners window (proposals that read an older version than
+        `e.version` are rejected as too old to check until commits refill it)."""
+        st = cls(e.table_id, e.table_uri, **bounds)
+        st.version = e.version
+        st.protocol = e.protocol
+        st.metadata = e.metadata
+        st._partition_schema = partition_schema(e.metadata) if e.metadata is not None else ()
+        st.app_versions = dict(e.app_versions)
+        st.domains = {d.domain: d for d in e.domains}
+        st.last_ict = e.last_ict
+        st.last_commit_timestamp = e.last_commit_timestamp
+        st.creation_operation = e.creation_operation
+        st._window = WinnersWindow(next_version=e.version + 1)
+        st._live = LiveFileSet.of_array(e.live_hashes)
+        st._txns = TxnIndex.of(e.txn_ids, st.txn_index_limit)
+        return st
+
     # -- queries -----------------------------------------------------------------
 
     @property
@@ -319,13 +379,13 @@ class TableState:
             if isinstance(a, AddFile):
                 adds.append(a)
                 dv = a.deletion_vector
-                live.add(hash((a.path, dv.unique_id() if dv is not None else None)))
+                live.add(key_hash(a.path, dv.unique_id() if dv is not None else None))
             elif isinstance(a, RemoveFile):
                 removed.add(a.path)
                 removes.append(a)
                 n_files += 1
                 dv = a.deletion_vector
-                live.discard(hash((a.path, dv.unique_id() if dv is not None else None)))
+                live.discard(key_hash(a.path, dv.unique_id() if dv is not None else None))
             elif isinstance(a, CommitInfo):
                 commit_info = a
             elif isinstance(a, Metadata):
@@ -405,7 +465,9 @@ __all__ = [
     "DEFAULT_MAX_WINDOW_FILES",
     "DEFAULT_TXN_INDEX_LIMIT",
     "TableState",
+    "TableStateExport",
     "WindowExceededError",
     "WinningCommit",
     "file_key_hash",
+    "key_hash",
 ]

@@ -188,11 +188,22 @@ def coordinator_group() -> None:
 @click.option("--storage-option", "storage_pairs", multiple=True, metavar="KEY=VALUE",
               help="Storage option for every table's store, as delta-rs names them (repeatable); credentials also come "
                    "from AWS_*, AZURE_*, GOOGLE_* variables.")
+@click.option("--state-root", envvar=env_var("state_root"), default=None,
+              help="Directory or object-store prefix for state snapshots, so a restart reads the newest snapshot plus the "
+                   "records after it instead of the whole commits topic. Unset: no snapshots.")
+@click.option("--snapshot-every-records", type=int, envvar=env_var("snapshot_every_records"), default=None,
+              help="Write a state snapshot after this many commits-topic records (default 10000).")
+@click.option("--decided-ids-limit", type=int, envvar=env_var("decided_ids_limit"), default=None,
+              help="A repeated proposal id is answered with its first decision while among this many newest decisions of "
+                   "its partition (default 50000) and younger than --decided-ids-max-age-hours (default 168).")
+@click.option("--decided-ids-max-age-hours", type=float, envvar=env_var("decided_ids_max_age_hours"), default=None)
 def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None, partitions: str | None,
                     num_partitions: int | None, group_id: str | None, transactional_id_prefix: str | None, max_batch: int | None,
                     metrics_port: int | None, no_fsync: bool, no_checkpoints: bool, kafka_pairs: tuple[str, ...],
                     watchdog_seconds: float | None, log_level: str | None, dead_letter_max_bytes: int | None,
-                    stall_seconds: float | None, table_roots: str | None, storage_pairs: tuple[str, ...]) -> None:
+                    stall_seconds: float | None, table_roots: str | None, storage_pairs: tuple[str, ...],
+                    state_root: str | None, snapshot_every_records: int | None, decided_ids_limit: int | None,
+                    decided_ids_max_age_hours: float | None) -> None:
     """Consume proposals, decide them, record decisions in Kafka, publish _delta_log.
 
     \b
@@ -209,6 +220,8 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         "max_batch": max_batch, "metrics_port": metrics_port, "fsync": False if no_fsync else None,
         "checkpoints": False if no_checkpoints else None, "watchdog_seconds": watchdog_seconds, "log_level": log_level,
         "dead_letter_max_bytes": dead_letter_max_bytes, "stall_seconds": stall_seconds, "table_roots": table_roots,
+        "state_root": state_root, "snapshot_every_records": snapshot_every_records, "decided_ids_limit": decided_ids_limit,
+        "decided_ids_max_age_hours": decided_ids_max_age_hours,
     }
     run = load_settings(config_file, flags, kafka_pairs, storage_pairs)
     logs.setup_logging(run.log_level)

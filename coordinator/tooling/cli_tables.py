@@ -9,6 +9,7 @@
     deltacoord table history PATH [--limit N]                  (JSON lines, newest first, from _delta_log)
     deltacoord table describe PATH [--version V]               (one JSON object, from _delta_log)
     deltacoord table vacuum PATH [--retention-hours H] [--dry-run]   (delete files no retained version needs)
+    deltacoord table resume TABLE                              (lift a halt, once its cause is dealt with)
     deltacoord tail TABLE [--from-version N|latest]            (one JSON line per committed version, from Kafka)
 
 PATH is a local directory or an object-store URI (`s3://bucket/t`, `abfss://...`,
@@ -546,6 +547,29 @@ def _from_version(value: str) -> int | Literal["latest"]:
     if v < 0:
         raise click.BadParameter(f"expected a version >= 0 or 'latest', got {value!r}", param_hint="--from-version")
     return v
+
+
+@table_group.command("resume")
+@click.argument("table")
+@kafka_options
+def resume_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...]) -> None:
+    """Lift the halt of TABLE (a path, URI or table id) once its cause is dealt with (see 'Recover a halted table').
+
+    The coordinator owning the table records the resumption on the commits topic and rebuilds the
+    table's partition, which publishes what the halt held back, or halts the table again if the
+    cause is still there (watch /healthz).
+    """
+    from coordinator.kafka.control import request_resume
+    from reader.stream import normalize_table_id
+
+    kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
+    table_id = normalize_table_id(table)
+    topics = Topics.with_prefix(topic_prefix)
+    try:
+        partition = request_resume({"bootstrap.servers": bootstrap_servers, **kafka}, topics.proposals, table_id)
+    except Exception as e:
+        raise click.ClickException(f"{type(e).__name__}: {e}") from e
+    _echo_json({"tableId": table_id, "partition": partition, "requested": "resume"})
 
 
 @click.command("tail")

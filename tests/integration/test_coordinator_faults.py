@@ -136,8 +136,9 @@ def test_second_coordinator_fences_the_first(kafka_bootstrap: str, tmp_path: Pat
             t.append(pa.table({"id": [i], "date": ["2024-01-01"]}))
         b = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", *table_place.coordinator_args)
         try:
-            # Both now consume the partition; only B's transactions can commit.
-            time.sleep(3)
+            # Once B owns the partition (its init_transactions fenced A), both consume it and only B's
+            # transactions can commit; A learns it is fenced at its next transaction.
+            _wait_until(lambda: "coordinator ready" in b.log.read_text(errors="replace"), 120, "the second coordinator")
             for i in range(5, 15):
                 t.append(pa.table({"id": [i], "date": ["2024-01-01"]}))
             _wait_until(lambda: not a.alive(), 60, "the fenced coordinator to exit")

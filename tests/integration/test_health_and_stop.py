@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -58,7 +60,7 @@ def test_group_mode_healthz_is_503_until_every_assigned_partition_is_recovered(
         kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
     topics = fresh_topics(kafka_bootstrap, partitions=2)
     entered, release = threading.Event(), threading.Event()
-    rebuild = partition_module.rebuild_states
+    rebuild = partition_module.recover_partition
 
     def held(*args: Any, **kwargs: Any) -> Any:
         """Recovery as it is, held at its start until the test has looked at /healthz."""
@@ -66,7 +68,7 @@ def test_group_mode_healthz_is_503_until_every_assigned_partition_is_recovered(
         release.wait(120)
         return rebuild(*args, **kwargs)
 
-    monkeypatch.setattr(partition_module, "rebuild_states", held)
+    monkeypatch.setattr(partition_module, "recover_partition", held)
     coord = Coordinator(harness_settings(kafka_bootstrap, topics), publish_fsync=False, metrics_port=0)  # group mode
     result: dict[str, int] = {}
     t = threading.Thread(target=lambda: result.setdefault("code", coord.run()), daemon=True)
@@ -121,7 +123,7 @@ def test_sigterm_with_unpublished_versions_exits_6(kafka_bootstrap: str, tmp_pat
     topics = fresh_topics(kafka_bootstrap)
     path = tmp_path / "t"
     assignment = ("--partitions", "0") if mode == "static" else ()
-    # The publisher dies before version 1 (as it did on an unexpected error): version 1 is
+    # Publishing version 1 fails on an unexpected error: the table halts (persisted), version 1 is
     # ratified and acknowledged, and stays unpublished.
     first = start_coordinator_process(kafka_bootstrap, topics, tmp_path, *assignment,
                                       env={"DELTACOORD_FAULT": "publish:2:fail"})
@@ -140,8 +142,14 @@ def test_sigterm_with_unpublished_versions_exits_6(kafka_bootstrap: str, tmp_pat
 
     second = start_coordinator_process(kafka_bootstrap, topics, tmp_path, *assignment)
     try:
-        _wait(log1.exists, "the next owner to publish version 1")
         _wait(lambda: "coordinator ready" in second.log.read_text(errors="replace"), "the second coordinator")
+        assert not log1.exists(), "the halt survives the restart"
+        prefix = topics.proposals.removesuffix(".proposals")
+        resumed = subprocess.run([sys.executable, "-m", "coordinator.tooling.cli", "table", "resume", str(path),
+                                  "--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix],
+                                 capture_output=True, text=True, timeout=120)
+        assert resumed.returncode == 0, resumed.stderr
+        _wait(log1.exists, "the next owner to publish version 1 once the table is resumed")
         second.kill(signal.SIGTERM)
     finally:
         if second.alive():

@@ -177,9 +177,9 @@ def test_admission_and_redelivery_inside_a_batch() -> None:
     decisions, overlay = decide_batch({TABLE_ID: h.state}, [p, p, moved, unknown, other], NOW, halted=halted)
     assert (decisions[0].version, decisions[1].duplicate_of) == (1, 1)  # a redelivery inside the batch
     assert [d.reason_code for d in decisions[2:]] == [ReasonCode.TABLE_URI_MISMATCH, ReasonCode.UNKNOWN_TABLE,
-                                                      None]
-    assert decisions[4].committed  # a halted id is only refused once the table exists here
-    assert overlay.created == ["other-table"]
+                                                      ReasonCode.TABLE_HALTED]
+    assert decisions[4].reason_code == ReasonCode.TABLE_HALTED  # a halted id is refused, even for a creation
+    assert overlay.created == []
 
 
 def test_a_batch_copies_nothing_of_a_large_table() -> None:

@@ -639,7 +639,7 @@ def test_acl_groups_match_the_group_ids_the_code_uses() -> None:
     import reader.stream
     import writer.client
 
-    assert '{settings.group_id}-recovery' in inspect.getsource(coordinator.kafka.recovery.read_decisions)
+    assert '{settings.group_id}-recovery' in inspect.getsource(coordinator.kafka.recovery.read_decisions_at)
     assert acls.coordinator_groups("g") == ("g", "g-recovery")
     writer_groups = re.findall(r'"group\.id":\s*f?"([^"{]+)', inspect.getsource(writer.client))
     assert writer_groups

@@ -1,0 +1,92 @@
+"""Control records on the commits topic: a table's halt and its resumption, persisted like decisions.
+
+A halt must survive restarts, and only the partition's transactional producer
+writes the commits topic, in order with the decisions. So a halt is recorded
+as a rejected `Decision` of the CommitDecision schema (no schema change: older
+readers see one more rejection), marked twice so nobody mistakes it for the
+answer to a proposal: header `deltacoord.control` = `halt` or `resume`, and
+`error_type` `TableHalted` / `TableResumed`. Its proposal id is
+`deltacoord-control:<kind>:<uuid>`, which no writer waits for; change feeds
+skip it (it is not COMMITTED). `reason_code` of a halt is `TABLE_HALTED`,
+`error_message` says why and `winning_version` is the table's ratified head
+when it halted. Recovery folds them: a table whose last control record is a
+halt stays halted.
+
+An operator resumes a table with `deltacoord table resume`, which sends a
+message with header `deltacoord.control: resume` (and the table id header, no
+value) to the table's proposals partition; the coordinator records the
+resumption and rebuilds the partition (as at a restart), which republishes
+what the halt held back and halts again if the cause is still there.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from schemas.messages import Decision, Outcome
+from schemas.reasons import ReasonCode
+
+HALT, RESUME = "halt", "resume"
+HALT_ERROR_TYPE, RESUME_ERROR_TYPE = "TableHalted", "TableResumed"
+CONTROL_PREFIX = "deltacoord-control:"
+#: A halt's reason is cut to this length on the commits topic.
+MAX_WHY_CHARS = 4000
+
+
+def halt_record(table_id: str, table_uri: str, why: str, head: int, now_ms: int) -> Decision:
+    """The record that halts `table_id` (ratified up to `head`) for `why`."""
+    return Decision(table_id=table_id, table_uri=table_uri, proposal_id=f"{CONTROL_PREFIX}{HALT}:{uuid.uuid4()}",
+                    outcome=Outcome.REJECTED, error_type=HALT_ERROR_TYPE, error_message=why[:MAX_WHY_CHARS],
+                    reason_code=ReasonCode.TABLE_HALTED.value, winning_version=head, decided_at_ms=now_ms)
+
+
+def resume_record(table_id: str, table_uri: str, head: int, now_ms: int) -> Decision:
+    """The record that lifts a halt of `table_id`."""
+    return Decision(table_id=table_id, table_uri=table_uri, proposal_id=f"{CONTROL_PREFIX}{RESUME}:{uuid.uuid4()}",
+                    outcome=Outcome.REJECTED, error_type=RESUME_ERROR_TYPE,
+                    error_message="resumed by an operator", winning_version=head, decided_at_ms=now_ms)
+
+
+def control_kind(d: Decision) -> str | None:
+    """`halt`, `resume`, or None for the decision of a proposal."""
+    if d.committed or not d.proposal_id.startswith(CONTROL_PREFIX):
+        return None
+    if d.error_type == HALT_ERROR_TYPE:
+        return HALT
+    if d.error_type == RESUME_ERROR_TYPE:
+        return RESUME
+    return None
+
+
+
+
+def request_resume(settings_client: dict[str, object], proposals_topic: str, table_id: str, timeout_s: float = 30.0) -> int:
+    """Ask the coordinator owning `table_id` to resume it: a control message on the table's proposals partition.
+
+    `settings_client` is a Kafka client config (bootstrap servers, security). Returns the partition.
+    """
+    from confluent_kafka import KafkaException, Producer
+
+    from schemas.routing import H_CONTROL, H_TABLE_ID, partition_for
+
+    producer = Producer({**settings_client, "enable.idempotence": True, "acks": "all"})
+    md = producer.list_topics(proposals_topic, timeout=timeout_s)
+    topic = md.topics.get(proposals_topic)
+    if topic is None or topic.error is not None or not topic.partitions:
+        raise ValueError(f"the proposals topic {proposals_topic} was not found: check --bootstrap-servers and --topic-prefix")
+    partition = partition_for(table_id, len(topic.partitions))
+    errors: list[str] = []
+
+    def delivered(err: object, _msg: object) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    producer.produce(proposals_topic, value=None, key=table_id.encode(), partition=partition,
+                     headers=[(H_CONTROL, RESUME.encode()), (H_TABLE_ID, table_id.encode())], on_delivery=delivered)
+    left = producer.flush(timeout_s)
+    if left or errors:
+        raise KafkaException(f"the resume request was not delivered: {errors or 'timed out'}")
+    return partition
+
+
+__all__ = ["CONTROL_PREFIX", "HALT", "RESUME", "control_kind", "halt_record", "request_resume", "resume_record"]

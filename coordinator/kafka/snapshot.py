@@ -1,0 +1,196 @@
+"""State snapshots: a restart reads the newest snapshot plus the records after it, not the whole history.
+
+A partition's state is the fold of its commits-topic records (`recovery`).
+Every `snapshot_every_records` records the coordinator writes, between two
+batches, what that fold holds at the offset it covers: each table's
+`TableStateExport` (head, protocol, metadata, app ids, domains, the live-file
+hashes, the txnId index; not the winners window), the halts, the decided-ids
+window, and per table the offset of the oldest ratified version the publisher
+had not published yet (so a restart republishes it). A restart loads the
+newest readable snapshot and folds only the records from its offset on, so
+its cost follows the state, not the history (rejections before the snapshot
+are never read again).
+
+Snapshots are objects under `state_root` (a local directory or an object-store
+prefix, with the coordinator's storage options):
+`<state_root>/<commits topic>/<partition>/<offset, 20 digits>.state`, written
+whole (a PUT, or a rename on local disks), the newest `KEEP` kept. A snapshot
+is used only if the record just before its offset is still the one it names
+(the topic was not recreated); anything unreadable is skipped with a warning
+and recovery falls back to an older snapshot or to the whole topic. Without
+`state_root` there are no snapshots.
+
+Format: a magic line, an 8-byte length, a JSON document, then the live-file
+hash arrays (little-endian int64) it points into.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from coordinator.rules.state import TableStateExport
+from reader.log import parse_commit_lines
+from reader.storage import StorageError, TableStorage
+from schemas.actions import DomainMetadata, Metadata, Protocol, commit_to_json_lines
+from schemas.messages import Decision, Outcome
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"DELTACOORD-STATE-1\n"
+#: Snapshots kept per partition (older ones are deleted after a new one is written).
+KEEP = 3
+
+
+class SnapshotError(ValueError):
+    """A snapshot that cannot be read (truncated, another format, inconsistent)."""
+
+
+@dataclass
+class PartitionSnapshot:
+    """A partition's state at a commits-topic offset: every record before `offset` is folded into it."""
+
+    commits_topic: str
+    partition: int
+    offset: int
+    #: (offset, proposal id) of the last record folded, to recognise the topic; None when nothing was.
+    last: tuple[int, str] | None
+    tables: list[TableStateExport] = field(default_factory=list)
+    halted: dict[str, tuple[str, str]] = field(default_factory=dict)
+    decided: list[Decision] = field(default_factory=list)
+    #: Table id -> (commits-topic offset, version) of the oldest ratified version that was not published yet.
+    republish_from: dict[str, tuple[int, int]] = field(default_factory=dict)
+    created_ms: int = 0
+
+
+def _decision_row(d: Decision) -> list[Any]:
+    return [d.table_id, d.table_uri, d.proposal_id, d.outcome.value, d.version, d.error_type, d.error_message,
+            d.reason_code, d.winning_version, d.decided_at_ms]
+
+
+def _decision_of(r: Sequence[Any]) -> Decision:
+    return Decision(table_id=r[0], table_uri=r[1], proposal_id=r[2], outcome=Outcome(r[3]), version=r[4], error_type=r[5],
+                    error_message=r[6], reason_code=r[7], winning_version=r[8], decided_at_ms=r[9])
+
+
+def encode_snapshot(s: PartitionSnapshot) -> bytes:
+    blobs: list[bytes] = []
+    at = 0
+    tables = []
+    for t in s.tables:
+        raw = np.ascontiguousarray(t.live_hashes, dtype="<i8").tobytes()
+        actions = [a for a in (t.protocol, t.metadata) if a is not None] + list(t.domains)
+        tables.append({
+            "table_id": t.table_id, "table_uri": t.table_uri, "version": t.version,
+            "actions": commit_to_json_lines(actions).decode("utf-8") if actions else "",
+            "app_versions": dict(t.app_versions), "last_ict": t.last_ict, "last_commit_timestamp": t.last_commit_timestamp,
+            "creation_operation": t.creation_operation, "live": [at, len(raw)], "txn_ids": [list(x) for x in t.txn_ids],
+        })
+        blobs.append(raw)
+        at += len(raw)
+    doc = {
+        "commits_topic": s.commits_topic, "partition": s.partition, "offset": s.offset,
+        "last": list(s.last) if s.last is not None else None, "created_ms": s.created_ms, "tables": tables,
+        "halted": {k: list(v) for k, v in s.halted.items()}, "decided": [_decision_row(d) for d in s.decided],
+        "republish_from": {k: list(v) for k, v in s.republish_from.items()},
+    }
+    head = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    return b"".join([MAGIC, struct.pack("<Q", len(head)), head, *blobs])
+
+
+def decode_snapshot(data: bytes) -> PartitionSnapshot:
+    try:
+        if not data.startswith(MAGIC):
+            raise SnapshotError("not a deltacoord state snapshot (bad magic)")
+        (n,) = struct.unpack_from("<Q", data, len(MAGIC))
+        start = len(MAGIC) + 8
+        doc = json.loads(data[start:start + n])
+        blobs = memoryview(data)[start + n:]
+        tables = []
+        for t in doc["tables"]:
+            off, length = t["live"]
+            if off + length > len(blobs) or length % 8:
+                raise SnapshotError(f"table {t['table_id']}: live-file hashes out of bounds (truncated snapshot?)")
+            actions = parse_commit_lines(t["actions"], source="snapshot") if t["actions"] else []
+            tables.append(TableStateExport(
+                table_id=t["table_id"], table_uri=t["table_uri"], version=int(t["version"]),
+                protocol=next((a for a in actions if isinstance(a, Protocol)), None),
+                metadata=next((a for a in actions if isinstance(a, Metadata)), None),
+                app_versions={str(k): int(v) for k, v in t["app_versions"].items()},
+                domains=tuple(a for a in actions if isinstance(a, DomainMetadata)),
+                last_ict=t["last_ict"], last_commit_timestamp=t["last_commit_timestamp"],
+                creation_operation=t["creation_operation"],
+                live_hashes=np.frombuffer(blobs[off:off + length], dtype="<i8").astype(np.int64),
+                txn_ids=tuple((str(a), int(b)) for a, b in t["txn_ids"])))
+        last = doc["last"]
+        return PartitionSnapshot(
+            commits_topic=doc["commits_topic"], partition=int(doc["partition"]), offset=int(doc["offset"]),
+            last=(int(last[0]), str(last[1])) if last else None, tables=tables,
+            halted={k: (v[0], v[1]) for k, v in doc["halted"].items()}, decided=[_decision_of(r) for r in doc["decided"]],
+            republish_from={k: (int(v[0]), int(v[1])) for k, v in doc["republish_from"].items()}, created_ms=int(doc["created_ms"]))
+    except SnapshotError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:
+        raise SnapshotError(f"unreadable snapshot: {type(e).__name__}: {e}") from e
+
+
+class SnapshotStore:
+    """The snapshots of one commits partition under `state_root`."""
+
+    def __init__(self, state_root: str, storage_options: Mapping[str, str], commits_topic: str, partition: int) -> None:
+        self.storage = TableStorage(state_root, storage_options)
+        self.prefix = f"{commits_topic}/{partition}"
+
+    def _key(self, offset: int) -> str:
+        return f"{self.prefix}/{offset:020d}.state"
+
+    def offsets(self) -> list[int]:
+        """Offsets of the stored snapshots, oldest first."""
+        out = []
+        try:
+            keys = self.storage.list_keys(self.prefix)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        for key, _ in keys:
+            name = key.rsplit("/", 1)[-1]
+            if name.endswith(".state") and name[:-6].isdigit():
+                out.append(int(name[:-6]))
+        return sorted(out)
+
+    def write(self, snap: PartitionSnapshot) -> int:
+        """Store `snap`, then delete all but the newest `KEEP`; returns its size in bytes."""
+        data = encode_snapshot(snap)
+        self.storage.put(self._key(snap.offset), data)
+        for old in self.offsets()[:-KEEP]:
+            try:
+                self.storage.delete(self._key(old))
+            except (OSError, StorageError) as e:
+                log.warning("cannot delete the old state snapshot %s: %s", self._key(old), e)
+        return len(data)
+
+    def newest(self, at_most: int | None = None) -> list[PartitionSnapshot]:
+        """Readable snapshots, newest first, with offsets up to `at_most` (the topic's end)."""
+        out = []
+        for offset in reversed(self.offsets()):
+            if at_most is not None and offset > at_most:
+                log.warning("ignoring state snapshot %s: beyond the end of the commits topic (%d)", self._key(offset), at_most)
+                continue
+            try:
+                out.append(decode_snapshot(self.storage.get(self._key(offset))))
+            except (SnapshotError, OSError, StorageError) as e:
+                log.warning("ignoring state snapshot %s: %s", self._key(offset), e)
+        return out
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+__all__ = ["KEEP", "PartitionSnapshot", "SnapshotError", "SnapshotStore", "decode_snapshot", "encode_snapshot"]

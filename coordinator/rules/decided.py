@@ -1,0 +1,88 @@
+"""Decided proposal ids: each proposal id is decided once, and a repeat gets the first answer.
+
+A proposal can reach the coordinator again: a writer resending after a lost
+reply, Kafka redelivering after a crash, or someone replaying a recorded (even
+signed) proposal later, hoping that the table changed so that a rejection
+turns into a commit. `DecidedIds` remembers the decisions of a partition's
+proposals by (table id, proposal id) so that a repeat is answered with the
+first decision (a commit as `duplicate_of` its version) instead of being
+decided again.
+
+The window is bounded, by count (`limit`, newest kept) and by age
+(`max_age_ms` from the decision time): a repeat older than both is decided as
+new. Committed proposals are also recognised for longer by each table's txnId
+index (`TableState`), so a replay outside this window can at worst be
+rejected again, or be answered with its original commit. Each entry keeps the
+decision without its actions (about 200 bytes), so the default 50,000 ids cost
+about 10 MB per partition. The window is part of the state snapshot
+(`coordinator.kafka.snapshot`) and rebuilt from the commits topic after it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+
+from schemas.messages import Decision, Outcome
+
+DEFAULT_DECIDED_IDS_LIMIT = 50_000
+DEFAULT_DECIDED_IDS_MAX_AGE_MS = 7 * 24 * 3600 * 1000
+#: Longer error messages are cut when remembered (the full one is on the commits topic).
+MAX_REMEMBERED_MESSAGE = 500
+
+
+class DecidedIds:
+    """(table id, proposal id) -> the first decision, newest `limit`, at most `max_age_ms` old."""
+
+    __slots__ = ("_entries", "limit", "max_age_ms")
+
+    def __init__(self, limit: int = DEFAULT_DECIDED_IDS_LIMIT, max_age_ms: int = DEFAULT_DECIDED_IDS_MAX_AGE_MS) -> None:
+        if limit < 0 or max_age_ms < 0:
+            raise ValueError("the decided-ids window's limit and age must be 0 or more")
+        self.limit = limit
+        self.max_age_ms = max_age_ms
+        self._entries: OrderedDict[tuple[str, str], Decision] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, table_id: str, proposal_id: str) -> Decision | None:
+        return self._entries.get((table_id, proposal_id))
+
+    def remember(self, d: Decision, now_ms: int | None = None) -> None:
+        """Keep `d` as the first decision of its proposal id (a later one for the same id is ignored)."""
+        if self.limit == 0:
+            return
+        key = (d.table_id, d.proposal_id)
+        if key in self._entries:
+            return
+        msg = d.error_message
+        self._entries[key] = Decision(
+            table_id=d.table_id, table_uri=d.table_uri, proposal_id=d.proposal_id, outcome=d.outcome,
+            version=d.version if d.outcome is Outcome.COMMITTED else None, error_type=d.error_type,
+            error_message=msg[:MAX_REMEMBERED_MESSAGE] if msg else msg, reason_code=d.reason_code,
+            winning_version=d.winning_version, decided_at_ms=d.decided_at_ms)
+        self.evict(d.decided_at_ms if now_ms is None else now_ms)
+
+    def evict(self, now_ms: int) -> None:
+        """Drop the oldest entries beyond the limit, and those older than `max_age_ms` at `now_ms`."""
+        entries = self._entries
+        while len(entries) > self.limit:
+            entries.popitem(last=False)
+        oldest = now_ms - self.max_age_ms
+        while entries:
+            first = next(iter(entries.values()))
+            if first.decided_at_ms >= oldest:
+                break
+            entries.popitem(last=False)
+
+    def __iter__(self) -> Iterator[Decision]:
+        """The remembered decisions, oldest first (for the state snapshot)."""
+        return iter(list(self._entries.values()))
+
+    def extend(self, decisions: Iterable[Decision]) -> None:
+        for d in decisions:
+            self.remember(d)
+
+
+__all__ = ["DEFAULT_DECIDED_IDS_LIMIT", "DEFAULT_DECIDED_IDS_MAX_AGE_MS", "DecidedIds"]
