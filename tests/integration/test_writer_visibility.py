@@ -23,9 +23,11 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
 
+from coordinator import faults
 from coordinator.kafka.daemon import Coordinator
 from reader.snapshot import Snapshot
-from schemas.errors import CommitNotPublishedError
+from schemas.errors import CommitNotPublishedError, InvalidProposalError
+from schemas.reasons import ReasonCode
 from schemas.routing import Topics
 from tests.conftest import TablePlace
 from tests.integration.coord_harness import append_worker, coordinator_thread, fresh_topics, start_coordinator_process
@@ -76,14 +78,30 @@ def test_a_halted_table_says_committed_but_not_published(kafka_bootstrap: str, t
     try:
         t.create(SCHEMA)
         before = t.snapshot()
-        # Someone wrote version 1 around the coordinator: publishing the ratified version 1 halts the table.
+        # Someone wrote version 1 around the coordinator: it is found before version 1 is ratified, so the
+        # append is refused (never acknowledged as an invisible version 1).
         (tmp_path / "t" / "_delta_log" / f"{1:020d}.json").write_text('{"commitInfo":{"operation":"ROGUE"}}\n')
-        with pytest.raises(CommitNotPublishedError) as ei:
+        with pytest.raises(InvalidProposalError) as refused:
             t.append(_row(1), snapshot=before)
-        assert ei.value.version == 1
-        assert "halted" in str(ei.value)
+        assert refused.value.reason == ReasonCode.TABLE_HALTED
         assert coordinator.publisher.halted(t.table_id) is not None
     finally:
+        t.close()
+
+
+@pytest.mark.parametrize("table_place", ["local"], indirect=True)
+def test_a_version_halted_after_ratification_is_committed_but_not_published(
+        kafka_bootstrap: str, topics: Topics, table_place: TablePlace, coordinator: Coordinator, tmp_path: Path) -> None:
+    t = Table(tmp_path / "t", kafka_bootstrap, topics=topics)
+    try:
+        t.create(SCHEMA)
+        faults.arm("publish:1:fail")  # the publisher fails on version 1 after it was ratified: the table halts
+        with pytest.raises(CommitNotPublishedError) as ei:
+            t.append(_row(1))
+        assert ei.value.version == 1 and "halted" in str(ei.value)
+        assert coordinator.publisher.halted(t.table_id) is not None
+    finally:
+        faults.arm(None)
         t.close()
 
 
