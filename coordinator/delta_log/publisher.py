@@ -173,7 +173,7 @@ class Publisher:
                 self._publish(task)
             except Exception as e:  # a bug, or a failure nothing here handles: it stops this table only
                 log.exception("publishing %s v%d failed unexpectedly", task.table_id, task.version)
-                self.halt(task.table_id, task.table_uri, (
+                self._halt(task, (
                     f"publishing version {task.version} failed unexpectedly ({type(e).__name__}: {e}). The table is halted; "
                     "versions from this one on are not published"))
             finally:

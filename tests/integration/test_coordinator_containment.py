@@ -33,6 +33,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.tooling.cli import main as cli_main
 from reader.snapshot import Snapshot
 from schemas.actions import AddFile, CommitInfo
+from schemas.errors import CommitNotPublishedError
 from schemas.messages import Decision, Proposal
 from schemas.routing import Topics
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
@@ -182,7 +183,9 @@ def test_a_publisher_failure_halts_one_table_and_the_halt_survives_a_restart(kaf
         ta.wait_published(0, 60)  # (a's decision can reach the writer before the coordinator hands it to the publisher)
         faults.arm("publish:1:fail")  # the next publication (b's version 0) fails on an unexpected error
         try:
-            tb.create(SCHEMA)
+            # Ratified, never published: the writer waiting for publication hears so at once.
+            with pytest.raises(CommitNotPublishedError, match="halted"):
+                tb.create(SCHEMA)
             _wait(lambda: b.as_uri() in _halted(coord), "b to halt")
         finally:
             faults.arm(None)
