@@ -128,7 +128,8 @@ def test_sigterm_with_unpublished_versions_exits_6(kafka_bootstrap: str, tmp_pat
     first = start_coordinator_process(kafka_bootstrap, topics, tmp_path, *assignment,
                                       env={"DELTACOORD_FAULT": "publish:2:fail"})
     try:
-        with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120) as t:
+        # wait="ratified": version 1 is ratified but its publication fails (the point of this test).
+        with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120, wait="ratified") as t:
             t.create(SCHEMA)
             assert t.append(pa.table({"id": [1]}, schema=SCHEMA)).version == 1
         log1 = (path / "_delta_log" / f"{1:020d}.json")
