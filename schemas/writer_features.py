@@ -68,14 +68,6 @@ def _with_metadata(md: Metadata, key: str) -> list[str]:
     return [n for n, f in _fields(schema) if key in (f.get("metadata") or {})]
 
 
-def _types(md: Metadata) -> set[str]:
-    try:
-        text = md.schema_string or ""
-    except AttributeError:
-        return set()
-    return {t for t in ("variant",) if f'"{t}"' in text}
-
-
 Rule = Callable[[Metadata, str], str | None]
 
 
@@ -106,7 +98,7 @@ def _generated(md: Metadata, _op: str) -> str | None:
 
 
 def _identity(md: Metadata, _op: str) -> str | None:
-    cols = [c for c in _with_metadata(md, "delta.identity.start")]
+    cols = _with_metadata(md, "delta.identity.start")
     return None if not cols else f"identity columns {cols} are not assigned by this writer"
 
 
@@ -123,7 +115,7 @@ def _column_mapping(md: Metadata, _op: str) -> str | None:
 
 
 def _variant(md: Metadata, _op: str) -> str | None:
-    return "the variant type cannot be written (Arrow has no variant type)" if _types(md) else None
+    return "the variant type cannot be written (Arrow has no variant type)" if '"variant"' in md.schema_string else None
 
 
 @dataclass(frozen=True)
@@ -174,6 +166,11 @@ def writer_problems(protocol: Protocol, metadata: Metadata, operation: str) -> l
         why = feature.rule(metadata, operation)
         if why is not None:
             problems.append((name, why))
+    if not any(f == "columnMapping" for f, _ in problems):
+        # A column-mapping mode is refused even when the protocol omits the feature (a table others broke).
+        why = _column_mapping(metadata, operation)
+        if why is not None:
+            problems.append(("columnMapping", why))
     return problems
 
 

@@ -416,9 +416,6 @@ class Table:
         """Refuse tables whose declared writer features this writer cannot honour for `operation`
         (`schemas.writer_features`): writing them anyway would break the table for every other engine."""
         problems = writer_problems(snap.protocol, snap.metadata, operation)
-        mode = TableProperties.of(snap.metadata).column_mapping_mode
-        if mode != "none" and not any(f == "columnMapping" for f, _ in problems):
-            problems.append(("columnMapping", f"column mapping ({mode} mode): this writer writes logical column names only"))
         if problems:
             feature, why = problems[0]
             more = "" if len(problems) == 1 else f" (and {', '.join(f for f, _ in problems[1:])})"

@@ -136,6 +136,15 @@ def _echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, separators=(",", ":"), default=str))
 
 
+@contextmanager
+def _writing(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
+             writer_key: str | None, storage_pairs: tuple[str, ...]) -> Iterator[Any]:
+    """The table of a write command, its errors as CLI errors (an unknown outcome names the lookup command)."""
+    with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
+            _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+        yield t
+
+
 def _lookup_args(path: str, bootstrap_servers: str, topic_prefix: str, table_id: str | None) -> list[str]:
     """The arguments of `deltacoord table lookup` that find this command's table."""
     return [path, "--bootstrap-servers", bootstrap_servers, "--topic-prefix", topic_prefix,
@@ -246,8 +255,7 @@ def create_cmd(path: str, schema_spec: str, partition_by: tuple[str, ...], prope
     schema = parse_schema(schema_spec)
     parts = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
     props = parse_pairs(properties, "--property")
-    with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
-            _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.create(schema, partition_by=parts, properties=props, name=name)))
 
 
@@ -354,8 +362,7 @@ def append_cmd(path: str, json_rows: str | None, parquet_file: Path | None, app_
     else:
         assert json_rows is not None
         data = _json_row_tables(json_rows)
-    with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
-            _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         show = _progress_line()
         try:
             r = t.append(data, app_id=app_id, app_version=app_version, progress=show)
@@ -379,8 +386,7 @@ def delete_cmd(path: str, where: str, bootstrap_servers: str, topic_prefix: str,
     Example:
       deltacoord table delete /data/sales --where "date = '2024-01-01'"
     """
-    with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
-            _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.delete(where)))
 
 
@@ -396,8 +402,7 @@ def truncate_cmd(path: str, where: str | None, bootstrap_servers: str, topic_pre
     Example:
       deltacoord table truncate /data/sales --where "date = '2024-01-01'"
     """
-    with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
-            _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.truncate(where)))
 
 
@@ -418,8 +423,7 @@ def compact_cmd(path: str, kind: str, where: str | None, small_file_size: int, b
     Example:
       deltacoord table compact /data/sales --kind major --where "date = '2024-01-01'"
     """
-    with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
-            _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.compact("major" if kind == "major" else "minor", where,
                                           small_file_size=small_file_size)))
 
