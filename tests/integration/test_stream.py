@@ -247,6 +247,7 @@ def test_sees_a_version_before_it_is_published(kafka_bootstrap: str, table_place
         held: list[PublishTask] = []
         submit = coord.publisher.submit
         coord.publisher.submit = held.append  # type: ignore[method-assign,assignment]
+        t.wait = "ratified"  # version 2's publication is held back on purpose
         try:
             assert t.append(rows([2], "A")).version == 2
             with CommitStream(path, kafka_bootstrap, topics=topics, starting_version=2) as s:
