@@ -562,6 +562,9 @@ def resume_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pair
     The coordinator owning the table records the resumption on the commits topic and rebuilds the
     table's partition, which publishes what the halt held back, or halts the table again if the
     cause is still there (watch /healthz).
+
+    Example:
+      deltacoord table resume /data/sales --bootstrap-servers localhost:9092
     """
     from coordinator.kafka.control import request_resume
     from reader.stream import normalize_table_id
