@@ -62,6 +62,10 @@ def _percentile(xs: list[float], q: float) -> float:
     return s[k]
 
 
+#: A summary's private key holding every timed commit's latency (ms), drawn by the chart and not printed.
+SAMPLES = "_latencies_ms"
+
+
 def _summary(writers: int, results: list[dict[str, Any]], k: int, elapsed: float) -> dict[str, Any]:
     """The issue's keys, plus the untimed first commit of each process (cold start, whole call)."""
     latencies = [x for r in results for x in r["lat"]]
@@ -82,6 +86,7 @@ def _summary(writers: int, results: list[dict[str, Any]], k: int, elapsed: float
     if steps:  # where a commit's time goes: p50 of each step's time since proposing (CommitResult.timings)
         names = sorted({k for s in steps for k in s}, key=lambda k: _percentile([s[k] for s in steps if k in s], 0.5))
         out["steps_p50_ms"] = {k: round(_percentile([s[k] for s in steps if k in s], 0.5), 2) for k in names}
+    out[SAMPLES] = latencies  # for the chart; `run` takes it out of the printed figures
     if any("rx_bytes" in r for r in results) and commits:
         out["fetch_bytes_per_commit"] = round(sum(r.get("rx_bytes", 0) for r in results) / commits, 1)
         out["foreign_records"] = sum(r.get("foreign", 0) for r in results)
@@ -356,11 +361,23 @@ def _compare(dc: dict[str, Any], rs: dict[str, Any]) -> dict[str, Any]:
             "p99_fraction_of_delta_rs": ratio(dc["p99_ms"], rs["p99_ms"])}
 
 
+def _chart(runs: list[dict[str, Any]], samples: list[tuple[list[float], list[float]]], path: Path) -> None:
+    from coordinator.tooling.bench_chart import ChartRun, SystemRun, write_chart
+
+    def system(name: str, summary: dict[str, Any], latencies: list[float]) -> SystemRun:
+        return SystemRun(name, summary["commits_per_s"], summary["failed"], latencies)
+
+    write_chart([ChartRun(r["deltacoord"]["writers"], (system("deltacoord", r["deltacoord"], dc),
+                                                       system("delta-rs", r["delta_rs"], rs)))
+                 for r, (dc, rs) in zip(runs, samples, strict=True)], path)
+
+
 def run(writers: int | list[int], commits_per_writer: int | list[int], memory_files: int, bootstrap: str | None,
-        warmup_commits_per_writer: int = 150, *, storage: str = "local") -> dict[str, Any]:
+        warmup_commits_per_writer: int = 150, *, storage: str = "local", chart: Path | str | None = None) -> dict[str, Any]:
     """One run per writer count (each: deltacoord, then delta-rs on the same storage), then the memory figures.
 
     With one writer count the result is {"deltacoord", "delta_rs", ...}; with several, {"runs": [...], ...}.
+    `chart`: also draw commits/s and latency distributions of both systems there (SVG or PNG by suffix).
     """
     from coordinator.tooling.broker import LocalBroker
     from coordinator.tooling.storage_servers import S3Server
@@ -406,12 +423,15 @@ def run(writers: int | list[int], commits_per_writer: int | list[int], memory_fi
                                     table=table("warm"), storage_options=options, table_roots=roots)
             _say(f"warm-up done: {warm['commits_per_s']} commits/s, p99 {warm['p99_ms']} ms (not reported)")
         runs: list[dict[str, Any]] = []
+        samples: list[tuple[list[float], list[float]]] = []
         for n, k in zip(counts, ks, strict=True):
             dc = bench_deltacoord(bootstrap, n, k, workdir / f"dc-{n}", table=table(f"dc-{n}"), storage_options=options,
                                   table_roots=roots)
+            dc_lat = dc.pop(SAMPLES)
             _say(f"deltacoord: {json.dumps(dc)}")
             (workdir / f"rs-{n}").mkdir(parents=True, exist_ok=True)
             rs = bench_delta_rs(n, k, workdir / f"rs-{n}", table=table(f"rs-{n}"), storage_options=options)
+            samples.append((dc_lat, rs.pop(SAMPLES)))
             _say(f"delta-rs:   {json.dumps(rs)}")
             cmp = _compare(dc, rs)
             _say(f"{n} writers: {json.dumps(cmp)}")
@@ -428,6 +448,10 @@ def run(writers: int | list[int], commits_per_writer: int | list[int], memory_fi
             _say(f"memory: a coordinator holding it checkpoints version {made['version']} ...")
             result["memory"] = _in_subprocess("memory_coordinator", made["table"], made["version"])
             _say(f"memory: {json.dumps(result['memory'])} (target < 300 MB)")
+        if chart is not None:
+            _chart(runs, samples, Path(chart))
+            result["chart"] = str(chart)
+            _say(f"chart: {chart}")
         if len(runs) > 1:
             a, b = runs[0]["deltacoord"], next((r["deltacoord"] for r in runs if r["deltacoord"]["writers"] == 16), runs[1]["deltacoord"])
             if a.get("fetch_bytes_per_commit"):

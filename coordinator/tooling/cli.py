@@ -254,13 +254,16 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
 @click.option("--storage", type=click.Choice(["local", "s3"]), default="local", show_default=True,
               help="Where both systems' tables live: a local directory, or the local S3 server (versitygw), where the "
                    "latency is from the write call to the version's visibility in _delta_log.")
+@click.option("--chart", "chart", default="deltacoord-bench.svg", show_default=True, type=click.Path(dir_okay=False),
+              help="Also draw both systems' commits/s and latency distributions here (.svg or .png).")
+@click.option("--no-chart", is_flag=True, help="Draw no chart.")
 def bench_cmd(writers: str, commits_per_writer: str, memory_files: int, bootstrap_servers: str | None,
-              warmup_commits_per_writer: int, storage: str) -> None:
-    """Commits/s and latency vs delta-rs, in one run; last line is JSON.
+              warmup_commits_per_writer: int, storage: str, chart: str, no_chart: bool) -> None:
+    """Commits/s and latency vs delta-rs, in one run; last line is JSON (a chart is drawn beside it).
 
     \b
     Example:
-      deltacoord bench --writers 16 --commits-per-writer 50
+      deltacoord bench --writers 1,16,64 --commits-per-writer 100,50,10 --chart bench.svg
     """
     from coordinator.tooling.bench import run
 
@@ -278,7 +281,8 @@ def bench_cmd(writers: str, commits_per_writer: str, memory_files: int, bootstra
         raise click.BadParameter(f"{len(ks)} counts for {len(ws)} writer counts: give one, or one per writer count",
                                  param_hint="--commits-per-writer")
     click.echo(json.dumps(run(ws if len(ws) > 1 else ws[0], ks if len(ks) > 1 else ks[0], memory_files,
-                              bootstrap_servers, warmup_commits_per_writer, storage=storage)))
+                              bootstrap_servers, warmup_commits_per_writer, storage=storage,
+                              chart=None if no_chart else chart)))
 
 
 @main.command("demo")

@@ -7,14 +7,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 KEYS = {"writers", "commits", "failed", "commits_per_s", "p50_ms", "p99_ms", "first_commit_p50_ms"}
 
 
-def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str) -> None:
+def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str, tmp_path: Path) -> None:
+    chart = tmp_path / "bench.svg"
     proc = subprocess.run(
         [sys.executable, "-m", "coordinator.tooling.cli", "bench", "--writers", "2", "--commits-per-writer", "3",
-         "--memory-files", "0", "--warmup-commits-per-writer", "2", "--bootstrap-servers", kafka_bootstrap],
+         "--memory-files", "0", "--warmup-commits-per-writer", "2", "--bootstrap-servers", kafka_bootstrap,
+         "--chart", str(chart)],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -34,13 +37,19 @@ def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str) -> None:
     # Where the time went: each step's p50 since proposing, in the order the steps happen.
     steps = dc["steps_p50_ms"]
     assert steps["produced_ms"] > 0 and steps["ratified_ms"] <= steps["put_ms"] <= steps["reply_ms"], steps
+    # The chart beside the JSON line: both systems' throughput and latency curves of this run; samples stay out of the JSON.
+    assert out["chart"] == str(chart)
+    text = ElementTree.tostring(ElementTree.parse(chart).getroot(), encoding="unicode", method="text")
+    assert "2 writers: commits/s" in text and "deltacoord" in text and "delta-rs" in text and "latency distribution" in text
+    assert not any(k.startswith("_") for k in dc) and not any(k.startswith("_") for k in rs)
 
 
 def test_bench_on_s3_measures_both_systems_to_visibility(kafka_bootstrap: str, tmp_path: Path) -> None:
     env = {**os.environ, "DELTACOORD_S3_SERVER_HOME": str(tmp_path / "s3")}
     proc = subprocess.run(
         [sys.executable, "-m", "coordinator.tooling.cli", "bench", "--storage", "s3", "--writers", "2",
-         "--commits-per-writer", "3", "--warmup-commits-per-writer", "2", "--bootstrap-servers", kafka_bootstrap],
+         "--commits-per-writer", "3", "--warmup-commits-per-writer", "2", "--bootstrap-servers", kafka_bootstrap,
+         "--no-chart"],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
