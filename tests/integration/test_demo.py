@@ -17,8 +17,22 @@ def test_demo_runs_end_to_end_and_ends_with_its_json_summary(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     assert any(ln.startswith("[demo") for ln in lines[:-1]), "the demo prints progress while it works"
+    # The story in order: what it shows, then its six steps; conflicts with winner and loser; the contrast with delta-rs.
+    out = proc.stdout
+    assert "what this shows:" in lines[0]
+    steps = [out.index(f"step {n}/6:") for n in range(1, 7)]
+    assert steps == sorted(steps), "the steps are told in order"
+    assert out.count("    winner  ") == 2 and out.count("    loser   ") == 2
+    assert out.rindex("deltacoord table history") > steps[-1], "it ends with the commands to inspect the table"
+    assert "librdkafka" not in proc.stderr and "%3|" not in proc.stderr + out
     summary = json.loads(lines[-1])
-    assert set(summary) == {"table", "versions", "commits", "conflicts", "verified_with"}
+    assert set(summary) == {"table", "versions", "commits", "conflicts", "verified_with", "appends"}
+    ours, theirs = summary["appends"]["deltacoord"], summary["appends"]["delta_rs"]
+    assert ours["commits"] == 80 and ours["failed"] == 0, "16 writers x 5 appends, none lost"
+    assert theirs["commits"] + theirs["failed"] == 80 and theirs["commits_per_s"] > 0
+    assert sum(1 for ln in lines if ln.startswith("  writer ")) == 16, "a line per writer"
+    assert "x81 blind appends" in out, "the first append and the writers' 80 are one history line"
+    assert f"  deltacoord  {ours['commits_per_s']:>10.1f}" in out and "  delta-rs  " in out
     assert summary["table"].startswith("file://")
     assert summary["versions"] == summary["commits"] >= 40
     # The UPDATE/DELETE race and the OPTIMIZE/DELETE race each produce a real conflict.
