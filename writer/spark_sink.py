@@ -64,8 +64,8 @@ for benchmarks), ``kafka.<key>`` passed to the Kafka client and
 ``storage.<key>`` (the table's storage options, delta-rs's keys).
 
 Python workers (the executors' and the driver's planner and commit workers)
-run the driver's interpreter, `sys.executable`, unless `PYSPARK_PYTHON` or
-`spark.pyspark.python` names another: PySpark's default, `python3` from
+run the driver's interpreter, `sys.executable`, unless `spark.pyspark.python` or
+`PYSPARK_PYTHON` names another: PySpark's default, `python3` from
 `PATH`, is not the virtual environment deltacoord is installed in.
 """
 
@@ -512,12 +512,13 @@ class DeltaCoordDataSource(DeltaCoordSource):
 
 
 def worker_python(spark: Any) -> str:
-    """The interpreter of this source's Python workers: `PYSPARK_PYTHON`, else `spark.pyspark.python`, else this one.
+    """The interpreter of this source's Python workers: `spark.pyspark.python`, else `PYSPARK_PYTHON` (Spark's order),
+    else this one.
 
     PySpark's own default is `python3` from `PATH`, which is not the virtual environment deltacoord is
     installed in unless that is activated: the workers then fail with "No module named 'writer'".
     """
-    return os.environ.get("PYSPARK_PYTHON") or spark.sparkContext.getConf().get("spark.pyspark.python") or sys.executable
+    return spark.sparkContext.getConf().get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") or sys.executable
 
 
 def register(spark: Any, source: type[DeltaCoordDataSource] = DeltaCoordDataSource) -> None:
