@@ -240,11 +240,13 @@ def _arrow_schema_of(spark_schema: StructType) -> pa.Schema:
     return pa.schema([pa.field(f.name, staging.normalize_arrow_type(f.type), f.nullable) for f in s])
 
 
-def _check_partition_columns(opts: SinkOptions, spark_schema: StructType) -> None:
-    names = spark_schema.fieldNames()
-    missing = [c for c in opts.partition_by if c not in names]
+def _partition_columns(opts: SinkOptions, spark_schema: StructType) -> list[str]:
+    """The new table's partition columns as the DataFrame spells them (Delta matches them without case)."""
+    names = {n.lower(): n for n in spark_schema.fieldNames()}
+    missing = [c for c in opts.partition_by if c.lower() not in names]
     if missing:
-        raise SinkConfigError(f"partition column(s) {missing} are not columns of the DataFrame: {names}")
+        raise SinkConfigError(f"partition column(s) {missing} are not columns of the DataFrame: {spark_schema.fieldNames()}")
+    return [names[c.lower()] for c in opts.partition_by]
 
 
 def prepare_table(opts: SinkOptions, spark_schema: StructType) -> Snapshot | None:
@@ -254,10 +256,10 @@ def prepare_table(opts: SinkOptions, spark_schema: StructType) -> Snapshot | Non
     snap = load_table(opts)
     if snap is not None:
         return snap if write_to_existing(opts, snap) else None
-    _check_partition_columns(opts, spark_schema)
+    partition_by = _partition_columns(opts, spark_schema)
     with opts.table() as t:
         try:
-            t.create(_arrow_schema_of(spark_schema), partition_by=opts.partition_by)
+            t.create(_arrow_schema_of(spark_schema), partition_by=partition_by)
         except ProtocolChangedException:  # someone else created it at the same time
             snap = _await_table(opts)
             return snap if write_to_existing(opts, snap) else None
@@ -399,9 +401,9 @@ def _abort(opts: SinkOptions, messages: Sequence[WriterCommitMessage | None]) ->
     live = set(snap.file_paths()) if snap is not None else set()
     orphans = [a for a in left if a.path not in live]
     if orphans:
-        log.warning("%d staged file(s) of %s are kept: the commit that references them has an unknown outcome (its "
-                    "error names the proposal id and `deltacoord table lookup`); %s", len(orphans), opts.uri,
-                    _vacuum_hint(opts.uri))
+        log.warning("%d staged file(s) of %s are kept: the failed commit may still reference them (its outcome is "
+                    "unknown, or its version is not published yet: its error says which, with the proposal id for "
+                    "`deltacoord table lookup`); %s", len(orphans), opts.uri, _vacuum_hint(opts.uri))
 
 
 # --------------------------------------------------------------------------- batch writer

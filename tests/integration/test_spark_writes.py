@@ -111,7 +111,7 @@ def test_partition_by_partitions_a_new_table_and_must_match_an_existing_one(spar
     delta = sorted(tuple(r) for r in spark.read.format("delta").load(str(path)).select("id", "date", "kind").collect())
     assert delta == sorted(first)
 
-    _save(_events(spark, [(3, "2024-01-03", "click")]), path, env.options(), "append", ["date"])  # the same columns
+    _save(_events(spark, [(3, "2024-01-03", "click")]), path, env.options(), "append", ["DATE"])  # the same, any case
     _save(_events(spark, [(4, "2024-01-03", "view")]), path, env.options(), "append")  # none: the table's
     assert _rows(path) == sorted([*first, (3, "2024-01-03", "click"), (4, "2024-01-03", "view")])
 
@@ -163,7 +163,11 @@ def test_save_modes_mean_what_they_mean_for_delta(spark: SparkSession, env: Env,
     assert f"[DELTA_PATH_EXISTS] Cannot write to already existent path {path}" in str(ei.value)
     with pytest.raises(PathExistsError):
         _save(_events(spark, b), path, env.options(), "error")  # Spark's other spelling
-    _save(_events(spark, b), path, env.options(), "ignore")  # exists: nothing written
+    df_b = _events(spark, b)
+    spark.sparkContext.setJobGroup("save-mode-ignore", "an ignored write")
+    _save(df_b, path, env.options(), "ignore")  # exists: nothing written, and no Spark job run
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup("save-mode-ignore") == []
+    spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     assert Snapshot.load(str(path)).version == version and _parquet(path) == files and _rows(path) == a
 
     _save(_events(spark, b), path, env.options(), "append")
