@@ -1,13 +1,24 @@
 """Write coordinated Delta tables from Spark: the `deltacoord` PySpark data source (read and write).
 
-Register once per session with `register(spark)`; then
+Register once per session with `register(spark)` (or start one with `deltacoord.spark.session()`); then
 
-* streaming: ``df.writeStream.format("deltacoord").option("path", uri)
-  .option("bootstrap.servers", ...).option("topic.prefix", ...)
-  .option("checkpointLocation", ...).start()``;
-* batch: ``df.write.format("deltacoord").mode("append" | "overwrite")
-  [.option("replaceWhere", "<partition predicate>")].save(uri)``;
+* batch, as with Delta: ``df.write.format("deltacoord")[.partitionBy("date")]
+  [.mode("errorifexists" | "append" | "overwrite" | "ignore")][.option("replaceWhere", ...)].save(uri)``;
+* streaming: ``df.writeStream.format("deltacoord").option("checkpointLocation", ...).start(uri)``;
 * reads: everything `reader.spark_source.DeltaCoordSource` does.
+
+Save modes mean what they mean for Delta: `errorifexists` (the default) fails with DELTA_PATH_EXISTS when the
+table exists, `ignore` then writes nothing (and computes nothing), `append` adds, `overwrite` replaces the
+content (only the rows matching `replaceWhere` when given). `.partitionBy(...)` partitions a new table; on an
+existing one, columns other than the table's fail with DELTA_METADATA_MISMATCH. Spark's Python data source
+API hands a source only an overwrite flag and drops `.partitionBy`: `register` therefore also teaches classic
+PySpark's DataFrameWriter and DataStreamWriter to pass both on for this format
+(`writer.spark_save_modes`). Spark Connect clients are not taught: there Spark refuses `errorifexists`
+and `ignore` with UNSUPPORTED_DATA_SOURCE_SAVE_MODE, and `.option("partitionBy", "a,b")` names the columns.
+
+Options are checked on the driver before any task stages a file (`writer.spark_options`): an unknown name
+(with the closest known one), a missing or malformed `bootstrap.servers`, Kafka that does not answer, or no
+proposals topic under `topic.prefix` fail the write at once.
 
 How a micro-batch commits (exactly once):
 
@@ -31,18 +42,31 @@ How a micro-batch commits (exactly once):
 
 The app id is the ``appId`` option, else Spark's query id from
 ``<checkpointLocation>/metadata`` (what Delta's own sink uses), else a hash
-of the checkpoint path. `abort` deletes staged files when the commit was never
-attempted; it keeps them when the commit's outcome is unknown (they may be
-committed), leaving at worst orphans for VACUUM.
+of the checkpoint path.
 
-Options: ``path``, ``bootstrap.servers`` (required to write), ``topic.prefix``
-(default ``deltacoord``), ``checkpointLocation``, ``appId``, ``partitionBy``
-(comma-separated, used when the sink creates the table), ``replaceWhere``,
-``txnAppId``/``txnVersion`` (idempotent batch writes, as in Delta),
-``decisionTimeoutS``, ``writerName``, ``writerKey`` (a writer key file that signs
-every proposal; default ``DELTACOORD_WRITER_KEY`` of the driver), ``metricsPath`` (a JSON-lines file the
-driver appends per-commit timings to, for benchmarks), and ``kafka.<key>``
-passed to the Kafka client.
+Staged files are deleted on every failure the sink sees: a task that fails, a
+commit that cannot be proposed, a rejection. Only a commit whose outcome is
+unknown (no decision in time) keeps them, because it may still commit and then
+references them; the error names its proposal id and `deltacoord table lookup`,
+and if it never commits, `deltacoord table vacuum` deletes them once they are
+older than the table's retention. Never vacuum a coordinated table with another
+tool: a VACUUM that writes to `_delta_log` writes around the coordinator.
+
+Options: ``path``, ``bootstrap.servers`` (required to write; default
+``DELTACOORD_BOOTSTRAP_SERVERS``), ``topic.prefix`` (default
+``DELTACOORD_TOPIC_PREFIX``, else ``deltacoord``), ``checkpointLocation``,
+``appId``, ``partitionBy`` (comma-separated, as ``.partitionBy``),
+``replaceWhere``, ``txnAppId``/``txnVersion`` (idempotent batch writes, as in
+Delta), ``decisionTimeoutS``, ``writerName``, ``writerKey`` (a writer key file
+that signs every proposal; default ``DELTACOORD_WRITER_KEY`` of the driver),
+``metricsPath`` (a JSON-lines file the driver appends per-commit timings to,
+for benchmarks), ``kafka.<key>`` passed to the Kafka client and
+``storage.<key>`` (the table's storage options, delta-rs's keys).
+
+Python workers (the executors' and the driver's planner and commit workers)
+run the driver's interpreter, `sys.executable`, unless `spark.pyspark.python` or
+`PYSPARK_PYTHON` names another: PySpark's default, `python3` from
+`PATH`, is not the virtual environment deltacoord is installed in.
 """
 
 from __future__ import annotations
@@ -50,13 +74,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import sys
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-from urllib.parse import unquote, urlparse
+from typing import Any, ClassVar
+from urllib.parse import unquote
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -71,26 +95,20 @@ from pyspark.sql.types import StructType
 
 from reader.log import TableNotFoundError, commit_object, read_commit
 from reader.snapshot import Snapshot, delta_schema_to_arrow
-from reader.spark_source import SOURCE_NAME, DeltaCoordSource, storage_options_of
+from reader.spark_source import SOURCE_NAME, DeltaCoordSource
 from reader.storage import TableStorage
 from schemas.actions import AddFile, SetTransaction
-from schemas.errors import ProtocolChangedException
+from schemas.errors import CommitOutcomeUnknownError, ProtocolChangedException
 from schemas.expressions import arrow as expressions
 from schemas.expressions.syntax import columns_of, parse
-from schemas.routing import Topics
-from schemas.signing import resolve_writer_key
-from writer import staging
-from writer.table import Table
+from writer import spark_save_modes, staging
+from writer.spark_options import SinkConfigError, SinkOptions, check_option_names
+from writer.spark_save_modes import PartitioningMismatchError, PathExistsError, load_table, write_to_existing
 
 log = logging.getLogger(__name__)
 
 #: Rows buffered per task before a Parquet file is written.
 ROWS_PER_FILE = 1_000_000
-_PROPOSAL_NS = uuid.UUID("5b0c3f4e-8a57-4c1e-9d59-2f6c8e0a7d11")
-
-
-class SinkConfigError(ValueError):
-    """An option the sink needs is missing or wrong."""
 
 
 @dataclass
@@ -99,102 +117,6 @@ class DeltaCoordCommitMessage(WriterCommitMessage):
 
     adds: list[str]
     num_rows: int
-
-
-# --------------------------------------------------------------------------- options
-
-
-def _path_of(location: str) -> Path:
-    if location.startswith("file:"):
-        return Path(unquote(urlparse(location).path))
-    return Path(location)
-
-
-@dataclass(frozen=True)
-class SinkOptions:
-    """Parsed write options (picklable; travels to executors and commit workers)."""
-
-    uri: str
-    bootstrap_servers: str | None
-    topic_prefix: str
-    checkpoint: str | None
-    app_id_option: str | None
-    partition_by: tuple[str, ...]
-    replace_where: str | None
-    txn_app_id: str | None
-    txn_version: int | None
-    decision_timeout_s: float
-    writer_name: str | None
-    writer_key: str | None
-    metrics_path: str | None
-    kafka: tuple[tuple[str, str], ...]
-    #: The table's storage options (`storage.<key>` options, delta-rs's keys).
-    storage_options: tuple[tuple[str, str], ...] = ()
-
-    @staticmethod
-    def parse(options: Mapping[str, str]) -> SinkOptions:
-        o = {k.lower(): v for k, v in options.items()}
-        path = o.get("path")
-        if not path:
-            raise SinkConfigError("the deltacoord sink needs a table path: .option('path', ...) or .save(path)")
-        pb = o.get("partitionby") or ""
-        tv = o.get("txnversion")
-        storage_options = storage_options_of(options)
-        storage = TableStorage(path, storage_options, fsync=False)
-        return SinkOptions(
-            uri=storage.local_path() if storage.is_local else storage.location,
-            bootstrap_servers=o.get("bootstrap.servers") or o.get("kafka.bootstrap.servers"),
-            topic_prefix=o.get("topic.prefix") or "deltacoord",
-            checkpoint=o.get("checkpointlocation"),
-            app_id_option=o.get("appid"),
-            partition_by=tuple(c.strip() for c in pb.split(",") if c.strip()),
-            replace_where=o.get("replacewhere"),
-            txn_app_id=o.get("txnappid"),
-            txn_version=int(tv) if tv is not None else None,
-            decision_timeout_s=float(o.get("decisiontimeouts") or 60.0),
-            writer_name=o.get("writername"),
-            writer_key=o.get("writerkey"),
-            metrics_path=o.get("metricspath"),
-            kafka=tuple(sorted((k[len("kafka."):], v) for k, v in o.items()
-                               if k.startswith("kafka.") and k != "kafka.bootstrap.servers")),
-            storage_options=tuple(sorted(storage_options.items())),
-        )
-
-    @property
-    def root(self) -> TableStorage:
-        """The table's storage (built in the process that asks: obstore does not travel)."""
-        return TableStorage(self.uri, dict(self.storage_options), fsync=False)
-
-    def table(self) -> Table:
-        if not self.bootstrap_servers:
-            raise SinkConfigError("the deltacoord sink needs option 'bootstrap.servers' (the Kafka cluster of the coordinator)")
-        kafka_config: dict[str, Any] = dict(self.kafka)
-        key = resolve_writer_key(self.writer_key)
-        return Table(self.uri, self.bootstrap_servers, topics=Topics.with_prefix(self.topic_prefix),
-                     writer_name=self.writer_name or (None if key is not None else "spark"), writer_key=key,
-                     decision_timeout_s=self.decision_timeout_s, storage_options=dict(self.storage_options), **kafka_config)
-
-    def app_id(self) -> str:
-        """The streaming query's app id: option, else Spark's query id from the checkpoint, else a hash of its path."""
-        if self.app_id_option:
-            return self.app_id_option
-        if not self.checkpoint:
-            raise SinkConfigError("a streaming write to deltacoord needs option 'checkpointLocation' (or 'appId')")
-        ckpt = _path_of(self.checkpoint)
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            first = (ckpt / "metadata").read_text().splitlines()[0]
-            qid = json.loads(first)["id"]
-            if isinstance(qid, str) and qid:
-                return qid
-        return str(uuid.uuid5(_PROPOSAL_NS, str(ckpt.resolve())))
-
-    def proposal_id(self, table_id: str, app_id: str, batch_id: int, read_version: int) -> str:
-        """Deterministic per (table, app id, batch, checkpoint, read version): a batch re-run on the same snapshot
-        is the same proposal (answered with its first decision). The coordinator decides each proposal id once,
-        so a re-run after a rejection must read a newer snapshot to be decided again; the batch's SetTransaction
-        keeps a re-run from committing twice whatever its id."""
-        ckpt = str(_path_of(self.checkpoint).resolve()) if self.checkpoint else ""
-        return str(uuid.uuid5(_PROPOSAL_NS, f"{table_id}\x00{app_id}\x00{batch_id}\x00{ckpt}\x00{read_version}"))
 
 
 def _record_metrics(opts: SinkOptions, entry: Mapping[str, Any]) -> None:
@@ -280,7 +202,7 @@ def _rows_of(messages: Sequence[WriterCommitMessage | None]) -> int:
     return sum(m.num_rows for m in messages if isinstance(m, DeltaCoordCommitMessage))
 
 
-def _check_partitioning(opts: SinkOptions, snap: Snapshot, adds: Sequence[AddFile]) -> None:
+def _check_staged_partitioning(opts: SinkOptions, snap: Snapshot, adds: Sequence[AddFile]) -> None:
     """Files staged for another partitioning than the table's (it changed while the write ran) cannot commit."""
     want = set(snap.partition_columns)
     for a in adds:
@@ -301,8 +223,9 @@ def _delete_unless_in_commit(root: TableStorage, adds: Sequence[AddFile], versio
     deadline = time.monotonic() + wait_s
     while not commit.exists():
         if time.monotonic() > deadline:
-            log.warning("commit %s of %s not published within %.0fs; keeping %d staged file(s)", version, root.location, wait_s,
-                        len(adds))
+            log.warning("commit %s of %s not published within %.0fs; keeping the %d file(s) this replay staged: `deltacoord "
+                        "table vacuum %s` deletes those the commit does not reference once they are older than the table's "
+                        "retention", version, root.location, wait_s, len(adds), root.location)
             return
         time.sleep(0.05)
     committed = {a.path for a in read_commit(commit) if isinstance(a, AddFile)}
@@ -317,23 +240,49 @@ def _arrow_schema_of(spark_schema: StructType) -> pa.Schema:
     return pa.schema([pa.field(f.name, staging.normalize_arrow_type(f.type), f.nullable) for f in s])
 
 
+def _partition_columns(opts: SinkOptions, spark_schema: StructType) -> list[str]:
+    """The new table's partition columns as the DataFrame spells them (Delta matches them without case)."""
+    names = {n.lower(): n for n in spark_schema.fieldNames()}
+    missing = [c for c in opts.partition_by if c.lower() not in names]
+    if missing:
+        raise SinkConfigError(f"partition column(s) {missing} are not columns of the DataFrame: {spark_schema.fieldNames()}")
+    return [names[c.lower()] for c in opts.partition_by]
+
+
+def prepare_table(opts: SinkOptions, spark_schema: StructType) -> Snapshot | None:
+    """The snapshot to write to, creating the table from the DataFrame's schema when the path has none; None when
+    the save mode is `ignore` and the table exists. `errorifexists` on an existing table raises PathExistsError,
+    partition columns other than the table's raise PartitioningMismatchError."""
+    snap = load_table(opts)
+    if snap is not None:
+        return snap if write_to_existing(opts, snap) else None
+    partition_by = _partition_columns(opts, spark_schema)
+    with opts.table() as t:
+        try:
+            t.create(_arrow_schema_of(spark_schema), partition_by=partition_by)
+        except ProtocolChangedException:  # someone else created it at the same time
+            snap = _await_table(opts)
+            return snap if write_to_existing(opts, snap) else None
+    return _await_table(opts)
+
+
+def _await_table(opts: SinkOptions) -> Snapshot:
+    deadline = time.monotonic() + opts.decision_timeout_s
+    while True:
+        snap = load_table(opts)
+        if snap is not None:
+            return snap
+        if time.monotonic() > deadline:
+            raise TableNotFoundError(f"the table created at {opts.uri} was not published within {opts.decision_timeout_s:.0f}s")
+        time.sleep(0.05)
+
+
 def ensure_table(opts: SinkOptions, spark_schema: StructType) -> Snapshot:
     """The table's latest snapshot, creating the table from the DataFrame's schema when the path has none."""
-    try:
-        return Snapshot.load(opts.uri, storage_options=dict(opts.storage_options))
-    except TableNotFoundError:
-        pass
-    with opts.table() as t:
-        with contextlib.suppress(ProtocolChangedException):  # someone else created it at the same time
-            t.create(_arrow_schema_of(spark_schema), partition_by=opts.partition_by)
-        deadline = time.monotonic() + opts.decision_timeout_s
-        while True:
-            try:
-                return Snapshot.load(opts.uri, storage_options=dict(opts.storage_options))
-            except TableNotFoundError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+    snap = prepare_table(opts, spark_schema)
+    if snap is None:
+        raise SinkConfigError("save mode ignore found an existing table; there is nothing to write to")
+    return snap
 
 
 def _stage_plan(opts: SinkOptions, snap: Snapshot, replace_where: str | None = None) -> StagePlan:
@@ -373,7 +322,7 @@ class DeltaCoordStreamWriter(_StagingWriter, DataSourceStreamArrowWriter):
         with table:
             try:
                 snap = table.snapshot()
-                _check_partitioning(opts, snap, adds)
+                _check_staged_partitioning(opts, snap, adds)
                 recorded = snap.app_versions.get(app_id, -1)
                 if batchId <= recorded:
                     _delete_not_live(opts.root, adds, set(snap.file_paths()))
@@ -395,11 +344,13 @@ class DeltaCoordStreamWriter(_StagingWriter, DataSourceStreamArrowWriter):
                 staging.delete_staged(opts.root, adds)
                 raise
             t_propose = time.monotonic()
-            result = tx.commit(
-                "STREAMING UPDATE",
-                changes_data=bool(adds) or self.overwrite,
-                parameters={"outputMode": "Complete" if self.overwrite else "Append", "queryId": app_id, "epochId": str(batchId)},
-            )
+            with _naming_unknown_outcome(opts, adds):
+                result = tx.commit(
+                    "STREAMING UPDATE",
+                    changes_data=bool(adds) or self.overwrite,
+                    parameters={"outputMode": "Complete" if self.overwrite else "Append", "queryId": app_id,
+                                "epochId": str(batchId)},
+                )
             t_decided = time.monotonic()
             if result.already_committed:
                 log.info("batch %s of app %s was already committed at version %s (re-run after a failure)", batchId, app_id, result.version)
@@ -414,17 +365,45 @@ class DeltaCoordStreamWriter(_StagingWriter, DataSourceStreamArrowWriter):
         _abort(self.opts, messages)
 
 
+def _vacuum_hint(uri: str) -> str:
+    return (f"if it never commits, `deltacoord table vacuum {uri}` deletes them once they are older than the table's "
+            "retention (not a VACUUM of another tool: one that writes _delta_log writes around the coordinator)")
+
+
+@contextlib.contextmanager
+def _naming_unknown_outcome(opts: SinkOptions, adds: Sequence[AddFile]) -> Iterator[None]:
+    """A commit whose outcome is unknown keeps its staged files: say how to learn the outcome and clean up after."""
+    try:
+        yield
+    except CommitOutcomeUnknownError as e:
+        e.add_note(f"`deltacoord table lookup {opts.uri} {e.proposal_id}` tells whether it committed. Its {len(adds)} "
+                   f"staged file(s) are kept because it may still commit; {_vacuum_hint(opts.uri)}.")
+        raise
+
+
 def _abort(opts: SinkOptions, messages: Sequence[WriterCommitMessage | None]) -> None:
     """Delete staged files when the commit cannot have been proposed (some task failed, so Spark never called commit).
 
-    When every task succeeded, the failure came from `commit`: a rejection already
-    deleted its files, and an unknown outcome may still commit them, so they stay.
+    When every task succeeded, the failure came from `commit`, which already deleted
+    the files of a rejection or of a proposal that never left. Files still there
+    belong to a commit whose outcome is unknown (or that committed): they stay, and
+    the ones no published version references are reported with the way to clean up.
     """
     adds = _adds_of(messages)
     if any(m is None for m in messages) or not messages:
         staging.delete_staged(opts.root, adds)
-    elif adds:
-        log.warning("commit of %d staged file(s) failed with an unknown outcome; keeping them (VACUUM removes orphans)", len(adds))
+        return
+    root = opts.root
+    left = [a for a in adds if "://" not in a.path and root.exists(unquote(a.path))]
+    if not left:
+        return
+    snap = load_table(opts)
+    live = set(snap.file_paths()) if snap is not None else set()
+    orphans = [a for a in left if a.path not in live]
+    if orphans:
+        log.warning("%d staged file(s) of %s are kept: the failed commit may still reference them (its outcome is "
+                    "unknown, or its version is not published yet: its error says which, with the proposal id for "
+                    "`deltacoord table lookup`); %s", len(orphans), opts.uri, _vacuum_hint(opts.uri))
 
 
 # --------------------------------------------------------------------------- batch writer
@@ -444,7 +423,7 @@ class DeltaCoordBatchWriter(_StagingWriter, DataSourceArrowWriter):
         with table:
             try:
                 snap = table.snapshot()
-                _check_partitioning(opts, snap, adds)
+                _check_staged_partitioning(opts, snap, adds)
                 tx = table.begin(snap)
                 if opts.txn_app_id is not None and opts.txn_version is not None:
                     if opts.txn_version <= snap.app_versions.get(opts.txn_app_id, -1):
@@ -472,7 +451,8 @@ class DeltaCoordBatchWriter(_StagingWriter, DataSourceArrowWriter):
             except BaseException:
                 staging.delete_staged(opts.root, adds)
                 raise
-            tx.commit("WRITE", changes_data=True, parameters=params)
+            with _naming_unknown_outcome(opts, adds):
+                tx.commit("WRITE", changes_data=True, parameters=params)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         _abort(self.opts, messages)
@@ -490,27 +470,76 @@ def _only_partition_columns(where: str, snap: Snapshot) -> bool:
 # --------------------------------------------------------------------------- the data source
 
 
+class _NothingToWrite(DataSourceArrowWriter):
+    """Save mode `ignore` on a table that exists: tasks drain their input, nothing is staged or committed."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        return None
+
+
 class DeltaCoordDataSource(DeltaCoordSource):
     """The `deltacoord` data source: reads (`DeltaCoordSource`) plus batch and streaming writes."""
 
+    #: Lower-case write option names a subclass accepts besides the sink's own.
+    extra_write_options: ClassVar[frozenset[str]] = frozenset()
+
     def _sink_options(self) -> SinkOptions:
-        return SinkOptions.parse(dict(self.options.items()))
+        """The write options, checked before any task stages a file: names, values, Kafka and the proposals topic."""
+        options = dict(self.options.items())
+        check_option_names(options, self.extra_write_options)
+        opts = SinkOptions.parse(options)
+        opts.check_kafka()
+        return opts
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         opts = self._sink_options()
-        snap = ensure_table(opts, schema)
+        if overwrite and opts.save_mode is not None:
+            raise SinkConfigError(f"save mode {opts.save_mode} and overwrite exclude each other")
+        snap = prepare_table(opts, schema)
+        if snap is None:
+            return _NothingToWrite()
         replace_where = opts.replace_where if overwrite else None
         return DeltaCoordBatchWriter(opts, _stage_plan(opts, snap, replace_where), overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         opts = self._sink_options()
+        opts.app_id()  # checkpointLocation or appId, before a batch is staged
         snap = ensure_table(opts, schema)
         return DeltaCoordStreamWriter(opts, _stage_plan(opts, snap), overwrite)
 
 
-def register(spark: Any) -> None:
-    """Register the `deltacoord` data source with a SparkSession (`spark.dataSource.register`)."""
-    spark.dataSource.register(DeltaCoordDataSource)
+def worker_python(spark: Any) -> str:
+    """The interpreter of this source's Python workers: `spark.pyspark.python`, else `PYSPARK_PYTHON` (Spark's order),
+    else this one.
+
+    PySpark's own default is `python3` from `PATH`, which is not the virtual environment deltacoord is
+    installed in unless that is activated: the workers then fail with "No module named 'writer'".
+    """
+    return spark.sparkContext.getConf().get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") or sys.executable
+
+
+def register(spark: Any, source: type[DeltaCoordDataSource] = DeltaCoordDataSource) -> None:
+    """Register the `deltacoord` data source with a SparkSession, its Python workers running `worker_python(spark)`,
+    and teach PySpark's writers Delta's save modes and `.partitionBy` for it (`writer.spark_save_modes`).
+
+    On Spark Connect the server registers and runs the workers; only the registration happens here."""
+    spark_save_modes.install(source.extra_write_options)
+    try:
+        sc = spark.sparkContext
+    except Exception:  # Spark Connect has no SparkContext
+        spark.dataSource.register(source)
+        return
+    # PySpark captures `sc.pythonExec` in the registered source; every worker of the source runs it.
+    default, sc.pythonExec = sc.pythonExec, worker_python(spark)
+    try:
+        spark.dataSource.register(source)
+    finally:
+        sc.pythonExec = default
 
 
 __all__ = [
@@ -519,9 +548,13 @@ __all__ = [
     "DeltaCoordCommitMessage",
     "DeltaCoordDataSource",
     "DeltaCoordStreamWriter",
+    "PartitioningMismatchError",
+    "PathExistsError",
     "SinkConfigError",
     "SinkOptions",
     "StagePlan",
     "ensure_table",
+    "prepare_table",
     "register",
+    "worker_python",
 ]

@@ -26,7 +26,14 @@ from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from coordinator.tooling.jars import classpath
-from writer.spark_sink import DeltaCoordDataSource, DeltaCoordStreamWriter, SinkOptions, _stage_plan, ensure_table
+from writer.spark_sink import (
+    DeltaCoordDataSource,
+    DeltaCoordStreamWriter,
+    SinkOptions,
+    _stage_plan,
+    ensure_table,
+    register,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,6 +107,8 @@ class _CrashingStreamWriter(DeltaCoordStreamWriter):
 class CrashingDataSource(DeltaCoordDataSource):
     """`deltacoord` whose stream commit kills the whole driver after one chosen batch (option `test.crashAfterBatch`)."""
 
+    extra_write_options = frozenset({"test.crashafterbatch", "test.crashmarker", "test.driverpid"})
+
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         inner = super().streamWriter(schema, overwrite)
         crash = int(self.options.get("test.crashAfterBatch", "-1"))
@@ -114,7 +123,7 @@ def child_main() -> None:
     """Stream JSON files (`id long, value string`) from a directory into a coordinated table."""
     args: dict[str, Any] = json.loads(sys.argv[1])
     spark = build_session("deltacoord-child")
-    spark.dataSource.register(CrashingDataSource)
+    register(spark, CrashingDataSource)
     df = spark.readStream.schema("id long, value string").option("maxFilesPerTrigger", 1).json(args["source"])
     w = df.writeStream.format("deltacoord")
     for k, v in args.get("storage_options", {}).items():
