@@ -46,6 +46,9 @@ class ReasonCode(StrEnum):
     BAD_CONFLICT_PROFILE = "BAD_CONFLICT_PROFILE"
     #: On a `maxcompute` table, a data change whose MaxCompute job type cannot be derived from its operation.
     UNKNOWN_JOB_TYPE = "UNKNOWN_JOB_TYPE"
+    #: The commit writes an action whose table feature the table's protocol lacks (domainMetadata without
+    #: the `domainMetadata` writer feature; `coordinator.rules.table_features`).
+    MISSING_TABLE_FEATURE = "MISSING_TABLE_FEATURE"
     # -- the door: the table's location, checked before anything is decided (coordinator.locations) --
     #: The table URI is not an absolute, normal location (empty, relative, `..`, encoded separators, NUL, ...).
     BAD_TABLE_URI = "BAD_TABLE_URI"
