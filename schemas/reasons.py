@@ -66,6 +66,15 @@ class ReasonCode(StrEnum):
     ADDED_FILE_MISSING = "ADDED_FILE_MISSING"
     #: The table's store could not be checked for a version written around the coordinator; retry.
     STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
+    # -- adoption and release of existing tables (`deltacoord table adopt|release`, coordinator.kafka.partition) --
+    #: A proposal for a table this coordinator released: uncoordinated writers own it until it is adopted again.
+    TABLE_RELEASED = "TABLE_RELEASED"
+    #: Adopting a table the coordinator already decides (at another version than the request saw).
+    TABLE_ALREADY_COORDINATED = "TABLE_ALREADY_COORDINATED"
+    #: Adopting a table whose protocol declares a feature the coordinator and its writers cannot honour.
+    UNSUPPORTED_TABLE_FEATURE = "UNSUPPORTED_TABLE_FEATURE"
+    #: Adopting a table whose `_delta_log` cannot be read to its current version (corrupt, unreadable feature).
+    UNREADABLE_TABLE = "UNREADABLE_TABLE"
     # -- the Kafka edge: messages that are not a decodable proposal --
     UNDECODABLE = "UNDECODABLE"
     OVERSIZE = "OVERSIZE"
