@@ -22,6 +22,7 @@ from coordinator.delta_log.checkpointer import create_checkpoint
 from coordinator.tooling.cli_tables import register
 from reader.log import checkpoint_exists
 from reader.snapshot import Snapshot
+from reader.stream import CommitStream, StreamGapError
 from schemas.actions import DomainMetadata, SetTransaction
 from schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
 from schemas.reasons import ReasonCode
@@ -112,6 +113,14 @@ def test_a_delta_rs_table_is_adopted_decided_and_rebuilt_after_a_restart(kafka_b
                                         (7, "2024-01-01", "rs"), (8, "2024-01-02", "dc"),
                                         *((i, "2024-01-03", "dc") for i in range(9, 13))]
     assert assert_delta_rs_agrees(t) == 13  # every version, before and after the adoption
+    # The change feed on the commits topic starts after the adopted version; earlier ones are in _delta_log only.
+    with CommitStream(t.table_id, kafka_bootstrap, topics=topics, starting_version=5, include_all_commits=True) as s:
+        seen: list[int] = []
+        _wait_for(lambda: seen.extend(e.version for e in s.poll(0.5)) or seen[-1:] == [12], "the change feed to version 12")
+    assert seen == list(range(5, 13))
+    with CommitStream(t.table_id, kafka_bootstrap, topics=topics, starting_version=2) as s, \
+            pytest.raises(StreamGapError, match=r"adopted by the coordinator at version 4: versions 2\.\.4"):
+        _wait_for(lambda: s.poll(0.5) and False, "the stream's gap error")
 
 
 def _cli() -> click.Group:
