@@ -19,6 +19,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from coordinator.delta_log.checkpoint_worker import CheckpointWorker
 from coordinator.delta_log.checkpointer import create_checkpoint
+from coordinator.delta_log.verify import verify_table
 from coordinator.tooling.cli_tables import register
 from reader.log import checkpoint_exists
 from reader.snapshot import Snapshot
@@ -27,7 +28,7 @@ from schemas.actions import DomainMetadata, SetTransaction
 from schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
 from schemas.reasons import ReasonCode
 from schemas.routing import CONTROL_ADOPT, CONTROL_PREFIX, Topics
-from tests.integration.coord_harness import coordinator_thread, fresh_topics
+from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
 from tests.integration.test_writer_operations import assert_delta_rs_agrees, data, rows
 from writer.table import Table
 
@@ -113,6 +114,9 @@ def test_a_delta_rs_table_is_adopted_decided_and_rebuilt_after_a_restart(kafka_b
                                         (7, "2024-01-01", "rs"), (8, "2024-01-02", "dc"),
                                         *((i, "2024-01-03", "dc") for i in range(9, 13))]
     assert assert_delta_rs_agrees(t) == 13  # every version, before and after the adoption
+    report = verify_table(harness_settings(kafka_bootstrap, topics), t.uri, t.table_id)
+    assert report.ok, report.problems
+    assert (report.adopted_versions, report.topic_versions, report.published_versions) == (5, 8, 8)
     # The change feed on the commits topic starts after the adopted version; earlier ones are in _delta_log only.
     with CommitStream(t.table_id, kafka_bootstrap, topics=topics, starting_version=5, include_all_commits=True) as s:
         seen: list[int] = []
