@@ -31,6 +31,8 @@ from schemas.routing import CONTROL_ADOPT, CONTROL_PREFIX, Topics
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
 from tests.integration.test_writer_operations import assert_delta_rs_agrees, data, rows
 from writer.table import Table
+from writer.transaction import Transaction as WriterTransaction
+from writer.transaction import error_from_decision
 
 pytestmark = pytest.mark.kafka
 
@@ -176,9 +178,6 @@ def test_release_hands_the_table_back_and_adopt_takes_it_again(kafka_bootstrap: 
 
 def _raw_adopt(t: Table, read_version: int) -> InvalidProposalError:
     """An adopt request as another client would send it, claiming to have read `read_version`."""
-    from writer.transaction import Transaction as WriterTransaction
-    from writer.transaction import error_from_decision
-
     tx = WriterTransaction(t, read_version)
     tx.proposal_id = f"{CONTROL_PREFIX}{CONTROL_ADOPT}:{uuid.uuid4()}"
     p = tx.proposal("ADOPT TABLE", changes_data=False)
@@ -213,6 +212,13 @@ def test_adoption_refusals_and_features_the_coordinator_enforces(kafka_bootstrap
                 t_empty.adopt()
             assert none.value.reason == ReasonCode.UNKNOWN_TABLE
             assert "no Delta table" in str(none.value) and f"deltacoord table create {t_empty.uri}" in str(none.value)
+            cli = CliRunner().invoke(_cli(), ["table", "adopt", str(empty), "--bootstrap-servers", kafka_bootstrap,
+                                              "--topic-prefix", topics.proposals.removesuffix(".proposals")])
+            assert cli.exit_code == 1 and "UNKNOWN_TABLE" in cli.output and "no Delta table" in cli.output, cli.output
+            with pytest.raises(InvalidProposalError) as nothing:  # a commit onto nothing is told to create the table
+                WriterTransaction(t_empty, 0).commit("WRITE")
+            assert nothing.value.reason == ReasonCode.UNKNOWN_TABLE
+            assert f"There is no Delta table at {t_empty.uri}: create it first" in str(nothing.value)
 
             with pytest.raises(InvalidProposalError) as feature:
                 t_future.adopt()
