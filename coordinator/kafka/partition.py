@@ -889,6 +889,11 @@ class PartitionCoordinator:
         if err is not None:
             return rejection(tid, p.table_uri, p.proposal_id, err, None, at_ms), None
         published = self._wait_published(tid, st.version)
+        halted = self.publisher.halted(tid)
+        if halted is not None:
+            return self._refused(p, ReasonCode.TABLE_HALTED, (
+                f"table {tid} halted while its ratified versions were being published ({halted}); it was not released"),
+                at_ms)
         if published < st.version:
             return self._refused(p, ReasonCode.STORAGE_UNAVAILABLE, (
                 f"versions up to {st.version} are ratified but _delta_log holds only up to {published} after "
