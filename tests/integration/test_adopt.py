@@ -20,6 +20,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from coordinator.delta_log.checkpoint_worker import CheckpointWorker
 from coordinator.delta_log.checkpointer import create_checkpoint
 from coordinator.delta_log.verify import verify_table
+from coordinator.kafka.daemon import Coordinator
 from coordinator.tooling.cli_tables import register
 from reader.log import checkpoint_exists
 from reader.snapshot import Snapshot
@@ -145,13 +146,23 @@ def _cli_json(topics: Topics, bootstrap: str, *args: str) -> dict[str, Any]:
     return out
 
 
+def _snapshot_now(coord: Coordinator) -> None:
+    """Have the coordinator write a state snapshot covering every record so far, and wait for it."""
+    worker = coord._workers[0]
+    written = worker.snapshots_written
+    worker.request_snapshot()
+    _wait_for(lambda: worker.snapshots_written > written, "a state snapshot")
+
+
 def test_release_hands_the_table_back_and_adopt_takes_it_again(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Also across restarts from state snapshots: the adopted state and the release are in them."""
     path = tmp_path / "t"
     _delta_rs_table(path)
     topics = fresh_topics(kafka_bootstrap)
+    state = {"state_root": str(tmp_path / "state"), "snapshot_every_records": 1000}
     t = Table(path, kafka_bootstrap, topics=topics)
     try:
-        with coordinator_thread(kafka_bootstrap, topics):
+        with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
             assert _cli_json(topics, kafka_bootstrap, "table", "adopt", str(path))["version"] == 4
             assert t.append(data([8], "2024-01-02", "dc")).version == 5
             released = _cli_json(topics, kafka_bootstrap, "table", "release", str(path))
@@ -161,19 +172,25 @@ def test_release_hands_the_table_back_and_adopt_takes_it_again(kafka_bootstrap: 
                 t.append(data([100], "2024-01-01", "x"))
             assert refused.value.reason == ReasonCode.TABLE_RELEASED
             assert f"deltacoord table adopt {t.uri}" in str(refused.value)
+            _snapshot_now(coord)
         # The table is delta-rs's again: its writes need no coordinator.
         write_deltalake(str(path), data([11], "2024-01-01", "rs-again"), mode="append")
         assert DeltaTable(str(path)).version() == 6
-        with coordinator_thread(kafka_bootstrap, topics):  # the release survives a restart
+        with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
+            assert coord.metrics.recovery_records._value.get() < 3, "the release comes from the state snapshot"
             with pytest.raises(InvalidProposalError) as still:
                 t.append(data([101], "2024-01-01", "x"))
             assert still.value.reason == ReasonCode.TABLE_RELEASED
             assert t.adopt().version == 6  # adopted again, from what delta-rs wrote meanwhile
             assert t.append(data([12], "2024-01-02", "dc")).version == 7
+            _snapshot_now(coord)
+        with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
+            assert coord.metrics.recovery_records._value.get() < 3, "the adopted state comes from the state snapshot"
+            assert t.delete("id = 11").version == 8  # a file delta-rs wrote while the table was released
     finally:
         t.close()
-    assert {r[0] for r in _delta_rs_rows(path, 7)} == {1, 2, 3, 5, 6, 7, 8, 11, 12}
-    assert assert_delta_rs_agrees(t) == 8
+    assert {r[0] for r in _delta_rs_rows(path, 8)} == {1, 2, 3, 5, 6, 7, 8, 12}
+    assert assert_delta_rs_agrees(t) == 9
 
 
 def _raw_adopt(t: Table, read_version: int) -> InvalidProposalError:
