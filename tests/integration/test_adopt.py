@@ -30,7 +30,7 @@ from schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
 from schemas.reasons import ReasonCode
 from schemas.routing import CONTROL_ADOPT, CONTROL_PREFIX, Topics
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
-from tests.integration.test_writer_operations import assert_delta_rs_agrees, data, rows
+from tests.integration.test_writer_operations import SCHEMA, assert_delta_rs_agrees, data, rows
 from writer.table import Table
 from writer.transaction import Transaction as WriterTransaction
 from writer.transaction import error_from_decision
@@ -224,7 +224,7 @@ def test_adoption_refusals_and_features_the_coordinator_enforces(kafka_bootstrap
     handles = [Table(p, kafka_bootstrap, topics=topics) for p in (empty, future, elsewhere, plain)]
     t_empty, t_future, t_elsewhere, t_plain = handles
     try:
-        with coordinator_thread(kafka_bootstrap, topics, table_roots=(str(served),)):
+        with coordinator_thread(kafka_bootstrap, topics, table_roots=(str(served),)) as coord:
             with pytest.raises(InvalidProposalError) as none:
                 t_empty.adopt()
             assert none.value.reason == ReasonCode.UNKNOWN_TABLE
@@ -246,7 +246,13 @@ def test_adoption_refusals_and_features_the_coordinator_enforces(kafka_bootstrap
                 t_elsewhere.adopt()
             assert outside.value.reason == ReasonCode.TABLE_OUTSIDE_ROOTS
 
+            # A creation onto the foreign log halts the unknown table (version 0 exists); adopting it lifts the halt.
+            with pytest.raises(InvalidProposalError) as halted:
+                t_plain.begin_create(SCHEMA).commit("CREATE TABLE", changes_data=False)
+            assert halted.value.reason == ReasonCode.TABLE_HALTED
+            assert t_plain.table_id in coord.health()[1]["halted_tables"]  # type: ignore[operator]
             assert t_plain.adopt().version == 4
+            assert t_plain.table_id not in coord.health()[1]["halted_tables"]  # type: ignore[operator]
             assert t_plain.append(data([8], "2024-01-02", "dc")).version == 5
             stale = _raw_adopt(t_plain, 4)  # the table is coordinated, and moved on since the requester looked
             assert stale.reason == ReasonCode.TABLE_ALREADY_COORDINATED and "version 5" in str(stale)
