@@ -331,16 +331,20 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
 
 def _fold_adoption(rec: Recovered, d: Decision, load_state: Callable[[str, int], PublishedState],
                    first_sight: Callable[[str, str], None], broken: set[str]) -> None:
-    """An adoption record: the table's state becomes its published log at the adopted version (unless the state
-    is already that version: an idempotent second adoption). A log that cannot give it halts the table."""
+    """An adoption record, as the live coordinator applied it: the table is neither released nor halted any more,
+    and its state is its published log at the adopted version (read again unless this recovery already holds the
+    table at that version). An adoption answered again (`duplicate_of`) changed nothing. A log that cannot give
+    the version halts the table."""
     tid, version = d.table_id, d.winning_version
-    known = rec.states.get(tid)
-    if version is None or (known is not None and known.version == version and tid not in broken):
+    if version is None or d.duplicate_of is not None:
         return
     rec.released.pop(tid, None)
     rec.halted.pop(tid, None)
     rec.new_halts.pop(tid, None)
     rec.to_publish.pop(tid, None)
+    known = rec.states.get(tid)
+    if known is not None and known.version == version and tid not in broken:
+        return
     broken.discard(tid)
     try:
         loaded = load_state(d.table_uri, version)
@@ -351,8 +355,8 @@ def _fold_adoption(rec: Recovered, d: Decision, load_state: Callable[[str, int],
         broken.add(tid)
         rec.halt(tid, d.table_uri, (
             f"the table was adopted at version {version}, and recovery rebuilds its state from _delta_log at that "
-            f"version, which failed: {e}. Restore _delta_log up to version {version} and restart the coordinator, or "
-            "adopt the table again from its current version (`deltacoord table adopt`)"))
+            f"version, which failed: {e}. Restore _delta_log up to version {version}, or accept what it holds now, and "
+            "adopt the table again (`deltacoord table adopt`): the adoption reads its current version"))
         return
     rec.states[tid] = loaded.table_state(tid, d.table_uri)
     if known is None:

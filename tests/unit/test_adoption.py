@@ -3,15 +3,17 @@ every version; adopt and release records fold as control records; state snapshot
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from coordinator.delta_log.adoption import StateLoadError, adoption_problems, load_published_state
+from coordinator.delta_log.adoption import PublishedState, StateLoadError, adoption_problems, load_published_state
 from coordinator.delta_log.checkpoint_worker import CheckpointWorker
 from coordinator.delta_log.checkpointer import create_checkpoint
 from coordinator.kafka.control import ADOPT, RELEASE, adoption_record, control_kind, is_request_id, release_record
+from coordinator.kafka.recovery import Recovered, _fold_adoption
 from coordinator.kafka.snapshot import PartitionSnapshot, decode_snapshot, encode_snapshot
 from coordinator.rules.conflicts import Accepted, decide
 from coordinator.rules.state import TableState
@@ -147,3 +149,42 @@ def test_adopt_and_release_records_are_control_records() -> None:
 def test_a_state_snapshot_keeps_released_tables() -> None:
     snap = PartitionSnapshot(commits_topic="c", partition=0, offset=3, last=(2, "p"), released={"t": ("file:///t", 7)})
     assert decode_snapshot(encode_snapshot(snap)).released == {"t": ("file:///t", 7)}
+
+
+def _published(tmp_path: Path) -> PublishedState:
+    _write(tmp_path, _history(), 2)
+    return load_published_state(load_storage(tmp_path))
+
+
+def test_recovery_folds_adoptions_as_the_live_coordinator_applied_them(tmp_path: Path) -> None:
+    """`_fold_adoption`: a halt and a release are lifted, the state read at the adopted version; an answer to a
+    repeated request changes nothing; a log that cannot give the version halts the table."""
+    published = _published(tmp_path)
+    loads: list[tuple[str, int]] = []
+
+    def load(uri: str, version: int) -> PublishedState:
+        loads.append((uri, version))
+        if uri == "file:///gone":
+            raise StateLoadError("unreadable", "version 4 cannot be built")
+        return published
+
+    seen: list[str] = []
+    rec = Recovered(halted={TABLE_ID: (TABLE_URI, "a creation onto a foreign log")}, released={TABLE_ID: (TABLE_URI, 1)})
+    adopt = adoption_record(TABLE_ID, TABLE_URI, f"{CONTROL_PREFIX}{ADOPT}:1", 4, "adopted", NOW)
+    _fold_adoption(rec, adopt, load, lambda tid, uri: seen.append(tid), set())
+    st = rec.states[TABLE_ID]
+    assert (st.version, st.live_file_count, loads, seen) == (4, 3, [(TABLE_URI, 4)], [TABLE_ID])
+    assert rec.halted == {} and rec.released == {}
+    again = dataclasses.replace(adoption_record(TABLE_ID, TABLE_URI, f"{CONTROL_PREFIX}{ADOPT}:2", 4, "again", NOW),
+                                duplicate_of=4)
+    rec.halted[TABLE_ID] = (TABLE_URI, "halted later")
+    _fold_adoption(rec, again, load, lambda tid, uri: None, set())
+    assert len(loads) == 1 and TABLE_ID in rec.halted and rec.states[TABLE_ID] is st  # nothing changed
+    _fold_adoption(rec, adopt, load, lambda tid, uri: None, set())  # the state already at 4: the halt is lifted
+    assert len(loads) == 1 and TABLE_ID not in rec.halted and rec.states[TABLE_ID] is st
+
+    broken: set[str] = set()
+    lost = adoption_record("t-gone", "file:///gone", f"{CONTROL_PREFIX}{ADOPT}:3", 4, "adopted", NOW)
+    _fold_adoption(rec, lost, load, lambda tid, uri: None, broken)
+    assert "t-gone" not in rec.states and broken == {"t-gone"}
+    assert "version 4 cannot be built" in rec.halted["t-gone"][1] and "deltacoord table adopt" in rec.halted["t-gone"][1]
