@@ -33,7 +33,12 @@ Starting point: `starting_version` (default 0, inclusive), `"latest"` (the
 version after the newest one on the commits topic when the stream reaches its
 end), or `starting_timestamp` (the earliest commit whose timestamp, the
 in-commit timestamp when present else `commitInfo.timestamp`, is >= the given
-one; if none exists yet, the first future commit that qualifies).
+one; if none exists yet, the first future commit that qualifies). A table
+adopted at version N (`deltacoord table adopt`) has its versions up to N in
+`_delta_log` only: a stream that would need them fails with `StreamGapError`
+(start at N + 1 or "latest"), and since the metadata they set is not on the
+topic either, the first metadata or protocol change after the adoption raises
+`MetadataChangedException` (restart there, as for any metadata change).
 
 How the start is found: decisions carry the table id and the version in
 headers, so the table's partition is read from its beginning and every other
@@ -75,7 +80,17 @@ from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, Rem
 from schemas.codec import decode_decision
 from schemas.errors import DeltaCoordError, MetadataChangedException
 from schemas.messages import Decision, Outcome
-from schemas.routing import H_OUTCOME, H_TABLE_ID, H_VERSION, Topics, header, partition_for
+from schemas.routing import (
+    ADOPTED_ERROR_TYPE,
+    CONTROL_ADOPT,
+    H_CONTROL,
+    H_OUTCOME,
+    H_TABLE_ID,
+    H_VERSION,
+    Topics,
+    header,
+    partition_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -269,6 +284,8 @@ class CommitStream:
         self._next = 0
         self._metadata: Metadata | None = None
         self._protocol: Protocol | None = None
+        #: The table was adopted at a version the stream passed (its metadata before that is not on the topic).
+        self._adopted = False
         self._ready: collections.deque[CommitEvent] = collections.deque()
         self._error: Exception | None = None
         self._closed = False
@@ -415,6 +432,9 @@ class CommitStream:
             return
         if header(m, H_TABLE_ID) != self.table_id.encode():
             return
+        if header(m, H_CONTROL) == CONTROL_ADOPT.encode():
+            self._on_adoption(m)
+            return
         if header(m, H_OUTCOME) != Outcome.COMMITTED.value.encode():
             return
         raw_version = header(m, H_VERSION)
@@ -439,6 +459,29 @@ class CommitStream:
         if not d.committed or d.duplicate_of is not None or d.version != version:
             return
         self._on_commit(d)
+
+    def _on_adoption(self, m: Message) -> None:
+        """An adoption record (`deltacoord table adopt`): the table's versions up to the adopted one were written by
+        another engine and are in `_delta_log` only; the topic goes on from the next one."""
+        value = m.value()
+        if value is None:
+            return
+        d = decode_decision(value)
+        n = d.winning_version
+        if d.error_type != ADOPTED_ERROR_TYPE or n is None or n < self._next:
+            return  # an adoption answered again, or nothing the stream still needs
+        wanted = self._deliver_from
+        if (wanted is not None and wanted <= n) or (
+                wanted is None and self._starting_ts_ms is not None and self._starting_ts_ms < d.decided_at_ms):
+            first = self._next if wanted is None else max(self._next, wanted)
+            self._error = StreamGapError(
+                f"table {self.table_id} was adopted by the coordinator at version {n}: versions {first}..{n} were written "
+                f"before, by another engine, and are in _delta_log only, not on the commits topic "
+                f"{self.topics.commits}. Start the stream after them (starting_version={n + 1}, or 'latest'), and read "
+                "the earlier versions from _delta_log (Snapshot.load)")
+            return
+        self._next = n + 1
+        self._metadata, self._protocol, self._adopted = None, None, True
 
     def _on_commit(self, d: Decision) -> None:
         assert d.version is not None
@@ -500,6 +543,9 @@ class CommitStream:
             self._ready.append(event)
 
     def _metadata_change(self, md: Metadata | None, proto: Protocol | None) -> str | None:
+        if self._adopted and ((proto is not None and self._protocol is None) or (md is not None and self._metadata is None)):
+            # The table's metadata before its adoption is not on the topic: any change after it may be one.
+            return "a metadata or protocol change after the table's adoption (its metadata before it is in _delta_log only)"
         if proto is not None and self._protocol is not None and proto != self._protocol:
             old, new = self._protocol, proto
             return (

@@ -46,6 +46,9 @@ class ReasonCode(StrEnum):
     BAD_CONFLICT_PROFILE = "BAD_CONFLICT_PROFILE"
     #: On a `maxcompute` table, a data change whose MaxCompute job type cannot be derived from its operation.
     UNKNOWN_JOB_TYPE = "UNKNOWN_JOB_TYPE"
+    #: The commit writes an action whose table feature the table's protocol lacks (domainMetadata without
+    #: the `domainMetadata` writer feature; `coordinator.rules.table_features`).
+    MISSING_TABLE_FEATURE = "MISSING_TABLE_FEATURE"
     # -- the door: the table's location, checked before anything is decided (coordinator.locations) --
     #: The table URI is not an absolute, normal location (empty, relative, `..`, encoded separators, NUL, ...).
     BAD_TABLE_URI = "BAD_TABLE_URI"
@@ -63,6 +66,15 @@ class ReasonCode(StrEnum):
     ADDED_FILE_MISSING = "ADDED_FILE_MISSING"
     #: The table's store could not be checked for a version written around the coordinator; retry.
     STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
+    # -- adoption and release of existing tables (`deltacoord table adopt|release`, coordinator.kafka.partition) --
+    #: A proposal for a table this coordinator released: uncoordinated writers own it until it is adopted again.
+    TABLE_RELEASED = "TABLE_RELEASED"
+    #: Adopting a table the coordinator already decides (at another version than the request saw).
+    TABLE_ALREADY_COORDINATED = "TABLE_ALREADY_COORDINATED"
+    #: Adopting a table whose protocol declares a feature the coordinator and its writers cannot honour.
+    UNSUPPORTED_TABLE_FEATURE = "UNSUPPORTED_TABLE_FEATURE"
+    #: Adopting a table whose `_delta_log` cannot be read to its current version (corrupt, unreadable feature).
+    UNREADABLE_TABLE = "UNREADABLE_TABLE"
     # -- the Kafka edge: messages that are not a decodable proposal --
     UNDECODABLE = "UNDECODABLE"
     OVERSIZE = "OVERSIZE"

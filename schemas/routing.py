@@ -45,9 +45,16 @@ H_TIMES = "deltacoord.times"
 KIND_DECISION = b"decision"
 KIND_PUBLISHED = b"published"
 KIND_UNPUBLISHED = b"unpublished"
-#: On control records of the commits topic (`halt`, `resume`) and on an operator's `resume` request
-#: on the proposals topic: what the record does. Decisions of proposals never carry it.
+#: On control records of the commits topic (`halt`, `resume`, `adopt`, `release`) and on an operator's
+#: `resume`, `adopt` or `release` request on the proposals topic: what the record does. Decisions of
+#: proposals never carry it.
 H_CONTROL = "deltacoord.control"
+#: Control requests that hand a table to the coordinator or take it back (`deltacoord table adopt|release`): a
+#: proposal (no actions) with header `deltacoord.control` and a proposal id `CONTROL_PREFIX<kind>:<uuid>`,
+#: answered by a control record of that id (`error_type` `TableAdopted` / `TableReleased`) or a rejection.
+CONTROL_ADOPT, CONTROL_RELEASE = "adopt", "release"
+CONTROL_PREFIX = "deltacoord-control:"
+ADOPTED_ERROR_TYPE, RELEASED_ERROR_TYPE = "TableAdopted", "TableReleased"
 
 
 class _HasHeaders(Protocol):

@@ -43,6 +43,7 @@ from schemas.codec import decode_decision, encode_proposal
 from schemas.errors import CommitOutcomeUnknownError, EncodeError, ProposalNotSentError
 from schemas.messages import Decision, Proposal
 from schemas.routing import (
+    H_CONTROL,
     H_ERROR,
     H_KIND,
     H_PROPOSAL_ID,
@@ -423,9 +424,11 @@ class CoordinatorClient:
         """Wait for answers to a proposal produced elsewhere: produce it with the result's `headers`."""
         return self._replies().expect(proposal_id, _check_wait(wait))
 
-    def propose(self, proposal: Proposal, key: WriterKey | None = None, wait: str = "published") -> Pending:
+    def propose(self, proposal: Proposal, key: WriterKey | None = None, wait: str = "published",
+                control: str | None = None) -> Pending:
         """Produce the proposal (signed with `key` when given); the result's futures resolve with its decision
-        and (`wait="published"`) its publication."""
+        and (`wait="published"`) its publication. `control` (`adopt`, `release`) makes it that request instead
+        of a commit (`schemas.routing.CONTROL_ADOPT`)."""
         partition = self.partition_of(proposal.table_id)
         replies = self._replies()
         pending = replies.expect(proposal.proposal_id, _check_wait(wait))
@@ -444,6 +447,8 @@ class CoordinatorClient:
             headers: list[tuple[str, str | bytes | None]] = [(H_PROPOSAL_ID, proposal.proposal_id.encode()),
                                                              (H_TABLE_ID, proposal.table_id.encode()),
                                                              *pending.headers]
+            if control is not None:
+                headers.append((H_CONTROL, control.encode()))
             if key is not None:
                 if proposal.writer != key.name:
                     raise ValueError(f"proposal {proposal.proposal_id} declares writer {proposal.writer!r} but would be "

@@ -57,12 +57,19 @@ from schemas.jobs import COMPACTION_PARAMETER
 from schemas.messages import Decision
 from schemas.properties import TableProperties
 from schemas.reasons import ReasonCode
-from schemas.routing import Topics
+from schemas.routing import (
+    ADOPTED_ERROR_TYPE,
+    CONTROL_ADOPT,
+    CONTROL_PREFIX,
+    CONTROL_RELEASE,
+    RELEASED_ERROR_TYPE,
+    Topics,
+)
 from schemas.signing import WriterKey, resolve_writer_key
 from schemas.writer_features import writer_problems
 from writer import staging
 from writer.client import CoordinatorClient
-from writer.transaction import CommitResult, Transaction, WaitFor, check_wait
+from writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
 from writer.vacuum import VacuumResult, vacuum
 
 #: A MERGE clause: "*" (all columns from the source) or target column -> SQL expression over `s.`/`t.` columns.
@@ -378,6 +385,43 @@ class Table:
             if e.winning_version == 0 and not isinstance(e, TableExistsError):
                 raise TableExistsError(self.uri) from e
             raise
+
+    def adopt(self, *, timeout_s: float | None = None) -> CommitResult:
+        """Put this existing Delta table (written by Spark, delta-rs, any Delta writer) under the coordinator,
+        from its current version N: the coordinator reads the table's checkpoint and commits through its own
+        storage, records the adoption on the commits topic and decides every commit from N + 1 on.
+
+        Stop the table's other writers first: a version written around the coordinator after the adoption
+        halts the table. Returns N (`already_committed` when the table was adopted at N before). Refusals are
+        `InvalidProposalError`s: UNKNOWN_TABLE (no table there), UNSUPPORTED_TABLE_FEATURE (a writer feature
+        deltacoord cannot honour), TABLE_OUTSIDE_ROOTS, TABLE_ALREADY_COORDINATED, UNREADABLE_TABLE.
+        """
+        return self._control(CONTROL_ADOPT, "ADOPT TABLE", timeout_s)
+
+    def release(self, *, timeout_s: float | None = None) -> CommitResult:
+        """Hand this table back to uncoordinated writers: once every version it ratified is in `_delta_log`,
+        the coordinator records the release and stops deciding the table; later proposals are refused
+        (TABLE_RELEASED, naming `adopt`). Returns the last coordinated version.
+
+        Stop the writers that commit through deltacoord first (docs/operations.md, "Adopt and release").
+        """
+        return self._control(CONTROL_RELEASE, "RELEASE TABLE", timeout_s)
+
+    def _control(self, kind: str, operation: str, timeout_s: float | None) -> CommitResult:
+        """An adopt or release request (a proposal without actions, `schemas.routing.CONTROL_ADOPT`) and its answer."""
+        tx = Transaction(self, newest_commit_version(self.storage))
+        tx.proposal_id = f"{CONTROL_PREFIX}{kind}:{uuid.uuid4()}"
+        p = tx.proposal(operation, changes_data=False)
+        pending = self.client.propose(p, key=self.writer_key, wait="ratified", control=kind)
+        try:
+            d = self.client.decided(pending, p.table_id, timeout_s or self.decision_timeout_s)
+        finally:
+            self.client.forget(p.proposal_id)
+        self.invalidate()
+        done = ADOPTED_ERROR_TYPE if kind == CONTROL_ADOPT else RELEASED_ERROR_TYPE
+        if d.error_type != done or d.winning_version is None:
+            raise error_from_decision(d)
+        return CommitResult(d.winning_version, p.proposal_id, operation, already_committed=d.duplicate_of is not None)
 
     def _replace_metadata(self, md: Metadata, *, schema_string: str | None = None,
                           configuration: Mapping[str, str] | None = None) -> Metadata:

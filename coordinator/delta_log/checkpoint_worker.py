@@ -29,10 +29,13 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coordinator import faults
 from reader.storage import TableStorage
+
+if TYPE_CHECKING:
+    from coordinator.delta_log.adoption import PublishedState
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +54,8 @@ class CheckpointFailedError(CheckpointWorkerError):
 
 
 def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
-    """The worker's loop: ("warm",) or ("checkpoint", uri, storage options, version) in, ("ok"|"error", value) out."""
+    """The worker's loop: ("warm",), ("checkpoint", uri, storage options, version) or ("state", uri, storage options,
+    version) in, ("ok"|"io-error"|"error"|"state-error", value) out."""
     if nice:
         try:
             os.nice(nice)
@@ -62,6 +66,7 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
     # A busy worker does not read its pipe, so it would not notice its parent's death by EOF.
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="deltacoord-parent-watch", daemon=True).start()
     _lean_arrow()
+    from coordinator.delta_log.adoption import StateLoadError, load_published_state
     from coordinator.delta_log.checkpointer import create_checkpoint  # seconds of imports: pyarrow, the reader
     from reader.storage import StorageError, TableStorage
 
@@ -75,9 +80,14 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
         try:
             if msg[0] == "warm":
                 reply: tuple[str, Any] = ("ok", os.getpid())
+            elif msg[0] == "state":
+                _kind, uri, options, version = msg
+                reply = ("ok", load_published_state(TableStorage(uri, options), version))
             else:
                 _kind, uri, options, version = msg
                 reply = ("ok", create_checkpoint(TableStorage(uri, options), version).version)
+        except StateLoadError as e:  # the table's answer, for the coordinator to give the adopter
+            reply = ("state-error", (e.kind, str(e)))
         except (OSError, StorageError) as e:  # transient storage trouble: the next checkpoint tries again
             reply = ("io-error", f"{type(e).__name__}: {e}")
         except Exception as e:  # reported to the coordinator, which halts the table
@@ -170,6 +180,10 @@ class CheckpointWorker:
                         raise CheckpointWorkerError(f"the checkpoint worker died while {what}") from None
                     log.warning("the checkpoint worker died; retrying %s on a new one", what)
         kind, value = reply
+        if kind == "state-error":
+            from coordinator.delta_log.adoption import StateLoadError
+
+            raise StateLoadError(*value)
         if kind == "error":
             raise CheckpointFailedError(f"{what} failed: {value}")
         if kind != "ok":
@@ -188,6 +202,19 @@ class CheckpointWorker:
         else:
             uri, options = table, {}
         return int(self._request(("checkpoint", uri, options, version), f"checkpointing {uri} at version {version}"))
+
+    def load_state(self, table: TableStorage, version: int | None) -> PublishedState:
+        """`adoption.load_published_state` in the worker (Arrow stays out of the deciding process); a worker that
+        fails is `StateLoadError` `unavailable`. Waits for a checkpoint being written first."""
+        from coordinator.delta_log.adoption import PublishedState, StateLoadError
+
+        what = f"loading {table.location} at version {'latest' if version is None else version}"
+        try:
+            state = self._request(("state", table.location, dict(table.storage_options), version), what)
+        except CheckpointWorkerError as e:
+            raise StateLoadError("unavailable", str(e)) from e
+        assert isinstance(state, PublishedState)
+        return state
 
     def close(self, wait: bool = True, grace_s: float = 60.0) -> None:
         """Stop the worker; with `wait`, let a running checkpoint finish for up to `grace_s`. Never reopens."""

@@ -4,7 +4,9 @@
 
 * the commits topic: committed versions of the table contiguous from 0, each
   proposal decided once (answers to redeliveries, `duplicate_of`, are counted
-  apart and are not a second decision);
+  apart and are not a second decision); an adoption record at version N
+  (`deltacoord table adopt`) stands for the versions up to N, which another
+  engine wrote and only `_delta_log` holds (`adopted_versions`);
 * `_delta_log` versions contiguous from 0, or from the oldest retained commit
   when log cleanup removed older ones (then a checkpoint at or after the
   version before it must exist, or the table cannot be reconstructed);
@@ -36,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.kafka.control import ADOPT, control_kind
 from coordinator.kafka.recovery import read_decisions
 from coordinator.settings import CoordinatorSettings
 from reader.checkpoint import key_string, read_checkpoint_actions
@@ -85,6 +88,8 @@ class VerifyReport:
     published_versions: int = 0
     #: Ratified versions whose commit file log cleanup removed (covered by a checkpoint).
     cleaned_versions: int = 0
+    #: Versions another engine wrote before the table was adopted (in `_delta_log` only).
+    adopted_versions: int = 0
     rejections: int = 0
     duplicate_answers: int = 0
     #: Oldest and newest `<v>.json` in `_delta_log` (None: no commit file).
@@ -107,6 +112,7 @@ class VerifyReport:
             "topic_versions": self.topic_versions,
             "published_versions": self.published_versions,
             "cleaned_versions": self.cleaned_versions,
+            "adopted_versions": self.adopted_versions,
             "rejections": self.rejections,
             "duplicate_answers": self.duplicate_answers,
             "log_versions": None if self.log_versions is None else list(self.log_versions),
@@ -123,7 +129,8 @@ def verify_table(settings: CoordinatorSettings, table_uri: TableLocation, table_
     """Check one table (see the module doc); `rep.problems` is empty when everything holds."""
     root = table_storage(table_uri, storage_options)
     rep = VerifyReport(table_id, root.location if isinstance(table_uri, TableStorage) else str(table_uri))
-    ratified = _read_topic(rep, settings, table_id, partition_for(table_id, num_partitions))
+    adopted: set[int] = set()
+    ratified = _read_topic(rep, settings, table_id, partition_for(table_id, num_partitions), adopted)
 
     try:
         listing = list_log(root)
@@ -136,7 +143,7 @@ def verify_table(settings: CoordinatorSettings, table_uri: TableLocation, table_
         return rep
     commits = listing.commits
     covered_below = _check_listing(rep, listing)
-    _compare_commits(rep, root, listing, ratified, covered_below, require_published)
+    _compare_commits(rep, root, listing, ratified, covered_below, require_published, adopted)
     referenced = _check_replay_and_checkpoints(rep, listing, ratified)
     _check_last_checkpoint(rep, root, listing)
     if commits or listing.checkpoints:
@@ -148,12 +155,20 @@ def verify_table(settings: CoordinatorSettings, table_uri: TableLocation, table_
 # --------------------------------------------------------------------------- the commits topic
 
 
-def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str, partition: int) -> dict[int, tuple[Action, ...]]:
-    """The table's ratified versions from the commits topic (problems for gaps and double decisions)."""
+def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str, partition: int,
+                adopted: set[int]) -> dict[int, tuple[Action, ...]]:
+    """The table's ratified versions from the commits topic (problems for gaps and double decisions); the versions
+    adoption records stand for go to `adopted`."""
     decided: Counter[str] = Counter()
     ratified: dict[int, tuple[Action, ...]] = {}
     expected = 0
     for d in read_decisions(settings, partition, table_id=table_id):
+        if control_kind(d) == ADOPT:
+            if d.winning_version is not None and d.winning_version >= expected:
+                adopted.update(range(expected, d.winning_version + 1))
+                rep.adopted_versions += d.winning_version + 1 - expected
+                expected = d.winning_version + 1
+            continue
         if d.committed and d.duplicate_of is not None:
             rep.duplicate_answers += 1  # the answer to a redelivery names the first decision's version
             continue
@@ -209,7 +224,7 @@ def _check_listing(rep: VerifyReport, listing: LogListing) -> int:
 
 
 def _compare_commits(rep: VerifyReport, root: TableStorage, listing: LogListing, ratified: Mapping[int, tuple[Action, ...]],
-                     covered_below: int, require_published: bool) -> None:
+                     covered_below: int, require_published: bool, adopted: set[int]) -> None:
     commits = listing.commits
     for v, actions in ratified.items():
         if v not in commits:
@@ -221,7 +236,7 @@ def _compare_commits(rep: VerifyReport, root: TableStorage, listing: LogListing,
         rep.published_versions += 1
         if listing.commit(v).read_bytes() != commit_to_json_lines(actions):
             rep.problems.append(f"{commit_file_name(v)} differs from the committed decision of version {v}")
-    extra = sorted(v for v in commits if v not in ratified)
+    extra = sorted(v for v in commits if v not in ratified and v not in adopted)
     if extra:
         rep.problems.append(f"_delta_log has versions {extra[:_EXAMPLES]} that the commits topic does not")
 

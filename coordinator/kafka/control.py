@@ -1,4 +1,4 @@
-"""Control records on the commits topic: a table's halt and its resumption, persisted like decisions.
+"""Control records on the commits topic: a table's halt and resumption, adoption and release, persisted like decisions.
 
 A halt must survive restarts, and only the partition's transactional producer
 writes the commits topic, in order with the decisions. So a halt is recorded
@@ -17,6 +17,15 @@ message with header `deltacoord.control: resume` (and the table id header, no
 value) to the table's proposals partition; the coordinator records the
 resumption and rebuilds the partition (as at a restart), which republishes
 what the halt held back and halts again if the cause is still there.
+
+Adoption and release (`deltacoord table adopt|release`) are requests of the
+same kind, sent as proposals without actions (header `deltacoord.control` =
+`adopt` or `release`, proposal id `deltacoord-control:<kind>:<uuid>`, so the
+writer's reply machinery waits for them like for any proposal). The answer is
+a control record with that proposal id: `TableAdopted` with `winning_version`
+the adopted version N (recovery reloads the table's published log at N:
+`coordinator.delta_log.adoption`), or `TableReleased` with the head the
+coordinator hands back; or an ordinary rejection saying why not.
 """
 
 from __future__ import annotations
@@ -25,10 +34,17 @@ import uuid
 
 from schemas.messages import Decision, Outcome
 from schemas.reasons import ReasonCode
+from schemas.routing import (
+    ADOPTED_ERROR_TYPE,
+    CONTROL_ADOPT,
+    CONTROL_PREFIX,
+    CONTROL_RELEASE,
+    RELEASED_ERROR_TYPE,
+)
 
-HALT, RESUME = "halt", "resume"
+HALT, RESUME, ADOPT, RELEASE = "halt", "resume", CONTROL_ADOPT, CONTROL_RELEASE
 HALT_ERROR_TYPE, RESUME_ERROR_TYPE = "TableHalted", "TableResumed"
-CONTROL_PREFIX = "deltacoord-control:"
+_KINDS = {HALT_ERROR_TYPE: HALT, RESUME_ERROR_TYPE: RESUME, ADOPTED_ERROR_TYPE: ADOPT, RELEASED_ERROR_TYPE: RELEASE}
 #: A halt's reason is cut to this length on the commits topic.
 MAX_WHY_CHARS = 4000
 
@@ -47,16 +63,31 @@ def resume_record(table_id: str, table_uri: str, head: int, now_ms: int) -> Deci
                     error_message="resumed by an operator", winning_version=head, decided_at_ms=now_ms)
 
 
+def adoption_record(table_id: str, table_uri: str, request_id: str, version: int, why: str, now_ms: int) -> Decision:
+    """The record that puts `table_id` under coordination at `version` (answering the request `request_id`)."""
+    return Decision(table_id=table_id, table_uri=table_uri, proposal_id=request_id, outcome=Outcome.REJECTED,
+                    error_type=ADOPTED_ERROR_TYPE, error_message=why[:MAX_WHY_CHARS], winning_version=version,
+                    decided_at_ms=now_ms)
+
+
+def release_record(table_id: str, table_uri: str, request_id: str, head: int, now_ms: int) -> Decision:
+    """The record that hands `table_id` (coordinated and published up to `head`) back to uncoordinated writers."""
+    return Decision(table_id=table_id, table_uri=table_uri, proposal_id=request_id, outcome=Outcome.REJECTED,
+                    error_type=RELEASED_ERROR_TYPE, error_message=(
+                        f"released at version {head}: the coordinator no longer decides this table's commits"),
+                    winning_version=head, decided_at_ms=now_ms)
+
+
+def is_request_id(proposal_id: str, kind: str) -> bool:
+    """Whether a control request's proposal id has the form its answer must have (`deltacoord-control:<kind>:...`)."""
+    return proposal_id.startswith(f"{CONTROL_PREFIX}{kind}:") and len(proposal_id) > len(CONTROL_PREFIX) + len(kind) + 1
+
+
 def control_kind(d: Decision) -> str | None:
-    """`halt`, `resume`, or None for the decision of a proposal."""
+    """`halt`, `resume`, `adopt`, `release`, or None for the decision of a proposal."""
     if d.committed or not d.proposal_id.startswith(CONTROL_PREFIX):
         return None
-    if d.error_type == HALT_ERROR_TYPE:
-        return HALT
-    if d.error_type == RESUME_ERROR_TYPE:
-        return RESUME
-    return None
-
+    return _KINDS.get(d.error_type or "")
 
 
 
@@ -89,4 +120,5 @@ def request_resume(settings_client: dict[str, object], proposals_topic: str, tab
     return partition
 
 
-__all__ = ["CONTROL_PREFIX", "HALT", "RESUME", "control_kind", "halt_record", "request_resume", "resume_record"]
+__all__ = ["ADOPT", "CONTROL_PREFIX", "HALT", "RELEASE", "RESUME", "adoption_record", "control_kind", "halt_record",
+           "is_request_id", "release_record", "request_resume", "resume_record"]

@@ -16,6 +16,7 @@ from types import FrameType
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from coordinator.delta_log.adoption import StateLoader
 from coordinator.delta_log.checkpoint_worker import CheckpointFailedError, CheckpointWorker, CheckpointWorkerError
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.kafka.notices import PublicationNotices
@@ -252,7 +253,8 @@ class Coordinator:
         try:
             for tp in partitions:
                 w = PartitionCoordinator(self.settings, tp.partition, self.publisher, self.metrics, consumer, self.heartbeat,
-                                         num_partitions=self._num_partitions, notices=self._notices)
+                                         num_partitions=self._num_partitions, notices=self._notices,
+                                         load_state=self._state_loader())
                 start = w.start()
                 self._workers[tp.partition] = w
                 self._schedule_missing_checkpoints(w)
@@ -262,6 +264,11 @@ class Coordinator:
             self._recovering = []
         log.info("owning partitions %s", sorted(self._workers))
         return out
+
+    def _state_loader(self) -> StateLoader | None:
+        """Where adoption reads a table's published state: in the checkpoint worker, which already holds Arrow
+        (the deciding process never imports it); None (in this process) without a worker."""
+        return self.checkpoint_fn.load_state if isinstance(self.checkpoint_fn, CheckpointWorker) else None
 
     def _schedule_missing_checkpoints(self, w: PartitionCoordinator) -> None:
         """After a crash the newest due checkpoint may be missing (publication got ahead of it): write it."""

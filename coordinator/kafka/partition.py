@@ -61,16 +61,36 @@ from urllib.parse import unquote
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from coordinator.delta_log.adoption import (
+    PublishedState,
+    StateLoader,
+    StateLoadError,
+    adoption_problems,
+    load_published_state,
+)
 from coordinator.delta_log.files import sweep_temp_files
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.faults import fault_point
-from coordinator.kafka.control import HALT, RESUME, halt_record, resume_record
+from coordinator.kafka.control import (
+    ADOPT,
+    CONTROL_PREFIX,
+    HALT,
+    RELEASE,
+    RESUME,
+    adoption_record,
+    control_kind,
+    halt_record,
+    is_request_id,
+    release_record,
+    resume_record,
+)
 from coordinator.kafka.notices import PublicationNotices
 from coordinator.kafka.recovery import Recovered, recover_partition
 from coordinator.kafka.snapshot import PartitionSnapshot, SnapshotStore
 from coordinator.locations import TableLocationError, TableLocations
 from coordinator.metrics import Metrics
-from coordinator.rules.authentication import Signature
+from coordinator.rules.admission import admission_error
+from coordinator.rules.authentication import Signature, authentication_error
 from coordinator.rules.batch import Overlay, Submitted, decide_batch, rejection
 from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
@@ -81,7 +101,7 @@ from reader.storage import StorageError
 from schemas.actions import AddCDCFile, AddFile
 from schemas.codec import decode_proposal, encode_decision
 from schemas.errors import DecodeError, InvalidProposalError
-from schemas.messages import Decision
+from schemas.messages import Decision, Proposal
 from schemas.reasons import ReasonCode
 from schemas.routing import (
     H_CONTROL,
@@ -113,6 +133,8 @@ RECORD_REFUSALS = frozenset({
 FULL, HEADERS_ONLY, REJECTION_ONLY = 0, 1, 2
 #: Ids longer than this (from headers or a decoded proposal) are not echoed into a degraded rejection.
 MAX_ECHOED_ID_CHARS = 1024
+#: How long a release waits for the publisher to publish every ratified version of the table.
+RELEASE_PUBLISH_WAIT_S = 30.0
 
 
 class ProducerStuckError(RuntimeError):
@@ -160,6 +182,8 @@ class _Decoded:
     ratified_only: bool = False
     #: An operator's request to resume this table (`deltacoord table resume`).
     resume: str | None = None
+    #: `adopt` or `release`: `submitted` is that request (`deltacoord table adopt|release`), answered on its own.
+    request: str | None = None
 
 
 @dataclass(frozen=True)
@@ -260,8 +284,10 @@ class PartitionCoordinator:
 
     def __init__(self, settings: CoordinatorSettings, partition: int, publisher: Publisher, metrics: Metrics,
                  consumer: Consumer, heartbeat: Callable[[], None] | None = None, num_partitions: int = 0,
-                 notices: PublicationNotices | None = None) -> None:
+                 notices: PublicationNotices | None = None, load_state: StateLoader | None = None) -> None:
         self.settings = settings
+        #: Reads a table's published state for adoption and its recovery (the daemon's checkpoint worker, or here).
+        self.load_state: StateLoader = load_state or load_published_state
         self._heartbeat = heartbeat or (lambda: None)
         self.partition = partition
         #: The proposals topic's partition count (0: unknown, the partition check is off).
@@ -272,6 +298,8 @@ class PartitionCoordinator:
         self.metrics = metrics
         self.consumer = consumer
         self.states: dict[str, TableState] = {}
+        #: Tables released to uncoordinated writers -> (table uri, version released at); their proposals are refused.
+        self.released: dict[str, tuple[str, int]] = {}
         self.decided = DecidedIds(settings.decided_ids_limit, settings.decided_ids_max_age_ms)
         # -- state snapshots (`coordinator.kafka.snapshot`): the commits-topic offset the states cover, the
         # last record folded, records since the last snapshot, and where recent versions were recorded.
@@ -363,10 +391,18 @@ class PartitionCoordinator:
                 log.warning("cannot list _delta_log of %s (%s); republishing its history", table_uri, e)
                 return -1
 
+        def load_state(table_uri: str, version: int) -> PublishedState:
+            try:
+                storage = locations.storage(table_uri)
+            except (TableLocationError, ValueError) as e:
+                raise StateLoadError("unreadable", f"the table's location cannot be opened: {e}") from e
+            return self.load_state(storage, version)
+
         rec: Recovered = recover_partition(self.settings, self.partition, new_table=new_table, heartbeat=self._heartbeat,
                                            on_record=self.metrics.recovery_records.inc,
-                                           published_version=published_version)
+                                           published_version=published_version, load_state=load_state)
         self.states = rec.states
+        self.released = rec.released
         self.decided = rec.decided
         self.commits_end = rec.end_offset
         self._last_record = rec.last
@@ -436,7 +472,7 @@ class PartitionCoordinator:
             commits_topic=self.settings.topics.commits, partition=self.partition, offset=self.commits_end,
             last=self._last_record, tables=[st.export() for st in self.states.values()],
             halted={tid: (self.states[tid].table_uri, why) for tid, why in halted.items() if tid in self.states},
-            decided=list(self.decided), republish_from=republish, created_ms=int(time.time() * 1000))
+            released=dict(self.released), decided=list(self.decided), republish_from=republish, created_ms=int(time.time() * 1000))
         self._since_snapshot = 0
         self._snapshot_requested = False
         store = self._snapshots
@@ -556,7 +592,12 @@ class PartitionCoordinator:
 
     # -- the loop ---------------------------------------------------------------
     def process(self, batch: Sequence[Message]) -> None:
-        """Decide one batch of this partition's proposals and commit the decisions with the offsets."""
+        """Decide one batch of this partition's proposals and commit the decisions with the offsets.
+
+        An adopt or release request changes which tables this coordinator decides: it is answered in a
+        transaction of its own, after the proposals before it and before those after it, so each proposal
+        is decided against the tables as its position in the partition finds them.
+        """
         assert self.producer is not None
         if not batch:
             return
@@ -567,9 +608,30 @@ class PartitionCoordinator:
         for m, x in zip(batch, decoded, strict=True):
             x.reply = self._reply_partition(m)
             x.ratified_only = header(m, H_WAIT) == WAIT_RATIFIED
+        start = 0
+        for i, x in enumerate(decoded):
+            if x.request is None:
+                continue
+            if i > start and not self._decide(batch[start:i], decoded[start:i], consumed_at):
+                return  # not recorded (or the partition was rebuilt): consumed again from the committed offset
+            if not self._answer_request(batch[i], x, consumed_at):
+                return
+            start = i + 1
+        if start < len(batch):
+            self._decide(batch[start:], decoded[start:], consumed_at)
+
+    def _decide(self, batch: Sequence[Message], decoded: Sequence[_Decoded], consumed_at: float) -> bool:
+        """Decide and record these proposals; False when they were not recorded (the consumer was rewound) or
+        the partition was rebuilt (a resumption): the rest of the fetched batch is then consumed again."""
+        now_ms = int(time.time() * 1000)
+        for x in decoded:
+            if x.submitted is not None and x.submitted.proposal.table_id in self.released:
+                p = x.submitted.proposal
+                x.rejected = rejection(p.table_id, p.table_uri, p.proposal_id, self._released_error(p.table_id), None,
+                                       x.submitted.at_ms or now_ms)
+                x.submitted = None
         proposals = [x.submitted for x in decoded if x.submitted is not None]
         check_files = functools.partial(added_files_problem, self.publisher.locations)
-        now_ms = int(time.time() * 1000)
         halted = self.publisher.halted_tables()
         decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
                                         earlier=self.decided.get)
@@ -598,6 +660,9 @@ class PartitionCoordinator:
             decided = [dataclasses.replace(d, reason_code=ReasonCode.STORAGE_UNAVAILABLE.value)
                        if d.table_id in unavailable and d.reason_code == ReasonCode.TABLE_HALTED.value
                        and d.table_id not in self.publisher.halted_tables() else d for d in decided]
+        hints: dict[str, str] = {}
+        decided = [self._with_table_hint(d, hints) if d.reason_code == ReasonCode.UNKNOWN_TABLE.value else d
+                   for d in decided]
         for tid, why in overlay.halts.items():
             uri = self._uri_of(tid, proposals)
             self.publisher.halt(tid, uri, why, notify=False)
@@ -631,26 +696,8 @@ class PartitionCoordinator:
         outs.extend(self._control_out(d, kind) for _tid, kind, d in controls)
         dead = sum(1 for x in decoded if x.dead is not None)
         fault_point("after_decide")
-        refused: list[_Refusal] = []
-        try:
-            self._transact(batch, outs, refused)
-        except FencedError:
-            raise
-        except ProducerStuckError as e:
-            self._failed(str(e))
-            self._replace_producer(e)
-            return
-        except KafkaException as e:
-            self._failed(str(e))
-            degraded = self._degrade(refused) if refused else False
-            if not refused:
-                log.warning("partition %d: transaction failed (%s); dropping the batch's decisions and consuming it again",
-                            self.partition, e)
-            self._abort_and_rewind(e)
-            if not degraded:
-                # Whatever failed is not one record's fault: do not spin on it.
-                time.sleep(min(0.05 * 2 ** min(self._failures, 5), 1.0))
-            return
+        if not self._record(batch, outs):
+            return False
         fault_point("after_kafka_commit")
         self._committed(batch)
         self._controls = [c for c in self._controls if c not in controls]
@@ -689,7 +736,34 @@ class PartitionCoordinator:
         self.metrics.halted_tables.set(self.publisher.halted_count())
         if resumed:
             self._resume(resumed)
+            return False
         self.maybe_snapshot()
+        return True
+
+    def _record(self, batch: Sequence[Message], outs: Sequence[_Out]) -> bool:
+        """One transaction of `outs` with the offsets of `batch`; False (aborted and rewound, or the producer
+        replaced) when it failed, so the batch is consumed again."""
+        refused: list[_Refusal] = []
+        try:
+            self._transact(batch, outs, refused)
+        except FencedError:
+            raise
+        except ProducerStuckError as e:
+            self._failed(str(e))
+            self._replace_producer(e)
+            return False
+        except KafkaException as e:
+            self._failed(str(e))
+            degraded = self._degrade(refused) if refused else False
+            if not refused:
+                log.warning("partition %d: transaction failed (%s); dropping the batch's decisions and consuming it again",
+                            self.partition, e)
+            self._abort_and_rewind(e)
+            if not degraded:
+                # Whatever failed is not one record's fault: do not spin on it.
+                time.sleep(min(0.05 * 2 ** min(self._failures, 5), 1.0))
+            return False
+        return True
 
     def _resume(self, tables: Sequence[str]) -> None:
         """After a resumption is recorded: rebuild the partition as at a restart, which republishes what the halt
@@ -700,6 +774,178 @@ class PartitionCoordinator:
         self.publisher.forget(self.states.keys())
         self.close()
         self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.start()))
+
+    # -- adoption and release (`coordinator.kafka.control`) ---------------------------------
+    def _answer_request(self, m: Message, x: _Decoded, consumed_at: float) -> bool:
+        """Answer an adopt or release request in a transaction of its own; then apply it. False when the
+        transaction failed (the request is consumed again)."""
+        assert x.submitted is not None and x.request is not None
+        p, sig = x.submitted.proposal, x.submitted.signature
+        at = x.submitted.at_ms or int(time.time() * 1000)
+        if x.request == ADOPT:
+            d, done = self._adopt(p, sig, at)
+        else:
+            d, done = self._release(p, sig, at)
+        kind = control_kind(d)
+        controls = list(self._controls)
+        # Pending halts first: an adoption lifts a halt of the table, so it is folded after them.
+        outs = [self._control_out(c, k) for _tid, k, c in controls]
+        outs.append(_Out(self.settings.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d, kind),
+                         self.partition, x.offset, d))
+        if not self._record([m], outs):
+            return False
+        self._committed([m])
+        self._controls = [c for c in self._controls if c not in controls]
+        if done is not None:
+            done()
+        if kind is None:
+            self.decided.remember(d)  # as recovery does: a rejection is remembered, control records are not
+            self.metrics.rejections.labels(d.reason_code or "UNKNOWN").inc()
+        self.metrics.proposals.labels(self._label).inc()
+        if x.reply is not None and self.notices is not None:
+            self.notices.decided(d, x.reply, {"consumed": consumed_at, "ratified": time.time()})
+        log.warning("partition %d: %s request %s for table %s: %s", self.partition, x.request, p.proposal_id[:100],
+                    p.table_id[:200], d.error_message if kind is not None else f"refused, {d.reason_code}: {d.error_message}")
+        self.maybe_snapshot()
+        return True
+
+    def _refused(self, p: Proposal, reason: ReasonCode, why: str, at_ms: int) -> tuple[Decision, None]:
+        return rejection(p.table_id, p.table_uri, p.proposal_id, InvalidProposalError(reason, why), None, at_ms), None
+
+    def _adopt(self, p: Proposal, sig: Signature | None, at_ms: int) -> tuple[Decision, Callable[[], None] | None]:
+        """Put an existing Delta table under coordination at its current version: read its state through this
+        coordinator's own storage edge, check that it can be coordinated, answer with the adoption record."""
+        tid, uri = p.table_id, p.table_uri
+        if not is_request_id(p.proposal_id, ADOPT):
+            return self._refused(p, ReasonCode.BAD_PROPOSAL_ID, (
+                f"an adopt request's proposal id must be {CONTROL_PREFIX}{ADOPT}:<uuid>, not {p.proposal_id[:100]!r}"), at_ms)
+        st = self.states.get(tid)
+        if st is not None:
+            if st.table_uri == uri and st.version == p.read_version:  # asked again (an answer lost): the same answer
+                again = adoption_record(tid, uri, p.proposal_id, st.version, (
+                    f"already coordinated at version {st.version}; nothing changed"), at_ms)
+                return dataclasses.replace(again, duplicate_of=st.version), None
+            return self._refused(p, ReasonCode.TABLE_ALREADY_COORDINATED, (
+                f"table {tid} at {st.table_uri} is already under this coordinator (version {st.version}, the request saw "
+                f"{p.read_version}): its writers commit through deltacoord; there is nothing to adopt"), at_ms)
+        try:
+            storage = self.publisher.locations.storage(uri)
+            loaded = self.load_state(storage, None)
+        except TableLocationError as e:
+            return rejection(tid, uri, p.proposal_id, e, None, at_ms), None
+        except StateLoadError as e:
+            if e.kind == "missing":
+                return self._refused(p, ReasonCode.UNKNOWN_TABLE, (
+                    f"there is no Delta table at {uri} to adopt (no _delta_log with a commit or checkpoint). To make a new "
+                    f"table there: `deltacoord table create {uri} --schema ...` (Python: Table(uri, ...).create(schema))"),
+                    at_ms)
+            if e.kind == "unreadable":
+                return self._refused(p, ReasonCode.UNREADABLE_TABLE, f"the table cannot be adopted: {e}", at_ms)
+            return self._refused(p, ReasonCode.STORAGE_UNAVAILABLE, f"the table was not adopted, retry: {e}", at_ms)
+        problems = adoption_problems(loaded.protocol, loaded.metadata)
+        if problems:
+            return self._refused(p, ReasonCode.UNSUPPORTED_TABLE_FEATURE, (
+                f"table {uri} (version {loaded.version}) cannot be coordinated: {'; '.join(problems)}. Keep writing it "
+                "with an engine that supports these features, or change the table so it no longer needs them"), at_ms)
+        adopted = loaded.table_state(tid, uri)
+        err = authentication_error(adopted, p, sig) or admission_error(adopted, p, {})
+        if err is not None:
+            return rejection(tid, uri, p.proposal_id, err, None, at_ms), None
+        source = f"checkpoint {loaded.checkpoint_version} and the commits after it" if loaded.checkpoint_version is not None \
+            else "its commits"
+        d = adoption_record(tid, uri, p.proposal_id, loaded.version, (
+            f"adopted at version {loaded.version} ({loaded.num_files} live files, read from {source}); this coordinator "
+            f"decides version {loaded.version + 1} on"), at_ms)
+
+        def done() -> None:
+            self.states[tid] = adopted
+            self.released.pop(tid, None)
+            self.publisher.resume(tid)  # a halt of the unknown table (a creation onto its log) is lifted
+            self.publisher.mark_published(tid, loaded.version)
+            self.metrics.tables.inc()
+
+        return d, done
+
+    def _release(self, p: Proposal, sig: Signature | None, at_ms: int) -> tuple[Decision, Callable[[], None] | None]:
+        """Hand a table back to uncoordinated writers once everything ratified is in `_delta_log`."""
+        tid = p.table_id
+        if not is_request_id(p.proposal_id, RELEASE):
+            return self._refused(p, ReasonCode.BAD_PROPOSAL_ID, (
+                f"a release request's proposal id must be {CONTROL_PREFIX}{RELEASE}:<uuid>, not {p.proposal_id[:100]!r}"),
+                at_ms)
+        st = self.states.get(tid)
+        if st is None:
+            if tid in self.released:  # asked again: the same answer
+                uri, head = self.released[tid]
+                return dataclasses.replace(release_record(tid, uri, p.proposal_id, head, at_ms), duplicate_of=head), None
+            return self._refused(p, ReasonCode.UNKNOWN_TABLE, (
+                f"table {tid} is not under this coordinator: there is nothing to release"), at_ms)
+        halted = self.publisher.halted(tid)
+        if halted is not None:
+            return self._refused(p, ReasonCode.TABLE_HALTED, (
+                f"table {tid} is halted ({halted}); repair and resume it (`deltacoord table resume`) before releasing it, "
+                "so that everything ratified is published first"), at_ms)
+        err = authentication_error(st, p, sig) or admission_error(st, p, {})
+        if err is not None:
+            return rejection(tid, p.table_uri, p.proposal_id, err, None, at_ms), None
+        published = self._wait_published(tid, st.version)
+        halted = self.publisher.halted(tid)
+        if halted is not None:
+            return self._refused(p, ReasonCode.TABLE_HALTED, (
+                f"table {tid} halted while its ratified versions were being published ({halted}); it was not released"),
+                at_ms)
+        if published < st.version:
+            return self._refused(p, ReasonCode.STORAGE_UNAVAILABLE, (
+                f"versions up to {st.version} are ratified but _delta_log holds only up to {published} after "
+                f"{RELEASE_PUBLISH_WAIT_S:.0f}s: the table was not released (uncoordinated writers would overwrite what "
+                "the publisher still owes). Retry once the publisher caught up"), at_ms)
+        head, uri = st.version, st.table_uri
+        d = release_record(tid, uri, p.proposal_id, head, at_ms)
+
+        def done() -> None:
+            self.states.pop(tid, None)
+            self.released[tid] = (uri, head)
+            self.publisher.forget([tid])
+            self.metrics.tables.dec()
+
+        return d, done
+
+    def _wait_published(self, table_id: str, version: int) -> int:
+        """The table's published version once it reaches `version`, or after RELEASE_PUBLISH_WAIT_S (or a halt)."""
+        deadline = time.monotonic() + RELEASE_PUBLISH_WAIT_S
+        while True:
+            published = self.publisher.published_version(table_id)
+            if published >= version or self.publisher.halted(table_id) is not None or time.monotonic() >= deadline:
+                return published
+            self._heartbeat()
+            time.sleep(0.01)
+
+    def _released_error(self, table_id: str) -> InvalidProposalError:
+        uri, head = self.released[table_id]
+        return InvalidProposalError(ReasonCode.TABLE_RELEASED, (
+            f"table {table_id} was released from coordination at version {head}: deltacoord no longer decides its "
+            f"commits. To commit through deltacoord again, stop its uncoordinated writers and adopt it: "
+            f"`deltacoord table adopt {uri}` (Python: Table(uri, ...).adopt())"))
+
+    def _with_table_hint(self, d: Decision, hints: dict[str, str]) -> Decision:
+        """An UNKNOWN_TABLE rejection with what to do: adopt the Delta table found at its location, or create one."""
+        uri = d.table_uri
+        if uri not in hints:
+            try:
+                head = newest_commit_version(self.publisher.locations.storage(uri))
+            except (TableLocationError, StorageError, OSError, ValueError):
+                head = None
+            if head is None:
+                hints[uri] = (f" If a Delta table exists at {uri}, adopt it: `deltacoord table adopt {uri}`; else create "
+                              f"it: `deltacoord table create {uri} --schema ...`")
+            elif head >= 0:
+                hints[uri] = (f" A Delta table exists at {uri} (version {head}), but this coordinator does not decide its "
+                              f"commits: put it under coordination with `deltacoord table adopt {uri}` (Python: "
+                              "Table(uri, ...).adopt())")
+            else:
+                hints[uri] = (f" There is no Delta table at {uri}: create it first with `deltacoord table create {uri} "
+                              "--schema ...` (Python: Table(uri, ...).create(schema))")
+        return dataclasses.replace(d, error_message=f"{d.error_message or ''}{hints[uri]}")
 
     # -- progress and poison -------------------------------------------------------
     def _committed(self, batch: Sequence[Message]) -> None:
@@ -811,13 +1057,17 @@ class PartitionCoordinator:
         at_ms = max(0, m.timestamp()[1])
         source = _source(m)
         control = header(m, H_CONTROL)
+        request: str | None = None
         if control is not None:
             table_id = _header(m, H_TABLE_ID)
             if control == RESUME.encode() and table_id:
                 log.warning("partition %d: %s asks to resume table %s", self.partition, source, table_id[:200])
                 return _Decoded(offset, resume=table_id)
-            error = f"a control message that is not a resume request with a table id (control={control[:100]!r})"
-            return _Decoded(offset, dead=dead_letter(raw, m.key(), error, source, self.settings.dead_letter_max_bytes))
+            if control not in (ADOPT.encode(), RELEASE.encode()):
+                error = (f"a control message that is not a resume request with a table id, nor an adopt or release request "
+                         f"(control={control[:100]!r})")
+                return _Decoded(offset, dead=dead_letter(raw, m.key(), error, source, self.settings.dead_letter_max_bytes))
+            request = control.decode()
         try:
             if raw is None:
                 raise DecodeError("empty message (no value)")
@@ -859,7 +1109,9 @@ class PartitionCoordinator:
         sig = None
         if signer is not None and signature is not None:
             sig = Signature(signer.decode("utf-8", errors="replace"), signature, raw)
-        return _Decoded(offset, submitted=Submitted(p, at_ms, sig))
+        if request is not None:
+            log.warning("partition %d: %s asks to %s table %s", self.partition, source, request, p.table_id[:200])
+        return _Decoded(offset, submitted=Submitted(p, at_ms, sig), request=request)
 
     def _transact(self, batch: Sequence[Message], outs: Sequence[_Out], refused: list[_Refusal]) -> None:
         """One transaction: the records, then the consumed offsets. Records Kafka refuses for what they

@@ -19,12 +19,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from coordinator.kafka.control import HALT, RESUME, control_kind
+from coordinator.delta_log.adoption import PublishedState, StateLoadError, load_published_state
+from coordinator.kafka.control import ADOPT, HALT, RELEASE, RESUME, control_kind
 from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from coordinator.settings import CoordinatorSettings
 from reader.log import newest_commit_version
-from reader.storage import StorageError
+from reader.storage import StorageError, TableStorage
 from schemas.codec import decode_decision
 from schemas.messages import Decision
 from schemas.routing import H_TABLE_ID, H_VERSION, header
@@ -164,6 +165,9 @@ class Recovered:
     halted: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: Halts found by this recovery, not yet on the commits topic (the caller records them).
     new_halts: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Tables released to uncoordinated writers (their last adopt/release record is a release) -> (table uri,
+    #: the version they were released at).
+    released: dict[str, tuple[str, int]] = field(default_factory=dict)
     #: Per table, ratified versions to (re)publish, oldest first, with their commits-topic offsets: those not in
     #: `_delta_log`, and the newest one there.
     to_publish: dict[str, list[tuple[Decision, int]]] = field(default_factory=dict)
@@ -189,7 +193,8 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
                    on_record: Callable[[], None] | None = None,
                    published_version: Callable[[str], int] = newest_commit_version,
                    base: Recovered | None = None, from_offset: int | None = None,
-                   republish_from: Mapping[str, tuple[int, int]] | None = None) -> Recovered:
+                   republish_from: Mapping[str, tuple[int, int]] | None = None,
+                   load_state: Callable[[str, int], PublishedState] | None = None) -> Recovered:
     """Table states as the fold of the partition's committed decisions (event sourcing), from the
     start of the partition or from `from_offset` on top of `base` (a snapshot's state); with
     `republish_from` (table id -> (offset, version)) the records from there to `from_offset` are read
@@ -209,11 +214,17 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
     does not follow its predecessor, an error applying it, and a `_delta_log`
     holding versions beyond the newest one Kafka ratified (written around the
     coordinator: the next commit would be acknowledged but invisible). Control
-    records (`coordinator.kafka.control`) halt and resume tables.
+    records (`coordinator.kafka.control`) halt and resume tables, adopt and release them: an adoption at
+    version N replaces the table's state by its published log at N (`load_state(table_uri, N)`, default
+    `adoption.load_published_state` with the settings' storage options), whose failure halts that table; a
+    release drops the table's state (it is listed in `released`).
     """
     rec = base if base is not None else Recovered(decided=DecidedIds(settings.decided_ids_limit,
                                                                      settings.decided_ids_max_age_ms))
     states = rec.states
+    if load_state is None:
+        def load_state(table_uri: str, version: int) -> PublishedState:
+            return load_published_state(TableStorage(table_uri, settings.storage_options), version)
     on_disk: dict[str, int] = {}
     #: Per table, the first version to (re)publish: every ratified version from there on is compared byte
     #: for byte with `_delta_log` (put-if-absent), written where it is missing.
@@ -266,6 +277,15 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             rec.halted.pop(d.table_id, None)
             rec.new_halts.pop(d.table_id, None)
             continue
+        if kind == ADOPT:
+            _fold_adoption(rec, d, load_state, first_sight, broken)
+            continue
+        if kind == RELEASE:
+            states.pop(d.table_id, None)
+            rec.to_publish.pop(d.table_id, None)  # published before the release was recorded
+            broken.discard(d.table_id)
+            rec.released[d.table_id] = (d.table_uri, d.winning_version if d.winning_version is not None else -1)
+            continue
         rec.decided.remember(d)
         if not d.committed or d.duplicate_of is not None or d.version is None:
             continue
@@ -309,6 +329,42 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
     return rec
 
 
+def _fold_adoption(rec: Recovered, d: Decision, load_state: Callable[[str, int], PublishedState],
+                   first_sight: Callable[[str, str], None], broken: set[str]) -> None:
+    """An adoption record, as the live coordinator applied it: the table is neither released nor halted any more,
+    and its state is its published log at the adopted version (read again unless this recovery already holds the
+    table at that version). An adoption answered again (`duplicate_of`) changed nothing. A log that cannot give
+    the version halts the table."""
+    tid, version = d.table_id, d.winning_version
+    if version is None or d.duplicate_of is not None:
+        return
+    rec.released.pop(tid, None)
+    rec.halted.pop(tid, None)
+    rec.new_halts.pop(tid, None)
+    rec.to_publish.pop(tid, None)
+    known = rec.states.get(tid)
+    if known is not None and known.version == version and tid not in broken:
+        return
+    broken.discard(tid)
+    try:
+        loaded = load_state(d.table_uri, version)
+        if loaded.version != version:
+            raise StateLoadError("unreadable", f"loading version {version} gave version {loaded.version}")
+    except StateLoadError as e:
+        rec.states.pop(tid, None)
+        broken.add(tid)
+        rec.halt(tid, d.table_uri, (
+            f"the table was adopted at version {version}, and recovery rebuilds its state from _delta_log at that "
+            f"version, which failed: {e}. Restore _delta_log up to version {version}, or accept what it holds now, and "
+            "adopt the table again (`deltacoord table adopt`): the adoption reads its current version"))
+        return
+    rec.states[tid] = loaded.table_state(tid, d.table_uri)
+    if known is None:
+        first_sight(tid, d.table_uri)
+    log.info("table %s: adopted state at version %d rebuilt from _delta_log (%d live files)", tid, version,
+             loaded.num_files)
+
+
 def recover_partition(settings: CoordinatorSettings, partition: int, **kwargs: Any) -> Recovered:
     """`rebuild_states` from the newest usable state snapshot (`coordinator.kafka.snapshot`), or from the start."""
     if settings.state_root:
@@ -330,6 +386,7 @@ def recover_partition(settings: CoordinatorSettings, partition: int, **kwargs: A
                 continue
             t0 = time.monotonic()
             base = Recovered(states={t.table_id: TableState.from_export(t) for t in snap.tables}, halted=dict(snap.halted),
+                             released=dict(snap.released),
                              decided=DecidedIds(settings.decided_ids_limit, settings.decided_ids_max_age_ms),
                              last=snap.last, snapshot_offset=snap.offset)
             base.decided.extend(snap.decided)

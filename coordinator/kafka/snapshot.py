@@ -4,7 +4,8 @@ A partition's state is the fold of its commits-topic records (`recovery`).
 Every `snapshot_every_records` records the coordinator writes, between two
 batches, what that fold holds at the offset it covers: each table's
 `TableStateExport` (head, protocol, metadata, app ids, domains, the live-file
-hashes, the txnId index; not the winners window), the halts, the decided-ids
+hashes, the txnId index; not the winners window), the halts, the released
+tables, the decided-ids
 window, and per table the offset of the oldest ratified version the publisher
 had not published yet (so a restart republishes it). A restart loads the
 newest readable snapshot and folds only the records from its offset on, so
@@ -64,6 +65,8 @@ class PartitionSnapshot:
     last: tuple[int, str] | None
     tables: list[TableStateExport] = field(default_factory=list)
     halted: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Tables released to uncoordinated writers -> (table uri, version released at).
+    released: dict[str, tuple[str, int]] = field(default_factory=dict)
     decided: list[Decision] = field(default_factory=list)
     #: Table id -> (commits-topic offset, version) of the oldest ratified version that was not published yet.
     republish_from: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -99,6 +102,7 @@ def encode_snapshot(s: PartitionSnapshot) -> bytes:
         "commits_topic": s.commits_topic, "partition": s.partition, "offset": s.offset,
         "last": list(s.last) if s.last is not None else None, "created_ms": s.created_ms, "tables": tables,
         "halted": {k: list(v) for k, v in s.halted.items()}, "decided": [_decision_row(d) for d in s.decided],
+        "released": {k: list(v) for k, v in s.released.items()},
         "republish_from": {k: list(v) for k, v in s.republish_from.items()},
     }
     head = json.dumps(doc, separators=(",", ":")).encode("utf-8")
@@ -134,6 +138,7 @@ def decode_snapshot(data: bytes) -> PartitionSnapshot:
             commits_topic=doc["commits_topic"], partition=int(doc["partition"]), offset=int(doc["offset"]),
             last=(int(last[0]), str(last[1])) if last else None, tables=tables,
             halted={k: (v[0], v[1]) for k, v in doc["halted"].items()}, decided=[_decision_of(r) for r in doc["decided"]],
+            released={k: (str(v[0]), int(v[1])) for k, v in doc.get("released", {}).items()},
             republish_from={k: (int(v[0]), int(v[1])) for k, v in doc["republish_from"].items()}, created_ms=int(doc["created_ms"]))
     except SnapshotError:
         raise

@@ -119,6 +119,12 @@ def key_hash(path: str, dv_id: str | None) -> int:
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
+def key_text_hash(key: str) -> int:
+    """`key_hash` of a key given as one string: the path, then NUL and the deletion vector id when it has one
+    (`reader.checkpoint.key_string`, which a snapshot computes for all its files at once)."""
+    return int.from_bytes(blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little", signed=True)
+
+
 def file_key_hash(action: AddFile | RemoveFile) -> int:
     """64-bit hash of a file action's logical key (path, deletion vector id)."""
     dv = action.deletion_vector
@@ -470,4 +476,5 @@ __all__ = [
     "WinningCommit",
     "file_key_hash",
     "key_hash",
+    "key_text_hash",
 ]

@@ -15,6 +15,8 @@ Checked here, before any conflict check:
 * at most one metaData and one protocol action; a creation (read version -1)
   carries both; protocol versions this project supports (reader <= 3,
   writer <= 7);
+* actions whose table feature the protocol in force after the commit lacks
+  (`table_features.py`: domainMetadata without the `domainMetadata` feature);
 * at most one SetTransaction per appId (identical duplicates are allowed and
   de-duplicated at rebase, as Delta Spark does), at most one domainMetadata per
   domain;
@@ -42,6 +44,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from coordinator.rules.state import TableState
+from coordinator.rules.table_features import domain_metadata_error
 from schemas.actions import (
     AddCDCFile,
     AddFile,
@@ -99,6 +102,7 @@ REASONS = frozenset(
         ReasonCode.MALFORMED_PROPOSAL,
         ReasonCode.COMMIT_INFO_TOO_DEEP,
         ReasonCode.COMMIT_INFO_TOO_LARGE,
+        ReasonCode.MISSING_TABLE_FEATURE,
     }
 )
 
@@ -425,6 +429,10 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             f"protocol ({new_protocol.min_reader_version}, {new_protocol.min_writer_version}) is not supported "
             f"(reader <= {MAX_READER_VERSION}, writer <= {MAX_WRITER_VERSION})",
         )
+
+    feature_error = domain_metadata_error(new_protocol if new_protocol is not None else state.protocol, p)
+    if feature_error is not None:
+        raise feature_error
 
     effective = new_metadata if new_metadata is not None else state.metadata
     level = table_isolation_level(effective)

@@ -197,7 +197,7 @@ def coordinator_group() -> None:
               help="A repeated proposal id is answered with its first decision while among this many newest decisions of "
                    "its partition (default 50000) and younger than --decided-ids-max-age-hours (default 168).")
 @click.option("--decided-ids-max-age-hours", type=float, envvar=env_var("decided_ids_max_age_hours"), default=None,
-              help="How long a decision answers a repeated proposal id (default 168 hours, Kafka's default retention).")
+              help="Hours a decision stays the answer to its repeated proposal id (default 168; see --decided-ids-limit).")
 def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None, partitions: str | None,
                     num_partitions: int | None, group_id: str | None, transactional_id_prefix: str | None, max_batch: int | None,
                     metrics_port: int | None, no_fsync: bool, no_checkpoints: bool, kafka_pairs: tuple[str, ...],

@@ -10,6 +10,8 @@
     deltacoord table describe PATH [--version V]               (one JSON object, from _delta_log)
     deltacoord table vacuum PATH [--retention-hours H] [--dry-run]   (delete files no retained version needs)
     deltacoord table resume TABLE                              (lift a halt, once its cause is dealt with)
+    deltacoord table adopt PATH                                (put an existing Delta table under the coordinator)
+    deltacoord table release PATH                              (hand a table back to uncoordinated writers)
     deltacoord tail TABLE [--from-version N|latest]            (one JSON line per committed version, from Kafka)
 
 PATH is a local directory or an object-store URI (`s3://bucket/t`, `abfss://...`,
@@ -257,6 +259,48 @@ def create_cmd(path: str, schema_spec: str, partition_by: tuple[str, ...], prope
     props = parse_pairs(properties, "--property")
     with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.create(schema, partition_by=parts, properties=props, name=name)))
+
+
+@table_group.command("adopt")
+@click.argument("path", type=TableLocationParam(exists=True))
+@_writes
+def adopt_cmd(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
+              writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
+    """Put the existing Delta table at PATH (written by Spark, delta-rs, ...) under the coordinator.
+
+    The coordinator reads the table's checkpoint and commits itself, records the adoption on the commits
+    topic and decides every commit after the table's current version (printed as "version"). Stop the
+    table's other writers first: a version written around the coordinator afterwards halts the table.
+    Refused, with the reason, for a location without a Delta table, a table with a writer feature
+    deltacoord cannot honour, a location outside the coordinator's table_roots, or a table it already
+    coordinates at another version (adopting again at the same version answers alreadyCommitted).
+
+    \b
+    Example:
+      deltacoord table adopt /data/sales --bootstrap-servers kafka-1:9092
+    """
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+        _echo_json(_result_json(t.adopt()))
+
+
+@table_group.command("release")
+@click.argument("path", type=TableLocationParam(exists=True))
+@_writes
+def release_cmd(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
+                writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
+    """Hand the table at PATH back to uncoordinated writers (the reverse of `adopt`).
+
+    Once every version the coordinator ratified is in _delta_log, it records the release and stops
+    deciding the table; proposals that reach it afterwards are refused (TABLE_RELEASED). Stop the
+    writers that commit through deltacoord first (docs/operations.md, "Adopt and release a table").
+    Prints the last coordinated version.
+
+    \b
+    Example:
+      deltacoord table release /data/sales --bootstrap-servers kafka-1:9092
+    """
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+        _echo_json(_result_json(t.release()))
 
 
 #: JSON rows converted to Arrow per chunk: memory stays bounded by one chunk, whatever the input's size.
@@ -563,8 +607,9 @@ def resume_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pair
     table's partition, which publishes what the halt held back, or halts the table again if the
     cause is still there (watch /healthz).
 
+    \b
     Example:
-      deltacoord table resume /data/sales --bootstrap-servers localhost:9092
+      deltacoord table resume /data/sales --bootstrap-servers kafka-1:9092
     """
     from coordinator.kafka.control import request_resume
     from reader.stream import normalize_table_id

@@ -87,6 +87,10 @@ def protocol(reader: int = 1, writer: int = 2) -> Protocol:
     return Protocol(min_reader_version=reader, min_writer_version=writer)
 
 
+#: A protocol with the `domainMetadata` writer feature: tables whose commits write domainMetadata need it.
+DOMAINS_PROTOCOL = Protocol(1, 7, None, ("appendOnly", "invariants", "domainMetadata"))
+
+
 def add(path: str, data_change: bool = True, dv: str | None = None, stats: str | None = None, **parts: Any) -> AddFile:
     pv = {k: (None if v is None else str(v)) for k, v in parts.items()}
     return AddFile(

@@ -31,7 +31,7 @@ from coordinator.rules.conflicts import (
     decide,
 )
 from coordinator.rules.state import TableState
-from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, SetTransaction
+from schemas.actions import Action, AddFile, CommitInfo, DomainMetadata, Metadata, Protocol, SetTransaction
 from schemas.errors import (
     ConcurrentAppendException,
     ConcurrentDeleteDeleteException,
@@ -45,6 +45,7 @@ from schemas.errors import (
 )
 from schemas.messages import FileRead
 from tests.unit.builders import (
+    DOMAINS_PROTOCOL,
     NOW,
     TABLE_ID,
     TABLE_URI,
@@ -495,8 +496,15 @@ SCENARIOS: list[Sc] = [
 ]
 
 
+def _writes_domains(sc: Sc) -> bool:
+    actions = [*(a for win in sc.winners for a in win.actions), *sc.current.get("actions", ())]
+    return any(isinstance(a, DomainMetadata) for a in actions)
+
+
 def _run(sc: Sc) -> tuple[Harness, Accepted | Rejected | Duplicate, int]:
-    h = Harness(sc.partition_by, isolation=sc.isolation, files=sc.setup, md=sc.md)
+    # A table whose commits write domainMetadata declares the feature (PROTOCOL.md requires it).
+    h = Harness(sc.partition_by, isolation=sc.isolation, files=sc.setup, md=sc.md,
+                proto=DOMAINS_PROTOCOL if _writes_domains(sc) else None)
     rv = h.head
     for win in sc.winners:
         h.commit_raw(win.actions, operation=win.op, blind=win.blind, with_commit_info=win.with_commit_info)
@@ -818,7 +826,7 @@ def test_can_downgrade_to_snapshot_isolation_table(
 
 
 def test_state_tracks_live_files_domains_and_app_ids() -> None:
-    h = Harness()
+    h = Harness(proto=DOMAINS_PROTOCOL)
     h.must_commit(proposal(0, [add("a.parquet"), add("b.parquet", dv="d1"), domain("app.x"), txn("q", 3)]))
     assert h.state.live_file_count == 2
     assert h.state.is_live(add("b.parquet", dv="d1")) and not h.state.is_live(add("b.parquet"))

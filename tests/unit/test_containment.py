@@ -19,6 +19,7 @@ from schemas.actions import CommitInfo
 from schemas.messages import Decision, Outcome
 from schemas.reasons import ReasonCode
 from tests.unit.builders import (
+    DOMAINS_PROTOCOL,
     NOW,
     TABLE_ID,
     TABLE_URI,
@@ -45,7 +46,7 @@ def test_file_key_hashes_are_the_same_in_every_process() -> None:
 
 
 def _state() -> TableState:
-    h = Harness(["date"])
+    h = Harness(["date"], proto=DOMAINS_PROTOCOL)
     h.must_commit(proposal(h.head, [add(f"date=d/f{i}.parquet", date="d") for i in range(50)]))
     h.must_commit(proposal(h.head, [remove("date=d/f3.parquet", date="d"), txn("app", 7), domain("dom")]))
     return h.state

@@ -9,6 +9,7 @@ import pytest
 
 from coordinator.rules.conflicts import Accepted, Rejected, decide
 from coordinator.rules.state import TableState
+from coordinator.rules.table_features import domain_metadata_error
 from coordinator.rules.validate import (
     REASONS,
     check_txn_versions,
@@ -20,6 +21,7 @@ from schemas.actions import AddFile, CommitInfo, Protocol
 from schemas.errors import InvalidProposalError
 from schemas.messages import FileRead, Proposal
 from tests.unit.builders import (
+    DOMAINS_PROTOCOL,
     NOW,
     TABLE_ID,
     TABLE_URI,
@@ -52,6 +54,10 @@ def _dated() -> Harness:
 
 def _append_only() -> Harness:
     return Harness(config={"delta.appendOnly": "true"}, files=[add("a.parquet")])
+
+
+def _domains() -> Harness:
+    return Harness(proto=DOMAINS_PROTOCOL)
 
 
 def _with_txn() -> Harness:
@@ -92,7 +98,8 @@ CASES = [
     Case("writer-8", "UNSUPPORTED_PROTOCOL", lambda h: proposal(0, [protocol(3, 8)])),
     Case("writer-0", "UNSUPPORTED_PROTOCOL", lambda h: proposal(0, [Protocol(1, 0)])),
     Case("app-id-two-versions", "DUPLICATE_APP_ID", lambda h: proposal(0, [txn("app", 1), txn("app", 2)])),
-    Case("domain-twice", "DUPLICATE_DOMAIN", lambda h: proposal(0, [domain("d"), domain("d", "{}", True)])),
+    Case("domain-twice", "DUPLICATE_DOMAIN", lambda h: proposal(0, [domain("d"), domain("d", "{}", True)]), _domains),
+    Case("domain-without-feature", "MISSING_TABLE_FEATURE", lambda h: proposal(0, [domain("app.cfg")])),
     Case("add-twice", "DUPLICATE_FILE_ACTION", lambda h: proposal(0, [add("a.parquet"), add("a.parquet")])),
     Case("remove-twice", "DUPLICATE_FILE_ACTION", lambda h: proposal(0, [remove("a.parquet"), remove("a.parquet")])),
     Case("add-twice-same-dv", "DUPLICATE_FILE_ACTION",
@@ -273,3 +280,25 @@ def test_predicates_are_validated_against_read_time_schema() -> None:
     assert proposal_error(h.state, proposal(0, [], predicates=["part = 3"])) is None
     err = proposal_error(h.state, proposal(0, [], predicates=["part = 'three'"]))
     assert err is not None and err.reason == "BAD_PREDICATE"
+
+
+# -- table features -------------------------------------------------------------------------------------------
+
+
+def test_domain_metadata_needs_the_domain_metadata_writer_feature() -> None:
+    """PROTOCOL.md: domainMetadata actions only on tables whose protocol names the feature (a tombstone too);
+    a commit may add the feature and use it at once; a legacy protocol never has it."""
+    p = proposal(0, [domain("app.cfg")])
+    gone = proposal(0, [domain("app.cfg", removed=True)])
+    for proto in (protocol(), protocol(1, 6), Protocol(3, 7, ("deletionVectors",), ("appendOnly", "deletionVectors")), None):
+        for q in (p, gone):
+            err = domain_metadata_error(proto, q)
+            assert err is not None and err.reason == "MISSING_TABLE_FEATURE", proto
+            assert "app.cfg" in str(err) and "domainMetadata writer feature" in str(err)
+    assert domain_metadata_error(DOMAINS_PROTOCOL, p) is None
+    assert domain_metadata_error(protocol(), proposal(0, [add("a.parquet")])) is None
+    h = Harness()
+    assert proposal_error(h.state, proposal(0, [DOMAINS_PROTOCOL, domain("app.cfg")], changes_data=False)) is None
+    err = proposal_error(h.state, p)
+    assert err is not None and err.reason == "MISSING_TABLE_FEATURE"
+    assert isinstance(decide(Harness(proto=DOMAINS_PROTOCOL).state, p, NOW), Accepted)

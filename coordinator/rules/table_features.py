@@ -1,0 +1,39 @@
+"""Rules a proposal must keep because of the table features its protocol declares (or lacks), pure.
+
+PROTOCOL.md makes some actions legal only on tables whose protocol names the feature they belong to;
+a commit that writes them anyway is one Delta Spark refuses and other engines may misread. Each rule
+is one small function `(protocol in force after the commit, proposal) -> InvalidProposalError | None`,
+called by validation (`validate.py`) with the protocol the commit leaves: the table's, or the one
+the proposal itself sets, so a commit that adds a feature may use it at once.
+"""
+
+from __future__ import annotations
+
+from schemas.actions import DomainMetadata, Protocol
+from schemas.errors import InvalidProposalError
+from schemas.messages import Proposal
+from schemas.reasons import ReasonCode
+from schemas.writer_features import writer_features
+
+DOMAIN_METADATA = "domainMetadata"
+
+
+def domain_metadata_error(protocol: Protocol | None, proposal: Proposal) -> InvalidProposalError | None:
+    """`domainMetadata` actions need the `domainMetadata` writer feature (PROTOCOL.md, "Domain Metadata";
+    Delta Spark's DELTA_DOMAIN_METADATA_NOT_SUPPORTED)."""
+    domains = sorted({a.domain for a in proposal.actions if isinstance(a, DomainMetadata)})
+    if not domains:
+        return None
+    if protocol is not None and DOMAIN_METADATA in writer_features(protocol):
+        return None
+    have = "no protocol" if protocol is None else (
+        f"protocol ({protocol.min_reader_version}, {protocol.min_writer_version}) with writer features "
+        f"{list(writer_features(protocol))}")
+    return InvalidProposalError(
+        ReasonCode.MISSING_TABLE_FEATURE,
+        f"the commit writes domainMetadata for domains {domains}, but the table's {have} lacks the "
+        f"{DOMAIN_METADATA} writer feature. Add the feature to the protocol first (or in the same commit: a "
+        f"protocol action at writer version 7 listing {DOMAIN_METADATA})")
+
+
+__all__ = ["DOMAIN_METADATA", "domain_metadata_error"]

@@ -1,0 +1,270 @@
+"""Adopting existing Delta tables (written by delta-rs) and releasing them, against a real broker and coordinator.
+
+The coordinator reads an adopted table's state from its own storage, decides every commit after the adopted
+version, and rebuilds that state after a restart from the adoption record; delta-rs reads every version, before
+and after the adoption, as our reader does. A released table is the uncoordinated writers' again.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from coordinator.delta_log.checkpoint_worker import CheckpointWorker
+from coordinator.delta_log.checkpointer import create_checkpoint
+from coordinator.delta_log.verify import verify_table
+from coordinator.kafka.daemon import Coordinator
+from coordinator.tooling.cli_tables import register
+from reader.log import checkpoint_exists
+from reader.snapshot import Snapshot
+from reader.stream import CommitStream, StreamGapError
+from schemas.actions import DomainMetadata, SetTransaction
+from schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
+from schemas.reasons import ReasonCode
+from schemas.routing import CONTROL_ADOPT, CONTROL_PREFIX, Topics
+from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
+from tests.integration.test_writer_operations import SCHEMA, assert_delta_rs_agrees, data, rows
+from writer.table import Table
+from writer.transaction import Transaction as WriterTransaction
+from writer.transaction import error_from_decision
+
+pytestmark = pytest.mark.kafka
+
+
+def _delta_rs_table(path: Path, *, checkpoint_interval: int = 6) -> None:
+    """Versions 0..4 written by delta-rs: two partitions, two appends (one with an app transaction), a DELETE,
+    a checkpoint at version 3 (`create_checkpoint`), one more append."""
+    uri = str(path)
+    write_deltalake(uri, data([1, 2, 3, 4], ["2024-01-01", "2024-01-01", "2024-01-02", "2024-01-02"], "rs"),
+                    partition_by=["date"], configuration={"delta.checkpointInterval": str(checkpoint_interval)})
+    write_deltalake(uri, data([5], "2024-01-03", "rs"), mode="append")
+    write_deltalake(uri, data([6], "2024-01-03", "rs"), mode="append",
+                    commit_properties=CommitProperties(app_transactions=[Transaction("pipe", 5)]))
+    DeltaTable(uri).delete("id = 4")
+    DeltaTable(uri).create_checkpoint()
+    write_deltalake(uri, data([7], "2024-01-01", "rs"), mode="append")
+    storage = Snapshot.load(uri).storage
+    assert DeltaTable(uri).version() == 4 and checkpoint_exists(storage, 3) and not checkpoint_exists(storage, 4)
+
+
+def _delta_rs_rows(path: Path, version: int) -> list[tuple[Any, ...]]:
+    return rows(DeltaTable(str(path), version=version).to_pyarrow_table().select(["id", "date", "value"]))
+
+
+def _stale_txn(t: Table) -> InvalidProposalError:
+    """A commit re-using the app transaction delta-rs recorded before the adoption ("pipe" at version 5)."""
+    tx = t.begin()
+    tx.add(SetTransaction("pipe", 5, int(time.time() * 1000)))
+    with pytest.raises(InvalidProposalError) as ei:
+        tx.commit("STREAMING UPDATE", changes_data=False)
+    return ei.value
+
+
+def _wait_for(check: Any, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s:.0f}s"
+        time.sleep(0.1)
+
+
+def test_a_delta_rs_table_is_adopted_decided_and_rebuilt_after_a_restart(kafka_bootstrap: str, tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    _delta_rs_table(path)
+    before = [_delta_rs_rows(path, v) for v in range(5)]
+    topics = fresh_topics(kafka_bootstrap)
+    t = Table(path, kafka_bootstrap, topics=topics)
+    try:
+        # The coordinator that adopts loads the table in its checkpoint worker, as the daemon does.
+        with coordinator_thread(kafka_bootstrap, topics, checkpoint_fn=CheckpointWorker()):
+            with pytest.raises(InvalidProposalError) as unknown:
+                t.append(data([100], "2024-01-01", "x"))
+            assert unknown.value.reason == ReasonCode.UNKNOWN_TABLE
+            assert f"deltacoord table adopt {t.uri}" in str(unknown.value) and "version 4" in str(unknown.value)
+
+            adopted = t.adopt()
+            assert (adopted.version, adopted.already_committed, adopted.operation) == (4, False, "ADOPT TABLE")
+            again = t.adopt()  # asked again at the same version: the same answer, nothing changed
+            assert (again.version, again.already_committed) == (4, True)
+
+            assert t.append(data([8], "2024-01-02", "dc")).version == 5
+            assert t.delete("id = 5").version == 6  # removes file C, written by delta-rs before the adoption
+            assert _stale_txn(t).reason == ReasonCode.STALE_TXN_VERSION  # delta-rs's app transaction is known
+        # A restart rebuilds the adopted table from the adoption record (its log at version 4) and versions 5, 6.
+        with coordinator_thread(kafka_bootstrap, topics, checkpoint_fn=create_checkpoint):
+            with pytest.raises(ConcurrentDeleteReadException):  # read version 5: the winner (6) removed file C
+                t.delete("id = 5", snapshot=t.snapshot(version=5))
+            assert _stale_txn(t).reason == ReasonCode.STALE_TXN_VERSION
+            assert t.delete("id = 1").version == 7  # rewrites pre-adoption file A
+            assert t.update("id = 3", {"value": "'up'"}).version == 8
+            for i in range(9, 13):
+                assert t.append(data([i], "2024-01-03", "dc")).version == i
+            storage = Snapshot.load(str(path)).storage
+            # delta.checkpointInterval = 6: the coordinators checkpoint the adopted table at 6 (the first one, in its
+            # worker, from delta-rs's checkpoint 3) and 12.
+            _wait_for(lambda: checkpoint_exists(storage, 6) and checkpoint_exists(storage, 12), "checkpoints 6 and 12")
+    finally:
+        t.close()
+    assert [_delta_rs_rows(path, v) for v in range(5)] == before  # the adopted history is untouched
+    assert DeltaTable(str(path)).version() == 12
+    assert _delta_rs_rows(path, 12) == [(2, "2024-01-01", "rs"), (3, "2024-01-02", "up"), (6, "2024-01-03", "rs"),
+                                        (7, "2024-01-01", "rs"), (8, "2024-01-02", "dc"),
+                                        *((i, "2024-01-03", "dc") for i in range(9, 13))]
+    assert assert_delta_rs_agrees(t) == 13  # every version, before and after the adoption
+    report = verify_table(harness_settings(kafka_bootstrap, topics), t.uri, t.table_id)
+    assert report.ok, report.problems
+    assert (report.adopted_versions, report.topic_versions, report.published_versions) == (5, 8, 8)
+    # The change feed on the commits topic starts after the adopted version; earlier ones are in _delta_log only.
+    with CommitStream(t.table_id, kafka_bootstrap, topics=topics, starting_version=5, include_all_commits=True) as s:
+        seen: list[int] = []
+        _wait_for(lambda: seen.extend(e.version for e in s.poll(0.5)) or seen[-1:] == [12], "the change feed to version 12")
+    assert seen == list(range(5, 13))
+    with CommitStream(t.table_id, kafka_bootstrap, topics=topics, starting_version=2) as s, \
+            pytest.raises(StreamGapError, match=r"adopted by the coordinator at version 4: versions 2\.\.4"):
+        _wait_for(lambda: s.poll(0.5) and False, "the stream's gap error")
+
+
+def _cli() -> click.Group:
+    group = click.Group("deltacoord")
+    register(group)
+    return group
+
+
+def _cli_json(topics: Topics, bootstrap: str, *args: str) -> dict[str, Any]:
+    import json
+
+    prefix = topics.proposals.removesuffix(".proposals")
+    result = CliRunner().invoke(_cli(), [*args, "--bootstrap-servers", bootstrap, "--topic-prefix", prefix])
+    assert result.exit_code == 0, f"{args}: exit {result.exit_code}\n{result.output}\n{result.exception!r}"
+    out: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _snapshot_now(coord: Coordinator) -> None:
+    """Have the coordinator write a state snapshot covering every record so far, and wait for it."""
+    worker = coord._workers[0]
+    written = worker.snapshots_written
+    worker.request_snapshot()
+    _wait_for(lambda: worker.snapshots_written > written, "a state snapshot")
+
+
+def test_release_hands_the_table_back_and_adopt_takes_it_again(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Also across restarts from state snapshots: the adopted state and the release are in them."""
+    path = tmp_path / "t"
+    _delta_rs_table(path)
+    topics = fresh_topics(kafka_bootstrap)
+    state = {"state_root": str(tmp_path / "state"), "snapshot_every_records": 1000}
+    t = Table(path, kafka_bootstrap, topics=topics)
+    try:
+        with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
+            assert _cli_json(topics, kafka_bootstrap, "table", "adopt", str(path))["version"] == 4
+            assert t.append(data([8], "2024-01-02", "dc")).version == 5
+            released = _cli_json(topics, kafka_bootstrap, "table", "release", str(path))
+            assert (released["version"], released["operation"]) == (5, "RELEASE TABLE")
+            assert t.release().already_committed  # asked again: the same answer
+            with pytest.raises(InvalidProposalError) as refused:
+                t.append(data([100], "2024-01-01", "x"))
+            assert refused.value.reason == ReasonCode.TABLE_RELEASED
+            assert f"deltacoord table adopt {t.uri}" in str(refused.value)
+            _snapshot_now(coord)
+        # The table is delta-rs's again: its writes need no coordinator.
+        write_deltalake(str(path), data([11], "2024-01-01", "rs-again"), mode="append")
+        assert DeltaTable(str(path)).version() == 6
+        with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
+            assert coord.metrics.recovery_records._value.get() < 3, "the release comes from the state snapshot"
+            with pytest.raises(InvalidProposalError) as still:
+                t.append(data([101], "2024-01-01", "x"))
+            assert still.value.reason == ReasonCode.TABLE_RELEASED
+            assert t.adopt().version == 6  # adopted again, from what delta-rs wrote meanwhile
+            assert t.append(data([12], "2024-01-02", "dc")).version == 7
+            _snapshot_now(coord)
+        with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
+            assert coord.metrics.recovery_records._value.get() < 3, "the adopted state comes from the state snapshot"
+            assert t.delete("id = 11").version == 8  # a file delta-rs wrote while the table was released
+    finally:
+        t.close()
+    assert {r[0] for r in _delta_rs_rows(path, 8)} == {1, 2, 3, 5, 6, 7, 8, 12}
+    assert assert_delta_rs_agrees(t) == 9
+
+
+def _raw_adopt(t: Table, read_version: int) -> InvalidProposalError:
+    """An adopt request as another client would send it, claiming to have read `read_version`."""
+    tx = WriterTransaction(t, read_version)
+    tx.proposal_id = f"{CONTROL_PREFIX}{CONTROL_ADOPT}:{uuid.uuid4()}"
+    p = tx.proposal("ADOPT TABLE", changes_data=False)
+    d = t.client.decided(t.client.propose(p, wait="ratified", control=CONTROL_ADOPT), p.table_id, 60)
+    assert not d.committed
+    err = error_from_decision(d)
+    assert isinstance(err, InvalidProposalError)
+    return err
+
+
+def test_adoption_refusals_and_features_the_coordinator_enforces(kafka_bootstrap: str, tmp_path: Path) -> None:
+    served = tmp_path / "served"
+    served.mkdir()
+    empty = served / "empty"
+    empty.mkdir()
+    future = served / "future"
+    _delta_rs_table(future)
+    # One writer feature nobody knows yet: writing the table would ignore it, so it cannot be coordinated.
+    (future / "_delta_log" / f"{5:020d}.json").write_text(
+        '{"protocol":{"minReaderVersion":1,"minWriterVersion":7,"writerFeatures":["appendOnly","invariants",'
+        '"futureFeature"]}}\n{"commitInfo":{"operation":"UPGRADE PROTOCOL","timestamp":0}}\n')
+    elsewhere = tmp_path / "elsewhere"
+    _delta_rs_table(elsewhere)
+    plain = served / "plain"
+    _delta_rs_table(plain)
+    topics = fresh_topics(kafka_bootstrap)
+    handles = [Table(p, kafka_bootstrap, topics=topics) for p in (empty, future, elsewhere, plain)]
+    t_empty, t_future, t_elsewhere, t_plain = handles
+    try:
+        with coordinator_thread(kafka_bootstrap, topics, table_roots=(str(served),)) as coord:
+            with pytest.raises(InvalidProposalError) as none:
+                t_empty.adopt()
+            assert none.value.reason == ReasonCode.UNKNOWN_TABLE
+            assert "no Delta table" in str(none.value) and f"deltacoord table create {t_empty.uri}" in str(none.value)
+            cli = CliRunner().invoke(_cli(), ["table", "adopt", str(empty), "--bootstrap-servers", kafka_bootstrap,
+                                              "--topic-prefix", topics.proposals.removesuffix(".proposals")])
+            assert cli.exit_code == 1 and "UNKNOWN_TABLE" in cli.output and "no Delta table" in cli.output, cli.output
+            with pytest.raises(InvalidProposalError) as nothing:  # a commit onto nothing is told to create the table
+                WriterTransaction(t_empty, 0).commit("WRITE")
+            assert nothing.value.reason == ReasonCode.UNKNOWN_TABLE
+            assert f"There is no Delta table at {t_empty.uri}: create it first" in str(nothing.value)
+
+            with pytest.raises(InvalidProposalError) as feature:
+                t_future.adopt()
+            assert feature.value.reason == ReasonCode.UNSUPPORTED_TABLE_FEATURE
+            assert "futureFeature" in str(feature.value)
+
+            with pytest.raises(InvalidProposalError) as outside:
+                t_elsewhere.adopt()
+            assert outside.value.reason == ReasonCode.TABLE_OUTSIDE_ROOTS
+
+            # A creation onto the foreign log halts the unknown table (version 0 exists); adopting it lifts the halt.
+            with pytest.raises(InvalidProposalError) as halted:
+                t_plain.begin_create(SCHEMA).commit("CREATE TABLE", changes_data=False)
+            assert halted.value.reason == ReasonCode.TABLE_HALTED
+            assert t_plain.table_id in coord.health()[1]["halted_tables"]  # type: ignore[operator]
+            assert t_plain.adopt().version == 4
+            assert t_plain.table_id not in coord.health()[1]["halted_tables"]  # type: ignore[operator]
+            assert t_plain.append(data([8], "2024-01-02", "dc")).version == 5
+            stale = _raw_adopt(t_plain, 4)  # the table is coordinated, and moved on since the requester looked
+            assert stale.reason == ReasonCode.TABLE_ALREADY_COORDINATED and "version 5" in str(stale)
+
+            # delta-rs made the table at protocol (1, 2): no domainMetadata feature, so no domainMetadata actions.
+            tx = t_plain.begin()
+            tx.add(DomainMetadata("app.cfg", "{}"))
+            with pytest.raises(InvalidProposalError) as domains:
+                tx.commit("SET DOMAIN", changes_data=False)
+            assert domains.value.reason == ReasonCode.MISSING_TABLE_FEATURE and "app.cfg" in str(domains.value)
+    finally:
+        for h in handles:
+            h.close()
+    assert not (empty / "_delta_log").exists() and DeltaTable(str(future)).version() == 5
+    assert DeltaTable(str(elsewhere)).version() == 4 and DeltaTable(str(plain)).version() == 5
