@@ -35,8 +35,9 @@ of the checkpoint path. `abort` deletes staged files when the commit was never
 attempted; it keeps them when the commit's outcome is unknown (they may be
 committed), leaving at worst orphans for VACUUM.
 
-Options: ``path``, ``bootstrap.servers`` (required to write), ``topic.prefix``
-(default ``deltacoord``), ``checkpointLocation``, ``appId``, ``partitionBy``
+Options (docs/settings.md names each setting across front doors): ``path``, ``bootstrap.servers``
+(required to write; default ``DELTACOORD_BOOTSTRAP_SERVERS`` of the driver), ``topic.prefix``
+(default ``DELTACOORD_TOPIC_PREFIX``, else ``deltacoord``), ``checkpointLocation``, ``appId``, ``partitionBy``
 (comma-separated, used when the sink creates the table), ``replaceWhere``,
 ``txnAppId``/``txnVersion`` (idempotent batch writes, as in Delta),
 ``decisionTimeoutS``, ``writerName``, ``writerKey`` (a writer key file that signs
@@ -50,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -73,6 +75,7 @@ from reader.log import TableNotFoundError, commit_object, read_commit
 from reader.snapshot import Snapshot, delta_schema_to_arrow
 from reader.spark_source import SOURCE_NAME, DeltaCoordSource, storage_options_of
 from reader.storage import TableStorage
+from schemas import client_settings
 from schemas.actions import AddFile, SetTransaction
 from schemas.errors import ProtocolChangedException
 from schemas.expressions import arrow as expressions
@@ -143,8 +146,9 @@ class SinkOptions:
         storage = TableStorage(path, storage_options, fsync=False)
         return SinkOptions(
             uri=storage.local_path() if storage.is_local else storage.location,
-            bootstrap_servers=o.get("bootstrap.servers") or o.get("kafka.bootstrap.servers"),
-            topic_prefix=o.get("topic.prefix") or "deltacoord",
+            bootstrap_servers=(o.get("bootstrap.servers") or o.get("kafka.bootstrap.servers")
+                               or os.environ.get(client_settings.BOOTSTRAP_SERVERS_ENV)),
+            topic_prefix=client_settings.topic_prefix(o.get("topic.prefix")),
             checkpoint=o.get("checkpointlocation"),
             app_id_option=o.get("appid"),
             partition_by=tuple(c.strip() for c in pb.split(",") if c.strip()),
@@ -167,7 +171,8 @@ class SinkOptions:
 
     def table(self) -> Table:
         if not self.bootstrap_servers:
-            raise SinkConfigError("the deltacoord sink needs option 'bootstrap.servers' (the Kafka cluster of the coordinator)")
+            raise SinkConfigError("the deltacoord sink needs option 'bootstrap.servers' (the Kafka cluster of the "
+                                  f"coordinator), or {client_settings.BOOTSTRAP_SERVERS_ENV} set for the driver")
         kafka_config: dict[str, Any] = dict(self.kafka)
         key = resolve_writer_key(self.writer_key)
         return Table(self.uri, self.bootstrap_servers, topics=Topics.with_prefix(self.topic_prefix),
