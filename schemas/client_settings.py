@@ -17,7 +17,10 @@ TOPIC_PREFIX_ENV = "DELTACOORD_TOPIC_PREFIX"
 GROUP_ID_ENV = "DELTACOORD_GROUP_ID"
 #: `0`/`false`/`no`/`off` turns off the writers' check that a coordinator serves the table's partition.
 COORDINATOR_CHECK_ENV = "DELTACOORD_COORDINATOR_CHECK"
+#: Seconds a write waits for its decision before the outcome is unknown.
+TIMEOUT_ENV = "DELTACOORD_TIMEOUT"
 DEFAULT_TOPIC_PREFIX = "deltacoord"
+DEFAULT_TIMEOUT_S = 60.0
 
 _FALSE = frozenset({"0", "false", "no", "off"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -57,6 +60,21 @@ def topics_of(prefix: str | None, topics: Topics | None) -> Topics:
 def prefix_of(topics: Topics) -> str:
     """The prefix `topics` were named from (the proposals topic without `.proposals`)."""
     return topics.proposals.removesuffix(".proposals")
+
+
+def decision_timeout(given: float | None) -> float:
+    """Seconds a write waits for its decision: `given`, else DELTACOORD_TIMEOUT, else 60."""
+    if given is not None:
+        value: float = given
+    else:
+        raw = os.environ.get(TIMEOUT_ENV, "").strip()
+        try:
+            value = float(raw) if raw else DEFAULT_TIMEOUT_S
+        except ValueError:
+            raise ClientSettingError(f"{TIMEOUT_ENV}={raw!r}: give the seconds to wait for a decision, e.g. 60") from None
+    if not value > 0:
+        raise ClientSettingError(f"a decision timeout of {value} s: give a positive number of seconds")
+    return value
 
 
 def coordinator_group(given: str | None, topics: Topics) -> str:

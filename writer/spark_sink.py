@@ -40,7 +40,7 @@ Options (docs/settings.md names each setting across front doors): ``path``, ``bo
 (default ``DELTACOORD_TOPIC_PREFIX``, else ``deltacoord``), ``checkpointLocation``, ``appId``, ``partitionBy``
 (comma-separated, used when the sink creates the table), ``replaceWhere``,
 ``txnAppId``/``txnVersion`` (idempotent batch writes, as in Delta),
-``decisionTimeoutS``, ``writerName``, ``writerKey`` (a writer key file that signs
+``decisionTimeoutS`` (default ``DELTACOORD_TIMEOUT``, else 60), ``writerName``, ``writerKey`` (a writer key file that signs
 every proposal; default ``DELTACOORD_WRITER_KEY`` of the driver), ``metricsPath`` (a JSON-lines file the
 driver appends per-commit timings to, for benchmarks), and ``kafka.<key>``
 passed to the Kafka client.
@@ -155,7 +155,8 @@ class SinkOptions:
             replace_where=o.get("replacewhere"),
             txn_app_id=o.get("txnappid"),
             txn_version=int(tv) if tv is not None else None,
-            decision_timeout_s=float(o.get("decisiontimeouts") or 60.0),
+            decision_timeout_s=client_settings.decision_timeout(float(o["decisiontimeouts"]) if o.get("decisiontimeouts")
+                                                                else None),
             writer_name=o.get("writername"),
             writer_key=o.get("writerkey"),
             metrics_path=o.get("metricspath"),

@@ -47,6 +47,7 @@ from reader.deletion_vectors import (
 from reader.log import TableNotFoundError, commit_key, data_object, list_log_from_hint, newest_commit_version
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError, delta_schema_to_arrow, parse_partition_value
 from reader.storage import TableStorage
+from schemas import client_settings
 from schemas.actions import AddFile, Metadata, Protocol, SetTransaction
 from schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
 from schemas.expressions import arrow as expressions
@@ -229,7 +230,7 @@ class Table:
     The settings carry the CLI's names (docs/settings.md): `bootstrap_servers`
     defaults to DELTACOORD_BOOTSTRAP_SERVERS, `topic_prefix` to
     DELTACOORD_TOPIC_PREFIX (else `deltacoord`; `topics=` names the topics one by
-    one instead). Before anything is staged, the handle checks that a live
+    one instead), `decision_timeout_s` to DELTACOORD_TIMEOUT (else 60). Before anything is staged, the handle checks that a live
     coordinator holds the table's proposals partition and raises
     `NoCoordinatorError` at once when none does (`coordinator_group`,
     `coordinator_check`: see `CoordinatorClient`).
@@ -241,7 +242,8 @@ class Table:
 
     def __init__(self, uri: str | Path, bootstrap_servers: str | None = None, *, table_id: str | None = None,
                  topic_prefix: str | None = None, topics: Topics | None = None, writer_name: str | None = None,
-                 decision_timeout_s: float = 60.0, publish_timeout_s: float = 60.0, client: CoordinatorClient | None = None,
+                 decision_timeout_s: float | None = None, publish_timeout_s: float = 60.0,
+                 client: CoordinatorClient | None = None,
                  storage_options: Mapping[str, str] | None = None, writer_key: WriterKey | str | Path | None = None,
                  dv_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES, wait: WaitFor = "published",
                  coordinator_group: str | None = None, coordinator_check: bool | None = None,
@@ -257,7 +259,7 @@ class Table:
                                  f"{self.writer_key.name!r}: a signed proposal's writer is its key's name")
             writer_name = self.writer_key.name
         self.writer_name = writer_name
-        self.decision_timeout_s = decision_timeout_s
+        self.decision_timeout_s = client_settings.decision_timeout(decision_timeout_s)
         self.publish_timeout_s = publish_timeout_s
         self.wait: WaitFor = check_wait(wait)
         self._own_client = client is None

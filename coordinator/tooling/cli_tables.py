@@ -61,6 +61,7 @@ from coordinator.tooling.cli_options import (
 )
 from reader.snapshot import Snapshot, delta_type_to_arrow
 from reader.storage import StorageError
+from schemas import client_settings
 from schemas.actions import json_lines
 from schemas.errors import CommitOutcomeUnknownError, DeltaCoordError
 from schemas.routing import Topics
@@ -229,8 +230,8 @@ def _writes(f: F) -> F:
                      help="Writer key file that signs the proposal (or DELTACOORD_WRITER_KEY); tables with "
                           "deltacoord.writerKeys require it. Create one with `deltacoord writer-key generate`.")(f)
     f = click.option("--timeout", type=click.FloatRange(min=0.1), default=None, expose_value=False, is_eager=True,
-                     callback=_remember_timeout, envvar="DELTACOORD_TIMEOUT",
-                     help="Seconds to wait for the decision (default 60, or DELTACOORD_TIMEOUT); then the outcome "
+                     callback=_remember_timeout, envvar=client_settings.TIMEOUT_ENV,
+                     help=f"Seconds to wait for the decision (default 60, or {client_settings.TIMEOUT_ENV}); then the outcome "
                           "is unknown (exit 3) and `deltacoord table lookup` tells it later.")(f)
     f = click.option("--proposal-id", default=None, expose_value=False, metavar="ID", callback=_remember_proposal_id,
                      help="Retry a write whose outcome was unknown (exit 3) with the proposal id it printed: the "
