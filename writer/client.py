@@ -426,10 +426,6 @@ class CoordinatorClient:
         """Block until this writer holds a reply partition of its own (False on timeout: it shares one)."""
         return self._replies().wait_leased(timeout_s)
 
-    @property
-    def bootstrap_servers(self) -> str:
-        return str(self._conf["bootstrap.servers"])
-
     def ensure_coordinator(self, table_id: str) -> None:
         """Raise NoCoordinatorError unless a live coordinator holds `table_id`'s proposals partition (cached, see
         `writer.serving`); writers call it before staging, so a commit without a coordinator fails before any work."""

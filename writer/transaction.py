@@ -137,6 +137,8 @@ class Transaction:
         self.table = table
         self.read_version = read_version
         self.proposal_id = check_proposal_id(proposal_id)
+        #: The id this transaction made up; any other (given here or set later) may have been proposed before.
+        self._fresh_id = self.proposal_id if proposal_id is None else None
         self.read_predicates: list[str] = []
         self.read_files: list[FileRead] = []
         self.read_whole_table = False
@@ -276,11 +278,11 @@ class Transaction:
                 if mode == "published":
                     self._await_publication(pending, d.version, notice=d.duplicate_of is None)
                     timings["published_ms"] = (time.perf_counter() - t0) * 1000
-                if d.duplicate_of is not None:
-                    self._delete_unreferenced(d.version)
+                already = d.duplicate_of is not None
+                if already or self.proposal_id != self._fresh_id:
+                    already = self._settle_repeat(d.version, already, publish_wait_s=5.0 if mode == "ratified" else 0.0)
                 return CommitResult(
-                    d.version, p.proposal_id, operation, already_committed=d.duplicate_of is not None, metrics=all_metrics,
-                    timings=timings,
+                    d.version, p.proposal_id, operation, already_committed=already, metrics=all_metrics, timings=timings,
                 )
         except KeyboardInterrupt as e:
             raise _sent_before(e, p, where) from None
@@ -290,37 +292,44 @@ class Transaction:
         self.table.invalidate()  # the next attempt must read a fresh snapshot
         raise error_from_decision(d)
 
-    def _delete_unreferenced(self, version: int, wait_s: float = 5.0) -> None:
-        """The proposal id had been decided before (a retry after an unknown outcome): the commit is the first
-        attempt's, so files staged for this attempt are deleted unless that commit references them (a caller
-        re-proposing the very same files). Kept when the commit cannot be read in time (VACUUM removes them)."""
+    def _settle_repeat(self, version: int, duplicate: bool, publish_wait_s: float) -> bool:
+        """After a commit answering a proposal id that may have been proposed before (a retry with the id of an
+        unknown outcome): whether the commit is an earlier attempt's (`already_committed`), and if so the files
+        staged for this attempt that it does not reference are deleted.
+
+        The answer may be the earlier attempt's own decision (its reply or its commits-topic record can reach
+        this attempt first), so the commit's files decide: an attempt whose staged files the commit does not
+        reference did not commit. Kept when the commit cannot be read in time (VACUUM removes them)."""
         if not self.staged and not self.staged_keys:
-            return
+            return duplicate
         commit = commit_object(self.table.storage, version)
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + publish_wait_s
         try:
             while not commit.exists():
                 if time.monotonic() >= deadline:
-                    log.warning("version %d of %s is not published yet; keeping the %d file(s) staged for the repeated "
-                                "proposal %s", version, self.table.uri, len(self.staged) + len(self.staged_keys),
-                                self.proposal_id)
-                    return
+                    log.warning("version %d of %s is not published yet; keeping the %d file(s) staged for proposal %s, "
+                                "which was decided before", version, self.table.uri,
+                                len(self.staged) + len(self.staged_keys), self.proposal_id)
+                    return duplicate
                 time.sleep(0.05)
             adds = [a for a in read_commit(commit) if isinstance(a, AddFile)]
         except (OSError, StorageError, ValueError) as e:
-            log.warning("cannot read version %d of %s (%s); keeping the files staged for the repeated proposal %s",
-                        version, self.table.uri, e, self.proposal_id)
-            return
+            log.warning("cannot read version %d of %s (%s); keeping the files staged for proposal %s", version,
+                        self.table.uri, e, self.proposal_id)
+            return duplicate
         paths = {a.path for a in adds}
-        dv_keys = set()
-        for a in adds:
-            if a.deletion_vector is not None and a.deletion_vector.storage_type != "i":
-                dv_keys.add(dv_object(self.table.storage, a.deletion_vector).key)
+        dv_keys = {dv_object(self.table.storage, a.deletion_vector).key for a in adds
+                   if a.deletion_vector is not None and a.deletion_vector.storage_type != "i"}
+        if not any(a.path in paths for a in self.staged) and not any(k in dv_keys for k in self.staged_keys):
+            duplicate = True  # committed by an earlier attempt, with files of its own
+        if not duplicate:
+            return False
         delete_staged(self.table.storage, [a for a in self.staged if a.path not in paths])
         for key in self.staged_keys:
             if key not in dv_keys:
                 with contextlib.suppress(FileNotFoundError):
                     self.table.storage.delete(key)
+        return True
 
     def _await_publication(self, pending: Pending, version: int, *, notice: bool) -> None:
         """Return once `_delta_log/<version>.json` exists: on the coordinator's notice, or (no notice within

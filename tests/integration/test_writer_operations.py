@@ -293,6 +293,21 @@ def test_no_decision_is_an_unknown_outcome_and_keeps_files(env: Env, tmp_path: P
     assert rows(t) == [(1, "d", "a")]
 
 
+def test_a_table_takes_its_kafka_settings_from_the_deltacoord_variables(env: Env, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's variables and defaults hold in Python too (docs/settings.md): no argument but the path."""
+    monkeypatch.setenv("DELTACOORD_BOOTSTRAP_SERVERS", env.bootstrap)
+    monkeypatch.setenv("DELTACOORD_TOPIC_PREFIX", env.topics.proposals.removesuffix(".proposals"))
+    monkeypatch.setenv("DELTACOORD_TIMEOUT", "45")
+    with Table(env.place.of(tmp_path / "vars"), storage_options=env.place.storage_options) as t:
+        assert t.client.topics == env.topics and t.decision_timeout_s == 45
+        assert t.create(SCHEMA).version == 0 and t.append(data([1], "d", "a")).version == 1
+    prefix = env.topics.proposals.removesuffix(".proposals")
+    with Table(env.place.of(tmp_path / "kw"), env.bootstrap, topic_prefix=prefix,
+               storage_options=env.place.storage_options) as t:
+        assert t.create(SCHEMA).version == 0
+
+
 def test_lookup_decision_finds_a_committed_proposal(env: Env, tmp_path: Path) -> None:
     t = env.table(tmp_path / "lookup")
     r = t.create(SCHEMA)
