@@ -4,7 +4,7 @@ The front door for users, as `deltalake` is for delta-rs:
 
     import deltacoord
 
-    t = deltacoord.Table("/data/sales", bootstrap_servers="127.0.0.1:19092")
+    t = deltacoord.Table("/data/sales", bootstrap_servers="127.0.0.1:19092")  # or DELTACOORD_BOOTSTRAP_SERVERS
     t.append(batch)
     deltacoord.retry(lambda: t.delete("id = 1"))
     snap = deltacoord.Snapshot.load("/data/sales")
@@ -35,6 +35,8 @@ from schemas.errors import (
     DeltaCoordError,
     InvalidProposalError,
     MetadataChangedException,
+    NoCoordinatorError,
+    ProposalNotSentError,
     ProtocolChangedException,
 )
 from schemas.reasons import ReasonCode
@@ -65,6 +67,8 @@ __all__ = [
     "InvalidProposalError",
     "MergeError",
     "MetadataChangedException",
+    "NoCoordinatorError",
+    "ProposalNotSentError",
     "ProtocolChangedException",
     "PublicationLagError",
     "ReasonCode",

@@ -3,7 +3,7 @@
 #
 #   deploy/acls.sh --writer-principal User:writer --coordinator-principal User:coord \
 #       --topic-prefix deltacoord --transactional-id-prefix deltacoord-coordinator \
-#       --bootstrap-server kafka-1:9093 --command-config admin.properties > grant.sh
+#       --bootstrap-servers kafka-1:9093 --command-config admin.properties > grant.sh
 #   less grant.sh && sh grant.sh
 #
 # Writers get WRITE+DESCRIBE on <prefix>.proposals, READ+DESCRIBE on <prefix>.commits

@@ -56,6 +56,7 @@ from reader.log import (
 )
 from reader.snapshot import Snapshot, _physical_name, _read_data_file, delta_schema_to_arrow, parse_partition_value
 from reader.storage import TableStorage
+from schemas import client_settings
 from schemas.actions import Action, AddFile, CommitInfo, DeletionVector, Metadata, RemoveFile
 from schemas.errors import DeltaCoordError, MetadataChangedException
 from schemas.properties import TableProperties
@@ -378,7 +379,7 @@ class DeltaCoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if bootstrap:
             kafka = {k[len("kafka."):]: v for k, v in options.items()
                      if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"}
-            self.feed = _KafkaFeed(self.uri, bootstrap, options.get("topic.prefix") or "deltacoord", kafka)
+            self.feed = _KafkaFeed(self.uri, bootstrap, client_settings.topic_prefix(options.get("topic.prefix")), kafka)
         else:
             self.feed = _LogFeed(self.storage, self.uri)
         self._commits: dict[int, _Commit] = {}

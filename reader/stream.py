@@ -75,7 +75,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from reader.log import table_root
 from reader.snapshot import TimestampLike, to_epoch_ms
 from reader.storage_uri import StorageUriError, normalize_table_uri
-from schemas import kafka_logs
+from schemas import client_settings, kafka_logs
 from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
 from schemas.codec import decode_decision
 from schemas.errors import DeltaCoordError, MetadataChangedException
@@ -244,8 +244,9 @@ class CommitStream:
     def __init__(
         self,
         table_uri_or_id: str | os.PathLike[str],
-        bootstrap_servers: str,
+        bootstrap_servers: str | None = None,
         *,
+        topic_prefix: str | None = None,
         topics: Topics | None = None,
         starting_version: StartingVersion = None,
         starting_timestamp: TimestampLike | None = None,
@@ -257,7 +258,8 @@ class CommitStream:
     ) -> None:
         """`include_all_commits` turns the data stream into a commit log (used by `deltacoord tail`):
         every committed version is delivered, including those that change no data, and neither
-        deletes nor metadata changes raise."""
+        deletes nor metadata changes raise. `bootstrap_servers` defaults to DELTACOORD_BOOTSTRAP_SERVERS and
+        `topic_prefix` to DELTACOORD_TOPIC_PREFIX (else `deltacoord`), as for writers (docs/settings.md)."""
         if starting_version is not None and starting_timestamp is not None:
             raise ValueError("Please either provide 'starting_version' or 'starting_timestamp', not both")
         if isinstance(starting_version, bool) or not (
@@ -267,7 +269,8 @@ class CommitStream:
         if isinstance(max_files_per_batch, bool) or not isinstance(max_files_per_batch, int) or max_files_per_batch <= 0:
             raise ValueError(f"max_files_per_batch must be a positive integer, got {max_files_per_batch!r}")
         self.table_id = normalize_table_id(table_uri_or_id)
-        self.topics = topics or Topics.with_prefix()
+        self.topics = client_settings.topics_of(topic_prefix, topics)
+        bootstrap_servers = client_settings.bootstrap_servers(bootstrap_servers)
         self.max_files_per_batch = max_files_per_batch
         self.ignore_deletes = ignore_deletes
         self.skip_change_commits = skip_change_commits

@@ -215,20 +215,29 @@ class EncodeError(DeltaCoordError, ValueError):
     """A message that cannot be encoded: a field of the wrong type or out of range."""
 
 
+def unknown_outcome_hint(proposal_id: str, table: str) -> str:
+    """How to learn an unknown outcome and how to retry without committing twice (`table`: its path or URI)."""
+    return (f"Look it up with: deltacoord table lookup {table} {proposal_id}   (Python: Table.lookup_decision({proposal_id!r})). "
+            f"To retry safely, repeat the same operation with this proposal id: proposal_id={proposal_id!r} in Python, "
+            f"--proposal-id {proposal_id} on the command line; the coordinator decides a proposal id once, so the retry "
+            "cannot commit twice (a plain re-run could)")
+
+
 class CommitOutcomeUnknownError(DeltaCoordError):
     """No decision arrived in time: the proposal may still commit.
 
     Never treat this as a failure: look the proposal up by id on the commits
-    topic (`deltacoord tail` or `Table.lookup_decision(proposal_id)`).
+    topic (`deltacoord table lookup` or `Table.lookup_decision(proposal_id)`),
+    or retry the operation with the same `proposal_id`, which commits at most once.
     """
 
-    def __init__(self, proposal_id: str, table_id: str, timeout_s: float) -> None:
+    def __init__(self, proposal_id: str, table_id: str, timeout_s: float, table_uri: str | None = None) -> None:
         self.proposal_id = proposal_id
         self.table_id = table_id
-        super().__init__(
-            f"no decision for proposal {proposal_id} on table {table_id} within {timeout_s:.1f}s; the outcome is "
-            f"unknown (it may still commit). Look it up by proposal id on the commits topic."
-        )
+        #: What happened, without the advice (front ends print their own way to look it up and retry).
+        self.summary = (f"no decision for proposal {proposal_id} on table {table_id} within {timeout_s:.1f}s; the "
+                        "outcome is unknown (it may still commit).")
+        super().__init__(f"{self.summary} {unknown_outcome_hint(proposal_id, table_uri or table_id)}")
 
 
 class CommitNotPublishedError(DeltaCoordError):
@@ -250,6 +259,24 @@ class CommitNotPublishedError(DeltaCoordError):
 class ProposalNotSentError(DeltaCoordError):
     """The proposal never reached Kafka (refused by the client or the broker before it was written),
     so it cannot commit: its staged files were deleted and a retry is safe."""
+
+
+class NoCoordinatorError(ProposalNotSentError):
+    """No live coordinator is assigned the table's proposals partition: the proposal was not sent (it would wait
+    for a decision nobody makes), so nothing can commit and a retry is safe."""
+
+    def __init__(self, topic: str, partition: int, group_id: str, bootstrap_servers: str, topic_prefix: str) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.group_id = group_id
+        super().__init__(
+            f"no coordinator serves partition {partition} of topic {topic} (no live member of the consumer group "
+            f"{group_id} is assigned it); nothing was proposed, so retrying is safe. Start a coordinator: "
+            f"deltacoord coordinator run --bootstrap-servers {bootstrap_servers} --topic-prefix {topic_prefix} "
+            f"(it takes the partition within seconds). Coordinators running under another group id: set the writers' "
+            f"DELTACOORD_GROUP_ID to it; coordinators given a static --partitions list are invisible to this check: set "
+            f"DELTACOORD_COORDINATOR_CHECK=0 (Python: coordinator_check=False)."
+        )
 
 
 class TableHaltedError(DeltaCoordError):

@@ -38,7 +38,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from reader.ratified import RatifiedSource
-from schemas import kafka_logs
+from schemas import client_settings, kafka_logs
 from schemas.codec import decode_decision, encode_proposal
 from schemas.errors import CommitOutcomeUnknownError, EncodeError, ProposalNotSentError
 from schemas.messages import Decision, Proposal
@@ -62,6 +62,7 @@ from schemas.routing import (
     partition_for,
 )
 from schemas.signing import WriterKey
+from writer.serving import CoordinatorCheck
 
 #: How long a writer waits for its reply before it also looks for its decision in the commits topic.
 REPLY_WAIT_S = 5.0
@@ -361,12 +362,23 @@ class CoordinatorClient:
     `reply_group` names the consumer group whose members lease the replies topic's partitions
     (default `deltacoord-writer-<replies topic>`, inside the writers' ACL group prefix); writers with a different group id share nothing but may
     collide on partitions, so keep one group per deployment.
+
+    `bootstrap_servers` defaults to DELTACOORD_BOOTSTRAP_SERVERS and `topic_prefix` to DELTACOORD_TOPIC_PREFIX
+    (else `deltacoord`); `topics=` names the topics one by one instead. Before proposing, the client checks that a
+    live coordinator of the consumer group `coordinator_group` (default DELTACOORD_GROUP_ID, else
+    `<prefix>-coordinator`) holds the table's partition (`writer.serving`); `coordinator_check=False` (or
+    DELTACOORD_COORDINATOR_CHECK=0) turns that off, for coordinators given a static partition list.
     """
 
-    def __init__(self, bootstrap_servers: str, *, topics: Topics | None = None, reply_group: str | None = None,
-                 **kafka_config: Any) -> None:
-        self.topics = topics or Topics.with_prefix()
-        self._conf: dict[str, Any] = kafka_logs.kafka_config({"bootstrap.servers": bootstrap_servers, **kafka_config})
+    def __init__(self, bootstrap_servers: str | None = None, *, topics: Topics | None = None,
+                 topic_prefix: str | None = None, reply_group: str | None = None, coordinator_group: str | None = None,
+                 coordinator_check: bool | None = None, **kafka_config: Any) -> None:
+        self.topics = client_settings.topics_of(topic_prefix, topics)
+        servers = client_settings.bootstrap_servers(bootstrap_servers)
+        self._conf: dict[str, Any] = kafka_logs.kafka_config({"bootstrap.servers": servers, **kafka_config})
+        self.coordinator_check = CoordinatorCheck(self._conf, self.topics,
+                                                  client_settings.coordinator_group(coordinator_group, self.topics),
+                                                  enabled=client_settings.coordinator_check(coordinator_check))
         self._producer = Producer({**self._conf, "enable.idempotence": True, "linger.ms": 0, "acks": "all"})
         self._lock = threading.Lock()
         self._num_partitions: int | None = None
@@ -415,6 +427,11 @@ class CoordinatorClient:
         """Block until this writer holds a reply partition of its own (False on timeout: it shares one)."""
         return self._replies().wait_leased(timeout_s)
 
+    def ensure_coordinator(self, table_id: str) -> None:
+        """Raise NoCoordinatorError unless a live coordinator holds `table_id`'s proposals partition (cached, see
+        `writer.serving`); writers call it before staging, so a commit without a coordinator fails before any work."""
+        self.coordinator_check.ensure(self.partition_of(table_id))
+
     def ratified_source(self, table_id: str) -> RatifiedSource:
         """Where a reader finds `table_id`'s ratified but unpublished versions (this client's Kafka and topics)."""
         conf = {k: v for k, v in self._conf.items() if k != "bootstrap.servers"}
@@ -430,6 +447,7 @@ class CoordinatorClient:
         and (`wait="published"`) its publication. `control` (`adopt`, `release`) makes it that request instead
         of a commit (`schemas.routing.CONTROL_ADOPT`)."""
         partition = self.partition_of(proposal.table_id)
+        self.coordinator_check.ensure(partition)  # NoCoordinatorError (nothing sent) when no coordinator holds it
         replies = self._replies()
         pending = replies.expect(proposal.proposal_id, _check_wait(wait))
         delivery: Future[None] = Future()
@@ -471,16 +489,21 @@ class CoordinatorClient:
             raise
         return pending
 
-    def decided(self, pending: Pending, table_id: str, timeout_s: float) -> Decision:
+    def decided(self, pending: Pending, table_id: str, timeout_s: float, table_uri: str | None = None) -> Decision:
         """The decision of a proposed `pending`: its reply, or (none within REPLY_WAIT_S) the decision found in
-        the commits topic; CommitOutcomeUnknownError if neither has it within `timeout_s`."""
+        the commits topic; CommitOutcomeUnknownError (naming `table_uri` in its lookup hint) if neither has it
+        within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         wait_s = REPLY_WAIT_S
         while True:
             try:
-                return pending.decision.result(max(0.0, min(wait_s, deadline - time.monotonic())))
+                d = pending.decision.result(max(0.0, min(wait_s, deadline - time.monotonic())))
             except TimeoutError:
                 pass
+            else:
+                if pending.replied_at:  # a coordinator answered: its partition is served
+                    self.coordinator_check.served(self.partition_of(table_id))
+                return d
             # No reply yet: the decision may be recorded all the same (the source of truth is the commits topic).
             remaining = deadline - time.monotonic()
             found = self.lookup_decision(table_id, pending.proposal_id, timeout_s=max(1.0, min(30.0, remaining)),
@@ -492,7 +515,7 @@ class CoordinatorClient:
                 return found
             if time.monotonic() >= deadline:
                 self.forget(pending.proposal_id)
-                raise CommitOutcomeUnknownError(pending.proposal_id, table_id, timeout_s) from None
+                raise CommitOutcomeUnknownError(pending.proposal_id, table_id, timeout_s, table_uri) from None
             wait_s = min(wait_s * 2, 30.0)
 
     def forget(self, proposal_id: str) -> None:
@@ -503,7 +526,7 @@ class CoordinatorClient:
         """Propose (signed with `key` when given) and wait for the decision (ratification only).
         Raises CommitOutcomeUnknownError if no decision arrives in time."""
         pending = self.propose(proposal, key, wait="ratified")
-        d = self.decided(pending, proposal.table_id, timeout_s)
+        d = self.decided(pending, proposal.table_id, timeout_s, proposal.table_uri)
         self.forget(proposal.proposal_id)
         return d
 

@@ -27,19 +27,22 @@ from urllib.parse import unquote, urlparse
 
 from reader.spark_source import storage_options_of
 from reader.storage import TableStorage
+from schemas import client_settings
 from schemas.errors import DeltaCoordError
 from schemas.kafka_logs import UnreachableKafkaError, kafka_config, probe
 from schemas.routing import Topics
 from schemas.signing import resolve_writer_key
 from writer.table import Table
 
-BOOTSTRAP_ENV = "DELTACOORD_BOOTSTRAP_SERVERS"
-TOPIC_PREFIX_ENV = "DELTACOORD_TOPIC_PREFIX"
-DEFAULT_TOPIC_PREFIX = "deltacoord"
+BOOTSTRAP_ENV = client_settings.BOOTSTRAP_SERVERS_ENV
+TOPIC_PREFIX_ENV = client_settings.TOPIC_PREFIX_ENV
+TIMEOUT_ENV = client_settings.TIMEOUT_ENV
+DEFAULT_TOPIC_PREFIX = client_settings.DEFAULT_TOPIC_PREFIX
 PARTITION_COLUMNS_KEY = "__partition_columns"
 SAVE_MODE_KEY = "__save_mode"
 #: The DELTACOORD_* defaults of the process that called `save()`/`start()`, carried as internal options.
-ENV_DEFAULT_KEYS = {BOOTSTRAP_ENV: "__env_bootstrap_servers", TOPIC_PREFIX_ENV: "__env_topic_prefix"}
+ENV_DEFAULT_KEYS = {BOOTSTRAP_ENV: "__env_bootstrap_servers", TOPIC_PREFIX_ENV: "__env_topic_prefix",
+                    TIMEOUT_ENV: "__env_timeout"}
 _INTERNAL_KEYS = frozenset({PARTITION_COLUMNS_KEY, SAVE_MODE_KEY, *ENV_DEFAULT_KEYS.values()})
 #: Save modes a batch write may carry in `__save_mode` (append and overwrite are Spark's own flag).
 CREATE_MODES = ("errorifexists", "ignore")
@@ -163,9 +166,10 @@ class SinkOptions:
             raise SinkConfigError("options txnAppId and txnVersion go together (an idempotent write names both)")
         try:
             txn_version = int(tv) if tv is not None else None
-            timeout = float(o.get("decisiontimeouts") or 60.0)
+            timeout = float(o.get("decisiontimeouts") or _default(o, env, TIMEOUT_ENV) or client_settings.DEFAULT_TIMEOUT_S)
         except ValueError as e:
-            raise SinkConfigError(f"option txnVersion must be an integer and decisionTimeoutS a number of seconds: {e}") from None
+            raise SinkConfigError(f"option txnVersion must be an integer and decisionTimeoutS (or {TIMEOUT_ENV}) a number "
+                                  f"of seconds: {e}") from None
         if timeout <= 0:
             raise SinkConfigError(f"option decisionTimeoutS must be positive, not {timeout}")
         mode = o.get(SAVE_MODE_KEY)

@@ -36,11 +36,9 @@ from reader.snapshot import Snapshot
 from reader.spark_source import SOURCE_NAME
 from schemas.errors import DeltaCoordError
 from writer.spark_options import (
-    BOOTSTRAP_ENV,
     ENV_DEFAULT_KEYS,
     PARTITION_COLUMNS_KEY,
     SAVE_MODE_KEY,
-    TOPIC_PREFIX_ENV,
     SinkConfigError,
     SinkOptions,
     check_option_names,
@@ -106,8 +104,7 @@ def write_to_existing(opts: SinkOptions, snap: Snapshot) -> bool:
 
 def _env_defaults() -> dict[str, str]:
     """This process's DELTACOORD_* defaults as internal options (the source's own environment may predate them)."""
-    env = {BOOTSTRAP_ENV: os.environ.get(BOOTSTRAP_ENV), TOPIC_PREFIX_ENV: os.environ.get(TOPIC_PREFIX_ENV)}
-    return {ENV_DEFAULT_KEYS[k]: v for k, v in env.items() if v}
+    return {key: v for var, key in ENV_DEFAULT_KEYS.items() if (v := os.environ.get(var))}
 
 
 def _is_ours(source: str | None) -> bool:

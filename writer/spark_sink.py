@@ -52,12 +52,12 @@ and if it never commits, `deltacoord table vacuum` deletes them once they are
 older than the table's retention. Never vacuum a coordinated table with another
 tool: a VACUUM that writes to `_delta_log` writes around the coordinator.
 
-Options: ``path``, ``bootstrap.servers`` (required to write; default
-``DELTACOORD_BOOTSTRAP_SERVERS``), ``topic.prefix`` (default
-``DELTACOORD_TOPIC_PREFIX``, else ``deltacoord``), ``checkpointLocation``,
-``appId``, ``partitionBy`` (comma-separated, as ``.partitionBy``),
+Options (docs/settings.md names each setting across front doors): ``path``,
+``bootstrap.servers`` (required to write; default ``DELTACOORD_BOOTSTRAP_SERVERS``),
+``topic.prefix`` (default ``DELTACOORD_TOPIC_PREFIX``, else ``deltacoord``),
+``checkpointLocation``, ``appId``, ``partitionBy`` (comma-separated, as ``.partitionBy``),
 ``replaceWhere``, ``txnAppId``/``txnVersion`` (idempotent batch writes, as in
-Delta), ``decisionTimeoutS``, ``writerName``, ``writerKey`` (a writer key file
+Delta), ``decisionTimeoutS`` (default ``DELTACOORD_TIMEOUT``, else 60), ``writerName``, ``writerKey`` (a writer key file
 that signs every proposal; default ``DELTACOORD_WRITER_KEY`` of the driver),
 ``metricsPath`` (a JSON-lines file the driver appends per-commit timings to,
 for benchmarks), ``kafka.<key>`` passed to the Kafka client and

@@ -47,6 +47,7 @@ from reader.deletion_vectors import (
 from reader.log import TableNotFoundError, commit_key, data_object, list_log_from_hint, newest_commit_version
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError, delta_schema_to_arrow, parse_partition_value
 from reader.storage import TableStorage
+from schemas import client_settings
 from schemas.actions import AddFile, Metadata, Protocol, SetTransaction
 from schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
 from schemas.expressions import arrow as expressions
@@ -232,13 +233,28 @@ class Table:
     `writer_key` (a `WriterKey`, a key file's path, or the key text; default:
     `DELTACOORD_WRITER_KEY`) signs every proposal, and the writer name is the
     key's name: tables with registered writer keys accept nothing else.
+
+    The settings carry the CLI's names (docs/settings.md): `bootstrap_servers`
+    defaults to DELTACOORD_BOOTSTRAP_SERVERS, `topic_prefix` to
+    DELTACOORD_TOPIC_PREFIX (else `deltacoord`; `topics=` names the topics one by
+    one instead), `decision_timeout_s` to DELTACOORD_TIMEOUT (else 60). Before anything is staged, the handle checks that a live
+    coordinator holds the table's proposals partition and raises
+    `NoCoordinatorError` at once when none does (`coordinator_group`,
+    `coordinator_check`: see `CoordinatorClient`).
+
+    Every write operation takes `proposal_id`: after an unknown outcome
+    (`CommitOutcomeUnknownError`, or an interrupt while waiting), repeating the
+    operation with the proposal id it named commits at most once.
     """
 
-    def __init__(self, uri: str | Path, bootstrap_servers: str, *, table_id: str | None = None, topics: Topics | None = None,
-                 writer_name: str | None = None, decision_timeout_s: float = 60.0, publish_timeout_s: float = 60.0,
-                 client: CoordinatorClient | None = None, storage_options: Mapping[str, str] | None = None,
-                 writer_key: WriterKey | str | Path | None = None, dv_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
-                 wait: WaitFor = "published", **kafka_config: Any) -> None:
+    def __init__(self, uri: str | Path, bootstrap_servers: str | None = None, *, table_id: str | None = None,
+                 topic_prefix: str | None = None, topics: Topics | None = None, writer_name: str | None = None,
+                 decision_timeout_s: float | None = None, publish_timeout_s: float = 60.0,
+                 client: CoordinatorClient | None = None,
+                 storage_options: Mapping[str, str] | None = None, writer_key: WriterKey | str | Path | None = None,
+                 dv_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES, wait: WaitFor = "published",
+                 coordinator_group: str | None = None, coordinator_check: bool | None = None,
+                 **kafka_config: Any) -> None:
         self.storage = TableStorage(uri, storage_options, fsync=False)
         # Local tables keep the absolute file:// URI of their directory as location and id.
         self.uri = Path(self.storage.local_path()).as_uri() if self.storage.is_local else self.storage.location
@@ -250,13 +266,15 @@ class Table:
                                  f"{self.writer_key.name!r}: a signed proposal's writer is its key's name")
             writer_name = self.writer_key.name
         self.writer_name = writer_name
-        self.decision_timeout_s = decision_timeout_s
+        self.decision_timeout_s = client_settings.decision_timeout(decision_timeout_s)
         self.publish_timeout_s = publish_timeout_s
         self.wait: WaitFor = check_wait(wait)
         self._own_client = client is None
         #: Deletion vectors whose bitmap is at most this size are stored in the log, larger ones in files.
         self.dv_inline_max_bytes = dv_inline_max_bytes
-        self.client = client or CoordinatorClient(bootstrap_servers, topics=topics, **kafka_config)
+        self.client = client or CoordinatorClient(bootstrap_servers, topics=topics, topic_prefix=topic_prefix,
+                                                  coordinator_group=coordinator_group,
+                                                  coordinator_check=coordinator_check, **kafka_config)
         self._snapshot: Snapshot | None = None
         self._floor = -1  # newest version this handle committed
 
@@ -339,10 +357,17 @@ class Table:
         """For blind appends: any recent snapshot will do (they conflict only with metadata changes)."""
         return self._snapshot or self.snapshot()
 
-    def begin(self, snapshot: Snapshot | None = None) -> Transaction:
+    def begin(self, snapshot: Snapshot | None = None, *, proposal_id: str | None = None) -> Transaction:
         """Start a low-level transaction at the given (default: latest) snapshot."""
         snap = snapshot or self.snapshot()
-        return Transaction(self, snap.version)
+        return Transaction(self, snap.version, proposal_id)
+
+    def _begin(self, read_version: int, proposal_id: str | None) -> Transaction:
+        """A write operation's transaction, once a coordinator is known to serve the table (NoCoordinatorError
+        before anything is staged otherwise; the answer is cached, see `writer.serving`)."""
+        tx = Transaction(self, read_version, proposal_id)
+        self.client.ensure_coordinator(self.table_id)
+        return tx
 
     def exists(self) -> bool:
         try:
@@ -352,7 +377,7 @@ class Table:
 
     # -- DDL ------------------------------------------------------------------------
     def begin_create(self, schema: pa.Schema, partition_by: Sequence[str] = (), properties: Mapping[str, str] | None = None,
-                     name: str | None = None) -> Transaction:
+                     name: str | None = None, *, proposal_id: str | None = None) -> Transaction:
         """A transaction creating the table (read version -1); `create` = existence check + this + commit."""
         props = dict(properties or {})
         for c in partition_by:
@@ -363,12 +388,12 @@ class Table:
             id=str(uuid.uuid4()), name=name, schema_string=staging.schema_string(schema), partition_columns=tuple(partition_by),
             configuration=props, created_time=int(time.time() * 1000),
         )
-        tx = Transaction(self, -1)
+        tx = self._begin(-1, proposal_id)
         tx.add(protocol, md)
         return tx
 
     def create(self, schema: pa.Schema, partition_by: Sequence[str] = (), properties: Mapping[str, str] | None = None,
-               name: str | None = None) -> CommitResult:
+               name: str | None = None, *, proposal_id: str | None = None) -> CommitResult:
         """CREATE TABLE. Two writers racing on an empty directory: the loser gets ProtocolChangedException.
 
         An existing table is TableExistsError whether it is seen in `_delta_log`
@@ -376,7 +401,7 @@ class Table:
         """
         if self._floor >= 0 or self.exists():
             raise TableExistsError(self.uri)
-        tx = self.begin_create(schema, partition_by, properties, name)
+        tx = self.begin_create(schema, partition_by, properties, name, proposal_id=proposal_id)
         props = dict(properties or {})
         try:
             return tx.commit("CREATE TABLE", changes_data=False,
@@ -429,10 +454,11 @@ class Table:
                         configuration=dict(md.configuration if configuration is None else configuration), name=md.name,
                         description=md.description, created_time=md.created_time)
 
-    def set_properties(self, properties: Mapping[str, str], *, snapshot: Snapshot | None = None) -> CommitResult:
+    def set_properties(self, properties: Mapping[str, str], *, snapshot: Snapshot | None = None,
+                       proposal_id: str | None = None) -> CommitResult:
         """ALTER TABLE SET TBLPROPERTIES (a metaData action: concurrent writers get MetadataChangedException)."""
         snap = snapshot or self.snapshot()
-        tx = Transaction(self, snap.version)
+        tx = self._begin(snap.version, proposal_id)
         if TableProperties(properties).deletion_vectors:
             upgraded = _with_dv_feature(snap.protocol)
             if upgraded is not None:
@@ -440,7 +466,8 @@ class Table:
         tx.add(self._replace_metadata(snap.metadata, configuration={**snap.metadata.configuration, **properties}))
         return tx.commit("SET TBLPROPERTIES", changes_data=False, parameters={"properties": dict(properties)})
 
-    def add_columns(self, fields: Sequence[pa.Field], *, snapshot: Snapshot | None = None) -> CommitResult:
+    def add_columns(self, fields: Sequence[pa.Field], *, snapshot: Snapshot | None = None,
+                    proposal_id: str | None = None) -> CommitResult:
         """ALTER TABLE ADD COLUMNS (nullable, as Delta requires for existing rows)."""
         snap = snapshot or self.snapshot()
         schema = json.loads(snap.metadata.schema_string)
@@ -450,7 +477,7 @@ class Table:
                 raise staging.SchemaError(f"column {f.name!r} already exists")
             existing.add(f.name.lower())
             schema["fields"].append({"name": f.name, "type": staging.delta_type(f.type), "nullable": True, "metadata": {}})
-        tx = Transaction(self, snap.version)
+        tx = self._begin(snap.version, proposal_id)
         tx.add(self._replace_metadata(snap.metadata, schema_string=json.dumps(schema, separators=(",", ":"))))
         return tx.commit("ADD COLUMNS", changes_data=False, parameters={"columns": [f.name for f in fields]})
 
@@ -554,7 +581,8 @@ class Table:
 
     # -- writes ---------------------------------------------------------------------
     def append(self, data: Any, *, app_id: str | None = None, app_version: int | None = None,
-               snapshot: Snapshot | None = None, progress: Progress | None = None) -> CommitResult:
+               snapshot: Snapshot | None = None, progress: Progress | None = None,
+               proposal_id: str | None = None) -> CommitResult:
         """A blind append (reads nothing). With app_id/app_version, exactly once per app version.
 
         On a `maxcompute` table it starts from the latest snapshot (an INSERT INTO
@@ -573,7 +601,7 @@ class Table:
             # MaxCompute's rules fail an INSERT INTO that finishes after another one it did not see.
             snap = self.snapshot()
         self._check_writable(snap, "WRITE")
-        tx = Transaction(self, snap.version)
+        tx = self._begin(snap.version, proposal_id)
         with _abandoned_on_error(tx):
             if app_id is not None and app_version is not None:
                 recorded = snap.app_versions.get(app_id, -1)
@@ -592,7 +620,8 @@ class Table:
             return tx.commit("WRITE", changes_data=True, parameters={"mode": "Append", "partitionBy": snap.partition_columns},
                              metrics={"numOutputRows": rows})
 
-    def overwrite(self, data: Any, replace_where: str | None = None, *, snapshot: Snapshot | None = None) -> CommitResult:
+    def overwrite(self, data: Any, replace_where: str | None = None, *, snapshot: Snapshot | None = None,
+                  proposal_id: str | None = None) -> CommitResult:
         """INSERT OVERWRITE: replace the whole table, or only the partitions `replace_where` selects.
 
         `replace_where` may name partition columns only; every written row must
@@ -604,7 +633,7 @@ class Table:
         snap = snapshot or self.snapshot()
         self._check_writable(snap, "WRITE")
         table = self._conform(data, snap)
-        tx = Transaction(self, snap.version)
+        tx = self._begin(snap.version, proposal_id)
         with _abandoned_on_error(tx):
             if replace_where is None:
                 tx.read_whole()
@@ -633,12 +662,12 @@ class Table:
                              metrics={"numOutputRows": table.num_rows, "numRemovedFiles": len(replaced)})
 
     def _rewrite(self, where: str | None, operation: str, change: Callable[[pa.Table, pa.Array], pa.Table],
-                 snapshot: Snapshot | None, count_name: str) -> CommitResult:
+                 snapshot: Snapshot | None, count_name: str, proposal_id: str | None) -> CommitResult:
         """DELETE/UPDATE: scan files surviving partition pruning, rewrite those with matching rows."""
         snap = snapshot or self.snapshot()
         self._check_writable(snap, operation)
         schema = delta_schema_to_arrow(snap.metadata.schema())
-        tx = Transaction(self, snap.version)
+        tx = self._begin(snap.version, proposal_id)
         with _abandoned_on_error(tx):
             if where is None:
                 tx.read_whole()
@@ -673,11 +702,14 @@ class Table:
             return tx.commit(operation, changes_data=True, parameters={"predicate": json.dumps([where] if where else [])},
                              metrics=metrics)
 
-    def delete(self, where: str | None = None, *, snapshot: Snapshot | None = None) -> CommitResult:
+    def delete(self, where: str | None = None, *, snapshot: Snapshot | None = None,
+               proposal_id: str | None = None) -> CommitResult:
         """DELETE FROM table [WHERE `where`], reading `snapshot` (default: latest)."""
-        return self._rewrite(where, "DELETE", lambda t, mask: t.filter(pc.invert(mask)), snapshot, "numDeletedRows")
+        return self._rewrite(where, "DELETE", lambda t, mask: t.filter(pc.invert(mask)), snapshot, "numDeletedRows",
+                             proposal_id)
 
-    def update(self, where: str | None, set: Mapping[str, str], *, snapshot: Snapshot | None = None) -> CommitResult:
+    def update(self, where: str | None, set: Mapping[str, str], *, snapshot: Snapshot | None = None,
+               proposal_id: str | None = None) -> CommitResult:
         """UPDATE table SET col = <SQL expression> ... [WHERE `where`], reading `snapshot` (default: latest)."""
 
         def change(t: pa.Table, mask: pa.Array) -> pa.Table:
@@ -688,12 +720,12 @@ class Table:
                 t = t.set_column(t.column_names.index(col), col, pc.if_else(mask, new, t.column(col).combine_chunks()))
             return t
 
-        return self._rewrite(where, "UPDATE", change, snapshot, "numUpdatedRows")
+        return self._rewrite(where, "UPDATE", change, snapshot, "numUpdatedRows", proposal_id)
 
     def merge(self, source: Any, on: str | Sequence[str], *, when_matched_update: Assignments | None = None,
               when_not_matched_insert: Assignments | None = None, when_matched_delete: bool | str = False,
               when_not_matched_insert_if: str | None = None, source_alias: str = "s", target_alias: str = "t",
-              snapshot: Snapshot | None = None) -> CommitResult:
+              snapshot: Snapshot | None = None, proposal_id: str | None = None) -> CommitResult:
         """MERGE INTO table t USING source s ON `on` (an upsert by equi-join keys).
 
         `on` is key column names (same on both sides) or SQL such as
@@ -730,7 +762,7 @@ class Table:
             if t_col not in schema.names:
                 raise staging.SchemaError(f"MERGE key {t_col!r} is not a target column ({schema.names})")
 
-        tx = Transaction(self, snap.version)
+        tx = self._begin(snap.version, proposal_id)
         with _abandoned_on_error(tx):
             if target_filter is None:
                 tx.read_whole()
@@ -874,17 +906,18 @@ class Table:
         return pa.Table.from_arrays(cols, schema=schema)
 
     def optimize(self, where: str | None = None, target_file_size: int = 128 * 1024 * 1024, min_files: int = 2,
-                 *, snapshot: Snapshot | None = None) -> CommitResult:
+                 *, snapshot: Snapshot | None = None, proposal_id: str | None = None) -> CommitResult:
         """Compact small files per partition; data does not change (dataChange=false).
 
         Declares only the compacted files as read, so it loses (ConcurrentDeleteReadException)
         only to a concurrent removal of one of them. It is a minor compaction (`compact`).
         """
         return self._compact(where, lambda files: [a for a in files if a.size < target_file_size], min_files, None,
-                             snapshot)
+                             snapshot, proposal_id)
 
     def compact(self, kind: Literal["minor", "major"] = "minor", where: str | None = None, *,
-                small_file_size: int = 128 * 1024 * 1024, snapshot: Snapshot | None = None) -> CommitResult:
+                small_file_size: int = 128 * 1024 * 1024, snapshot: Snapshot | None = None,
+                proposal_id: str | None = None) -> CommitResult:
         """MaxCompute's compactions, per partition (only those `where` selects), changing no data.
 
         `minor` merges the partition's small files (smaller than `small_file_size`, at
@@ -894,21 +927,22 @@ class Table:
         profile reads (`schemas.jobs`); neither makes a new time version.
         """
         if kind == "minor":
-            return self._compact(where, lambda files: [a for a in files if a.size < small_file_size], 2, kind, snapshot)
+            return self._compact(where, lambda files: [a for a in files if a.size < small_file_size], 2, kind, snapshot,
+                                 proposal_id)
         if kind == "major":
             def every(files: list[AddFile]) -> list[AddFile]:
                 return files if len(files) > 1 or any(a.deletion_vector is not None for a in files) else []
 
-            return self._compact(where, every, 1, kind, snapshot)
+            return self._compact(where, every, 1, kind, snapshot, proposal_id)
         raise ValueError(f"compaction kind {kind!r}: give 'minor' or 'major'")
 
     def _compact(self, where: str | None, select: Callable[[list[AddFile]], list[AddFile]], min_files: int,
-                 kind: str | None, snapshot: Snapshot | None) -> CommitResult:
+                 kind: str | None, snapshot: Snapshot | None, proposal_id: str | None) -> CommitResult:
         """Merge, per partition, the files `select` picks (when at least `min_files`) into new files."""
         snap = snapshot or self.snapshot()
         self._check_writable(snap, "OPTIMIZE")
         schema = delta_schema_to_arrow(snap.metadata.schema())
-        tx = Transaction(self, snap.version)
+        tx = self._begin(snap.version, proposal_id)
         with _abandoned_on_error(tx):
             if where is not None:
                 tx.read_predicate(where)
@@ -934,7 +968,8 @@ class Table:
                 params[COMPACTION_PARAMETER] = kind
             return tx.commit("OPTIMIZE", changes_data=False, parameters=params)
 
-    def truncate(self, where: str | None = None, *, snapshot: Snapshot | None = None) -> CommitResult:
+    def truncate(self, where: str | None = None, *, snapshot: Snapshot | None = None,
+                 proposal_id: str | None = None) -> CommitResult:
         """TRUNCATE TABLE [PARTITION]: remove every file (or those of the partitions `where` selects).
 
         `where` may name partition columns only. Like an overwrite with no rows, it
@@ -943,7 +978,7 @@ class Table:
         """
         snap = snapshot or self.snapshot()
         self._check_writable(snap, "TRUNCATE")
-        tx = Transaction(self, snap.version)
+        tx = self._begin(snap.version, proposal_id)
         with _abandoned_on_error(tx):
             if where is None:
                 tx.read_whole()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
 import time
 import uuid
@@ -16,7 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
-from reader.log import commit_key
+from reader.deletion_vectors import dv_object
+from reader.log import commit_key, commit_object, read_commit
 from reader.storage import StorageError, TableStorage
 from schemas.actions import Action, AddFile, CommitInfo, Metadata, RemoveFile
 from schemas.actions import Protocol as ProtocolAction
@@ -27,6 +29,7 @@ from schemas.errors import (
     DeltaCoordError,
     InvalidProposalError,
     ProposalNotSentError,
+    unknown_outcome_hint,
 )
 from schemas.messages import Decision, FileRead, Proposal
 from schemas.reasons import ReasonCode
@@ -35,6 +38,7 @@ from writer.client import CoordinatorClient, Pending, ProposalNotPublishedError
 from writer.staging import delete_staged
 
 ENGINE_INFO = "deltacoord-writer/0.1"
+log = logging.getLogger(__name__)
 
 #: When a commit returns: `published` (default) once `_delta_log/<v>.json` exists, so every Delta reader
 #: sees it; `ratified` once the decision is recorded in Kafka (read it through deltacoord with `ratified=`).
@@ -105,13 +109,36 @@ def error_from_decision(d: Decision) -> DeltaCoordError:
     return InvalidProposalError(ReasonCode.from_wire(code) if code else ReasonCode.REJECTED, d.error_message or "proposal rejected")
 
 
-class Transaction:
-    """One optimistic transaction against a table at `read_version`."""
+def check_proposal_id(proposal_id: str | None) -> str:
+    """A new proposal id, or the one given to retry an operation whose outcome was unknown."""
+    if proposal_id is None:
+        return str(uuid.uuid4())
+    if not isinstance(proposal_id, str) or not proposal_id.strip() or proposal_id != proposal_id.strip():
+        raise ValueError(f"proposal_id={proposal_id!r}: give the id an unknown-outcome error named (e.g. "
+                         "'0b6f5c1e-9a43-4f57-8d0e-2f1a6f0c9b1d'), or none for a new proposal")
+    return proposal_id
 
-    def __init__(self, table: TableHandle, read_version: int) -> None:
+
+def table_location(table: TableHandle) -> str:
+    """How people name the table: its local path or its URI, with `--table-id` when the id is not the location."""
+    where = table.storage.local_path() if table.storage.is_local else table.uri
+    return where if table.table_id == table.uri else f"{where} --table-id {table.table_id}"
+
+
+class Transaction:
+    """One optimistic transaction against a table at `read_version`.
+
+    `proposal_id` retries an operation whose outcome was unknown: the coordinator decides a
+    proposal id once and answers a repeat with the first decision, so the retry commits at most
+    once (`CommitResult.already_committed` when the first attempt had committed).
+    """
+
+    def __init__(self, table: TableHandle, read_version: int, proposal_id: str | None = None) -> None:
         self.table = table
         self.read_version = read_version
-        self.proposal_id = str(uuid.uuid4())
+        self.proposal_id = check_proposal_id(proposal_id)
+        #: The id this transaction made up; any other (given here or set later) may have been proposed before.
+        self._fresh_id = self.proposal_id if proposal_id is None else None
         self.read_predicates: list[str] = []
         self.read_files: list[FileRead] = []
         self.read_whole_table = False
@@ -217,6 +244,10 @@ class Transaction:
         references them (VACUUM removes them if it never does). A ratified version not
         published within the table's `publish_timeout_s`, or on a halted table, raises
         CommitNotPublishedError: it is committed (durable in Kafka), just not visible yet.
+
+        A proposal id decided before (a retry with the `proposal_id` of an unknown outcome) is
+        answered with that first decision: a commit returns `already_committed=True` with its
+        version, and the files staged for this attempt that the commit does not reference are deleted.
         """
         mode = check_wait(wait or self.table.wait)
         all_metrics = {**_metrics(self.actions), **(metrics or {})}
@@ -225,18 +256,21 @@ class Transaction:
         except BaseException:
             self.abandon()
             raise
+        sent_before = self.proposed  # commit() again on this transaction: its files may be in the first attempt
         self.proposed = True
         client = self.table.client
+        where = table_location(self.table)
         t0 = time.perf_counter()
         try:
             pending = client.propose(p, key=self.table.writer_key, wait=mode)
         except ProposalNotSentError:
-            self._delete_staged()  # it never reached Kafka: it cannot commit
+            if not sent_before:
+                self._delete_staged()  # it never reached Kafka: it cannot commit
             raise
         except KeyboardInterrupt as e:
-            raise _sent_before(e, p) from None
+            raise _sent_before(e, p, where) from None
         try:
-            d = client.decided(pending, p.table_id, timeout_s or self.table.decision_timeout_s)
+            d = client.decided(pending, p.table_id, timeout_s or self.table.decision_timeout_s, where)
             timings = _timings(pending, (time.perf_counter() - t0) * 1000)
             if d.committed and d.version is not None:
                 changed_metadata = any(isinstance(a, (Metadata, ProtocolAction)) for a in self.actions)
@@ -244,17 +278,58 @@ class Transaction:
                 if mode == "published":
                     self._await_publication(pending, d.version, notice=d.duplicate_of is None)
                     timings["published_ms"] = (time.perf_counter() - t0) * 1000
+                already = d.duplicate_of is not None
+                if already or self.proposal_id != self._fresh_id:
+                    already = self._settle_repeat(d.version, already, publish_wait_s=5.0 if mode == "ratified" else 0.0)
                 return CommitResult(
-                    d.version, p.proposal_id, operation, already_committed=d.duplicate_of is not None, metrics=all_metrics,
-                    timings=timings,
+                    d.version, p.proposal_id, operation, already_committed=already, metrics=all_metrics, timings=timings,
                 )
         except KeyboardInterrupt as e:
-            raise _sent_before(e, p) from None
+            raise _sent_before(e, p, where) from None
         finally:
             client.forget(p.proposal_id)
         self._delete_staged()
         self.table.invalidate()  # the next attempt must read a fresh snapshot
         raise error_from_decision(d)
+
+    def _settle_repeat(self, version: int, duplicate: bool, publish_wait_s: float) -> bool:
+        """After a commit answering a proposal id that may have been proposed before (a retry with the id of an
+        unknown outcome): whether the commit is an earlier attempt's (`already_committed`), and if so the files
+        staged for this attempt that it does not reference are deleted.
+
+        The answer may be the earlier attempt's own decision (its reply or its commits-topic record can reach
+        this attempt first), so the commit's files decide: an attempt whose staged files the commit does not
+        reference did not commit. Kept when the commit cannot be read in time (VACUUM removes them)."""
+        if not self.staged and not self.staged_keys:
+            return duplicate
+        commit = commit_object(self.table.storage, version)
+        deadline = time.monotonic() + publish_wait_s
+        try:
+            while not commit.exists():
+                if time.monotonic() >= deadline:
+                    log.warning("version %d of %s is not published yet; keeping the %d file(s) staged for proposal %s, "
+                                "which was decided before", version, self.table.uri,
+                                len(self.staged) + len(self.staged_keys), self.proposal_id)
+                    return duplicate
+                time.sleep(0.05)
+            adds = [a for a in read_commit(commit) if isinstance(a, AddFile)]
+        except (OSError, StorageError, ValueError) as e:
+            log.warning("cannot read version %d of %s (%s); keeping the files staged for proposal %s", version,
+                        self.table.uri, e, self.proposal_id)
+            return duplicate
+        paths = {a.path for a in adds}
+        dv_keys = {dv_object(self.table.storage, a.deletion_vector).key for a in adds
+                   if a.deletion_vector is not None and a.deletion_vector.storage_type != "i"}
+        if not any(a.path in paths for a in self.staged) and not any(k in dv_keys for k in self.staged_keys):
+            duplicate = True  # committed by an earlier attempt, with files of its own
+        if not duplicate:
+            return False
+        delete_staged(self.table.storage, [a for a in self.staged if a.path not in paths])
+        for key in self.staged_keys:
+            if key not in dv_keys:
+                with contextlib.suppress(FileNotFoundError):
+                    self.table.storage.delete(key)
+        return True
 
     def _await_publication(self, pending: Pending, version: int, *, notice: bool) -> None:
         """Return once `_delta_log/<version>.json` exists: on the coordinator's notice, or (no notice within
@@ -315,12 +390,12 @@ def _timings(pending: Pending, elapsed_ms: float) -> dict[str, float]:
     return out
 
 
-def _sent_before(e: KeyboardInterrupt, p: Proposal) -> KeyboardInterrupt:
+def _sent_before(e: KeyboardInterrupt, p: Proposal, where: str) -> KeyboardInterrupt:
     """An interrupt after the proposal went out: the caller must learn which proposal to look up (its staged
     files stay: it may still commit)."""
     e.deltacoord_proposal_id = p.proposal_id  # type: ignore[attr-defined]
-    e.add_note(f"proposal {p.proposal_id} of table {p.table_id} was sent before the interrupt; "
-               "its outcome is unknown: it may still commit (look it up by proposal id)")
+    e.add_note(f"proposal {p.proposal_id} of table {p.table_id} was sent before the interrupt; its outcome is "
+               f"unknown: it may still commit. {unknown_outcome_hint(p.proposal_id, where)}")
     return e
 
 

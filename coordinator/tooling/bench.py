@@ -209,6 +209,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     from confluent_kafka.admin import AdminClient
 
     from coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, ensure_topics
+    from schemas.errors import NoCoordinatorError
     from schemas.routing import Topics
     from writer.table import Table
 
@@ -231,7 +232,14 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     location = table or str(workdir / "deltacoord-table")
     try:
         with Table(location, bootstrap, topics=topics, storage_options=options) as t:
-            t.create(pa.schema([(n, getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS]))
+            started = time.monotonic()
+            while True:  # the coordinator process may still be starting; nothing is proposed until it serves
+                try:
+                    t.create(pa.schema([(n, getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS]))
+                    break
+                except NoCoordinatorError:
+                    if time.monotonic() - started > 120 or coord.poll() is not None:
+                        raise
         if not quiet:
             _say(f"deltacoord: {writers} writers x {k} blind appends on {location} ...")
         results, t0, end = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, location, i, k, options),

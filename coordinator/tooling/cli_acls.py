@@ -35,16 +35,20 @@ def register(main: click.Group) -> None:
                   help=f"Consumer-group prefix readers use (repeatable; default {', '.join(DEFAULT_READER_GROUP_PREFIXES)}).")
     @click.option("--idempotent-write-acl", is_flag=True,
                   help="Also grant IDEMPOTENT_WRITE on the cluster (only brokers older than Kafka 3.0 need it).")
-    @click.option("--bootstrap-servers", "--bootstrap-server", "bootstrap_server", default="localhost:9092", show_default=True, envvar="DELTACOORD_BOOTSTRAP_SERVERS",
-                  help="Written into the commands; the admin running them needs ALTER on the cluster.")
+    @click.option("--bootstrap-servers", "bootstrap_servers", default="localhost:9092", show_default=True,
+                  envvar="DELTACOORD_BOOTSTRAP_SERVERS",
+                  help="Written into the commands (or DELTACOORD_BOOTSTRAP_SERVERS); the admin running them needs ALTER "
+                       "on the cluster.")
+    @click.option("--bootstrap-server", "bootstrap_server", default=None, hidden=True,
+                  help="Old spelling of --bootstrap-servers.")
     @click.option("--command-config", default=None, help="Admin client properties file passed to kafka-acls.sh.")
     @click.option("--kafka-acls", "executable", default="kafka-acls.sh", show_default=True, help="Path of kafka-acls.sh.")
     @click.option("--format", "fmt", type=click.Choice(["commands", "json"]), default="commands", show_default=True,
                   help="Shell commands for kafka-acls.sh, or the ACL entries as JSON.")
     def acls_cmd(writers: tuple[str, ...], coordinators: tuple[str, ...], readers: tuple[str, ...], topic_prefix: str,
                  group_id: str | None, transactional_id_prefix: str | None, writer_group_prefixes: tuple[str, ...],
-                 reader_group_prefixes: tuple[str, ...], idempotent_write_acl: bool, bootstrap_server: str,
-                 command_config: str | None, executable: str, fmt: str) -> None:
+                 reader_group_prefixes: tuple[str, ...], idempotent_write_acl: bool, bootstrap_servers: str,
+                 bootstrap_server: str | None, command_config: str | None, executable: str, fmt: str) -> None:
         """Print the kafka-acls.sh commands granting writers and coordinators exactly what they need.
 
         \b
@@ -65,5 +69,5 @@ def register(main: click.Group) -> None:
         if fmt == "json":
             click.echo(json.dumps([asdict(e) for e in entries], indent=2))
         else:
-            click.echo(render_commands(entries, bootstrap_server, command_config, executable), nl=False)
+            click.echo(render_commands(entries, bootstrap_server or bootstrap_servers, command_config, executable), nl=False)
 

@@ -11,6 +11,7 @@ import click
 
 from coordinator import settings
 from reader.storage import StorageUriError, parse_table_uri
+from schemas import client_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,10 +40,11 @@ def kafka_options(f: F) -> F:
     """--bootstrap-servers, --topic-prefix and --kafka k=v for commands that talk to Kafka."""
     f = click.option("--kafka", "kafka_pairs", multiple=True, metavar="KEY=VALUE",
                      help="Extra Kafka client setting (repeatable), e.g. security.protocol=SSL.")(f)
-    f = click.option("--topic-prefix", envvar="DELTACOORD_TOPIC_PREFIX", default="deltacoord", show_default=True,
-                     help="Topics are <prefix>.proposals/.commits/.deadletters.")(f)
-    f = click.option("--bootstrap-servers", envvar="DELTACOORD_BOOTSTRAP_SERVERS", required=True,
-                     help="Kafka bootstrap servers (or DELTACOORD_BOOTSTRAP_SERVERS).")(f)
+    f = click.option("--topic-prefix", envvar=client_settings.TOPIC_PREFIX_ENV,
+                     default=client_settings.DEFAULT_TOPIC_PREFIX, show_default=True,
+                     help=f"Topics are <prefix>.proposals/.commits/.deadletters (or {client_settings.TOPIC_PREFIX_ENV}).")(f)
+    f = click.option("--bootstrap-servers", envvar=client_settings.BOOTSTRAP_SERVERS_ENV, required=True,
+                     help=f"Kafka bootstrap servers (or {client_settings.BOOTSTRAP_SERVERS_ENV}).")(f)
     return f
 
 

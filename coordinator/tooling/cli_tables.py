@@ -27,8 +27,12 @@ decided, before it is published to `_delta_log`. Writes sign their proposal with
 `--writer-key FILE` (or DELTACOORD_WRITER_KEY) when given.
 
 Every command prints JSON on stdout (progress and notices go to stderr). Exit
-codes: 0 success, 1 error (a conflict, a bad argument, a missing table), 3 the
-outcome of a write is unknown (it may still commit: look it up by proposal id).
+codes: 0 success, 1 error (a conflict, a bad argument, a missing table, no
+coordinator serving the table), 2 a usage error or an unreachable Kafka, 3 the
+outcome of a write is unknown (it may still commit: look it up by proposal id, or
+re-run the same command with `--proposal-id ID`, which commits at most once; also
+on Ctrl-C after the proposal was sent), 130 interrupted before anything was
+proposed (the files staged for it are deleted).
 
 `register(main)` adds the `table` group and the `tail` command to the main
 `deltacoord` group.
@@ -59,6 +63,7 @@ from coordinator.tooling.cli_options import (
 )
 from reader.snapshot import Snapshot, delta_type_to_arrow
 from reader.storage import StorageError
+from schemas import client_settings
 from schemas.actions import json_lines
 from schemas.errors import CommitOutcomeUnknownError, DeltaCoordError
 from schemas.routing import Topics
@@ -83,6 +88,12 @@ EXIT_UNKNOWN_OUTCOME = 3
 
 class UnknownOutcome(click.ClickException):
     exit_code = EXIT_UNKNOWN_OUTCOME
+
+
+class Interrupted(click.ClickException):
+    """Ctrl-C before the proposal was sent: nothing can commit, the staged files are gone."""
+
+    exit_code = 130
 
 
 def _split_top_level(text: str, sep: str = ",") -> list[str]:
@@ -142,9 +153,13 @@ def _echo_json(obj: Any) -> None:
 def _writing(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
              writer_key: str | None, storage_pairs: tuple[str, ...]) -> Iterator[Any]:
     """The table of a write command, its errors as CLI errors (an unknown outcome names the lookup command)."""
-    with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
-            _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
-        yield t
+    try:
+        with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
+                _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+            yield t
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted before anything was proposed: the table is unchanged (the files staged for "
+                          "this write were deleted)") from None
 
 
 def _lookup_args(path: str, bootstrap_servers: str, topic_prefix: str, table_id: str | None) -> list[str]:
@@ -155,8 +170,9 @@ def _lookup_args(path: str, bootstrap_servers: str, topic_prefix: str, table_id:
 
 def _lookup_hint(proposal_id: str, lookup: Sequence[str] | None) -> str:
     where = " ".join(shlex.quote(a) for a in lookup) if lookup else "TABLE"
-    return (f"Find out with: deltacoord table lookup {where} {proposal_id}   (do not simply re-run the command: "
-            "if the proposal commits, the rows would be there twice)")
+    return (f"Find out with: deltacoord table lookup {where} {proposal_id}\n"
+            f"Retry safely: re-run the same command with --proposal-id {proposal_id} (the coordinator decides a proposal "
+            "id once, so it cannot commit twice; a plain re-run could leave the rows in the table twice)")
 
 
 @contextmanager
@@ -167,7 +183,7 @@ def _errors(lookup: Sequence[str] | None = None) -> Iterator[None]:
     try:
         yield
     except CommitOutcomeUnknownError as e:
-        raise UnknownOutcome(f"{e}\n{_lookup_hint(e.proposal_id, lookup)}") from e
+        raise UnknownOutcome(f"{e.summary}\n{_lookup_hint(e.proposal_id, lookup)}") from e
     except KeyboardInterrupt as e:
         pid = getattr(e, "deltacoord_proposal_id", None)
         if pid is None:
@@ -189,7 +205,7 @@ def _table(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tu
         try:
             ctx = click.get_current_context(silent=True)
             timeout = {} if ctx is None or _TIMEOUT_KEY not in ctx.meta else {"decision_timeout_s": ctx.meta[_TIMEOUT_KEY]}
-            return Table(path, bootstrap_servers, table_id=table_id, topics=Topics.with_prefix(topic_prefix),
+            return Table(path, bootstrap_servers, table_id=table_id, topic_prefix=topic_prefix,
                          writer_key=writer_key, storage_options=parse_pairs(storage_pairs, "--storage-option"),
                          **timeout, **kafka)
         except WriterKeyError as e:
@@ -216,9 +232,13 @@ def _writes(f: F) -> F:
                      help="Writer key file that signs the proposal (or DELTACOORD_WRITER_KEY); tables with "
                           "deltacoord.writerKeys require it. Create one with `deltacoord writer-key generate`.")(f)
     f = click.option("--timeout", type=click.FloatRange(min=0.1), default=None, expose_value=False, is_eager=True,
-                     callback=_remember_timeout, envvar="DELTACOORD_TIMEOUT",
-                     help="Seconds to wait for the decision (default 60, or DELTACOORD_TIMEOUT); then the outcome "
+                     callback=_remember_timeout, envvar=client_settings.TIMEOUT_ENV,
+                     help=f"Seconds to wait for the decision (default 60, or {client_settings.TIMEOUT_ENV}); then the outcome "
                           "is unknown (exit 3) and `deltacoord table lookup` tells it later.")(f)
+    f = click.option("--proposal-id", default=None, expose_value=False, metavar="ID", callback=_remember_proposal_id,
+                     help="Retry a write whose outcome was unknown (exit 3) with the proposal id it printed: the "
+                          "coordinator decides a proposal id once, so the retry commits at most once (it reports "
+                          "alreadyCommitted when the first attempt had committed).")(f)
     return storage_options(_table_id_option(kafka_options(f)))
 
 
@@ -227,7 +247,21 @@ def _remember_timeout(ctx: click.Context, _param: click.Parameter, value: float 
         ctx.meta[_TIMEOUT_KEY] = value
 
 
+def _remember_proposal_id(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        if not value.strip():
+            raise click.BadParameter("give the proposal id an unknown outcome printed", param_hint="--proposal-id")
+        ctx.meta[_PROPOSAL_KEY] = value.strip()
+
+
+def _proposal_id() -> str | None:
+    """The `--proposal-id` of the running write command (None: a new proposal)."""
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(_PROPOSAL_KEY)
+
+
 _TIMEOUT_KEY = "deltacoord.decision_timeout_s"
+_PROPOSAL_KEY = "deltacoord.proposal_id"
 
 
 @click.group("table")
@@ -258,7 +292,8 @@ def create_cmd(path: str, schema_spec: str, partition_by: tuple[str, ...], prope
     parts = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
     props = parse_pairs(properties, "--property")
     with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
-        _echo_json(_result_json(t.create(schema, partition_by=parts, properties=props, name=name)))
+        _echo_json(_result_json(t.create(schema, partition_by=parts, properties=props, name=name,
+                                         proposal_id=_proposal_id())))
 
 
 @table_group.command("adopt")
@@ -409,7 +444,7 @@ def append_cmd(path: str, json_rows: str | None, parquet_file: Path | None, app_
     with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         show = _progress_line()
         try:
-            r = t.append(data, app_id=app_id, app_version=app_version, progress=show)
+            r = t.append(data, app_id=app_id, app_version=app_version, progress=show, proposal_id=_proposal_id())
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
             raise click.ClickException(f"the rows do not fit the table schema: {e}") from e
         finally:
@@ -431,7 +466,7 @@ def delete_cmd(path: str, where: str, bootstrap_servers: str, topic_prefix: str,
       deltacoord table delete /data/sales --where "date = '2024-01-01'"
     """
     with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
-        _echo_json(_result_json(t.delete(where)))
+        _echo_json(_result_json(t.delete(where, proposal_id=_proposal_id())))
 
 
 @table_group.command("truncate")
@@ -447,7 +482,7 @@ def truncate_cmd(path: str, where: str | None, bootstrap_servers: str, topic_pre
       deltacoord table truncate /data/sales --where "date = '2024-01-01'"
     """
     with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
-        _echo_json(_result_json(t.truncate(where)))
+        _echo_json(_result_json(t.truncate(where, proposal_id=_proposal_id())))
 
 
 @table_group.command("compact")
@@ -469,7 +504,7 @@ def compact_cmd(path: str, kind: str, where: str | None, small_file_size: int, b
     """
     with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.compact("major" if kind == "major" else "minor", where,
-                                          small_file_size=small_file_size)))
+                                          small_file_size=small_file_size, proposal_id=_proposal_id())))
 
 
 def _load(path: str, version: int | None = None, storage_pairs: tuple[str, ...] = ()) -> Snapshot:

@@ -228,9 +228,9 @@ def run_demo(table_dir: Path | None = None, writers: int = 16, appends_per_write
     info = broker.start()
     _say(f"broker at {info.bootstrap_servers}")
     prefix = f"demo-{uuid.uuid4().hex[:6]}"
-    topics = Topics.with_prefix(prefix)
+    topics = Topics.with_prefix(prefix)  # the coordinators' group is <prefix>-coordinator, where writers look for it
     ensure_topics(AdminClient(kafka_config({"bootstrap.servers": info.bootstrap_servers})), topics)
-    settings = CoordinatorSettings(info.bootstrap_servers, topics=topics, group_id=f"{topics.proposals}-coord",
+    settings = CoordinatorSettings(info.bootstrap_servers, topics=topics, group_id=f"{prefix}-coordinator",
                                    transactional_id_prefix=f"{topics.proposals}-tx",
                                    table_roots=(str(root).rsplit("/", 1)[0],) if s3 is not None else None,
                                    storage_options=options)

@@ -100,7 +100,12 @@ from schemas.routing import Topics
 from tests.history.checker import Report, Row, check_history, decision_record, decisions_for, txns_from_records
 from tests.history.netpath import MODES, NetPath, close_paths, start_cluster_with_paths
 from tests.history.workload import TableSpec, WriterConfig, create_table, read_jsonl, writer_main
-from tests.integration.coord_harness import CoordinatorProcess, fresh_topics, start_coordinator_process
+from tests.integration.coord_harness import (
+    CoordinatorProcess,
+    coordinator_group,
+    fresh_topics,
+    start_coordinator_process,
+)
 
 ISOLATION_LEVELS = ("Serializable", "WriteSerializable")
 FAULT_POINTS = ("after_decide", "after_kafka_commit")
@@ -360,7 +365,7 @@ class _Watchdog:
     """Detects a wedged coordinator: proposals pending, no new decision records for `stall_s`."""
 
     def __init__(self, bootstrap: str, topics: Topics, stall_s: float) -> None:
-        self._c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topics.proposals}-coord",
+        self._c = Consumer({"bootstrap.servers": bootstrap, "group.id": coordinator_group(topics),
                             "enable.auto.commit": False})
         self._proposals = TopicPartition(topics.proposals, 0)
         self._commits = TopicPartition(topics.commits, 0)
@@ -420,7 +425,7 @@ def _schedule(cfg: ChaosConfig, rng: random.Random, total: int) -> list[tuple[in
 
 def _wait_drained(bootstrap: str, topics: Topics, timeout_s: float, tick: Callable[[], None]) -> bool:
     """True once the coordinators' committed proposals offset reaches the end of the partition."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topics.proposals}-coord", "enable.auto.commit": False})
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": coordinator_group(topics), "enable.auto.commit": False})
     tp = TopicPartition(topics.proposals, 0)
     deadline = time.monotonic() + timeout_s
     try:

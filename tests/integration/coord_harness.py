@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from coordinator.kafka.daemon import Coordinator
@@ -31,9 +32,14 @@ def fresh_topics(bootstrap: str, partitions: int = 1, reply_partitions: int = 4)
     return topics
 
 
+def coordinator_group(topics: Topics) -> str:
+    """The consumer group of the harness's coordinators: `<prefix>-coordinator`, where writers look by default."""
+    return f"{topics.proposals.removesuffix('.proposals')}-coordinator"
+
+
 def harness_settings(bootstrap: str, topics: Topics, **overrides: object) -> CoordinatorSettings:
     """The settings `coordinator_thread` runs with (`overrides` replace fields)."""
-    fields: dict[str, object] = {"max_proposal_bytes": 4 * 1024 * 1024, "group_id": f"{topics.proposals}-coord",
+    fields: dict[str, object] = {"max_proposal_bytes": 4 * 1024 * 1024, "group_id": coordinator_group(topics),
                                  "transactional_id_prefix": f"{topics.proposals}-tx", **overrides}
     return CoordinatorSettings(bootstrap_servers=bootstrap, topics=topics, **fields)  # type: ignore[arg-type]
 
@@ -94,12 +100,29 @@ def start_coordinator_process(bootstrap: str, topics: Topics, log_dir: Path, *ex
     log = log_dir / f"coordinator-{uuid.uuid4().hex[:6]}.log"
     prefix = topics.proposals.removesuffix(".proposals")
     cmd = [sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
-           "--topic-prefix", prefix, "--group-id", f"{topics.proposals}-coord",
+           "--topic-prefix", prefix, "--group-id", coordinator_group(topics),
            "--transactional-id-prefix", f"{topics.proposals}-tx", "--no-fsync", *extra]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     _STARTED.append(proc)
+    if "--partitions" not in extra:
+        _wait_joined(bootstrap, coordinator_group(topics), proc)
     return CoordinatorProcess(proc, log)
+
+
+def _wait_joined(bootstrap: str, group: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """Until the child is a member of its consumer group: from then on writers see a coordinator (their check
+    waits for the assignment), however long the child took to start on a busy machine. A child that exits or
+    never joins is left to the test to notice."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if admin.describe_consumer_groups([group], request_timeout=5)[group].result().members:
+                return
+        except KafkaException:
+            pass
+        time.sleep(0.1)
 
 
 def append_worker(bootstrap: str, prefix: str, table_path: str, writer: int, count: int, out: str,

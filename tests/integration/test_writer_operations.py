@@ -8,6 +8,7 @@ arrives is an unknown outcome (files kept), never a failure.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -275,17 +276,36 @@ def test_no_decision_is_an_unknown_outcome_and_keeps_files(env: Env, tmp_path: P
     t = env.table(path)
     t.create(SCHEMA)
     t.append(data([1], "d", "a"))
-    # The same table through topics no coordinator reads: the decision never comes.
+    # The same table through topics no coordinator reads: the decision never comes. (The writer's check that a
+    # coordinator serves the partition is off, as for coordinators with a static partition list, which it cannot see.)
     silent = fresh_topics(kafka_bootstrap)
-    with Table(path, kafka_bootstrap, topics=silent, decision_timeout_s=1.5) as lost:
+    with Table(path, kafka_bootstrap, topics=silent, decision_timeout_s=1.5, coordinator_check=False) as lost:
         n_before = parquet_count(lost)
         with pytest.raises(CommitOutcomeUnknownError) as ei:
             lost.append(data([2], "d", "b"))
+        pid = ei.value.proposal_id
         assert "unknown" in str(ei.value) and ei.value.table_id == lost.table_id
+        assert re.search(rf"deltacoord table lookup \S*unknown {pid}", str(ei.value)), str(ei.value)
+        assert f"proposal_id={pid!r}" in str(ei.value)
         # the proposal may still commit, so its files must still be there
         assert parquet_count(lost) == n_before + 1
         assert lost.lookup_decision(ei.value.proposal_id, timeout_s=5) is None
     assert rows(t) == [(1, "d", "a")]
+
+
+def test_a_table_takes_its_kafka_settings_from_the_deltacoord_variables(env: Env, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's variables and defaults hold in Python too (docs/settings.md): no argument but the path."""
+    monkeypatch.setenv("DELTACOORD_BOOTSTRAP_SERVERS", env.bootstrap)
+    monkeypatch.setenv("DELTACOORD_TOPIC_PREFIX", env.topics.proposals.removesuffix(".proposals"))
+    monkeypatch.setenv("DELTACOORD_TIMEOUT", "45")
+    with Table(env.place.of(tmp_path / "vars"), storage_options=env.place.storage_options) as t:
+        assert t.client.topics == env.topics and t.decision_timeout_s == 45
+        assert t.create(SCHEMA).version == 0 and t.append(data([1], "d", "a")).version == 1
+    prefix = env.topics.proposals.removesuffix(".proposals")
+    with Table(env.place.of(tmp_path / "kw"), env.bootstrap, topic_prefix=prefix,
+               storage_options=env.place.storage_options) as t:
+        assert t.create(SCHEMA).version == 0
 
 
 def test_lookup_decision_finds_a_committed_proposal(env: Env, tmp_path: Path) -> None:

@@ -699,11 +699,16 @@ def test_rendered_commands_are_kafka_acls_lines_one_per_resource() -> None:
 
 def test_acls_command_prints_the_rendered_plan_and_json() -> None:
     args = ["acls", "--writer-principal", W, "--coordinator-principal", C, "--topic-prefix", "dc",
-            "--transactional-id-prefix", "dc-tx", "--bootstrap-server", "k:9092"]
+            "--transactional-id-prefix", "dc-tx", "--bootstrap-servers", "k:9092"]
     res = CliRunner().invoke(cli(), args, env={"DELTACOORD_GROUP_ID": None})
     assert res.exit_code == 0, res.output
     req = AclRequest((W,), (C,), topic_prefix="dc", transactional_id_prefix="dc-tx")
     assert res.output == render_commands(plan_acls(req), "k:9092")
+    # The singular spelling of older releases still works, but the help names only the plural, as every command does.
+    old = CliRunner().invoke(cli(), [*args[:-2], "--bootstrap-server", "k:9092"], env={"DELTACOORD_GROUP_ID": None})
+    assert old.exit_code == 0 and old.output == res.output
+    usage = CliRunner().invoke(cli(), ["acls", "--help"]).output
+    assert "--bootstrap-servers" in usage and "--bootstrap-server " not in usage
     res = CliRunner().invoke(cli(), [*args, "--format", "json"], env={"DELTACOORD_GROUP_ID": None})
     assert {AclEntry(**d) for d in json.loads(res.output)} == set(plan_acls(req))
     bad = CliRunner().invoke(cli(), ["acls", "--writer-principal", W, "--writer-group-prefix", "deltacoord-",

@@ -1,0 +1,156 @@
+"""Is a coordinator serving a proposals partition? Asked before proposing.
+
+Without a coordinator a proposal waits for a decision nobody makes and ends as an
+unknown outcome that may commit later (when one starts), so a retry could commit
+the rows twice. A writer therefore asks Kafka first (`describe_consumer_groups`
+on the coordinators' group) whether a live member is assigned the table's
+proposals partition, and refuses to propose when none is: `NoCoordinatorError`,
+nothing sent.
+
+The answer is kept per partition for `TRUSTED_S`, and every reply from a
+coordinator renews it, so a busy writer never asks again; an idle one asks at
+most once per `TRUSTED_S`. A group whose members do not hold the partition yet
+(a rebalance: a coordinator joining or leaving) is asked again for up to
+`REBALANCE_WAIT_S`; with no member at all, for `SETTLE_S` (a coordinator started
+a moment ago joins within about a second or two). When the named group has no
+member, the writer looks through the cluster's active groups once for
+coordinators under another group id (and asks that group from then on). When
+Kafka cannot answer (no permission to describe the group, a timeout), the
+writer proposes as before. Coordinators given a static partition list join no
+group, so this check cannot see them: writers of such a deployment turn it off
+(`coordinator_check=False`, `DELTACOORD_COORDINATOR_CHECK=0`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import ConsumerGroupState, KafkaException
+from confluent_kafka.admin import AdminClient
+
+from schemas.client_settings import prefix_of
+from schemas.errors import NoCoordinatorError
+from schemas.routing import Topics
+
+log = logging.getLogger(__name__)
+
+#: How long a partition found served (or answered by a coordinator) is trusted without asking again.
+TRUSTED_S = 10.0
+#: How long a group with no member at all is asked again before the answer is no (a coordinator starting).
+SETTLE_S = 5.0
+#: How long a group with members, none of them holding the partition yet (a rebalance), is asked again.
+REBALANCE_WAIT_S = 30.0
+#: Seconds between those questions, and the bound of each admin request.
+RETRY_S = 0.5
+REQUEST_TIMEOUT_S = 5.0
+#: Active groups looked at, at most, when searching for coordinators under another group id.
+MAX_GROUPS_SCANNED = 500
+
+_ACTIVE = frozenset({ConsumerGroupState.STABLE, ConsumerGroupState.PREPARING_REBALANCING,
+                     ConsumerGroupState.COMPLETING_REBALANCING})
+
+
+class _CannotTell(Exception):
+    """Kafka gave no usable answer (an authorization error, a timeout): propose as without the check."""
+
+
+class CoordinatorCheck:
+    """The per-partition answer to "does a live coordinator hold this proposals partition?", cached."""
+
+    def __init__(self, conf: dict[str, Any], topics: Topics, group_id: str, *, enabled: bool = True) -> None:
+        self._conf = {k: v for k, v in conf.items() if k != "statistics.interval.ms"}
+        self.topics = topics
+        self.group_id = group_id
+        self.enabled = enabled
+        self._lock = threading.Lock()
+        self._trusted_until: dict[int, float] = {}
+        self._warned = False
+        #: Broker questions asked so far (describe or list calls), for tests and diagnostics.
+        self.questions = 0
+
+    def served(self, partition: int) -> None:
+        """A coordinator just answered for `partition`: trust that it is served for another TRUSTED_S."""
+        with self._lock:
+            self._trusted_until[partition] = time.monotonic() + TRUSTED_S
+
+    def ensure(self, partition: int) -> None:
+        """Return when a coordinator serves `partition` (or Kafka cannot tell); NoCoordinatorError when none does."""
+        if not self.enabled:
+            return
+        with self._lock:
+            if time.monotonic() < self._trusted_until.get(partition, 0.0):
+                return
+        try:
+            found = self._ask(partition)
+        except _CannotTell as e:
+            if not self._warned:
+                self._warned = True
+                log.warning("cannot check whether a coordinator serves %s[%d] (%s); proposing without the check",
+                            self.topics.proposals, partition, e)
+            found = True
+        if not found:
+            raise NoCoordinatorError(self.topics.proposals, partition, self.group_id,
+                                     str(self._conf.get("bootstrap.servers")), prefix_of(self.topics))
+        self.served(partition)
+
+    # -- asking Kafka ----------------------------------------------------------------------
+    def _ask(self, partition: int) -> bool:
+        admin = AdminClient(self._conf)  # one per question: an idle admin client would reconnect for ever
+        start = time.monotonic()
+        scans = 0
+        while True:
+            serving, active = self._describe(admin, [self.group_id], partition)
+            if serving is not None:
+                return True
+            waited = time.monotonic() - start
+            last = waited + RETRY_S > (REBALANCE_WAIT_S if active else SETTLE_S)
+            if not active and (scans == 0 or (last and scans == 1)):
+                # The named group has no member: coordinators may run under another group id (asked at the
+                # first and the last look, in case one was starting).
+                scans += 1
+                other = self._search(admin, partition)
+                if other is not None:
+                    log.info("coordinators of %s run in consumer group %s (not %s); checking that group from now on",
+                             self.topics.proposals, other, self.group_id)
+                    self.group_id = other
+                    return True
+            if last:
+                return False
+            time.sleep(RETRY_S)  # a coordinator may be starting, or its group rebalancing
+
+    def _describe(self, admin: AdminClient, group_ids: list[str], partition: int) -> tuple[str | None, bool]:
+        """(a group of `group_ids` with a member assigned the partition, whether any of them has live members)."""
+        self.questions += 1
+        active = False
+        futures = admin.describe_consumer_groups(group_ids, request_timeout=REQUEST_TIMEOUT_S)
+        for group_id, future in futures.items():
+            try:
+                desc = future.result()
+            except KafkaException as e:
+                if len(group_ids) == 1:
+                    raise _CannotTell(f"describing consumer group {group_id}: {e.args[0]}") from None
+                continue  # scanning: a group that vanished or that we may not describe is not ours
+            if desc.members and desc.state in _ACTIVE:
+                active = True
+            for member in desc.members or ():
+                assignment = member.assignment.topic_partitions if member.assignment is not None else []
+                if any(tp.topic == self.topics.proposals and tp.partition == partition for tp in assignment):
+                    return group_id, True
+        return None, active
+
+    def _search(self, admin: AdminClient, partition: int) -> str | None:
+        """An active group (other than the named one) whose members hold the partition, if any."""
+        self.questions += 1
+        try:
+            listed = admin.list_consumer_groups(states=set(_ACTIVE), request_timeout=REQUEST_TIMEOUT_S).result()
+        except KafkaException as e:
+            log.debug("cannot list consumer groups: %s", e)
+            return None
+        ids = sorted(g.group_id for g in listed.valid if g.group_id != self.group_id)[:MAX_GROUPS_SCANNED]
+        if not ids:
+            return None
+        group, _active = self._describe(admin, ids, partition)
+        return group
