@@ -469,6 +469,117 @@ def delete_cmd(path: str, where: str, bootstrap_servers: str, topic_prefix: str,
         _echo_json(_result_json(t.delete(where, proposal_id=_proposal_id())))
 
 
+def _assignments(pairs: tuple[str, ...], option: str) -> dict[str, str] | Literal["*"] | None:
+    """`col=SQL` pairs (or a lone `*`: every column from the source) as the writer's assignments."""
+    if not pairs:
+        return None
+    if pairs == ("*",):
+        return "*"
+    out: dict[str, str] = {}
+    for pair in pairs:
+        col, eq, sql = pair.partition("=")
+        if not eq or not col.strip() or not sql.strip():
+            raise click.BadParameter(f"{pair!r}: give COLUMN=SQL, e.g. \"amount=amount * 2\" (or * alone)", param_hint=option)
+        out[col.strip()] = sql.strip()
+    return out
+
+
+@table_group.command("update")
+@click.argument("path", type=TableLocationParam(exists=True))
+@click.option("--set", "assignments", multiple=True, required=True, metavar="COLUMN=SQL",
+              help="A column and its new value as SQL over the row's columns; repeat for several columns.")
+@click.option("--where", default=None, help="SQL condition of the rows to update (default: every row).")
+@_writes
+def update_cmd(path: str, assignments: tuple[str, ...], where: str | None, bootstrap_servers: str, topic_prefix: str,
+               kafka_pairs: tuple[str, ...], table_id: str | None, writer_key: str | None,
+               storage_pairs: tuple[str, ...]) -> None:
+    """UPDATE the table at PATH SET columns [WHERE a condition].
+
+    \b
+    Example:
+      deltacoord table update /data/sales --set "amount=amount * 2" --set "note='doubled'" --where "date = '2024-01-01'"
+    """
+    sets = _assignments(assignments, "--set")
+    if not isinstance(sets, dict):
+        raise click.BadParameter("UPDATE needs COLUMN=SQL pairs, not *", param_hint="--set")
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+        _echo_json(_result_json(t.update(where, sets, proposal_id=_proposal_id())))
+
+
+@table_group.command("merge")
+@click.argument("path", type=TableLocationParam(exists=True))
+@click.option("--source-json-rows", "json_rows", default=None, metavar="FILE|-|JSON",
+              help="The source rows as a JSON array or JSON lines: a file, '-' for stdin, or inline text.")
+@click.option("--source-parquet", "parquet_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="The source rows as a Parquet file.")
+@click.option("--on", "on", required=True, multiple=True,
+              help="A key column (repeat for several), or one SQL condition over s. and t. columns, e.g. \"s.id = t.id\".")
+@click.option("--when-matched-update", "update_pairs", multiple=True, metavar="COLUMN=SQL|*",
+              help="WHEN MATCHED THEN UPDATE SET COLUMN=SQL over s./t. columns (repeat), or * for every source column.")
+@click.option("--when-matched-delete", "delete_if", default=None, metavar="SQL|true",
+              help="WHEN MATCHED [AND SQL] THEN DELETE, before the update clause; 'true' deletes every matched row.")
+@click.option("--when-not-matched-insert", "insert_pairs", multiple=True, metavar="COLUMN=SQL|*",
+              help="WHEN NOT MATCHED THEN INSERT COLUMN=SQL over s. columns (repeat), or * for every source column.")
+@click.option("--when-not-matched-insert-if", "insert_if", default=None, metavar="SQL",
+              help="WHEN NOT MATCHED AND SQL (over s. columns) THEN INSERT.")
+@_writes
+def merge_cmd(path: str, json_rows: str | None, parquet_file: Path | None, on: tuple[str, ...],
+              update_pairs: tuple[str, ...], delete_if: str | None, insert_pairs: tuple[str, ...], insert_if: str | None,
+              bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
+              writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
+    """MERGE INTO the table at PATH (alias t) USING source rows (alias s) ON keys or a condition.
+
+    \b
+    Example:
+      deltacoord table merge /data/sales --source-json-rows changes.jsonl --on id --when-matched-update "*" --when-not-matched-insert "*"
+    """
+    if (json_rows is None) == (parquet_file is None):
+        raise click.UsageError("give exactly one of --source-json-rows and --source-parquet")
+    update, insert = _assignments(update_pairs, "--when-matched-update"), _assignments(insert_pairs, "--when-not-matched-insert")
+    delete: bool | str = False if delete_if is None else (True if delete_if.strip().lower() == "true" else delete_if)
+    if update is None and insert is None and delete is False:
+        raise click.UsageError("give at least one of --when-matched-update, --when-matched-delete and --when-not-matched-insert")
+    condition: str | list[str] = list(on)
+    if len(on) == 1 and not on[0].replace("_", "").isalnum():
+        condition = on[0]  # SQL, not a column name
+    if parquet_file is not None:
+        import pyarrow.parquet as pq
+
+        source = pq.read_table(parquet_file)
+    else:
+        assert json_rows is not None
+        source = pa.concat_tables(list(_json_row_tables(json_rows)))
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+        try:
+            r = t.merge(source, condition, when_matched_update=update, when_not_matched_insert=insert,
+                        when_matched_delete=delete, when_not_matched_insert_if=insert_if, proposal_id=_proposal_id())
+        except ValueError as e:
+            raise click.UsageError(str(e)) from e
+        _echo_json(_result_json(r))
+
+
+@table_group.command("optimize")
+@click.argument("path", type=TableLocationParam(exists=True))
+@click.option("--where", default=None, help="Only the partitions this condition on partition columns selects.")
+@click.option("--target-file-size", type=click.IntRange(min=1), default=128 * 1024 * 1024, show_default=True,
+              help="Files smaller than this many bytes are compacted together.")
+@click.option("--min-files", type=click.IntRange(min=2), default=2, show_default=True,
+              help="A partition is compacted only when it has at least this many small files.")
+@_writes
+def optimize_cmd(path: str, where: str | None, target_file_size: int, min_files: int, bootstrap_servers: str,
+                 topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None, writer_key: str | None,
+                 storage_pairs: tuple[str, ...]) -> None:
+    """OPTIMIZE the table at PATH: compact small files (the data does not change).
+
+    \b
+    Example:
+      deltacoord table optimize /data/sales --where "date = '2024-01-01'"
+    """
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+        _echo_json(_result_json(t.optimize(where, target_file_size=target_file_size, min_files=min_files,
+                                           proposal_id=_proposal_id())))
+
+
 @table_group.command("truncate")
 @click.argument("path", type=TableLocationParam(exists=True))
 @click.option("--where", default=None, help="Only the partitions this condition on partition columns selects.")

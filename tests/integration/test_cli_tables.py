@@ -316,3 +316,46 @@ def test_compact_and_truncate_on_a_maxcompute_table(cli: click.Group, kafka_boot
         snap = Snapshot.load(path)
         assert sorted(snap.to_pyarrow().column("id").to_pylist()) == [1, 2, 3]
         assert len(snap.files()) == 1
+
+
+def test_update_merge_and_optimize_commands(cli: click.Group, kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The CLI's UPDATE, MERGE (upsert and change-feed forms) and OPTIMIZE: rows checked, delta-rs reads the result."""
+    topics = fresh_topics(kafka_bootstrap)
+    path = str(tmp_path / "t")
+    kafka = ["--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix_of(topics)]
+    with coordinator_thread(kafka_bootstrap, topics):
+        run(cli, "table", "create", path, "--schema", "id:long,date:string,amount:long", "--partition-by", "date", *kafka)
+        for i in range(3):  # three small files in one partition, for OPTIMIZE
+            run(cli, "table", "append", path, "--json-rows", json.dumps([{"id": i, "date": "d1", "amount": 10 * i}]), *kafka)
+
+        updated = lines(run(cli, "table", "update", path, "--set", "amount=amount + 1", "--where", "id >= 1", *kafka))[0]
+        assert updated["operation"] == "UPDATE" and updated["metrics"]["numUpdatedRows"] == 2
+
+        src = tmp_path / "changes.jsonl"
+        src.write_text('{"id": 2, "date": "d1", "amount": 200}\n{"id": 7, "date": "d1", "amount": 70}\n')
+        merged = lines(run(cli, "table", "merge", path, "--source-json-rows", str(src), "--on", "id",
+                           "--when-matched-update", "*", "--when-not-matched-insert", "*", *kafka))[0]
+        assert merged["operation"] == "MERGE"
+        feed = json.dumps([{"id": 0, "op": "D"}, {"id": 1, "op": "U"}, {"id": 9, "op": "D"}])
+        lines(run(cli, "table", "merge", path, "--source-json-rows", feed, "--on", "s.id = t.id",
+                  "--when-matched-delete", "s.op = 'D'", "--when-matched-update", "amount=t.amount * 100",
+                  "--when-not-matched-insert", "id=s.id", "--when-not-matched-insert", "date='d1'",
+                  "--when-not-matched-insert", "amount=0", "--when-not-matched-insert-if", "s.op <> 'D'", *kafka))
+        expected = {1: 1100, 2: 200, 7: 70}
+
+        def rows() -> dict[int, int]:
+            t = Snapshot.load(path).to_pyarrow()
+            return dict(zip(t.column("id").to_pylist(), t.column("amount").to_pylist(), strict=True))
+
+        assert rows() == expected
+        files_before = len(Snapshot.load(path).files())
+        optimized = lines(run(cli, "table", "optimize", path, "--where", "date = 'd1'", *kafka))[0]
+        assert optimized["operation"] == "OPTIMIZE"
+        assert len(Snapshot.load(path).files()) == 1 < files_before and rows() == expected
+        theirs = DeltaTable(path).to_pyarrow_table()
+        assert dict(zip(theirs.column("id").to_pylist(), theirs.column("amount").to_pylist(), strict=True)) == expected
+
+        bad = run(cli, "table", "update", path, "--set", "amount", *kafka, ok=False)
+        assert bad.exit_code == 2 and "COLUMN=SQL" in bad.output
+        none = run(cli, "table", "merge", path, "--source-json-rows", "[]", "--on", "id", *kafka, ok=False)
+        assert none.exit_code == 2 and "--when-matched-update" in none.output
