@@ -26,10 +26,15 @@ documents state that metadata and protocol changes fail concurrent writes):
 * on a row-level table (deletion vectors enabled, no partition columns;
   `coordinator.rules.row_level`) the append check ignores files a winner only
   re-added with a new deletion vector and matches its other new files against
-  the read predicates by their statistics, and two deletion-vector updates of
+  the read predicates by their statistics; a file the transaction only read
+  may be changed or removed by a winner; and two deletion-vector updates of
   one file with disjoint changed rows do not conflict: the current one is
   rebased onto the union of both vectors (overlapping rows are a
-  ConcurrentDeleteDeleteException);
+  ConcurrentDeleteDeleteException). Complex conditions keep the file-level
+  rules;
+* on any deletion-vector table an OPTIMIZE without ZORDER BY records a row map
+  and does not conflict with row changes of the files it merged: the deleted
+  rows are moved through the map (`coordinator.rules.compaction`);
 * a winner and the current transaction both writing `delta.rowTracking` domain
   metadata is a retryable ConcurrentWriteException: Spark resolves it by
   re-assigning row ids, a rewrite this engine does not do.
@@ -450,10 +455,11 @@ def _resolve_rows(cur: _Current, w: WinningCommit, removed: frozenset[str], tabl
       deleted in its outputs (`_absorb_winner`).
     * The winner compacted the file (row map): a file this transaction only read is unchanged; rows it changed
       are changed in the winner's outputs (`_follow_compaction`).
-    * Row-level tables, simple conditions: a file the winner only gave a new deletion vector does not conflict
-      with a transaction that read it (the rows it changed are in the winner's other files, which check 5
-      matched) nor with one that replaced the same vector with disjoint rows (rebased onto the union); the
-      same row changed by both is a conflict.
+    * Row-level tables, simple conditions: a file the winner changed (a new deletion vector, or removed) does
+      not conflict with a transaction that only read it: that transaction selected none of its rows, so the
+      rows the winner deleted are not ones it selected, and the rows the winner wrote are in its other files,
+      which check 5 matched. Nor does a new vector conflict with one that replaced the same vector with
+      disjoint rows (rebased onto the union); the same row changed by both is a conflict.
     """
     remaining: set[str] = set()
     wc = w.compaction
@@ -472,16 +478,15 @@ def _resolve_rows(cur: _Current, w: WinningCommit, removed: frozenset[str], tabl
             if change is None or not _follow_compaction(cur, w, p, place, change):
                 remaining.add(p)
             continue
-        wu = w.dv_updates.get(p)
-        w_rows = changed_rows(wu) if wu is not None else None
-        if cur.whole_table or wu is None or w_rows is None or not cur.row_level or not _resolves_rows(cur):
+        if cur.whole_table or not cur.row_level or not _resolves_rows(cur):
             remaining.add(p)
             continue
-        if change is None:
-            if p in cur.remove_pvs:
-                remaining.add(p)  # removes the file some other way
-            continue
-        if change.add is None or change.rows is None or not same_vector(change.remove.deletion_vector, wu.old):
+        if change is None and p not in cur.remove_pvs:
+            continue  # read only: the winner changed rows this transaction did not select
+        wu = w.dv_updates.get(p)
+        w_rows = changed_rows(wu) if wu is not None else None
+        if (wu is None or w_rows is None or change is None or change.add is None or change.rows is None
+                or not same_vector(change.remove.deletion_vector, wu.old)):
             remaining.add(p)
             continue
         both = np.intersect1d(change.rows, w_rows, assume_unique=True)

@@ -19,6 +19,8 @@ Rows the winner's UPDATE or MERGE wrote to new files are matched against the
 current transaction's read predicates by the files' min/max statistics
 (`schemas.expressions.stats`), so a concurrent change of other rows does not
 conflict while one whose new rows the current transaction would have read does.
+A file the current transaction only read selected none of its rows, so a
+winner changing or removing it does not conflict either.
 
 The seeds' limits: a transaction whose conditions are complex (a subquery, a
 non-deterministic or any other function, a nested field, a column that is not

@@ -319,3 +319,23 @@ def test_row_maps_that_do_not_add_up_are_ignored() -> None:
     assert compaction_of("OPTIMIZE", {"zOrderBy": '["x"]'}, info, [rm, f], committed=False) is None
     wrong_count = AddFile("g", {}, 1, 0, False, json.dumps({"numRecords": 4}))
     assert compaction_of("OPTIMIZE", {}, info, [rm, wrong_count], committed=False) is None
+
+
+@pytest.mark.parametrize("level", [S, WS])
+def test_a_file_only_read_may_be_removed_by_a_winner(level: str) -> None:
+    """A DELETE that scanned a file (its statistics could not skip it) but selected none of its rows does not
+    conflict with a winner deleting that file's last rows; complex conditions keep the file-level rules."""
+    t, files, f1, f2 = setup(level)
+    v = t.head
+    t.must_commit(delete(t, files, f1, list(range(10)), v))  # f1 removed
+    reader = delete(t, files, f2, [12], v, predicate="x >= 5 AND x <= 12")
+    reader = proposal(v, reader.actions, operation="DELETE", predicates=reader.read_predicates, read_files=[f1, f2])
+    t.must_commit(reader)
+    assert files.visible(t) == [x for x in range(10, 20) if x != 12]
+
+    t, files, f1, f2 = setup(level)
+    v = t.head
+    t.must_commit(delete(t, files, f1, list(range(10)), v))
+    reader = delete(t, files, f2, [12], v)
+    complex_reader = proposal(v, reader.actions, operation="DELETE", predicates=["x = (SELECT 12)"], read_files=[f1, f2])
+    assert isinstance(t.decide(complex_reader), Rejected)
