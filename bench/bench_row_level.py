@@ -1,11 +1,12 @@
 """Row-level concurrency benchmark: writers deleting or updating their own rows of one table (not a test).
 
-    python bench/bench_row_level.py [--rows 1000000] [--files 10] [--writers 8] [--ops-per-writer 12]
+    python bench/bench_row_level.py [--rows 1000000] [--files 10] [--writers 8] [--ops-per-writer 40]
                                     [--rows-per-op 4] [--max-attempts 50] [--bootstrap-servers HOST:PORT]
 
 One run measures three systems on the same data, one after the other: an
 unpartitioned table of `--rows` rows (ids 0..rows-1, sorted, in `--files`
-files), and `--writers` writer processes released together. At its i-th
+files), and `--writers` writer processes released together, each after an
+untimed warm-up commit (deleting a row of its own in a file of warm-up rows). At its i-th
 operation every writer works in the same region of ids, so in the same data
 file as the others, on rows of its own: a contiguous block of `--rows-per-op`
 ids (a DELETE or an UPDATE of `value`, alternately). An operation that
@@ -85,6 +86,7 @@ def rows_ok(table: Any, rows: int, plans: list[list[Op]]) -> bool:
     import pyarrow.compute as pc
 
     count, touched = expected(rows, plans)
+    table = table.filter(pc.greater_equal(table.column("id"), 0))  # without the warm-up rows
     if table.num_rows != count:
         return False
     ids = table.column("id")
@@ -97,6 +99,12 @@ def data(lo: int, hi: int) -> Any:
     import pyarrow as pa
 
     return pa.table({"id": pa.array(range(lo, hi), pa.int64()), "value": pa.array(["v"] * (hi - lo), pa.string())})
+
+
+def _files(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """The id ranges of the files the table is loaded in: the writers' warm-up rows (negative ids), then the rows."""
+    step = -(-args.rows // args.files)
+    return [(-args.writers, 0), *((lo, min(args.rows, lo + step)) for lo in range(0, args.rows, step))]
 
 
 def _where(lo: int, hi: int) -> str:
@@ -112,7 +120,6 @@ def _dc_writer(bootstrap: str, prefix: str, location: str, w: int, ops: list[Op]
 
     t = Table(location, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"bench-{w}")
     t.client.wait_leased(60)
-    t.snapshot()
 
     def attempt(kind: str, lo: int, hi: int, value: str) -> None:
         if kind == "DELETE":
@@ -120,8 +127,19 @@ def _dc_writer(bootstrap: str, prefix: str, location: str, w: int, ops: list[Op]
         else:
             t.update(_where(lo, hi), {"value": f"'{value}'"})
 
+    _warm_up(w, attempt, (DeltaConcurrentModificationException,))
     _loop(w, ops, max_attempts, attempt, (DeltaConcurrentModificationException,), barrier, out)
     t.close()
+
+
+def _warm_up(w: int, attempt: Any, conflicts: tuple[type[Exception], ...]) -> None:
+    """Untimed: delete the writer's own warm-up row (id -1-w), so the timed operations measure the steady
+    state, not a process's first scan, proposal and publication."""
+    for _ in range(100):
+        with contextlib.suppress(*conflicts):
+            attempt("DELETE", -1 - w, -w, "")
+            return
+    raise RuntimeError(f"writer {w}: the warm-up delete kept conflicting")
 
 
 def _rs_conflict(e: Exception) -> bool:
@@ -148,6 +166,7 @@ def _rs_writer(location: str, w: int, ops: list[Op], max_attempts: int, barrier:
                 raise _Conflict(str(e)) from e
             raise
 
+    _warm_up(w, attempt, (_Conflict,))
     _loop(w, ops, max_attempts, attempt, (_Conflict,), barrier, out)
 
 
@@ -246,9 +265,8 @@ def bench_deltacoord(bootstrap: str, workdir: Path, args: argparse.Namespace, pl
         props = {"delta.enableDeletionVectors": "true"} if deletion_vectors else {}
         with Table(location, bootstrap, topics=topics) as t:
             t.create(pa.schema([("id", pa.int64()), ("value", pa.string())]), properties=props)
-            step = -(-args.rows // args.files)
-            for lo in range(0, args.rows, step):
-                t.append(data(lo, min(args.rows, lo + step)))
+            for lo, hi in _files(args):
+                t.append(data(lo, hi))
         _say(f"deltacoord, deletion vectors {'on' if deletion_vectors else 'off'}: {args.writers} writers x "
              f"{args.ops_per_writer} operations on {args.rows:,} rows ...")
         results, elapsed = _run(_dc_writer, lambda i: (bootstrap, prefix, location, i, plans[i], args.max_attempts),
@@ -270,9 +288,8 @@ def bench_delta_rs(workdir: Path, args: argparse.Namespace, plans: list[list[Op]
 
     workdir.mkdir(parents=True, exist_ok=True)
     location = str(workdir / "table")
-    step = -(-args.rows // args.files)
-    for lo in range(0, args.rows, step):
-        write_deltalake(location, data(lo, min(args.rows, lo + step)), mode="append")
+    for lo, hi in _files(args):
+        write_deltalake(location, data(lo, hi), mode="append")
     _say(f"delta-rs: {args.writers} writers x {args.ops_per_writer} operations on {args.rows:,} rows ...")
     results, elapsed = _run(_rs_writer, lambda i: (location, i, plans[i], args.max_attempts), args.writers, workdir)
     return _summary(results, elapsed, rows_ok(DeltaTable(location).to_pyarrow_table(), args.rows, plans))
@@ -283,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows of the table (ids 0..rows-1)")
     ap.add_argument("--files", type=int, default=10, help="data files the rows are loaded in")
     ap.add_argument("--writers", type=int, default=8, help="writer processes")
-    ap.add_argument("--ops-per-writer", type=int, default=12, help="operations each writer commits")
+    ap.add_argument("--ops-per-writer", type=int, default=40, help="operations each writer commits")
     ap.add_argument("--rows-per-op", type=int, default=4, help="ids each operation deletes or updates")
     ap.add_argument("--max-attempts", type=int, default=50, help="attempts per operation before it is given up")
     ap.add_argument("--bootstrap-servers", default=None, help="a running Kafka (default: start a local broker)")
