@@ -23,7 +23,7 @@ conflicts is retried from a fresh snapshot, up to `--max-attempts` times.
 For each: commits, attempts, conflicts, conflict rate (conflicts / attempts),
 operations given up, commits/s over the timed phase, p50/p99 of an operation
 (first attempt to commit, retries included), and whether the final rows are
-exactly the expected ones. Printed side by side, then as one JSON line. A local
+exactly those the committed operations give. Printed side by side, then as one JSON line. A local
 broker is started in a temporary directory unless `--bootstrap-servers` is given.
 """
 
@@ -178,9 +178,10 @@ def _loop(w: int, ops: list[Op], max_attempts: int, attempt: Any, conflicts: tup
           out: str) -> None:
     """Run `ops` in order, each retried on a conflict; the counts and latencies go to the file `out`."""
     lat: list[float] = []
-    tries = conflicted = commits = gave_up = 0
+    done: list[int] = []
+    tries = conflicted = gave_up = 0
     barrier.wait()
-    for op in ops:
+    for n, op in enumerate(ops):
         s0 = time.perf_counter()
         for _ in range(max_attempts):
             tries += 1
@@ -189,13 +190,13 @@ def _loop(w: int, ops: list[Op], max_attempts: int, attempt: Any, conflicts: tup
             except conflicts:
                 conflicted += 1
                 continue
-            commits += 1
+            done.append(n)
             lat.append((time.perf_counter() - s0) * 1000)
             break
         else:
             gave_up += 1
-    Path(out).write_text(json.dumps({"lat": lat, "attempts": tries, "conflicts": conflicted, "commits": commits,
-                                     "gave_up": gave_up, "end": time.time()}))
+    Path(out).write_text(json.dumps({"lat": lat, "attempts": tries, "conflicts": conflicted, "commits": len(done),
+                                     "done": done, "gave_up": gave_up, "end": time.time()}))
 
 
 def _run(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[list[dict[str, Any]], float]:
@@ -224,6 +225,11 @@ def _percentile(xs: list[float], q: float) -> float:
         return float("nan")
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def committed(plans: list[list[Op]], results: list[dict[str, Any]]) -> list[list[Op]]:
+    """The operations that committed (an operation given up changed nothing), by writer."""
+    return [[ops[n] for n in r["done"]] for ops, r in zip(plans, results, strict=True)]
 
 
 def _summary(results: list[dict[str, Any]], elapsed: float, ok: bool) -> dict[str, Any]:
@@ -271,7 +277,7 @@ def bench_deltacoord(bootstrap: str, workdir: Path, args: argparse.Namespace, pl
              f"{args.ops_per_writer} operations on {args.rows:,} rows ...")
         results, elapsed = _run(_dc_writer, lambda i: (bootstrap, prefix, location, i, plans[i], args.max_attempts),
                                 args.writers, workdir)
-        ok = rows_ok(Snapshot.load(location).to_pyarrow(), args.rows, plans)
+        ok = rows_ok(Snapshot.load(location).to_pyarrow(), args.rows, committed(plans, results))
     finally:
         coord.terminate()
         coord.wait(60)
@@ -292,7 +298,7 @@ def bench_delta_rs(workdir: Path, args: argparse.Namespace, plans: list[list[Op]
         write_deltalake(location, data(lo, hi), mode="append")
     _say(f"delta-rs: {args.writers} writers x {args.ops_per_writer} operations on {args.rows:,} rows ...")
     results, elapsed = _run(_rs_writer, lambda i: (location, i, plans[i], args.max_attempts), args.writers, workdir)
-    return _summary(results, elapsed, rows_ok(DeltaTable(location).to_pyarrow_table(), args.rows, plans))
+    return _summary(results, elapsed, rows_ok(DeltaTable(location).to_pyarrow_table(), args.rows, committed(plans, results)))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -36,8 +36,10 @@ def test_row_level_bench_runs_three_systems_and_row_level_has_no_conflicts(kafka
     for system in ("deltacoord_row_level", "deltacoord_file_level", "delta_rs"):
         r = out[system]
         assert set(r) == KEYS, system
-        assert r["commits"] == writers * ops and r["gave_up"] == 0, system
+        # An operation commits or, after --max-attempts conflicts, is given up (file-level rules can starve one).
+        assert r["commits"] + r["gave_up"] == writers * ops and r["commits"] > 0, system
         assert r["attempts"] == r["commits"] + r["conflicts"], system
         assert r["rows_ok"] is True, f"{system} lost or resurrected a row"
     rl = out["deltacoord_row_level"]
     assert rl["conflicts"] == 0 and rl["conflict_rate"] == 0.0, "disjoint rows never conflict with row-level concurrency"
+    assert rl["commits"] == rl["attempts"] == writers * ops and rl["gave_up"] == 0
