@@ -117,6 +117,7 @@ def _cells() -> list[Cell]:
         Cell(Op("OPTIMIZE"), Op("OPTIMIZE"), OK, OK, "OPTIMIZE/OPTIMIZE: cannot conflict without ZORDER BY"),
         Cell(Op("ZORDER"), Op("ZORDER"), CONFLICT, CONFLICT, "OPTIMIZE/OPTIMIZE: can conflict when ZORDER BY is used"),
         Cell(Op("OPTIMIZE"), Op("ZORDER"), CONFLICT, CONFLICT, "OPTIMIZE/OPTIMIZE: can conflict when ZORDER BY is used"),
+        Cell(Op("ZORDER"), Op("OPTIMIZE"), CONFLICT, CONFLICT, "OPTIMIZE/OPTIMIZE: can conflict when ZORDER BY is used"),
     ]
     return cells
 
