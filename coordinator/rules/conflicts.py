@@ -399,8 +399,10 @@ def _move_rows(cur: _Current, output: AddFile, rows: Rows, removed_at: int | Non
     if old is None:
         return False
     remove = output.to_remove(removed_at or 0, data_change=True)
-    cur.changes[output.path] = Change(remove, replace(output, deletion_vector=inline_descriptor(np.union1d(old, rows)),
-                                                      data_change=True, stats=loose_stats(output.stats)), rows)
+    moved = Change(remove, replace(output, deletion_vector=inline_descriptor(np.union1d(old, rows)), data_change=True,
+                                   stats=loose_stats(output.stats)))
+    moved.rows = rows
+    cur.changes[output.path] = moved
     return True
 
 

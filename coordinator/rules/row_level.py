@@ -135,12 +135,25 @@ def loose_stats(stats: str | None) -> str | None:
 @dataclass(slots=True)
 class Change:
     """One file's rows changed by the transaction being checked, as rebased so far: `remove` names the file's
-    live vector, `add` re-adds it with the new one (None: the whole file is removed); `rows` are the rows newly
-    deleted (None: not known without I/O; for a removed file, every live row)."""
+    live vector, `add` re-adds it with the new one (None: the whole file is removed)."""
 
     remove: RemoveFile
     add: AddFile | None
-    rows: Rows | None
+    _rows: Rows | None = None
+    _decoded: bool = False
+
+    @property
+    def rows(self) -> Rows | None:
+        """The rows newly deleted; None when not known without I/O (or the whole file is removed). Decoded
+        on first use: only a proposal that meets a winner changing the same file pays for it."""
+        if not self._decoded:
+            self._rows = changed_rows(DvUpdate(self.remove, self.add)) if self.add is not None else None
+            self._decoded = True
+        return self._rows
+
+    @rows.setter
+    def rows(self, value: Rows | None) -> None:
+        self._rows, self._decoded = value, True
 
 
 def changes_of(actions: Sequence[Action]) -> dict[str, Change]:
@@ -154,9 +167,9 @@ def changes_of(actions: Sequence[Action]) -> dict[str, Change]:
             continue
         u = updates.get(a.path)
         if u is not None:
-            out[a.path] = Change(u.remove, u.add, changed_rows(u))
+            out[a.path] = Change(u.remove, u.add)
         elif a.data_change and a.path not in added:
-            out[a.path] = Change(a, None, None)
+            out[a.path] = Change(a, None)
     return out
 
 
