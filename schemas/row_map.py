@@ -79,6 +79,16 @@ def _path(v: Any) -> str:
     return v
 
 
+def _vector(v: Any) -> DeletionVector | None:
+    if v is None:
+        return None
+    dv = DeletionVector.from_json(v)
+    if not (type(dv.storage_type) is str and type(dv.path_or_inline_dv) is str and type(dv.size_in_bytes) is int
+            and type(dv.cardinality) is int and (dv.offset is None or type(dv.offset) is int)):
+        raise ValueError("deletion vector descriptor with fields of the wrong types")
+    return dv
+
+
 def decode_row_map(value: Any) -> tuple[RowGroup, ...] | None:
     """The groups of a commitInfo row map; None when it is absent or malformed (the file-level rules then apply)."""
     if not isinstance(value, list) or not value:
@@ -86,8 +96,7 @@ def decode_row_map(value: Any) -> tuple[RowGroup, ...] | None:
     groups: list[RowGroup] = []
     try:
         for g in value:
-            sources = tuple(Source(_path(p), _count(n), None if dv is None else DeletionVector.from_json(dv))
-                            for p, n, dv in g["sources"])
+            sources = tuple(Source(_path(p), _count(n), _vector(dv)) for p, n, dv in g["sources"])
             targets = tuple(Target(_path(p), _count(n)) for p, n in g["targets"])
             if not sources or sum(s.rows for s in sources) != sum(t.rows for t in targets):
                 return None

@@ -31,6 +31,7 @@ keeps the file-level rules (`simple_conditions`).
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -101,8 +102,8 @@ def decoded(dv: DeletionVector | None) -> Rows | None:
         return None
     try:
         return inline_rows(dv)
-    except DeletionVectorError:
-        return None
+    except (DeletionVectorError, struct.error, TypeError, IndexError, OverflowError):
+        return None  # bytes that are no bitmap (a writer's bad input): the file-level rules then apply
 
 
 def changed_rows(update: DvUpdate) -> Rows | None:

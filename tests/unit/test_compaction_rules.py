@@ -339,3 +339,34 @@ def test_a_file_only_read_may_be_removed_by_a_winner(level: str) -> None:
     reader = delete(t, files, f2, [12], v)
     complex_reader = proposal(v, reader.actions, operation="DELETE", predicates=["x = (SELECT 12)"], read_files=[f1, f2])
     assert isinstance(t.decide(complex_reader), Rejected)
+
+
+@pytest.mark.parametrize("bad", [
+    [{"sources": [["part-00001.parquet", 10, {"storageType": "i", "pathOrInlineDv": "0", "sizeInBytes": "x",
+                                              "cardinality": 1}]], "targets": [["g", 10]]}],
+    [{"sources": [["part-00001.parquet", 10, "not a vector"]], "targets": [["g", 10]]}],
+    [{"sources": [["part-00001.parquet", 10, None, "extra"]], "targets": [["g", 10]]}],
+    [["sources", "targets"]],
+    {"sources": []},
+])
+def test_a_hostile_row_map_is_ignored_not_raised(bad: object) -> None:
+    """A writer's row map is input: one that does not decode leaves the file-level rules, never an exception."""
+    t, files, f1, f2 = setup()
+    v = t.head
+    p, _ = optimize(t, files, [f1, f2], v, row_map=False)
+    hostile = proposal(v, p.actions, operation="OPTIMIZE", changes_data=False, read_files=[f1, f2],
+                       commit_info={"engineInfo": "tests", ROW_MAP_KEY: bad})
+    t.must_commit(delete(t, files, f1, [3], v))
+    assert isinstance(t.decide(hostile), Rejected)
+
+
+def test_an_inline_vector_that_is_no_bitmap_keeps_the_file_level_rules() -> None:
+    t, files, f1, _ = setup()
+    v = t.head
+    t.must_commit(delete(t, files, f1, [3], v))
+    # The right magic number, then a bitmap cut short: decoding it fails inside `struct`, not with a DV error.
+    garbage = DeletionVector("i", "^Bg9^0rr910000000000iXQKl", 20, 1)
+    change = delete(t, files, f1, [4], v)
+    actions = [a if not isinstance(a, AddFile) else AddFile(a.path, a.partition_values, a.size, a.modification_time, True,
+                                                            a.stats, deletion_vector=garbage) for a in change.actions]
+    assert isinstance(t.decide(proposal(v, actions, operation="DELETE", predicates=["x = 4"], read_files=[f1])), Rejected)
