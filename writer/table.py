@@ -66,12 +66,18 @@ from schemas.routing import (
     RELEASED_ERROR_TYPE,
     Topics,
 )
+from schemas.row_map import ROW_MAP_KEY, RowGroup, Source, Target, encode_row_map
 from schemas.signing import WriterKey, resolve_writer_key
 from schemas.writer_features import writer_problems
 from writer import staging
 from writer.client import CoordinatorClient
 from writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
 from writer.vacuum import VacuumResult, vacuum
+from writer.zorder import zorder
+
+#: A larger row map (a compaction of very many files, or of files with large inline vectors) is not recorded:
+#: that OPTIMIZE then keeps the file-level rules (commitInfo is bounded; `coordinator.rules.validate`).
+ROW_MAP_MAX_CHARS = 32 * 1024
 
 #: A MERGE clause: "*" (all columns from the source) or target column -> SQL expression over `s.`/`t.` columns.
 Assignments = Mapping[str, str] | Literal["*"]
@@ -906,12 +912,25 @@ class Table:
         return pa.Table.from_arrays(cols, schema=schema)
 
     def optimize(self, where: str | None = None, target_file_size: int = 128 * 1024 * 1024, min_files: int = 2,
-                 *, snapshot: Snapshot | None = None, proposal_id: str | None = None) -> CommitResult:
+                 *, zorder_by: Sequence[str] = (), snapshot: Snapshot | None = None,
+                 proposal_id: str | None = None) -> CommitResult:
         """Compact small files per partition; data does not change (dataChange=false).
 
-        Declares only the compacted files as read, so it loses (ConcurrentDeleteReadException)
-        only to a concurrent removal of one of them. It is a minor compaction (`compact`).
+        Declares only the compacted files as read. Without `zorder_by` it keeps the rows' order and
+        records where each row went (`schemas.row_map`), so on a deletion-vector table it does not
+        conflict with DELETE/UPDATE/MERGE; otherwise it loses (ConcurrentDeleteReadException) only to a
+        concurrent removal of a file it read. `zorder_by` (OPTIMIZE ... ZORDER BY) rewrites every file
+        of each partition in Z-order of those columns (`writer.zorder`) and keeps the file-level rules.
+        It is a minor compaction (`compact`).
         """
+        zorder_by = list(zorder_by)
+        if zorder_by:
+            snap = snapshot or self.snapshot()
+            bad = [c for c in zorder_by if c not in delta_schema_to_arrow(snap.metadata.schema()).names
+                   or c in snap.partition_columns]
+            if bad:
+                raise ValueError(f"ZORDER BY {bad}: name data columns of the table (not partition columns)")
+            return self._compact(where, lambda files: files, 1, None, snap, proposal_id, zorder_by)
         return self._compact(where, lambda files: [a for a in files if a.size < target_file_size], min_files, None,
                              snapshot, proposal_id)
 
@@ -937,8 +956,10 @@ class Table:
         raise ValueError(f"compaction kind {kind!r}: give 'minor' or 'major'")
 
     def _compact(self, where: str | None, select: Callable[[list[AddFile]], list[AddFile]], min_files: int,
-                 kind: str | None, snapshot: Snapshot | None, proposal_id: str | None) -> CommitResult:
-        """Merge, per partition, the files `select` picks (when at least `min_files`) into new files."""
+                 kind: str | None, snapshot: Snapshot | None, proposal_id: str | None,
+                 zorder_by: Sequence[str] = ()) -> CommitResult:
+        """Merge, per partition, the files `select` picks (when at least `min_files`) into new files,
+        in Z-order of `zorder_by` or else in order, recording the row map."""
         snap = snapshot or self.snapshot()
         self._check_writable(snap, "OPTIMIZE")
         schema = delta_schema_to_arrow(snap.metadata.schema())
@@ -950,20 +971,31 @@ class Table:
             for a in self._candidates(snap, where):
                 by_part.setdefault(tuple(sorted(a.partition_values.items())), []).append(a)
             compacted = 0
+            groups: list[RowGroup] = []
             for part_files in by_part.values():
                 files = select(part_files)
                 if not files or len(files) < min_files:
                     continue
                 tx.read_files_from(files)
-                merged = pa.concat_tables([self._read_file(snap, a, schema) for a in files])
+                parts = [self._read_file(snap, a, schema) for a in files]
+                merged = pa.concat_tables(parts)
+                if zorder_by:
+                    merged = zorder(merged, zorder_by)
                 for a in files:
                     tx.remove(a, data_change=False)
-                if merged.num_rows:
-                    tx.stage(staging.write_data_files(self.storage, merged, snap.partition_columns, data_change=False))
+                out = staging.write_data_files(self.storage, merged, snap.partition_columns, data_change=False) \
+                    if merged.num_rows else []
+                tx.stage(out)
+                groups.append(RowGroup(tuple(Source(a.path, p.num_rows, a.deletion_vector) for a, p in zip(files, parts, strict=True)),
+                                       tuple(Target(a.path, json.loads(a.stats or "{}")["numRecords"]) for a in out)))
                 compacted += len(files)
             if not compacted:
                 return self._noop(snap, tx, "OPTIMIZE", {"numRemovedFiles": 0, "numAddedFiles": 0})
-            params = {"predicate": json.dumps([where] if where else []), "filesCompacted": str(compacted)}
+            row_map = encode_row_map(groups)
+            if not zorder_by and len(json.dumps(row_map)) <= ROW_MAP_MAX_CHARS:
+                tx.info[ROW_MAP_KEY] = row_map
+            params = {"predicate": json.dumps([where] if where else []), "zOrderBy": json.dumps(list(zorder_by)),
+                      "filesCompacted": str(compacted)}
             if kind is not None:
                 params[COMPACTION_PARAMETER] = kind
             return tx.commit("OPTIMIZE", changes_data=False, parameters=params)

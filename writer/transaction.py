@@ -149,6 +149,8 @@ class Transaction:
         self.staged_keys: list[str] = []
         #: Set once the proposal went to Kafka: from then on only its decision may delete staged files.
         self.proposed = False
+        #: More commitInfo fields (a compaction's row map, `schemas.row_map`); the coordinator copies them.
+        self.info: dict[str, Any] = {}
 
     # -- reads ----------------------------------------------------------------------
     def read_predicate(self, predicate: str) -> None:
@@ -206,6 +208,7 @@ class Transaction:
         """The wire proposal; `metrics` become commitInfo.operationMetrics (strings, as Delta writes them)."""
         params = {k: v if isinstance(v, str) else _json(v) for k, v in (parameters or {}).items()}
         info: dict[str, Any] = {
+            **self.info,
             "timestamp": int(time.time() * 1000),
             "operation": operation,
             "operationParameters": params,

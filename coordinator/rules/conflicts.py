@@ -26,10 +26,15 @@ documents state that metadata and protocol changes fail concurrent writes):
 * on a row-level table (deletion vectors enabled, no partition columns;
   `coordinator.rules.row_level`) the append check ignores files a winner only
   re-added with a new deletion vector and matches its other new files against
-  the read predicates by their statistics, and two deletion-vector updates of
+  the read predicates by their statistics; a file the transaction only read
+  may be changed or removed by a winner; and two deletion-vector updates of
   one file with disjoint changed rows do not conflict: the current one is
   rebased onto the union of both vectors (overlapping rows are a
-  ConcurrentDeleteDeleteException);
+  ConcurrentDeleteDeleteException). Complex conditions keep the file-level
+  rules;
+* on any deletion-vector table an OPTIMIZE without ZORDER BY records a row map
+  and does not conflict with row changes of the files it merged: the deleted
+  rows are moved through the map (`coordinator.rules.compaction`);
 * a winner and the current transaction both writing `delta.rowTracking` domain
   metadata is a retryable ConcurrentWriteException: Spark resolves it by
   re-assigning row ids, a rewrite this engine does not do.
@@ -44,20 +49,24 @@ and the ICT enablement version/timestamp moved to the real version.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from coordinator.rules.compaction import Compaction, Placement, compaction_of
 from coordinator.rules.row_level import (
-    DvUpdate,
+    Change,
     NewRowMatcher,
     Rows,
     changed_rows,
-    dv_updates,
-    rebased_update,
+    changes_of,
+    decoded,
+    deletion_vector_table,
+    loose_stats,
     row_level_table,
     same_vector,
+    simple_conditions,
 )
 from coordinator.rules.state import TableState, WindowExceededError, WinningCommit
 from coordinator.rules.validate import check_txn_versions, table_isolation_level, validate_proposal
@@ -72,6 +81,7 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
+from schemas.deletion_vectors import inline_descriptor
 from schemas.errors import (
     ConcurrentAppendException,
     ConcurrentDeleteDeleteException,
@@ -197,25 +207,31 @@ class _Current:
     """What the conflict checks need about the proposal, computed once."""
 
     __slots__ = (
+        "_predicates",
         "blind",
+        "changes",
         "checks_appends",
         "checks_blind_appends",
         "domains",
-        "dv",
-        "dv_rows",
+        "dv_table",
         "has_metadata",
         "has_protocol",
+        "inputs",
         "level",
         "matcher",
         "new_metadata",
+        "original_changes",
+        "out_deleted",
+        "own",
         "read_app_ids",
         "read_files",
         "read_paths",
         "read_schema",
-        "rebased",
         "remove_pvs",
+        "rewritten",
         "row_level",
         "row_matcher",
+        "row_rules",
         "whole_table",
     )
 
@@ -262,22 +278,35 @@ class _Current:
             and proposal.read_predicates
             else None
         )
-        # Row-level concurrency (see `row_level`): the file's deletion-vector updates, as proposed and as rebased.
-        self.row_level = proposal.read_version >= 0 and row_level_table(read_md)
+        # Row-level concurrency (see `row_level`) and compactions (`compaction`) on deletion-vector tables.
+        self.dv_table = proposal.read_version >= 0 and deletion_vector_table(read_md)
+        self.row_level = self.dv_table and row_level_table(read_md)
+        # Row-by-row resolution of one file's concurrent changes: simple conditions only (the seeds' limits);
+        # decided on first use (`resolves_rows`), as it parses the predicates.
+        self.row_rules: bool | None = None if self.row_level else False
+        self._predicates = (proposal.read_predicates, read_md)
         self.row_matcher = (
             NewRowMatcher(proposal.read_predicates, read_md)
             if self.row_level and read_md is not None and self.checks_appends and not self.whole_table
             else None
         )
-        self.dv: dict[str, DvUpdate] = dv_updates(proposal.actions) if self.row_level else {}
-        self.dv_rows: dict[str, Rows | None] = {}
-        self.rebased: dict[str, DvUpdate] = {}
-
-    def changed(self, path: str) -> Rows | None:
-        """Rows this transaction newly deleted in `path` (None: not decodable without I/O)."""
-        if path not in self.dv_rows:
-            self.dv_rows[path] = changed_rows(self.dv[path])
-        return self.dv_rows[path]
+        #: This transaction's changes of files, by the path they now apply to (rebasing may move them).
+        self.changes: dict[str, Change] = {}
+        #: This transaction's own row map, when it is a compaction: its removes of merged files as rebased
+        #: (None: dropped, a winner removed the file) and the rows of its outputs to mark deleted.
+        self.own: Compaction | None = None
+        self.inputs: dict[str, RemoveFile | None] = {}
+        self.out_deleted: dict[str, Rows] = {}
+        self.rewritten = False
+        if self.dv_table:
+            self.own = compaction_of(proposal.operation, proposal.operation_parameters, proposal.commit_info.values,
+                                     proposal.actions, committed=False)
+            if self.own is not None:
+                self.inputs = {a.path: a for a in proposal.actions
+                               if isinstance(a, RemoveFile) and a.path in self.own.placements}
+            else:
+                self.changes = changes_of(proposal.actions)
+        self.original_changes = frozenset(self.changes)
 
 
 def _check_table_level(cur: _Current, w: WinningCommit, table: str) -> None:
@@ -332,48 +361,146 @@ def _check_new_rows(cur: _Current, w: WinningCommit, table: str) -> None:
                         w.version)
 
 
-def _resolve_rows(cur: _Current, w: WinningCommit, removed: frozenset[str], table: str) -> frozenset[str]:
-    """The winner's removed paths that still conflict once deletion-vector updates of other rows are resolved.
+def _resolves_rows(cur: _Current) -> bool:
+    if cur.row_rules is None:
+        predicates, md = cur._predicates
+        cur.row_rules = md is not None and simple_conditions(predicates, md)
+    return cur.row_rules
 
-    A file the winner only gave a new deletion vector does not conflict with a transaction that read it
-    (the rows it changed are in the winner's other files, which check 5 matched) nor with one that replaced
-    the same vector with disjoint rows (rebased here); the same row changed by both is a conflict.
+
+def _same_rows(cur: _Current, w: WinningCommit, path: str, both: Rows, table: str) -> _Conflict:
+    return _Conflict(
+        ConcurrentDeleteDeleteException(
+            f"ConcurrentDeleteDeleteException: This transaction attempted to delete or update {len(both)} row(s) "
+            f"of file {path} (row {int(both[0])} first) that a concurrent update ({w.operation or 'TRANSACTION'} "
+            f"committed at version {w.version}) also deleted or updated. Please try the operation again.",
+            winning_version=w.version, winning_operation=w.operation, table=table),
+        w.version)
+
+
+def _union(a: Rows | None, b: Rows) -> Rows:
+    return b if a is None else np.union1d(a, b)
+
+
+def _move_rows(cur: _Current, output: AddFile, rows: Rows, removed_at: int | None) -> bool:
+    """Delete `rows` of a winner's compaction output in this transaction (merged with what it already deletes
+    there): a remove of the output's live vector and an add with the union. False when that vector is not inline."""
+    existing = cur.changes.get(output.path)
+    if existing is not None:
+        if existing.add is None or existing.rows is None:
+            return True  # already removes the whole output
+        new_rows = decoded(existing.add.deletion_vector)
+        if new_rows is None:
+            return False
+        existing.rows = np.union1d(existing.rows, rows)
+        existing.add = replace(existing.add, deletion_vector=inline_descriptor(np.union1d(new_rows, rows)))
+        return True
+    old = decoded(output.deletion_vector)
+    if old is None:
+        return False
+    remove = output.to_remove(removed_at or 0, data_change=True)
+    moved = Change(remove, replace(output, deletion_vector=inline_descriptor(np.union1d(old, rows)), data_change=True,
+                                   stats=loose_stats(output.stats)))
+    moved.rows = rows
+    cur.changes[output.path] = moved
+    return True
+
+
+def _follow_compaction(cur: _Current, w: WinningCommit, path: str, place: Placement, change: Change) -> bool:
+    """This transaction changed rows of a file the winner compacted: change the same rows of its outputs."""
+    assert w.compaction is not None
+    if not same_vector(change.remove.deletion_vector, w.removed_vectors.get(path)):
+        return False
+    if change.add is None:
+        ranks: Rows | None = place.every_rank()
+    else:
+        ranks = None if change.rows is None else place.ranks(change.rows)
+    if ranks is None:
+        return False
+    for target, rows in place.targets(ranks).items():
+        output = w.compaction.outputs.get(target)
+        if output is None or not _move_rows(cur, output, rows, change.remove.deletion_timestamp):
+            return False
+    del cur.changes[path]
+    cur.rewritten = True
+    return True
+
+
+def _absorb_winner(cur: _Current, w: WinningCommit, path: str) -> bool:
+    """This transaction compacts a file the winner changed: its outputs lose the rows the winner deleted, and
+    its remove names the winner's vector (or goes, when the winner removed the whole file)."""
+    assert cur.own is not None
+    place = cur.own.placements[path]
+    mine = cur.inputs.get(path)
+    if mine is None:
+        return True
+    wu = w.dv_updates.get(path)
+    if wu is not None:
+        rows = changed_rows(wu) if same_vector(mine.deletion_vector, wu.old) else None
+        ranks = None if rows is None else place.ranks(rows)
+        if ranks is None:
+            return False
+        cur.inputs[path] = replace(mine, deletion_vector=wu.new, stats=wu.add.stats)
+    else:
+        ranks = place.every_rank()  # removed for good (every row deleted, a rewrite, another compaction)
+        cur.inputs[path] = None
+    for target, rows in place.targets(ranks).items():
+        cur.out_deleted[target] = _union(cur.out_deleted.get(target), rows)
+    cur.rewritten = True
+    return True
+
+
+def _resolve_rows(cur: _Current, w: WinningCommit, removed: frozenset[str], table: str) -> frozenset[str]:
+    """The winner's removed paths that still conflict once row-level changes are resolved (deletion-vector tables).
+
+    * This transaction compacts the file (row map, no ZORDER BY on either side): the winner's deleted rows are
+      deleted in its outputs (`_absorb_winner`).
+    * The winner compacted the file (row map): a file this transaction only read is unchanged; rows it changed
+      are changed in the winner's outputs (`_follow_compaction`).
+    * Row-level tables, simple conditions: a file the winner changed (a new deletion vector, or removed) does
+      not conflict with a transaction that only read it: that transaction selected none of its rows, so the
+      rows the winner deleted are not ones it selected, and the rows the winner wrote are in its other files,
+      which check 5 matched. Nor does a new vector conflict with one that replaced the same vector with
+      disjoint rows (rebased onto the union); the same row changed by both is a conflict.
     """
-    if cur.whole_table or not w.dv_updates:
-        return removed
     remaining: set[str] = set()
+    wc = w.compaction
     for p in removed:
-        proposed = cur.dv.get(p)
-        if p not in cur.read_paths and p not in cur.remove_pvs:
+        if cur.own is not None and p in cur.own.placements:
+            if w.zorder or not _absorb_winner(cur, w, p):
+                remaining.add(p)
             continue
+        change = cur.changes.get(p)
+        if change is None and p not in cur.read_paths and p not in cur.remove_pvs and not cur.whole_table:
+            continue
+        place = wc.placements.get(p) if wc is not None else None
+        if place is not None:
+            if change is None and p not in cur.remove_pvs:
+                continue  # read only: a compaction changes no row
+            if change is None or not _follow_compaction(cur, w, p, place, change):
+                remaining.add(p)
+            continue
+        if cur.whole_table or not cur.row_level or not _resolves_rows(cur):
+            remaining.add(p)
+            continue
+        if change is None and p not in cur.remove_pvs:
+            continue  # read only: the winner changed rows this transaction did not select
         wu = w.dv_updates.get(p)
         w_rows = changed_rows(wu) if wu is not None else None
-        if wu is None or w_rows is None:
+        if (wu is None or w_rows is None or change is None or change.add is None or change.rows is None
+                or not same_vector(change.remove.deletion_vector, wu.old)):
             remaining.add(p)
             continue
-        if proposed is None:
-            if p in cur.remove_pvs:
-                remaining.add(p)  # this transaction removes the whole file
-            continue
-        mine = cur.rebased.get(p, proposed)
-        c_rows = cur.changed(p)
-        if c_rows is None or not same_vector(mine.old, wu.old):
-            remaining.add(p)
-            continue
-        both = np.intersect1d(c_rows, w_rows, assume_unique=True)
+        both = np.intersect1d(change.rows, w_rows, assume_unique=True)
         if len(both):
-            raise _Conflict(
-                ConcurrentDeleteDeleteException(
-                    f"ConcurrentDeleteDeleteException: This transaction attempted to delete or update {len(both)} row(s) "
-                    f"of file {p} (row {int(both[0])} first) that a concurrent update ({w.operation or 'TRANSACTION'} "
-                    f"committed at version {w.version}) also deleted or updated. Please try the operation again.",
-                    winning_version=w.version, winning_operation=w.operation, table=table),
-                w.version)
-        moved = rebased_update(mine, c_rows, wu)
-        if moved is None:
+            raise _same_rows(cur, w, p, both, table)
+        base = decoded(wu.new)
+        if base is None:
             remaining.add(p)
             continue
-        cur.rebased[p] = moved
+        change.remove = replace(change.remove, deletion_vector=wu.new, stats=wu.add.stats)
+        change.add = replace(change.add, deletion_vector=inline_descriptor(np.union1d(base, change.rows)))
+        cur.rewritten = True
     return frozenset(remaining)
 
 
@@ -409,7 +536,7 @@ def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
                 v,
             )
     removed = w.removed_paths
-    if removed and cur.row_level:
+    if removed and cur.dv_table:
         removed = _resolve_rows(cur, w, removed, table)
     if removed:
         # 6. delete-read
@@ -504,16 +631,41 @@ def _ict_enabled(metadata: Metadata | None) -> bool:
     return TableProperties.of(metadata).in_commit_timestamps
 
 
-def _rebased_actions(actions: Sequence[Action], rebased: Mapping[str, DvUpdate]) -> tuple[Action, ...]:
-    """The proposal's actions with each rebased deletion-vector update's remove and add replaced."""
+def _rebased_actions(actions: Sequence[Action], cur: _Current) -> tuple[Action, ...]:
+    """The proposal's actions with its row-level changes as rebased (`_resolve_rows`).
+
+    A compaction's removes of merged files are replaced (or dropped) and its outputs get the vectors of
+    the rows concurrent commits deleted (an output with no row left is not added). Otherwise the
+    proposal's deletion-vector updates and whole-file removes are replaced by the changes as they now
+    stand, which may name other files (the outputs of a concurrent compaction).
+    """
     out: list[Action] = []
+    if cur.own is not None:
+        sizes = cur.own.sizes
+        for a in actions:
+            if isinstance(a, RemoveFile) and a.path in cur.inputs:
+                r = cur.inputs[a.path]
+                if r is not None:
+                    out.append(r)
+                continue
+            if isinstance(a, AddFile) and a.path in cur.out_deleted:
+                gone = cur.out_deleted[a.path]
+                if len(gone) < sizes[a.path]:
+                    out.append(replace(a, deletion_vector=inline_descriptor(gone), stats=loose_stats(a.stats)))
+                continue
+            out.append(a)
+        return tuple(out)
+    original = cur.original_changes
     for a in actions:
-        u = rebased.get(a.path) if isinstance(a, (AddFile, RemoveFile)) else None
-        if u is not None and isinstance(a, RemoveFile):
-            a = u.remove
-        elif u is not None and isinstance(a, AddFile) and a.deletion_vector is not None:
-            a = u.add
+        if isinstance(a, RemoveFile) and a.path in original:
+            continue
+        if isinstance(a, AddFile) and a.path in original and a.deletion_vector is not None:
+            continue
         out.append(a)
+    for c in cur.changes.values():
+        out.append(c.remove)
+        if c.add is not None:
+            out.append(c.add)
     return tuple(out)
 
 
@@ -546,8 +698,8 @@ def _rebase(state: TableState, proposal: Proposal, cur: _Current, now_ms: int) -
     commit_info = CommitInfo(values)
 
     actions = proposal.actions
-    if cur.rebased:
-        actions = _rebased_actions(actions, cur.rebased)
+    if cur.rewritten:
+        actions = _rebased_actions(actions, cur)
     needs_fixup = new_md is not None and ict is not None and Property.ICT_ENABLEMENT_VERSION in new_md.configuration
     has_txn = False
     for a in actions:

@@ -19,20 +19,30 @@ Rows the winner's UPDATE or MERGE wrote to new files are matched against the
 current transaction's read predicates by the files' min/max statistics
 (`schemas.expressions.stats`), so a concurrent change of other rows does not
 conflict while one whose new rows the current transaction would have read does.
+A file the current transaction only read selected none of its rows, so a
+winner changing or removing it does not conflict either.
+
+The seeds' limits: a transaction whose conditions are complex (a subquery, a
+non-deterministic or any other function, a nested field, a column that is not
+a top-level primitive) may select different rows once other rows change, so it
+keeps the file-level rules (`simple_conditions`).
 """
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+from sqlglot import exp
 
 from schemas.actions import Action, AddFile, DeletionVector, Metadata, RemoveFile
-from schemas.deletion_vectors import DeletionVectorError, inline_descriptor, inline_rows
-from schemas.expressions.syntax import ExpressionError
+from schemas.deletion_vectors import DeletionVectorError, inline_rows
+from schemas.expressions.syntax import ExpressionError, parse
 from schemas.properties import TableProperties
 
 if TYPE_CHECKING:
@@ -62,9 +72,14 @@ class DvUpdate:
         return self.add.deletion_vector
 
 
+def deletion_vector_table(metadata: Metadata | None) -> bool:
+    """Deletion vectors are enabled: compactions do not conflict with row changes (`coordinator.rules.compaction`)."""
+    return metadata is not None and TableProperties.of(metadata).deletion_vectors
+
+
 def row_level_table(metadata: Metadata | None) -> bool:
     """Row-level concurrency applies: deletion vectors enabled and no partition columns (the seeds' first case)."""
-    return metadata is not None and not metadata.partition_columns and TableProperties.of(metadata).deletion_vectors
+    return metadata is not None and not metadata.partition_columns and deletion_vector_table(metadata)
 
 
 def dv_updates(actions: Iterable[Action]) -> dict[str, DvUpdate]:
@@ -79,22 +94,23 @@ def dv_updates(actions: Iterable[Action]) -> dict[str, DvUpdate]:
     return {p: DvUpdate(removes[p], add) for p, add in adds.items() if p in removes}
 
 
-def _rows(dv: DeletionVector | None) -> Rows | None:
+def decoded(dv: DeletionVector | None) -> Rows | None:
+    """The rows a vector marks (none for no vector); None when it is not inline or does not decode."""
     if dv is None:
         return np.zeros(0, dtype=np.uint64)
     if dv.storage_type != "i":
         return None
     try:
         return inline_rows(dv)
-    except DeletionVectorError:
-        return None
+    except (DeletionVectorError, struct.error, TypeError, IndexError, OverflowError):
+        return None  # bytes that are no bitmap (a writer's bad input): the file-level rules then apply
 
 
 def changed_rows(update: DvUpdate) -> Rows | None:
-    """Rows the update newly deleted (new vector minus old); None when a vector is not inline
-    (or does not decode), which sends the file back to the file-level rules."""
-    old, new = _rows(update.old), _rows(update.new)
-    if old is None or new is None:
+    """Rows the update newly deleted (new vector minus old); None when a vector is not inline (or does not
+    decode) or the new vector drops a row of the old, which sends the file back to the file-level rules."""
+    old, new = decoded(update.old), decoded(update.new)
+    if old is None or new is None or len(np.setdiff1d(old, new, assume_unique=True)):
         return None
     return np.setdiff1d(new, old, assume_unique=True)
 
@@ -103,15 +119,85 @@ def same_vector(a: DeletionVector | None, b: DeletionVector | None) -> bool:
     return (a.unique_id() if a else None) == (b.unique_id() if b else None)
 
 
-def rebased_update(current: DvUpdate, current_rows: Rows, winner: DvUpdate) -> DvUpdate | None:
-    """`current` moved on top of `winner` (same file, disjoint rows): it removes the winner's vector and adds
-    the union of the winner's vector and its own rows, inline. None when the winner's vector is not inline."""
-    base = _rows(winner.new)
-    if base is None:
+def loose_stats(stats: str | None) -> str | None:
+    """A file's stats once rows of it are deleted by a vector: min/max may no longer be reached (`tightBounds`)."""
+    if stats is None:
         return None
-    union = np.union1d(base, current_rows)
-    return DvUpdate(replace(current.remove, deletion_vector=winner.new, stats=winner.add.stats),
-                    replace(current.add, deletion_vector=inline_descriptor(union)))
+    try:
+        d = json.loads(stats)
+    except ValueError:
+        return stats
+    if not isinstance(d, dict):
+        return stats
+    d["tightBounds"] = False
+    return json.dumps(d, separators=(",", ":"))
+
+
+@dataclass(slots=True)
+class Change:
+    """One file's rows changed by the transaction being checked, as rebased so far: `remove` names the file's
+    live vector, `add` re-adds it with the new one (None: the whole file is removed)."""
+
+    remove: RemoveFile
+    add: AddFile | None
+    _rows: Rows | None = None
+    _decoded: bool = False
+
+    @property
+    def rows(self) -> Rows | None:
+        """The rows newly deleted; None when not known without I/O (or the whole file is removed). Decoded
+        on first use: only a proposal that meets a winner changing the same file pays for it."""
+        if not self._decoded:
+            self._rows = changed_rows(DvUpdate(self.remove, self.add)) if self.add is not None else None
+            self._decoded = True
+        return self._rows
+
+    @rows.setter
+    def rows(self, value: Rows | None) -> None:
+        self._rows, self._decoded = value, True
+
+
+def changes_of(actions: Sequence[Action]) -> dict[str, Change]:
+    """The data-changing file actions of a proposal that row-level rules can rebase, by path: deletion-vector
+    updates, and removes of a whole file (dataChange=true, the path not added again)."""
+    updates = dv_updates(actions)
+    added = {a.path for a in actions if isinstance(a, AddFile)}
+    out: dict[str, Change] = {}
+    for a in actions:
+        if not isinstance(a, RemoveFile) or a.path in out:
+            continue
+        u = updates.get(a.path)
+        if u is not None:
+            out[a.path] = Change(u.remove, u.add)
+        elif a.data_change and a.path not in added:
+            out[a.path] = Change(a, None)
+    return out
+
+
+#: Constructs a condition may use and keep row-level rules: columns, literals, comparisons, boolean logic,
+#: IN lists, BETWEEN, IS NULL, arithmetic and casts. Anything else (functions, subqueries) is complex.
+_SIMPLE_NODES: tuple[type[exp.Expr], ...] = (
+    exp.Column, exp.Identifier, exp.Literal, exp.Null, exp.Boolean, exp.Paren, exp.Neg, exp.Not, exp.And, exp.Or,
+    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between, exp.Is, exp.Add, exp.Sub, exp.Mul,
+    exp.Div, exp.Cast, exp.TryCast, exp.DataType,
+)
+
+
+def simple_conditions(predicates: Sequence[str], metadata: Metadata) -> bool:
+    """Every read predicate is a plain condition on top-level primitive columns (the seeds' limits of row-level
+    concurrency: complex types, non-deterministic expressions and subqueries keep the file-level rules)."""
+    columns = {n.lower() for n in _stats_schema(metadata).names}
+    for text in predicates:
+        try:
+            node = parse(text)
+        except ExpressionError:
+            return False
+        for n in node.walk():
+            if not isinstance(n, _SIMPLE_NODES) or (isinstance(n, exp.In) and n.args.get("query") is not None):
+                return False
+            if isinstance(n, exp.Column) and (n.table or n.name.lower() not in columns):
+                return False
+    return True
 
 
 def _stats_schema(metadata: Metadata) -> pa.Schema:
@@ -152,4 +238,5 @@ class NewRowMatcher:
         return None
 
 
-__all__ = ["DvUpdate", "NewRowMatcher", "changed_rows", "dv_updates", "rebased_update", "row_level_table", "same_vector"]
+__all__ = ["Change", "DvUpdate", "NewRowMatcher", "changed_rows", "changes_of", "decoded", "deletion_vector_table", "dv_updates",
+           "loose_stats", "row_level_table", "same_vector", "simple_conditions"]

@@ -40,14 +40,16 @@ from hashlib import blake2b
 
 import numpy as np
 
+from coordinator.rules.compaction import Compaction, compaction_of, is_zorder
 from coordinator.rules.layers import ForkedTxnIndex, ForkedWindow, LayeredDict, TxnIndex, WinnersWindow
 from coordinator.rules.live_files import LiveFileLayer, LiveFileSet
-from coordinator.rules.row_level import DvUpdate, dv_updates, row_level_table
+from coordinator.rules.row_level import DvUpdate, deletion_vector_table, dv_updates, row_level_table
 from schemas.actions import (
     Action,
     AddCDCFile,
     AddFile,
     CommitInfo,
+    DeletionVector,
     DomainMetadata,
     Metadata,
     Protocol,
@@ -106,11 +108,17 @@ class WinningCommit:
     #: names the earlier job's files (an overwrite removes them, a compaction's rebase replaces them).
     added_files: tuple[AddFile, ...] = ()
     removed_files: tuple[RemoveFile, ...] = ()
-    #: On row-level tables (`row_level.row_level_table`): the files whose deletion vector the commit
-    #: replaced, by path, and its added files that hold new rows (not such a re-added file, nor a
-    #: compaction's dataChange=false output).
+    #: On deletion-vector tables: the files whose deletion vector the commit replaced, by path; on
+    #: row-level tables (`row_level.row_level_table`) also its added files that hold new rows (not such
+    #: a re-added file, nor a compaction's dataChange=false output).
     dv_updates: Mapping[str, DvUpdate] = field(default_factory=dict)
     new_files: tuple[AddFile, ...] = ()
+    #: On deletion-vector tables, an OPTIMIZE's row map (`coordinator.rules.compaction`); None otherwise.
+    compaction: Compaction | None = None
+    #: An OPTIMIZE ... ZORDER BY.
+    zorder: bool = False
+    #: A row-mapped compaction's removed files' vectors, by path (whose vector a follower must have read).
+    removed_vectors: Mapping[str, DeletionVector | None] = field(default_factory=dict)
 
 
 def key_hash(path: str, dv_id: str | None) -> int:
@@ -415,17 +423,30 @@ class TableState:
             self.metadata = metadata
             self._partition_schema = partition_schema(metadata)
         schema = self._partition_schema
-        if adds:
-            n_files += len(adds)
-            rows = tuple(dict.fromkeys(row_of(a.partition_values, schema) for a in adds)) if schema else ((),)
-        else:
-            rows = ()
         ict: int | None = None
         operation: str | None = None
         blind = False
+        dv_table = deletion_vector_table(self.metadata)
+        compaction: Compaction | None = None
+        zorder = False
+        if commit_info is not None:
+            operation = commit_info.operation
+            if operation == "OPTIMIZE":
+                params = commit_info.values.get("operationParameters")
+                zorder = is_zorder(operation, params if isinstance(params, Mapping) else None)
+                if dv_table and removes:
+                    compaction = compaction_of(operation, params if isinstance(params, Mapping) else None,
+                                               commit_info.values, actions, committed=True)
+        # A row-mapped compaction's outputs hold no new rows: they are left out of the append check.
+        new_adds = [a for a in adds if a.path not in compaction.outputs] if compaction is not None else adds
+        if adds:
+            n_files += len(adds)
+        if new_adds:
+            rows = tuple(dict.fromkeys(row_of(a.partition_values, schema) for a in new_adds)) if schema else ((),)
+        else:
+            rows = ()
         if commit_info is not None:
             ict = commit_info.in_commit_timestamp
-            operation = commit_info.operation
             blind = commit_info.is_blind_append
             txn_id = commit_info.txn_id
             if txn_id is not None:
@@ -438,9 +459,10 @@ class TableState:
         keep_files = TableProperties.of(self.metadata).maxcompute
         dvu: Mapping[str, DvUpdate] = {}
         new_files: tuple[AddFile, ...] = ()
-        if adds and row_level_table(self.metadata):
+        if adds and dv_table:
             dvu = dv_updates(actions) if removes else {}
-            new_files = tuple(a for a in adds if a.data_change and a.path not in dvu)
+            if row_level_table(self.metadata):
+                new_files = tuple(a for a in adds if a.data_change and a.path not in dvu)
         self.version = version
         winner = WinningCommit(
             version=version,
@@ -462,6 +484,9 @@ class TableState:
             removed_files=tuple(removes) if keep_files else (),
             dv_updates=dvu,
             new_files=new_files,
+            compaction=compaction,
+            zorder=zorder,
+            removed_vectors={r.path: r.deletion_vector for r in removes} if compaction is not None else {},
         )
         self._window.append(winner, self.max_window_commits, self.max_window_files)
 

@@ -565,19 +565,26 @@ def merge_cmd(path: str, json_rows: str | None, parquet_file: Path | None, on: t
               help="Files smaller than this many bytes are compacted together.")
 @click.option("--min-files", type=click.IntRange(min=2), default=2, show_default=True,
               help="A partition is compacted only when it has at least this many small files.")
+@click.option("--zorder-by", "zorder_by", multiple=True, metavar="COLUMN",
+              help="OPTIMIZE ... ZORDER BY: rewrite every file of each partition clustered by these data columns (repeat).")
 @_writes
-def optimize_cmd(path: str, where: str | None, target_file_size: int, min_files: int, bootstrap_servers: str,
+def optimize_cmd(path: str, where: str | None, target_file_size: int, min_files: int, zorder_by: tuple[str, ...],
+                 bootstrap_servers: str,
                  topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None, writer_key: str | None,
                  storage_pairs: tuple[str, ...]) -> None:
     """OPTIMIZE the table at PATH: compact small files (the data does not change).
 
     \b
     Example:
-      deltacoord table optimize /data/sales --where "date = '2024-01-01'"
+      deltacoord table optimize /data/sales --where "date = '2024-01-01'" --zorder-by amount
     """
     with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
-        _echo_json(_result_json(t.optimize(where, target_file_size=target_file_size, min_files=min_files,
-                                           proposal_id=_proposal_id())))
+        try:
+            r = t.optimize(where, target_file_size=target_file_size, min_files=min_files, zorder_by=zorder_by,
+                           proposal_id=_proposal_id())
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--zorder-by") from e
+        _echo_json(_result_json(r))
 
 
 @table_group.command("truncate")

@@ -352,6 +352,11 @@ def test_update_merge_and_optimize_commands(cli: click.Group, kafka_bootstrap: s
         optimized = lines(run(cli, "table", "optimize", path, "--where", "date = 'd1'", *kafka))[0]
         assert optimized["operation"] == "OPTIMIZE"
         assert len(Snapshot.load(path).files()) == 1 < files_before and rows() == expected
+        zordered = lines(run(cli, "table", "optimize", path, "--zorder-by", "amount", *kafka))[0]
+        assert zordered["operation"] == "OPTIMIZE" and rows() == expected
+        assert Snapshot.load(path).history(1)[0]["operationParameters"]["zOrderBy"] == '["amount"]'
+        wrong = run(cli, "table", "optimize", path, "--zorder-by", "date", *kafka, ok=False)
+        assert wrong.exit_code == 2 and "partition columns" in wrong.output
         theirs = DeltaTable(path).to_pyarrow_table()
         assert dict(zip(theirs.column("id").to_pylist(), theirs.column("amount").to_pylist(), strict=True)) == expected
 
