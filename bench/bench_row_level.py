@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import multiprocessing as mp
-import os
 import shutil
 import subprocess
 import sys
@@ -200,24 +198,13 @@ def _loop(w: int, ops: list[Op], max_attempts: int, attempt: Any, conflicts: tup
 
 
 def _run(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[list[dict[str, Any]], float]:
-    """`n` writer processes released together: their results and the timed phase's length."""
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(n + 1)
-    outs = [workdir / f"out-{uuid.uuid4().hex[:6]}-{i}.json" for i in range(n)]
-    procs = [ctx.Process(target=target, args=(*args_for(i), barrier, str(outs[i]))) for i in range(n)]
-    for p in procs:
-        p.start()
-    os.sync()
-    barrier.wait(timeout=600)
-    t0 = time.time()
-    for p in procs:
-        p.join()
-    missing = [i for i, o in enumerate(outs) if not o.exists()]
-    if missing:
-        raise RuntimeError(f"writer process(es) {missing} ended without results (exit codes "
-                           f"{[procs[i].exitcode for i in missing]})")
-    results = [json.loads(o.read_text()) for o in outs]
-    return results, max(r["end"] for r in results) - t0
+    """`n` writer processes released together (the bench's `_run_processes`): their results and the timed phase's length."""
+    from coordinator.tooling.bench import _run_processes
+
+    results, t0, end = _run_processes(target, args_for, n, workdir)
+    if len(results) < n:
+        raise RuntimeError(f"{n - len(results)} of {n} writer processes ended without results")
+    return results, end - t0
 
 
 def _percentile(xs: list[float], q: float) -> float:
