@@ -11,10 +11,12 @@ Outcomes (`FEATURES` documents each):
   inCommitTimestamp, timestampNtz, typeWidening (this writer never widens a type), vacuumProtocolCheck,
   clustering (appends; OPTIMIZE does not recluster), invariants, checkConstraints, generatedColumns and
   identityColumns when the table has no such column or constraint (legacy protocols imply those features
-  on every table of their version), changeDataFeed for operations that rewrite no file partially (appends, overwrites, OPTIMIZE, TRUNCATE);
-* refused: columnMapping (name or id mode), rowTracking, v2Checkpoint, icebergCompatV1/V2,
+  on every table of their version), changeDataFeed (DELETE, UPDATE and MERGE write `_change_data` files; the
+  other operations rewrite no file partially, so readers infer their changes), columnMapping (name and id
+  modes: physical names and field ids in files, stats and partition values);
+* refused: rowTracking, v2Checkpoint, icebergCompatV1/V2,
   allowColumnDefaults, variantType, CHECK constraints, NOT NULL-style invariants given as expressions,
-  generated and identity columns, DELETE/UPDATE/MERGE with change data feed on, and any unknown feature.
+  generated and identity columns, a column mapping mode PROTOCOL.md does not define, and any unknown feature.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ _LEGACY: tuple[tuple[int, tuple[str, ...]], ...] = (
 #: add and remove actions, so no `_change_data` file is owed.
 NO_CHANGE_DATA_OWED = frozenset({"WRITE", "STREAMING UPDATE", "CREATE TABLE", "CREATE OR REPLACE TABLE", "OPTIMIZE",
                                  "SET TBLPROPERTIES", "TRUNCATE"})
+#: Operations that rewrite files partially and write `_change_data` files for every row they change.
+CHANGE_DATA_WRITTEN = frozenset({"DELETE", "UPDATE", "MERGE"})
 
 
 def writer_features(protocol: Protocol) -> tuple[str, ...]:
@@ -104,14 +108,16 @@ def _identity(md: Metadata, _op: str) -> str | None:
 
 def _change_data_feed(md: Metadata, op: str) -> str | None:
     on = str(md.configuration.get("delta.enableChangeDataFeed", "false")).lower() == "true"
-    if not on or op in NO_CHANGE_DATA_OWED:
+    if not on or op in NO_CHANGE_DATA_OWED or op in CHANGE_DATA_WRITTEN:
         return None
-    return f"the change data feed is on and {op} would need _change_data files, which this writer does not write"
+    return f"the change data feed is on and {op} would need _change_data files, which this writer does not write for it"
 
 
 def _column_mapping(md: Metadata, _op: str) -> str | None:
     mode = str(md.configuration.get("delta.columnMapping.mode", "none")).lower()
-    return None if mode == "none" else f"column mapping ({mode} mode): this writer writes logical column names only"
+    if mode in ("none", "name", "id"):
+        return None
+    return f"column mapping mode {mode!r} is not one PROTOCOL.md defines (none, name, id)"
 
 
 def _variant(md: Metadata, _op: str) -> str | None:
@@ -167,11 +173,11 @@ def writer_problems(protocol: Protocol, metadata: Metadata, operation: str) -> l
         if why is not None:
             problems.append((name, why))
     if not any(f == "columnMapping" for f, _ in problems):
-        # A column-mapping mode is refused even when the protocol omits the feature (a table others broke).
+        # An unknown column-mapping mode is refused even when the protocol omits the feature (a table others broke).
         why = _column_mapping(metadata, operation)
         if why is not None:
             problems.append(("columnMapping", why))
     return problems
 
 
-__all__ = ["FEATURES", "NO_CHANGE_DATA_OWED", "Feature", "writer_features", "writer_problems"]
+__all__ = ["CHANGE_DATA_WRITTEN", "FEATURES", "NO_CHANGE_DATA_OWED", "Feature", "writer_features", "writer_problems"]

@@ -23,9 +23,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reader.storage import TableStorage
-from schemas.actions import AddFile
+from schemas.actions import AddCDCFile, AddFile
+from writer.column_mapping import Layout
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+#: Where change data files live (PROTOCOL.md "Change Data Files").
+CHANGE_DATA_DIR = "_change_data"
+#: The column of a change data file naming the change of each row.
+CHANGE_TYPE = "_change_type"
 #: Delta truncates string statistics to this many characters.
 STRING_STATS_PREFIX = 32
 _HIVE_ESCAPE = set('"#%\'*/:=?\\\x7f{[]}^')
@@ -173,16 +178,38 @@ def write_data_files(
     *,
     data_change: bool = True,
     max_rows_per_file: int = 1_000_000,
+    layout: Layout | None = None,
 ) -> list[AddFile]:
     """Write `data` as Parquet under the table `root` (a local path or its `TableStorage`), one or more
-    files per partition; returns their adds."""
+    files per partition; returns their adds. With a column-mapping `layout` the files, stats and partition
+    values carry physical names (`writer.column_mapping`)."""
+    now_ms = int(time.time() * 1000)
+    return [
+        AddFile(path=path, partition_values=pvals, size=size, modification_time=now_ms, data_change=data_change,
+                stats=file_stats(chunk, chunk.column_names))
+        for path, pvals, size, chunk in _write_files(root, data, partition_by, layout, "", "part", max_rows_per_file)
+    ]
+
+
+def write_cdc_files(root: Path | TableStorage, changes: pa.Table, partition_by: Sequence[str] = (), *,
+                    layout: Layout | None = None) -> list[AddCDCFile]:
+    """Write change rows (the table's columns and `_change_type`) as Parquet under `_change_data/`, one file
+    per partition, as Delta's change data feed stores them; returns their `cdc` actions."""
+    return [AddCDCFile(path=path, partition_values=pvals, size=size, data_change=False)
+            for path, pvals, size, _chunk in _write_files(root, changes, partition_by, layout, CHANGE_DATA_DIR, "cdc",
+                                                         1_000_000)]
+
+
+def _write_files(root: Path | TableStorage, data: pa.Table, partition_by: Sequence[str], layout: Layout | None,
+                 prefix: str, kind: str, max_rows_per_file: int) -> list[tuple[str, dict[str, str | None], int, pa.Table]]:
+    """Write `data` per partition; (escaped path, partitionValues, size, the stored rows) of each file."""
     for c in partition_by:
         if c not in data.column_names:
             raise SchemaError(f"partition column {c!r} is missing from the data (columns: {data.column_names})")
     data_cols = [c for c in data.column_names if c not in partition_by]
-    adds: list[AddFile] = []
+    out: list[tuple[str, dict[str, str | None], int, pa.Table]] = []
     if data.num_rows == 0:
-        return adds
+        return out
     groups: list[tuple[dict[str, Any], pa.Table]]
     if partition_by:
         keys = data.select(list(partition_by)).group_by(list(partition_by)).aggregate([]).to_pylist()
@@ -196,29 +223,23 @@ def write_data_files(
     else:
         groups = [({}, data)]
     storage = _storage(root)
-    now_ms = int(time.time() * 1000)
+    physical = layout.physical_name if layout is not None else (lambda c: c)
     for key, part in groups:
-        pvals = {c: serialize_partition_value(key[c]) for c in partition_by}
-        rel_dir = "/".join(f"{_hive_escape(c)}={_dir_value(pvals[c])}" for c in partition_by)
+        pvals = {physical(c): serialize_partition_value(key[c]) for c in partition_by}
+        dirs = [f"{_hive_escape(physical(c))}={_dir_value(pvals[physical(c)])}" for c in partition_by]
+        rel_dir = "/".join([prefix, *dirs] if prefix else dirs)
         for start in range(0, part.num_rows, max_rows_per_file):
             chunk = part.slice(start, max_rows_per_file).select(data_cols)
-            name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            if layout is not None:
+                chunk = layout.to_physical(chunk)
+            name = f"{kind}-00000-{uuid.uuid4()}-c000.snappy.parquet"
             rel = f"{rel_dir}/{name}" if rel_dir else name
             size = storage.write_parquet(rel, chunk, compression="snappy")
-            adds.append(
-                AddFile(
-                    path=quote(rel, safe="/=-_.~"),
-                    partition_values=pvals,
-                    size=size,
-                    modification_time=now_ms,
-                    data_change=data_change,
-                    stats=file_stats(chunk, data_cols),
-                )
-            )
-    return adds
+            out.append((quote(rel, safe="/=-_.~"), pvals, size, chunk))
+    return out
 
 
-def delete_staged(root: Path | TableStorage, adds: Iterable[AddFile]) -> None:
+def delete_staged(root: Path | TableStorage, adds: Iterable[AddFile | AddCDCFile]) -> None:
     """Remove files staged for a proposal that did not commit (relative paths only: never a file
     outside the table)."""
     storage = _storage(root)

@@ -45,7 +45,13 @@ from reader.deletion_vectors import (
     write_deletion_vector,
 )
 from reader.log import TableNotFoundError, commit_key, data_object, list_log_from_hint, newest_commit_version
-from reader.snapshot import Snapshot, UnsupportedTableFeatureError, delta_schema_to_arrow, parse_partition_value
+from reader.snapshot import (
+    Snapshot,
+    UnsupportedTableFeatureError,
+    _to_logical,
+    delta_schema_to_arrow,
+    parse_partition_value,
+)
 from reader.storage import TableStorage
 from schemas import client_settings
 from schemas.actions import AddFile, Metadata, Protocol, SetTransaction
@@ -56,7 +62,7 @@ from schemas.expressions.scan import files_read
 from schemas.expressions.syntax import ExpressionError, columns_of, parse, split_merge_condition
 from schemas.jobs import COMPACTION_PARAMETER
 from schemas.messages import Decision
-from schemas.properties import TableProperties
+from schemas.properties import Property, TableProperties
 from schemas.reasons import ReasonCode
 from schemas.routing import (
     ADOPTED_ERROR_TYPE,
@@ -69,8 +75,9 @@ from schemas.routing import (
 from schemas.row_map import ROW_MAP_KEY, RowGroup, Source, Target, encode_row_map
 from schemas.signing import WriterKey, resolve_writer_key
 from schemas.writer_features import writer_problems
-from writer import staging
+from writer import column_mapping, staging
 from writer.client import CoordinatorClient
+from writer.column_mapping import Layout
 from writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
 from writer.vacuum import VacuumResult, vacuum
 from writer.zorder import zorder
@@ -100,6 +107,15 @@ class TableExistsError(ProtocolChangedException):
 
 class MergeError(InvalidProposalError):
     """A MERGE that Delta would refuse (e.g. several source rows matching one target row)."""
+
+
+#: The table property that turns the change data feed on.
+CDF_PROPERTY = "delta.enableChangeDataFeed"
+
+
+def _changed(rows: pa.Table, kind: str) -> pa.Table:
+    """`rows` as change data: with the `_change_type` column (delete, insert, update_preimage, update_postimage)."""
+    return rows.append_column(staging.CHANGE_TYPE, pa.array([kind] * rows.num_rows, pa.string()))
 
 
 #: The table feature deletion vectors need (reader 3 / writer 7 protocols list it on both sides).
@@ -390,8 +406,15 @@ class Table:
             if c not in schema.names:
                 raise staging.SchemaError(f"partition column {c!r} is not in the schema {schema.names}")
         protocol = _create_protocol(props)
+        schema_text = staging.schema_string(schema)
+        if column_mapping.check_mode(props.get(Property.COLUMN_MAPPING_MODE, "none")) != "none":
+            # Every field (nested ones too) gets an id and a physical name; the protocol gains the feature.
+            schema_json = json.loads(schema_text)
+            props[column_mapping.MAX_ID_PROPERTY] = str(column_mapping.assign_ids(schema_json["fields"], 1) - 1)
+            schema_text = json.dumps(schema_json, separators=(",", ":"))
+            protocol = column_mapping.with_feature(protocol)
         md = Metadata(
-            id=str(uuid.uuid4()), name=name, schema_string=staging.schema_string(schema), partition_columns=tuple(partition_by),
+            id=str(uuid.uuid4()), name=name, schema_string=schema_text, partition_columns=tuple(partition_by),
             configuration=props, created_time=int(time.time() * 1000),
         )
         tx = self._begin(-1, proposal_id)
@@ -478,13 +501,21 @@ class Table:
         snap = snapshot or self.snapshot()
         schema = json.loads(snap.metadata.schema_string)
         existing = {f["name"].lower() for f in schema["fields"]}
+        added = []
         for f in fields:
             if f.name.lower() in existing:
                 raise staging.SchemaError(f"column {f.name!r} already exists")
             existing.add(f.name.lower())
-            schema["fields"].append({"name": f.name, "type": staging.delta_type(f.type), "nullable": True, "metadata": {}})
+            added.append({"name": f.name, "type": staging.delta_type(f.type), "nullable": True, "metadata": {}})
+        schema["fields"].extend(added)
+        config = dict(snap.metadata.configuration)
+        if self._layout(snap).mapped:
+            # New columns get the next ids and fresh physical names (PROTOCOL.md "Column Mapping").
+            first = max(int(config.get(column_mapping.MAX_ID_PROPERTY, "0")), column_mapping.max_id(schema)) + 1
+            config[column_mapping.MAX_ID_PROPERTY] = str(column_mapping.assign_ids(added, first) - 1)
         tx = self._begin(snap.version, proposal_id)
-        tx.add(self._replace_metadata(snap.metadata, schema_string=json.dumps(schema, separators=(",", ":"))))
+        tx.add(self._replace_metadata(snap.metadata, schema_string=json.dumps(schema, separators=(",", ":")),
+                                      configuration=config))
         return tx.commit("ADD COLUMNS", changes_data=False, parameters={"columns": [f.name for f in fields]})
 
     # -- helpers --------------------------------------------------------------------
@@ -528,16 +559,21 @@ class Table:
         return self._scan(snap, add, schema)[0]
 
     def _scan(self, snap: Snapshot, add: AddFile, schema: pa.Schema) -> tuple[pa.Table, npt.NDArray[np.int64]]:
-        """The rows of one data file (deletion vector applied) and the physical row index of each."""
+        """The rows of one data file (deletion vector applied) and the physical row index of each; columns are
+        found by their physical names on a column-mapping table."""
+        layout = self._layout(snap, schema)
         t = data_object(self.storage, add.path).read_parquet_file().read()
         n = t.num_rows
         cols = []
         for f in schema:
+            phys = layout.physical_name(f.name)
             if f.name in snap.partition_columns:
-                v = parse_partition_value(add.partition_values.get(f.name), f.type)
+                v = parse_partition_value(add.partition_values.get(phys), f.type)
                 cols.append(pa.array([v] * n, type=f.type))
-            elif f.name in t.column_names:
-                cols.append(t.column(f.name).cast(f.type))
+            elif phys in t.column_names:
+                col = t.column(phys)
+                cols.append(_to_logical(col.combine_chunks() if col.num_chunks != 1 else col.chunk(0),
+                                        layout.fields.get(f.name), f.type, layout.mode))
             else:
                 cols.append(pa.nulls(n, f.type))
         out = pa.Table.from_arrays(cols, schema=schema)
@@ -547,6 +583,30 @@ class Table:
             out = out.filter(pa.array(keep))
             positions = positions[keep]
         return out, positions
+
+    @staticmethod
+    def _layout(snap: Snapshot, schema: pa.Schema | None = None) -> Layout:
+        return Layout.of(snap.metadata, schema if schema is not None else delta_schema_to_arrow(snap.metadata.schema()))
+
+    def _write(self, snap: Snapshot, data: pa.Table, *, data_change: bool = True) -> list[AddFile]:
+        """Stage `data` (logical names, the table schema) as the table stores it (`writer.column_mapping`)."""
+        layout = self._layout(snap, data.schema)
+        return staging.write_data_files(self.storage, data, snap.partition_columns, data_change=data_change,
+                                        layout=layout if layout.mapped else None)
+
+    @staticmethod
+    def _change_feed(snap: Snapshot) -> bool:
+        """DELETE, UPDATE and MERGE write `_change_data` files (`delta.enableChangeDataFeed`)."""
+        return str(snap.metadata.configuration.get(CDF_PROPERTY, "false")).lower() == "true"
+
+    def _stage_changes(self, tx: Transaction, snap: Snapshot, changes: list[pa.Table]) -> None:
+        """Write the changed rows (each table with its `_change_type`) as the commit's change data files."""
+        changes = [c for c in changes if c.num_rows]
+        if not changes:
+            return
+        layout = self._layout(snap)
+        tx.stage_cdc(staging.write_cdc_files(self.storage, pa.concat_tables(changes), snap.partition_columns,
+                                             layout=layout if layout.mapped else None))
 
     @staticmethod
     def _writes_dvs(snap: Snapshot) -> bool:
@@ -618,7 +678,7 @@ class Table:
             rows = files = size = 0
             for chunk in _chunks(data):
                 table = self._conform(chunk, snap)
-                adds = staging.write_data_files(self.storage, table, snap.partition_columns)
+                adds = self._write(snap, table)
                 tx.stage(adds)
                 rows, files, size = rows + table.num_rows, files + len(adds), size + sum(a.size for a in adds)
                 if progress is not None:
@@ -660,7 +720,7 @@ class Table:
                 tx.read_files_from(replaced)
             for a in replaced:
                 tx.remove(a)
-            tx.stage(staging.write_data_files(self.storage, table, snap.partition_columns))
+            tx.stage(self._write(snap, table))
             params: dict[str, Any] = {"mode": "Overwrite", "partitionBy": snap.partition_columns}
             if replace_where is not None:
                 params["predicate"] = json.dumps([replace_where])
@@ -685,6 +745,9 @@ class Table:
             tx.read_files_from(candidates)
             touched = copied = 0
             dvs = self._writes_dvs(snap)
+            cdf = self._change_feed(snap)
+            changes: list[pa.Table] = []
+            whole_files = True  # every touched file removed whole (no vector before or after): no change data owed
             for add in candidates:
                 t, positions = self._scan(snap, add, schema)
                 mask = self._mask(t, cond, where or "TRUE")
@@ -692,6 +755,7 @@ class Table:
                 if not hits:
                     continue
                 touched += hits
+                whole_files = whole_files and operation == "DELETE" and hits == t.num_rows and add.deletion_vector is None
                 if dvs:
                     # Mark the matching rows deleted; an UPDATE writes their new values to a new file.
                     self._delete_rows(tx, add, positions, positions[mask.to_numpy(zero_copy_only=False)])
@@ -700,11 +764,18 @@ class Table:
                     copied += t.num_rows - hits
                     tx.remove(add)
                     out = change(t, mask)
+                if cdf and operation == "UPDATE":
+                    changes += [_changed(t.filter(mask), "update_preimage"),
+                                _changed((out if dvs else out.filter(mask)), "update_postimage")]
+                elif cdf:
+                    changes.append(_changed(t.filter(mask), "delete"))
                 if out.num_rows:
-                    tx.stage(staging.write_data_files(self.storage, out, snap.partition_columns))
+                    tx.stage(self._write(snap, out))
             metrics = {count_name: touched, "numCopiedRows": copied}
             if not touched:
                 return self._noop(snap, tx, operation, metrics)
+            if not whole_files:
+                self._stage_changes(tx, snap, changes)
             return tx.commit(operation, changes_data=True, parameters={"predicate": json.dumps([where] if where else [])},
                              metrics=metrics)
 
@@ -789,6 +860,8 @@ class Table:
             updated = deleted = copied = 0
             conditional_delete = isinstance(when_matched_delete, str)
             dvs = self._writes_dvs(snap)
+            cdf = self._change_feed(snap)
+            changes: list[pa.Table] = []
             for add in candidates:
                 t, positions = self._scan(snap, add, schema)
                 tk = pa.table({f"__k{i}": t.column(tc) for i, (_s, tc) in enumerate(keys)})
@@ -831,6 +904,12 @@ class Table:
                     assert when_matched_update is not None
                     parts.append(self._assign(when_matched_update, schema, source_rows.filter(update), target_rows.filter(update),
                                               aliases, "UPDATE SET *"))
+                if cdf:
+                    gone = np.unique(pc.filter(pa.array(rows), delete).to_numpy(zero_copy_only=False))
+                    changes.append(_changed(t.take(pa.array(gone, pa.int64())), "delete"))
+                    if n_upd:
+                        changes += [_changed(target_rows.filter(update), "update_preimage"),
+                                    _changed(parts[1], "update_postimage")]
                 out = pa.concat_tables(parts)
                 updated += n_upd
                 deleted += n_del
@@ -840,7 +919,7 @@ class Table:
                 else:
                     tx.remove(add)
                 if out.num_rows:
-                    tx.stage(staging.write_data_files(self.storage, out, snap.partition_columns))
+                    tx.stage(self._write(snap, out))
 
             inserted = 0
             if when_not_matched_insert is not None:
@@ -851,12 +930,15 @@ class Table:
                         source_rows = source_rows.filter(self._condition(when_not_matched_insert_if, source_rows, None, aliases))
                     new_rows = self._assign(when_not_matched_insert, schema, source_rows, None, aliases, "INSERT *")
                     inserted = new_rows.num_rows
+                    if cdf:
+                        changes.append(_changed(new_rows, "insert"))
                     if inserted:
-                        tx.stage(staging.write_data_files(self.storage, new_rows, snap.partition_columns))
+                        tx.stage(self._write(snap, new_rows))
             metrics = {"numSourceRows": src.num_rows, "numTargetRowsUpdated": updated, "numTargetRowsDeleted": deleted,
                        "numTargetRowsInserted": inserted, "numTargetRowsCopied": copied}
             if not updated and not inserted and not deleted:
                 return self._noop(snap, tx, "MERGE", metrics)
+            self._stage_changes(tx, snap, changes)
             matched: list[dict[str, str]] = []
             if when_matched_delete is not False:
                 matched.append({"actionType": "delete",
@@ -983,7 +1065,7 @@ class Table:
                     merged = zorder(merged, zorder_by)
                 for a in files:
                     tx.remove(a, data_change=False)
-                out = staging.write_data_files(self.storage, merged, snap.partition_columns, data_change=False) \
+                out = self._write(snap, merged, data_change=False) \
                     if merged.num_rows else []
                 tx.stage(out)
                 groups.append(RowGroup(tuple(Source(a.path, p.num_rows, a.deletion_vector) for a, p in zip(files, parts, strict=True)),

@@ -16,11 +16,12 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
+from urllib.parse import unquote
 
 from reader.deletion_vectors import dv_object
 from reader.log import commit_key, commit_object, read_commit
 from reader.storage import StorageError, TableStorage
-from schemas.actions import Action, AddFile, CommitInfo, Metadata, RemoveFile
+from schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata, RemoveFile
 from schemas.actions import Protocol as ProtocolAction
 from schemas.errors import (
     CONFLICT_CLASSES,
@@ -186,6 +187,12 @@ class Transaction:
             self.staged.append(a)
             self.actions.append(a)
 
+    def stage_cdc(self, files: Iterable[AddCDCFile]) -> None:
+        """Add change data files this transaction wrote (deleted again if the commit is rejected)."""
+        for f in files:
+            self.staged_keys.append(unquote(f.path))
+            self.actions.append(f)
+
     def remove(self, add: AddFile, data_change: bool = True) -> None:
         self.actions.append(add.to_remove(int(time.time() * 1000), data_change=data_change))
 
@@ -315,14 +322,17 @@ class Transaction:
                                 len(self.staged) + len(self.staged_keys), self.proposal_id)
                     return duplicate
                 time.sleep(0.05)
-            adds = [a for a in read_commit(commit) if isinstance(a, AddFile)]
+            actions = read_commit(commit)
         except (OSError, StorageError, ValueError) as e:
             log.warning("cannot read version %d of %s (%s); keeping the files staged for proposal %s", version,
                         self.table.uri, e, self.proposal_id)
             return duplicate
+        adds = [a for a in actions if isinstance(a, AddFile)]
         paths = {a.path for a in adds}
+        # Keys of the other files the commit references: deletion vector files and change data files.
         dv_keys = {dv_object(self.table.storage, a.deletion_vector).key for a in adds
                    if a.deletion_vector is not None and a.deletion_vector.storage_type != "i"}
+        dv_keys |= {unquote(a.path) for a in actions if isinstance(a, AddCDCFile)}
         if not any(a.path in paths for a in self.staged) and not any(k in dv_keys for k in self.staged_keys):
             duplicate = True  # committed by an earlier attempt, with files of its own
         if not duplicate:
