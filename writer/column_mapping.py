@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from schemas.actions import Metadata, Protocol
 from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
+from writer import protocols
 
 ID_KEY = "delta.columnMapping.id"
 MAX_ID_PROPERTY = "delta.columnMapping.maxColumnId"
@@ -77,12 +78,7 @@ def assign_ids(fields: Sequence[dict[str, Any]], next_id: int) -> int:
 
 def with_feature(p: Protocol) -> Protocol:
     """`p` able to hold a column-mapping table: reader 2 / writer 5 at least, or the feature listed at (3, 7)."""
-    if p.min_writer_version < 7:
-        return Protocol(max(p.min_reader_version, 2), max(p.min_writer_version, 5))
-    writer = (*dict.fromkeys([*(p.writer_features or ()), _FEATURE]),)
-    if p.min_reader_version >= 3:
-        return Protocol(3, 7, reader_features=(*dict.fromkeys([*(p.reader_features or ()), _FEATURE]),), writer_features=writer)
-    return Protocol(max(p.min_reader_version, 2), 7, writer_features=writer)
+    return protocols.with_feature(p, _FEATURE, 5, reader_version=2)
 
 
 def _physical_type(t: pa.DataType, delta: Any, field_ids: bool) -> pa.DataType:

@@ -75,7 +75,7 @@ from schemas.routing import (
 from schemas.row_map import ROW_MAP_KEY, RowGroup, Source, Target, encode_row_map
 from schemas.signing import WriterKey, resolve_writer_key
 from schemas.writer_features import writer_problems
-from writer import column_mapping, staging
+from writer import column_mapping, protocols, staging
 from writer.client import CoordinatorClient
 from writer.column_mapping import Layout
 from writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
@@ -111,6 +111,10 @@ class MergeError(InvalidProposalError):
 
 #: The table property that turns the change data feed on.
 CDF_PROPERTY = "delta.enableChangeDataFeed"
+
+
+def _cdf_on(properties: Mapping[str, str]) -> bool:
+    return str(properties.get(CDF_PROPERTY, "false")).lower() == "true"
 
 
 def _changed(rows: pa.Table, kind: str) -> pa.Table:
@@ -406,6 +410,8 @@ class Table:
             if c not in schema.names:
                 raise staging.SchemaError(f"partition column {c!r} is not in the schema {schema.names}")
         protocol = _create_protocol(props)
+        if _cdf_on(props):
+            protocol = protocols.with_change_data_feed(protocol)
         schema_text = staging.schema_string(schema)
         if column_mapping.check_mode(props.get(Property.COLUMN_MAPPING_MODE, "none")) != "none":
             # Every field (nested ones too) gets an id and a physical name; the protocol gains the feature.
@@ -488,10 +494,13 @@ class Table:
         """ALTER TABLE SET TBLPROPERTIES (a metaData action: concurrent writers get MetadataChangedException)."""
         snap = snapshot or self.snapshot()
         tx = self._begin(snap.version, proposal_id)
+        protocol = snap.protocol
         if TableProperties(properties).deletion_vectors:
-            upgraded = _with_dv_feature(snap.protocol)
-            if upgraded is not None:
-                tx.add(upgraded)
+            protocol = _with_dv_feature(protocol) or protocol
+        if _cdf_on(properties):
+            protocol = protocols.with_change_data_feed(protocol)
+        if protocol != snap.protocol:
+            tx.add(protocol)
         tx.add(self._replace_metadata(snap.metadata, configuration={**snap.metadata.configuration, **properties}))
         return tx.commit("SET TBLPROPERTIES", changes_data=False, parameters={"properties": dict(properties)})
 
@@ -597,7 +606,7 @@ class Table:
     @staticmethod
     def _change_feed(snap: Snapshot) -> bool:
         """DELETE, UPDATE and MERGE write `_change_data` files (`delta.enableChangeDataFeed`)."""
-        return str(snap.metadata.configuration.get(CDF_PROPERTY, "false")).lower() == "true"
+        return _cdf_on(snap.metadata.configuration)
 
     def _stage_changes(self, tx: Transaction, snap: Snapshot, changes: list[pa.Table]) -> None:
         """Write the changed rows (each table with its `_change_type`) as the commit's change data files."""
