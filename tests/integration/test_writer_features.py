@@ -3,21 +3,25 @@
 delta-rs adds each feature it knows to a fresh table (`alter.add_feature`); a feature delta-rs cannot add
 is added by one protocol commit written here. The writer must refuse, before staging anything, every
 feature it cannot honour for the operation, naming it; the features it honours pass its check (their
-behaviour is tested where it is built: append-only, deletion vectors, in-commit timestamps, ...).
+behaviour is tested where it is built: append-only, deletion vectors, in-commit timestamps, ...; the change
+data feed and column mapping are also written here, on the tables their cases build, after adopting them).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable, TableFeatures, write_deltalake
+from deltalake import DeltaTable, QueryBuilder, TableFeatures, write_deltalake
 
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError
 from schemas.writer_features import FEATURES, writer_problems
+from tests.conftest import TablePlace
+from tests.integration.test_writer_operations import Env, running_env
 from writer.table import Table
 
 Make = Callable[[Path], None]
@@ -81,6 +85,28 @@ def _column_metadata(key: str, value: str) -> Callable[[DeltaTable], None]:
     return then
 
 
+def _column_mapping(mode: str) -> Make:
+    """Column mapping turned on as Delta turns it on for an existing table: each column gets an id and keeps its
+    name as its physical name (one protocol and metaData commit written here; delta-rs cannot)."""
+
+    def make(path: Path) -> None:
+        dt = _base(path)
+        md = dt.metadata()
+        schema = json.loads(dt.schema().to_json())
+        for i, f in enumerate(schema["fields"], start=1):
+            f["metadata"] = {**f.get("metadata", {}), "delta.columnMapping.id": i, "delta.columnMapping.physicalName": f["name"]}
+        config = {**md.configuration, "delta.columnMapping.mode": mode, "delta.columnMapping.maxColumnId": str(len(schema["fields"]))}
+        lines = [{"protocol": {"minReaderVersion": 2, "minWriterVersion": 5}},
+                 {"metaData": {"id": md.id, "format": {"provider": "parquet", "options": {}}, "schemaString": json.dumps(schema),
+                               "partitionColumns": md.partition_columns, "configuration": config, "createdTime": 0}},
+                 {"commitInfo": {"operation": "SET TBLPROPERTIES", "timestamp": 0}}]
+        (path / "_delta_log" / f"{dt.version() + 1:020d}.json").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    return make
+
+
+_CDF = _feature("ChangeDataFeed", lambda dt: dt.alter.set_table_properties({"delta.enableChangeDataFeed": "true"}))
+
 #: feature -> (how the table is built, operation, the outcome: None = honoured, else a phrase of the refusal)
 CASES: dict[str, tuple[Make, str, str | None]] = {
     "appendOnly": (_feature("AppendOnly"), "WRITE", None),
@@ -91,12 +117,10 @@ CASES: dict[str, tuple[Make, str, str | None]] = {
     "checkConstraints": (_feature("CheckConstraints"), "WRITE", None),
     "checkConstraints with a constraint": (
         _feature("CheckConstraints", lambda dt: dt.alter.add_constraint({"id_positive": "id > 0"})), "WRITE", "CHECK constraints"),
-    "changeDataFeed on, append": (
-        _feature("ChangeDataFeed", lambda dt: dt.alter.set_table_properties({"delta.enableChangeDataFeed": "true"})),
-        "WRITE", None),
-    "changeDataFeed on, delete": (
-        _feature("ChangeDataFeed", lambda dt: dt.alter.set_table_properties({"delta.enableChangeDataFeed": "true"})),
-        "DELETE", "_change_data"),
+    "changeDataFeed on, append": (_CDF, "WRITE", None),
+    "changeDataFeed on, delete": (_CDF, "DELETE", None),
+    "changeDataFeed on, update": (_CDF, "UPDATE", None),
+    "changeDataFeed on, merge": (_CDF, "MERGE", None),
     "generatedColumns": (_feature("GeneratedColumns"), "WRITE", None),
     "generatedColumns with a generated column": (
         _feature("GeneratedColumns", _column_metadata("delta.generationExpression", "upper(s)")), "WRITE", "generated columns"),
@@ -104,8 +128,10 @@ CASES: dict[str, tuple[Make, str, str | None]] = {
     "identityColumns with an identity column": (
         _feature("IdentityColumns", _column_metadata("delta.identity.start", "1")), "WRITE", "identity columns"),
     "columnMapping (mode none)": (_feature("ColumnMapping"), "WRITE", None),
-    "columnMapping (name mode)": (_protocol_commit("columnMapping", reader=True, properties={
-        "delta.columnMapping.mode": "name", "delta.columnMapping.maxColumnId": "2"}), "WRITE", "column mapping"),
+    "columnMapping (name mode)": (_column_mapping("name"), "WRITE", None),
+    "columnMapping (id mode)": (_column_mapping("id"), "WRITE", None),
+    "columnMapping (a mode PROTOCOL.md does not define)": (_protocol_commit("columnMapping", reader=True, properties={
+        "delta.columnMapping.mode": "names", "delta.columnMapping.maxColumnId": "2"}), "WRITE", "column mapping mode"),
     "deletionVectors": (_feature("DeletionVectors"), "DELETE", None),
     "rowTracking": (_feature("RowTracking"), "WRITE", "row ids"),
     "timestampNtz": (_feature("TimestampWithoutTimezone"), "WRITE", None),
@@ -151,3 +177,75 @@ def test_writer_feature_is_honoured_or_refused_by_name(case: str, tmp_path: Path
             t.append(pa.table({"id": pa.array([3], pa.int64()), "s": pa.array(["c"])}))
     assert refusal in str(e.value)
     assert sorted(p.name for p in path.glob("*.parquet")) == before, "nothing is staged for a refused write"
+
+
+def _cdc_actions(path: Path, version: int) -> list[dict[str, object]]:
+    lines = [json.loads(x) for x in (path / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
+    return [x["cdc"] for x in lines if "cdc" in x]
+
+
+def _feed(path: Path, version: int) -> list[tuple[object, ...]]:
+    feed = pa.table(DeltaTable(str(path)).load_cdf(starting_version=version, ending_version=version).read_all())
+    return sorted((r["id"], r["s"], r["_change_type"]) for r in feed.to_pylist())
+
+
+def _cdf_append(t: Table, path: Path) -> None:
+    v = t.append(pa.table({"id": pa.array([3], pa.int64()), "s": pa.array(["c"])})).version
+    assert _cdc_actions(path, v) == [] and _feed(path, v) == [(3, "c", "insert")]
+
+
+def _cdf_delete(t: Table, path: Path) -> None:
+    v = t.delete("id = 1").version
+    assert len(_cdc_actions(path, v)) == 1 and _feed(path, v) == [(1, "a", "delete")]
+
+
+def _cdf_update(t: Table, path: Path) -> None:
+    v = t.update("id = 2", {"s": "'B'"}).version
+    assert len(_cdc_actions(path, v)) == 1
+    assert _feed(path, v) == [(2, "B", "update_postimage"), (2, "b", "update_preimage")]
+
+
+def _cdf_merge(t: Table, path: Path) -> None:
+    v = t.merge(pa.table({"id": pa.array([1, 9], pa.int64()), "s": ["A", "i"]}), ["id"], when_matched_update="*",
+                when_not_matched_insert="*").version
+    assert len(_cdc_actions(path, v)) == 1
+    assert _feed(path, v) == [(1, "A", "update_postimage"), (1, "a", "update_preimage"), (9, "i", "insert")]
+
+
+def _mapped_append(t: Table, path: Path) -> None:
+    """The mapped table's columns keep their names as physical names: the new file has them with field ids."""
+    v = t.append(pa.table({"id": pa.array([3], pa.int64()), "s": pa.array(["c"])})).version
+    add = next(json.loads(x)["add"] for x in (path / "_delta_log" / f"{v:020d}.json").read_text().splitlines()
+               if "add" in json.loads(x))
+    schema = pq.ParquetFile(path / add["path"]).schema_arrow
+    assert [(f.name, (f.metadata or {}).get(b"PARQUET:field_id")) for f in schema] == [("id", b"1"), ("s", b"2")]
+    got = pa.table(QueryBuilder().register("t", DeltaTable(str(path))).execute("SELECT id, s FROM t").read_all())
+    assert sorted(tuple(r.values()) for r in got.to_pylist()) == [(1, "a"), (2, "b"), (3, "c")]
+
+
+#: Honoured cases whose behaviour is checked here on the table the case builds (adopted, then written).
+BEHAVIOUR: dict[str, Callable[[Table, Path], None]] = {
+    "changeDataFeed on, append": _cdf_append,
+    "changeDataFeed on, delete": _cdf_delete,
+    "changeDataFeed on, update": _cdf_update,
+    "changeDataFeed on, merge": _cdf_merge,
+    "columnMapping (name mode)": _mapped_append,
+    "columnMapping (id mode)": _mapped_append,
+}
+
+
+@pytest.fixture(scope="module")
+def env(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with running_env(kafka_bootstrap, TablePlace("local", str(tmp_path_factory.mktemp("tables")))) as e:
+        yield e
+
+
+@pytest.mark.parametrize("case", list(BEHAVIOUR), ids=list(BEHAVIOUR))
+def test_an_honoured_feature_behaves_as_delta_specifies(case: str, tmp_path: Path, env: Env) -> None:
+    make, _operation, refusal = CASES[case]
+    assert refusal is None
+    path = tmp_path / "t"
+    make(path)
+    t = env.table(path)
+    t.adopt()
+    BEHAVIOUR[case](t, path)
