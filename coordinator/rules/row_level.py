@@ -223,11 +223,12 @@ class NewRowMatcher:
         self.everything = not predicates
         if self.everything:
             return
-        from schemas.expressions.stats import file_filter  # Arrow, only for row-level tables
+        from schemas.expressions.stats import file_filter, stats_keys  # Arrow, only for row-level tables
 
         try:
             schema = _stats_schema(metadata)
-            self.tests = [file_filter(p, schema, metadata.partition_columns) for p in predicates]
+            keys = stats_keys(metadata)
+            self.tests = [file_filter(p, schema, metadata.partition_columns, keys) for p in predicates]
         except (ExpressionError, ValueError, KeyError, TypeError):
             self.everything = True  # a condition the stats cannot judge: every new file may match
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from schemas.actions import AddFile, Metadata
 from schemas.expressions.partitions import prune
-from schemas.expressions.stats import skip_files
+from schemas.expressions.stats import skip_files, stats_keys
 
 
 def files_read(files: Sequence[AddFile], where: str | None, metadata: Metadata, schema: pa.Schema) -> list[AddFile]:
@@ -19,7 +19,7 @@ def files_read(files: Sequence[AddFile], where: str | None, metadata: Metadata, 
     coordinator's append check matches.
     """
     pruned = prune(files, where, metadata, lambda a: a.partition_values)
-    return skip_files(pruned, where, schema, metadata.partition_columns)
+    return skip_files(pruned, where, schema, metadata.partition_columns, stats_keys(metadata))
 
 
 __all__ = ["files_read"]

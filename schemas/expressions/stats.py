@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 from sqlglot import exp
 
-from schemas.actions import AddFile
+from schemas.actions import AddFile, Metadata
 from schemas.expressions.syntax import NotALiteral, literal, parse
 from schemas.expressions.types import DATE, coerce_literal
+from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
 
 #: Writers cut string stats to a 32-unit prefix (characters, UTF-16 units or bytes, with or
 #: without a tie-breaker). A prefix is still a valid minimum; a maximum is trusted only when it
@@ -89,15 +90,18 @@ _FLIP: dict[type[exp.Expr], type[exp.Expr]] = {exp.EQ: exp.EQ, exp.NEQ: exp.NEQ,
 
 
 class _Evaluator:
-    def __init__(self, text: str, schema: pa.Schema, partition_columns: Sequence[str]) -> None:
+    def __init__(self, text: str, schema: pa.Schema, partition_columns: Sequence[str],
+                 stats_names: Mapping[str, str] | None = None) -> None:
         self.text = text
         self.types = {f.name: f.type for f in schema if f.name not in partition_columns}
+        self.stats_names = stats_names or {}
 
     def _column(self, node: exp.Expr) -> tuple[str, pa.DataType] | None:
+        """The stats key (the physical name on a column-mapping table) and type of a column node."""
         if isinstance(node, exp.Paren):
             return self._column(node.this)
         if isinstance(node, exp.Column) and node.name in self.types:
-            return node.name, self.types[node.name]
+            return self.stats_names.get(node.name, node.name), self.types[node.name]
         return None
 
     def _literal(self, node: exp.Expr, typ: pa.DataType) -> Any:
@@ -157,10 +161,12 @@ class _Evaluator:
         return True
 
 
-def file_filter(where: str, schema: pa.Schema, partition_columns: Sequence[str]) -> Callable[[AddFile], bool]:
-    """A test `add -> may hold a row matching where` (True whenever the stats cannot tell)."""
+def file_filter(where: str, schema: pa.Schema, partition_columns: Sequence[str],
+                stats_names: Mapping[str, str] | None = None) -> Callable[[AddFile], bool]:
+    """A test `add -> may hold a row matching where` (True whenever the stats cannot tell). `stats_names` maps
+    logical column names to the keys of the stats (physical names, `stats_keys`)."""
     tree = parse(where)
-    ev = _Evaluator(where, schema, partition_columns)
+    ev = _Evaluator(where, schema, partition_columns, stats_names)
 
     def may_match(add: AddFile) -> bool:
         if not add.stats:
@@ -174,9 +180,22 @@ def file_filter(where: str, schema: pa.Schema, partition_columns: Sequence[str])
     return may_match
 
 
-def skip_files(files: Sequence[AddFile], where: str | None, schema: pa.Schema, partition_columns: Sequence[str]) -> list[AddFile]:
+def stats_keys(metadata: Metadata) -> dict[str, str]:
+    """Top-level logical column name -> its key in file stats: the physical name on a column-mapping table."""
+    if TableProperties.of(metadata).column_mapping_mode not in ("name", "id"):
+        return {}
+    out: dict[str, str] = {}
+    for f in metadata.schema().get("fields", []):
+        name = (f.get("metadata") or {}).get(PHYSICAL_NAME_KEY)
+        if isinstance(name, str):
+            out[f["name"]] = name
+    return out
+
+
+def skip_files(files: Sequence[AddFile], where: str | None, schema: pa.Schema, partition_columns: Sequence[str],
+               stats_names: Mapping[str, str] | None = None) -> list[AddFile]:
     """`files` without those whose stats prove no row matches `where`."""
     if where is None or not files:
         return list(files)
-    keep = file_filter(where, schema, partition_columns)
+    keep = file_filter(where, schema, partition_columns, stats_names)
     return [a for a in files if keep(a)]

@@ -98,5 +98,15 @@ def test_the_change_data_feed_raises_the_protocol_as_delta_does(before: Protocol
 
 
 def test_an_unknown_mode_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="delta.columnMapping.mode='names': give one of none, name, id"):
+    with pytest.raises(ValueError, match=r"delta\.columnMapping\.mode='names': give one of none, name, id"):
         column_mapping.check_mode("names")
+
+
+def test_data_skipping_reads_physically_keyed_stats(tmp_path: Path) -> None:
+    from schemas.expressions.scan import files_read
+
+    md, _schema = mapped("name")
+    data = pa.table({"id": [1, 2], "p": ["a", "a"], "items": [None, None], "m": [None, None]}, schema=NESTED)
+    adds = staging.write_data_files(tmp_path, data, ["p"], layout=Layout.of(md, NESTED))
+    assert files_read(adds, "id = 99", md, NESTED) == []
+    assert files_read(adds, "id = 2", md, NESTED) == adds
