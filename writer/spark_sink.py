@@ -102,6 +102,7 @@ from schemas.errors import CommitOutcomeUnknownError, ProtocolChangedException
 from schemas.expressions import arrow as expressions
 from schemas.expressions.syntax import columns_of, parse
 from writer import spark_save_modes, staging
+from writer.column_mapping import Layout
 from writer.spark_options import SinkConfigError, SinkOptions, check_option_names
 from writer.spark_save_modes import PartitioningMismatchError, PathExistsError, load_table, write_to_existing
 
@@ -138,6 +139,8 @@ class StagePlan:
     partition_columns: tuple[str, ...]
     replace_where: str | None = None
     storage_options: tuple[tuple[str, str], ...] = ()
+    #: How a column-mapping table stores its columns (physical names, field ids); None without column mapping.
+    layout: Layout | None = None
 
     def conform(self, batch: pa.RecordBatch | pa.Table) -> pa.Table:
         t = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
@@ -178,11 +181,13 @@ class StagePlan:
                 pending.append(t)
                 rows += t.num_rows
                 if rows >= ROWS_PER_FILE:
-                    adds.extend(staging.write_data_files(root, pa.concat_tables(pending), self.partition_columns))
+                    adds.extend(staging.write_data_files(root, pa.concat_tables(pending), self.partition_columns,
+                                                             layout=self.layout))
                     total += rows
                     pending, rows = [], 0
             if pending:
-                adds.extend(staging.write_data_files(root, pa.concat_tables(pending), self.partition_columns))
+                adds.extend(staging.write_data_files(root, pa.concat_tables(pending), self.partition_columns,
+                                                             layout=self.layout))
                 total += rows
         except BaseException:
             staging.delete_staged(root, adds)
@@ -203,8 +208,10 @@ def _rows_of(messages: Sequence[WriterCommitMessage | None]) -> int:
 
 
 def _check_staged_partitioning(opts: SinkOptions, snap: Snapshot, adds: Sequence[AddFile]) -> None:
-    """Files staged for another partitioning than the table's (it changed while the write ran) cannot commit."""
-    want = set(snap.partition_columns)
+    """Files staged for another partitioning than the table's (it changed while the write ran) cannot commit.
+    Partition values are keyed by physical names on a column-mapping table."""
+    layout = Layout.of(snap.metadata, delta_schema_to_arrow(snap.metadata.schema()))
+    want = {layout.physical_name(c) for c in snap.partition_columns}
     for a in adds:
         if set(a.partition_values) != want:
             raise staging.SchemaError(
@@ -287,7 +294,9 @@ def ensure_table(opts: SinkOptions, spark_schema: StructType) -> Snapshot:
 
 def _stage_plan(opts: SinkOptions, snap: Snapshot, replace_where: str | None = None) -> StagePlan:
     schema = delta_schema_to_arrow(snap.metadata.schema())
-    return StagePlan(opts.uri, schema, tuple(snap.partition_columns), replace_where, opts.storage_options)
+    layout = Layout.of(snap.metadata, schema)
+    return StagePlan(opts.uri, schema, tuple(snap.partition_columns), replace_where, opts.storage_options,
+                     layout if layout.mapped else None)
 
 
 # --------------------------------------------------------------------------- streaming writer

@@ -1,7 +1,8 @@
 """Column mapping on write, name and id modes: tables deltacoord creates get ids and physical names at
 every level, files carry physical names and Parquet field ids, stats and partition values physical keys;
 delta-rs and Delta on Spark read what deltacoord wrote, on tables it created and on a name-mode table
-Delta on Spark created (adopted, then appended, updated, deleted and merged by deltacoord)."""
+Delta on Spark created (adopted, then appended, updated, deleted and merged by deltacoord, and appended to
+through deltacoord's Spark sink)."""
 
 from __future__ import annotations
 
@@ -133,6 +134,7 @@ def test_a_table_created_with_column_mapping_is_written_with_physical_names_and_
 @pytest.mark.spark
 def test_delta_spark_reads_column_mapping_tables_deltacoord_wrote(env: Env, tmp_path: Path) -> None:
     from tests.integration.spark_harness import build_session
+    from writer import spark_sink
 
     ours = {}
     for mode in ("name", "id"):
@@ -163,7 +165,14 @@ def test_delta_spark_reads_column_mapping_tables_deltacoord_wrote(env: Env, tmp_
         t.merge(pa.table({"id": [12, 13], "date": ["d1", "d3"], "val": ["mm", "mi"]}), ["id"],
                 when_matched_update={"val": "s.val"}, when_not_matched_insert={"id": "s.id", "date": "s.date", "val": "s.val"})
         env.settle()
-        expected = [(10, "d1", "dc-up", (100, "x")), (12, "d1", "mm", (120, "z")), (13, "d3", "mi", None)]
+        # deltacoord's Spark sink appends to it too (physical names, from executors).
+        spark_sink.register(spark)
+        prefix = env.topics.proposals.removesuffix(".proposals")
+        (spark.createDataFrame([(14, "d1", "sk", (140, "w"))], "id BIGINT, date STRING, val STRING, s STRUCT<a: BIGINT, b: STRING>")
+         .write.format("deltacoord").option("bootstrap.servers", env.bootstrap).option("topic.prefix", prefix)
+         .mode("append").save(str(path)))
+        expected = [(10, "d1", "dc-up", (100, "x")), (12, "d1", "mm", (120, "z")), (13, "d3", "mi", None),
+                    (14, "d1", "sk", (140, "w"))]
         got = sorted((r["id"], r["date"], r["val"], None if r["s"] is None else (r["s"]["a"], r["s"]["b"]))
                      for r in spark.read.format("delta").load(str(path)).collect())
         assert got == expected
