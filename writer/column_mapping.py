@@ -62,17 +62,18 @@ def max_id(schema: Mapping[str, Any]) -> int:
     return best
 
 
-def assign_ids(fields: Sequence[dict[str, Any]], next_id: int) -> int:
+def assign_ids(fields: Sequence[dict[str, Any]], next_id: int, *, physical_names: bool = True) -> int:
     """Give every field without one (nested fields too) an id and a physical name, in place, from `next_id` on;
-    returns the next free id. Physical names are `col-<uuid>`, as Delta assigns them."""
+    returns the next free id. Physical names are `col-<uuid>`, as Delta assigns them to new columns, or (with
+    `physical_names=False`, when mapping is turned on for a table with files) the field's own name."""
     for f in fields:
         meta = f.setdefault("metadata", {})
         if ID_KEY not in meta:
             meta[ID_KEY] = next_id
             next_id += 1
         if PHYSICAL_NAME_KEY not in meta:
-            meta[PHYSICAL_NAME_KEY] = f"col-{uuid.uuid4()}"
-        next_id = assign_ids(_nested_fields(f.get("type")), next_id)
+            meta[PHYSICAL_NAME_KEY] = f"col-{uuid.uuid4()}" if physical_names else f["name"]
+        next_id = assign_ids(_nested_fields(f.get("type")), next_id, physical_names=physical_names)
     return next_id
 
 

@@ -493,15 +493,30 @@ class Table:
                        proposal_id: str | None = None) -> CommitResult:
         """ALTER TABLE SET TBLPROPERTIES (a metaData action: concurrent writers get MetadataChangedException)."""
         snap = snapshot or self.snapshot()
+        config = {**snap.metadata.configuration, **properties}
+        schema_text = None
+        old_mode = TableProperties.of(snap.metadata).column_mapping_mode
+        new_mode = column_mapping.check_mode(config.get(Property.COLUMN_MAPPING_MODE, "none"))
+        if new_mode != old_mode:
+            if (old_mode, new_mode) != ("none", "name"):
+                raise ValueError(f"changing the column mapping mode from {old_mode} to {new_mode} is not supported; as in "
+                                 "Delta, an existing table can only go from none to name (create the table in id mode)")
+            # As Delta does: existing columns keep their names as physical names (no file changes) and get ids.
+            schema_json = snap.metadata.schema()
+            config[column_mapping.MAX_ID_PROPERTY] = str(
+                column_mapping.assign_ids(schema_json["fields"], 1, physical_names=False) - 1)
+            schema_text = json.dumps(schema_json, separators=(",", ":"))
         tx = self._begin(snap.version, proposal_id)
         protocol = snap.protocol
         if TableProperties(properties).deletion_vectors:
             protocol = _with_dv_feature(protocol) or protocol
         if _cdf_on(properties):
             protocol = protocols.with_change_data_feed(protocol)
+        if new_mode != "none":
+            protocol = column_mapping.with_feature(protocol)
         if protocol != snap.protocol:
             tx.add(protocol)
-        tx.add(self._replace_metadata(snap.metadata, configuration={**snap.metadata.configuration, **properties}))
+        tx.add(self._replace_metadata(snap.metadata, schema_string=schema_text, configuration=config))
         return tx.commit("SET TBLPROPERTIES", changes_data=False, parameters={"properties": dict(properties)})
 
     def add_columns(self, fields: Sequence[pa.Field], *, snapshot: Snapshot | None = None,

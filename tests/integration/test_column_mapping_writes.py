@@ -181,3 +181,26 @@ def test_delta_spark_reads_column_mapping_tables_deltacoord_wrote(env: Env, tmp_
                       for r in theirs) == expected
     finally:
         spark.stop()
+
+
+def test_column_mapping_turned_on_for_a_table_with_files(env: Env, tmp_path: Path) -> None:
+    """As in Delta: existing columns keep their names as physical names and get ids; later writes go on."""
+    t = env.table(tmp_path / "t")
+    t.create(SCHEMA, partition_by=["date"])
+    t.append(batch([1, 2], "d1", "a"))
+    t.set_properties({"delta.columnMapping.mode": "name"})
+    t.append(batch([3], "d2", "b"))
+    t.update("id = 1", {"value": "'u'"})
+    t.add_columns([pa.field("extra", pa.int64())])
+    t.append(pa.table({"id": [4], "date": ["d2"], "value": ["c"], "extra": [40]}))
+    env.settle()
+    snap = Snapshot.load(str(t.root))
+    fields = {f["name"]: f["metadata"] for f in snap.metadata.schema()["fields"]}
+    assert {n: m[PHYSICAL] for n, m in fields.items() if n != "extra"} == {"id": "id", "date": "date", "value": "value", "s": "s"}
+    assert fields["extra"][PHYSICAL].startswith("col-") and fields["extra"][ID] == 7
+    assert snap.metadata.configuration["delta.columnMapping.maxColumnId"] == "7"
+    assert (snap.protocol.min_reader_version, snap.protocol.min_writer_version) == (2, 5)
+    expected = [(1, "d1", "u", (10, "n1")), (2, "d1", "a", (20, "n2")), (3, "d2", "b", (30, "n3")), (4, "d2", "c", None)]
+    assert rows_of(delta_rs(t.root)) == expected and rows_of(snap.to_pyarrow()) == expected
+    with pytest.raises(ValueError, match="from name to id is not supported"):
+        t.set_properties({"delta.columnMapping.mode": "id"})

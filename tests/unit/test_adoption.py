@@ -131,9 +131,11 @@ def test_adoption_problems_name_the_features() -> None:
     problems = adoption_problems(Protocol(4, 7, ("x",), ("appendOnly", "somethingNew")), md)
     assert any("somethingNew" in p for p in problems) and any("reader version 4" in p for p in problems)
     mapped = Metadata(id="m", schema_string=SCHEMA, configuration={"delta.columnMapping.mode": "name"})
-    assert any("columnMapping" in p for p in adoption_problems(Protocol(2, 5), mapped))
+    assert adoption_problems(Protocol(2, 5), mapped) == []  # name and id modes are written with physical names
+    undefined = Metadata(id="m", schema_string=SCHEMA, configuration={"delta.columnMapping.mode": "names"})
+    assert any("columnMapping" in p for p in adoption_problems(Protocol(2, 5), undefined))
     cdf = Metadata(id="m", schema_string=SCHEMA, configuration={"delta.enableChangeDataFeed": "true"})
-    assert adoption_problems(Protocol(1, 4), cdf) == []  # appends owe no change data: only DELETE & co. refuse it
+    assert adoption_problems(Protocol(1, 4), cdf) == []  # appends owe no change data, DELETE & co. write it
 
 
 def test_adopt_and_release_records_are_control_records() -> None:
