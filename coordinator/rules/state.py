@@ -58,6 +58,8 @@ from schemas.actions import (
 )
 from schemas.expressions.partitions import PartitionSchema, Row, partition_schema, row_of
 from schemas.properties import TableProperties
+from schemas.row_tracking import DOMAIN as ROW_TRACKING_DOMAIN
+from schemas.row_tracking import supported as row_tracking_supported
 
 DEFAULT_MAX_WINDOW_COMMITS = 50_000
 DEFAULT_MAX_WINDOW_FILES = 100_000
@@ -463,6 +465,8 @@ class TableState:
             dvu = dv_updates(actions) if removes else {}
             if row_level_table(self.metadata):
                 new_files = tuple(a for a in adds if a.data_change and a.path not in dvu)
+        if domains and row_tracking_supported(self.protocol):
+            domains.discard(ROW_TRACKING_DOMAIN)  # assigned by the coordinator: never a conflict
         self.version = version
         winner = WinningCommit(
             version=version,
