@@ -8,11 +8,11 @@ honour for this operation, and why. The answer is pure (protocol and metadata in
 
 Outcomes (`FEATURES` documents each):
 * honoured: appendOnly (the coordinator refuses removes), deletionVectors, domainMetadata,
-  inCommitTimestamp, timestampNtz, typeWidening (this writer never widens a type), vacuumProtocolCheck,
+  inCommitTimestamp, rowTracking (the coordinator assigns row ids; copied rows keep theirs), timestampNtz, typeWidening (this writer never widens a type), vacuumProtocolCheck,
   clustering (appends; OPTIMIZE does not recluster), invariants, checkConstraints, generatedColumns and
   identityColumns when the table has no such column or constraint (legacy protocols imply those features
   on every table of their version), changeDataFeed for operations that rewrite no file partially (appends, overwrites, OPTIMIZE, TRUNCATE);
-* refused: columnMapping (name or id mode), rowTracking, v2Checkpoint, icebergCompatV1/V2,
+* refused: columnMapping (name or id mode), v2Checkpoint, icebergCompatV1/V2,
   allowColumnDefaults, variantType, CHECK constraints, NOT NULL-style invariants given as expressions,
   generated and identity columns, DELETE/UPDATE/MERGE with change data feed on, and any unknown feature.
 """
@@ -136,7 +136,7 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("columnMapping", "conditional", _column_mapping),
     Feature("identityColumns", "conditional", _identity),
     Feature("deletionVectors", "honoured", _honoured),
-    Feature("rowTracking", "refused", _refused("row tracking: this writer does not assign row ids")),
+    Feature("rowTracking", "honoured", _honoured),
     Feature("timestampNtz", "honoured", _honoured),
     Feature("domainMetadata", "honoured", _honoured),
     Feature("v2Checkpoint", "refused", _refused("V2 checkpoints: the coordinator writes classic checkpoints only")),

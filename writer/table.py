@@ -67,9 +67,12 @@ from schemas.routing import (
     Topics,
 )
 from schemas.row_map import ROW_MAP_KEY, RowGroup, Source, Target, encode_row_map
+from schemas.row_tracking import REQUIRED_FEATURES as ROW_TRACKING_FEATURES
+from schemas.row_tracking import MaterializedColumns, new_materialized_columns
+from schemas.row_tracking import supported as row_tracking_supported
 from schemas.signing import WriterKey, resolve_writer_key
 from schemas.writer_features import writer_problems
-from writer import staging
+from writer import row_tracking, staging
 from writer.client import CoordinatorClient
 from writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
 from writer.vacuum import VacuumResult, vacuum
@@ -110,13 +113,15 @@ _LEGACY_WRITER_FEATURES = {2: ("appendOnly", "invariants"), 3: ("checkConstraint
 
 
 def _create_protocol(props: Mapping[str, str]) -> Protocol:
-    """The protocol a new table needs for its properties (deletion vectors, in-commit timestamps)."""
+    """The protocol a new table needs for its properties (deletion vectors, in-commit timestamps, row tracking)."""
     tp = TableProperties(props)
-    if not tp.deletion_vectors and not tp.in_commit_timestamps:
+    if not tp.deletion_vectors and not tp.in_commit_timestamps and not tp.row_tracking:
         return Protocol(1, 2)
     writer = ["appendOnly", "invariants"]
     if tp.in_commit_timestamps:
         writer.append("inCommitTimestamp")
+    if tp.row_tracking:
+        writer.extend(ROW_TRACKING_FEATURES)
     if not tp.deletion_vectors:
         return Protocol(1, 7, writer_features=tuple(writer))
     return Protocol(3, 7, reader_features=(DV_FEATURE,), writer_features=(*writer, DV_FEATURE))
@@ -389,6 +394,8 @@ class Table:
         for c in partition_by:
             if c not in schema.names:
                 raise staging.SchemaError(f"partition column {c!r} is not in the schema {schema.names}")
+        if TableProperties(props).row_tracking:
+            props = {**new_materialized_columns(), **props}  # where copied rows keep their ids, as Delta names them
         protocol = _create_protocol(props)
         md = Metadata(
             id=str(uuid.uuid4()), name=name, schema_string=staging.schema_string(schema), partition_columns=tuple(partition_by),
@@ -464,6 +471,11 @@ class Table:
                        proposal_id: str | None = None) -> CommitResult:
         """ALTER TABLE SET TBLPROPERTIES (a metaData action: concurrent writers get MetadataChangedException)."""
         snap = snapshot or self.snapshot()
+        if TableProperties(properties).row_tracking and not row_tracking_supported(snap.protocol):
+            raise UnsupportedTableFeatureError(
+                f"{snap.table_uri}: enabling row tracking on an existing table needs every file's row ids backfilled, "
+                "which this writer does not do; create the table with delta.enableRowTracking=true, or enable it "
+                "with Delta on Spark (ALTER TABLE ... SET TBLPROPERTIES) and adopt the table")
         tx = self._begin(snap.version, proposal_id)
         if TableProperties(properties).deletion_vectors:
             upgraded = _with_dv_feature(snap.protocol)
@@ -523,12 +535,15 @@ class Table:
             cols.append(col)
         return pa.Table.from_arrays(cols, schema=target)
 
-    def _read_file(self, snap: Snapshot, add: AddFile, schema: pa.Schema) -> pa.Table:
+    def _read_file(self, snap: Snapshot, add: AddFile, schema: pa.Schema,
+                   identity: MaterializedColumns | None = None) -> pa.Table:
         """The rows of one data file in the table schema, deletion vector applied."""
-        return self._scan(snap, add, schema)[0]
+        return self._scan(snap, add, schema, identity)[0]
 
-    def _scan(self, snap: Snapshot, add: AddFile, schema: pa.Schema) -> tuple[pa.Table, npt.NDArray[np.int64]]:
-        """The rows of one data file (deletion vector applied) and the physical row index of each."""
+    def _scan(self, snap: Snapshot, add: AddFile, schema: pa.Schema,
+              identity: MaterializedColumns | None = None) -> tuple[pa.Table, npt.NDArray[np.int64]]:
+        """The rows of one data file (deletion vector applied) and the physical row index of each; with
+        `identity` (a row-tracking table), each row's id and commit version in those hidden columns."""
         t = data_object(self.storage, add.path).read_parquet_file().read()
         n = t.num_rows
         cols = []
@@ -542,6 +557,8 @@ class Table:
                 cols.append(pa.nulls(n, f.type))
         out = pa.Table.from_arrays(cols, schema=schema)
         positions = np.arange(n, dtype=np.int64)
+        if identity is not None:
+            out = row_tracking.with_identity(out, identity, add, t, positions)
         if add.deletion_vector is not None:
             keep = keep_mask(n, read_deletion_vector(self.storage, add.deletion_vector))
             out = out.filter(pa.array(keep))
@@ -685,8 +702,9 @@ class Table:
             tx.read_files_from(candidates)
             touched = copied = 0
             dvs = self._writes_dvs(snap)
+            hidden = row_tracking.hidden_columns(snap)
             for add in candidates:
-                t, positions = self._scan(snap, add, schema)
+                t, positions = self._scan(snap, add, schema, hidden)
                 mask = self._mask(t, cond, where or "TRUE")
                 hits = pc.sum(mask.cast(pa.int64())).as_py() or 0
                 if not hits:
@@ -700,6 +718,8 @@ class Table:
                     copied += t.num_rows - hits
                     tx.remove(add)
                     out = change(t, mask)
+                if hidden is not None and operation == "UPDATE":
+                    out = row_tracking.changed(out, hidden, None if dvs else mask)
                 if out.num_rows:
                     tx.stage(staging.write_data_files(self.storage, out, snap.partition_columns))
             metrics = {count_name: touched, "numCopiedRows": copied}
@@ -789,8 +809,9 @@ class Table:
             updated = deleted = copied = 0
             conditional_delete = isinstance(when_matched_delete, str)
             dvs = self._writes_dvs(snap)
+            hidden = row_tracking.hidden_columns(snap)
             for add in candidates:
-                t, positions = self._scan(snap, add, schema)
+                t, positions = self._scan(snap, add, schema, hidden)
                 tk = pa.table({f"__k{i}": t.column(tc) for i, (_s, tc) in enumerate(keys)})
                 tk = tk.append_column("__row", pa.array(range(t.num_rows), pa.int64()))
                 tk = tk.filter(pc.and_(self._mask(t, cond, target_filter or "TRUE"), _all_valid(tk, len(keys))))
@@ -829,8 +850,11 @@ class Table:
                 parts = [t.slice(0, 0) if dvs else t.filter(pc.invert(is_touched))]
                 if n_upd:
                     assert when_matched_update is not None
-                    parts.append(self._assign(when_matched_update, schema, source_rows.filter(update), target_rows.filter(update),
-                                              aliases, "UPDATE SET *"))
+                    new = self._assign(when_matched_update, schema, source_rows.filter(update), target_rows.filter(update),
+                                       aliases, "UPDATE SET *")
+                    if hidden is not None:  # updated rows keep their ids and change now
+                        new = row_tracking.carried(new, target_rows.filter(update).column(hidden.row_id), hidden)
+                    parts.append(new)
                 out = pa.concat_tables(parts)
                 updated += n_upd
                 deleted += n_del
@@ -977,7 +1001,8 @@ class Table:
                 if not files or len(files) < min_files:
                     continue
                 tx.read_files_from(files)
-                parts = [self._read_file(snap, a, schema) for a in files]
+                hidden = row_tracking.hidden_columns(snap)
+                parts = [self._read_file(snap, a, schema, hidden) for a in files]
                 merged = pa.concat_tables(parts)
                 if zorder_by:
                     merged = zorder(merged, zorder_by)

@@ -107,7 +107,7 @@ CASES: dict[str, tuple[Make, str, str | None]] = {
     "columnMapping (name mode)": (_protocol_commit("columnMapping", reader=True, properties={
         "delta.columnMapping.mode": "name", "delta.columnMapping.maxColumnId": "2"}), "WRITE", "column mapping"),
     "deletionVectors": (_feature("DeletionVectors"), "DELETE", None),
-    "rowTracking": (_feature("RowTracking"), "WRITE", "row ids"),
+    "rowTracking": (_feature("RowTracking"), "WRITE", None),
     "timestampNtz": (_feature("TimestampWithoutTimezone"), "WRITE", None),
     "domainMetadata": (_feature("DomainMetadata"), "WRITE", None),
     "v2Checkpoint": (_feature("V2Checkpoint"), "WRITE", "classic checkpoints"),
