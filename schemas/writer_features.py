@@ -8,13 +8,15 @@ honour for this operation, and why. The answer is pure (protocol and metadata in
 
 Outcomes (`FEATURES` documents each):
 * honoured: appendOnly (the coordinator refuses removes), deletionVectors, domainMetadata,
-  inCommitTimestamp, rowTracking (the coordinator assigns row ids; copied rows keep theirs), timestampNtz, typeWidening (this writer never widens a type), vacuumProtocolCheck,
-  clustering (appends; OPTIMIZE does not recluster), invariants, checkConstraints, generatedColumns and
-  identityColumns when the table has no such column or constraint (legacy protocols imply those features
+  inCommitTimestamp, rowTracking (the coordinator assigns row ids; copied rows keep theirs), timestampNtz,
+  typeWidening (this writer never widens a type), vacuumProtocolCheck,
+  clustering (appends; OPTIMIZE does not recluster), identityColumns (values generated from the high-water
+  mark; not by the Spark data source), invariants, checkConstraints and generatedColumns when the table has
+  no such column or constraint (legacy protocols imply those features
   on every table of their version), changeDataFeed for operations that rewrite no file partially (appends, overwrites, OPTIMIZE, TRUNCATE);
 * refused: columnMapping (name or id mode), v2Checkpoint, icebergCompatV1/V2,
   allowColumnDefaults, variantType, CHECK constraints, NOT NULL-style invariants given as expressions,
-  generated and identity columns, DELETE/UPDATE/MERGE with change data feed on, and any unknown feature.
+  generated columns, DELETE/UPDATE/MERGE with change data feed on, and any unknown feature.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ _LEGACY: tuple[tuple[int, tuple[str, ...]], ...] = (
 
 #: Operations that rewrite no file partially: readers of the change data feed infer their changes from the
 #: add and remove actions, so no `_change_data` file is owed.
+#: What the Spark data source is checked as: its executors stage the rows as they are (appends and overwrites only).
+SPARK_SINK = "SPARK SINK"
 NO_CHANGE_DATA_OWED = frozenset({"WRITE", "STREAMING UPDATE", "CREATE TABLE", "CREATE OR REPLACE TABLE", "OPTIMIZE",
-                                 "SET TBLPROPERTIES", "TRUNCATE"})
+                                 "SET TBLPROPERTIES", "TRUNCATE", SPARK_SINK})
 
 
 def writer_features(protocol: Protocol) -> tuple[str, ...]:
@@ -97,9 +101,14 @@ def _generated(md: Metadata, _op: str) -> str | None:
     return None if not cols else f"generated columns {cols} are not computed by this writer"
 
 
-def _identity(md: Metadata, _op: str) -> str | None:
+def _identity(md: Metadata, op: str) -> str | None:
     cols = _with_metadata(md, "delta.identity.start")
-    return None if not cols else f"identity columns {cols} are not assigned by this writer"
+    nested = [c for c in cols if "." in c]
+    if nested:
+        return f"identity columns {nested} are nested; this writer generates top-level identity columns only"
+    if cols and op == SPARK_SINK:
+        return f"identity columns {cols}: the Spark data source does not generate their values; write with Table.append"
+    return None
 
 
 def _change_data_feed(md: Metadata, op: str) -> str | None:
@@ -174,4 +183,4 @@ def writer_problems(protocol: Protocol, metadata: Metadata, operation: str) -> l
     return problems
 
 
-__all__ = ["FEATURES", "NO_CHANGE_DATA_OWED", "Feature", "writer_features", "writer_problems"]
+__all__ = ["FEATURES", "NO_CHANGE_DATA_OWED", "SPARK_SINK", "Feature", "writer_features", "writer_problems"]

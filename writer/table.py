@@ -54,6 +54,7 @@ from schemas.expressions import arrow as expressions
 from schemas.expressions.partitions import prune
 from schemas.expressions.scan import files_read
 from schemas.expressions.syntax import ExpressionError, columns_of, parse, split_merge_condition
+from schemas.identity import identity_columns, with_high_water_marks
 from schemas.jobs import COMPACTION_PARAMETER
 from schemas.messages import Decision
 from schemas.properties import TableProperties
@@ -72,7 +73,7 @@ from schemas.row_tracking import MaterializedColumns, new_materialized_columns
 from schemas.row_tracking import supported as row_tracking_supported
 from schemas.signing import WriterKey, resolve_writer_key
 from schemas.writer_features import writer_problems
-from writer import row_tracking, staging
+from writer import identity, row_tracking, staging
 from writer.client import CoordinatorClient
 from writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
 from writer.vacuum import VacuumResult, vacuum
@@ -139,6 +140,19 @@ def _with_dv_feature(p: Protocol) -> Protocol | None:
         reader = ["columnMapping"]
     return Protocol(3, 7, reader_features=(*dict.fromkeys([*reader, DV_FEATURE]),),
                     writer_features=(*dict.fromkeys([*writer, DV_FEATURE]),))
+
+
+def check_writable(snap: Snapshot, operation: str = "WRITE") -> None:
+    """Refuse tables whose declared writer features this writer cannot honour for `operation`
+    (`schemas.writer_features`): writing them anyway would break the table for every other engine."""
+    problems = writer_problems(snap.protocol, snap.metadata, operation)
+    if problems:
+        feature, why = problems[0]
+        more = "" if len(problems) == 1 else f" (and {', '.join(f for f, _ in problems[1:])})"
+        raise UnsupportedTableFeatureError(
+            f"{snap.table_uri}: cannot {operation} this table: writer feature {feature}: {why}{more}. Write it with "
+            "an engine that supports the feature, or change the table so it no longer needs it."
+        )
 
 
 def _loose_stats(stats: str | None) -> str | None:
@@ -500,22 +514,22 @@ class Table:
         return tx.commit("ADD COLUMNS", changes_data=False, parameters={"columns": [f.name for f in fields]})
 
     # -- helpers --------------------------------------------------------------------
+    def _advance_identity(self, tx: Transaction, snap: Snapshot, marks: Mapping[str, int]) -> None:
+        """Record the identity values this transaction handed out: the new high-water marks, in a metaData action."""
+        if marks:
+            tx.add(self._replace_metadata(snap.metadata, schema_string=with_high_water_marks(snap.metadata.schema_string, marks)))
+
     @staticmethod
     def _check_writable(snap: Snapshot, operation: str = "WRITE") -> None:
-        """Refuse tables whose declared writer features this writer cannot honour for `operation`
-        (`schemas.writer_features`): writing them anyway would break the table for every other engine."""
-        problems = writer_problems(snap.protocol, snap.metadata, operation)
-        if problems:
-            feature, why = problems[0]
-            more = "" if len(problems) == 1 else f" (and {', '.join(f for f, _ in problems[1:])})"
-            raise UnsupportedTableFeatureError(
-                f"{snap.table_uri}: cannot {operation} this table: writer feature {feature}: {why}{more}. Write it with "
-                "an engine that supports the feature, or change the table so it no longer needs it."
-            )
+        check_writable(snap, operation)
 
-    def _conform(self, data: Any, snap: Snapshot) -> pa.Table:
-        """Data cast to the table schema (missing nullable columns as nulls, extra columns refused)."""
+    def _conform(self, data: Any, snap: Snapshot, identity_marks: dict[str, int] | None = None) -> pa.Table:
+        """Data cast to the table schema (missing nullable columns as nulls, extra columns refused), with the
+        identity values it lacks generated (`identity_marks`: the marks this transaction advanced so far)."""
         t = staging.to_arrow(data)
+        columns = identity_columns(snap.metadata.schema())
+        if columns:
+            t = identity.fill(t, columns, identity_marks if identity_marks is not None else {})
         target = delta_schema_to_arrow(snap.metadata.schema())
         missing = [n for n in t.column_names if n not in target.names]
         if missing:
@@ -633,13 +647,15 @@ class Table:
                 tx.read_app_id(app_id)
                 tx.add(SetTransaction(app_id, app_version, int(time.time() * 1000)))
             rows = files = size = 0
+            marks: dict[str, int] = {}
             for chunk in _chunks(data):
-                table = self._conform(chunk, snap)
+                table = self._conform(chunk, snap, marks)
                 adds = staging.write_data_files(self.storage, table, snap.partition_columns)
                 tx.stage(adds)
                 rows, files, size = rows + table.num_rows, files + len(adds), size + sum(a.size for a in adds)
                 if progress is not None:
                     progress(rows, files, size)
+            self._advance_identity(tx, snap, marks)
             return tx.commit("WRITE", changes_data=True, parameters={"mode": "Append", "partitionBy": snap.partition_columns},
                              metrics={"numOutputRows": rows})
 
@@ -655,8 +671,10 @@ class Table:
         """
         snap = snapshot or self.snapshot()
         self._check_writable(snap, "WRITE")
-        table = self._conform(data, snap)
+        marks: dict[str, int] = {}
+        table = self._conform(data, snap, marks)
         tx = self._begin(snap.version, proposal_id)
+        self._advance_identity(tx, snap, marks)
         with _abandoned_on_error(tx):
             if replace_where is None:
                 tx.read_whole()
@@ -738,6 +756,9 @@ class Table:
                proposal_id: str | None = None) -> CommitResult:
         """UPDATE table SET col = <SQL expression> ... [WHERE `where`], reading `snapshot` (default: latest)."""
 
+        snap = snapshot or self.snapshot()
+        identity.check_update(identity_columns(snap.metadata.schema()), list(set))
+
         def change(t: pa.Table, mask: pa.Array) -> pa.Table:
             for col, value_sql in set.items():
                 if col not in t.column_names:
@@ -746,7 +767,7 @@ class Table:
                 t = t.set_column(t.column_names.index(col), col, pc.if_else(mask, new, t.column(col).combine_chunks()))
             return t
 
-        return self._rewrite(where, "UPDATE", change, snapshot, "numUpdatedRows", proposal_id)
+        return self._rewrite(where, "UPDATE", change, snap, "numUpdatedRows", proposal_id)
 
     def merge(self, source: Any, on: str | Sequence[str], *, when_matched_update: Assignments | None = None,
               when_not_matched_insert: Assignments | None = None, when_matched_delete: bool | str = False,
@@ -874,6 +895,11 @@ class Table:
                     if when_not_matched_insert_if is not None:
                         source_rows = source_rows.filter(self._condition(when_not_matched_insert_if, source_rows, None, aliases))
                     new_rows = self._assign(when_not_matched_insert, schema, source_rows, None, aliases, "INSERT *")
+                    id_columns = identity_columns(snap.metadata.schema())
+                    if id_columns and new_rows.num_rows:
+                        marks: dict[str, int] = {}
+                        new_rows = identity.fill(new_rows, id_columns, marks)
+                        self._advance_identity(tx, snap, marks)
                     inserted = new_rows.num_rows
                     if inserted:
                         tx.stage(staging.write_data_files(self.storage, new_rows, snap.partition_columns))

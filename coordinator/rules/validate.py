@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
+from coordinator.rules.identity import identity_error
 from coordinator.rules.row_ids import missing_num_records
 from coordinator.rules.state import TableState
 from coordinator.rules.table_features import domain_metadata_error
@@ -436,6 +437,11 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
     feature_error = domain_metadata_error(effective_protocol, p)
     if feature_error is not None:
         raise feature_error
+    if p.read_version >= 0:
+        # Against what it read: a stale proposal is a MetadataChangedException of the conflict check, not invalid.
+        reuse = identity_error(read_time_metadata(state, p, new_metadata), new_metadata, p.actions)
+        if reuse is not None:
+            raise reuse
     if row_tracking_supported(effective_protocol):
         uncounted = missing_num_records(p.actions)
         if uncounted:

@@ -102,7 +102,7 @@ CASES: dict[str, tuple[Make, str, str | None]] = {
         _feature("GeneratedColumns", _column_metadata("delta.generationExpression", "upper(s)")), "WRITE", "generated columns"),
     "identityColumns": (_feature("IdentityColumns"), "WRITE", None),
     "identityColumns with an identity column": (
-        _feature("IdentityColumns", _column_metadata("delta.identity.start", "1")), "WRITE", "identity columns"),
+        _feature("IdentityColumns", _column_metadata("delta.identity.start", "1")), "WRITE", None),
     "columnMapping (mode none)": (_feature("ColumnMapping"), "WRITE", None),
     "columnMapping (name mode)": (_protocol_commit("columnMapping", reader=True, properties={
         "delta.columnMapping.mode": "name", "delta.columnMapping.maxColumnId": "2"}), "WRITE", "column mapping"),
