@@ -40,7 +40,7 @@ _LEGACY: tuple[tuple[int, tuple[str, ...]], ...] = (
 #: add and remove actions, so no `_change_data` file is owed.
 #: What the Spark data source is checked as: its executors stage the rows as they are (appends and overwrites only).
 SPARK_SINK = "SPARK SINK"
-NO_CHANGE_DATA_OWED = frozenset({"WRITE", "STREAMING UPDATE", "CREATE TABLE", "CREATE OR REPLACE TABLE", "OPTIMIZE",
+NO_CHANGE_DATA_OWED = frozenset({"WRITE", "STREAMING UPDATE", "CREATE TABLE", "CREATE OR REPLACE TABLE", "OPTIMIZE", "REORG",
                                  "SET TBLPROPERTIES", "TRUNCATE", SPARK_SINK})
 
 

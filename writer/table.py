@@ -155,6 +155,17 @@ def check_writable(snap: Snapshot, operation: str = "WRITE") -> None:
         )
 
 
+def _deleted_ratio(a: AddFile) -> float:
+    """The share of the file's rows its deletion vector deletes (0 without one or without numRecords)."""
+    if a.deletion_vector is None or not a.stats:
+        return 0.0
+    try:
+        n = json.loads(a.stats).get("numRecords")
+    except ValueError:
+        return 0.0
+    return a.deletion_vector.cardinality / n if isinstance(n, int) and n > 0 else 0.0
+
+
 def _loose_stats(stats: str | None) -> str | None:
     """A file's stats once some of its rows are deleted by a DV: numRecords stays the physical count and the
     min/max bounds may no longer be reached (`tightBounds: false`)."""
@@ -962,9 +973,12 @@ class Table:
         return pa.Table.from_arrays(cols, schema=schema)
 
     def optimize(self, where: str | None = None, target_file_size: int = 128 * 1024 * 1024, min_files: int = 2,
-                 *, zorder_by: Sequence[str] = (), snapshot: Snapshot | None = None,
-                 proposal_id: str | None = None) -> CommitResult:
+                 *, zorder_by: Sequence[str] = (), max_deleted_rows_ratio: float = 0.05,
+                 snapshot: Snapshot | None = None, proposal_id: str | None = None) -> CommitResult:
         """Compact small files per partition; data does not change (dataChange=false).
+
+        A file whose deletion vector deletes more than `max_deleted_rows_ratio` of its rows is rewritten too,
+        even alone, as Delta's OPTIMIZE does (`purge` rewrites every file with a vector).
 
         Declares only the compacted files as read. Without `zorder_by` it keeps the rows' order and
         records where each row went (`schemas.row_map`), so on a deletion-vector table it does not
@@ -981,8 +995,20 @@ class Table:
             if bad:
                 raise ValueError(f"ZORDER BY {bad}: name data columns of the table (not partition columns)")
             return self._compact(where, lambda files: files, 1, None, snap, proposal_id, zorder_by)
-        return self._compact(where, lambda files: [a for a in files if a.size < target_file_size], min_files, None,
-                             snapshot, proposal_id)
+        return self._compact(where, lambda files: [a for a in files if a.size < target_file_size
+                                                   or _deleted_ratio(a) > max_deleted_rows_ratio], min_files, None,
+                             snapshot, proposal_id, max_deleted_rows_ratio=max_deleted_rows_ratio)
+
+    def purge(self, where: str | None = None, *, snapshot: Snapshot | None = None,
+              proposal_id: str | None = None) -> CommitResult:
+        """REORG TABLE ... APPLY (PURGE): rewrite every file with a deletion vector (of the partitions `where`
+        selects) without its deleted rows, so they are gone from storage once VACUUM removes the old files.
+
+        Data does not change (dataChange=false, checked at snapshot isolation) and the rows keep their order,
+        recorded in a row map: a concurrent DELETE, UPDATE or MERGE of the same files does not conflict.
+        """
+        return self._compact(where, lambda files: [a for a in files if a.deletion_vector is not None], 1, None,
+                             snapshot, proposal_id, operation="REORG")
 
     def compact(self, kind: Literal["minor", "major"] = "minor", where: str | None = None, *,
                 small_file_size: int = 128 * 1024 * 1024, snapshot: Snapshot | None = None,
@@ -1007,11 +1033,13 @@ class Table:
 
     def _compact(self, where: str | None, select: Callable[[list[AddFile]], list[AddFile]], min_files: int,
                  kind: str | None, snapshot: Snapshot | None, proposal_id: str | None,
-                 zorder_by: Sequence[str] = ()) -> CommitResult:
-        """Merge, per partition, the files `select` picks (when at least `min_files`) into new files,
-        in Z-order of `zorder_by` or else in order, recording the row map."""
+                 zorder_by: Sequence[str] = (), *, operation: str = "OPTIMIZE",
+                 max_deleted_rows_ratio: float | None = None) -> CommitResult:
+        """Merge, per partition, the files `select` picks (when at least `min_files`, or when one deletes more
+        than `max_deleted_rows_ratio` of its rows) into new files, in Z-order of `zorder_by` or else in order,
+        recording the row map."""
         snap = snapshot or self.snapshot()
-        self._check_writable(snap, "OPTIMIZE")
+        self._check_writable(snap, operation)
         schema = delta_schema_to_arrow(snap.metadata.schema())
         tx = self._begin(snap.version, proposal_id)
         with _abandoned_on_error(tx):
@@ -1024,7 +1052,8 @@ class Table:
             groups: list[RowGroup] = []
             for part_files in by_part.values():
                 files = select(part_files)
-                if not files or len(files) < min_files:
+                heavy = max_deleted_rows_ratio is not None and any(_deleted_ratio(a) > max_deleted_rows_ratio for a in files)
+                if not files or (len(files) < min_files and not heavy):
                     continue
                 tx.read_files_from(files)
                 hidden = row_tracking.hidden_columns(snap)
@@ -1041,15 +1070,17 @@ class Table:
                                        tuple(Target(a.path, json.loads(a.stats or "{}")["numRecords"]) for a in out)))
                 compacted += len(files)
             if not compacted:
-                return self._noop(snap, tx, "OPTIMIZE", {"numRemovedFiles": 0, "numAddedFiles": 0})
+                return self._noop(snap, tx, operation, {"numRemovedFiles": 0, "numAddedFiles": 0})
             row_map = encode_row_map(groups)
             if not zorder_by and len(json.dumps(row_map)) <= ROW_MAP_MAX_CHARS:
                 tx.info[ROW_MAP_KEY] = row_map
             params = {"predicate": json.dumps([where] if where else []), "zOrderBy": json.dumps(list(zorder_by)),
                       "filesCompacted": str(compacted)}
+            if operation == "REORG":
+                params = {"predicate": params["predicate"], "applyPurge": "true", "filesCompacted": str(compacted)}
             if kind is not None:
                 params[COMPACTION_PARAMETER] = kind
-            return tx.commit("OPTIMIZE", changes_data=False, parameters=params)
+            return tx.commit(operation, changes_data=False, parameters=params)
 
     def truncate(self, where: str | None = None, *, snapshot: Snapshot | None = None,
                  proposal_id: str | None = None) -> CommitResult:

@@ -40,7 +40,7 @@ from hashlib import blake2b
 
 import numpy as np
 
-from coordinator.rules.compaction import Compaction, compaction_of, is_zorder
+from coordinator.rules.compaction import ROW_MAPPED_OPERATIONS, Compaction, compaction_of, is_zorder
 from coordinator.rules.layers import ForkedTxnIndex, ForkedWindow, LayeredDict, TxnIndex, WinnersWindow
 from coordinator.rules.live_files import LiveFileLayer, LiveFileSet
 from coordinator.rules.row_level import DvUpdate, deletion_vector_table, dv_updates, row_level_table
@@ -433,7 +433,7 @@ class TableState:
         zorder = False
         if commit_info is not None:
             operation = commit_info.operation
-            if operation == "OPTIMIZE":
+            if operation in ROW_MAPPED_OPERATIONS:
                 params = commit_info.values.get("operationParameters")
                 zorder = is_zorder(operation, params if isinstance(params, Mapping) else None)
                 if dv_table and removes:
