@@ -26,6 +26,10 @@ class Property(StrEnum):
     ICT_ENABLEMENT_TIMESTAMP = "delta.inCommitTimestampEnablementTimestamp"
     COLUMN_MAPPING_MODE = "delta.columnMapping.mode"
     ENABLE_DELETION_VECTORS = "delta.enableDeletionVectors"
+    ENABLE_ROW_TRACKING = "delta.enableRowTracking"
+    #: Hidden columns that keep a row's id and commit version when the row is copied to a new file.
+    MATERIALIZED_ROW_ID = "delta.rowTracking.materializedRowIdColumnName"
+    MATERIALIZED_ROW_COMMIT_VERSION = "delta.rowTracking.materializedRowCommitVersionColumnName"
     DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
     SET_TRANSACTION_RETENTION = "delta.setTransactionRetentionDuration"
     #: The writers allowed to propose commits to the table (comma-separated names).
@@ -158,6 +162,12 @@ class TableProperties:
     def deletion_vectors(self) -> bool:
         """DELETE, UPDATE and MERGE mark removed rows in deletion vectors instead of rewriting files."""
         return _true(self.raw.get(Property.ENABLE_DELETION_VECTORS))
+
+    @property
+    def row_tracking(self) -> bool:
+        """`delta.enableRowTracking`: readers may rely on row ids (writers assign them whenever the protocol
+        supports the feature, enabled or not)."""
+        return _true(self.raw.get(Property.ENABLE_ROW_TRACKING))
 
     @property
     def column_mapping_mode(self) -> str:

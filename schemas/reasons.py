@@ -49,6 +49,11 @@ class ReasonCode(StrEnum):
     #: The commit writes an action whose table feature the table's protocol lacks (domainMetadata without
     #: the `domainMetadata` writer feature; `coordinator.rules.table_features`).
     MISSING_TABLE_FEATURE = "MISSING_TABLE_FEATURE"
+    #: On a row-tracking table, an added file whose stats give no numRecords: its rows cannot get row ids.
+    MISSING_ROW_COUNT = "MISSING_ROW_COUNT"
+    #: A commit that would hand out an identity column's value twice (a mark moved back, or appended values at
+    #: or behind the mark, or beyond the mark the commit declares; `coordinator.rules.identity`).
+    IDENTITY_VALUE_REUSED = "IDENTITY_VALUE_REUSED"
     # -- the door: the table's location, checked before anything is decided (coordinator.locations) --
     #: The table URI is not an absolute, normal location (empty, relative, `..`, encoded separators, NUL, ...).
     BAD_TABLE_URI = "BAD_TABLE_URI"

@@ -8,15 +8,17 @@ honour for this operation, and why. The answer is pure (protocol and metadata in
 
 Outcomes (`FEATURES` documents each):
 * honoured: appendOnly (the coordinator refuses removes), deletionVectors, domainMetadata,
-  inCommitTimestamp, timestampNtz, typeWidening (this writer never widens a type), vacuumProtocolCheck,
-  clustering (appends; OPTIMIZE does not recluster), invariants, checkConstraints, generatedColumns and
-  identityColumns when the table has no such column or constraint (legacy protocols imply those features
-  on every table of their version), changeDataFeed (DELETE, UPDATE and MERGE write `_change_data` files; the
-  other operations rewrite no file partially, so readers infer their changes), columnMapping (name and id
-  modes: physical names and field ids in files, stats and partition values);
-* refused: rowTracking, v2Checkpoint, icebergCompatV1/V2,
-  allowColumnDefaults, variantType, CHECK constraints, NOT NULL-style invariants given as expressions,
-  generated and identity columns, a column mapping mode PROTOCOL.md does not define, and any unknown feature.
+  inCommitTimestamp, rowTracking (the coordinator assigns row ids; copied rows keep theirs), timestampNtz,
+  typeWidening (this writer never widens a type), vacuumProtocolCheck, clustering (appends; OPTIMIZE does
+  not recluster), identityColumns (values generated from the high-water mark; not by the Spark data
+  source), invariants, checkConstraints and generatedColumns when the table has no such column or
+  constraint (legacy protocols imply those features on every table of their version), changeDataFeed
+  (DELETE, UPDATE and MERGE write `_change_data` files; the other operations rewrite no file partially, so
+  readers infer their changes), columnMapping (name and id modes: physical names and field ids in files,
+  stats and partition values);
+* refused: v2Checkpoint, icebergCompatV1/V2, allowColumnDefaults, variantType, CHECK constraints, NOT
+  NULL-style invariants given as expressions, generated columns, a column mapping mode PROTOCOL.md does not
+  define, and any unknown feature.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ _LEGACY: tuple[tuple[int, tuple[str, ...]], ...] = (
 
 #: Operations that rewrite no file partially: readers of the change data feed infer their changes from the
 #: add and remove actions, so no `_change_data` file is owed.
+#: What the Spark data source is checked as: its executors stage the rows as they are (appends and overwrites only).
+SPARK_SINK = "SPARK SINK"
 NO_CHANGE_DATA_OWED = frozenset({"WRITE", "STREAMING UPDATE", "CREATE TABLE", "CREATE OR REPLACE TABLE", "OPTIMIZE",
-                                 "SET TBLPROPERTIES", "TRUNCATE"})
+                                 "REORG", "SET TBLPROPERTIES", "TRUNCATE", SPARK_SINK})
 #: Operations that rewrite files partially and write `_change_data` files for every row they change.
 CHANGE_DATA_WRITTEN = frozenset({"DELETE", "UPDATE", "MERGE"})
 
@@ -101,9 +105,14 @@ def _generated(md: Metadata, _op: str) -> str | None:
     return None if not cols else f"generated columns {cols} are not computed by this writer"
 
 
-def _identity(md: Metadata, _op: str) -> str | None:
+def _identity(md: Metadata, op: str) -> str | None:
     cols = _with_metadata(md, "delta.identity.start")
-    return None if not cols else f"identity columns {cols} are not assigned by this writer"
+    nested = [c for c in cols if "." in c]
+    if nested:
+        return f"identity columns {nested} are nested; this writer generates top-level identity columns only"
+    if cols and op == SPARK_SINK:
+        return f"identity columns {cols}: the Spark data source does not generate their values; write with Table.append"
+    return None
 
 
 def _change_data_feed(md: Metadata, op: str) -> str | None:
@@ -142,7 +151,7 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("columnMapping", "conditional", _column_mapping),
     Feature("identityColumns", "conditional", _identity),
     Feature("deletionVectors", "honoured", _honoured),
-    Feature("rowTracking", "refused", _refused("row tracking: this writer does not assign row ids")),
+    Feature("rowTracking", "honoured", _honoured),
     Feature("timestampNtz", "honoured", _honoured),
     Feature("domainMetadata", "honoured", _honoured),
     Feature("v2Checkpoint", "refused", _refused("V2 checkpoints: the coordinator writes classic checkpoints only")),
@@ -180,4 +189,5 @@ def writer_problems(protocol: Protocol, metadata: Metadata, operation: str) -> l
     return problems
 
 
-__all__ = ["CHANGE_DATA_WRITTEN", "FEATURES", "NO_CHANGE_DATA_OWED", "Feature", "writer_features", "writer_problems"]
+__all__ = ["CHANGE_DATA_WRITTEN", "FEATURES", "NO_CHANGE_DATA_OWED", "SPARK_SINK", "Feature", "writer_features",
+           "writer_problems"]

@@ -101,10 +101,12 @@ from schemas.actions import AddFile, SetTransaction
 from schemas.errors import CommitOutcomeUnknownError, ProtocolChangedException
 from schemas.expressions import arrow as expressions
 from schemas.expressions.syntax import columns_of, parse
+from schemas.writer_features import SPARK_SINK
 from writer import spark_save_modes, staging
 from writer.column_mapping import Layout
 from writer.spark_options import SinkConfigError, SinkOptions, check_option_names
 from writer.spark_save_modes import PartitioningMismatchError, PathExistsError, load_table, write_to_existing
+from writer.table import check_writable
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +295,7 @@ def ensure_table(opts: SinkOptions, spark_schema: StructType) -> Snapshot:
 
 
 def _stage_plan(opts: SinkOptions, snap: Snapshot, replace_where: str | None = None) -> StagePlan:
+    check_writable(snap, SPARK_SINK)  # executors stage rows as they are: refuse what they cannot honour
     schema = delta_schema_to_arrow(snap.metadata.schema())
     layout = Layout.of(snap.metadata, schema)
     return StagePlan(opts.uri, schema, tuple(snap.partition_columns), replace_where, opts.storage_options,

@@ -60,6 +60,7 @@ from schemas.expressions import arrow as expressions
 from schemas.expressions.partitions import prune
 from schemas.expressions.scan import files_read
 from schemas.expressions.syntax import ExpressionError, columns_of, parse, split_merge_condition
+from schemas.identity import identity_columns, with_high_water_marks
 from schemas.jobs import COMPACTION_PARAMETER
 from schemas.messages import Decision
 from schemas.properties import Property, TableProperties
@@ -73,9 +74,12 @@ from schemas.routing import (
     Topics,
 )
 from schemas.row_map import ROW_MAP_KEY, RowGroup, Source, Target, encode_row_map
+from schemas.row_tracking import REQUIRED_FEATURES as ROW_TRACKING_FEATURES
+from schemas.row_tracking import MaterializedColumns, new_materialized_columns
+from schemas.row_tracking import supported as row_tracking_supported
 from schemas.signing import WriterKey, resolve_writer_key
 from schemas.writer_features import writer_problems
-from writer import column_mapping, protocols, staging
+from writer import column_mapping, identity, protocols, row_tracking, staging
 from writer.client import CoordinatorClient
 from writer.column_mapping import Layout
 from writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
@@ -130,13 +134,15 @@ _LEGACY_WRITER_FEATURES = {2: ("appendOnly", "invariants"), 3: ("checkConstraint
 
 
 def _create_protocol(props: Mapping[str, str]) -> Protocol:
-    """The protocol a new table needs for its properties (deletion vectors, in-commit timestamps)."""
+    """The protocol a new table needs for its properties (deletion vectors, in-commit timestamps, row tracking)."""
     tp = TableProperties(props)
-    if not tp.deletion_vectors and not tp.in_commit_timestamps:
+    if not tp.deletion_vectors and not tp.in_commit_timestamps and not tp.row_tracking:
         return Protocol(1, 2)
     writer = ["appendOnly", "invariants"]
     if tp.in_commit_timestamps:
         writer.append("inCommitTimestamp")
+    if tp.row_tracking:
+        writer.extend(ROW_TRACKING_FEATURES)
     if not tp.deletion_vectors:
         return Protocol(1, 7, writer_features=tuple(writer))
     return Protocol(3, 7, reader_features=(DV_FEATURE,), writer_features=(*writer, DV_FEATURE))
@@ -154,6 +160,30 @@ def _with_dv_feature(p: Protocol) -> Protocol | None:
         reader = ["columnMapping"]
     return Protocol(3, 7, reader_features=(*dict.fromkeys([*reader, DV_FEATURE]),),
                     writer_features=(*dict.fromkeys([*writer, DV_FEATURE]),))
+
+
+def check_writable(snap: Snapshot, operation: str = "WRITE") -> None:
+    """Refuse tables whose declared writer features this writer cannot honour for `operation`
+    (`schemas.writer_features`): writing them anyway would break the table for every other engine."""
+    problems = writer_problems(snap.protocol, snap.metadata, operation)
+    if problems:
+        feature, why = problems[0]
+        more = "" if len(problems) == 1 else f" (and {', '.join(f for f, _ in problems[1:])})"
+        raise UnsupportedTableFeatureError(
+            f"{snap.table_uri}: cannot {operation} this table: writer feature {feature}: {why}{more}. Write it with "
+            "an engine that supports the feature, or change the table so it no longer needs it."
+        )
+
+
+def _deleted_ratio(a: AddFile) -> float:
+    """The share of the file's rows its deletion vector deletes (0 without one or without numRecords)."""
+    if a.deletion_vector is None or not a.stats:
+        return 0.0
+    try:
+        n = json.loads(a.stats).get("numRecords")
+    except ValueError:
+        return 0.0
+    return a.deletion_vector.cardinality / n if isinstance(n, int) and n > 0 else 0.0
 
 
 def _loose_stats(stats: str | None) -> str | None:
@@ -409,6 +439,8 @@ class Table:
         for c in partition_by:
             if c not in schema.names:
                 raise staging.SchemaError(f"partition column {c!r} is not in the schema {schema.names}")
+        if TableProperties(props).row_tracking:
+            props = {**new_materialized_columns(), **props}  # where copied rows keep their ids, as Delta names them
         protocol = _create_protocol(props)
         if _cdf_on(props):
             protocol = protocols.with_change_data_feed(protocol)
@@ -493,6 +525,11 @@ class Table:
                        proposal_id: str | None = None) -> CommitResult:
         """ALTER TABLE SET TBLPROPERTIES (a metaData action: concurrent writers get MetadataChangedException)."""
         snap = snapshot or self.snapshot()
+        if TableProperties(properties).row_tracking and not row_tracking_supported(snap.protocol):
+            raise UnsupportedTableFeatureError(
+                f"{snap.table_uri}: enabling row tracking on an existing table needs every file's row ids backfilled, "
+                "which this writer does not do; create the table with delta.enableRowTracking=true, or enable it "
+                "with Delta on Spark (ALTER TABLE ... SET TBLPROPERTIES) and adopt the table")
         config = {**snap.metadata.configuration, **properties}
         schema_text = None
         old_mode = TableProperties.of(snap.metadata).column_mapping_mode
@@ -543,22 +580,22 @@ class Table:
         return tx.commit("ADD COLUMNS", changes_data=False, parameters={"columns": [f.name for f in fields]})
 
     # -- helpers --------------------------------------------------------------------
+    def _advance_identity(self, tx: Transaction, snap: Snapshot, marks: Mapping[str, int]) -> None:
+        """Record the identity values this transaction handed out: the new high-water marks, in a metaData action."""
+        if marks:
+            tx.add(self._replace_metadata(snap.metadata, schema_string=with_high_water_marks(snap.metadata.schema_string, marks)))
+
     @staticmethod
     def _check_writable(snap: Snapshot, operation: str = "WRITE") -> None:
-        """Refuse tables whose declared writer features this writer cannot honour for `operation`
-        (`schemas.writer_features`): writing them anyway would break the table for every other engine."""
-        problems = writer_problems(snap.protocol, snap.metadata, operation)
-        if problems:
-            feature, why = problems[0]
-            more = "" if len(problems) == 1 else f" (and {', '.join(f for f, _ in problems[1:])})"
-            raise UnsupportedTableFeatureError(
-                f"{snap.table_uri}: cannot {operation} this table: writer feature {feature}: {why}{more}. Write it with "
-                "an engine that supports the feature, or change the table so it no longer needs it."
-            )
+        check_writable(snap, operation)
 
-    def _conform(self, data: Any, snap: Snapshot) -> pa.Table:
-        """Data cast to the table schema (missing nullable columns as nulls, extra columns refused)."""
+    def _conform(self, data: Any, snap: Snapshot, identity_marks: dict[str, int] | None = None) -> pa.Table:
+        """Data cast to the table schema (missing nullable columns as nulls, extra columns refused), with the
+        identity values it lacks generated (`identity_marks`: the marks this transaction advanced so far)."""
         t = staging.to_arrow(data)
+        columns = identity_columns(snap.metadata.schema())
+        if columns:
+            t = identity.fill(t, columns, identity_marks if identity_marks is not None else {})
         target = delta_schema_to_arrow(snap.metadata.schema())
         missing = [n for n in t.column_names if n not in target.names]
         if missing:
@@ -578,13 +615,16 @@ class Table:
             cols.append(col)
         return pa.Table.from_arrays(cols, schema=target)
 
-    def _read_file(self, snap: Snapshot, add: AddFile, schema: pa.Schema) -> pa.Table:
+    def _read_file(self, snap: Snapshot, add: AddFile, schema: pa.Schema,
+                   identity: MaterializedColumns | None = None) -> pa.Table:
         """The rows of one data file in the table schema, deletion vector applied."""
-        return self._scan(snap, add, schema)[0]
+        return self._scan(snap, add, schema, identity)[0]
 
-    def _scan(self, snap: Snapshot, add: AddFile, schema: pa.Schema) -> tuple[pa.Table, npt.NDArray[np.int64]]:
+    def _scan(self, snap: Snapshot, add: AddFile, schema: pa.Schema,
+              identity: MaterializedColumns | None = None) -> tuple[pa.Table, npt.NDArray[np.int64]]:
         """The rows of one data file (deletion vector applied) and the physical row index of each; columns are
-        found by their physical names on a column-mapping table."""
+        found by their physical names on a column-mapping table. With `identity` (a row-tracking table), each
+        row's id and commit version in those hidden columns."""
         layout = self._layout(snap, schema)
         t = data_object(self.storage, add.path).read_parquet_file().read()
         n = t.num_rows
@@ -602,6 +642,8 @@ class Table:
                 cols.append(pa.nulls(n, f.type))
         out = pa.Table.from_arrays(cols, schema=schema)
         positions = np.arange(n, dtype=np.int64)
+        if identity is not None:
+            out = row_tracking.with_identity(out, identity, add, t, positions)
         if add.deletion_vector is not None:
             keep = keep_mask(n, read_deletion_vector(self.storage, add.deletion_vector))
             out = out.filter(pa.array(keep))
@@ -625,7 +667,8 @@ class Table:
 
     def _stage_changes(self, tx: Transaction, snap: Snapshot, changes: list[pa.Table]) -> None:
         """Write the changed rows (each table with its `_change_type`) as the commit's change data files."""
-        changes = [c for c in changes if c.num_rows]
+        names = [*delta_schema_to_arrow(snap.metadata.schema()).names, staging.CHANGE_TYPE]
+        changes = [c.select(names) for c in changes if c.num_rows]  # without row tracking's hidden columns
         if not changes:
             return
         layout = self._layout(snap)
@@ -700,13 +743,15 @@ class Table:
                 tx.read_app_id(app_id)
                 tx.add(SetTransaction(app_id, app_version, int(time.time() * 1000)))
             rows = files = size = 0
+            marks: dict[str, int] = {}
             for chunk in _chunks(data):
-                table = self._conform(chunk, snap)
+                table = self._conform(chunk, snap, marks)
                 adds = self._write(snap, table)
                 tx.stage(adds)
                 rows, files, size = rows + table.num_rows, files + len(adds), size + sum(a.size for a in adds)
                 if progress is not None:
                     progress(rows, files, size)
+            self._advance_identity(tx, snap, marks)
             return tx.commit("WRITE", changes_data=True, parameters={"mode": "Append", "partitionBy": snap.partition_columns},
                              metrics={"numOutputRows": rows})
 
@@ -722,8 +767,10 @@ class Table:
         """
         snap = snapshot or self.snapshot()
         self._check_writable(snap, "WRITE")
-        table = self._conform(data, snap)
+        marks: dict[str, int] = {}
+        table = self._conform(data, snap, marks)
         tx = self._begin(snap.version, proposal_id)
+        self._advance_identity(tx, snap, marks)
         with _abandoned_on_error(tx):
             if replace_where is None:
                 tx.read_whole()
@@ -772,8 +819,9 @@ class Table:
             cdf = self._change_feed(snap)
             changes: list[pa.Table] = []
             whole_files = True  # every touched file removed whole (no vector before or after): no change data owed
+            hidden = row_tracking.hidden_columns(snap)
             for add in candidates:
-                t, positions = self._scan(snap, add, schema)
+                t, positions = self._scan(snap, add, schema, hidden)
                 mask = self._mask(t, cond, where or "TRUE")
                 hits = pc.sum(mask.cast(pa.int64())).as_py() or 0
                 if not hits:
@@ -788,6 +836,8 @@ class Table:
                     copied += t.num_rows - hits
                     tx.remove(add)
                     out = change(t, mask)
+                if hidden is not None and operation == "UPDATE":
+                    out = row_tracking.changed(out, hidden, None if dvs else mask)
                 if cdf and operation == "UPDATE":
                     changes += [_changed(t.filter(mask), "update_preimage"),
                                 _changed((out if dvs else out.filter(mask)), "update_postimage")]
@@ -813,6 +863,9 @@ class Table:
                proposal_id: str | None = None) -> CommitResult:
         """UPDATE table SET col = <SQL expression> ... [WHERE `where`], reading `snapshot` (default: latest)."""
 
+        snap = snapshot or self.snapshot()
+        identity.check_update(identity_columns(snap.metadata.schema()), list(set))
+
         def change(t: pa.Table, mask: pa.Array) -> pa.Table:
             for col, value_sql in set.items():
                 if col not in t.column_names:
@@ -821,7 +874,7 @@ class Table:
                 t = t.set_column(t.column_names.index(col), col, pc.if_else(mask, new, t.column(col).combine_chunks()))
             return t
 
-        return self._rewrite(where, "UPDATE", change, snapshot, "numUpdatedRows", proposal_id)
+        return self._rewrite(where, "UPDATE", change, snap, "numUpdatedRows", proposal_id)
 
     def merge(self, source: Any, on: str | Sequence[str], *, when_matched_update: Assignments | None = None,
               when_not_matched_insert: Assignments | None = None, when_matched_delete: bool | str = False,
@@ -886,8 +939,9 @@ class Table:
             dvs = self._writes_dvs(snap)
             cdf = self._change_feed(snap)
             changes: list[pa.Table] = []
+            hidden = row_tracking.hidden_columns(snap)
             for add in candidates:
-                t, positions = self._scan(snap, add, schema)
+                t, positions = self._scan(snap, add, schema, hidden)
                 tk = pa.table({f"__k{i}": t.column(tc) for i, (_s, tc) in enumerate(keys)})
                 tk = tk.append_column("__row", pa.array(range(t.num_rows), pa.int64()))
                 tk = tk.filter(pc.and_(self._mask(t, cond, target_filter or "TRUE"), _all_valid(tk, len(keys))))
@@ -926,8 +980,11 @@ class Table:
                 parts = [t.slice(0, 0) if dvs else t.filter(pc.invert(is_touched))]
                 if n_upd:
                     assert when_matched_update is not None
-                    parts.append(self._assign(when_matched_update, schema, source_rows.filter(update), target_rows.filter(update),
-                                              aliases, "UPDATE SET *"))
+                    new = self._assign(when_matched_update, schema, source_rows.filter(update), target_rows.filter(update),
+                                       aliases, "UPDATE SET *")
+                    if hidden is not None:  # updated rows keep their ids and change now
+                        new = row_tracking.carried(new, target_rows.filter(update).column(hidden.row_id), hidden)
+                    parts.append(new)
                 if cdf:
                     gone = np.unique(pc.filter(pa.array(rows), delete).to_numpy(zero_copy_only=False))
                     changes.append(_changed(t.take(pa.array(gone, pa.int64())), "delete"))
@@ -953,6 +1010,11 @@ class Table:
                     if when_not_matched_insert_if is not None:
                         source_rows = source_rows.filter(self._condition(when_not_matched_insert_if, source_rows, None, aliases))
                     new_rows = self._assign(when_not_matched_insert, schema, source_rows, None, aliases, "INSERT *")
+                    id_columns = identity_columns(snap.metadata.schema())
+                    if id_columns and new_rows.num_rows:
+                        marks: dict[str, int] = {}
+                        new_rows = identity.fill(new_rows, id_columns, marks)
+                        self._advance_identity(tx, snap, marks)
                     inserted = new_rows.num_rows
                     if cdf:
                         changes.append(_changed(new_rows, "insert"))
@@ -1018,9 +1080,12 @@ class Table:
         return pa.Table.from_arrays(cols, schema=schema)
 
     def optimize(self, where: str | None = None, target_file_size: int = 128 * 1024 * 1024, min_files: int = 2,
-                 *, zorder_by: Sequence[str] = (), snapshot: Snapshot | None = None,
-                 proposal_id: str | None = None) -> CommitResult:
+                 *, zorder_by: Sequence[str] = (), max_deleted_rows_ratio: float = 0.05,
+                 snapshot: Snapshot | None = None, proposal_id: str | None = None) -> CommitResult:
         """Compact small files per partition; data does not change (dataChange=false).
+
+        A file whose deletion vector deletes more than `max_deleted_rows_ratio` of its rows is rewritten too,
+        even alone, as Delta's OPTIMIZE does (`purge` rewrites every file with a vector).
 
         Declares only the compacted files as read. Without `zorder_by` it keeps the rows' order and
         records where each row went (`schemas.row_map`), so on a deletion-vector table it does not
@@ -1037,8 +1102,20 @@ class Table:
             if bad:
                 raise ValueError(f"ZORDER BY {bad}: name data columns of the table (not partition columns)")
             return self._compact(where, lambda files: files, 1, None, snap, proposal_id, zorder_by)
-        return self._compact(where, lambda files: [a for a in files if a.size < target_file_size], min_files, None,
-                             snapshot, proposal_id)
+        return self._compact(where, lambda files: [a for a in files if a.size < target_file_size
+                                                   or _deleted_ratio(a) > max_deleted_rows_ratio], min_files, None,
+                             snapshot, proposal_id, max_deleted_rows_ratio=max_deleted_rows_ratio)
+
+    def purge(self, where: str | None = None, *, snapshot: Snapshot | None = None,
+              proposal_id: str | None = None) -> CommitResult:
+        """REORG TABLE ... APPLY (PURGE): rewrite every file with a deletion vector (of the partitions `where`
+        selects) without its deleted rows, so they are gone from storage once VACUUM removes the old files.
+
+        Data does not change (dataChange=false, checked at snapshot isolation) and the rows keep their order,
+        recorded in a row map: a concurrent DELETE, UPDATE or MERGE of the same files does not conflict.
+        """
+        return self._compact(where, lambda files: [a for a in files if a.deletion_vector is not None], 1, None,
+                             snapshot, proposal_id, operation="REORG")
 
     def compact(self, kind: Literal["minor", "major"] = "minor", where: str | None = None, *,
                 small_file_size: int = 128 * 1024 * 1024, snapshot: Snapshot | None = None,
@@ -1063,11 +1140,13 @@ class Table:
 
     def _compact(self, where: str | None, select: Callable[[list[AddFile]], list[AddFile]], min_files: int,
                  kind: str | None, snapshot: Snapshot | None, proposal_id: str | None,
-                 zorder_by: Sequence[str] = ()) -> CommitResult:
-        """Merge, per partition, the files `select` picks (when at least `min_files`) into new files,
-        in Z-order of `zorder_by` or else in order, recording the row map."""
+                 zorder_by: Sequence[str] = (), *, operation: str = "OPTIMIZE",
+                 max_deleted_rows_ratio: float | None = None) -> CommitResult:
+        """Merge, per partition, the files `select` picks (when at least `min_files`, or when one deletes more
+        than `max_deleted_rows_ratio` of its rows) into new files, in Z-order of `zorder_by` or else in order,
+        recording the row map."""
         snap = snapshot or self.snapshot()
-        self._check_writable(snap, "OPTIMIZE")
+        self._check_writable(snap, operation)
         schema = delta_schema_to_arrow(snap.metadata.schema())
         tx = self._begin(snap.version, proposal_id)
         with _abandoned_on_error(tx):
@@ -1080,10 +1159,12 @@ class Table:
             groups: list[RowGroup] = []
             for part_files in by_part.values():
                 files = select(part_files)
-                if not files or len(files) < min_files:
+                heavy = max_deleted_rows_ratio is not None and any(_deleted_ratio(a) > max_deleted_rows_ratio for a in files)
+                if not files or (len(files) < min_files and not heavy):
                     continue
                 tx.read_files_from(files)
-                parts = [self._read_file(snap, a, schema) for a in files]
+                hidden = row_tracking.hidden_columns(snap)
+                parts = [self._read_file(snap, a, schema, hidden) for a in files]
                 merged = pa.concat_tables(parts)
                 if zorder_by:
                     merged = zorder(merged, zorder_by)
@@ -1096,15 +1177,17 @@ class Table:
                                        tuple(Target(a.path, json.loads(a.stats or "{}")["numRecords"]) for a in out)))
                 compacted += len(files)
             if not compacted:
-                return self._noop(snap, tx, "OPTIMIZE", {"numRemovedFiles": 0, "numAddedFiles": 0})
+                return self._noop(snap, tx, operation, {"numRemovedFiles": 0, "numAddedFiles": 0})
             row_map = encode_row_map(groups)
             if not zorder_by and len(json.dumps(row_map)) <= ROW_MAP_MAX_CHARS:
                 tx.info[ROW_MAP_KEY] = row_map
             params = {"predicate": json.dumps([where] if where else []), "zOrderBy": json.dumps(list(zorder_by)),
                       "filesCompacted": str(compacted)}
+            if operation == "REORG":
+                params = {"predicate": params["predicate"], "applyPurge": "true", "filesCompacted": str(compacted)}
             if kind is not None:
                 params[COMPACTION_PARAMETER] = kind
-            return tx.commit("OPTIMIZE", changes_data=False, parameters=params)
+            return tx.commit(operation, changes_data=False, parameters=params)
 
     def truncate(self, where: str | None = None, *, snapshot: Snapshot | None = None,
                  proposal_id: str | None = None) -> CommitResult:

@@ -93,6 +93,11 @@ class Compaction:
     sizes: Mapping[str, int]
 
 
+#: Operations that rewrite files without changing rows and may carry a row map: OPTIMIZE, and REORG ... APPLY
+#: (PURGE), which rewrites files to drop the rows their deletion vectors delete.
+ROW_MAPPED_OPERATIONS = frozenset({"OPTIMIZE", "REORG"})
+
+
 def is_zorder(operation: str | None, parameters: Mapping[str, Any] | None) -> bool:
     """An OPTIMIZE ... ZORDER BY (its rows are reordered: no row map can hold)."""
     return operation == "OPTIMIZE" and isinstance(parameters, Mapping) and bool(zorder_columns(parameters))
@@ -108,7 +113,7 @@ def compaction_of(operation: str | None, parameters: Mapping[str, Any] | None, i
     count in the map. A committed compaction may lack the removes and outputs its rebase dropped (a merged file
     a concurrent commit removed, an output left without rows): those have no placement.
     """
-    if operation != "OPTIMIZE" or is_zorder(operation, parameters):
+    if operation not in ROW_MAPPED_OPERATIONS or is_zorder(operation, parameters):
         return None
     groups = decode_row_map(info.get(ROW_MAP_KEY))
     if groups is None:
@@ -164,4 +169,4 @@ def _num_records(a: AddFile) -> int | None:
     return n if type(n) is int else None
 
 
-__all__ = ["Compaction", "Placement", "Segment", "compaction_of", "is_zorder"]
+__all__ = ["ROW_MAPPED_OPERATIONS", "Compaction", "Placement", "Segment", "compaction_of", "is_zorder"]

@@ -35,15 +35,18 @@ documents state that metadata and protocol changes fail concurrent writes):
 * on any deletion-vector table an OPTIMIZE without ZORDER BY records a row map
   and does not conflict with row changes of the files it merged: the deleted
   rows are moved through the map (`coordinator.rules.compaction`);
-* a winner and the current transaction both writing `delta.rowTracking` domain
-  metadata is a retryable ConcurrentWriteException: Spark resolves it by
-  re-assigning row ids, a rewrite this engine does not do.
+* on a table whose protocol supports row tracking the coordinator assigns row
+  ids itself when it accepts a commit (`coordinator.rules.row_ids`), so the
+  `delta.rowTracking` domain never conflicts; on any other table a winner and
+  the current transaction both writing it is a retryable
+  ConcurrentWriteException.
 
 Rebase never re-runs the query: the accepted commit is the proposal's actions
 at head+1 with commitInfo first (readVersion, isolationLevel, isBlindAppend,
 txnId, operation, operationParameters, timestamp, and inCommitTimestamp when
 in-commit timestamps are enabled), identical SetTransactions de-duplicated,
-and the ICT enablement version/timestamp moved to the real version.
+the ICT enablement version/timestamp moved to the real version, and row ids
+assigned on row-tracking tables.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.rules.compaction import Compaction, Placement, compaction_of
+from coordinator.rules.row_ids import assign_row_ids
 from coordinator.rules.row_level import (
     Change,
     NewRowMatcher,
@@ -105,9 +109,11 @@ from schemas.expressions.partitions import (
 )
 from schemas.messages import Proposal
 from schemas.properties import SERIALIZABLE, SNAPSHOT_ISOLATION, WRITE_SERIALIZABLE, Property, TableProperties
+from schemas.row_tracking import DOMAIN, high_water_mark
+from schemas.row_tracking import supported as row_tracking_supported
 
 #: The domain whose metadata assigns row ids (row tracking).
-ROW_TRACKING_DOMAIN = "delta.rowTracking"
+ROW_TRACKING_DOMAIN = DOMAIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +209,13 @@ def _row_hint(row: Row, schema: PartitionSchema) -> str | None:
     return format_partition(row_to_mapping(row, schema), [c.name for c in schema])
 
 
+def _new_protocol(proposal: Proposal) -> Protocol | None:
+    for a in proposal.actions:
+        if isinstance(a, Protocol):
+            return a
+    return None
+
+
 class _Current:
     """What the conflict checks need about the proposal, computed once."""
 
@@ -252,6 +265,8 @@ class _Current:
         self.new_metadata = new_metadata
         self.has_metadata = new_metadata is not None
         self.has_protocol = has_protocol
+        if row_tracking_supported(_new_protocol(proposal) or state.protocol):
+            domains.discard(ROW_TRACKING_DOMAIN)  # the coordinator assigns row ids: never a conflict
         self.domains = frozenset(domains)
         self.remove_pvs = remove_pvs
         read_md = winners[0].prior_metadata if winners else state.metadata
@@ -700,6 +715,8 @@ def _rebase(state: TableState, proposal: Proposal, cur: _Current, now_ms: int) -
     actions = proposal.actions
     if cur.rewritten:
         actions = _rebased_actions(actions, cur)
+    if row_tracking_supported(_new_protocol(proposal) or state.protocol):
+        actions = assign_row_ids(actions, high_water_mark(state.domains), version)
     needs_fixup = new_md is not None and ict is not None and Property.ICT_ENABLEMENT_VERSION in new_md.configuration
     has_txn = False
     for a in actions:

@@ -40,7 +40,7 @@ from hashlib import blake2b
 
 import numpy as np
 
-from coordinator.rules.compaction import Compaction, compaction_of, is_zorder
+from coordinator.rules.compaction import ROW_MAPPED_OPERATIONS, Compaction, compaction_of, is_zorder
 from coordinator.rules.layers import ForkedTxnIndex, ForkedWindow, LayeredDict, TxnIndex, WinnersWindow
 from coordinator.rules.live_files import LiveFileLayer, LiveFileSet
 from coordinator.rules.row_level import DvUpdate, deletion_vector_table, dv_updates, row_level_table
@@ -58,6 +58,8 @@ from schemas.actions import (
 )
 from schemas.expressions.partitions import PartitionSchema, Row, partition_schema, row_of
 from schemas.properties import TableProperties
+from schemas.row_tracking import DOMAIN as ROW_TRACKING_DOMAIN
+from schemas.row_tracking import supported as row_tracking_supported
 
 DEFAULT_MAX_WINDOW_COMMITS = 50_000
 DEFAULT_MAX_WINDOW_FILES = 100_000
@@ -431,7 +433,7 @@ class TableState:
         zorder = False
         if commit_info is not None:
             operation = commit_info.operation
-            if operation == "OPTIMIZE":
+            if operation in ROW_MAPPED_OPERATIONS:
                 params = commit_info.values.get("operationParameters")
                 zorder = is_zorder(operation, params if isinstance(params, Mapping) else None)
                 if dv_table and removes:
@@ -463,6 +465,8 @@ class TableState:
             dvu = dv_updates(actions) if removes else {}
             if row_level_table(self.metadata):
                 new_files = tuple(a for a in adds if a.data_change and a.path not in dvu)
+        if domains and row_tracking_supported(self.protocol):
+            domains.discard(ROW_TRACKING_DOMAIN)  # assigned by the coordinator: never a conflict
         self.version = version
         winner = WinningCommit(
             version=version,

@@ -43,6 +43,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
+from coordinator.rules.identity import identity_error
+from coordinator.rules.row_ids import missing_num_records
 from coordinator.rules.state import TableState
 from coordinator.rules.table_features import domain_metadata_error
 from schemas.actions import (
@@ -66,6 +68,7 @@ from schemas.expressions.partitions import (
 from schemas.messages import FileRead, Proposal
 from schemas.properties import CONFLICT_PROFILES, TABLE_ISOLATION_LEVELS, Property, TableProperties
 from schemas.reasons import ReasonCode
+from schemas.row_tracking import supported as row_tracking_supported
 
 MAX_READER_VERSION = 3
 MAX_WRITER_VERSION = 7
@@ -430,9 +433,21 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             f"(reader <= {MAX_READER_VERSION}, writer <= {MAX_WRITER_VERSION})",
         )
 
-    feature_error = domain_metadata_error(new_protocol if new_protocol is not None else state.protocol, p)
+    effective_protocol = new_protocol if new_protocol is not None else state.protocol
+    feature_error = domain_metadata_error(effective_protocol, p)
     if feature_error is not None:
         raise feature_error
+    if p.read_version >= 0:
+        # Against what it read: a stale proposal is a MetadataChangedException of the conflict check, not invalid.
+        reuse = identity_error(read_time_metadata(state, p, new_metadata), new_metadata, p.actions)
+        if reuse is not None:
+            raise reuse
+    if row_tracking_supported(effective_protocol):
+        uncounted = missing_num_records(p.actions)
+        if uncounted:
+            raise _err(ReasonCode.MISSING_ROW_COUNT, (
+                f"the table tracks row ids (writer feature rowTracking) but {len(uncounted)} added file(s) have no "
+                f"numRecords in their stats (first: {uncounted[0]!r}); write per-file stats with numRecords"))
 
     effective = new_metadata if new_metadata is not None else state.metadata
     level = table_isolation_level(effective)

@@ -587,6 +587,23 @@ def optimize_cmd(path: str, where: str | None, target_file_size: int, min_files:
         _echo_json(_result_json(r))
 
 
+@table_group.command("purge")
+@click.argument("path", type=TableLocationParam(exists=True))
+@click.option("--where", default=None, help="Only the partitions this condition on partition columns selects.")
+@_writes
+def purge_cmd(path: str, where: str | None, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...],
+              table_id: str | None, writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
+    """REORG TABLE ... APPLY (PURGE) at PATH: rewrite every file with a deletion vector without its deleted rows
+    (the data does not change; VACUUM then removes the old files and the deleted rows with them).
+
+    \b
+    Example:
+      deltacoord table purge /data/sales --where "date = '2024-01-01'"
+    """
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+        _echo_json(_result_json(t.purge(where, proposal_id=_proposal_id())))
+
+
 @table_group.command("truncate")
 @click.argument("path", type=TableLocationParam(exists=True))
 @click.option("--where", default=None, help="Only the partitions this condition on partition columns selects.")

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 
 from coordinator.tooling.cli_tables import parse_schema, register
 from reader.snapshot import Snapshot
@@ -364,3 +364,22 @@ def test_update_merge_and_optimize_commands(cli: click.Group, kafka_bootstrap: s
         assert bad.exit_code == 2 and "COLUMN=SQL" in bad.output
         none = run(cli, "table", "merge", path, "--source-json-rows", "[]", "--on", "id", *kafka, ok=False)
         assert none.exit_code == 2 and "--when-matched-update" in none.output
+
+
+def test_purge_command(cli: click.Group, kafka_bootstrap: str, tmp_path: Path) -> None:
+    """`table purge` rewrites the files with deletion vectors; delta-rs reads the same rows."""
+    topics = fresh_topics(kafka_bootstrap)
+    path = str(tmp_path / "t")
+    kafka = ["--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix_of(topics)]
+    with coordinator_thread(kafka_bootstrap, topics) as coord:
+        run(cli, "table", "create", path, "--schema", "id:long", "--property", "delta.enableDeletionVectors=true", *kafka)
+        run(cli, "table", "append", path, "--json-rows", json.dumps([{"id": i} for i in range(10)]), *kafka)
+        run(cli, "table", "delete", path, "--where", "id < 4", *kafka)
+        assert coord.wait_published(30)
+        assert [a.deletion_vector is not None for a in Snapshot.load(path).files()] == [True]
+        purged = lines(run(cli, "table", "purge", path, *kafka))[0]
+        assert purged["operation"] == "REORG" and purged["version"] == 3
+        assert coord.wait_published(30)
+        assert [a.deletion_vector for a in Snapshot.load(path).files()] == [None]
+        theirs = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT id FROM t").read_all()
+        assert sorted(theirs.column("id").to_pylist()) == list(range(4, 10))

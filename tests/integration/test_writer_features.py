@@ -126,14 +126,14 @@ CASES: dict[str, tuple[Make, str, str | None]] = {
         _feature("GeneratedColumns", _column_metadata("delta.generationExpression", "upper(s)")), "WRITE", "generated columns"),
     "identityColumns": (_feature("IdentityColumns"), "WRITE", None),
     "identityColumns with an identity column": (
-        _feature("IdentityColumns", _column_metadata("delta.identity.start", "1")), "WRITE", "identity columns"),
+        _feature("IdentityColumns", _column_metadata("delta.identity.start", "1")), "WRITE", None),
     "columnMapping (mode none)": (_feature("ColumnMapping"), "WRITE", None),
     "columnMapping (name mode)": (_column_mapping("name"), "WRITE", None),
     "columnMapping (id mode)": (_column_mapping("id"), "WRITE", None),
     "columnMapping (a mode PROTOCOL.md does not define)": (_protocol_commit("columnMapping", reader=True, properties={
         "delta.columnMapping.mode": "names", "delta.columnMapping.maxColumnId": "2"}), "WRITE", "column mapping mode"),
     "deletionVectors": (_feature("DeletionVectors"), "DELETE", None),
-    "rowTracking": (_feature("RowTracking"), "WRITE", "row ids"),
+    "rowTracking": (_feature("RowTracking"), "WRITE", None),
     "timestampNtz": (_feature("TimestampWithoutTimezone"), "WRITE", None),
     "domainMetadata": (_feature("DomainMetadata"), "WRITE", None),
     "v2Checkpoint": (_feature("V2Checkpoint"), "WRITE", "classic checkpoints"),

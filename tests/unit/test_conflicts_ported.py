@@ -306,7 +306,8 @@ SCENARIOS: list[Sc] = [
     Sc("cc-domain-different", "spark-CC checkIfDomainMetadataConflict", "different domains do not conflict",
        [w(domain("app.one"))], {"actions": (domain("app.two"),), "changes_data": False}, None),
     Sc("cc-domain-row-tracking", "spark-CC checkIfDomainMetadataConflict (delta.rowTracking excepted)",
-       "DEVIATION: Spark re-assigns row ids; we do not, so two row-id assignments are a retryable "
+       "DEVIATION on a table without the rowTracking feature (with it the coordinator assigns row ids, "
+       "test_row_ids): two row-id assignments are a retryable "
        "ConcurrentWriteException",
        [w(domain("delta.rowTracking", '{"rowIdHighWaterMark":10}'), add("w.parquet"))],
        {"actions": (domain("delta.rowTracking", '{"rowIdHighWaterMark":12}'), add("c.parquet"))},

@@ -1,0 +1,93 @@
+"""The coordinator never lets a commit hand out an identity value twice (`coordinator.rules.identity`).
+
+Our writer generates values from the mark it read and advances it; these proposals are what a buggy or
+hostile writer could send instead, and one that raced (a MetadataChangedException, not invalid).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from coordinator.rules.conflicts import Accepted, Rejected
+from schemas.actions import AddFile, Metadata
+from schemas.errors import InvalidProposalError, MetadataChangedException
+from schemas.identity import with_high_water_marks
+from schemas.reasons import ReasonCode
+from tests.unit.builders import Harness, proposal, removal_of
+
+
+def _schema(mark: int | None, *, explicit: bool = False, step: int = 1) -> str:
+    md: dict[str, object] = {"delta.identity.start": 1, "delta.identity.step": step,
+                             "delta.identity.allowExplicitInsert": explicit}
+    if mark is not None:
+        md["delta.identity.highWaterMark"] = mark
+    return json.dumps({"type": "struct", "fields": [
+        {"name": "id", "type": "long", "nullable": True, "metadata": md},
+        {"name": "v", "type": "string", "nullable": True, "metadata": {}}]})
+
+
+def _md(schema: str) -> Metadata:
+    return Metadata(id="5f1c0c9e-0000-4000-8000-00000000000a", schema_string=schema, partition_columns=(),
+                    configuration={}, created_time=0)
+
+
+def _file(path: str, lo: int, hi: int) -> AddFile:
+    return AddFile(path, {}, 10, 0, True, json.dumps({"numRecords": 2, "minValues": {"id": lo}, "maxValues": {"id": hi}}))
+
+
+def _append(h: Harness, mark: int, lo: int, hi: int, read: int | None = None) -> Accepted | Rejected:
+    md = _md(with_high_water_marks(h.state.metadata.schema_string if h.state.metadata else "", {"id": mark}))
+    r = h.run(proposal(h.head if read is None else read, [md, _file(f"f{lo}.parquet", lo, hi)]))
+    assert not isinstance(r, Accepted) or r.version == h.head
+    return r  # type: ignore[return-value]
+
+
+def _reason(r: object) -> ReasonCode | str:
+    assert isinstance(r, Rejected) and isinstance(r.error, InvalidProposalError), r
+    return r.error.reason
+
+
+def test_values_after_the_mark_with_the_mark_advanced_commit() -> None:
+    h = Harness(md=_md(_schema(10)))
+    assert isinstance(_append(h, 12, 11, 12), Accepted)
+
+
+@pytest.mark.parametrize(("mark", "lo", "hi", "why"), [
+    (12, 10, 12, "at or behind"),   # value 10 was handed out already
+    (11, 11, 12, "beyond the high-water mark"),   # 12 written but the mark says 11: a later commit would reuse it
+    (9, 11, 12, "moves the high-water mark back"),
+])
+def test_a_proposal_that_would_reuse_values_is_refused(mark: int, lo: int, hi: int, why: str) -> None:
+    h = Harness(md=_md(_schema(10)))
+    r = _append(h, mark, lo, hi)
+    assert _reason(r) == ReasonCode.IDENTITY_VALUE_REUSED
+    assert isinstance(r, Rejected) and why in str(r.error)
+
+
+def test_a_descending_sequence_is_checked_the_other_way() -> None:
+    h = Harness(md=_md(_schema(-10, step=-1)))
+    assert isinstance(_append(h, -12, -12, -11), Accepted)
+    assert _reason(_append(h, -13, -13, -12)) == ReasonCode.IDENTITY_VALUE_REUSED
+
+
+def test_by_default_columns_take_given_values_behind_the_mark() -> None:
+    h = Harness(md=_md(_schema(10, explicit=True)))
+    assert isinstance(_append(h, 10, 3, 4), Accepted)
+
+
+def test_two_writers_from_one_mark_conflict_instead() -> None:
+    h = Harness(md=_md(_schema(10)))
+    assert isinstance(_append(h, 12, 11, 12), Accepted)
+    r = _append(h, 12, 11, 12, read=h.head - 1)  # raced: read the mark 10 too
+    assert isinstance(r, Rejected) and isinstance(r.error, MetadataChangedException)
+
+
+def test_rewrites_keep_their_values() -> None:
+    h = Harness(md=_md(_schema(10)))
+    seed = _file("old.parquet", 1, 2)
+    h.commit_raw([seed])  # written before the mark reached 10
+    r = h.run(proposal(h.head, [removal_of(seed), _file("new.parquet", 1, 2)], operation="UPDATE",
+                       read_files=(seed,), predicates=("v = 'x'",)))
+    assert isinstance(r, Accepted)
