@@ -9,12 +9,12 @@ honour for this operation, and why. The answer is pure (protocol and metadata in
 Outcomes (`FEATURES` documents each):
 * honoured: appendOnly (the coordinator refuses removes), deletionVectors, domainMetadata,
   inCommitTimestamp, timestampNtz, typeWidening (this writer never widens a type), vacuumProtocolCheck,
-  clustering (appends; OPTIMIZE does not recluster), invariants, checkConstraints, generatedColumns and
-  identityColumns when the table has no such column or constraint (legacy protocols imply those features
-  on every table of their version), changeDataFeed for operations that rewrite no file partially (appends, overwrites, OPTIMIZE, TRUNCATE);
+  clustering (appends; OPTIMIZE does not recluster), invariants and checkConstraints (every written row
+  is checked, `writer.constraints`), generatedColumns (computed when the data omits them, verified when
+  it supplies them), identityColumns when the table has no identity column (legacy protocols imply the
+  feature on every table of their version), changeDataFeed for operations that rewrite no file partially (appends, overwrites, OPTIMIZE, TRUNCATE);
 * refused: columnMapping (name or id mode), rowTracking, v2Checkpoint, icebergCompatV1/V2,
-  allowColumnDefaults, variantType, CHECK constraints, NOT NULL-style invariants given as expressions,
-  generated and identity columns, DELETE/UPDATE/MERGE with change data feed on, and any unknown feature.
+  allowColumnDefaults, variantType, identity columns, DELETE/UPDATE/MERGE with change data feed on, and any unknown feature.
 """
 
 from __future__ import annotations
@@ -82,21 +82,6 @@ def _refused(why: str) -> Rule:
     return rule
 
 
-def _invariants(md: Metadata, _op: str) -> str | None:
-    cols = _with_metadata(md, "delta.invariants")
-    return None if not cols else f"columns {cols} carry invariants (delta.invariants) this writer does not check"
-
-
-def _check_constraints(md: Metadata, _op: str) -> str | None:
-    names = sorted(k for k in md.configuration if k.startswith("delta.constraints."))
-    return None if not names else f"CHECK constraints {names} are not enforced by this writer"
-
-
-def _generated(md: Metadata, _op: str) -> str | None:
-    cols = _with_metadata(md, "delta.generationExpression")
-    return None if not cols else f"generated columns {cols} are not computed by this writer"
-
-
 def _identity(md: Metadata, _op: str) -> str | None:
     cols = _with_metadata(md, "delta.identity.start")
     return None if not cols else f"identity columns {cols} are not assigned by this writer"
@@ -129,10 +114,10 @@ class Feature:
 
 FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("appendOnly", "honoured", _honoured),
-    Feature("invariants", "conditional", _invariants),
-    Feature("checkConstraints", "conditional", _check_constraints),
+    Feature("invariants", "honoured", _honoured),
+    Feature("checkConstraints", "honoured", _honoured),
     Feature("changeDataFeed", "conditional", _change_data_feed),
-    Feature("generatedColumns", "conditional", _generated),
+    Feature("generatedColumns", "honoured", _honoured),
     Feature("columnMapping", "conditional", _column_mapping),
     Feature("identityColumns", "conditional", _identity),
     Feature("deletionVectors", "honoured", _honoured),
