@@ -24,7 +24,10 @@ SCHEMA = pa.schema([
 TS = dt.datetime(2024, 3, 4, 5, 6, tzinfo=dt.UTC)
 
 
-def _rules(configuration: dict[str, str] | None = None, protocol: Protocol = Protocol(1, 4)) -> WriteRules:
+GENERATING = Protocol(1, 4)
+
+
+def _rules(configuration: dict[str, str] | None = None, protocol: Protocol = GENERATING) -> WriteRules:
     md = Metadata(id="t", schema_string=staging.schema_string(SCHEMA), configuration=configuration or {})
     return WriteRules.of(protocol, md)
 
@@ -137,7 +140,7 @@ def test_a_new_tables_protocol(schema: str, properties: dict[str, str], features
 
 
 def test_a_bad_protocol_request_is_named() -> None:
-    with pytest.raises(ProtocolRequestError, match="delta.feature.x='no'"):
+    with pytest.raises(ProtocolRequestError, match=r"delta\.feature\.x='no'"):
         new_table(PLAIN, {"delta.feature.x": "no"})
     with pytest.raises(ProtocolRequestError, match="minimum writer version must be from 1 to 7, got 8"):
         new_table(PLAIN, {}, protocol=Protocol(1, 8))
