@@ -16,11 +16,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import click
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner, Result
 from deltalake import DeltaTable, Field, Schema, write_deltalake
 from deltalake.exceptions import DeltaError
 
+from coordinator.tooling.cli_tables import register
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError
 from schemas.actions import Protocol
 from schemas.expressions.syntax import ExpressionError
@@ -174,3 +177,39 @@ def test_create_with_features_constraints_and_generated_columns(kafka_bootstrap:
         write_deltalake(str(path), _ids([5], [None]), mode="append")
     write_deltalake(str(path), _ids([4], ["d"]), mode="append")
     assert _rows(path, "id", "g")[-1] == (4, 40)
+
+
+def test_the_cli_creates_a_table_with_features_constraints_and_generated_columns(kafka_bootstrap: str,
+                                                                                 tmp_path: Path) -> None:
+    cli = click.Group("deltacoord")
+    register(cli)
+    topics = fresh_topics(kafka_bootstrap)
+    kafka = ["--bootstrap-servers", kafka_bootstrap, "--topic-prefix", topics.proposals.removesuffix(".proposals")]
+    path = str(tmp_path / "t")
+
+    def run(*args: str) -> Result:
+        return CliRunner().invoke(cli, ["table", *args, *kafka])
+
+    with coordinator_thread(kafka_bootstrap, topics):
+        created = run("create", path, "--schema", "id:long not null,ts:timestamp,"
+                      "day:date generated always as (CAST(ts AS DATE)),big:boolean generated always as (id > 10)",
+                      "--constraint", "id_positive=id > 0", "--property", "delta.enableChangeDataFeed=true",
+                      "--feature", "changeDataFeed")
+        assert created.exit_code == 0, created.output
+        snap = Snapshot.load(path)
+        assert snap.protocol == Protocol(1, 7, None, ("appendOnly", "invariants", "changeDataFeed", "checkConstraints",
+                                                      "generatedColumns"))
+        assert snap.metadata.configuration == {"delta.enableChangeDataFeed": "true", "delta.constraints.id_positive": "id > 0"}
+        fields = {f["name"]: f for f in snap.metadata.schema()["fields"]}
+        assert fields["id"]["nullable"] is False
+        assert fields["day"]["metadata"] == {"delta.generationExpression": "CAST(ts AS DATE)"}
+        rows = json.dumps([{"id": 1, "ts": "2024-05-06T07:08:09Z"}, {"id": 11, "ts": "2024-05-07T00:00:00Z"}])
+        assert run("append", path, "--json-rows", rows).exit_code == 0
+        bad = run("append", path, "--json-rows", json.dumps([{"id": -1, "ts": "2024-05-06T07:08:09Z"}]))
+        assert bad.exit_code == 1 and "CHECK constraint id_positive (id > 0) violated by row with values" in bad.output
+        refused = run("create", str(tmp_path / "u"), "--schema", "id:long", "--feature", "rowTracking")
+        assert refused.exit_code == 1 and "writer feature rowTracking" in refused.output
+        versions = run("create", str(tmp_path / "v"), "--schema", "id:long", "--min-writer-version", "4")
+        assert versions.exit_code == 0 and Snapshot.load(str(tmp_path / "v")).protocol == Protocol(1, 4)
+    got = sorted((r["id"], r["day"].isoformat(), r["big"]) for r in DeltaTable(path).to_pyarrow_table().to_pylist())
+    assert got == [(1, "2024-05-06", False), (11, "2024-05-07", True)]
