@@ -323,9 +323,7 @@ def create_cmd(path: str, schema_spec: str, partition_by: tuple[str, ...], prope
     \b
     Examples:
       deltacoord table create /data/sales --schema "id:long,date:string,amount:decimal(10,2)" --partition-by date
-      deltacoord table create /data/events \\
-        --schema "id:long not null,ts:timestamp,day:date generated always as (CAST(ts AS DATE))" \\
-        --constraint "id_positive=id > 0" --property delta.enableChangeDataFeed=true --feature domainMetadata
+      deltacoord table create /data/events --schema "id:long not null,ts:timestamp,day:date generated always as (CAST(ts AS DATE))" --constraint "id_positive=id > 0" --property delta.enableChangeDataFeed=true --feature domainMetadata
     """
     schema = parse_schema(schema_spec)
     parts = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
