@@ -44,7 +44,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from coordinator.rules.state import TableState
-from coordinator.rules.table_features import domain_metadata_error
+from coordinator.rules.table_features import check_constraints_error, domain_metadata_error
 from schemas.actions import (
     AddCDCFile,
     AddFile,
@@ -433,6 +433,9 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
     feature_error = domain_metadata_error(new_protocol if new_protocol is not None else state.protocol, p)
     if feature_error is not None:
         raise feature_error
+    constraints_error = check_constraints_error(new_protocol if new_protocol is not None else state.protocol, p)
+    if constraints_error is not None:
+        raise constraints_error
 
     effective = new_metadata if new_metadata is not None else state.metadata
     level = table_isolation_level(effective)

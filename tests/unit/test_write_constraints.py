@@ -8,8 +8,11 @@ import json
 import pyarrow as pa
 import pytest
 
+from coordinator.rules.table_features import check_constraints_error
+from coordinator.rules.validate import proposal_error
 from schemas.actions import Metadata, Protocol
 from schemas.expressions.syntax import ExpressionError
+from tests.unit.builders import Harness, metadata, proposal, protocol
 from writer import staging
 from writer.constraints import ConstraintViolationError, WriteRules, fill_and_check
 from writer.table_protocol import ProtocolRequestError, new_table
@@ -144,3 +147,19 @@ def test_a_bad_protocol_request_is_named() -> None:
         new_table(PLAIN, {"delta.feature.x": "no"})
     with pytest.raises(ProtocolRequestError, match="minimum writer version must be from 1 to 7, got 8"):
         new_table(PLAIN, {}, protocol=Protocol(1, 8))
+
+
+def test_the_coordinator_refuses_check_constraints_without_the_feature() -> None:
+    """A metaData action with `delta.constraints.*` needs checkConstraints in the protocol the commit leaves."""
+    with_check = proposal(0, [metadata(config={"delta.constraints.id_positive": "id > 0"})], operation="ADD CONSTRAINT")
+    for proto in (protocol(1, 2), Protocol(1, 7, None, ("appendOnly", "invariants")), None):
+        err = check_constraints_error(proto, with_check)
+        assert err is not None and err.reason == "MISSING_TABLE_FEATURE", proto
+        assert "id_positive" in str(err) and "checkConstraints writer feature" in str(err)
+    for proto in (protocol(1, 3), protocol(1, 6), Protocol(1, 7, None, ("checkConstraints",))):
+        assert check_constraints_error(proto, with_check) is None
+    assert check_constraints_error(protocol(1, 2), proposal(0, [metadata()])) is None
+    h = Harness()
+    err = proposal_error(h.state, with_check)
+    assert err is not None and err.reason == "MISSING_TABLE_FEATURE"
+    assert proposal_error(h.state, proposal(0, [protocol(1, 3), *with_check.actions], operation="ADD CONSTRAINT")) is None
