@@ -21,7 +21,7 @@ cannot evaluate fails the write with an error naming the constraint, before anyt
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,11 +82,33 @@ def _invariant(column: str, raw: Any) -> Check:
     return Check(f"EXPRESSION({text})", text)
 
 
+def _not_null_paths(fields: Sequence[Mapping[str, Any]], prefix: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    """The NOT NULL fields of a Delta schema, into structs (Delta checks no array element or map value)."""
+    for f in fields:
+        path = (*prefix, str(f["name"]))
+        if f.get("nullable", True) is False:
+            yield path
+        t = f.get("type")
+        if isinstance(t, Mapping) and t.get("type") == "struct":
+            yield from _not_null_paths(t.get("fields", []), path)
+
+
+def _missing(table: pa.Table, path: tuple[str, ...]) -> pa.Array:
+    """Rows where the field at `path` is NULL while every struct above it is not."""
+    col = table.column(path[0]).combine_chunks()
+    present = pa.array([True] * len(col))
+    for name in path[1:]:
+        present = pc.and_(present, col.is_valid())
+        col = pc.struct_field(col, [name])
+    return pc.and_(present, col.is_null())
+
+
 @dataclass(frozen=True)
 class WriteRules:
     """A table's rules on written rows, read from its protocol and metadata (picklable: Spark tasks carry it)."""
 
-    not_null: tuple[str, ...] = ()
+    #: Paths of NOT NULL fields: top-level columns, and fields of structs (checked where their struct is not NULL).
+    not_null: tuple[tuple[str, ...], ...] = ()
     checks: tuple[Check, ...] = ()
     generated: tuple[Generated, ...] = ()
 
@@ -94,14 +116,12 @@ class WriteRules:
     def of(cls, protocol: Protocol, metadata: Metadata) -> WriteRules:
         schema = metadata.schema()
         generation = "generatedColumns" in writer_features(protocol)
-        not_null: list[str] = []
+        not_null = list(_not_null_paths(schema.get("fields", []), ()))
         checks: list[Check] = []
         generated: list[Generated] = []
         for f in schema.get("fields", []):
             name = str(f["name"])
             meta = f.get("metadata") or {}
-            if f.get("nullable", True) is False:
-                not_null.append(name)
             if INVARIANTS_KEY in meta:
                 checks.append(_invariant(name, meta[INVARIANTS_KEY]))
             if generation and isinstance(meta.get(GENERATION_KEY), str):
@@ -135,13 +155,15 @@ class WriteRules:
         in `generated_supplied` must equal their expression (null-safe)."""
         if table.num_rows == 0:
             return
-        for name in self.not_null:
-            col = table.column(name)
-            if col.null_count:
-                row = self._row(table, pc.is_null(col), [name])
+        for path in self.not_null:
+            missing = _missing(table, path)
+            n = pc.sum(missing.cast(pa.int64())).as_py()
+            if n:
+                name = ".".join(path)
+                row = self._row(table, missing, [path[0]])
                 raise ConstraintViolationError(
                     f"[DELTA_NOT_NULL_CONSTRAINT_VIOLATED] NOT NULL constraint violated for column: {name}. "
-                    f"{col.null_count} written row(s) have no value in it; nothing was written", name, None, row)
+                    f"{n} written row(s) have no value in it; nothing was written", name, None, row)
         checks = list(self.checks)
         checks += [Check(GENERATED_CHECK, f"`{g.column}` <=> ({g.expression})") for g in self.generated
                    if g.column in generated_supplied]

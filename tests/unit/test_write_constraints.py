@@ -45,7 +45,7 @@ def _rows(ids: list[int | None], s: list[str | None], **extra: list[object]) -> 
 
 def test_rules_are_read_from_the_schema_and_the_properties() -> None:
     rules = _rules({"delta.constraints.id_positive": "id > 0"})
-    assert rules.not_null == ("id",)
+    assert rules.not_null == (("id",),)
     assert [(c.name, c.expression) for c in rules.checks] == [("EXPRESSION(s IS NOT NULL)", "s IS NOT NULL"),
                                                              ("id_positive", "id > 0")]
     assert [(g.column, g.expression) for g in rules.generated] == [("d", "CAST(ts AS DATE)"), ("u", "upper(s)")]
@@ -77,6 +77,18 @@ def test_not_null_names_the_column() -> None:
     with pytest.raises(ConstraintViolationError, match=r"NOT NULL constraint violated for column: id\.") as e:
         fill_and_check(_rules(), _rows([1, None], ["a", "b"]), ["id", "s", "ts"])
     assert e.value.reason == "CONSTRAINT_VIOLATED"
+
+
+def test_not_null_fields_of_a_struct_are_checked_where_the_struct_is_there() -> None:
+    point = pa.struct([pa.field("x", pa.int64(), nullable=False), pa.field("y", pa.int64())])
+    schema = pa.schema([pa.field("p", point)])
+    rules = WriteRules.of(Protocol(1, 2), Metadata(id="t", schema_string=staging.schema_string(schema)))
+    assert rules.not_null == (("p", "x"),)
+    ok = pa.table({"p": pa.array([{"x": 1, "y": None}, None], point)})
+    fill_and_check(rules, ok, ["p"])
+    bad = pa.table({"p": pa.array([{"x": 1, "y": 2}, {"x": None, "y": 3}], point)})
+    with pytest.raises(ConstraintViolationError, match=r"NOT NULL constraint violated for column: p\.x\. 1 written"):
+        fill_and_check(rules, bad, ["p"])
 
 
 def test_an_invariant_is_checked_as_delta_names_it() -> None:
