@@ -9,6 +9,7 @@ writes are still checked the same way: the table stays whole for other engines.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from collections.abc import Iterator
@@ -159,6 +160,18 @@ def test_create_with_features_constraints_and_generated_columns(kafka_bootstrap:
         with Table(tmp_path / "legacy", kafka_bootstrap, topics=topics) as t:
             t.create(pa.schema([pa.field("id", pa.int64())]), constraints={"id_positive": "id > 0"})
             assert Snapshot.load(str(tmp_path / "legacy")).protocol == Protocol(1, 3)  # as Delta: CHECK alone gives (1, 3)
+        with Table(tmp_path / "parted", kafka_bootstrap, topics=topics) as t:  # partitioned by a generated column
+            t.create(pa.schema([pa.field("id", pa.int64()), pa.field("ts", pa.timestamp("us", tz="UTC")),
+                                pa.field("day", pa.date32(), metadata={"delta.generationExpression": "CAST(ts AS DATE)"})]),
+                     partition_by=["day"])
+            noon = dt.datetime(2024, 6, 1, 12, tzinfo=dt.UTC)
+            t.append(pa.table({"id": pa.array([1, 2], pa.int64()),
+                               "ts": pa.array([noon, noon + dt.timedelta(days=1)], pa.timestamp("us", tz="UTC"))}))
+            parted = DeltaTable(str(tmp_path / "parted"))
+            adds = pa.table(parted.get_add_actions(flatten=True))
+            assert sorted(str(d) for d in adds.column("partition.day").to_pylist()) == ["2024-06-01", "2024-06-02"]
+            assert sorted((r["id"], r["day"]) for r in parted.to_pyarrow_table().to_pylist()) == [
+                (1, dt.date(2024, 6, 1)), (2, dt.date(2024, 6, 2))]
         with Table(tmp_path / "refused", kafka_bootstrap, topics=topics) as t:
             for features, props, named in ((["rowTracking"], {}, "writer feature rowTracking"),
                                            ([], {"delta.enableRowTracking": "true"}, "writer feature rowTracking"),
