@@ -72,7 +72,7 @@ from schemas.writer_features import writer_problems
 from writer import staging
 from writer.client import CoordinatorClient
 from writer.constraints import CONSTRAINT_PREFIX, WriteRules, fill_and_check
-from writer.table_protocol import ProtocolRequestError, new_table
+from writer.table_protocol import ProtocolRequestError, new_table, with_column_mapping
 from writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
 from writer.vacuum import VacuumResult, vacuum
 from writer.zorder import zorder
@@ -389,7 +389,7 @@ class Table:
         for c in partition_by:
             if c not in schema.names:
                 raise staging.SchemaError(f"partition column {c!r} is not in the schema {schema.names}")
-        schema_string = staging.schema_string(schema)
+        schema_string, props = with_column_mapping(staging.schema_string(schema), props)
         try:
             new = new_table(schema_string, props, features, protocol)
         except ProtocolRequestError as e:

@@ -13,6 +13,7 @@ are taken out of the configuration, as Delta does.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -159,5 +160,33 @@ def new_table(schema_string: str, properties: Mapping[str, str], features: Seque
     return NewTable(Protocol(1, 7, writer_features=tuple(all_writer)), config)
 
 
+COLUMN_MAPPING_MODE = "delta.columnMapping.mode"
+MAX_COLUMN_ID = "delta.columnMapping.maxColumnId"
+COLUMN_ID_KEY = "delta.columnMapping.id"
+PHYSICAL_NAME_KEY = "delta.columnMapping.physicalName"
+
+
+def with_column_mapping(schema_string: str, configuration: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """A new table in column mapping mode `name` or `id` gets, as Delta gives it, an id and a physical name
+    (`col-<uuid>`) on every field, nested ones included, and `delta.columnMapping.maxColumnId`. Fields
+    that already carry both keep them."""
+    config = dict(configuration)
+    if str(config.get(COLUMN_MAPPING_MODE, "none")).lower() not in ("name", "id"):
+        return schema_string, config
+    schema = json.loads(schema_string)
+    fields = list(_schema_fields(schema.get("fields", [])))
+    top = max([int(config.get(MAX_COLUMN_ID, 0))] + [int((f.get("metadata") or {}).get(COLUMN_ID_KEY, 0)) for f in fields])
+    for f in fields:
+        assert isinstance(f, dict)  # parsed JSON
+        meta = f.setdefault("metadata", {})
+        if COLUMN_ID_KEY in meta and PHYSICAL_NAME_KEY in meta:
+            continue
+        top += 1
+        meta[COLUMN_ID_KEY] = top
+        meta[PHYSICAL_NAME_KEY] = f"col-{uuid.uuid4()}"
+    config[MAX_COLUMN_ID] = str(top)
+    return json.dumps(schema, separators=(",", ":")), config
+
+
 __all__ = ["LEGACY_VERSIONS", "READER_WRITER_FEATURES", "NewTable", "ProtocolRequestError", "new_table",
-           "required_features"]
+           "required_features", "with_column_mapping"]

@@ -15,7 +15,7 @@ from schemas.expressions.syntax import ExpressionError
 from tests.unit.builders import Harness, metadata, proposal, protocol
 from writer import staging
 from writer.constraints import ConstraintViolationError, WriteRules, fill_and_check
-from writer.table_protocol import ProtocolRequestError, new_table
+from writer.table_protocol import ProtocolRequestError, new_table, with_column_mapping
 
 SCHEMA = pa.schema([
     pa.field("id", pa.int64(), nullable=False),
@@ -175,3 +175,17 @@ def test_the_coordinator_refuses_check_constraints_without_the_feature() -> None
     err = proposal_error(h.state, with_check)
     assert err is not None and err.reason == "MISSING_TABLE_FEATURE"
     assert proposal_error(h.state, proposal(0, [protocol(1, 3), *with_check.actions], operation="ADD CONSTRAINT")) is None
+
+
+def test_a_column_mapping_table_gets_ids_and_physical_names_at_create() -> None:
+    point = pa.struct([pa.field("x", pa.int64())])
+    schema_string, config = with_column_mapping(_schema(pa.field("id", pa.int64()), pa.field("p", point)),
+                                                {"delta.columnMapping.mode": "name"})
+    fields = json.loads(schema_string)["fields"]
+    metas = [fields[0]["metadata"], fields[1]["metadata"], fields[1]["type"]["fields"][0]["metadata"]]
+    assert [m["delta.columnMapping.id"] for m in metas] == [1, 2, 3]
+    assert all(m["delta.columnMapping.physicalName"].startswith("col-") for m in metas)
+    assert len({m["delta.columnMapping.physicalName"] for m in metas}) == 3
+    assert config == {"delta.columnMapping.mode": "name", "delta.columnMapping.maxColumnId": "3"}
+    assert new_table(schema_string, config).protocol == Protocol(2, 5)
+    assert with_column_mapping(PLAIN, {}) == (PLAIN, {})
