@@ -189,3 +189,16 @@ def test_a_column_mapping_table_gets_ids_and_physical_names_at_create() -> None:
     assert config == {"delta.columnMapping.mode": "name", "delta.columnMapping.maxColumnId": "3"}
     assert new_table(schema_string, config).protocol == Protocol(2, 5)
     assert with_column_mapping(PLAIN, {}) == (PLAIN, {})
+
+
+def test_the_spark_sinks_tasks_apply_the_rules() -> None:
+    """Spark executors conform each batch with the table's rules the plan carries (`writer.spark_sink.StagePlan`)."""
+    from writer.constraints import Check, Generated
+    from writer.spark_sink import StagePlan
+
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("g", pa.int64())])
+    plan = StagePlan("/nowhere", schema, (), rules=WriteRules(checks=(Check("id_positive", "id > 0"),),
+                                                              generated=(Generated("g", "id * 2"),)))
+    assert plan.conform(pa.table({"id": pa.array([1, 2], pa.int64())})).column("g").to_pylist() == [2, 4]
+    with pytest.raises(ConstraintViolationError, match=r"CHECK constraint id_positive \(id > 0\)"):
+        plan.conform(pa.table({"id": pa.array([-1], pa.int64())}))
