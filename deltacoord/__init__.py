@@ -23,6 +23,7 @@ from importlib import metadata as _metadata
 
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError, load_snapshot
 from reader.stream import CommitEvent, CommitStream
+from schemas.actions import Protocol
 from schemas.errors import (
     CommitOutcomeUnknownError,
     ConcurrentAppendException,
@@ -42,6 +43,7 @@ from schemas.errors import (
 from schemas.reasons import ReasonCode
 from schemas.routing import Topics
 from writer.client import CoordinatorClient
+from writer.constraints import ConstraintViolationError
 from writer.table import MergeError, PublicationLagError, Table, TableExistsError
 from writer.transaction import CommitResult, Transaction, retry
 
@@ -61,6 +63,7 @@ __all__ = [
     "ConcurrentJobException",
     "ConcurrentTransactionException",
     "ConcurrentWriteException",
+    "ConstraintViolationError",
     "CoordinatorClient",
     "DeltaConcurrentModificationException",
     "DeltaCoordError",
@@ -69,6 +72,7 @@ __all__ = [
     "MetadataChangedException",
     "NoCoordinatorError",
     "ProposalNotSentError",
+    "Protocol",
     "ProtocolChangedException",
     "PublicationLagError",
     "ReasonCode",

@@ -93,6 +93,8 @@ class ReasonCode(StrEnum):
     BAD_REPLACE_WHERE = "BAD_REPLACE_WHERE"
     REPLACE_WHERE_MISMATCH = "REPLACE_WHERE_MISMATCH"
     MULTIPLE_SOURCE_ROWS_MATCHED = "MULTIPLE_SOURCE_ROWS_MATCHED"
+    #: A written row breaks a NOT NULL column, an invariant, a CHECK constraint or a generated column.
+    CONSTRAINT_VIOLATED = "CONSTRAINT_VIOLATED"
     #: A rejected decision that names no code (only a newer coordinator could send one).
     REJECTED = "REJECTED"
 

@@ -11,14 +11,13 @@ Outcomes (`FEATURES` documents each):
   inCommitTimestamp, rowTracking (the coordinator assigns row ids; copied rows keep theirs), timestampNtz,
   typeWidening (this writer never widens a type), vacuumProtocolCheck, clustering (appends; OPTIMIZE does
   not recluster), identityColumns (values generated from the high-water mark; not by the Spark data
-  source), invariants, checkConstraints and generatedColumns when the table has no such column or
-  constraint (legacy protocols imply those features on every table of their version), changeDataFeed
+  source), invariants and checkConstraints (every written row is checked, `writer.constraints`),
+  generatedColumns (computed when the data omits them, verified when it supplies them), changeDataFeed
   (DELETE, UPDATE and MERGE write `_change_data` files; the other operations rewrite no file partially, so
   readers infer their changes), columnMapping (name and id modes: physical names and field ids in files,
   stats and partition values);
-* refused: v2Checkpoint, icebergCompatV1/V2, allowColumnDefaults, variantType, CHECK constraints, NOT
-  NULL-style invariants given as expressions, generated columns, a column mapping mode PROTOCOL.md does not
-  define, and any unknown feature.
+* refused: v2Checkpoint, icebergCompatV1/V2, allowColumnDefaults, variantType, a column mapping mode
+  PROTOCOL.md does not define, and any unknown feature.
 """
 
 from __future__ import annotations
@@ -90,21 +89,6 @@ def _refused(why: str) -> Rule:
     return rule
 
 
-def _invariants(md: Metadata, _op: str) -> str | None:
-    cols = _with_metadata(md, "delta.invariants")
-    return None if not cols else f"columns {cols} carry invariants (delta.invariants) this writer does not check"
-
-
-def _check_constraints(md: Metadata, _op: str) -> str | None:
-    names = sorted(k for k in md.configuration if k.startswith("delta.constraints."))
-    return None if not names else f"CHECK constraints {names} are not enforced by this writer"
-
-
-def _generated(md: Metadata, _op: str) -> str | None:
-    cols = _with_metadata(md, "delta.generationExpression")
-    return None if not cols else f"generated columns {cols} are not computed by this writer"
-
-
 def _identity(md: Metadata, op: str) -> str | None:
     cols = _with_metadata(md, "delta.identity.start")
     nested = [c for c in cols if "." in c]
@@ -144,10 +128,10 @@ class Feature:
 
 FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("appendOnly", "honoured", _honoured),
-    Feature("invariants", "conditional", _invariants),
-    Feature("checkConstraints", "conditional", _check_constraints),
+    Feature("invariants", "honoured", _honoured),
+    Feature("checkConstraints", "honoured", _honoured),
     Feature("changeDataFeed", "conditional", _change_data_feed),
-    Feature("generatedColumns", "conditional", _generated),
+    Feature("generatedColumns", "honoured", _honoured),
     Feature("columnMapping", "conditional", _column_mapping),
     Feature("identityColumns", "conditional", _identity),
     Feature("deletionVectors", "honoured", _honoured),

@@ -78,7 +78,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import unquote
 
@@ -104,6 +104,7 @@ from schemas.expressions.syntax import columns_of, parse
 from schemas.writer_features import SPARK_SINK
 from writer import spark_save_modes, staging
 from writer.column_mapping import Layout
+from writer.constraints import WriteRules, fill_and_check
 from writer.spark_options import SinkConfigError, SinkOptions, check_option_names
 from writer.spark_save_modes import PartitioningMismatchError, PathExistsError, load_table, write_to_existing
 from writer.table import check_writable
@@ -143,6 +144,8 @@ class StagePlan:
     storage_options: tuple[tuple[str, str], ...] = ()
     #: How a column-mapping table stores its columns (physical names, field ids); None without column mapping.
     layout: Layout | None = None
+    #: The table's NOT NULL columns, invariants, CHECK constraints and generated columns (`writer.constraints`).
+    rules: WriteRules = field(default_factory=WriteRules)
 
     def conform(self, batch: pa.RecordBatch | pa.Table) -> pa.Table:
         t = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
@@ -156,7 +159,7 @@ class StagePlan:
                 cols.append(col if col.type == f.type else col.cast(f.type))
             else:
                 cols.append(pa.nulls(t.num_rows, f.type))
-        return pa.Table.from_arrays(cols, schema=self.schema)
+        return fill_and_check(self.rules, pa.Table.from_arrays(cols, schema=self.schema), t.column_names)
 
     def _check_replace_where(self, t: pa.Table) -> None:
         if self.replace_where is None or t.num_rows == 0:
@@ -299,7 +302,7 @@ def _stage_plan(opts: SinkOptions, snap: Snapshot, replace_where: str | None = N
     schema = delta_schema_to_arrow(snap.metadata.schema())
     layout = Layout.of(snap.metadata, schema)
     return StagePlan(opts.uri, schema, tuple(snap.partition_columns), replace_where, opts.storage_options,
-                     layout if layout.mapped else None)
+                     layout if layout.mapped else None, WriteRules.of(snap.protocol, snap.metadata))
 
 
 # --------------------------------------------------------------------------- streaming writer

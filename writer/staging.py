@@ -78,8 +78,18 @@ def delta_type(t: pa.DataType) -> Any:
     raise SchemaError(f"Arrow type {t} has no Delta equivalent")
 
 
+#: Arrow field metadata kept in the Delta schema: Delta's own column metadata (a generation expression,
+#: an invariant, ...) and a column comment.
+_KEPT_METADATA = ("delta.", "comment")
+
+
 def _field(f: pa.Field) -> dict[str, Any]:
-    return {"name": f.name, "type": delta_type(f.type), "nullable": f.nullable, "metadata": {}}
+    meta: dict[str, Any] = {}
+    for k, v in (f.metadata or {}).items():
+        key = k.decode() if isinstance(k, bytes) else str(k)
+        if key.startswith(_KEPT_METADATA):
+            meta[key] = v.decode() if isinstance(v, bytes) else str(v)
+    return {"name": f.name, "type": delta_type(f.type), "nullable": f.nullable, "metadata": meta}
 
 
 def schema_string(schema: pa.Schema) -> str:

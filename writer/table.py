@@ -74,7 +74,6 @@ from schemas.routing import (
     Topics,
 )
 from schemas.row_map import ROW_MAP_KEY, RowGroup, Source, Target, encode_row_map
-from schemas.row_tracking import REQUIRED_FEATURES as ROW_TRACKING_FEATURES
 from schemas.row_tracking import MaterializedColumns, new_materialized_columns
 from schemas.row_tracking import supported as row_tracking_supported
 from schemas.signing import WriterKey, resolve_writer_key
@@ -82,6 +81,8 @@ from schemas.writer_features import writer_problems
 from writer import column_mapping, identity, protocols, row_tracking, staging
 from writer.client import CoordinatorClient
 from writer.column_mapping import Layout
+from writer.constraints import CONSTRAINT_PREFIX, WriteRules, fill_and_check
+from writer.table_protocol import ProtocolRequestError, new_table, with_column_mapping
 from writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
 from writer.vacuum import VacuumResult, vacuum
 from writer.zorder import zorder
@@ -131,21 +132,6 @@ DV_FEATURE = "deletionVectors"
 #: Writer features the legacy writer versions imply, for upgrading a (1, n) protocol to table features.
 _LEGACY_WRITER_FEATURES = {2: ("appendOnly", "invariants"), 3: ("checkConstraints",), 4: ("changeDataFeed", "generatedColumns"),
                            5: ("columnMapping",), 6: ("identityColumns",)}
-
-
-def _create_protocol(props: Mapping[str, str]) -> Protocol:
-    """The protocol a new table needs for its properties (deletion vectors, in-commit timestamps, row tracking)."""
-    tp = TableProperties(props)
-    if not tp.deletion_vectors and not tp.in_commit_timestamps and not tp.row_tracking:
-        return Protocol(1, 2)
-    writer = ["appendOnly", "invariants"]
-    if tp.in_commit_timestamps:
-        writer.append("inCommitTimestamp")
-    if tp.row_tracking:
-        writer.extend(ROW_TRACKING_FEATURES)
-    if not tp.deletion_vectors:
-        return Protocol(1, 7, writer_features=tuple(writer))
-    return Protocol(3, 7, reader_features=(DV_FEATURE,), writer_features=(*writer, DV_FEATURE))
 
 
 def _with_dv_feature(p: Protocol) -> Protocol | None:
@@ -433,43 +419,70 @@ class Table:
 
     # -- DDL ------------------------------------------------------------------------
     def begin_create(self, schema: pa.Schema, partition_by: Sequence[str] = (), properties: Mapping[str, str] | None = None,
-                     name: str | None = None, *, proposal_id: str | None = None) -> Transaction:
-        """A transaction creating the table (read version -1); `create` = existence check + this + commit."""
+                     name: str | None = None, *, features: Sequence[str] = (), protocol: Protocol | None = None,
+                     constraints: Mapping[str, str] | None = None, proposal_id: str | None = None) -> Transaction:
+        """A transaction creating the table (read version -1); `create` = existence check + this + commit.
+
+        The protocol is the least one that has `features`, the features the properties and the schema
+        need, and `protocol`'s (`writer.table_protocol`); a feature this writer cannot honour is refused
+        here, naming it (UnsupportedTableFeatureError). `constraints` are CHECK constraints {name: SQL}
+        (the properties `delta.constraints.<name>`). The schema's fields carry NOT NULL (`nullable=False`)
+        and Delta column metadata as Arrow field metadata: `{"delta.generationExpression": "<SQL>"}` makes a
+        generated column, `{"delta.invariants": ...}` a legacy invariant.
+        """
         props = dict(properties or {})
+        for cname, text in (constraints or {}).items():
+            props[f"{CONSTRAINT_PREFIX}{cname}"] = text
         for c in partition_by:
             if c not in schema.names:
                 raise staging.SchemaError(f"partition column {c!r} is not in the schema {schema.names}")
         if TableProperties(props).row_tracking:
             props = {**new_materialized_columns(), **props}  # where copied rows keep their ids, as Delta names them
-        protocol = _create_protocol(props)
-        if _cdf_on(props):
-            protocol = protocols.with_change_data_feed(protocol)
-        schema_text = staging.schema_string(schema)
-        if column_mapping.check_mode(props.get(Property.COLUMN_MAPPING_MODE, "none")) != "none":
-            # Every field (nested ones too) gets an id and a physical name; the protocol gains the feature.
-            schema_json = json.loads(schema_text)
-            props[column_mapping.MAX_ID_PROPERTY] = str(column_mapping.assign_ids(schema_json["fields"], 1) - 1)
-            schema_text = json.dumps(schema_json, separators=(",", ":"))
-            protocol = column_mapping.with_feature(protocol)
+        schema_string, props = with_column_mapping(staging.schema_string(schema), props)
+        try:
+            new = new_table(schema_string, props, features, protocol)
+        except ProtocolRequestError as e:
+            raise UnsupportedTableFeatureError(f"{self.uri}: cannot create this table: {e}") from e
         md = Metadata(
-            id=str(uuid.uuid4()), name=name, schema_string=schema_text, partition_columns=tuple(partition_by),
-            configuration=props, created_time=int(time.time() * 1000),
+            id=str(uuid.uuid4()), name=name, schema_string=schema_string, partition_columns=tuple(partition_by),
+            configuration=new.configuration, created_time=int(time.time() * 1000),
         )
+        self._check_creatable(new.protocol, md)
         tx = self._begin(-1, proposal_id)
-        tx.add(protocol, md)
+        tx.add(new.protocol, md)
         return tx
 
+    def _check_creatable(self, protocol: Protocol, md: Metadata) -> None:
+        """Refuse, naming them, the features this writer could not honour on the table it would create, and
+        constraints or generation expressions it could not evaluate."""
+        problems = writer_problems(protocol, md, "CREATE TABLE")
+        if problems:
+            listed = "; ".join(f"writer feature {f}: {why}" for f, why in problems)
+            raise UnsupportedTableFeatureError(
+                f"{self.uri}: cannot create this table: {listed}. Create it without the feature, or with an engine "
+                "that supports it.")
+        rules = WriteRules.of(protocol, md)
+        if rules:
+            empty = delta_schema_to_arrow(md.schema()).empty_table()
+            for check in rules.checks:
+                expressions.compile_filter(check.expression, empty.schema)
+            for g in rules.generated:
+                expressions.compile_filter(g.expression, empty.schema)
+
     def create(self, schema: pa.Schema, partition_by: Sequence[str] = (), properties: Mapping[str, str] | None = None,
-               name: str | None = None, *, proposal_id: str | None = None) -> CommitResult:
-        """CREATE TABLE. Two writers racing on an empty directory: the loser gets ProtocolChangedException.
+               name: str | None = None, *, features: Sequence[str] = (), protocol: Protocol | None = None,
+               constraints: Mapping[str, str] | None = None, proposal_id: str | None = None) -> CommitResult:
+        """CREATE TABLE (`begin_create` says what the arguments give). Two writers racing on an empty directory:
+        the loser gets ProtocolChangedException.
 
         An existing table is TableExistsError whether it is seen in `_delta_log`
         or only by the coordinator (version 0 ratified, not yet published).
         """
         if self._floor >= 0 or self.exists():
             raise TableExistsError(self.uri)
-        tx = self.begin_create(schema, partition_by, properties, name, proposal_id=proposal_id)
-        props = dict(properties or {})
+        tx = self.begin_create(schema, partition_by, properties, name, features=features, protocol=protocol,
+                               constraints=constraints, proposal_id=proposal_id)
+        props = next(dict(a.configuration) for a in tx.actions if isinstance(a, Metadata))
         try:
             return tx.commit("CREATE TABLE", changes_data=False,
                              parameters={"partitionBy": list(partition_by), "properties": props, "isManaged": "false"})
@@ -590,8 +603,9 @@ class Table:
         check_writable(snap, operation)
 
     def _conform(self, data: Any, snap: Snapshot, identity_marks: dict[str, int] | None = None) -> pa.Table:
-        """Data cast to the table schema (missing nullable columns as nulls, extra columns refused), with the
-        identity values it lacks generated (`identity_marks`: the marks this transaction advanced so far)."""
+        """Data cast to the table schema (missing columns as nulls, extra columns refused), the identity values
+        it lacks generated (`identity_marks`: the marks this transaction advanced so far), generated columns it
+        omits computed, and every row checked against the table's constraints (`writer.constraints`)."""
         t = staging.to_arrow(data)
         columns = identity_columns(snap.metadata.schema())
         if columns:
@@ -610,10 +624,9 @@ class Table:
                     raise staging.SchemaError(f"column {f.name!r}: cannot write {t.column(f.name).type} as {f.type}: {e}") from e
             else:
                 col = pa.chunked_array([pa.nulls(t.num_rows, f.type)], type=f.type)
-            if not f.nullable and col.null_count:
-                raise staging.SchemaError(f"column {f.name!r} is NOT NULL but the data has {col.null_count} null(s)")
             cols.append(col)
-        return pa.Table.from_arrays(cols, schema=target)
+        return fill_and_check(WriteRules.of(snap.protocol, snap.metadata), pa.Table.from_arrays(cols, schema=target),
+                              t.column_names)
 
     def _read_file(self, snap: Snapshot, add: AddFile, schema: pa.Schema,
                    identity: MaterializedColumns | None = None) -> pa.Table:
@@ -861,17 +874,30 @@ class Table:
 
     def update(self, where: str | None, set: Mapping[str, str], *, snapshot: Snapshot | None = None,
                proposal_id: str | None = None) -> CommitResult:
-        """UPDATE table SET col = <SQL expression> ... [WHERE `where`], reading `snapshot` (default: latest)."""
+        """UPDATE table SET col = <SQL expression> ... [WHERE `where`], reading `snapshot` (default: latest).
+
+        Generated columns the SET omits are recomputed for the updated rows; the updated rows are checked
+        against the table's constraints before anything is staged (`writer.constraints`)."""
+        snap = snapshot or self.snapshot()
+        rules = WriteRules.of(snap.protocol, snap.metadata)
 
         snap = snapshot or self.snapshot()
         identity.check_update(identity_columns(snap.metadata.schema()), list(set))
 
         def change(t: pa.Table, mask: pa.Array) -> pa.Table:
+            before = t
             for col, value_sql in set.items():
                 if col not in t.column_names:
                     raise staging.SchemaError(f"UPDATE sets unknown column {col!r}")
-                new = expressions.evaluate(value_sql, t).cast(t.schema.field(col).type)
+                new = expressions.evaluate(value_sql, before).cast(t.schema.field(col).type)
                 t = t.set_column(t.column_names.index(col), col, pc.if_else(mask, new, t.column(col).combine_chunks()))
+            if rules:
+                updated = fill_and_check(rules, t.filter(mask), set.keys())
+                for g in rules.generated:
+                    if g.column not in set:
+                        i = t.column_names.index(g.column)
+                        values = pc.replace_with_mask(t.column(i).combine_chunks(), mask, updated.column(g.column).combine_chunks())
+                        t = t.set_column(i, t.schema.field(i), values)
             return t
 
         return self._rewrite(where, "UPDATE", change, snap, "numUpdatedRows", proposal_id)
@@ -905,6 +931,7 @@ class Table:
         snap = snapshot or self.snapshot()
         self._check_writable(snap, "MERGE")
         schema = delta_schema_to_arrow(snap.metadata.schema())
+        rules = WriteRules.of(snap.protocol, snap.metadata)
         src = staging.to_arrow(source)
         if isinstance(on, str):
             keys, target_filter = split_merge_condition(on, source_alias, target_alias)
@@ -981,7 +1008,7 @@ class Table:
                 if n_upd:
                     assert when_matched_update is not None
                     new = self._assign(when_matched_update, schema, source_rows.filter(update), target_rows.filter(update),
-                                       aliases, "UPDATE SET *")
+                                       aliases, "UPDATE SET *", rules)
                     if hidden is not None:  # updated rows keep their ids and change now
                         new = row_tracking.carried(new, target_rows.filter(update).column(hidden.row_id), hidden)
                     parts.append(new)
@@ -1009,12 +1036,18 @@ class Table:
                     source_rows = src.take(pa.array(todo, pa.int64()))
                     if when_not_matched_insert_if is not None:
                         source_rows = source_rows.filter(self._condition(when_not_matched_insert_if, source_rows, None, aliases))
-                    new_rows = self._assign(when_not_matched_insert, schema, source_rows, None, aliases, "INSERT *")
                     id_columns = identity_columns(snap.metadata.schema())
-                    if id_columns and new_rows.num_rows:
+                    if id_columns and source_rows.num_rows:
+                        # Identity values first (NOT NULL and CHECKs may name the column), then the table's rules.
+                        new_rows = self._assign(when_not_matched_insert, schema, source_rows, None, aliases, "INSERT *",
+                                                WriteRules())
                         marks: dict[str, int] = {}
                         new_rows = identity.fill(new_rows, id_columns, marks)
                         self._advance_identity(tx, snap, marks)
+                        given = set(source_rows.column_names) if when_not_matched_insert == "*" else set(when_not_matched_insert)
+                        new_rows = fill_and_check(rules, new_rows, given | {c.name for c in id_columns})
+                    else:
+                        new_rows = self._assign(when_not_matched_insert, schema, source_rows, None, aliases, "INSERT *", rules)
                     inserted = new_rows.num_rows
                     if cdf:
                         changes.append(_changed(new_rows, "insert"))
@@ -1057,14 +1090,19 @@ class Table:
 
     @staticmethod
     def _assign(clause: Assignments, schema: pa.Schema, source_rows: pa.Table, target_rows: pa.Table | None,
-                aliases: tuple[str, str], star: str) -> pa.Table:
-        """The rows a MERGE clause produces, in the table schema (an INSERT sees no target columns)."""
+                aliases: tuple[str, str], star: str, rules: WriteRules) -> pa.Table:
+        """The rows a MERGE clause produces, in the table schema (an INSERT sees no target columns), with the
+        generated columns it does not assign computed and the table's constraints checked."""
         n = source_rows.num_rows
+        generated = {g.column for g in rules.generated}
         if clause == "*":
-            absent = [f.name for f in schema if f.name not in source_rows.column_names]
+            absent = [f.name for f in schema if f.name not in source_rows.column_names and f.name not in generated]
             if absent:
                 raise staging.SchemaError(f"{star} needs every target column in the source; missing {absent}")
-            return pa.Table.from_arrays([source_rows.column(f.name).cast(f.type) for f in schema], schema=schema)
+            given = [f.name for f in schema if f.name in source_rows.column_names]
+            star_rows = pa.Table.from_arrays([source_rows.column(f.name).cast(f.type) if f.name in given else pa.nulls(n, f.type)
+                                              for f in schema], schema=schema)
+            return fill_and_check(rules, star_rows, given)
         unknown = [c for c in clause if c not in schema.names]
         if unknown:
             raise staging.SchemaError(f"MERGE assigns unknown column(s) {unknown}")
@@ -1077,7 +1115,7 @@ class Table:
                 cols.append(target_rows.column(f.name).combine_chunks())
             else:
                 cols.append(pa.nulls(n, f.type))
-        return pa.Table.from_arrays(cols, schema=schema)
+        return fill_and_check(rules, pa.Table.from_arrays(cols, schema=schema), clause.keys())
 
     def optimize(self, where: str | None = None, target_file_size: int = 128 * 1024 * 1024, min_files: int = 2,
                  *, zorder_by: Sequence[str] = (), max_deleted_rows_ratio: float = 0.05,

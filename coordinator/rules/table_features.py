@@ -9,13 +9,14 @@ the proposal itself sets, so a commit that adds a feature may use it at once.
 
 from __future__ import annotations
 
-from schemas.actions import DomainMetadata, Protocol
+from schemas.actions import DomainMetadata, Metadata, Protocol
 from schemas.errors import InvalidProposalError
 from schemas.messages import Proposal
 from schemas.reasons import ReasonCode
 from schemas.writer_features import writer_features
 
 DOMAIN_METADATA = "domainMetadata"
+CHECK_CONSTRAINTS = "checkConstraints"
 
 
 def domain_metadata_error(protocol: Protocol | None, proposal: Proposal) -> InvalidProposalError | None:
@@ -36,4 +37,22 @@ def domain_metadata_error(protocol: Protocol | None, proposal: Proposal) -> Inva
         f"protocol action at writer version 7 listing {DOMAIN_METADATA})")
 
 
-__all__ = ["DOMAIN_METADATA", "domain_metadata_error"]
+def check_constraints_error(protocol: Protocol | None, proposal: Proposal) -> InvalidProposalError | None:
+    """A metaData action with CHECK constraints (`delta.constraints.*`) needs the `checkConstraints` writer feature
+    (PROTOCOL.md, "Check Constraints"): without it other writers do not enforce them (Delta Spark upgrades the
+    protocol when a constraint is added)."""
+    metadata = [a for a in proposal.actions if isinstance(a, Metadata)]
+    names = sorted({k for md in metadata for k in md.configuration if k.lower().startswith("delta.constraints.")})
+    if not names or (protocol is not None and CHECK_CONSTRAINTS in writer_features(protocol)):
+        return None
+    have = "no protocol" if protocol is None else (
+        f"protocol ({protocol.min_reader_version}, {protocol.min_writer_version}) with writer features "
+        f"{list(writer_features(protocol))}")
+    return InvalidProposalError(
+        ReasonCode.MISSING_TABLE_FEATURE,
+        f"the commit's metaData declares CHECK constraints {names}, but the table's {have} lacks the "
+        f"{CHECK_CONSTRAINTS} writer feature. Put it in the protocol in the same commit (writer version 3 or more, or "
+        f"writer version 7 listing {CHECK_CONSTRAINTS})")
+
+
+__all__ = ["CHECK_CONSTRAINTS", "DOMAIN_METADATA", "check_constraints_error", "domain_metadata_error"]

@@ -46,7 +46,7 @@ from urllib.parse import unquote
 from coordinator.rules.identity import identity_error
 from coordinator.rules.row_ids import missing_num_records
 from coordinator.rules.state import TableState
-from coordinator.rules.table_features import domain_metadata_error
+from coordinator.rules.table_features import check_constraints_error, domain_metadata_error
 from schemas.actions import (
     AddCDCFile,
     AddFile,
@@ -448,6 +448,9 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             raise _err(ReasonCode.MISSING_ROW_COUNT, (
                 f"the table tracks row ids (writer feature rowTracking) but {len(uncounted)} added file(s) have no "
                 f"numRecords in their stats (first: {uncounted[0]!r}); write per-file stats with numRecords"))
+    constraints_error = check_constraints_error(new_protocol if new_protocol is not None else state.protocol, p)
+    if constraints_error is not None:
+        raise constraints_error
 
     effective = new_metadata if new_metadata is not None else state.metadata
     level = table_isolation_level(effective)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shlex
 import sys
 import time
@@ -64,7 +65,7 @@ from coordinator.tooling.cli_options import (
 from reader.snapshot import Snapshot, delta_type_to_arrow
 from reader.storage import StorageError
 from schemas import client_settings
-from schemas.actions import json_lines
+from schemas.actions import Protocol, json_lines
 from schemas.errors import CommitOutcomeUnknownError, DeltaCoordError
 from schemas.routing import Topics
 from schemas.signing import WRITER_KEY_ENV
@@ -97,16 +98,26 @@ class Interrupted(click.ClickException):
 
 
 def _split_top_level(text: str, sep: str = ",") -> list[str]:
-    """Split on `sep` outside parentheses/angle brackets (so decimal(10,2) stays whole)."""
+    """Split on `sep` outside parentheses, angle brackets and quotes (so decimal(10,2) and a generation
+    expression stay whole; `<` and `>` inside parentheses are comparisons, not brackets)."""
     parts: list[str] = []
-    depth = 0
+    parens = angles = 0
+    quote: str | None = None
     cur: list[str] = []
     for ch in text:
-        if ch in "(<":
-            depth += 1
-        elif ch in ")>":
-            depth -= 1
-        if ch == sep and depth == 0:
+        if quote is not None:
+            quote = None if ch == quote else quote
+        elif ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            parens += 1
+        elif ch == ")":
+            parens -= 1
+        elif ch == "<" and parens == 0:
+            angles += 1
+        elif ch == ">" and parens == 0:
+            angles -= 1
+        if ch == sep and parens == 0 and angles == 0 and quote is None:
             parts.append("".join(cur))
             cur = []
         else:
@@ -115,13 +126,27 @@ def _split_top_level(text: str, sep: str = ",") -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+#: Delta's column metadata key of a generated column (`writer.constraints.GENERATION_KEY`).
+GENERATION_KEY = "delta.generationExpression"
+#: `<type> [not null] generated always as (<SQL>)`: a generated column (Spark's DDL words).
+_GENERATED = re.compile(r"^(?P<type>.*?)\s+generated\s+always\s+as\s*\((?P<expr>.*)\)\s*$", re.IGNORECASE | re.DOTALL)
+
+
 def parse_schema(spec: str) -> pa.Schema:
-    """`"id:long,date:string not null,amount:decimal(10,2)"` -> an Arrow schema (nullable unless `not null`)."""
+    """`"id:long not null,ts:timestamp,d:date generated always as (CAST(ts AS DATE))"` -> an Arrow schema:
+    nullable unless `not null`; a generated column carries its expression as `delta.generationExpression`."""
     fields: list[pa.Field] = []
     for item in _split_top_level(spec):
         if ":" not in item:
             raise click.BadParameter(f"expected name:type, got {item!r}", param_hint="--schema")
         name, type_text = (s.strip() for s in item.split(":", 1))
+        metadata: dict[str, str] = {}
+        generated = _GENERATED.match(type_text)
+        if generated is not None:
+            if not generated.group("expr").strip():
+                raise click.BadParameter(f"column {name!r}: an empty generation expression", param_hint="--schema")
+            metadata[GENERATION_KEY] = generated.group("expr").strip()
+            type_text = generated.group("type").strip()
         nullable = True
         low = type_text.lower()
         if low.endswith(" not null"):
@@ -135,7 +160,7 @@ def parse_schema(spec: str) -> pa.Schema:
             arrow_type = delta_type_to_arrow(delta_name)
         except (DeltaCoordError, ValueError) as e:
             raise click.BadParameter(f"column {name!r}: unknown type {type_text!r} ({e})", param_hint="--schema") from e
-        fields.append(pa.field(name, arrow_type, nullable=nullable))
+        fields.append(pa.field(name, arrow_type, nullable=nullable, metadata=metadata or None))
     if not fields:
         raise click.BadParameter("the schema has no columns", param_hint="--schema")
     names = [f.name for f in fields]
@@ -273,27 +298,43 @@ def table_group() -> None:
 @click.argument("path", type=TableLocationParam())
 @click.option("--schema", "schema_spec", required=True,
               help='Columns as "name:type,...", types: long, integer, short, byte, double, float, boolean, string, '
-                   'binary, date, timestamp, decimal(p,s); append " not null" to a type for a required column.')
+                   'binary, date, timestamp, decimal(p,s); append " not null" to a type for a required column and '
+                   '" generated always as (SQL)" for a generated column.')
 @click.option("--partition-by", "partition_by", multiple=True,
               help="Partition column (repeatable, or comma-separated).")
-@click.option("--property", "properties", multiple=True, metavar="KEY=VALUE", help="Table property (repeatable).")
+@click.option("--property", "properties", multiple=True, metavar="KEY=VALUE",
+              help="Table property (repeatable); delta.enableChangeDataFeed=true and the like enable their feature.")
+@click.option("--constraint", "constraints", multiple=True, metavar="NAME=SQL",
+              help="CHECK constraint every written row must satisfy (repeatable).")
+@click.option("--feature", "features", multiple=True, metavar="NAME",
+              help="Table feature to put in the protocol, e.g. domainMetadata (repeatable).")
+@click.option("--min-reader-version", type=click.IntRange(1, 3), default=None, help="Least protocol reader version.")
+@click.option("--min-writer-version", type=click.IntRange(1, 7), default=None, help="Least protocol writer version.")
 @click.option("--name", default=None, help="Table name recorded in metaData.")
 @_writes
-def create_cmd(path: str, schema_spec: str, partition_by: tuple[str, ...], properties: tuple[str, ...], name: str | None,
-               bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
-               writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
-    """CREATE TABLE at PATH (version 0).
+def create_cmd(path: str, schema_spec: str, partition_by: tuple[str, ...], properties: tuple[str, ...],
+               constraints: tuple[str, ...], features: tuple[str, ...], min_reader_version: int | None,
+               min_writer_version: int | None, name: str | None, bootstrap_servers: str, topic_prefix: str,
+               kafka_pairs: tuple[str, ...], table_id: str | None, writer_key: str | None,
+               storage_pairs: tuple[str, ...]) -> None:
+    """CREATE TABLE at PATH (version 0), with the least protocol that has the features asked for and those the
+    properties, constraints and schema need; a feature deltacoord cannot honour is refused, naming it.
 
     \b
-    Example:
+    Examples:
       deltacoord table create /data/sales --schema "id:long,date:string,amount:decimal(10,2)" --partition-by date
+      deltacoord table create /data/events --schema "id:long not null,ts:timestamp,day:date generated always as (CAST(ts AS DATE))" --constraint "id_positive=id > 0" --property delta.enableChangeDataFeed=true --feature domainMetadata
     """
     schema = parse_schema(schema_spec)
     parts = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
     props = parse_pairs(properties, "--property")
+    checks = parse_pairs(constraints, "--constraint")
+    protocol = None
+    if min_reader_version is not None or min_writer_version is not None:
+        protocol = Protocol(min_reader_version or 1, min_writer_version or 2)
     with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
-        _echo_json(_result_json(t.create(schema, partition_by=parts, properties=props, name=name,
-                                         proposal_id=_proposal_id())))
+        _echo_json(_result_json(t.create(schema, partition_by=parts, properties=props, name=name, features=features,
+                                         protocol=protocol, constraints=checks, proposal_id=_proposal_id())))
 
 
 @table_group.command("adopt")

@@ -26,6 +26,7 @@ from sqlglot import exp
 from schemas.expressions.syntax import (
     ExpressionError,
     NotALiteral,
+    cast_type,
     columns_of,
     conjuncts,
     literal,
@@ -40,6 +41,11 @@ FilterTuple: TypeAlias = tuple[str, str, Any]
 Filter: TypeAlias = str | Sequence[FilterTuple] | Sequence[Sequence[FilterTuple]]
 
 _LITERALS = (exp.Literal, exp.Null, exp.Boolean, exp.Neg, exp.Cast, exp.TryCast)
+
+
+def _is_literal(node: exp.Expr) -> bool:
+    """A literal, a negated one or a CAST of one (a CAST of a column is a value, not a literal)."""
+    return isinstance(unparen(node), _LITERALS) and node.find(exp.Column) is None
 _CMP: dict[type[exp.Expr], str] = {exp.EQ: "equal", exp.NEQ: "not_equal", exp.GT: "greater", exp.GTE: "greater_equal", exp.LT: "less",
         exp.LTE: "less_equal"}
 _ARITH = {exp.Add: "add", exp.Sub: "subtract", exp.Mul: "multiply", exp.Div: "divide"}
@@ -59,6 +65,11 @@ def category_of_arrow(t: pa.DataType) -> str:
         return BOOL
     return STR
 
+
+#: CAST targets (Delta type names, `syntax.CAST_TYPES`) as Arrow types.
+_ARROW_OF_CAST = {"string": pa.string(), "integer": pa.int32(), "long": pa.int64(), "short": pa.int16(), "byte": pa.int8(),
+                  "double": pa.float64(), "float": pa.float32(), "date": pa.date32(), "boolean": pa.bool_(),
+                  "timestamp": pa.timestamp("us", tz="UTC")}
 
 #: The Arrow type a string column is cast to when compared with a value of a category.
 _CAST_TARGET = {NUM: pa.float64(), DATE: pa.date32(), TS: pa.timestamp("us", tz="UTC"), BOOL: pa.bool_()}
@@ -161,7 +172,7 @@ class _Translator:
     def operands(self, left: exp.Expr, right: exp.Expr) -> tuple[pc.Expression, pc.Expression]:
         """Both sides of a comparison or an arithmetic operation, brought to comparable types."""
         lt, rt = self.typed_of(left), self.typed_of(right)
-        l_lit, r_lit = isinstance(unparen(left), _LITERALS), isinstance(unparen(right), _LITERALS)
+        l_lit, r_lit = _is_literal(left), _is_literal(right)
         if l_lit and r_lit:
             return pc.scalar(self.literal(left)), pc.scalar(self.literal(right))
         if r_lit:
@@ -179,6 +190,14 @@ class _Translator:
         node = unparen(node)
         if isinstance(node, exp.Column):
             return self.column(node)[0]
+        if isinstance(node, (exp.Cast, exp.TryCast)) and self._has_column(node):
+            return self.cast(node)
+        if isinstance(node, exp.Neg) and self._has_column(node):
+            return pc.negate(self.value(node.this))
+        if isinstance(node, exp.Func) and not isinstance(node, exp.Cast | exp.TryCast):
+            fn = self.function(node)
+            if fn is not None:
+                return fn
         if isinstance(node, _LITERALS):
             return pc.scalar(self.literal(node))
         for cls, fn in _ARITH.items():
@@ -189,6 +208,64 @@ class _Translator:
                 return getattr(pc, fn)(a, b)
         return self.boolean(node)
 
+    @staticmethod
+    def _has_column(node: exp.Expr) -> bool:
+        return node.find(exp.Column) is not None
+
+    def cast(self, node: exp.Cast) -> pc.Expression:
+        """CAST(<column expression> AS <type>) for the primitive types Delta's generated columns use."""
+        target = _ARROW_OF_CAST.get(cast_type(node) or "")
+        if target is None:
+            raise self.bad(f"unsupported CAST target in {node.sql(dialect='spark')}")
+        return self.value(node.this).cast(target)
+
+    def _date_part(self, node: exp.Expr) -> pc.Expression:
+        """The argument of year()/month()/day(): a date or timestamp (a string is read as a date, as Spark)."""
+        inner = unparen(node)
+        if isinstance(inner, exp.TsOrDsToDate):
+            inner = unparen(inner.this)
+        t = self.typed_of(inner)
+        value = self.value(inner)
+        return value.cast(pa.date32()) if t is not None and category_of_arrow(t) == STR else value
+
+    def function(self, node: exp.Func) -> pc.Expression | None:
+        """The SQL functions CHECK constraints and generation expressions commonly use, on Arrow kernels."""
+        if isinstance(node, exp.Upper):
+            return pc.utf8_upper(self.value(node.this))
+        if isinstance(node, exp.Lower):
+            return pc.utf8_lower(self.value(node.this))
+        if isinstance(node, exp.Length):
+            return pc.utf8_length(self.value(node.this)).cast(pa.int32())
+        if isinstance(node, exp.Trim) and not node.args.get("expression") and not node.args.get("position"):
+            return pc.utf8_trim_whitespace(self.value(node.this))
+        if isinstance(node, exp.Abs):
+            return pc.abs(self.value(node.this))
+        if isinstance(node, exp.Concat):
+            return pc.binary_join_element_wise(*(self.value(a).cast(pa.string()) for a in node.expressions), pc.scalar(""))
+        if isinstance(node, exp.Coalesce):
+            args = [node.this, *node.expressions]
+            t = next((x for x in (self.typed_of(a) for a in args) if x is not None), None)
+            return pc.coalesce(*(self.literal_for(self.literal(a), t) if _is_literal(a)
+                                 else self.value(a) for a in args))
+        if isinstance(node, exp.Substring):
+            start, length = node.args.get("start"), node.args.get("length")
+            first = int(self.literal(start)) if start is not None else 1
+            if first < 1:
+                raise self.bad("substring positions below 1 are not supported")
+            stop = None if length is None else first - 1 + int(self.literal(length))
+            return pc.utf8_slice_codeunits(self.value(node.this), first - 1, stop)
+        for cls, fn in ((exp.Year, pc.year), (exp.Month, pc.month), (exp.Day, pc.day)):
+            if isinstance(node, cls):
+                return fn(self._date_part(node.this)).cast(pa.int32())
+        if isinstance(node, exp.Hour):
+            return pc.hour(self.value(node.this)).cast(pa.int32())
+        if isinstance(node, exp.Case):
+            out: pc.Expression = pc.scalar(None) if node.args.get("default") is None else self.value(node.args["default"])
+            for branch in reversed(node.args.get("ifs") or []):
+                out = pc.if_else(pc.coalesce(self.boolean(branch.this), pc.scalar(False)), self.value(branch.args["true"]), out)
+            return out
+        return None
+
     def compare(self, fn: str, left: exp.Expr, right: exp.Expr) -> pc.Expression:
         a, b = self.operands(left, right)
         a, b = self._cast_string_column(left, right, a), self._cast_string_column(right, left, b)
@@ -198,7 +275,7 @@ class _Translator:
         """A string column compared with a typed literal is cast to the literal's type (Spark)."""
         t = self.typed_of(node)
         o = unparen(other)
-        if t is None or category_of_arrow(t) != STR or not isinstance(o, _LITERALS):
+        if t is None or category_of_arrow(t) != STR or not _is_literal(o):
             return expr
         cat = category_of_value(self.literal(o))
         if cat in (STR, None):
@@ -213,6 +290,11 @@ class _Translator:
             return self.boolean(node.left) | self.boolean(node.right)
         if isinstance(node, exp.Not):
             return ~self.boolean(node.this)
+        if isinstance(node, exp.Like) and isinstance(unparen(node.expression), exp.Literal):
+            return pc.match_like(self.value(node.this), pattern=str(self.literal(node.expression)))
+        if isinstance(node, exp.NullSafeEQ):
+            a, b = self.operands(node.left, node.right)
+            return pc.if_else(a.is_null() | b.is_null(), a.is_null() & b.is_null(), pc.equal(a, b))
         fn = _CMP.get(type(node))
         if fn is not None:
             assert isinstance(node, exp.Binary)
@@ -230,6 +312,9 @@ class _Translator:
             return self.value(node.this).is_null()
         if isinstance(node, (exp.Column, *_LITERALS)):
             return self.value(node)
+        fn = self.function(node) if isinstance(node, exp.Func) else None
+        if fn is not None:
+            return fn
         raise self.bad(f"unsupported construct {node.key.upper()} ({node.sql(dialect='spark')})")
 
     def in_list(self, node: exp.In) -> pc.Expression:
@@ -295,7 +380,7 @@ def compile_filter(text: str, schema: pa.Schema) -> Any:
 def evaluate(text: str, table: pa.Table) -> pa.Array:
     """Evaluate a SQL value expression (an UPDATE's SET value) over a table."""
     node = parse(text)
-    if isinstance(unparen(node), _LITERALS):
+    if _is_literal(node):
         return pa.array([_Translator(table.schema, text).literal(node)] * table.num_rows)
     expr = to_arrow(node, table.schema, text)
     import pyarrow.dataset as ds  # here: the module costs memory the checkpoint process does not need

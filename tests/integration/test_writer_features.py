@@ -3,8 +3,10 @@
 delta-rs adds each feature it knows to a fresh table (`alter.add_feature`); a feature delta-rs cannot add
 is added by one protocol commit written here. The writer must refuse, before staging anything, every
 feature it cannot honour for the operation, naming it; the features it honours pass its check (their
-behaviour is tested where it is built: append-only, deletion vectors, in-commit timestamps, ...; the change
-data feed and column mapping are also written here, on the tables their cases build, after adopting them).
+behaviour is tested where it is built: append-only, deletion vectors, in-commit timestamps; invariants,
+CHECK constraints and generated columns in test_write_constraints.py, and here on the tables of this list:
+a row that breaks the rule is refused, one that keeps it is written; the change data feed and column
+mapping are also written here, on the tables their cases build, after adopting them).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from deltalake import DeltaTable, QueryBuilder, TableFeatures, write_deltalake
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError
 from schemas.writer_features import FEATURES, writer_problems
 from tests.conftest import TablePlace
+from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.test_writer_operations import Env, running_env
+from writer.constraints import ConstraintViolationError
 from writer.table import Table
 
 Make = Callable[[Path], None]
@@ -113,17 +117,17 @@ CASES: dict[str, tuple[Make, str, str | None]] = {
     "invariants": (_feature("Invariants"), "WRITE", None),
     "invariants with a column invariant": (
         _feature("Invariants", _column_metadata("delta.invariants", json.dumps({"expression": {"expression": "s IS NOT NULL"}}))),
-        "WRITE", "invariants"),
+        "WRITE", None),  # behaviour: test_write_constraints.py
     "checkConstraints": (_feature("CheckConstraints"), "WRITE", None),
     "checkConstraints with a constraint": (
-        _feature("CheckConstraints", lambda dt: dt.alter.add_constraint({"id_positive": "id > 0"})), "WRITE", "CHECK constraints"),
+        _feature("CheckConstraints", lambda dt: dt.alter.add_constraint({"id_positive": "id > 0"})), "WRITE", None),
     "changeDataFeed on, append": (_CDF, "WRITE", None),
     "changeDataFeed on, delete": (_CDF, "DELETE", None),
     "changeDataFeed on, update": (_CDF, "UPDATE", None),
     "changeDataFeed on, merge": (_CDF, "MERGE", None),
     "generatedColumns": (_feature("GeneratedColumns"), "WRITE", None),
     "generatedColumns with a generated column": (
-        _feature("GeneratedColumns", _column_metadata("delta.generationExpression", "upper(s)")), "WRITE", "generated columns"),
+        _feature("GeneratedColumns", _column_metadata("delta.generationExpression", "upper(s)")), "WRITE", None),
     "identityColumns": (_feature("IdentityColumns"), "WRITE", None),
     "identityColumns with an identity column": (
         _feature("IdentityColumns", _column_metadata("delta.identity.start", "1")), "WRITE", None),
@@ -147,6 +151,44 @@ CASES: dict[str, tuple[Make, str, str | None]] = {
     "variantType": (_feature("VariantType"), "WRITE", None),
     "an unknown feature": (_protocol_commit("someFutureFeature"), "WRITE", "does not know"),
 }
+
+
+#: Honoured rules on the rows of a write: case -> (a row that breaks it, a phrase of the refusal, a row that keeps it).
+ROW_RULES: dict[str, tuple[pa.Table, str, pa.Table]] = {
+    "invariants with a column invariant": (
+        pa.table({"id": pa.array([3], pa.int64()), "s": pa.array([None], pa.string())}),
+        "CHECK constraint EXPRESSION(s IS NOT NULL) (s IS NOT NULL) violated by row with values:\n - s : None",
+        pa.table({"id": pa.array([3], pa.int64()), "s": ["c"]})),
+    "checkConstraints with a constraint": (
+        pa.table({"id": pa.array([-3], pa.int64()), "s": ["c"]}),
+        "CHECK constraint id_positive (id > 0) violated by row with values:\n - id : -3",
+        pa.table({"id": pa.array([3], pa.int64()), "s": ["c"]})),
+    "generatedColumns with a generated column": (
+        pa.table({"id": pa.array([3], pa.int64()), "s": ["c"]}),  # s is generated from itself: upper(s) <> 'c'
+        "CHECK constraint Generated Column (`s` <=> (upper(s))) violated by row with values:\n - s : c",
+        pa.table({"id": pa.array([3], pa.int64()), "s": ["C"]})),
+}
+
+
+@pytest.mark.parametrize("case", list(ROW_RULES), ids=list(ROW_RULES))
+def test_an_honoured_row_rule_refuses_a_breaking_row_and_writes_a_keeping_one(case: str, tmp_path: Path,
+                                                                               kafka_bootstrap: str) -> None:
+    make, _operation, refusal = CASES[case]
+    assert refusal is None
+    path = tmp_path / "t"
+    make(path)
+    bad, phrase, good = ROW_RULES[case]
+    topics = fresh_topics(kafka_bootstrap)
+    with coordinator_thread(kafka_bootstrap, topics), Table(path, kafka_bootstrap, topics=topics) as t:
+        adopted = t.adopt().version
+        before = sorted(p.name for p in path.glob("*.parquet"))
+        with pytest.raises(ConstraintViolationError) as e:
+            t.append(bad)
+        assert phrase in str(e.value)
+        assert sorted(p.name for p in path.glob("*.parquet")) == before, "nothing is staged for a refused write"
+        assert t.append(good).version == adopted + 1
+        t.release()
+    assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("id").to_pylist()) == [1, 2, 3]
 
 
 def test_every_known_writer_feature_has_a_case() -> None:
