@@ -173,8 +173,8 @@ def test_create_with_features_constraints_and_generated_columns(kafka_bootstrap:
             assert sorted((r["id"], r["day"]) for r in parted.to_pyarrow_table().to_pylist()) == [
                 (1, dt.date(2024, 6, 1)), (2, dt.date(2024, 6, 2))]
         with Table(tmp_path / "refused", kafka_bootstrap, topics=topics) as t:
-            for features, props, named in ((["rowTracking"], {}, "writer feature rowTracking"),
-                                           ([], {"delta.enableRowTracking": "true"}, "writer feature rowTracking"),
+            for features, props, named in ((["allowColumnDefaults"], {}, "writer feature allowColumnDefaults"),
+                                           ([], {"delta.enableIcebergCompatV2": "true"}, "writer feature icebergCompatV2"),
                                            (["someFutureFeature"], {}, "writer feature someFutureFeature")):
                 with pytest.raises(UnsupportedTableFeatureError, match=f"cannot create this table: {named}"):
                     t.create(pa.schema([pa.field("id", pa.int64())]), features=features, properties=props)
@@ -220,8 +220,8 @@ def test_the_cli_creates_a_table_with_features_constraints_and_generated_columns
         assert run("append", path, "--json-rows", rows).exit_code == 0
         bad = run("append", path, "--json-rows", json.dumps([{"id": -1, "ts": "2024-05-06T07:08:09Z"}]))
         assert bad.exit_code == 1 and "CHECK constraint id_positive (id > 0) violated by row with values" in bad.output
-        refused = run("create", str(tmp_path / "u"), "--schema", "id:long", "--feature", "rowTracking")
-        assert refused.exit_code == 1 and "writer feature rowTracking" in refused.output
+        refused = run("create", str(tmp_path / "u"), "--schema", "id:long", "--feature", "allowColumnDefaults")
+        assert refused.exit_code == 1 and "writer feature allowColumnDefaults" in refused.output
         versions = run("create", str(tmp_path / "v"), "--schema", "id:long", "--min-writer-version", "4")
         assert versions.exit_code == 0 and Snapshot.load(str(tmp_path / "v")).protocol == Protocol(1, 4)
     got = sorted((r["id"], r["day"].isoformat(), r["big"]) for r in DeltaTable(path).to_pyarrow_table().to_pylist())
