@@ -216,7 +216,7 @@ def test_schema_types() -> None:
     arr = delta_type_to_arrow({"type": "array", "elementType": "integer", "containsNull": False})
     assert arr.value_field.nullable is False
     with pytest.raises(UnsupportedTableFeatureError):
-        delta_type_to_arrow("variant")
+        delta_type_to_arrow("interval")
     assert parse_partition_value("2024-01-01 10:00:00.5", pa.timestamp("us", "UTC")) == dt.datetime(2024, 1, 1, 10, 0, 0, 500000, tzinfo=UTC)
     assert parse_partition_value("1970-01-01T00:00:00.123456Z", pa.timestamp("us", "UTC")) == dt.datetime(1970, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)
     assert parse_partition_value("", pa.int32()) is None
