@@ -278,7 +278,8 @@ def _row_groups_holding(pf: pq.ParquetFile, columns: Sequence[str]) -> list[int]
 
 
 def _parquet_batches(
-    path: StoredObject, columns: Sequence[str], batch_rows: int, *, follow_sidecars: bool = True, skip_absent: bool = False
+    path: StoredObject, columns: Sequence[str], batch_rows: int, *, follow_sidecars: bool = True, skip_absent: bool = False,
+    use_threads: bool = True,
 ) -> Iterator[pa.RecordBatch]:
     try:
         # pre_buffer (on by default) coalesces reads ahead and its buffers grew RSS by ~60 MB
@@ -290,7 +291,7 @@ def _parquet_batches(
     sidecars = _sidecar_paths_from_parquet(pf, path) if follow_sidecars else []
     groups = _row_groups_holding(pf, present) if (skip_absent and present) else None
     if present and groups != []:
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups, columns=present, use_threads=True):
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups, columns=present, use_threads=use_threads):
             yield conform_batch(batch, target)
     elif not present and not skip_absent:
         # none of the requested columns exist: all-null rows keep row counts honest
@@ -300,7 +301,8 @@ def _parquet_batches(
             yield pa.RecordBatch.from_arrays([pa.nulls(n, f.type) for f in target], schema=target)
             remaining -= n
     for sc in sidecars:
-        yield from _parquet_batches(sc, columns, batch_rows, follow_sidecars=False, skip_absent=skip_absent)
+        yield from _parquet_batches(sc, columns, batch_rows, follow_sidecars=False, skip_absent=skip_absent,
+                                    use_threads=use_threads)
 
 
 def iter_checkpoint_batches(
@@ -309,6 +311,7 @@ def iter_checkpoint_batches(
     batch_rows: int = DEFAULT_BATCH_ROWS,
     *,
     skip_absent: bool = False,
+    use_threads: bool = True,
 ) -> Iterator[pa.RecordBatch]:
     """Record batches (at most `batch_rows` rows) of a checkpoint's parts, conformed to `columns`.
 
@@ -316,6 +319,9 @@ def iter_checkpoint_batches(
     `skip_absent`, Parquet row groups whose statistics show none of `columns`
     are not read (so rows are missing, not all-null): reading a table's few
     protocol/metaData/txn rows then costs one row group, not the whole file.
+    `use_threads=False` decodes on the calling thread: slower, but the allocator
+    then reuses and returns the decoder's freed buffers instead of keeping them in
+    other threads' heaps.
     """
     for c in columns:
         if c not in ACTION_COLUMNS:
@@ -325,7 +331,7 @@ def iter_checkpoint_batches(
         if p.name.endswith(".json"):
             yield from _json_checkpoint_batches(p, columns, batch_rows)
         else:
-            yield from _parquet_batches(p, columns, batch_rows, skip_absent=skip_absent)
+            yield from _parquet_batches(p, columns, batch_rows, skip_absent=skip_absent, use_threads=use_threads)
 
 
 def read_checkpoint_table(paths: Iterable[LogFile], columns: Sequence[str] = ACTION_COLUMNS) -> pa.Table:
@@ -417,6 +423,41 @@ def _map_list(values: list[Any]) -> list[dict[str, Any] | None]:  # map rows arr
     return [None if v is None else dict(v) for v in values]
 
 
+def _shared_string_maps(arr: pa.Array, name: str) -> list[dict[str, str | None]]:
+    """The rows of a map<string, string> child as dicts, one dict object per distinct map ({} for null).
+
+    A table has few distinct partition values and many files: sharing the dicts (read-only
+    `Mapping`s in the actions) saved a third of the memory of 100k AddFiles. Slicing the
+    map's flat key and value lists was faster than Arrow's row-by-row conversion, and than
+    finding the distinct rows with Arrow compute.
+    """
+    idx = arr.type.get_field_index(name)
+    empty: dict[str, str | None] = {}
+    if idx < 0:
+        return [empty] * len(arr)
+    col = arr.field(idx)
+    if col.null_count == len(col):
+        return [empty] * len(col)
+    offsets = col.offsets.to_pylist()
+    keys = col.keys.to_pylist()
+    items = col.items.to_pylist()
+    valid = col.is_valid().to_pylist() if col.null_count else None
+    seen: dict[tuple[str | None, ...], dict[str, str | None]] = {(): empty}
+    out: list[dict[str, str | None]] = []
+    append = out.append
+    for i in range(len(col)):
+        if valid is not None and not valid[i]:
+            append(empty)
+            continue
+        lo, hi = offsets[i], offsets[i + 1]
+        ident = (*keys[lo:hi], *items[lo:hi])
+        d = seen.get(ident)
+        if d is None:
+            d = seen[ident] = dict(zip(keys[lo:hi], items[lo:hi], strict=True))
+        append(d)
+    return out
+
+
 def _dv_list(dv: pa.Array) -> list[DeletionVector | None]:
     if dv.null_count == len(dv):
         return [None] * len(dv)
@@ -471,7 +512,7 @@ def adds_from_struct(arr: pa.Array) -> list[AddFile]:
     if n == 0:
         return []
     paths = _field_list(arr, "path")
-    pvs = _map_list(_field_list(arr, "partitionValues"))
+    pvs = _shared_string_maps(arr, "partitionValues")
     sizes = _field_list(arr, "size")
     mtimes = _field_list(arr, "modificationTime")
     dcs = _field_list(arr, "dataChange")
@@ -481,22 +522,8 @@ def adds_from_struct(arr: pa.Array) -> list[AddFile]:
     brid = _field_list(arr, "baseRowId")
     drcv = _field_list(arr, "defaultRowCommitVersion")
     cprov = _field_list(arr, "clusteringProvider")
-    return [
-        AddFile(
-            path=paths[i],
-            partition_values=pvs[i] or {},
-            size=sizes[i],
-            modification_time=mtimes[i],
-            data_change=bool(dcs[i]),
-            stats=stats[i],
-            tags=tags[i],
-            deletion_vector=dvs[i],
-            base_row_id=brid[i],
-            default_row_commit_version=drcv[i],
-            clustering_provider=cprov[i],
-        )
-        for i in range(n)
-    ]
+    # Positional arguments through map(): no per-row indexing or keyword matching (a third faster).
+    return list(map(AddFile, paths, pvs, sizes, mtimes, map(bool, dcs), stats, tags, dvs, brid, drcv, cprov))
 
 
 @_without_cyclic_gc()
@@ -509,7 +536,7 @@ def removes_from_struct(arr: pa.Array) -> list[RemoveFile]:
     dts = _field_list(arr, "deletionTimestamp")
     dcs = _field_list(arr, "dataChange")
     efm = _field_list(arr, "extendedFileMetadata")
-    pvs = _map_list(_field_list(arr, "partitionValues"))
+    pvs = _shared_string_maps(arr, "partitionValues")
     sizes = _field_list(arr, "size")
     stats = _field_list(arr, "stats")
     tags = _map_list(_field_list(arr, "tags"))

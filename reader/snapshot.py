@@ -41,6 +41,7 @@ from reader.checkpoint import (
     actions_to_record_batch,
     adds_from_struct,
     file_key_strings,
+    iter_checkpoint_batches,
     key_string,
     non_null,
     read_checkpoint_table,
@@ -271,13 +272,56 @@ class LogReplayState:
                 self.domains[a.domain] = a
 
 
-def _filter_out_keys(files: pa.Array, keys: Iterable[str]) -> pa.Array:
+def _filter_out_keys(files: pa.ChunkedArray, keys: Iterable[str]) -> pa.ChunkedArray:
     ks = list(keys)
     if not ks or len(files) == 0:
         return files
-    key_col = file_key_strings(files)
-    touched = pc.is_in(key_col, value_set=string_array(ks))
-    return files.filter(pc.invert(touched))
+    value_set = string_array(ks)
+    return pa.chunked_array([c.filter(pc.invert(pc.is_in(file_key_strings(c), value_set=value_set))) for c in files.chunks],
+                            type=files.type)
+
+
+def _checkpoint_small_actions(paths: Sequence[StoredObject]) -> list[Action]:
+    """protocol, metaData, txn and domainMetadata of a checkpoint, reading only row groups that hold them."""
+    out: list[Action] = []
+    try:
+        for batch in iter_checkpoint_batches(paths, list(SMALL_ACTION_COLUMNS), skip_absent=True):
+            out.extend(small_actions_from_table(batch))
+    except (OSError, pa.ArrowException, StorageError) as e:
+        raise CheckpointReadError(f"cannot read checkpoint {paths[0] if paths else ''}: {e}") from e
+    return out
+
+
+#: Rows of the checkpoint's `add` column decoded at a time when loading a snapshot.
+_ADD_BATCH_ROWS = 8192
+
+
+def _live_checkpoint_adds(paths: Sequence[StoredObject], superseded: Iterable[str]) -> pa.ChunkedArray:
+    """The checkpoint's adds that no later commit touched, one filtered chunk per batch read.
+
+    Decoding the whole `add` column at once, then dropping its null rows and the superseded
+    files, held three copies of it and the decoder's garbage at the peak; batch by batch, only
+    the kept rows accumulate, and the allocator's freed pages go back between batches.
+    """
+    ks = list(superseded)
+    value_set = string_array(ks) if ks else None
+    pool = pa.default_memory_pool()
+    chunks: list[pa.Array] = []
+    where = paths[0] if paths else "checkpoint"
+    try:
+        for batch in iter_checkpoint_batches(paths, ["add"], _ADD_BATCH_ROWS, use_threads=False):
+            col = batch.column(0)
+            keep = col.is_valid()
+            if value_set is not None:
+                keep = pc.and_(keep, pc.invert(pc.is_in(file_key_strings(col), value_set=value_set)))
+            kept = col.filter(keep)
+            if len(kept):
+                chunks.append(kept)
+            del batch, col, keep
+            pool.release_unused()
+    except (OSError, pa.ArrowException, StorageError) as e:
+        raise CheckpointReadError(f"cannot read the adds of checkpoint {where}: {e}") from e
+    return pa.chunked_array(chunks, type=ADD_TYPE)
 
 
 @dataclass(eq=False)
@@ -292,7 +336,7 @@ class Snapshot:
     txns: Mapping[str, SetTransaction]
     domain_metadata: Mapping[str, DomainMetadata]
     segment: LogSegment = field(repr=False)
-    _checkpoint_adds: pa.Array = field(repr=False)  # live adds from the checkpoint (StructArray of ADD_TYPE)
+    _checkpoint_adds: pa.ChunkedArray = field(repr=False)  # live adds from the checkpoint (chunks of ADD_TYPE structs)
     _commit_files: Mapping[str, FileAction] = field(repr=False)  # newest action per key from later commits
 
     # ------------------------------------------------------------------ loading
@@ -382,11 +426,9 @@ class Snapshot:
         state = LogReplayState()
         for _v, actions in iter_commits(segment):
             state.apply(actions)
-        ckpt_adds: pa.Array = pa.nulls(0, ADD_TYPE)
+        ckpt_adds = pa.chunked_array([], type=ADD_TYPE)
         if segment.checkpoint is not None:
-            columns = [*SMALL_ACTION_COLUMNS, "add"] if with_files else list(SMALL_ACTION_COLUMNS)
-            table = read_checkpoint_table(segment.checkpoint.paths, columns)
-            for a in small_actions_from_table(table):
+            for a in _checkpoint_small_actions(segment.checkpoint.paths):
                 if isinstance(a, Protocol):
                     state.protocol = state.protocol or a
                 elif isinstance(a, Metadata):
@@ -401,7 +443,7 @@ class Snapshot:
                 elif isinstance(a, DomainMetadata):
                     state.domains.setdefault(a.domain, a)
             if with_files:
-                ckpt_adds = _filter_out_keys(non_null(table.column("add")), state.files.keys())
+                ckpt_adds = _live_checkpoint_adds(segment.checkpoint.paths, state.files.keys())
         if state.protocol is None:
             raise CorruptLogError(f"{uri}: no protocol action found up to version {segment.version}")
         if state.metadata is None:
@@ -488,13 +530,13 @@ class Snapshot:
 
     def add_files_struct(self) -> pa.Array:
         """All live files as one Arrow StructArray (checkpoint `add` column type)."""
+        chunks: list[pa.Array] = list(self._checkpoint_adds.chunks)
         commit_adds = [a for a in self._commit_files.values() if isinstance(a, AddFile)]
-        if not commit_adds:
-            return self._checkpoint_adds
-        extra = actions_to_record_batch(commit_adds, columns=["add"], checkpoint_form=False).column(0)
-        if len(self._checkpoint_adds) == 0:
-            return extra
-        return pa.concat_arrays([self._checkpoint_adds, extra])
+        if commit_adds:
+            chunks.append(actions_to_record_batch(commit_adds, columns=["add"], checkpoint_form=False).column(0))
+        if not chunks:
+            return pa.nulls(0, ADD_TYPE)
+        return chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
 
     def files(self) -> list[AddFile]:
         """The live AddFiles (built once, on first call)."""
@@ -502,13 +544,15 @@ class Snapshot:
 
     @functools.cached_property
     def _files_cached(self) -> tuple[AddFile, ...]:
-        out = adds_from_struct(self._checkpoint_adds)
+        out: list[AddFile] = []
+        for chunk in self._checkpoint_adds.chunks:
+            out.extend(adds_from_struct(chunk))
         out.extend(a for a in self._commit_files.values() if isinstance(a, AddFile))
         return tuple(out)
 
     def file_paths(self) -> list[str]:
         """`add.path` of every live file (no Python objects built for checkpoint rows)."""
-        paths: list[str] = self._checkpoint_adds.field("path").to_pylist() if len(self._checkpoint_adds) else []
+        paths: list[str] = [p for c in self._checkpoint_adds.chunks for p in c.field("path").to_pylist()]
         paths.extend(a.path for a in self._commit_files.values() if isinstance(a, AddFile))
         return paths
 
@@ -517,8 +561,9 @@ class Snapshot:
         out: list[RemoveFile] = []
         if self.segment.checkpoint is not None:
             t = read_checkpoint_table(self.segment.checkpoint.paths, ["remove"])
-            removes = _filter_out_keys(non_null(t.column("remove")), self._commit_files.keys())
-            out.extend(removes_from_struct(removes))
+            removes = _filter_out_keys(pa.chunked_array([non_null(t.column("remove"))]), self._commit_files.keys())
+            for chunk in removes.chunks:
+                out.extend(removes_from_struct(chunk))
         out.extend(a for a in self._commit_files.values() if isinstance(a, RemoveFile))
         return out
 
