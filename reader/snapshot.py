@@ -38,8 +38,7 @@ from reader.checkpoint import (
     ADD_TYPE,
     SMALL_ACTION_COLUMNS,
     CheckpointReadError,
-    actions_to_record_batch,
-    adds_from_struct,
+    adds_to_struct,
     file_key_strings,
     iter_checkpoint_batches,
     key_string,
@@ -49,6 +48,7 @@ from reader.checkpoint import (
     small_actions_from_table,
     string_array,
 )
+from reader.checkpoint_adds import CheckpointAdds, read_live_adds
 from reader.deletion_vectors import keep_mask, read_deletion_vector
 from reader.log import (
     CorruptLogError,
@@ -285,43 +285,11 @@ def _checkpoint_small_actions(paths: Sequence[StoredObject]) -> list[Action]:
     """protocol, metaData, txn and domainMetadata of a checkpoint, reading only row groups that hold them."""
     out: list[Action] = []
     try:
-        for batch in iter_checkpoint_batches(paths, list(SMALL_ACTION_COLUMNS), skip_absent=True):
+        for batch in iter_checkpoint_batches(paths, list(SMALL_ACTION_COLUMNS), skip_absent=True, use_threads=False):
             out.extend(small_actions_from_table(batch))
     except (OSError, pa.ArrowException, StorageError) as e:
         raise CheckpointReadError(f"cannot read checkpoint {paths[0] if paths else ''}: {e}") from e
     return out
-
-
-#: Rows of the checkpoint's `add` column decoded at a time when loading a snapshot.
-_ADD_BATCH_ROWS = 8192
-
-
-def _live_checkpoint_adds(paths: Sequence[StoredObject], superseded: Iterable[str]) -> pa.ChunkedArray:
-    """The checkpoint's adds that no later commit touched, one filtered chunk per batch read.
-
-    Decoding the whole `add` column at once, then dropping its null rows and the superseded
-    files, held three copies of it and the decoder's garbage at the peak; batch by batch, only
-    the kept rows accumulate, and the allocator's freed pages go back between batches.
-    """
-    ks = list(superseded)
-    value_set = string_array(ks) if ks else None
-    pool = pa.default_memory_pool()
-    chunks: list[pa.Array] = []
-    where = paths[0] if paths else "checkpoint"
-    try:
-        for batch in iter_checkpoint_batches(paths, ["add"], _ADD_BATCH_ROWS, use_threads=False):
-            col = batch.column(0)
-            keep = col.is_valid()
-            if value_set is not None:
-                keep = pc.and_(keep, pc.invert(pc.is_in(file_key_strings(col), value_set=value_set)))
-            kept = col.filter(keep)
-            if len(kept):
-                chunks.append(kept)
-            del batch, col, keep
-            pool.release_unused()
-    except (OSError, pa.ArrowException, StorageError) as e:
-        raise CheckpointReadError(f"cannot read the adds of checkpoint {where}: {e}") from e
-    return pa.chunked_array(chunks, type=ADD_TYPE)
 
 
 @dataclass(eq=False)
@@ -336,7 +304,7 @@ class Snapshot:
     txns: Mapping[str, SetTransaction]
     domain_metadata: Mapping[str, DomainMetadata]
     segment: LogSegment = field(repr=False)
-    _checkpoint_adds: pa.ChunkedArray = field(repr=False)  # live adds from the checkpoint (chunks of ADD_TYPE structs)
+    _checkpoint_adds: CheckpointAdds = field(repr=False)  # live adds from the checkpoint
     _commit_files: Mapping[str, FileAction] = field(repr=False)  # newest action per key from later commits
 
     # ------------------------------------------------------------------ loading
@@ -426,7 +394,7 @@ class Snapshot:
         state = LogReplayState()
         for _v, actions in iter_commits(segment):
             state.apply(actions)
-        ckpt_adds = pa.chunked_array([], type=ADD_TYPE)
+        ckpt_adds = CheckpointAdds()
         if segment.checkpoint is not None:
             for a in _checkpoint_small_actions(segment.checkpoint.paths):
                 if isinstance(a, Protocol):
@@ -443,7 +411,7 @@ class Snapshot:
                 elif isinstance(a, DomainMetadata):
                     state.domains.setdefault(a.domain, a)
             if with_files:
-                ckpt_adds = _live_checkpoint_adds(segment.checkpoint.paths, state.files.keys())
+                ckpt_adds = read_live_adds(segment.checkpoint.paths, state.files.keys())
         if state.protocol is None:
             raise CorruptLogError(f"{uri}: no protocol action found up to version {segment.version}")
         if state.metadata is None:
@@ -486,7 +454,7 @@ class Snapshot:
         return dataclasses.replace(
             self, version=commits[-1][0], protocol=state.protocol, metadata=state.metadata, txns=dict(state.txns),
             domain_metadata={k: d for k, d in state.domains.items() if not d.removed},
-            _checkpoint_adds=_filter_out_keys(self._checkpoint_adds, touched), _commit_files=state.files)
+            _checkpoint_adds=self._checkpoint_adds.without(touched), _commit_files=state.files)
 
     @property
     def root(self) -> Path:
@@ -530,29 +498,23 @@ class Snapshot:
 
     def add_files_struct(self) -> pa.Array:
         """All live files as one Arrow StructArray (checkpoint `add` column type)."""
-        chunks: list[pa.Array] = list(self._checkpoint_adds.chunks)
+        chunks = self._checkpoint_adds.arrow_chunks()
         commit_adds = [a for a in self._commit_files.values() if isinstance(a, AddFile)]
         if commit_adds:
-            chunks.append(actions_to_record_batch(commit_adds, columns=["add"], checkpoint_form=False).column(0))
+            chunks.append(adds_to_struct(commit_adds))
         if not chunks:
             return pa.nulls(0, ADD_TYPE)
         return chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
 
     def files(self) -> list[AddFile]:
-        """The live AddFiles (built once, on first call)."""
-        return list(self._files_cached)
-
-    @functools.cached_property
-    def _files_cached(self) -> tuple[AddFile, ...]:
-        out: list[AddFile] = []
-        for chunk in self._checkpoint_adds.chunks:
-            out.extend(adds_from_struct(chunk))
+        """The live AddFiles (the checkpoint's are built once, on first call, and replace its Arrow form)."""
+        out = list(self._checkpoint_adds.adds())
         out.extend(a for a in self._commit_files.values() if isinstance(a, AddFile))
-        return tuple(out)
+        return out
 
     def file_paths(self) -> list[str]:
         """`add.path` of every live file (no Python objects built for checkpoint rows)."""
-        paths: list[str] = [p for c in self._checkpoint_adds.chunks for p in c.field("path").to_pylist()]
+        paths = self._checkpoint_adds.paths()
         paths.extend(a.path for a in self._commit_files.values() if isinstance(a, AddFile))
         return paths
 

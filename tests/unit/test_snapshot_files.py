@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reader.checkpoint import actions_to_record_batch, adds_from_struct
+from reader.checkpoint import ADD_TYPE, actions_to_record_batch, adds_from_struct, adds_to_struct
 from reader.log import checkpoint_file_name, commit_file_name
 from reader.snapshot import Snapshot
 from schemas.actions import AddFile, DeletionVector, Metadata, Protocol, commit_to_json_lines
@@ -44,6 +44,18 @@ def test_every_add_field_survives_the_arrow_round_trip_in_order() -> None:
     back = adds_from_struct(arr)
     assert back == adds
     assert adds_from_struct(arr.slice(13, 9)) == adds[13:22]
+
+
+def test_adds_built_from_buffers_equal_the_generic_conversion() -> None:
+    adds = _adds(40)
+    generic = actions_to_record_batch(adds, columns=["add"], checkpoint_form=False).column(0)
+    built = adds_to_struct(adds)
+    built.validate(full=True)
+    assert built.type == ADD_TYPE and built.equals(generic)
+    assert adds_from_struct(built) == adds
+    plain = [AddFile("f.parquet", {}, 1, 2, False)]
+    assert adds_to_struct(plain).equals(actions_to_record_batch(plain, columns=["add"], checkpoint_form=False).column(0))
+    assert len(adds_to_struct([])) == 0
 
 
 def test_files_share_partition_value_dicts_and_drop_superseded_rows(tmp_path: Path) -> None:
