@@ -579,7 +579,13 @@ def _field_list(arr: pa.Array, name: str) -> list[Any]:
     child = arr.field(idx)
     if child.null_count == len(child):
         return [None] * len(arr)
-    return list(child.to_pylist())
+    if child.null_count == 0 and pa.types.is_int64(child.type):
+        # numpy's tolist is several times faster than Arrow's per-value conversion (no pandas import either)
+        data = child.buffers()[1]
+        ints: list[Any] = np.frombuffer(data, dtype=np.int64, count=len(child), offset=child.offset * 8).tolist()
+        return ints
+    values: list[Any] = child.to_pylist()
+    return values
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from reader.checkpoint import (
     CheckpointReadError,
+    _without_cyclic_gc,
     adds_from_struct,
     adds_to_struct,
     file_key_strings,
@@ -27,7 +28,7 @@ from reader.storage import StorageError, StoredObject
 from schemas.actions import AddFile
 
 #: Rows of the checkpoint's `add` column decoded at a time.
-ADD_BATCH_ROWS = 8192
+ADD_BATCH_ROWS = 16_384
 
 
 def read_live_adds(paths: Sequence[StoredObject], superseded: Iterable[str]) -> CheckpointAdds:
@@ -85,11 +86,12 @@ class CheckpointAdds:
             if self._adds is None:
                 out: list[AddFile] = []
                 try:
-                    pool = pa.default_memory_pool()
-                    while self._chunks:
-                        out.extend(adds_from_struct(self._chunks[0]))
-                        del self._chunks[0]
-                        pool.release_unused()  # the chunk's pages back to the OS, for the objects to come
+                    with _without_cyclic_gc():  # one pause for all chunks: no full collection between them
+                        pool = pa.default_memory_pool()
+                        while self._chunks:
+                            out.extend(adds_from_struct(self._chunks[0]))
+                            del self._chunks[0]
+                            pool.release_unused()  # the chunk's pages back to the OS, for the objects to come
                 except BaseException:
                     if out:  # give back what was converted, as Arrow, so nothing is lost
                         self._chunks.insert(0, adds_to_struct(out))
