@@ -70,8 +70,8 @@ class CheckpointAdds:
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        adds = self._adds
-        return len(adds) if adds is not None else sum(len(c) for c in self._chunks)
+        with self._lock:  # not halfway through a conversion
+            return len(self._adds) if self._adds is not None else sum(len(c) for c in self._chunks)
 
     def arrow_chunks(self) -> list[pa.Array]:
         """The adds as StructArrays of the checkpoint `add` type (rebuilt when converted already)."""

@@ -11,10 +11,12 @@ per PROTOCOL.md "Action Reconciliation":
 * files are keyed by (path, deletion-vector unique id); the newest action for
   a key decides whether it is live (`add`) or a tombstone (`remove`).
 
-Live files from the checkpoint stay an Arrow StructArray; Python `AddFile`
-objects are only built when `files()` is called. `to_pyarrow()` reads the data
-with partition pruning, partition columns restored with their Delta types and
-deletion vectors applied.
+Live files from the checkpoint stay Arrow (`reader.checkpoint_adds`) until
+`files()` asks for Python `AddFile` objects, which then replace them. `to_pyarrow()`
+reads the data with partition pruning, partition columns restored with their
+Delta types, deletion vectors applied, and column mapping (name or id mode)
+resolved at every nesting level; a `variant` column reads as its binary
+encoding (struct of `metadata` and `value`), as delta-rs returns it.
 """
 
 from __future__ import annotations
