@@ -78,3 +78,24 @@ def test_files_share_partition_value_dicts_and_drop_superseded_rows(tmp_path: Pa
     from_checkpoint = files[:-1]
     assert len({id(a.partition_values) for a in from_checkpoint}) <= 6 * 5  # 3 x 2 distinct maps per batch at most
     assert {r.path for r in snap.tombstones()} == {a.path for a in gone}
+
+
+def test_arrow_and_objects_agree_before_and_after_files_converts_the_checkpoint(tmp_path: Path) -> None:
+    log = tmp_path / "t" / "_delta_log"
+    log.mkdir(parents=True)
+    md = Metadata(id="t", schema_string=SCHEMA, partition_columns=("p", "q"))
+    adds = _adds(20_000)
+    batch = actions_to_record_batch([Protocol(3, 7, ("deletionVectors",), ("deletionVectors",)), md, *adds])
+    pq.write_table(pa.Table.from_batches([batch]), log / checkpoint_file_name(0))
+    snap = Snapshot.load(tmp_path / "t")
+    arrow_before = snap.add_files_struct()
+    paths_before = snap.file_paths()
+    files = snap.files()  # the checkpoint's adds are now held as objects only
+    assert len(files) == snap.num_files == 20_000
+    assert snap.add_files_struct().equals(arrow_before)
+    assert snap.file_paths() == paths_before == [a.path for a in files]
+    assert snap.files() == files
+    # Moving forward from a converted snapshot drops the touched files from the objects.
+    later = snap.with_commits([(1, [files[3].to_remove(9)])])
+    assert later.num_files == 19_999 and files[3] not in later.files()
+    assert len(later.add_files_struct()) == 19_999
