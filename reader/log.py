@@ -35,7 +35,7 @@ from urllib.parse import unquote, urlparse
 
 from reader.storage import StoredObject, TableStorage, parse_table_uri, stored_object
 from reader.storage_uri import check_key
-from schemas.actions import Action, ActionParseError, CommitInfo, action_from_json, json_lines
+from schemas.actions import Action, ActionParseError, CommitInfo, Metadata, action_from_json, json_lines
 from schemas.errors import DeltaCoordError
 
 LOG_DIR_NAME = "_delta_log"
@@ -463,8 +463,31 @@ def iter_commit_actions(data: bytes | str, *, source: str = "<commit>") -> Itera
             action = action_from_json(obj)
         except ActionParseError as e:
             raise CorruptLogError(f"{source}: line {lineno}: {e}") from e
+        if isinstance(action, Metadata):
+            check_schema_string(action, f"{source}: line {lineno}")
         if action is not None:
             yield lineno, action
+
+
+def check_schema_string(metadata: Metadata, where: str) -> None:
+    """Raise CorruptLogError (naming `where`) unless the metaData's schemaString is a JSON struct type.
+
+    Readers parse the schema later and everywhere; a null, non-string or non-JSON one must fail
+    here, where the log file and line are known, not as a TypeError far away.
+    """
+    raw: object = metadata.schema_string
+    if not isinstance(raw, str):
+        raise CorruptLogError(f"{where}: the metaData action's schemaString is {type(raw).__name__} {raw!r}, "
+                              "not a JSON string of the table schema; the log is corrupt: restore this file from a "
+                              "backup or rewrite the metaData with a valid schema")
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise CorruptLogError(f"{where}: the metaData action's schemaString is not valid JSON ({e}); "
+                              "the log is corrupt: restore this file or rewrite the metaData with a valid schema") from None
+    if not isinstance(parsed, dict) or parsed.get("type") != "struct" or not isinstance(parsed.get("fields"), list):
+        raise CorruptLogError(f"{where}: the metaData action's schemaString is not a Delta struct type "
+                              f"(an object with \"type\": \"struct\" and a \"fields\" list): {raw[:200]!r}")
 
 
 def read_commit(ref: LogFile) -> list[Action]:

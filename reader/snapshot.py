@@ -11,10 +11,12 @@ per PROTOCOL.md "Action Reconciliation":
 * files are keyed by (path, deletion-vector unique id); the newest action for
   a key decides whether it is live (`add`) or a tombstone (`remove`).
 
-Live files from the checkpoint stay an Arrow StructArray; Python `AddFile`
-objects are only built when `files()` is called. `to_pyarrow()` reads the data
-with partition pruning, partition columns restored with their Delta types and
-deletion vectors applied.
+Live files from the checkpoint stay Arrow (`reader.checkpoint_adds`) until
+`files()` asks for Python `AddFile` objects, which then replace them. `to_pyarrow()`
+reads the data with partition pruning, partition columns restored with their
+Delta types, deletion vectors applied, and column mapping (name or id mode)
+resolved at every nesting level; a `variant` column reads as its binary
+encoding (struct of `metadata` and `value`), as delta-rs returns it.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from reader.checkpoint import (
     ADD_TYPE,
     SMALL_ACTION_COLUMNS,
     CheckpointReadError,
-    actions_to_record_batch,
-    adds_from_struct,
+    adds_to_struct,
     file_key_strings,
+    iter_checkpoint_batches,
     key_string,
     non_null,
     read_checkpoint_table,
@@ -48,6 +50,7 @@ from reader.checkpoint import (
     small_actions_from_table,
     string_array,
 )
+from reader.checkpoint_adds import CheckpointAdds, read_live_adds
 from reader.deletion_vectors import keep_mask, read_deletion_vector
 from reader.log import (
     CorruptLogError,
@@ -55,6 +58,7 @@ from reader.log import (
     LogSegment,
     TableLocation,
     VersionNotFoundError,
+    check_schema_string,
     commit_key,
     commit_object,
     data_object,
@@ -102,12 +106,20 @@ SUPPORTED_READER_FEATURES = frozenset(
         "typeWidening-preview",
         "catalogManaged",
         "catalogOwned-preview",
+        "variantType",
+        "variantType-preview",
     }
 )
 
 
 class UnsupportedTableFeatureError(DeltaCoordError, NotImplementedError):
     """The table uses a feature this reader cannot honour."""
+
+
+#: How a `variant` column reads: its binary encoding (Parquet's `metadata` and `value`), as delta-rs
+#: returns it; Arrow has no variant type of its own to decode it into.
+VARIANT_ARROW_TYPE = pa.struct([pa.field("metadata", pa.binary(), nullable=False),
+                                pa.field("value", pa.binary(), nullable=False)])
 
 
 # --------------------------------------------------------------------------- Delta schema -> Arrow
@@ -130,6 +142,7 @@ def delta_type_to_arrow(t: Any) -> pa.DataType:
             "timestamp": pa.timestamp("us", tz="UTC"),
             "timestamp_ntz": pa.timestamp("us"),
             "void": pa.null(),
+            "variant": VARIANT_ARROW_TYPE,
         }
         if t in prim:
             return prim[t]
@@ -261,13 +274,24 @@ class LogReplayState:
                 self.domains[a.domain] = a
 
 
-def _filter_out_keys(files: pa.Array, keys: Iterable[str]) -> pa.Array:
+def _filter_out_keys(files: pa.ChunkedArray, keys: Iterable[str]) -> pa.ChunkedArray:
     ks = list(keys)
     if not ks or len(files) == 0:
         return files
-    key_col = file_key_strings(files)
-    touched = pc.is_in(key_col, value_set=string_array(ks))
-    return files.filter(pc.invert(touched))
+    value_set = string_array(ks)
+    return pa.chunked_array([c.filter(pc.invert(pc.is_in(file_key_strings(c), value_set=value_set))) for c in files.chunks],
+                            type=files.type)
+
+
+def _checkpoint_small_actions(paths: Sequence[StoredObject]) -> list[Action]:
+    """protocol, metaData, txn and domainMetadata of a checkpoint, reading only row groups that hold them."""
+    out: list[Action] = []
+    try:
+        for batch in iter_checkpoint_batches(paths, list(SMALL_ACTION_COLUMNS), skip_absent=True, use_threads=False):
+            out.extend(small_actions_from_table(batch))
+    except (OSError, pa.ArrowException, StorageError) as e:
+        raise CheckpointReadError(f"cannot read checkpoint {paths[0] if paths else ''}: {e}") from e
+    return out
 
 
 @dataclass(eq=False)
@@ -282,7 +306,7 @@ class Snapshot:
     txns: Mapping[str, SetTransaction]
     domain_metadata: Mapping[str, DomainMetadata]
     segment: LogSegment = field(repr=False)
-    _checkpoint_adds: pa.Array = field(repr=False)  # live adds from the checkpoint (StructArray of ADD_TYPE)
+    _checkpoint_adds: CheckpointAdds = field(repr=False)  # live adds from the checkpoint
     _commit_files: Mapping[str, FileAction] = field(repr=False)  # newest action per key from later commits
 
     # ------------------------------------------------------------------ loading
@@ -372,21 +396,24 @@ class Snapshot:
         state = LogReplayState()
         for _v, actions in iter_commits(segment):
             state.apply(actions)
-        ckpt_adds: pa.Array = pa.nulls(0, ADD_TYPE)
+        ckpt_adds = CheckpointAdds()
         if segment.checkpoint is not None:
-            columns = [*SMALL_ACTION_COLUMNS, "add"] if with_files else list(SMALL_ACTION_COLUMNS)
-            table = read_checkpoint_table(segment.checkpoint.paths, columns)
-            for a in small_actions_from_table(table):
+            for a in _checkpoint_small_actions(segment.checkpoint.paths):
                 if isinstance(a, Protocol):
                     state.protocol = state.protocol or a
                 elif isinstance(a, Metadata):
+                    if state.metadata is None:
+                        try:
+                            check_schema_string(a, f"checkpoint {segment.checkpoint.paths[0]} (version {segment.checkpoint.version})")
+                        except CorruptLogError as e:
+                            raise CheckpointReadError(str(e)) from None
                     state.metadata = state.metadata or a
                 elif isinstance(a, SetTransaction):
                     state.txns.setdefault(a.app_id, a)
                 elif isinstance(a, DomainMetadata):
                     state.domains.setdefault(a.domain, a)
             if with_files:
-                ckpt_adds = _filter_out_keys(non_null(table.column("add")), state.files.keys())
+                ckpt_adds = read_live_adds(segment.checkpoint.paths, state.files.keys())
         if state.protocol is None:
             raise CorruptLogError(f"{uri}: no protocol action found up to version {segment.version}")
         if state.metadata is None:
@@ -429,7 +456,7 @@ class Snapshot:
         return dataclasses.replace(
             self, version=commits[-1][0], protocol=state.protocol, metadata=state.metadata, txns=dict(state.txns),
             domain_metadata={k: d for k, d in state.domains.items() if not d.removed},
-            _checkpoint_adds=_filter_out_keys(self._checkpoint_adds, touched), _commit_files=state.files)
+            _checkpoint_adds=self._checkpoint_adds.without(touched), _commit_files=state.files)
 
     @property
     def root(self) -> Path:
@@ -473,27 +500,23 @@ class Snapshot:
 
     def add_files_struct(self) -> pa.Array:
         """All live files as one Arrow StructArray (checkpoint `add` column type)."""
+        chunks = self._checkpoint_adds.arrow_chunks()
         commit_adds = [a for a in self._commit_files.values() if isinstance(a, AddFile)]
-        if not commit_adds:
-            return self._checkpoint_adds
-        extra = actions_to_record_batch(commit_adds, columns=["add"], checkpoint_form=False).column(0)
-        if len(self._checkpoint_adds) == 0:
-            return extra
-        return pa.concat_arrays([self._checkpoint_adds, extra])
+        if commit_adds:
+            chunks.append(adds_to_struct(commit_adds))
+        if not chunks:
+            return pa.nulls(0, ADD_TYPE)
+        return chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
 
     def files(self) -> list[AddFile]:
-        """The live AddFiles (built once, on first call)."""
-        return list(self._files_cached)
-
-    @functools.cached_property
-    def _files_cached(self) -> tuple[AddFile, ...]:
-        out = adds_from_struct(self._checkpoint_adds)
+        """The live AddFiles (the checkpoint's are built once, on first call, and replace its Arrow form)."""
+        out = list(self._checkpoint_adds.adds())
         out.extend(a for a in self._commit_files.values() if isinstance(a, AddFile))
-        return tuple(out)
+        return out
 
     def file_paths(self) -> list[str]:
         """`add.path` of every live file (no Python objects built for checkpoint rows)."""
-        paths: list[str] = self._checkpoint_adds.field("path").to_pylist() if len(self._checkpoint_adds) else []
+        paths = self._checkpoint_adds.paths()
         paths.extend(a.path for a in self._commit_files.values() if isinstance(a, AddFile))
         return paths
 
@@ -502,8 +525,9 @@ class Snapshot:
         out: list[RemoveFile] = []
         if self.segment.checkpoint is not None:
             t = read_checkpoint_table(self.segment.checkpoint.paths, ["remove"])
-            removes = _filter_out_keys(non_null(t.column("remove")), self._commit_files.keys())
-            out.extend(removes_from_struct(removes))
+            removes = _filter_out_keys(pa.chunked_array([non_null(t.column("remove"))]), self._commit_files.keys())
+            for chunk in removes.chunks:
+                out.extend(removes_from_struct(chunk))
         out.extend(a for a in self._commit_files.values() if isinstance(a, RemoveFile))
         return out
 
@@ -542,9 +566,6 @@ class Snapshot:
             missing = sorted(set(p.reader_features or ()) - SUPPORTED_READER_FEATURES)
             if missing:
                 raise UnsupportedTableFeatureError(f"{self.table_uri}: unsupported reader features {missing}")
-        mode = self._column_mapping_mode()
-        if mode == "id":
-            raise UnsupportedTableFeatureError(f"{self.table_uri}: column mapping mode 'id' is not supported (only 'none' and 'name')")
 
     def _column_mapping_mode(self) -> str:
         return TableProperties.of(self.metadata).column_mapping_mode
@@ -653,20 +674,88 @@ class Snapshot:
         return result.select(out_names)
 
 
-def _to_logical(arr: pa.Array, field_json: Mapping[str, Any] | None, target: pa.DataType, mode: str) -> pa.Array:
-    """Cast a file column to its logical type, renaming nested physical fields (column mapping)."""
-    if arr.type == target:
-        return arr
-    if pa.types.is_struct(target) and pa.types.is_struct(arr.type):
-        ftype = field_json.get("type") if field_json else None
-        nested = {f["name"]: f for f in ftype["fields"]} if isinstance(ftype, dict) and ftype.get("type") == "struct" else {}
+#: Delta field metadata key of a column's id (column mapping).
+COLUMN_ID_KEY = "delta.columnMapping.id"
+#: Parquet field metadata key carrying a column's field id (Delta column mapping id mode).
+_PARQUET_FIELD_ID = b"PARQUET:field_id"
+
+
+def _field_id(f: Mapping[str, Any] | None, mode: str) -> int | None:
+    """The column mapping id of a Delta field (id mode only)."""
+    if mode != "id" or not f:
+        return None
+    value = (f.get("metadata") or {}).get(COLUMN_ID_KEY)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _parquet_field_id(f: pa.Field) -> int | None:
+    raw = (f.metadata or {}).get(_PARQUET_FIELD_ID)
+    try:
+        return None if raw is None else int(raw)
+    except ValueError:
+        return None
+
+
+def _file_child_index(fields: Sequence[pa.Field], f: Mapping[str, Any] | None, logical: str, mode: str) -> int:
+    """Index of a Delta field's column among a file's sibling fields, -1 when the file lacks it.
+
+    As Delta does: by Parquet field id in id mode, else (and as a fallback) by physical name.
+    """
+    fid = _field_id(f, mode)
+    if fid is not None:
+        for i, pf in enumerate(fields):
+            if _parquet_field_id(pf) == fid:
+                return i
+    name = _physical_name(f, mode) if f else logical
+    for i, pf in enumerate(fields):
+        if pf.name == name:
+            return i
+    return -1
+
+
+def _variant_to_arrow(arr: pa.Array, column: str) -> pa.Array:
+    """A Parquet variant group (`value`, `metadata` binaries) as the reader's variant struct."""
+    names = [f.name for f in arr.type] if pa.types.is_struct(arr.type) else []
+    if "typed_value" in names or "metadata" not in names or "value" not in names:
+        raise UnsupportedTableFeatureError(
+            f"column {column!r} is a variant stored as {arr.type}: only unshredded variants (a struct of "
+            "`metadata` and `value` binaries) can be read; rewrite the table without variant shredding "
+            "(e.g. with Delta on Spark) to read it here")
+    children = [arr.field(names.index("metadata")).cast(pa.binary()), arr.field(names.index("value")).cast(pa.binary())]
+    return pa.StructArray.from_arrays(children, fields=list(VARIANT_ARROW_TYPE),
+                                      mask=arr.is_null() if arr.null_count else None)
+
+
+def _to_logical(arr: pa.Array, type_json: Any, target: pa.DataType, mode: str, column: str = "") -> pa.Array:
+    """Cast a file column to its logical type, renaming physical fields at every level (column mapping).
+
+    `type_json` is the Delta type of the column; structs are matched field by field (by field id in
+    id mode, else by physical name), and arrays and maps are rebuilt around their converted children,
+    so structs nested in lists and maps get their values, not nulls.
+    """
+    if type_json == "variant":
+        return _variant_to_arrow(arr, column)
+    kind = type_json.get("type") if isinstance(type_json, dict) else None
+    if kind == "struct" and pa.types.is_struct(target) and pa.types.is_struct(arr.type):
+        nested = {f["name"]: f for f in type_json["fields"]}
+        file_fields = list(arr.type)
         children = []
         for f in target:
             fj = nested.get(f.name)
-            phys = _physical_name(fj, mode) if fj else f.name
-            idx = arr.type.get_field_index(phys)
-            children.append(pa.nulls(len(arr), f.type) if idx < 0 else _to_logical(arr.field(idx), fj, f.type, mode))
+            idx = _file_child_index(file_fields, fj, f.name, mode)
+            children.append(pa.nulls(len(arr), f.type) if idx < 0
+                            else _to_logical(arr.field(idx), fj["type"] if fj else None, f.type, mode, f"{column}.{f.name}"))
         return pa.StructArray.from_arrays(children, fields=list(target), mask=arr.is_null() if arr.null_count else None)
+    if kind == "array" and pa.types.is_list(target) and (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+        values = _to_logical(arr.values, type_json.get("elementType"), target.value_type, mode, f"{column}.element")
+        offsets = arr.offsets.cast(pa.int32()) if pa.types.is_large_list(arr.type) else arr.offsets
+        return pa.ListArray.from_arrays(offsets, values, type=target, mask=arr.is_null() if arr.null_count else None)
+    if kind == "map" and pa.types.is_map(target) and pa.types.is_map(arr.type):
+        keys = _to_logical(arr.keys, type_json.get("keyType"), target.key_type, mode, f"{column}.key")
+        items = _to_logical(arr.items, type_json.get("valueType"), target.item_type, mode, f"{column}.value")
+        return pa.MapArray.from_arrays(arr.offsets, keys, items, type=target, mask=arr.is_null() if arr.null_count else None)
+    if arr.type == target:
+        return arr
     if pa.types.is_timestamp(target) and pa.types.is_timestamp(arr.type):
         if arr.type.tz is None and target.tz is not None:
             arr = pc.assume_timezone(arr, "UTC") if arr.type.unit == target.unit else pc.assume_timezone(arr.cast(pa.timestamp(target.unit)), "UTC")
@@ -688,26 +777,29 @@ def _read_data_file(
         pf = path.storage.read_parquet_file(path.key, size=size, coerce_int96_timestamp_unit="us")
     except FileNotFoundError:
         raise CorruptLogError(f"data file {path} of the snapshot does not exist") from None
-    file_names = set(pf.schema_arrow.names)
-    phys_names = {name: _physical_name(fj, mode) for name, fj in data_fields}
-    want = [p for p in phys_names.values() if p in file_names]
-    t = pf.read(columns=want, use_threads=False)
+    file_fields = list(pf.schema_arrow)
+    file_cols: dict[str, str] = {}  # logical name -> the file's column
+    for name, fj in data_fields:
+        idx = _file_child_index(file_fields, fj, name, mode)
+        if idx >= 0:
+            file_cols[name] = file_fields[idx].name
+    t = pf.read(columns=sorted(set(file_cols.values())), use_threads=False)
     n = pf.metadata.num_rows
     mask: Any = None
     if dv is not None:
         mask = pa.array(keep_mask(n, read_deletion_vector(storage, dv)))
+    fields_json = dict(data_fields)
     cols: list[pa.Array] = []
     for f in read_schema:
         if f.name in partition_values:
             v = partition_values[f.name]
             cols.append(pa.nulls(n, f.type) if v is None else pa.nulls(n, f.type).fill_null(pa.scalar(v, f.type)))
             continue
-        phys = phys_names[f.name]
-        if phys in file_names:
-            col = t.column(phys)
+        file_col = file_cols.get(f.name)
+        if file_col is not None:
+            col = t.column(file_col)
             arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-            fj = next(fj for name, fj in data_fields if name == f.name)
-            cols.append(_to_logical(arr, fj, f.type, mode))
+            cols.append(_to_logical(arr, fields_json[f.name]["type"], f.type, mode, f.name))
         else:
             cols.append(pa.nulls(n, f.type))
     out = pa.Table.from_arrays(cols, schema=read_schema)
