@@ -22,7 +22,9 @@ documents state that metadata and protocol changes fail concurrent writes):
   that only adds features);
 * any winner `metaData` fails it with MetadataChangedException (Spark has an
   allow-list of config-only changes such as enabling row tracking, deletion
-  vectors or in-commit timestamps; delta-rs and Kernel fail on any metaData);
+  vectors or in-commit timestamps; delta-rs and Kernel fail on any metaData),
+  except, as in Spark, a winner that only advanced identity columns'
+  high-water marks, against a transaction that changes no metadata itself;
 * on a row-level table (deletion vectors enabled, no partition columns;
   `coordinator.rules.row_level`) the append check ignores files a winner only
   re-added with a new deletion vector and matches its other new files against
@@ -58,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.rules.compaction import Compaction, Placement, compaction_of
+from coordinator.rules.identity import only_marks_changed
 from coordinator.rules.row_ids import assign_row_ids
 from coordinator.rules.row_level import (
     Change,
@@ -331,8 +334,8 @@ def _check_table_level(cur: _Current, w: WinningCommit, table: str) -> None:
     # 1. protocol
     if w.protocol is not None:
         raise _Conflict(ProtocolChangedException(winning_version=v, winning_operation=op, table=table), v)
-    # 2. metadata
-    if w.metadata is not None:
+    # 2. metadata (a winner that only advanced identity high-water marks passes a transaction without metaData)
+    if w.metadata is not None and (cur.has_metadata or not only_marks_changed(w.prior_metadata, w.metadata)):
         raise _Conflict(MetadataChangedException(winning_version=v, winning_operation=op, table=table), v)
     # 3. domain metadata
     if cur.domains and w.domains:

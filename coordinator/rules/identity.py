@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from schemas.actions import Action, AddFile, Metadata, RemoveFile
 from schemas.errors import InvalidProposalError
-from schemas.identity import IdentityColumn, identity_columns
+from schemas.identity import HIGH_WATER_MARK, IdentityColumn, identity_columns
 from schemas.reasons import ReasonCode
 
 
@@ -37,6 +37,30 @@ def _bounds(add: AddFile, column: str) -> tuple[int, int] | None:
 
 def _behind(c: IdentityColumn, value: int, mark: int) -> bool:
     return value > mark if c.step > 0 else value < mark
+
+
+def _without_marks(schema_string: str) -> object:
+    schema = json.loads(schema_string)
+    for f in schema.get("fields", []):
+        md = f.get("metadata")
+        if isinstance(md, dict):
+            md.pop(HIGH_WATER_MARK, None)
+    return schema
+
+
+def only_marks_changed(before: Metadata | None, after: Metadata) -> bool:
+    """Whether `after` differs from `before` in identity high-water marks and nothing else (Delta Spark lets
+    such a winner pass a transaction that changes no metadata itself)."""
+    if before is None or before.schema_string == after.schema_string:
+        return False
+    same = (before.id, before.name, before.description, before.format_provider, dict(before.format_options or {}),
+            tuple(before.partition_columns), dict(before.configuration), before.created_time) == \
+           (after.id, after.name, after.description, after.format_provider, dict(after.format_options or {}),
+            tuple(after.partition_columns), dict(after.configuration), after.created_time)
+    try:
+        return same and _without_marks(before.schema_string) == _without_marks(after.schema_string)
+    except (ValueError, AttributeError, TypeError):
+        return False
 
 
 def identity_error(before: Metadata | None, after: Metadata | None, actions: Sequence[Action]) -> InvalidProposalError | None:
@@ -75,4 +99,4 @@ def identity_error(before: Metadata | None, after: Metadata | None, actions: Seq
     return None
 
 
-__all__ = ["identity_error"]
+__all__ = ["identity_error", "only_marks_changed"]

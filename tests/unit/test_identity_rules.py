@@ -91,3 +91,26 @@ def test_rewrites_keep_their_values() -> None:
     r = h.run(proposal(h.head, [removal_of(seed), _file("new.parquet", 1, 2)], operation="UPDATE",
                        read_files=(seed,), predicates=("v = 'x'",)))
     assert isinstance(r, Accepted)
+
+
+def test_a_winner_that_only_advanced_the_mark_passes_a_transaction_without_metadata() -> None:
+    """As Delta Spark's checkNoMetadataUpdates: identity-HWM-only winner vs a current without metaData is OK."""
+    h = Harness(md=_md(_schema(10)))
+    seed = _file("old.parquet", 1, 2)
+    h.commit_raw([seed])
+    read = h.head
+    assert isinstance(_append(h, 12, 11, 12), Accepted)  # the winner: an identity append
+    r = h.run(proposal(read, [removal_of(seed)], operation="DELETE", read_files=(seed,), predicates=("v = 'x'",)))
+    assert isinstance(r, Accepted), r
+
+
+def test_a_winner_that_changed_more_than_the_mark_still_conflicts() -> None:
+    h = Harness(md=_md(_schema(10)))
+    seed = _file("old.parquet", 1, 2)
+    h.commit_raw([seed])
+    read = h.head
+    other = Metadata(id="5f1c0c9e-0000-4000-8000-00000000000a", schema_string=with_high_water_marks(_schema(10), {"id": 12}),
+                     partition_columns=(), configuration={"owner": "x"}, created_time=0)
+    h.must_commit(proposal(read, [other, _file("f.parquet", 11, 12)]))
+    r = h.run(proposal(read, [removal_of(seed)], operation="DELETE", read_files=(seed,), predicates=("v = 'x'",)))
+    assert isinstance(r, Rejected) and isinstance(r.error, MetadataChangedException)
