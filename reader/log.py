@@ -184,8 +184,11 @@ def file_mtime_ms(ref: LogFile) -> int:
 
 
 def checkpoint_exists(location: TableLocation, version: int) -> bool:
-    """Whether the classic checkpoint of `version` is in `_delta_log`."""
-    return table_storage(location).exists(checkpoint_key(version))
+    """Whether a complete checkpoint of `version` (classic, multi-part or V2) is in `_delta_log`."""
+    storage = table_storage(location)
+    if storage.exists(checkpoint_key(version)):
+        return True
+    return bool(list_log(storage, from_version=version).checkpoints.get(version))
 
 
 def newest_commit_version(location: TableLocation) -> int:

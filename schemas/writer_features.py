@@ -15,8 +15,9 @@ Outcomes (`FEATURES` documents each):
   generatedColumns (computed when the data omits them, verified when it supplies them), changeDataFeed
   (DELETE, UPDATE and MERGE write `_change_data` files; the other operations rewrite no file partially, so
   readers infer their changes), columnMapping (name and id modes: physical names and field ids in files,
-  stats and partition values);
-* refused: v2Checkpoint, icebergCompatV1/V2, allowColumnDefaults, variantType, a column mapping mode
+  stats and partition values), v2Checkpoint (the coordinator writes V2 checkpoints with sidecars when
+  `delta.checkpointPolicy=v2`);
+* refused: icebergCompatV1/V2, allowColumnDefaults, variantType, a column mapping mode
   PROTOCOL.md does not define, and any unknown feature.
 """
 
@@ -138,7 +139,7 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("rowTracking", "honoured", _honoured),
     Feature("timestampNtz", "honoured", _honoured),
     Feature("domainMetadata", "honoured", _honoured),
-    Feature("v2Checkpoint", "refused", _refused("V2 checkpoints: the coordinator writes classic checkpoints only")),
+    Feature("v2Checkpoint", "honoured", _honoured),
     Feature("icebergCompatV1", "refused", _refused("Iceberg compatibility V1 needs Iceberg metadata this writer does not keep")),
     Feature("icebergCompatV2", "refused", _refused("Iceberg compatibility V2 needs Iceberg metadata this writer does not keep")),
     Feature("clustering", "honoured", _honoured),

@@ -1,4 +1,4 @@
-"""Writing classic (V1) Parquet checkpoints and `_last_checkpoint`.
+"""Writing Parquet checkpoints (classic V1, or V2 with sidecars when the table asks) and `_last_checkpoint`.
 
 * `write_checkpoint(table_uri, version, items)` writes `<v>.checkpoint.parquet`
   from an iterable of reconciled actions and/or Arrow record batches in
@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from coordinator.delta_log.checkpoint_v2 import DEFAULT_SIDECAR_ROWS, wants_v2, write_v2_checkpoint
 from coordinator.delta_log.files import Put, put_if_absent, replace_file, temp_file_for
 from coordinator.faults import fault_point
 from reader.checkpoint import (
@@ -67,7 +68,7 @@ from reader.log import (
     table_storage,
 )
 from reader.snapshot import LogReplayState, Snapshot
-from reader.storage import StoredObject
+from reader.storage import StoredObject, TableStorage
 from schemas.actions import (
     Action,
     AddFile,
@@ -169,8 +170,11 @@ def write_checkpoint(
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
     update_last_checkpoint: bool = True,
     include_checkpoint_schema: bool = True,
+    sidecar_rows: int = DEFAULT_SIDECAR_ROWS,
 ) -> CheckpointResult:
-    """Write `<version>.checkpoint.parquet` from reconciled actions (and/or checkpoint-schema batches).
+    """Write `<version>.checkpoint.parquet` from reconciled actions (and/or checkpoint-schema batches), or, on a
+    table that asks for V2 checkpoints (`delta.checkpointPolicy=v2`), a UUID-named one with sidecar files of
+    at most `sidecar_rows` file actions (`coordinator.delta_log.checkpoint_v2`).
 
     Items may be schema actions (commitInfo/cdc and removed domainMetadata are
     dropped; adds/removes get dataChange=false) or `pyarrow.RecordBatch`es with
@@ -224,6 +228,12 @@ def write_checkpoint(
             )
         size_in_bytes = tmp.stat().st_size
         fault_point("checkpoint_before_publish")
+        small = small_actions_from_table(pq.read_table(str(tmp), columns=["protocol", "metaData"]))
+        if wants_v2(next((a for a in small if isinstance(a, Protocol)), None),
+                    next((a for a in small if isinstance(a, Metadata)), None)):
+            v2 = write_v2_checkpoint(storage, version, tmp, sidecar_rows=sidecar_rows)
+            return _finish(storage, version, v2.top_level, v2.rows, v2.size_in_bytes, v2.adds, True,
+                           update_last_checkpoint, include_checkpoint_schema=False)
         # Never replaces a checkpoint: an identical file counts as ours, a different one is kept as it is.
         # Not fsynced (as Delta does not): a checkpoint torn by a host crash is unreadable, and readers
         # then replay the JSON commits instead.
@@ -235,6 +245,12 @@ def write_checkpoint(
         rows, nbytes, nadds = writer.rows, size_in_bytes, writer.adds
     else:
         rows, nbytes, nadds = final.read_parquet_file().metadata.num_rows, storage.head(final.key).size, None
+    return _finish(storage, version, final, rows, nbytes, nadds, written, update_last_checkpoint,
+                   include_checkpoint_schema=include_checkpoint_schema)
+
+
+def _finish(storage: TableStorage, version: int, file: StoredObject, rows: int, nbytes: int, nadds: int | None,
+            written: bool, update_last_checkpoint: bool, *, include_checkpoint_schema: bool) -> CheckpointResult:
     updated = False
     if update_last_checkpoint:
         lc = LastCheckpoint(
@@ -247,7 +263,7 @@ def write_checkpoint(
         updated = write_last_checkpoint(storage, lc)
     return CheckpointResult(
         version=version,
-        file=final,
+        file=file,
         size=rows,
         size_in_bytes=nbytes,
         num_of_add_files=nadds,

@@ -140,7 +140,7 @@ CASES: dict[str, tuple[Make, str, str | None]] = {
     "rowTracking": (_feature("RowTracking"), "WRITE", None),
     "timestampNtz": (_feature("TimestampWithoutTimezone"), "WRITE", None),
     "domainMetadata": (_feature("DomainMetadata"), "WRITE", None),
-    "v2Checkpoint": (_feature("V2Checkpoint"), "WRITE", "classic checkpoints"),
+    "v2Checkpoint": (_feature("V2Checkpoint"), "WRITE", None),
     "icebergCompatV1": (_feature("IcebergCompatV1"), "WRITE", "Iceberg"),
     "icebergCompatV2": (_protocol_commit("icebergCompatV2"), "WRITE", "Iceberg"),
     "clustering": (_protocol_commit("clustering"), "WRITE", None),
