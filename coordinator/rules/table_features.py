@@ -19,6 +19,13 @@ DOMAIN_METADATA = "domainMetadata"
 CHECK_CONSTRAINTS = "checkConstraints"
 
 
+def _described(protocol: Protocol | None) -> str:
+    if protocol is None:
+        return "no protocol"
+    return (f"protocol ({protocol.min_reader_version}, {protocol.min_writer_version}) with writer features "
+            f"{list(writer_features(protocol))}")
+
+
 def domain_metadata_error(protocol: Protocol | None, proposal: Proposal) -> InvalidProposalError | None:
     """`domainMetadata` actions need the `domainMetadata` writer feature (PROTOCOL.md, "Domain Metadata";
     Delta Spark's DELTA_DOMAIN_METADATA_NOT_SUPPORTED)."""
@@ -27,9 +34,7 @@ def domain_metadata_error(protocol: Protocol | None, proposal: Proposal) -> Inva
         return None
     if protocol is not None and DOMAIN_METADATA in writer_features(protocol):
         return None
-    have = "no protocol" if protocol is None else (
-        f"protocol ({protocol.min_reader_version}, {protocol.min_writer_version}) with writer features "
-        f"{list(writer_features(protocol))}")
+    have = _described(protocol)
     return InvalidProposalError(
         ReasonCode.MISSING_TABLE_FEATURE,
         f"the commit writes domainMetadata for domains {domains}, but the table's {have} lacks the "
@@ -45,9 +50,7 @@ def check_constraints_error(protocol: Protocol | None, proposal: Proposal) -> In
     names = sorted({k for md in metadata for k in md.configuration if k.lower().startswith("delta.constraints.")})
     if not names or (protocol is not None and CHECK_CONSTRAINTS in writer_features(protocol)):
         return None
-    have = "no protocol" if protocol is None else (
-        f"protocol ({protocol.min_reader_version}, {protocol.min_writer_version}) with writer features "
-        f"{list(writer_features(protocol))}")
+    have = _described(protocol)
     return InvalidProposalError(
         ReasonCode.MISSING_TABLE_FEATURE,
         f"the commit's metaData declares CHECK constraints {names}, but the table's {have} lacks the "
