@@ -649,8 +649,10 @@ class Table:
                 cols.append(pa.array([v] * n, type=f.type))
             elif phys in t.column_names:
                 col = t.column(phys)
+                field_json = layout.fields.get(f.name)
                 cols.append(_to_logical(col.combine_chunks() if col.num_chunks != 1 else col.chunk(0),
-                                        layout.fields.get(f.name), f.type, layout.mode))
+                                        field_json.get("type") if field_json is not None else None, f.type, layout.mode,
+                                        f.name))
             else:
                 cols.append(pa.nulls(n, f.type))
         out = pa.Table.from_arrays(cols, schema=schema)

@@ -13,13 +13,13 @@ are taken out of the configuration, as Delta does.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from schemas.actions import Protocol
 from schemas.writer_features import writer_features
+from writer import column_mapping
 
 #: Features that readers must know too (they go in readerFeatures at reader version 3).
 READER_WRITER_FEATURES = frozenset({"columnMapping", "deletionVectors", "timestampNtz", "v2Checkpoint",
@@ -178,15 +178,7 @@ def with_column_mapping(schema_string: str, configuration: Mapping[str, str]) ->
     schema = json.loads(schema_string)
     fields = list(_schema_fields(schema.get("fields", [])))
     top = max([int(config.get(MAX_COLUMN_ID, 0))] + [int((f.get("metadata") or {}).get(COLUMN_ID_KEY, 0)) for f in fields])
-    for f in fields:
-        assert isinstance(f, dict)  # parsed JSON
-        meta = f.setdefault("metadata", {})
-        if COLUMN_ID_KEY in meta and PHYSICAL_NAME_KEY in meta:
-            continue
-        top += 1
-        meta[COLUMN_ID_KEY] = top
-        meta[PHYSICAL_NAME_KEY] = f"col-{uuid.uuid4()}"
-    config[MAX_COLUMN_ID] = str(top)
+    config[MAX_COLUMN_ID] = str(column_mapping.assign_ids(schema.get("fields", []), top + 1) - 1)
     return json.dumps(schema, separators=(",", ":")), config
 
 
