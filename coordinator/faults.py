@@ -56,6 +56,11 @@ def reached(name: str) -> int:
     return _counts.get(name, 0)
 
 
+def fault_armed(name: str) -> bool:
+    """Whether a fault is set at `name` (without counting a pass, as `fault_point` does)."""
+    return _SPEC is not None and _SPEC[0] == name
+
+
 def fault_point(name: str) -> bool:
     """Crash here if asked to (tests only); True when the caller is asked to fail here (`:fail`)."""
     if _SPEC is None or _SPEC[0] != name:

@@ -24,7 +24,7 @@ import random
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -525,6 +525,21 @@ class TableStorage:
             f"conditionally writing {key!r} under {self.location}: the store kept answering 409 "
             f"ConditionalRequestConflict after {_CONFLICT_RETRIES} attempts"
         )
+
+    def put_many_if_absent(self, items: Sequence[tuple[str, bytes]]) -> builtins.list[bool]:
+        """`put_if_absent` of several objects, in order, stopping after the first key that is taken (so the
+        result may be shorter than `items`). On a local filesystem the objects (of one directory) are
+        flushed together; an object store gets one conditional PUT each."""
+        for key, _ in items:
+            check_key(key)
+        if self._local is not None:
+            return self._local.put_many_if_absent(items)
+        results: builtins.list[bool] = []
+        for key, data in items:
+            results.append(self.put_if_absent(key, data))
+            if not results[-1]:
+                break
+        return results
 
     def put_file_if_absent(self, key: str, path: str | os.PathLike[str]) -> bool:
         """`put_if_absent` of a file already written locally (a streamed checkpoint); the file stays.

@@ -15,13 +15,24 @@ import datetime
 import errno
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
 from reader.storage_uri import StorageError
 
 #: Temp files this backend creates start with this; listings skip them.
 TMP_PREFIX = ".deltacoord-tmp-"
+#: Threads that fsync a batch's temp files at once (os.fsync releases the GIL; the journal merges them).
+_FSYNC_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="deltacoord-fsync")
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
@@ -197,6 +208,58 @@ class LocalBackend:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
+    def put_many_if_absent(self, items: Sequence[tuple[str, bytes]]) -> list[bool]:
+        """`put_if_absent` of several objects in one directory, in order, with one flush for all of them.
+
+        The temp files are written first and fsynced together (their fsyncs overlap, and the journal merges
+        them), then linked in order, then the directory is fsynced once: a batch of log versions costs
+        about what one does. Linking stops at the first key that is taken (its result is False and the
+        later ones are not attempted: the caller decides what a taken name means), so the result may be
+        shorter than `items`.
+        """
+        if not items:
+            return []
+        finals = [self.path(key) for key, _ in items]
+        directory = os.path.dirname(finals[0])
+        if any(os.path.dirname(f) != directory for f in finals):
+            raise ValueError("put_many_if_absent takes keys of one directory")
+        self._makedirs(directory)
+        temps: list[str] = []
+        try:
+            for _key, data in items:
+                temps.append(self._write_temp_unsynced(directory, data))
+            if self.fsync:
+                for _ in _FSYNC_POOL.map(_fsync_path, temps):
+                    pass
+            results: list[bool] = []
+            for tmp, final in zip(temps, finals, strict=True):
+                created = not os.path.lexists(final) and self._link_if_absent(tmp, final)
+                results.append(created)
+                if not created:
+                    break
+            if any(results):
+                self._fsync_dir(directory)
+            return results
+        finally:
+            for tmp in temps:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+    def _write_temp_unsynced(self, directory: str, data: bytes | bytearray | memoryview) -> str:
+        tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
     def put_file_if_absent(self, key: str, tmp: str) -> bool:
         """Give the already written file `tmp` (in the target's directory) the name `key` unless it is taken.
 
@@ -214,6 +277,13 @@ class LocalBackend:
         return self._publish_if_absent(tmp, final)
 
     def _publish_if_absent(self, tmp: str, final: str) -> bool:
+        if not self._link_if_absent(tmp, final):
+            return False
+        self._fsync_dir(os.path.dirname(final))
+        return True
+
+    def _link_if_absent(self, tmp: str, final: str) -> bool:
+        """Give `tmp` the name `final` unless it is taken (no fsync of the directory)."""
         try:
             hard_link(tmp, final)
         except FileExistsError:
@@ -234,7 +304,6 @@ class LocalBackend:
                         e.errno or 0,
                     ) from e2
                 raise
-        self._fsync_dir(os.path.dirname(final))
         return True
 
     def list_names(self, prefix: str, start_after: str | None) -> list[str]:

@@ -26,6 +26,7 @@ import filecmp
 import os
 import re
 import uuid
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import TypeAlias
@@ -111,6 +112,28 @@ def put_if_absent(target: Target, data: bytes | Path, *, fsync: bool = True) -> 
                 os.unlink(data)
 
 
+def put_many_if_absent(storage: TableStorage, items: Sequence[tuple[str, bytes]], *, fsync: bool = True) -> list[Put]:
+    """`put_if_absent` of several objects of one directory, in order, flushed together on a local filesystem.
+
+    Stops after the first name that is taken (its `Put` says whether it holds the same bytes), so the
+    result may be shorter than `items`; the caller goes on from there.
+    """
+    st = storage.with_fsync(fsync)
+    try:
+        created = st.put_many_if_absent(items)
+    except AtomicPutUnsupportedError as e:
+        code = e.link_errno or 0
+        raise HardLinksRefusedError(
+            code, f"the filesystem of {st.location} refuses hard links ({os.strerror(code)}), so a version file cannot "
+            "be created without the risk of overwriting one; put _delta_log on a filesystem with hard links or "
+            "RENAME_NOREPLACE (local disks, NFS) or on an object store") from e
+    out = [Put.WRITTEN] * len(created)
+    if created and not created[-1]:
+        key, data = items[len(created) - 1]
+        out[-1] = Put.IDENTICAL if _same(StoredObject(st, key), data) else Put.DIFFERENT
+    return out
+
+
 def _same(obj: StoredObject, data: bytes | Path) -> bool:
     if isinstance(data, Path) and obj.storage.is_local:
         return filecmp.cmp(data, obj.storage.local_path(obj.key), shallow=False)
@@ -151,5 +174,5 @@ def sweep_temp_files(location: TableLocation) -> int:
     return removed
 
 
-__all__ = ["HardLinksRefusedError", "Put", "Target", "put_if_absent", "replace_file", "sweep_temp_files", "temp_file_for",
+__all__ = ["HardLinksRefusedError", "Put", "Target", "put_if_absent", "put_many_if_absent", "replace_file", "sweep_temp_files", "temp_file_for",
            "temp_path"]

@@ -23,14 +23,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent
-from coordinator.faults import fault_point
+from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent, put_many_if_absent
+from coordinator.faults import fault_armed, fault_point
 from coordinator.locations import TableLocationError, TableLocations
 from reader.log import commit_key
 from reader.storage import StorageConfigError, StorageError, StoredObject
 from schemas.actions import Action, commit_to_json_lines
 
 log = logging.getLogger(__name__)
+
+#: Versions published together at most (one flush on a local filesystem).
+MAX_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -169,17 +172,80 @@ class Publisher:
             task = self._q.get()
             if task is None:
                 return
-            try:
-                self._publish(task)
-            except Exception as e:  # a bug, or a failure nothing here handles: it stops this table only
-                log.exception("publishing %s v%d failed unexpectedly", task.table_id, task.version)
-                self._halt(task, (
-                    f"publishing version {task.version} failed unexpectedly ({type(e).__name__}: {e}). The table is halted; "
-                    "versions from this one on are not published"))
-            finally:
-                with self._idle:
-                    self._pending -= 1
-                    self._idle.notify_all()
+            batch, stop = [task], False
+            while len(batch) < MAX_BATCH:  # what the decider queued meanwhile is published together
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            by_table: dict[str, list[PublishTask]] = {}
+            for t in batch:
+                by_table.setdefault(t.table_id, []).append(t)
+            for tasks in by_table.values():
+                try:
+                    self._publish_many(tasks)
+                except Exception as e:  # a bug, or a failure nothing here handles: it stops this table only
+                    first = tasks[0]
+                    log.exception("publishing %s v%d failed unexpectedly", first.table_id, first.version)
+                    self._halt(first, (
+                        f"publishing version {first.version} failed unexpectedly ({type(e).__name__}: {e}). The table "
+                        "is halted; versions from this one on are not published"))
+                    for t in tasks[1:]:
+                        self._publish(t)  # reported unpublished: the table is halted
+                finally:
+                    with self._idle:
+                        self._pending -= len(tasks)
+                        self._idle.notify_all()
+            if stop:
+                return
+
+    def _publish_many(self, tasks: list[PublishTask]) -> None:
+        """Publish a table's consecutive versions; on a local filesystem with one flush for all of them
+        (`files.put_many_if_absent`), elsewhere (and for one version) one put each (`_publish`)."""
+        todo = [t for t in tasks if not self._skip(t)]
+        if len(todo) < 2 or fault_armed("publish"):  # an armed fault counts passes one version at a time
+            for t in tasks:
+                self._publish(t)
+            return
+        try:
+            storage = self.locations.storage(todo[0].table_uri)
+        except (TableLocationError, StorageConfigError):
+            for t in tasks:
+                self._publish(t)  # the first halts the table, the rest are reported unpublished
+            return
+        if not storage.is_local:
+            for t in tasks:
+                self._publish(t)
+            return
+        items = [(commit_key(t.version), commit_to_json_lines(t.actions)) for t in todo]
+        try:
+            outcomes = put_many_if_absent(storage, items, fsync=self.fsync)
+        except HardLinksRefusedError as e:
+            self._halt(todo[0], f"{e}. The table is halted; nothing was written.")
+            for t in todo[1:]:
+                self._publish(t)
+            return
+        except (OSError, StorageError) as e:
+            log.warning("publishing %d versions of %s together failed (%s); publishing them one by one",
+                        len(todo), todo[0].table_uri, e)
+            outcomes = []
+        for t, outcome in zip(todo, outcomes, strict=False):
+            if outcome is Put.DIFFERENT:
+                self._publish(t)  # compares again and halts the table
+                break
+            self._published(t, outcome)
+        for t in todo[len(outcomes):]:
+            self._publish(t)
+
+    def _skip(self, task: PublishTask) -> bool:
+        with self._lock:
+            t = self.tables.get(task.table_id)
+            return (self._abandoned or task.table_id in self._forgotten or (t is not None and t.halted is not None)
+                    or (t is not None and task.version <= t.published))
 
     def halt(self, table_id: str, table_uri: str, why: str, *, notify: bool = True) -> None:
         """Stop publishing (and deciding) `table_id`; `notify`: report it to `on_halted` (False: already persisted)."""
@@ -249,16 +315,20 @@ class Publisher:
                 log.warning("publishing %s failed (%s); retrying in %.2fs", path, e, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        if outcome is Put.IDENTICAL:
-            log.info("version %d of %s was already published with the same content (a re-publication; nothing replaced)",
-                     task.version, task.table_uri)
         if outcome is Put.DIFFERENT:
             self._halt(task, (
                 f"{path} already exists with different content (expected {len(data)} bytes): something wrote to this "
                 "table around the coordinator. The table is halted; nothing was overwritten."))
             return
+        self._published(task, outcome)
+
+    def _published(self, task: PublishTask, outcome: Put) -> None:
+        if outcome is Put.IDENTICAL:
+            log.info("version %d of %s was already published with the same content (a re-publication; nothing replaced)",
+                     task.version, task.table_uri)
         with self._lock:
-            t.published = task.version
+            t = self.tables.setdefault(task.table_id, TablePublication())
+            t.published = max(t.published, task.version)
         if self.on_published is not None:
             try:
                 self.on_published(task.table_id, task.table_uri, task.version, task.actions)

@@ -89,3 +89,63 @@ def test_a_different_file_at_a_version_halts_the_table(tmp_path: Path) -> None:
     finally:
         p.stop()
     assert commit_path(tmp_path, 0).read_bytes() != commit_to_json_lines(actions)
+
+
+def _versions(n: int, start: int = 0) -> list[tuple[str, bytes]]:
+    return [(f"_delta_log/{v:020d}.json", commit_to_json_lines((CommitInfo({"operation": "WRITE", "v": v}),)))
+            for v in range(start, start + n)]
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_put_many_if_absent_writes_every_version_in_order(tmp_path: Path, fsync: bool) -> None:
+    from reader.storage import TableStorage
+
+    items = _versions(5)
+    assert files.put_many_if_absent(TableStorage(tmp_path), items, fsync=fsync) == [Put.WRITTEN] * 5
+    assert [(tmp_path / k).read_bytes() for k, _ in items] == [d for _, d in items]
+    assert log_file_names(tmp_path) == [k.split("/")[1] for k, _ in items]  # no temp file left
+
+
+@pytest.mark.parametrize(("there", "outcome"), [("same", Put.IDENTICAL), ("other", Put.DIFFERENT)])
+def test_put_many_if_absent_stops_at_a_taken_name(tmp_path: Path, there: str, outcome: Put) -> None:
+    from reader.storage import TableStorage
+
+    items = _versions(5)
+    taken_key, taken_data = items[2]
+    put_if_absent(tmp_path / taken_key, taken_data if there == "same" else b"written around\n")
+    assert files.put_many_if_absent(TableStorage(tmp_path), items) == [Put.WRITTEN, Put.WRITTEN, outcome]
+    assert not (tmp_path / items[3][0]).exists(), "nothing after a taken name is linked"
+    assert len(log_file_names(tmp_path)) == 3
+
+
+def _publish_all(tmp_path: Path, tasks: list[PublishTask]) -> tuple[Publisher, list[tuple[str, int]]]:
+    seen: list[tuple[str, int]] = []
+    p = Publisher(fsync=True, on_published=lambda tid, _uri, v, _a: seen.append((tid, v)))
+    for t in tasks:
+        p.submit(t)  # queued before the thread starts: it takes them as one batch
+    p.start()
+    assert p.wait_idle(60)
+    p.stop()
+    return p, seen
+
+
+def test_the_publisher_publishes_queued_versions_of_several_tables_together(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    tasks = [PublishTask(tid, root.as_uri(), v, (CommitInfo({"operation": "WRITE", "v": v}),))
+             for v in range(12) for tid, root in (("a", a), ("b", b))]
+    p, seen = _publish_all(tmp_path, tasks)
+    assert [v for tid, v in seen if tid == "a"] == list(range(12)) == [v for tid, v in seen if tid == "b"]
+    assert p.published_version("a") == p.published_version("b") == 11 and p.lag() == 0
+    assert log_file_names(a) == [f"{v:020d}.json" for v in range(12)]
+
+
+def test_a_batch_goes_on_past_an_identical_version_and_halts_at_a_different_one(tmp_path: Path) -> None:
+    def task(v: int) -> PublishTask:
+        return PublishTask("t", tmp_path.as_uri(), v, (CommitInfo({"operation": "WRITE", "v": v}),))
+
+    put_if_absent(commit_path(tmp_path, 3), commit_to_json_lines(task(3).actions))  # a re-publication
+    put_if_absent(commit_path(tmp_path, 7), b"written around the coordinator\n")
+    p, seen = _publish_all(tmp_path, [task(v) for v in range(10)])
+    assert [v for _, v in seen] == list(range(7))
+    assert "different content" in p.halted_tables()["t"]
+    assert not commit_path(tmp_path, 8).exists() and p.published_version("t") == 6
