@@ -14,10 +14,13 @@ Spark wrote its commit log: the worst moment for exactly-once.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -61,17 +64,32 @@ def s3a_conf(storage_options: dict[str, str]) -> dict[str, str]:
     }
 
 
+_LOCAL_DIR: list[str] = []
+
+
+def _local_dir() -> str:
+    """One scratch directory per test process for Spark's temp files, removed when the process ends: Spark
+    leaves `spark-<uuid>` directories behind whenever its JVM does not run its shutdown hooks."""
+    if not _LOCAL_DIR:
+        d = tempfile.mkdtemp(prefix="deltacoord-spark-")
+        atexit.register(shutil.rmtree, d, True)
+        _LOCAL_DIR.append(d)
+    return _LOCAL_DIR[0]
+
+
 def build_session(app: str = "deltacoord-tests", s3: dict[str, str] | None = None) -> SparkSession:
     spark_env()
-    # The S3A jars always: a test process launches one JVM, and jars given to a later session do not reach
-    # Hadoop's FileSystem lookup, so the first session must already carry them (whichever module runs first).
-    jars = classpath("delta").replace(os.pathsep, ",") + "," + classpath("s3a").replace(os.pathsep, ",")
+    # The Delta and S3A jars on the JVM's class path, always: a test process launches one JVM (local mode: the
+    # executors are in it), Hadoop's FileSystem lookup sees only that class path, and `spark.jars` would copy
+    # the ~650 MB of jars into a new temp directory for every session.
+    jars = classpath("delta") + os.pathsep + classpath("s3a")
     builder = SparkSession.builder
     for k, v in s3a_conf(s3).items() if s3 is not None else ():
         builder = builder.config(f"spark.hadoop.{k}", v)
     spark = (
         builder.master("local[2]").appName(app)
-        .config("spark.jars", jars)
+        .config("spark.driver.extraClassPath", jars)
+        .config("spark.local.dir", _local_dir())
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.shuffle.partitions", "2")
