@@ -80,6 +80,16 @@ class AddFile:
     default_row_commit_version: int | None = None
     clustering_provider: str | None = None
 
+    def num_records(self) -> int | None:
+        """The file's physical row count from its stats (None when they give no integer)."""
+        if not self.stats:
+            return None
+        try:
+            n = json.loads(self.stats).get("numRecords")
+        except (ValueError, AttributeError):
+            return None
+        return n if type(n) is int else None
+
     def key(self) -> tuple[str, str | None]:
         """Logical file key: (path, deletion vector unique id)."""
         return (self.path, self.deletion_vector.unique_id() if self.deletion_vector else None)

@@ -15,7 +15,6 @@ import pyarrow.compute as pc
 
 from reader.snapshot import Snapshot
 from schemas.actions import AddFile
-from schemas.properties import TableProperties
 from schemas.row_tracking import MaterializedColumns, materialized_columns, supported
 
 
@@ -58,13 +57,4 @@ def carried(rows: pa.Table, ids: pa.ChunkedArray | pa.Array, cols: MaterializedC
     return rows.append_column(cols.row_id, ids).append_column(cols.row_commit_version, pa.nulls(rows.num_rows, pa.int64()))
 
 
-def fresh(rows: pa.Table, cols: MaterializedColumns) -> pa.Table:
-    """Inserted rows: no id, no commit version (the coordinator assigns both)."""
-    return carried(rows, pa.nulls(rows.num_rows, pa.int64()), cols)
-
-
-def enabled_at_create(properties: dict[str, str]) -> bool:
-    return TableProperties(properties).row_tracking
-
-
-__all__ = ["carried", "changed", "enabled_at_create", "fresh", "hidden_columns", "with_identity"]
+__all__ = ["carried", "changed", "hidden_columns", "with_identity"]

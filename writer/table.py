@@ -163,13 +163,8 @@ def check_writable(snap: Snapshot, operation: str = "WRITE") -> None:
 
 def _deleted_ratio(a: AddFile) -> float:
     """The share of the file's rows its deletion vector deletes (0 without one or without numRecords)."""
-    if a.deletion_vector is None or not a.stats:
-        return 0.0
-    try:
-        n = json.loads(a.stats).get("numRecords")
-    except ValueError:
-        return 0.0
-    return a.deletion_vector.cardinality / n if isinstance(n, int) and n > 0 else 0.0
+    n = a.num_records()
+    return a.deletion_vector.cardinality / n if a.deletion_vector is not None and n is not None and n > 0 else 0.0
 
 
 def _loose_stats(stats: str | None) -> str | None:

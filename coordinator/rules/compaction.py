@@ -26,7 +26,6 @@ file-level rules in force.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -133,7 +132,7 @@ def compaction_of(operation: str | None, parameters: Mapping[str, Any] | None, i
             out = added.get(t.path)
             if out is None and committed:
                 continue
-            if out is None or out.data_change or _num_records(out) not in (None, t.rows):
+            if out is None or out.data_change or out.num_records() not in (None, t.rows):
                 return None
             outputs[t.path] = out
             sizes[t.path] = t.rows
@@ -157,16 +156,6 @@ def compaction_of(operation: str | None, parameters: Mapping[str, Any] | None, i
                 return None
             placements[s.path] = Placement(s.path, s.rows, decoded(s.basis), tuple(segments))
     return Compaction(placements, outputs, sizes)
-
-
-def _num_records(a: AddFile) -> int | None:
-    if a.stats is None:
-        return None
-    try:
-        n = json.loads(a.stats).get("numRecords")
-    except (ValueError, AttributeError):
-        return None
-    return n if type(n) is int else None
 
 
 __all__ = ["ROW_MAPPED_OPERATIONS", "Compaction", "Placement", "Segment", "compaction_of", "is_zorder"]

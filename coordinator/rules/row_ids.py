@@ -10,7 +10,6 @@ mark. A writer never writes the `delta.rowTracking` domain (a proposal's own is 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -19,14 +18,9 @@ from schemas.row_tracking import DOMAIN, high_water_mark_action
 
 
 def num_records(add: AddFile) -> int | None:
-    """The file's physical row count from its stats (None when the stats do not say)."""
-    if not add.stats:
-        return None
-    try:
-        n = json.loads(add.stats).get("numRecords")
-    except (ValueError, AttributeError):
-        return None
-    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+    """The file's physical row count from its stats (None when the stats do not say, or say a negative count)."""
+    n = add.num_records()
+    return n if n is not None and n >= 0 else None
 
 
 def missing_num_records(actions: Sequence[Action]) -> list[str]:
