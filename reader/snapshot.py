@@ -70,7 +70,6 @@ from reader.log import (
     read_commit_info,
     table_storage,
 )
-from reader.ratified import RatifiedSource
 from reader.storage import StorageError, StoredObject, TableStorage
 from schemas.actions import (
     Action,
@@ -89,6 +88,7 @@ from schemas.jobs import is_time_version
 from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
 
 if TYPE_CHECKING:
+    from reader.ratified import RatifiedSource
     from schemas.expressions.arrow import Filter
 
 FileAction: TypeAlias = AddFile | RemoveFile

@@ -66,7 +66,6 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
     # A busy worker does not read its pipe, so it would not notice its parent's death by EOF.
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="deltacoord-parent-watch", daemon=True).start()
     _lean_arrow()
-    from coordinator.delta_log.adoption import StateLoadError, load_published_state
     from coordinator.delta_log.checkpointer import create_checkpoint  # seconds of imports: pyarrow, the reader
     from reader.storage import StorageError, TableStorage
 
@@ -81,18 +80,26 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
             if msg[0] == "warm":
                 reply: tuple[str, Any] = ("ok", os.getpid())
             elif msg[0] == "state":
-                _kind, uri, options, version = msg
-                reply = ("ok", load_published_state(TableStorage(uri, options), version))
+                reply = _load_state(*msg[1:])
             else:
                 _kind, uri, options, version = msg
                 reply = ("ok", create_checkpoint(TableStorage(uri, options), version).version)
-        except StateLoadError as e:  # the table's answer, for the coordinator to give the adopter
-            reply = ("state-error", (e.kind, str(e)))
         except (OSError, StorageError) as e:  # transient storage trouble: the next checkpoint tries again
             reply = ("io-error", f"{type(e).__name__}: {e}")
         except Exception as e:  # reported to the coordinator, which halts the table
             reply = ("error", f"{type(e).__name__}: {e}")
         conn.send(reply)
+
+
+def _load_state(uri: str, options: dict[str, str], version: int) -> tuple[str, Any]:
+    """An adopted table's state, or its StateLoadError as the adopter's answer. Imported on the first
+    adoption: its rules (SQL parsing among them) are ~10 MB a worker that only checkpoints never needs."""
+    from coordinator.delta_log.adoption import StateLoadError, load_published_state
+
+    try:
+        return ("ok", load_published_state(TableStorage(uri, options), version))
+    except StateLoadError as e:
+        return ("state-error", (e.kind, str(e)))
 
 
 class _NoPandas(importlib.abc.MetaPathFinder):

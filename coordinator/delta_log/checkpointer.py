@@ -192,6 +192,10 @@ def write_checkpoint(
     tmp = temp_file_for(final)
     writer = _BoundedWriter(tmp, row_group_rows)
     protocols = metadatas = 0
+    # The table's protocol and metaData as they stream by: whether it asks for a V2 checkpoint is known
+    # without reading the written file again (its two struct columns are a million nulls on a large table).
+    protocol: Protocol | None = None
+    metadata: Metadata | None = None
     pending: list[Action] = []
     try:
         try:
@@ -201,14 +205,24 @@ def write_checkpoint(
                         writer.add(actions_to_record_batch(pending))
                         pending = []
                     b = _normalise_batch(item)
-                    protocols += b.num_rows - b.column(CHECKPOINT_SCHEMA.get_field_index("protocol")).null_count
-                    metadatas += b.num_rows - b.column(CHECKPOINT_SCHEMA.get_field_index("metaData")).null_count
+                    p_rows = b.num_rows - b.column(CHECKPOINT_SCHEMA.get_field_index("protocol")).null_count
+                    m_rows = b.num_rows - b.column(CHECKPOINT_SCHEMA.get_field_index("metaData")).null_count
+                    if p_rows or m_rows:
+                        for a in small_actions_from_table(b.select(["protocol", "metaData"])):
+                            if isinstance(a, Protocol):
+                                protocol = a
+                            elif isinstance(a, Metadata):
+                                metadata = a
+                    protocols += p_rows
+                    metadatas += m_rows
                     writer.add(b)
                     continue
                 if isinstance(item, Protocol):
                     protocols += 1
+                    protocol = item
                 elif isinstance(item, Metadata):
                     metadatas += 1
+                    metadata = item
                 elif isinstance(item, DomainMetadata) and item.removed:
                     continue
                 elif not isinstance(item, (AddFile, RemoveFile, SetTransaction, DomainMetadata)):
@@ -228,9 +242,7 @@ def write_checkpoint(
             )
         size_in_bytes = tmp.stat().st_size
         fault_point("checkpoint_before_publish")
-        small = small_actions_from_table(pq.read_table(str(tmp), columns=["protocol", "metaData"]))
-        if wants_v2(next((a for a in small if isinstance(a, Protocol)), None),
-                    next((a for a in small if isinstance(a, Metadata)), None)):
+        if wants_v2(protocol, metadata):
             v2 = write_v2_checkpoint(storage, version, tmp, sidecar_rows=sidecar_rows)
             return _finish(storage, version, v2.top_level, v2.rows, v2.size_in_bytes, v2.adds, True,
                            update_last_checkpoint, include_checkpoint_schema=False)

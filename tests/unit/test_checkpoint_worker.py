@@ -100,7 +100,9 @@ def test_worker_writes_the_checkpoint_in_a_child_process(tmp_path: Path) -> None
 
 
 def test_the_worker_runs_lean_arrow(tmp_path: Path) -> None:
-    """Arrow's jemalloc pool (it returns freed pages) and no pandas, which pyarrow would import for nothing."""
+    """Arrow's jemalloc pool (it returns freed pages) and no pandas, which pyarrow would import for nothing;
+    a worker that only checkpointed has not loaded Kafka's client or Avro (the reader's ratified-versions
+    source) either: each is megabytes at the checkpoint peak."""
     path = tmp_path / "t"
     _table(path, 11)
     worker = CheckpointWorker()
@@ -113,6 +115,7 @@ def test_the_worker_runs_lean_arrow(tmp_path: Path) -> None:
         worker.close()
     assert b"ARROW_DEFAULT_MEMORY_POOL=jemalloc" in environ
     assert "libarrow" in maps and "/pandas/" not in maps
+    assert "/confluent_kafka/" not in maps and "/fastavro/" not in maps
 
 
 def test_the_worker_runs_at_a_lower_priority_than_its_coordinator() -> None:

@@ -366,3 +366,26 @@ def test_small_actions_are_read_from_the_row_groups_that_hold_them(tmp_path: Pat
     bare = tmp_path / "bare.checkpoint.parquet"
     pq.write_table(pq.read_table(ckpt[0]), bare, row_group_size=2, write_statistics=False)
     assert sum(b.num_rows for b in iter_checkpoint_batches([bare], SMALL_ACTION_COLUMNS, 10, skip_absent=True)) == 9
+
+
+@pytest.mark.parametrize("policy", ["v2", "classic"])
+def test_checkpoint_kind_is_chosen_from_protocol_and_metadata_given_as_arrow_batches(tmp_path: Path, policy: str) -> None:
+    """The V2-or-classic choice comes from the streamed protocol and metaData, also when they arrive inside
+    a checkpoint-schema batch (the written file is not read back for them)."""
+    from coordinator.delta_log.checkpoint_v2 import FEATURE
+    from reader.checkpoint import actions_to_record_batch
+
+    path = tmp_path / "t"
+    log = path / "_delta_log"
+    log.mkdir(parents=True)
+    protocol = Protocol(3, 7, reader_features=(FEATURE,), writer_features=(FEATURE,))
+    md = Metadata(id="t", schema_string=SCHEMA_ID, configuration={"delta.checkpointPolicy": policy})
+    add = AddFile("a.parquet", {}, 10, 1, True)
+    (log / f"{0:020d}.json").write_bytes(commit_to_json_lines([protocol, md, add]))
+    r = write_checkpoint(path, 0, [actions_to_record_batch([protocol, md, add])])
+    classic = log / f"{0:020d}.checkpoint.parquet"
+    if policy == "v2":
+        assert not classic.exists() and ".checkpoint." in r.file.key and r.file.key != f"_delta_log/{classic.name}"
+    else:
+        assert classic.exists() and r.written
+    assert Snapshot.load(path).file_paths() == ["a.parquet"]
