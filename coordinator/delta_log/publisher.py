@@ -27,7 +27,7 @@ from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absen
 from coordinator.faults import fault_armed, fault_point
 from coordinator.locations import TableLocationError, TableLocations
 from reader.log import commit_key
-from reader.storage import StorageConfigError, StorageError, StoredObject
+from reader.storage import StorageConfigError, StorageError, StoredObject, TableStorage
 from schemas.actions import Action, commit_to_json_lines
 
 log = logging.getLogger(__name__)
@@ -207,17 +207,8 @@ class Publisher:
         """Publish a table's consecutive versions; on a local filesystem with one flush for all of them
         (`files.put_many_if_absent`), elsewhere (and for one version) one put each (`_publish`)."""
         todo = [t for t in tasks if not self._skip(t)]
-        if len(todo) < 2 or fault_armed("publish"):  # an armed fault counts passes one version at a time
-            for t in tasks:
-                self._publish(t)
-            return
-        try:
-            storage = self.locations.storage(todo[0].table_uri)
-        except (TableLocationError, StorageConfigError):
-            for t in tasks:
-                self._publish(t)  # the first halts the table, the rest are reported unpublished
-            return
-        if not storage.is_local:
+        storage = self._flush_together_on(todo)
+        if storage is None:
             for t in tasks:
                 self._publish(t)
             return
@@ -240,6 +231,19 @@ class Publisher:
             self._published(t, outcome)
         for t in todo[len(outcomes):]:
             self._publish(t)
+
+    def _flush_together_on(self, todo: list[PublishTask]) -> TableStorage | None:
+        """The local storage `todo` (two versions or more) can be flushed to at once; None: one put each, as
+        for one version, an armed fault (it counts passes one version at a time), a location that cannot be
+        opened (the first put halts the table, the rest are reported unpublished) or an object store (one
+        conditional PUT per version)."""
+        if len(todo) < 2 or fault_armed("publish"):
+            return None
+        try:
+            storage = self.locations.storage(todo[0].table_uri)
+        except (TableLocationError, StorageConfigError):
+            return None
+        return storage if storage.is_local else None
 
     def _skip(self, task: PublishTask) -> bool:
         with self._lock:
