@@ -71,6 +71,11 @@ class CoordinatorSettings:
     #: coordinator's broker dies (confluentinc/librdkafka#5456, #5511); a group coordinator
     #: failover takes about broker.session.timeout.ms (9 s), so this leaves room for one.
     send_offsets_timeout_s: float = 20.0
+    #: A busy partition commits its consumed offset to the group inside a transaction at most this often.
+    #: Every transaction records that offset in its commits-topic records (`deltacoord.next_offset`), which
+    #: recovery resumes from; the group's offset is for lag tools and costs a transaction two broker round
+    #: trips. An idle partition commits it at once.
+    group_offset_interval_s: float = 1.0
     #: At most this many bytes of an undecodable message are copied into its dead letter (its full
     #: size and SHA-256 travel in headers), so a dead letter always fits the dead-letter topic.
     dead_letter_max_bytes: int = 64 * 1024
@@ -132,6 +137,7 @@ FILE_KEYS = (
     "bootstrap_servers", "topic_prefix", "partitions", "num_partitions", "group_id", "transactional_id_prefix",
     "max_batch", "metrics_port", "fsync", "checkpoints", "watchdog_seconds", "log_level", "dead_letter_max_bytes",
     "stall_seconds", "table_roots", "state_root", "snapshot_every_records", "decided_ids_limit", "decided_ids_max_age_hours",
+    "group_offset_seconds",
 )
 #: Keys that a `DELTACOORD_<KEY>` variable sets (fsync and checkpoints only have their --no-... flags).
 ENV_VARS = {k: f"DELTACOORD_{k.upper()}" for k in FILE_KEYS if k not in ("fsync", "checkpoints")}
@@ -320,6 +326,7 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         max_batch=integer("max_batch", 500),
         dead_letter_max_bytes=integer("dead_letter_max_bytes", 64 * 1024),
         stall_timeout_s=number("stall_seconds", 60.0),
+        group_offset_interval_s=number("group_offset_seconds", 1.0),
         decided_ids_limit=integer("decided_ids_limit", 50_000),
         decided_ids_max_age_ms=int(number("decided_ids_max_age_hours", 168.0) * 3600 * 1000),
         state_root=text("state_root", "") or None,
@@ -332,6 +339,8 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         raise SettingsError(f"dead_letter_max_bytes must be 0 or more, got {coordinator.dead_letter_max_bytes}")
     if coordinator.stall_timeout_s <= 0:
         raise SettingsError(f"stall_seconds must be above 0, got {coordinator.stall_timeout_s}")
+    if coordinator.group_offset_interval_s < 0:
+        raise SettingsError(f"group_offset_seconds must be 0 or more, got {coordinator.group_offset_interval_s}")
     if coordinator.decided_ids_limit < 0 or coordinator.decided_ids_max_age_ms < 0:
         raise SettingsError("decided_ids_limit and decided_ids_max_age_hours must be 0 or more")
     if coordinator.snapshot_every_records < 1:

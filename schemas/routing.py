@@ -49,6 +49,10 @@ KIND_UNPUBLISHED = b"unpublished"
 #: `resume`, `adopt` or `release` request on the proposals topic: what the record does. Decisions of
 #: proposals never carry it.
 H_CONTROL = "deltacoord.control"
+#: On the commits-topic records of a coordinator's transaction: the proposals offset its batch consumed up
+#: to (exclusive), recorded atomically with its decisions. Recovery resumes from the highest one (or the
+#: group's committed offset, if higher), so most transactions need no offset commit of their own.
+H_NEXT_OFFSET = "deltacoord.next_offset"
 #: Control requests that hand a table to the coordinator or take it back (`deltacoord table adopt|release`): a
 #: proposal (no actions) with header `deltacoord.control` and a proposal id `CONTROL_PREFIX<kind>:<uuid>`,
 #: answered by a control record of that id (`error_type` `TableAdopted` / `TableReleased`) or a rejection.

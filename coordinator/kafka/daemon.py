@@ -363,6 +363,7 @@ class Coordinator:
                 if first is None:
                     for owned in list(self._workers.values()):
                         owned.observe()
+                        owned.flush_offsets()
                         owned.maybe_snapshot()
                     continue
                 msgs = [first, *consumer.consume(s.max_batch - 1, 0)] if s.max_batch > 1 else [first]

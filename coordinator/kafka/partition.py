@@ -106,6 +106,7 @@ from schemas.reasons import ReasonCode
 from schemas.routing import (
     H_CONTROL,
     H_ERROR,
+    H_NEXT_OFFSET,
     H_OUTCOME,
     H_PROPOSAL_ID,
     H_RAW_SHA256,
@@ -324,6 +325,9 @@ class PartitionCoordinator:
         # -- progress, for /healthz: the next offset to commit, when a batch last committed,
         # since when proposals wait, and why the last transaction failed.
         self.committed_to = 0
+        #: The offset last committed to the group (in a transaction), and when.
+        self._group_offset = 0
+        self._group_offset_at = time.monotonic()
         self.last_commit = time.monotonic()
         self.waiting_since: float | None = None
         self.last_failure: str | None = None
@@ -354,10 +358,17 @@ class PartitionCoordinator:
         t0 = time.monotonic()
         self.producer.init_transactions(60)
         log.info("partition %d: transactional producer ready in %.1fs; recovering", self.partition, time.monotonic() - t0)
-        self._recover()
+        recovered_to = self._recover()
         self.flush_controls()
-        self.committed_to = self.committed_offset()
+        # The group's offset lags the records' `deltacoord.next_offset` by up to `group_offset_interval_s` of
+        # transactions (or leads it after transactions that recorded no decision): resume after both.
+        self._group_offset = self.committed_offset()
+        self._group_offset_at = time.monotonic()
+        self.committed_to = max(self._group_offset, recovered_to)
         self.last_commit = time.monotonic()
+        if self.committed_to > self._group_offset:
+            log.info("partition %d: resuming at proposals offset %d (the group's committed offset is %d)", self.partition,
+                     self.committed_to, self._group_offset)
         return self.committed_to
 
     def committed_offset(self) -> int:
@@ -370,9 +381,10 @@ class PartitionCoordinator:
                 self.producer.flush(5)
             self.producer = None
 
-    def _recover(self) -> None:
+    def _recover(self) -> int:
         """Rebuild the partition's table states from the commits topic; publish what `_delta_log` lacks;
-        restore the halts (and record those recovery found)."""
+        restore the halts (and record those recovery found). Returns the proposals offset the recorded
+        transactions consumed up to."""
         self.metrics.tables.dec(len(self.states))
         locations = self.publisher.locations
 
@@ -427,6 +439,7 @@ class PartitionCoordinator:
         log.info("partition %d: recovered %d tables (%d halted) from %d records of %s%s", self.partition, len(self.states),
                  len(rec.halted), rec.records, self.settings.topics.commits,
                  "" if rec.snapshot_offset is None else f" after the state snapshot at offset {rec.snapshot_offset}")
+        return rec.proposals_next
 
     # -- state snapshots --------------------------------------------------------------
     def _note_recorded(self) -> None:
@@ -472,7 +485,8 @@ class PartitionCoordinator:
             commits_topic=self.settings.topics.commits, partition=self.partition, offset=self.commits_end,
             last=self._last_record, tables=[st.export() for st in self.states.values()],
             halted={tid: (self.states[tid].table_uri, why) for tid, why in halted.items() if tid in self.states},
-            released=dict(self.released), decided=list(self.decided), republish_from=republish, created_ms=int(time.time() * 1000))
+            released=dict(self.released), decided=list(self.decided), republish_from=republish, created_ms=int(time.time() * 1000),
+            proposals_next=self.committed_to)
         self._since_snapshot = 0
         self._snapshot_requested = False
         store = self._snapshots
@@ -534,6 +548,24 @@ class PartitionCoordinator:
             return
         log.info("partition %d: recorded halts of %s", self.partition, sorted({t for t, _k, _d in self._controls}))
         self._controls = []
+
+    def flush_offsets(self) -> None:
+        """When idle, commit to the group the offset the last transactions recorded only in their records,
+        so lag tools (and the group's view of this partition) are current while no batch comes."""
+        if self.producer is None or self.committed_to <= self._group_offset:
+            return
+        try:
+            self._transact([], [], [], offsets_to=self.committed_to)
+        except FencedError:
+            raise
+        except ProducerStuckError as e:
+            self._failed(str(e))
+            self._replace_producer(e)
+        except KafkaException as e:
+            log.warning("partition %d: committing offset %d to the group failed (%s); trying again when idle",
+                        self.partition, self.committed_to, e)
+            with contextlib.suppress(KafkaException):
+                self.producer.abort_transaction(60)
 
     def _control_out(self, d: Decision, kind: str) -> _Out:
         return _Out(self.settings.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d, kind),
@@ -1113,11 +1145,23 @@ class PartitionCoordinator:
             log.warning("partition %d: %s asks to %s table %s", self.partition, source, request, p.table_id[:200])
         return _Decoded(offset, submitted=Submitted(p, at_ms, sig), request=request)
 
-    def _transact(self, batch: Sequence[Message], outs: Sequence[_Out], refused: list[_Refusal]) -> None:
-        """One transaction: the records, then the consumed offsets. Records Kafka refuses for what they
-        are (`RECORD_REFUSALS`) are appended to `refused` before the error propagates."""
+    def _transact(self, batch: Sequence[Message], outs: Sequence[_Out], refused: list[_Refusal], *,
+                  offsets_to: int | None = None) -> None:
+        """One transaction: the records and the offset the batch consumed up to (or `offsets_to`, for a
+        transaction of the offset alone). Commits-topic records carry that offset (`H_NEXT_OFFSET`); the
+        group's offset is committed in the transaction only when no such record does or every
+        `group_offset_interval_s`. Records Kafka refuses for what they are (`RECORD_REFUSALS`) are appended to
+        `refused` before the error propagates."""
         assert self.producer is not None
         s = self.settings
+        nxt = offsets_to
+        if batch:
+            last_offset = batch[-1].offset()
+            assert last_offset is not None
+            nxt = last_offset + 1
+        carried = bool(batch) and any(o.topic == s.topics.commits for o in outs)
+        mark: list[tuple[str, str | bytes | None]] = [(H_NEXT_OFFSET, str(nxt).encode())] if carried else []
+        to_group = nxt is not None and (not carried or time.monotonic() - self._group_offset_at >= s.group_offset_interval_s)
 
         def note(o: _Out, err: KafkaError) -> None:
             size = len(o.value or b"") + len(o.key or b"") + sum(len(k) + len(v or b"") for k, v in o.headers)
@@ -1137,26 +1181,26 @@ class PartitionCoordinator:
         try:
             self.producer.begin_transaction()
             for o in outs:
+                headers = [*o.headers, *mark] if mark and o.topic == s.topics.commits else o.headers
                 try:
                     if o.partition is None:
-                        self.producer.produce(o.topic, value=o.value, key=o.key, headers=o.headers, on_delivery=noted(o))
+                        self.producer.produce(o.topic, value=o.value, key=o.key, headers=headers, on_delivery=noted(o))
                     else:
-                        self.producer.produce(o.topic, value=o.value, key=o.key, headers=o.headers, partition=o.partition,
+                        self.producer.produce(o.topic, value=o.value, key=o.key, headers=headers, partition=o.partition,
                                               on_delivery=noted(o))
                 except KafkaException as e:
                     kerr = e.args[0]
                     if isinstance(kerr, KafkaError) and kerr.code() in RECORD_REFUSALS:
                         note(o, kerr)
                     raise
-            if batch:
-                last_offset = batch[-1].offset()
-                assert last_offset is not None
-                offsets = [TopicPartition(s.topics.proposals, self.partition, last_offset + 1)]
-                self._send_offsets(offsets)
+            if to_group and nxt is not None:
+                self._send_offsets([TopicPartition(s.topics.proposals, self.partition, nxt)])
             if fault_point("before_kafka_commit"):
                 raise KafkaException(KafkaError(KafkaError._FAIL, "injected fault: the transaction fails before its commit",
                                                 retriable=True, txn_requires_abort=True))
             self._commit_with_retry()
+            if to_group and nxt is not None:
+                self._group_offset, self._group_offset_at = nxt, time.monotonic()
             self._note_recorded()
         except KafkaException as e:
             # Delivery reports of the failed transaction say which records were refused.
@@ -1220,9 +1264,9 @@ class PartitionCoordinator:
             kerr = e.args[0]
             if isinstance(kerr, KafkaError) and kerr.fatal():
                 raise FencedError(f"partition {self.partition}: {kerr}") from cause
-        # The states never held this batch (its overlay is dropped): consume it again
-        # from the last committed offset.
-        self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.committed_offset()))
+        # The states never held this batch (its overlay is dropped): consume it again from the offset the
+        # last committed transaction consumed up to (the group's offset may lag it: `group_offset_interval_s`).
+        self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.committed_to))
 
 
 def _source(m: Message) -> str:

@@ -28,7 +28,7 @@ from reader.log import newest_commit_version
 from reader.storage import StorageError, TableStorage
 from schemas.codec import decode_decision
 from schemas.messages import Decision
-from schemas.routing import H_TABLE_ID, H_VERSION, header
+from schemas.routing import H_NEXT_OFFSET, H_TABLE_ID, H_VERSION, header
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +90,12 @@ def read_decisions(
 def read_decisions_at(
     settings: CoordinatorSettings, partition: int, *, table_id: str | None = None, min_version: int = 0,
     stall_timeout_s: float = 120.0, on_record: Callable[[], None] | None = None, from_offset: int | None = None,
-    on_end: Callable[[int], None] | None = None,
+    on_end: Callable[[int], None] | None = None, on_next_offset: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[Decision, int]]:
     """`read_decisions` with each record's offset, from `from_offset` (default: the start of the partition).
 
-    `on_end` is called first with the offset the read ends at (the high watermark)."""
+    `on_end` is called first with the offset the read ends at (the high watermark); `on_next_offset` with the
+    `deltacoord.next_offset` of every record that carries one (before any table filter)."""
     c = Consumer(
         settings.client(
             {"fetch.message.max.bytes": max(settings.max_proposal_bytes * 2, 1_048_576)},
@@ -129,6 +130,8 @@ def read_decisions_at(
                     raise KafkaException(merr)
                 if on_record is not None:
                     on_record()
+                if on_next_offset is not None and (nxt := _header(m, H_NEXT_OFFSET)) is not None:
+                    on_next_offset(int(nxt))
                 if table_id is not None and _header(m, H_TABLE_ID) != table_id:
                     continue
                 if min_version > 0:
@@ -179,6 +182,9 @@ class Recovered:
     last: tuple[int, str] | None = None
     #: The state snapshot recovery started from (its offset), if any.
     snapshot_offset: int | None = None
+    #: The proposals offset the committed transactions consumed up to, as their records say
+    #: (`deltacoord.next_offset`; 0: none says).
+    proposals_next: int = 0
 
     def halt(self, table_id: str, table_uri: str, why: str) -> None:
         """Halt a table this recovery found at fault (recorded by the caller)."""
@@ -257,7 +263,11 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
     def ended(high: int) -> None:
         rec.end_offset = max(high, fold_from)
 
-    for d, offset in read_decisions_at(settings, partition, from_offset=start, on_record=on_record, on_end=ended):
+    def consumed_to(nxt: int) -> None:
+        rec.proposals_next = max(rec.proposals_next, nxt)
+
+    for d, offset in read_decisions_at(settings, partition, from_offset=start, on_record=on_record, on_end=ended,
+                                       on_next_offset=consumed_to):
         n += 1
         if n % 1000 == 0:
             heartbeat()  # a long recovery is progress, not a hang
@@ -388,7 +398,7 @@ def recover_partition(settings: CoordinatorSettings, partition: int, **kwargs: A
             base = Recovered(states={t.table_id: TableState.from_export(t) for t in snap.tables}, halted=dict(snap.halted),
                              released=dict(snap.released),
                              decided=DecidedIds(settings.decided_ids_limit, settings.decided_ids_max_age_ms),
-                             last=snap.last, snapshot_offset=snap.offset)
+                             last=snap.last, snapshot_offset=snap.offset, proposals_next=snap.proposals_next)
             base.decided.extend(snap.decided)
             log.info("partition %d: state snapshot at offset %d loaded (%d tables) in %.2fs", partition, snap.offset,
                      len(snap.tables), time.monotonic() - t0)

@@ -71,6 +71,8 @@ class PartitionSnapshot:
     #: Table id -> (commits-topic offset, version) of the oldest ratified version that was not published yet.
     republish_from: dict[str, tuple[int, int]] = field(default_factory=dict)
     created_ms: int = 0
+    #: The proposals offset the folded records consumed up to (their highest `deltacoord.next_offset`).
+    proposals_next: int = 0
 
 
 def _decision_row(d: Decision) -> list[Any]:
@@ -103,7 +105,7 @@ def encode_snapshot(s: PartitionSnapshot) -> bytes:
         "last": list(s.last) if s.last is not None else None, "created_ms": s.created_ms, "tables": tables,
         "halted": {k: list(v) for k, v in s.halted.items()}, "decided": [_decision_row(d) for d in s.decided],
         "released": {k: list(v) for k, v in s.released.items()},
-        "republish_from": {k: list(v) for k, v in s.republish_from.items()},
+        "republish_from": {k: list(v) for k, v in s.republish_from.items()}, "proposals_next": s.proposals_next,
     }
     head = json.dumps(doc, separators=(",", ":")).encode("utf-8")
     return b"".join([MAGIC, struct.pack("<Q", len(head)), head, *blobs])
@@ -139,7 +141,8 @@ def decode_snapshot(data: bytes) -> PartitionSnapshot:
             last=(int(last[0]), str(last[1])) if last else None, tables=tables,
             halted={k: (v[0], v[1]) for k, v in doc["halted"].items()}, decided=[_decision_of(r) for r in doc["decided"]],
             released={k: (str(v[0]), int(v[1])) for k, v in doc.get("released", {}).items()},
-            republish_from={k: (int(v[0]), int(v[1])) for k, v in doc["republish_from"].items()}, created_ms=int(doc["created_ms"]))
+            republish_from={k: (int(v[0]), int(v[1])) for k, v in doc["republish_from"].items()}, created_ms=int(doc["created_ms"]),
+            proposals_next=int(doc.get("proposals_next", 0)))
     except SnapshotError:
         raise
     except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:

@@ -196,6 +196,9 @@ def coordinator_group() -> None:
 @click.option("--decided-ids-limit", type=int, envvar=env_var("decided_ids_limit"), default=None,
               help="A repeated proposal id is answered with its first decision while among this many newest decisions of "
                    "its partition (default 50000) and younger than --decided-ids-max-age-hours (default 168).")
+@click.option("--group-offset-seconds", type=float, envvar=env_var("group_offset_seconds"), default=None,
+              help="A busy partition commits its consumed offset to the consumer group at most this often (default 1; "
+                   "0: in every transaction). Recovery resumes from the offset each transaction records with its decisions.")
 @click.option("--decided-ids-max-age-hours", type=float, envvar=env_var("decided_ids_max_age_hours"), default=None,
               help="Hours a decision stays the answer to its repeated proposal id (default 168; see --decided-ids-limit).")
 def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None, partitions: str | None,
@@ -204,7 +207,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
                     watchdog_seconds: float | None, log_level: str | None, dead_letter_max_bytes: int | None,
                     stall_seconds: float | None, table_roots: str | None, storage_pairs: tuple[str, ...],
                     state_root: str | None, snapshot_every_records: int | None, decided_ids_limit: int | None,
-                    decided_ids_max_age_hours: float | None) -> None:
+                    decided_ids_max_age_hours: float | None, group_offset_seconds: float | None) -> None:
     """Consume proposals, decide them, record decisions in Kafka, publish _delta_log.
 
     \b
@@ -222,7 +225,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         "checkpoints": False if no_checkpoints else None, "watchdog_seconds": watchdog_seconds, "log_level": log_level,
         "dead_letter_max_bytes": dead_letter_max_bytes, "stall_seconds": stall_seconds, "table_roots": table_roots,
         "state_root": state_root, "snapshot_every_records": snapshot_every_records, "decided_ids_limit": decided_ids_limit,
-        "decided_ids_max_age_hours": decided_ids_max_age_hours,
+        "decided_ids_max_age_hours": decided_ids_max_age_hours, "group_offset_seconds": group_offset_seconds,
     }
     run = load_settings(config_file, flags, kafka_pairs, storage_pairs)
     logs.setup_logging(run.log_level)

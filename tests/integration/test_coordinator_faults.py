@@ -260,9 +260,10 @@ def test_a_stuck_send_offsets_call_gets_its_producer_replaced(kafka_bootstrap: s
     replaces its producer after `send_offsets_timeout_s` and carries on, in the same process."""
     topics = fresh_topics(kafka_bootstrap)
     path = tmp_path / "t"
-    # The loop stalls send_offsets_timeout_s (20 s) + 5 s: the watchdog must not be what acts.
+    # The loop stalls send_offsets_timeout_s (20 s) + 5 s: the watchdog must not be what acts. The group's offset
+    # in every transaction (--group-offset-seconds 0), so the second call is the first append's.
     coord = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", "--watchdog-seconds", "90",
-                                      env={"DELTACOORD_FAULT": "send_offsets:2:hang"})
+                                      "--group-offset-seconds", "0", env={"DELTACOORD_FAULT": "send_offsets:2:hang"})
     try:
         with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120) as t:
             t.create(SCHEMA)
@@ -278,3 +279,67 @@ def test_a_stuck_send_offsets_call_gets_its_producer_replaced(kafka_bootstrap: s
     rep = verify_table(_settings(kafka_bootstrap, topics), path.as_uri(), path.resolve().as_uri())
     assert_verified(rep)
     assert rep.topic_versions == 5
+
+
+def _group_offset(bootstrap: str, topics: Topics) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from tests.integration.coord_harness import coordinator_group
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": coordinator_group(topics), "enable.auto.commit": False})
+    try:
+        return max(0, c.committed([TopicPartition(topics.proposals, 0)], timeout=30)[0].offset)
+    finally:
+        c.close()
+
+
+def test_restart_resumes_after_the_offset_the_records_carry_not_the_lagging_group_offset(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A transaction records the proposals offset it consumed up to in its commits-topic records
+    (`deltacoord.next_offset`) and commits it to the group only every second (or when idle). A coordinator
+    killed right after a transaction leaves the group's offset behind its records; the next one resumes
+    after the records' offset: no proposal is decided twice, every version commits once, and once idle
+    the group's offset catches up with the proposals topic."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from coordinator.kafka.recovery import read_decisions_at
+
+    topics = fresh_topics(kafka_bootstrap)
+    path = str(tmp_path / "t")
+    # No offset committed to the group for an hour: the records alone say where to resume.
+    first = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", "--group-offset-seconds",
+                                      "3600", env={"DELTACOORD_FAULT": "after_kafka_commit:6"})
+    with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120) as t:
+        t.create(SCHEMA, partition_by=["date"])
+    results: list[int] = []
+    errors: list[BaseException] = []
+    threads = _appenders(kafka_bootstrap, topics, path, writers=2, per_writer=6, results=results, errors=errors,
+                         storage_options={})
+    first.proc.wait(120)
+    assert first.proc.returncode == -9, f"the fault point was not reached (exit {first.proc.returncode})"
+    nexts: list[int] = []
+    recorded = [d.proposal_id for d, _ in read_decisions_at(_settings(kafka_bootstrap, topics), 0, on_next_offset=nexts.append)]
+    assert len(recorded) >= 6 and nexts, "the killed coordinator's transactions recorded their offsets"
+    lagging = _group_offset(kafka_bootstrap, topics)
+    assert lagging < max(nexts), f"the group's offset ({lagging}) lags the records' ({max(nexts)}): the case under test"
+    second = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0")
+    try:
+        for th in threads:
+            th.join(180)
+        assert not errors, errors
+        assert sorted(results) == list(range(1, 13)), "every append commits exactly once at contiguous versions"
+        log_text = second.log.read_text(errors="replace")
+        assert f"resuming at proposals offset {max(nexts)} (the group's committed offset is {lagging})" in log_text, \
+            log_text[-2000:]
+        c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "probe", "enable.auto.commit": False})
+        try:
+            high = c.get_watermark_offsets(TopicPartition(topics.proposals, 0), timeout=30)[1]
+        finally:
+            c.close()
+        _wait_until(lambda: _group_offset(kafka_bootstrap, topics) == high, 30, "the group's offset to catch up when idle")
+    finally:
+        second.kill(15)
+    ids = [d.proposal_id for d, _ in read_decisions_at(_settings(kafka_bootstrap, topics), 0)]
+    assert len(ids) == len(set(ids)) == 13, "one decision per proposal: the create and 12 appends, none decided twice"
+    rep = verify_table(_settings(kafka_bootstrap, topics), path, Path(path).resolve().as_uri(), storage_options={})
+    assert_verified(rep)

@@ -55,7 +55,7 @@ def _state() -> TableState:
 def _snapshot(st: TableState, decided: list[Decision]) -> PartitionSnapshot:
     return PartitionSnapshot(commits_topic="c", partition=0, offset=42, last=(41, "p-last"), tables=[st.export()],
                              halted={"t2": ("s3://b/t2", "why")}, decided=decided, republish_from={TABLE_ID: (40, 2)},
-                             created_ms=NOW)
+                             created_ms=NOW, proposals_next=77)
 
 
 def test_a_snapshot_restores_what_the_rules_see_of_a_table(tmp_path: Path) -> None:
@@ -67,6 +67,7 @@ def test_a_snapshot_restores_what_the_rules_see_of_a_table(tmp_path: Path) -> No
     [snap] = store.newest()
     assert (snap.offset, snap.last, snap.halted, snap.republish_from) == (42, (41, "p-last"), {"t2": ("s3://b/t2", "why")},
                                                                          {TABLE_ID: (40, 2)})
+    assert snap.proposals_next == 77  # where the proposals consumer resumes, with the records after the snapshot
     assert snap.decided == [rejected]
     back = TableState.from_export(snap.tables[0])
     assert (back.version, back.metadata, back.protocol, dict(back.app_versions), dict(back.domains)) == (
@@ -80,6 +81,23 @@ def test_a_snapshot_restores_what_the_rules_see_of_a_table(tmp_path: Path) -> No
     h = Harness()
     h.state = back
     assert h.decide(proposal(back.version, [add("date=d/new.parquet", date="d")])).__class__.__name__ == "Accepted"
+
+
+def test_a_snapshot_written_before_proposal_offsets_were_recorded_reads_as_offset_zero() -> None:
+    """Snapshots of an older coordinator have no `proposals_next`: 0, so the group's committed offset decides."""
+    import json
+    import struct
+
+    from coordinator.kafka.snapshot import MAGIC
+
+    data = encode_snapshot(_snapshot(_state(), []))
+    (n,) = struct.unpack_from("<Q", data, len(MAGIC))
+    start = len(MAGIC) + 8
+    doc = json.loads(data[start:start + n])
+    del doc["proposals_next"]
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    old = b"".join([MAGIC, struct.pack("<Q", len(head)), head, data[start + n:]])
+    assert decode_snapshot(old).proposals_next == 0
 
 
 def test_a_damaged_snapshot_is_refused_and_skipped(tmp_path: Path) -> None:
