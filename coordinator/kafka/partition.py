@@ -146,6 +146,10 @@ class FencedError(RuntimeError):
     """A newer coordinator owns this partition; this one must stop."""
 
 
+#: After an idle commit of the group's offset failed, the next try waits this long.
+GROUP_OFFSET_RETRY_S = 5.0
+
+
 def _header(msg: Message, name: str) -> str | None:
     v = header(msg, name)
     return None if v is None else v.decode("utf-8", errors="replace")
@@ -328,6 +332,7 @@ class PartitionCoordinator:
         #: The offset last committed to the group (in a transaction), and when.
         self._group_offset = 0
         self._group_offset_at = time.monotonic()
+        self._group_offset_retry_at = 0.0
         self.last_commit = time.monotonic()
         self.waiting_since: float | None = None
         self.last_failure: str | None = None
@@ -552,7 +557,7 @@ class PartitionCoordinator:
     def flush_offsets(self) -> None:
         """When idle, commit to the group the offset the last transactions recorded only in their records,
         so lag tools (and the group's view of this partition) are current while no batch comes."""
-        if self.producer is None or self.committed_to <= self._group_offset:
+        if self.producer is None or self.committed_to <= self._group_offset or time.monotonic() < self._group_offset_retry_at:
             return
         try:
             self._transact([], [], [], offsets_to=self.committed_to)
@@ -562,8 +567,10 @@ class PartitionCoordinator:
             self._failed(str(e))
             self._replace_producer(e)
         except KafkaException as e:
-            log.warning("partition %d: committing offset %d to the group failed (%s); trying again when idle",
-                        self.partition, self.committed_to, e)
+            # Nothing depends on it (recovery reads the records): try again later, not at every idle poll.
+            self._group_offset_retry_at = time.monotonic() + GROUP_OFFSET_RETRY_S
+            log.warning("partition %d: committing offset %d to the group failed (%s); trying again in %.0fs",
+                        self.partition, self.committed_to, e, GROUP_OFFSET_RETRY_S)
             with contextlib.suppress(KafkaException):
                 self.producer.abort_transaction(60)
 
