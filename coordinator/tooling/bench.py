@@ -22,6 +22,11 @@ Before the timed deltacoord phase an untimed one of the same shape warms the
 Kafka broker: a freshly started JVM compiles its hot paths during its first
 few thousand transactions, and a long-running broker (the deployment this
 measures) has done so long ago. delta-rs has no service to warm.
+Each phase also reports the CPU a commit costs (`cpu_ms_per_commit`): the writer
+processes' own (`time.process_time` from the barrier to their last commit, every
+thread), and for deltacoord the coordinator's process tree and the broker's
+(`coordinator.tooling.cpu_usage`, when the broker runs on this machine); with
+every core busy, commits/s cannot pass cores * 1000 / that total.
 The memory part writes a table of 1,000,000 live files, then, in a fresh
 process with the daemon's imports, holds its `TableState` and has the daemon's
 checkpoint process checkpoint it; it reports the deciding process's resident
@@ -43,6 +48,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from coordinator.tooling.cpu_usage import ServiceCpu, broker_pid
 from schemas.kafka_logs import kafka_config
 
 SCHEMA_FIELDS = [("id", "int64"), ("writer", "int64"), ("value", "string")]
@@ -86,6 +92,8 @@ def _summary(writers: int, results: list[dict[str, Any]], k: int, elapsed: float
     if steps:  # where a commit's time goes: p50 of each step's time since proposing (CommitResult.timings)
         names = sorted({k for s in steps for k in s}, key=lambda k: _percentile([s[k] for s in steps if k in s], 0.5))
         out["steps_p50_ms"] = {k: round(_percentile([s[k] for s in steps if k in s], 0.5), 2) for k in names}
+    if commits and all("cpu_s" in r for r in results):
+        out["cpu_ms_per_commit"] = {"writers": round(sum(r["cpu_s"] for r in results) * 1000 / commits, 2)}
     out[SAMPLES] = latencies  # for the chart; `run` takes it out of the printed figures
     if any("rx_bytes" in r for r in results) and commits:
         out["fetch_bytes_per_commit"] = round(sum(r.get("rx_bytes", 0) for r in results) / commits, 1)
@@ -131,6 +139,7 @@ def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_
     counts = t.client.reply_counts
     rx0, foreign0 = counts.rx_bytes, counts.foreign
     barrier.wait()
+    cpu0 = time.process_time()  # every thread of this process: Python's and the Kafka clients'
     for i in range(k):
         s0 = time.perf_counter()
         tx = staged(i, f"{w}-{i}")
@@ -145,11 +154,12 @@ def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_
             failed += 1
         stage.append((s1 - s0) * 1000)
     end = time.time()
+    cpu_s = time.process_time() - cpu0
     time.sleep(2 * STATS_MS / 1000)  # the last statistics report covers the timed commits
     counts = t.client.reply_counts
     t.close()
     Path(out).write_text(json.dumps({"lat": lat, "decided": decided, "visible": visible, "failed": failed, "stage": stage,
-                                     "warm": warm, "end": end, "rx_bytes": counts.rx_bytes - rx0,
+                                     "warm": warm, "end": end, "cpu_s": cpu_s, "rx_bytes": counts.rx_bytes - rx0,
                                      "foreign": counts.foreign - foreign0, "steps": steps}))
 
 
@@ -169,6 +179,7 @@ def _rs_writer(table: str, w: int, k: int, storage_options: dict[str, str], barr
     lat: list[float] = []
     failed = 0
     barrier.wait()
+    cpu0 = time.process_time()  # every thread of this process: delta-rs's runtime included
     for i in range(k):
         s0 = time.perf_counter()
         try:
@@ -177,11 +188,15 @@ def _rs_writer(table: str, w: int, k: int, storage_options: dict[str, str], barr
             lat.append((time.perf_counter() - s0) * 1000)
         except Exception:
             failed += 1
-    Path(out).write_text(json.dumps({"lat": lat, "failed": failed, "warm": warm, "end": time.time()}))
+    end = time.time()
+    Path(out).write_text(json.dumps({"lat": lat, "failed": failed, "warm": warm, "end": end,
+                                     "cpu_s": time.process_time() - cpu0}))
 
 
-def _run_processes(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[list[dict[str, Any]], float, float]:
-    """Run `n` writer processes released together; their results, and when the timed phase began and ended."""
+def _run_processes(target: Any, args_for: Any, n: int, workdir: Path,
+                   services: ServiceCpu | None = None) -> tuple[list[dict[str, Any]], float, float]:
+    """Run `n` writer processes released together; their results, and when the timed phase began and ended
+    (`services`: their CPU is read as the writers are released and once every writer has ended)."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(n + 1)
     outs = [workdir / f"out-{uuid.uuid4().hex[:6]}-{i}.json" for i in range(n)]
@@ -193,8 +208,12 @@ def _run_processes(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[l
     os.sync()
     barrier.wait(timeout=300)
     t0 = time.time()
+    if services is not None:
+        services.start()
     for p in procs:
         p.join()
+    if services is not None:
+        services.stop()
     results = [json.loads(o.read_text()) for o in outs if o.exists()]
     end = max((r["end"] for r in results), default=time.time())
     return results, t0, end
@@ -242,8 +261,9 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
                         raise
         if not quiet:
             _say(f"deltacoord: {writers} writers x {k} blind appends on {location} ...")
+        services = ServiceCpu({"coordinator": coord.pid, "broker": broker_pid(bootstrap)})
         results, t0, end = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, location, i, k, options),
-                                          writers, workdir)
+                                          writers, workdir, services)
         elapsed = end - t0
     finally:
         coord.terminate()
@@ -256,6 +276,11 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
                 f.result(60)
     out = _summary(writers, results, k, elapsed)
     out["stage_p50_ms"] = round(_percentile([x for r in results for x in r["stage"]], 0.5), 2)
+    if "cpu_ms_per_commit" in out:  # the coordinator (with its checkpoint process) and the broker, when local
+        cpu = out["cpu_ms_per_commit"]
+        for name, used in services.used.items():
+            cpu[name] = None if used is None else round(used * 1000 / out["commits"], 2)
+        cpu["total"] = round(sum(v for v in cpu.values() if v is not None), 2)
     return out
 
 
@@ -364,9 +389,15 @@ def _compare(dc: dict[str, Any], rs: dict[str, Any]) -> dict[str, Any]:
     """The issue's ratios of one writer count: commits/s, and write call to visible (p50, p99)."""
     def ratio(a: float, b: float) -> float:
         return round(a / b, 2) if b else float("inf")
-    return {"commits_per_s_ratio": ratio(dc["commits_per_s"], rs["commits_per_s"]),
-            "p50_fraction_of_delta_rs": ratio(dc["p50_ms"], rs["p50_ms"]),
-            "p99_fraction_of_delta_rs": ratio(dc["p99_ms"], rs["p99_ms"])}
+    out = {"commits_per_s_ratio": ratio(dc["commits_per_s"], rs["commits_per_s"]),
+           "p50_fraction_of_delta_rs": ratio(dc["p50_ms"], rs["p50_ms"]),
+           "p99_fraction_of_delta_rs": ratio(dc["p99_ms"], rs["p99_ms"])}
+    dc_cpu, rs_cpu = dc.get("cpu_ms_per_commit", {}).get("total"), rs.get("cpu_ms_per_commit", {}).get("writers")
+    if dc_cpu and rs_cpu:
+        # Every process's CPU per commit: with all cores busy, commits/s cannot pass cores * 1000 / this.
+        out["cpu_per_commit_fraction_of_delta_rs"] = ratio(dc_cpu, rs_cpu)
+        out["cpu_ceiling_commits_per_s"] = round((os.cpu_count() or 1) * 1000 / dc_cpu, 1)
+    return out
 
 
 def _chart(runs: list[dict[str, Any]], samples: list[tuple[list[float], list[float]]], path: Path) -> None:

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from xml.etree import ElementTree
 
+from coordinator.tooling.cpu_usage import broker_pid
+
 KEYS = {"writers", "commits", "failed", "commits_per_s", "p50_ms", "p99_ms", "first_commit_p50_ms"}
 
 
@@ -37,6 +39,16 @@ def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str, tmp_path:
     # Where the time went: each step's p50 since proposing, in the order the steps happen.
     steps = dc["steps_p50_ms"]
     assert steps["produced_ms"] > 0 and steps["ratified_ms"] <= steps["put_ms"] <= steps["reply_ms"], steps
+    # CPU per commit of every process (writers; the coordinator with its checkpoint process; the local broker)
+    # beside delta-rs's writers, and the throughput that CPU allows on this machine's cores.
+    cpu = dc["cpu_ms_per_commit"]
+    assert cpu["writers"] > 0 and cpu["coordinator"] > 0, cpu
+    if broker_pid(kafka_bootstrap) is not None:
+        assert cpu["broker"] is not None and cpu["broker"] > 0, cpu
+    assert cpu["total"] == round(sum(v for k, v in cpu.items() if k != "total" and v is not None), 2)
+    assert rs["cpu_ms_per_commit"]["writers"] > 0
+    assert out["cpu_per_commit_fraction_of_delta_rs"] > 0
+    assert out["cpu_ceiling_commits_per_s"] == round((os.cpu_count() or 1) * 1000 / cpu["total"], 1)
     # The chart beside the JSON line: both systems' throughput and latency curves of this run; samples stay out of the JSON.
     assert out["chart"] == str(chart)
     text = ElementTree.tostring(ElementTree.parse(chart).getroot(), encoding="unicode", method="text")
