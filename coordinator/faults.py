@@ -1,11 +1,12 @@
 """Named crash points for fault-injection tests.
 
-`DELTACOORD_FAULT=<point>:<n>[:hang|:fail|:failing|:stop]` makes the process SIGKILL
+`DELTACOORD_FAULT=<point>:<n>[:hang|:fail|:latefail|:failing|:stop]` makes the process SIGKILL
 itself the n-th time it reaches `<point>` (1-based), or with `:hang` block that
 thread forever (as a client library stuck in a call would; the watchdog must
 act), or with `:fail` have `fault_point` return True that one time, for the
-caller to fail the way the point describes (`:failing`: that time and every
-time after), or with `:stop` SIGSTOP the whole process there (a paused zombie
+caller to fail the way the point describes (`:latefail`: the same after a 2 s
+pause, a failure that lands while the process stops; `:failing`: that time and
+every time after), or with `:stop` SIGSTOP the whole process there (a paused zombie
 that a test resumes with SIGCONT). In-process tests arm a point with `arm`.
 Unset, a fault point costs one dict lookup.
 Points: `after_decide` (batch decided, no Kafka transaction yet),
@@ -22,6 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 _counts: dict[str, int] = {}
 _parent: int | None = None
@@ -66,7 +68,9 @@ def fault_point(name: str) -> bool:
     if _SPEC is None or _SPEC[0] != name:
         return False
     _counts[name] = _counts.get(name, 0) + 1
-    if _SPEC[2] == "fail":
+    if _SPEC[2] in ("fail", "latefail"):
+        if _counts[name] == _SPEC[1] and _SPEC[2] == "latefail":
+            time.sleep(2.0)
         return _counts[name] == _SPEC[1]
     if _SPEC[2] == "failing":
         return _counts[name] >= _SPEC[1]

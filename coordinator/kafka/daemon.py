@@ -114,6 +114,14 @@ class Coordinator:
         for w in list(self._workers.values()):
             w.flush_controls()
 
+    def _record_halts_at_stop(self) -> None:
+        try:
+            self._record_halts()
+        except FencedError as e:
+            log.error("fenced while recording halts at stop: %s", e)
+        except Exception:
+            log.exception("recording halts at stop failed: the next owner of their partitions does not know of them")
+
     # -- checkpoints (never on the deciding thread) -------------------------------
     def _on_published(self, table_id: str, table_uri: str, version: int, actions: Sequence[Action]) -> None:
         if self._notices is not None:
@@ -397,14 +405,19 @@ class Coordinator:
         finally:
             self.ready = False
             self._leaving = True
+            if self.fenced:
+                self.publisher.abandon()
+            else:
+                # Publish what is ratified, then record the halts that publication (or the last loop turn)
+                # raised while the partitions' producers are still open: a halt not on the commits topic
+                # would be lifted by the restart.
+                self.publisher.stop(self.publish_drain_s)
+                self._record_halts_at_stop()
             for w in self._workers.values():
                 w.close()
             with contextlib.suppress(KafkaException, RuntimeError):
                 consumer.close()
-            if self.fenced:
-                self.publisher.abandon()
-            else:
-                self.publisher.stop(self.publish_drain_s)
+            if not self.fenced:
                 self.unpublished = {tid: (t.published, t.ratified) for tid, t in list(self.publisher.tables.items())
                                     if t.published < t.ratified}
                 if self.unpublished:

@@ -118,16 +118,20 @@ def test_healthz_turns_503_when_decisions_stall_while_proposals_wait(kafka_boots
         _wait(lambda: _healthz(coord)[0] == 200, "/healthz 200 once decisions flow")
 
 
+@pytest.mark.parametrize("fault", ["fail", "latefail"])
 @pytest.mark.parametrize("mode", ["static", "group"])
-def test_sigterm_with_unpublished_versions_exits_6(kafka_bootstrap: str, tmp_path: Path, mode: str) -> None:
-    """In group mode too: leaving the group on a stop does not drop what this coordinator still has to publish."""
+def test_sigterm_with_unpublished_versions_exits_6(kafka_bootstrap: str, tmp_path: Path, mode: str, fault: str) -> None:
+    """In group mode too: leaving the group on a stop does not drop what this coordinator still has to publish.
+
+    `latefail`: the publication fails 2 s after it starts, so the halt arises while the SIGTERM'd
+    coordinator drains its publisher, after its loop's last turn: it is still recorded before the exit."""
     topics = fresh_topics(kafka_bootstrap)
     path = tmp_path / "t"
     assignment = ("--partitions", "0") if mode == "static" else ()
     # Publishing version 1 fails on an unexpected error: the table halts (persisted), version 1 is
     # ratified and acknowledged, and stays unpublished.
     first = start_coordinator_process(kafka_bootstrap, topics, tmp_path, *assignment,
-                                      env={"DELTACOORD_FAULT": "publish:2:fail"})
+                                      env={"DELTACOORD_FAULT": f"publish:2:{fault}"})
     try:
         # wait="ratified": version 1 is ratified but its publication fails (the point of this test).
         with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120, wait="ratified",
