@@ -974,12 +974,21 @@ def _encode(message: MessageName, build: Callable[[Any], Record], obj: Any) -> b
     except (AttributeError, TypeError, ValueError) as e:
         raise EncodeError(f"{message}: cannot build the record from {type(obj).__name__}: {e}") from e
     schema = _READERS[message]
+    # The quiet check first: with raise_errors=True fastavro builds (and drops) an error for every
+    # union branch a value does not take, which cost most of an encode. Only a bad record is checked again
+    # for its message.
     try:
-        validate(record, schema, raise_errors=True)
-    except Exception as e:  # fastavro's ValidationError lists every bad field
-        errors = getattr(e, "errors", None)
-        detail = "; ".join(map(str, errors)) if errors else f"{type(e).__name__}: {e}"
-        raise EncodeError(f"{message} does not match its schema: {detail}") from e
+        valid = validate(record, schema, raise_errors=False)
+    except Exception:  # a value fastavro's checks themselves choke on
+        valid = False
+    if not valid:
+        try:
+            validate(record, schema, raise_errors=True)
+        except Exception as e:  # fastavro's ValidationError lists every bad field
+            errors = getattr(e, "errors", None)
+            detail = "; ".join(map(str, errors)) if errors else f"{type(e).__name__}: {e}"
+            raise EncodeError(f"{message} does not match its schema: {detail}") from e
+        raise EncodeError(f"{message} does not match its schema")
     fo = BytesIO()
     fo.write(SINGLE_OBJECT_MARKER)
     fo.write(_CURRENT[message])
