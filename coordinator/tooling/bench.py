@@ -53,7 +53,7 @@ from schemas.kafka_logs import kafka_config
 
 SCHEMA_FIELDS = [("id", "int64"), ("writer", "int64"), ("value", "string")]
 #: statistics.interval.ms of the deltacoord writers' Kafka clients (their reply consumers' received bytes).
-STATS_MS = 250
+STATS_MS = 1000
 
 
 def _say(msg: str) -> None:
