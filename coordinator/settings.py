@@ -76,6 +76,10 @@ class CoordinatorSettings:
     #: recovery resumes from; the group's offset is for lag tools and costs a transaction two broker round
     #: trips. An idle partition commits it at once.
     group_offset_interval_s: float = 1.0
+    #: A table is checkpointed every `delta.checkpointInterval` versions (Delta's rule), and at most once in
+    #: this many seconds: at hundreds of commits a second, a checkpoint every 10 versions would rewrite the
+    #: table's whole file list dozens of times a second. Requests met meanwhile are coalesced to the newest.
+    checkpoint_min_interval_s: float = 1.0
     #: At most this many bytes of an undecodable message are copied into its dead letter (its full
     #: size and SHA-256 travel in headers), so a dead letter always fits the dead-letter topic.
     dead_letter_max_bytes: int = 64 * 1024
@@ -137,7 +141,7 @@ FILE_KEYS = (
     "bootstrap_servers", "topic_prefix", "partitions", "num_partitions", "group_id", "transactional_id_prefix",
     "max_batch", "metrics_port", "fsync", "checkpoints", "watchdog_seconds", "log_level", "dead_letter_max_bytes",
     "stall_seconds", "table_roots", "state_root", "snapshot_every_records", "decided_ids_limit", "decided_ids_max_age_hours",
-    "group_offset_seconds",
+    "group_offset_seconds", "checkpoint_min_seconds",
 )
 #: Keys that a `DELTACOORD_<KEY>` variable sets (fsync and checkpoints only have their --no-... flags).
 ENV_VARS = {k: f"DELTACOORD_{k.upper()}" for k in FILE_KEYS if k not in ("fsync", "checkpoints")}
@@ -327,6 +331,7 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         dead_letter_max_bytes=integer("dead_letter_max_bytes", 64 * 1024),
         stall_timeout_s=number("stall_seconds", 60.0),
         group_offset_interval_s=number("group_offset_seconds", 1.0),
+        checkpoint_min_interval_s=number("checkpoint_min_seconds", 1.0),
         decided_ids_limit=integer("decided_ids_limit", 50_000),
         decided_ids_max_age_ms=int(number("decided_ids_max_age_hours", 168.0) * 3600 * 1000),
         state_root=text("state_root", "") or None,
@@ -341,6 +346,8 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         raise SettingsError(f"stall_seconds must be above 0, got {coordinator.stall_timeout_s}")
     if coordinator.group_offset_interval_s < 0:
         raise SettingsError(f"group_offset_seconds must be 0 or more, got {coordinator.group_offset_interval_s}")
+    if coordinator.checkpoint_min_interval_s < 0:
+        raise SettingsError(f"checkpoint_min_seconds must be 0 or more, got {coordinator.checkpoint_min_interval_s}")
     if coordinator.decided_ids_limit < 0 or coordinator.decided_ids_max_age_ms < 0:
         raise SettingsError("decided_ids_limit and decided_ids_max_age_hours must be 0 or more")
     if coordinator.snapshot_every_records < 1:

@@ -142,10 +142,18 @@ class Coordinator:
         return None
 
     def _checkpoint_loop(self) -> None:
+        spacing = self.settings.checkpoint_min_interval_s
+        last_round = -spacing
         while True:
             first = self._ckpt_q.get()
             if first is None:
                 return
+            # At most one round of checkpoints per `checkpoint_min_seconds`: the requests met while waiting
+            # are coalesced to each table's newest version (a stop cuts the wait short).
+            wait = last_round + spacing - time.monotonic()
+            if wait > 0:
+                self.stop_event.wait(wait)
+            last_round = time.monotonic()
             for req in self._coalesce(first):
                 if req is None:
                     return

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -203,6 +204,45 @@ def test_pending_checkpoints_coalesce_to_the_newest_per_table() -> None:
     assert out[-1] is None, "a stop request stays last"
     assert sorted((r.table_id, r.version) for r in out if r is not None) == [("a", 30), ("b", 30)]
     assert c._ckpt_q.empty()
+
+
+def test_checkpoints_of_a_table_are_spaced_by_checkpoint_min_seconds() -> None:
+    """Requests arriving within `checkpoint_min_seconds` of the last round wait for it and are coalesced: a
+    table committing hundreds of versions a second gets about one checkpoint a second, of its newest version."""
+    done: list[tuple[float, str, int]] = []
+    c = Coordinator(CoordinatorSettings(bootstrap_servers="127.0.0.1:1", checkpoint_min_interval_s=0.5),
+                    checkpoint_fn=lambda storage, version: done.append((time.monotonic(), storage.uri, version)))
+    loop = threading.Thread(target=c._checkpoint_loop, daemon=True)
+    loop.start()
+    started = time.monotonic()
+    c._ckpt_q.put(_CheckpointRequest("a", "file:///tmp/a", 10))
+    deadline = time.monotonic() + 10
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [v for _t, _u, v in done] == [10], "the first checkpoint is not held back"
+    for v in (20, 30, 40):
+        c._ckpt_q.put(_CheckpointRequest("a", "file:///tmp/a", v))
+    c._ckpt_q.put(None)
+    loop.join(10)
+    assert not loop.is_alive()
+    assert [v for _t, _u, v in done] == [10, 40], "the requests met while waiting are coalesced to the newest"
+    assert done[1][0] - done[0][0] >= 0.45 or done[1][0] - started >= 0.45, "the second round waited for the spacing"
+
+
+def test_a_stop_cuts_the_checkpoint_spacing_short() -> None:
+    done: list[int] = []
+    c = Coordinator(CoordinatorSettings(bootstrap_servers="127.0.0.1:1", checkpoint_min_interval_s=60),
+                    checkpoint_fn=lambda storage, version: done.append(version))
+    loop = threading.Thread(target=c._checkpoint_loop, daemon=True)
+    loop.start()
+    c._ckpt_q.put(_CheckpointRequest("a", "file:///tmp/a", 10))
+    c._ckpt_q.put(_CheckpointRequest("a", "file:///tmp/a", 20))
+    time.sleep(0.3)
+    c.stop_event.set()
+    c._ckpt_q.put(None)
+    loop.join(10)
+    assert not loop.is_alive(), "a stopping coordinator does not wait out the spacing"
+    assert done in ([10, 20], [20]), done
 
 
 def test_the_worker_ends_when_its_coordinator_is_killed(tmp_path: Path) -> None:
