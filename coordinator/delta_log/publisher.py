@@ -12,6 +12,11 @@ mount, a store that does not answer) are retried until they clear. An
 unexpected error publishing one table halts that table only; the thread goes
 on with the others. Every halt is reported to `on_halted`, which persists it
 (`coordinator.kafka.control`).
+
+A version decided by this process carries its decision's place on the commits
+topic (`stable_at`); it is published only once `stable` says Kafka's
+`read_committed` readers see that record (see `coordinator.kafka.stability`), so
+`_delta_log` never runs ahead of the commits topic.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent, put_many_if_absent
 from coordinator.faults import fault_armed, fault_point
 from coordinator.locations import TableLocationError, TableLocations
+from coordinator.stable_wait import StableCheck, StableWait
 from reader.log import commit_key
 from reader.storage import StorageConfigError, StorageError, StoredObject, TableStorage
 from schemas.actions import Action, commit_to_json_lines
@@ -34,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: Versions published together at most (one flush on a local filesystem).
 MAX_BATCH = 64
+#: How long a stopping publisher still waits for Kafka to make a decision readable; then it leaves it unpublished.
+STOP_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,8 @@ class PublishTask:
     table_uri: str
     version: int
     actions: tuple[Action, ...]
+    #: (commits partition, offset) of the decision when this process recorded it; None when read back from Kafka.
+    stable_at: tuple[int, int] | None = None
 
 
 @dataclass
@@ -71,6 +81,8 @@ class Publisher:
     on_halted: HaltedHook | None = None
     #: Where tables may be written and with which storage options (default: local tables anywhere).
     locations: TableLocations = field(default_factory=TableLocations)
+    #: Whether a decision's record is readable; None: every submitted version counts as readable.
+    stable: StableCheck | None = None
     tables: dict[str, TablePublication] = field(default_factory=dict)
     _q: queue.Queue[PublishTask | None] = field(default_factory=queue.Queue)
     _thread: threading.Thread | None = None
@@ -78,6 +90,8 @@ class Publisher:
     _idle: threading.Condition = field(init=False)
     _pending: int = 0
     _abandoned: bool = False
+    _stopping: bool = False
+    _wait: StableWait | None = None
     _forgotten: set[str] = field(default_factory=set)
     _halted: dict[str, str] = field(default_factory=dict)
 
@@ -85,6 +99,8 @@ class Publisher:
         self._idle = threading.Condition(self._lock)
 
     def start(self) -> None:
+        if self.stable is not None:
+            self._wait = StableWait(self.stable, "publication")
         self._thread = threading.Thread(target=self._run, name="deltacoord-publisher", daemon=True)
         self._thread.start()
 
@@ -96,6 +112,10 @@ class Publisher:
             t.ratified = max(t.ratified, task.version)
             self._pending += 1
         self._q.put(task)
+
+    def unstable_for(self, now: float | None = None) -> tuple[int, int, float] | None:
+        """(partition, offset, seconds) while publication waits for Kafka to make a record readable."""
+        return None if self._wait is None else self._wait.waited(now)
 
     def lag(self) -> int:
         """Ratified but not yet published versions, over all tables."""
@@ -150,6 +170,7 @@ class Publisher:
         """Publish what is queued, then end the thread."""
         if self._thread is None:
             return
+        self._stopping = True
         self._q.put(None)
         self._thread.join(timeout_s)
         self._thread = None
@@ -182,6 +203,15 @@ class Publisher:
                     stop = True
                     break
                 batch.append(nxt)
+            if not self._await_stable(batch):
+                # Abandoned, or stopping while Kafka still hides a decision: publish and tell nothing of it
+                # (the next owner reads the commits topic and publishes what is there).
+                with self._idle:
+                    self._pending -= len(batch)
+                    self._idle.notify_all()
+                if stop:
+                    return
+                continue
             by_table: dict[str, list[PublishTask]] = {}
             for t in batch:
                 by_table.setdefault(t.table_id, []).append(t)
@@ -202,6 +232,26 @@ class Publisher:
                         self._idle.notify_all()
             if stop:
                 return
+
+    def _await_stable(self, batch: Sequence[PublishTask]) -> bool:
+        """Wait until every decision of `batch` recorded by this process is readable on the commits topic.
+        False when abandoned, or stopping and Kafka kept one hidden for `STOP_WAIT_S`."""
+        need: dict[int, int] = {}
+        for t in batch:
+            if t.stable_at is not None:
+                p, o = t.stable_at
+                need[p] = max(need.get(p, -1), o)
+        if self._wait is None or not need:
+            return True
+
+        def give_up(waited: float) -> bool:
+            return self._abandoned or (self._stopping and waited > STOP_WAIT_S)
+
+        if self._wait.until(need, give_up):
+            return True
+        log.error("stopping with decisions on commits partitions %s not readable in Kafka: their versions stay "
+                  "unpublished", sorted(need))
+        return False
 
     def _publish_many(self, tasks: list[PublishTask]) -> None:
         """Publish a table's consecutive versions; on a local filesystem with one flush for all of them

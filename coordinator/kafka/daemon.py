@@ -21,6 +21,7 @@ from coordinator.delta_log.checkpoint_worker import CheckpointFailedError, Check
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.kafka.notices import PublicationNotices
 from coordinator.kafka.partition import FencedError, PartitionCoordinator, make_consumer
+from coordinator.kafka.stability import StableOffsets
 from coordinator.kafka.topics import ensure_topics
 from coordinator.locations import TableLocationError
 from coordinator.metrics import Metrics, MetricsServer
@@ -233,6 +234,10 @@ class Coordinator:
             why = w.stalled(now)
             if why is not None:
                 reasons.append(f"decisions stalled: {why}")
+        unstable = self.publisher.unstable_for(now)
+        if unstable is not None and unstable[2] > self.settings.stall_timeout_s:
+            reasons.append(f"publication stalled: offset {unstable[1]} of commits partition {unstable[0]} was committed "
+                           f"{unstable[2]:.0f}s ago and Kafka still hides it from read_committed readers")
         halted = {t: p.halted for t, p in list(self.publisher.tables.items()) if p.halted}
         detail: dict[str, object] = {
             "ready": self.ready and not self._recovering, "fenced": self.fenced, "partitions": sorted(self._workers),
@@ -347,7 +352,10 @@ class Coordinator:
         self._num_partitions = ensure_topics(admin, self.settings.topics, partitions=self.num_partitions,
                                              dead_letter_bound=self.settings.dead_letter_record_bound())
         del admin  # an idle admin client would keep reconnecting for the life of the process
-        self._notices = PublicationNotices(self.settings.client(), self.settings.topics.replies)
+        if self.publisher.stable is None:
+            self.publisher.stable = StableOffsets(self.settings.client(), self.settings.topics.commits)
+        self._notices = PublicationNotices(self.settings.client(), self.settings.topics.replies,
+                                           stable=self.publisher.stable)
         if self.metrics_port is not None:
             self._server = MetricsServer(self.metrics, self.health, self.metrics_port)
             self._server.start()

@@ -13,6 +13,10 @@ What a proposal gets (its header `deltacoord.wait` says which):
   right after the transaction; a version whose table halts gets kind `unpublished` with why.
 - `ratified`: the decision (kind `decision`) right after the transaction, nothing more.
 
+Nothing is sent before Kafka's `read_committed` readers see the decision's record (see
+`coordinator.kafka.stability`): `published` replies follow publication, which waits for it; the
+others (`decided_when_stable`) wait on this module's own thread, so a slow store never delays them.
+
 A reply can be lost (the coordinator dies between its transaction and the reply): a writer that
 hears nothing within a bound looks for its proposal id in the commits topic itself. Expectations are
 bounded (`MAX_WAITING`, oldest dropped): a reply nobody gets is what that fallback is for.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import queue
 import threading
 import time
 from collections import OrderedDict
@@ -29,6 +34,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
+from coordinator.stable_wait import StableCheck, StableWait
 from schemas.codec import encode_decision
 from schemas.messages import Decision
 from schemas.routing import (
@@ -48,6 +54,8 @@ log = logging.getLogger(__name__)
 
 #: Ratified versions awaiting publication whose reply is remembered.
 MAX_WAITING = 100_000
+#: How long `close` still waits for Kafka to make held replies' decisions readable; then they are dropped.
+CLOSE_WAIT_S = 5.0
 
 _Headers = list[tuple[str, str | bytes | None]]
 
@@ -76,7 +84,7 @@ class PublicationNotices:
     """Sends each writer its reply: at once (`decided`), or once its version is published (`expect`, then
     `published` / `unpublished` from the publisher's hooks)."""
 
-    def __init__(self, client_config: dict[str, Any], topic: str) -> None:
+    def __init__(self, client_config: dict[str, Any], topic: str, stable: StableCheck | None = None) -> None:
         self.topic = topic
         # linger 0: a reply is what a writer waits on; batching it behind others only delays it.
         self._producer = Producer({**client_config, "enable.idempotence": True, "acks": "all", "linger.ms": 0})
@@ -86,11 +94,54 @@ class PublicationNotices:
         self.num_partitions = len(t.partitions) if t is not None and t.error is None and t.partitions else 0
         self._waiting: OrderedDict[tuple[str, int], _Reply] = OrderedDict()
         self._lock = threading.Lock()
+        #: Replies held until their decision is readable: ((partition, offset), decision, reply partition, times).
+        self._held: queue.Queue[tuple[tuple[int, int], Decision, int, dict[str, float]] | None] = queue.Queue()
+        self._closing = False
+        self.wait = None if stable is None else StableWait(stable, "replies")
+        self._thread: threading.Thread | None = None
+        if self.wait is not None:
+            self._thread = threading.Thread(target=self._send_held, name="deltacoord-replies", daemon=True)
+            self._thread.start()
 
     def decided(self, d: Decision, partition: int, times: dict[str, float]) -> None:
         """Send `d` now (the transaction that recorded it has committed); `times`: name -> epoch seconds."""
         r = _reply_of(d, partition, times)
         self._produce(r.partition, r.value, [*r.headers, (H_KIND, KIND_DECISION)], d.table_id, d.version)
+
+    def decided_when_stable(self, stable_at: tuple[int, int], d: Decision, partition: int,
+                            times: dict[str, float]) -> None:
+        """Send `d` once the commits-topic record at `stable_at` (partition, offset) is readable, in call order."""
+        if self.wait is None:
+            self.decided(d, partition, times)
+        else:
+            self._held.put((stable_at, d, partition, times))
+
+    def _send_held(self) -> None:
+        assert self.wait is not None
+        while True:
+            first = self._held.get()
+            if first is None:
+                return
+            items, stop = [first], False
+            while True:
+                try:
+                    nxt = self._held.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                items.append(nxt)
+            need: dict[int, int] = {}
+            for (p, o), *_ in items:
+                need[p] = max(need.get(p, -1), o)
+            if self.wait.until(need, lambda waited: self._closing and waited > CLOSE_WAIT_S):
+                for _at, d, partition, times in items:
+                    self.decided(d, partition, times)
+            else:  # the writers fall back to the commits topic
+                log.error("closing with %d replies whose decisions Kafka does not show yet; not sent", len(items))
+            if stop:
+                return
 
     def expect(self, d: Decision, partition: int, times: dict[str, float]) -> None:
         """Send `d` (committed as a new version) once its version is published."""
@@ -127,6 +178,10 @@ class PublicationNotices:
             log.warning("could not send the reply for %s v%s: %s", table_id, version, e)
 
     def close(self, timeout_s: float = 5.0) -> None:
+        if self._thread is not None:
+            self._closing = True
+            self._held.put(None)
+            self._thread.join(CLOSE_WAIT_S + timeout_s)
         self._producer.flush(timeout_s)
 
 

@@ -315,6 +315,8 @@ class PartitionCoordinator:
         self._since_snapshot = 0
         self._recorded_at: deque[tuple[str, int, int]] = deque(maxlen=max(2 * settings.snapshot_every_records, 1000))
         self._delivered: list[tuple[_Out, int]] = []
+        #: The last commits-topic offset of the last committed transaction (None: it wrote none there).
+        self.txn_last_offset: int | None = None
         self._snapshot_thread: threading.Thread | None = None
         self._snapshot_requested = False
         #: State snapshots written by this partition coordinator (for tests and logs).
@@ -449,6 +451,7 @@ class PartitionCoordinator:
     # -- state snapshots --------------------------------------------------------------
     def _note_recorded(self) -> None:
         """After a transaction committed: the offsets its commits-topic records got."""
+        self.txn_last_offset = max((offset for _o, offset in self._delivered), default=None)
         for o, offset in self._delivered:
             self.commits_end = max(self.commits_end, offset + 1)
             self._since_snapshot += 1
@@ -752,18 +755,23 @@ class PartitionCoordinator:
                 self.metrics.decision_latency.observe(max(0.0, now - ts / 1000.0))
         self.metrics.batch_size.observe(len(batch))
         self.metrics.proposals.labels(self._label).inc(len(batch))
+        # What the transaction decided is shown (published, answered) once Kafka's readers see it (see
+        # coordinator.kafka.stability): the publisher waits for the last stable offset to pass this record.
+        stable_at = None if self.txn_last_offset is None else (self.partition, self.txn_last_offset)
         for d, (reply, ratified_only) in zip(decisions, replies, strict=True):
             new_version = d.committed and d.duplicate_of is None and d.version is not None
             if reply is not None and self.notices is not None:
-                # After the transaction, outside it (see coordinator.kafka.notices): ratified now.
+                # After the transaction, outside it (see coordinator.kafka.notices).
                 if new_version and not ratified_only:
                     self.notices.expect(d, reply, times)  # one reply, once published (registered before submit)
-                else:
+                elif stable_at is None:
                     self.notices.decided(d, reply, times)
+                else:
+                    self.notices.decided_when_stable(stable_at, d, reply, times)
             if new_version:
                 assert d.version is not None
                 self.metrics.commits.labels(self._label).inc()
-                self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
+                self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions, stable_at))
             elif d.committed:
                 self.metrics.duplicates.inc()
             elif d.error_type and d.reason_code is None:

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +47,16 @@ def harness_settings(bootstrap: str, topics: Topics, **overrides: object) -> Coo
 @contextmanager
 def coordinator_thread(bootstrap: str, topics: Topics, max_proposal_bytes: int = 4 * 1024 * 1024,
                        table_roots: tuple[str, ...] | None = None, storage_options: dict[str, str] | None = None,
-                       settings_overrides: dict[str, object] | None = None, **kwargs: object) -> Iterator[Coordinator]:
+                       settings_overrides: dict[str, object] | None = None,
+                       before_run: Callable[[Coordinator], None] | None = None,
+                       **kwargs: object) -> Iterator[Coordinator]:
     """A coordinator in this process; stopped gracefully at exit (`table_roots`, `storage_options`: its settings;
-    `settings_overrides` replace other fields). `kwargs` go to `Coordinator`."""
+    `settings_overrides` replace other fields; `before_run` sees it before it starts). `kwargs` go to `Coordinator`."""
     settings = harness_settings(bootstrap, topics, max_proposal_bytes=max_proposal_bytes, table_roots=table_roots,
                                 storage_options=dict(storage_options or {}), **(settings_overrides or {}))
     coord = Coordinator(settings, publish_fsync=False, **kwargs)  # type: ignore[arg-type]
+    if before_run is not None:
+        before_run(coord)
     result: dict[str, int] = {}
     t = threading.Thread(target=lambda: result.setdefault("code", coord.run()), daemon=True)
     t.start()
