@@ -443,6 +443,8 @@ class Coordinator:
                         code = EXIT_UNPUBLISHED
             if self._notices is not None:
                 self._notices.close()
+            if isinstance(self.publisher.stable, StableOffsets):
+                self.publisher.stable.close()
             self._ckpt_q.put(None)
             ckpt.join(300 if not self.fenced else 0.1)
             if isinstance(self.checkpoint_fn, CheckpointWorker):

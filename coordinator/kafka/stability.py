@@ -15,29 +15,26 @@ offset (ListOffsets with `read_committed`) is past the decision's record.
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 from typing import Any
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
-
-log = logging.getLogger(__name__)
-
-#: A failing admin client is replaced at most this often.
-RENEW_AFTER_S = 1.0
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 
 class StableOffsets:
-    """`stable(partition, offset)`: whether `read_committed` readers of the commits topic see that record."""
+    """`stable(partition, offset)`: whether `read_committed` readers of the commits topic see that record.
+
+    Asked with a `read_committed` consumer that joins no group and reads nothing: its watermark query
+    (ListOffsets) answers the last stable offset, synchronously within `request_timeout_s`, and it
+    follows leadership moves and broker restarts itself (librdkafka's admin ListOffsets kept a cached
+    leader epoch after a restart and was refused for as long as the client lived)."""
 
     def __init__(self, client_config: dict[str, Any], topic: str, request_timeout_s: float = 10.0) -> None:
         self.topic = topic
         self.request_timeout_s = request_timeout_s
-        self._config = client_config
-        self._admin = AdminClient(client_config)
-        self._renewed_at = time.monotonic()
+        self._consumer: Consumer | None = Consumer({
+            **client_config, "group.id": f"deltacoord-stable-{topic}", "enable.auto.commit": False,
+            "isolation.level": "read_committed"})
         self._known: dict[int, int] = {}
         self._lock = threading.Lock()
 
@@ -51,22 +48,20 @@ class StableOffsets:
         return lso > offset
 
     def last_stable_offset(self, partition: int) -> int:
-        """Ask the partition's leader (one ListOffsets request); raises KafkaException when it does not answer.
+        """Ask the partition's leader; raises KafkaException when it does not answer in time (or after `close`)."""
+        with self._lock:  # one query at a time, and never one on a closed consumer
+            if self._consumer is None:
+                raise KafkaException(KafkaError(KafkaError._DESTROY, "closed"))
+            _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                              timeout=self.request_timeout_s, cached=False)
+            return int(high)
 
-        After a failure the admin client is replaced (at most once a second): librdkafka's admin ListOffsets
-        keeps the leader epoch it cached, and after a broker restart it is refused (FENCED_LEADER_EPOCH) for
-        as long as that client lives."""
-        tp = TopicPartition(self.topic, partition)
-        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        try:
-            futures = self._admin.list_offsets({tp: latest}, isolation_level=IsolationLevel.READ_COMMITTED,
-                                               request_timeout=self.request_timeout_s)
-            return int(futures[tp].result().offset)
-        except KafkaException:
-            if time.monotonic() - self._renewed_at >= RENEW_AFTER_S:
-                self._admin = AdminClient(self._config)
-                self._renewed_at = time.monotonic()
-            raise
+    def close(self) -> None:
+        """Free the consumer (a query in flight ends first; later ones raise)."""
+        with self._lock:
+            c, self._consumer = self._consumer, None
+        if c is not None:
+            c.close()
 
 
 __all__ = ["StableOffsets"]
