@@ -85,6 +85,7 @@ from coordinator.kafka.control import (
     resume_record,
 )
 from coordinator.kafka.notices import PublicationNotices
+from coordinator.kafka.orphans import open_transaction, seal
 from coordinator.kafka.recovery import Recovered, recover_partition
 from coordinator.kafka.snapshot import PartitionSnapshot, SnapshotStore
 from coordinator.locations import TableLocationError, TableLocations
@@ -365,6 +366,7 @@ class PartitionCoordinator:
         t0 = time.monotonic()
         self.producer.init_transactions(60)
         log.info("partition %d: transactional producer ready in %.1fs; recovering", self.partition, time.monotonic() - t0)
+        self._close_left_open()
         recovered_to = self._recover()
         self.flush_controls()
         # The group's offset lags the records' `deltacoord.next_offset` by up to `group_offset_interval_s` of
@@ -377,6 +379,20 @@ class PartitionCoordinator:
             log.info("partition %d: resuming at proposals offset %d (the group's committed offset is %d)", self.partition,
                      self.committed_to, self._group_offset)
         return self.committed_to
+
+    def _close_left_open(self) -> None:
+        """Commit a transaction a broker left open on the commits partition (coordinator.kafka.orphans)."""
+        assert self.producer is not None
+        s = self.settings
+        found = open_transaction(s.client(), s.topics.commits, self.partition)
+        if found is None:
+            return
+        stable, end = found
+        log.warning("partition %d: %s[%d] holds a transaction left open from offset %d (its end is %d): a broker lost "
+                    "its commit markers. Committing it with an empty record before reading the partition",
+                    self.partition, s.topics.commits, self.partition, stable, end)
+        at = seal(self.producer, s.client(), s.topics.commits, self.partition)
+        log.warning("partition %d: the transaction left open is committed (empty record at offset %d)", self.partition, at)
 
     def committed_offset(self) -> int:
         committed = _committed_with_retry(self.consumer, self._tp)
