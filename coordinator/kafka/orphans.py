@@ -36,6 +36,23 @@ OPEN_AFTER_S = 5.0
 SEAL_WAIT_S = 60.0
 
 
+#: How long the partition's offsets may stay unanswered (a leader moving, a broker restarting) before start fails.
+ANSWER_WAIT_S = 120.0
+
+
+def _end(consumer: Consumer, tp: TopicPartition, deadline: float) -> int:
+    """The partition's end as `consumer`'s isolation level sees it, asked again while the brokers cannot answer
+    (OFFSET_NOT_AVAILABLE while a new leader catches up, NOT_LEADER_FOR_PARTITION, timeouts) until `deadline`."""
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1])
+        except KafkaException as e:
+            if time.monotonic() >= deadline:
+                raise
+            log.debug("the offsets of %s[%d] are not answered yet: %s", tp.topic, tp.partition, e)
+            time.sleep(0.2)
+
+
 def open_transaction(client_config: dict[str, Any], topic: str, partition: int, wait_s: float = OPEN_AFTER_S) -> tuple[int, int] | None:
     """(last stable offset, end offset) of the partition while an open transaction holds it back after `wait_s`;
     None once they meet."""
@@ -45,9 +62,10 @@ def open_transaction(client_config: dict[str, Any], topic: str, partition: int, 
     uncommitted = Consumer({**conf, "isolation.level": "read_uncommitted"})
     try:
         deadline = time.monotonic() + wait_s
+        answers_by = time.monotonic() + ANSWER_WAIT_S
         while True:
-            _low, end = uncommitted.get_watermark_offsets(tp, timeout=30, cached=False)
-            _low, stable = committed.get_watermark_offsets(tp, timeout=30, cached=False)
+            end = _end(uncommitted, tp, answers_by)
+            stable = _end(committed, tp, answers_by)
             if stable >= end:
                 return None
             if time.monotonic() >= deadline:
@@ -69,10 +87,22 @@ def seal(producer: Producer, client_config: dict[str, Any], topic: str, partitio
         if err is None and msg.offset() is not None:
             offsets.append(msg.offset())
 
-    producer.begin_transaction()
-    producer.produce(topic, value=None, key=None, partition=partition,
-                     headers=[(H_SEAL, b"closes a transaction left open")], on_delivery=delivered)
-    producer.commit_transaction(60)
+    gives_up = time.monotonic() + wait_s
+    while True:
+        offsets.clear()
+        producer.begin_transaction()
+        try:
+            producer.produce(topic, value=None, key=None, partition=partition,
+                             headers=[(H_SEAL, b"closes a transaction left open")], on_delivery=delivered)
+            _commit(producer)
+            break
+        except KafkaException as e:
+            kerr = e.args[0]
+            if not isinstance(kerr, KafkaError) or kerr.fatal() or time.monotonic() >= gives_up:
+                raise
+            log.warning("the seal's transaction failed (%s); trying again", kerr)
+            producer.abort_transaction(60)
+            time.sleep(0.5)
     producer.poll(0)
     if not offsets:
         raise KafkaException(KafkaError(KafkaError._FAIL, "the seal record's delivery was not reported"))
@@ -80,9 +110,20 @@ def seal(producer: Producer, client_config: dict[str, Any], topic: str, partitio
     stable = StableOffsets(client_config, topic)
     try:
         deadline = time.monotonic() + wait_s
-        while not stable(partition, at):
+
+        def shown() -> bool:
+            try:
+                return stable(partition, at)
+            except KafkaException as e:  # not answered yet: a leader moving, a broker restarting
+                log.debug("is the seal at %d readable? not answered: %s", at, e)
+                return False
+
+        while not shown():
             if time.monotonic() >= deadline:
-                lso = stable.last_stable_offset(partition)
+                try:
+                    lso: int | str = stable.last_stable_offset(partition)
+                except KafkaException:
+                    lso = "<the last stable offset>"
                 raise RuntimeError(
                     f"commits partition {topic}[{partition}] stays unreadable from offset {lso}: a transaction of another "
                     f"producer is open there. Abort it (kafka-transactions.sh --bootstrap-server <brokers> abort --topic "
@@ -91,6 +132,19 @@ def seal(producer: Producer, client_config: dict[str, Any], topic: str, partitio
     finally:
         stable.close()
     return at
+
+
+def _commit(producer: Producer) -> None:
+    """commit_transaction, called again while it fails with an error that says so (retriable, no abort needed)."""
+    while True:
+        try:
+            producer.commit_transaction(60)
+            return
+        except KafkaException as e:
+            kerr = e.args[0]
+            if isinstance(kerr, KafkaError) and kerr.retriable() and not kerr.txn_requires_abort():
+                continue
+            raise
 
 
 __all__ = ["H_SEAL", "OPEN_AFTER_S", "SEAL_WAIT_S", "open_transaction", "seal"]
