@@ -199,15 +199,15 @@ def test_a_fenced_zombie_never_replaces_a_published_version_on_s3(kafka_bootstra
             server: StoreServer = request.getfixturevalue("s3_server")
             backing = server.server.data_dir / place.root.removeprefix("s3://") / "t" / v2
             before = os.stat(backing)
-            for i in range(2, 5):
-                t.append(pa.table({"id": [i], "date": ["2024-01-01"]}))
             os.kill(a.proc.pid, signal.SIGCONT)
-            # Resumed, A publishes its version 2 (refused: the object exists) and is fenced on its next
-            # transaction: more proposals reach both coordinators.
+            # Resumed, A publishes its version 2 once Kafka shows its decision (refused: the object exists).
+            # Only then more proposals, which reach both coordinators: A is fenced on its next transaction.
+            # (Proposals sent while A was paused would race its publisher, which now asks Kafka first: A's
+            # loop could decide them, find version 3 written by B and halt the table before publishing.)
             attempt = f"version 2 of {t.uri} was already published with the same content"
             _wait_until(lambda: attempt in a.log.read_text(errors="replace"), 60,
                         "the resumed coordinator's attempt to publish version 2")
-            for i in range(5, 8):
+            for i in range(2, 8):
                 t.append(pa.table({"id": [i], "date": ["2024-01-01"]}))
             a.proc.wait(60)
             assert a.proc.returncode == 3, f"the zombie's exit code {a.proc.returncode}"
