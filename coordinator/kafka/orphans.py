@@ -94,7 +94,7 @@ def seal(producer: Producer, client_config: dict[str, Any], topic: str, partitio
         try:
             producer.produce(topic, value=None, key=None, partition=partition,
                              headers=[(H_SEAL, b"closes a transaction left open")], on_delivery=delivered)
-            _commit(producer)
+            commit_with_retry(producer)
             break
         except KafkaException as e:
             kerr = e.args[0]
@@ -134,7 +134,7 @@ def seal(producer: Producer, client_config: dict[str, Any], topic: str, partitio
     return at
 
 
-def _commit(producer: Producer) -> None:
+def commit_with_retry(producer: Producer) -> None:
     """commit_transaction, called again while it fails with an error that says so (retriable, no abort needed)."""
     while True:
         try:
@@ -147,4 +147,4 @@ def _commit(producer: Producer) -> None:
             raise
 
 
-__all__ = ["H_SEAL", "OPEN_AFTER_S", "SEAL_WAIT_S", "open_transaction", "seal"]
+__all__ = ["H_SEAL", "OPEN_AFTER_S", "SEAL_WAIT_S", "commit_with_retry", "open_transaction", "seal"]

@@ -85,7 +85,7 @@ from coordinator.kafka.control import (
     resume_record,
 )
 from coordinator.kafka.notices import PublicationNotices
-from coordinator.kafka.orphans import open_transaction, seal
+from coordinator.kafka.orphans import commit_with_retry, open_transaction, seal
 from coordinator.kafka.recovery import Recovered, recover_partition
 from coordinator.kafka.snapshot import PartitionSnapshot, SnapshotStore
 from coordinator.locations import TableLocationError, TableLocations
@@ -1229,7 +1229,7 @@ class PartitionCoordinator:
             if fault_point("before_kafka_commit"):
                 raise KafkaException(KafkaError(KafkaError._FAIL, "injected fault: the transaction fails before its commit",
                                                 retriable=True, txn_requires_abort=True))
-            self._commit_with_retry()
+            commit_with_retry(self.producer)
             if to_group and nxt is not None:
                 self._group_offset, self._group_offset_at = nxt, time.monotonic()
             self._note_recorded()
@@ -1274,18 +1274,6 @@ class PartitionCoordinator:
         log.error("%s; replacing the transactional producer and retrying the batch", cause)
         self.producer = None  # never closed: a thread is still inside one of its calls
         self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.start()))
-
-    def _commit_with_retry(self) -> None:
-        assert self.producer is not None
-        while True:
-            try:
-                self.producer.commit_transaction(60)
-                return
-            except KafkaException as e:
-                kerr = e.args[0]
-                if isinstance(kerr, KafkaError) and kerr.retriable() and not kerr.txn_requires_abort():
-                    continue
-                raise
 
     def _abort_and_rewind(self, cause: KafkaException) -> None:
         assert self.producer is not None
