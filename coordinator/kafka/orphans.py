@@ -24,6 +24,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from coordinator.kafka.stability import StableOffsets
+from coordinator.stable_wait import StableWait
 
 log = logging.getLogger(__name__)
 
@@ -109,26 +110,16 @@ def seal(producer: Producer, client_config: dict[str, Any], topic: str, partitio
     at = offsets[0]
     stable = StableOffsets(client_config, topic)
     try:
-        deadline = time.monotonic() + wait_s
-
-        def shown() -> bool:
+        # StableWait keeps asking while the brokers cannot answer (a leader moving, a broker restarting).
+        if not StableWait(stable, "the seal").until({partition: at}, give_up=lambda waited: waited >= wait_s):
             try:
-                return stable(partition, at)
-            except KafkaException as e:  # not answered yet: a leader moving, a broker restarting
-                log.debug("is the seal at %d readable? not answered: %s", at, e)
-                return False
-
-        while not shown():
-            if time.monotonic() >= deadline:
-                try:
-                    lso: int | str = stable.last_stable_offset(partition)
-                except KafkaException:
-                    lso = "<the last stable offset>"
-                raise RuntimeError(
-                    f"commits partition {topic}[{partition}] stays unreadable from offset {lso}: a transaction of another "
-                    f"producer is open there. Abort it (kafka-transactions.sh --bootstrap-server <brokers> abort --topic "
-                    f"{topic} --partition {partition} --start-offset {lso}), then start the coordinator again")
-            time.sleep(0.05)
+                lso: int | str = stable.last_stable_offset(partition)
+            except KafkaException:
+                lso = "<the last stable offset>"
+            raise RuntimeError(
+                f"commits partition {topic}[{partition}] stays unreadable from offset {lso}: a transaction of another "
+                f"producer is open there. Abort it (kafka-transactions.sh --bootstrap-server <brokers> abort --topic "
+                f"{topic} --partition {partition} --start-offset {lso}), then start the coordinator again")
     finally:
         stable.close()
     return at
