@@ -19,6 +19,8 @@ GROUP_ID_ENV = "DELTACOORD_GROUP_ID"
 COORDINATOR_CHECK_ENV = "DELTACOORD_COORDINATOR_CHECK"
 #: Seconds a write waits for its decision before the outcome is unknown.
 TIMEOUT_ENV = "DELTACOORD_TIMEOUT"
+#: The Unix socket of the host's relay (`deltacoord relay run`); unset: each writer talks to Kafka itself.
+RELAY_ENV = "DELTACOORD_RELAY"
 DEFAULT_TOPIC_PREFIX = "deltacoord"
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -94,3 +96,11 @@ def coordinator_check(given: bool | None) -> bool:
     if raw in _FALSE:
         return False
     raise ClientSettingError(f"{COORDINATOR_CHECK_ENV}={raw!r}: use 1/true/on or 0/false/off")
+
+
+def relay(given: str | None) -> str | None:
+    """The Unix socket of the host's relay: `given`, else DELTACOORD_RELAY, else none (writers talk to Kafka
+    themselves). An empty `given` turns the relay off even when the variable is set."""
+    if given is not None:
+        return given.strip() or None
+    return os.environ.get(RELAY_ENV, "").strip() or None

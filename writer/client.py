@@ -30,9 +30,7 @@ import random
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -44,24 +42,17 @@ from schemas.errors import CommitOutcomeUnknownError, EncodeError, ProposalNotSe
 from schemas.messages import Decision, Proposal
 from schemas.routing import (
     H_CONTROL,
-    H_ERROR,
-    H_KIND,
     H_PROPOSAL_ID,
-    H_REPLY_PARTITION,
     H_SIGNATURE,
     H_SIGNER,
     H_TABLE_ID,
-    H_TIMES,
-    H_VERSION,
-    H_WAIT,
-    KIND_DECISION,
-    KIND_PUBLISHED,
-    KIND_UNPUBLISHED,
     Topics,
     header,
     partition_for,
 )
 from schemas.signing import WriterKey
+from writer.relay_link import RelayLink
+from writer.replies import Pending, ReplyCounts, Routing, check_wait
 from writer.serving import CoordinatorCheck
 
 #: How long a writer waits for its reply before it also looks for its decision in the commits topic.
@@ -98,87 +89,26 @@ def _end_offset(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0)
             delay = min(delay * 2, 1.0)
 
 
-class ProposalNotPublishedError(RuntimeError):
-    """The coordinator says a ratified version will not be published (its table is halted)."""
+def partition_count(client: Producer | Consumer, topic: str, servers: str, timeout_s: float = 30) -> int:
+    """How many partitions `topic` has (a clear error when it does not exist)."""
+    md = client.list_topics(topic, timeout=timeout_s)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None or not t.partitions:
+        raise RuntimeError(f"topic {topic} not found on {servers}: is a coordinator running "
+                           "(it creates the topics), or were they created with `deltacoord topics create`?")
+    return len(t.partitions)
 
 
-@dataclass
-class Pending:
-    """A proposal in flight: its decision, then (for a new commit) its publication notice."""
-
-    proposal_id: str
-    reply_partition: int
-    #: `published`: one reply once the version is in `_delta_log`; `ratified`: the decision at once.
-    wait: str = "published"
-    #: When the proposal was produced (ms since the epoch): a commits-topic scan starts near it.
-    proposed_ms: int = 0
-    decision: Future[Decision] = field(default_factory=Future)
-    #: Epoch seconds: the proposal handed to the producer, acknowledged by the broker, its reply received.
-    sent_at: float = 0.0
-    produced_at: float = 0.0
-    replied_at: float = 0.0
-    #: The coordinator's epoch seconds from the reply (`consumed`, `ratified`, `published`).
-    coordinator_times: dict[str, float] = field(default_factory=dict)
-    #: The published version; fails with ProposalNotPublishedError when the coordinator will not publish it.
-    published: Future[int] = field(default_factory=Future)
-
-    def result(self, timeout_s: float | None = None) -> Decision:
-        """The decision (waits up to `timeout_s`; TimeoutError after)."""
-        return self.decision.result(timeout_s)
-
-    @property
-    def header(self) -> tuple[str, bytes]:
-        """The proposal header that routes its answers here (for tools producing proposals themselves)."""
-        return (H_REPLY_PARTITION, str(self.reply_partition).encode())
-
-    @property
-    def headers(self) -> list[tuple[str, str | bytes | None]]:
-        """Every routing header of the proposal: the reply partition and when to answer."""
-        return [self.header, (H_WAIT, self.wait.encode())]
-
-
-def _parse_times(raw: bytes | None) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for part in (raw or b"").decode("ascii", errors="replace").split(";"):
-        name, _, ms = part.partition("=")
-        with contextlib.suppress(ValueError):
-            out[name] = float(ms) / 1000
-    return out
-
-
-def _check_wait(wait: str) -> str:
-    if wait not in ("published", "ratified"):
-        raise ValueError(f"wait={wait!r}: use 'published' or 'ratified'")
-    return wait
-
-
-@dataclass
-class ReplyCounts:
-    """What this writer's reply consumer fetched: every record, and those answering a proposal not its own."""
-
-    records: int = 0
-    foreign: int = 0
-    #: Bytes the reply reader received from the brokers (librdkafka's `rxbytes`; needs the client
-    #: option `statistics.interval.ms`, and is as fresh as the last statistics report).
-    rx_bytes: int = 0
-
-
-class _Replies:
+class _Replies(Routing):
     """This process's reply partitions: the lease (group consumer, paused) and the reader (manual assignment)."""
 
-    #: Proposal ids remembered as ours, to tell own late answers (a notice after `wait="ratified"`) from foreign ones.
-    KEEP_IDS = 100_000
-
     def __init__(self, conf: dict[str, Any], topic: str, group_id: str, num_partitions: int) -> None:
+        super().__init__()
         self.topic = topic
         self.num_partitions = num_partitions
-        self._lock = threading.Lock()
         self._leased: set[int] = set()
         self._reading: set[int] = set()
         self._shared = random.randrange(num_partitions)
-        self._pending: dict[bytes, Pending] = {}
-        self._ours: OrderedDict[bytes, None] = OrderedDict()
-        self.counts = ReplyCounts()
         self._lease_seen = threading.Event()
         self._stop = threading.Event()
         self._rx: dict[str, int] = {}
@@ -260,17 +190,7 @@ class _Replies:
                 # Every answer to a proposal produced from now on lies at a later offset.
                 self._reader.incremental_assign([TopicPartition(self.topic, partition, high)])
                 self._reading.add(partition)
-            pending = Pending(proposal_id, partition, wait, int(time.time() * 1000))
-            key = proposal_id.encode()
-            self._pending[key] = pending
-            self._ours[key] = None
-            if len(self._ours) > self.KEEP_IDS:
-                self._ours.popitem(last=False)
-            return pending
-
-    def forget(self, proposal_id: str) -> None:
-        with self._lock:
-            self._pending.pop(proposal_id.encode(), None)
+            return self.register(proposal_id, partition, wait)
 
     def _release_idle(self) -> None:
         """Stop reading partitions no longer leased nor in use (after a lease moved, or after the shared one)."""
@@ -302,43 +222,7 @@ class _Replies:
                     if err.code() != KafkaError._PARTITION_EOF:
                         time.sleep(0.1)
                     continue
-                self._route(m)
-
-    def _route(self, m: Any) -> None:
-        pid = header(m, H_PROPOSAL_ID)
-        kind = header(m, H_KIND) or KIND_DECISION
-        replied_at = time.time()
-        with self._lock:
-            self.counts.records += 1
-            if pid is None or pid not in self._ours:
-                self.counts.foreign += 1
-                return
-            pending = self._pending.get(pid)
-            if pending is None:
-                return
-            if kind != KIND_DECISION:
-                self._pending.pop(pid, None)  # a notice is the last answer a proposal gets
-        value = m.value()
-        if not pending.replied_at:
-            pending.replied_at = replied_at
-            pending.coordinator_times.update(_parse_times(header(m, H_TIMES)))
-        if value is not None and not pending.decision.done():  # every reply carries the decision
-            with contextlib.suppress(InvalidStateError):  # a commits-topic scan found it first
-                try:
-                    decision = decode_decision(value)
-                except Exception as e:  # a decision we cannot read is still not an outcome we may invent
-                    pending.decision.set_exception(e)
-                else:
-                    pending.decision.set_result(decision)
-        if kind == KIND_DECISION:
-            return
-        if kind == KIND_PUBLISHED and not pending.published.done():
-            version = header(m, H_VERSION)
-            pending.published.set_result(int(version) if version else -1)
-        elif kind == KIND_UNPUBLISHED and not pending.published.done():
-            why = header(m, H_ERROR)
-            pending.published.set_exception(ProposalNotPublishedError(
-                why.decode("utf-8", errors="replace") if why else "the coordinator will not publish this version"))
+                self.route(m)
 
     def close(self) -> None:
         self._stop.set()
@@ -370,11 +254,14 @@ class CoordinatorClient:
     live coordinator of the consumer group `coordinator_group` (default DELTACOORD_GROUP_ID, else
     `<prefix>-coordinator`) holds the table's partition (`writer.serving`); `coordinator_check=False` (or
     DELTACOORD_COORDINATOR_CHECK=0) turns that off, for coordinators given a static partition list.
+
+    `relay` (default DELTACOORD_RELAY; `""` for none) is the Unix socket of the host's relay (`writer.relay`):
+    proposals go to it and it forwards this client's answers, so the client runs no producer or reply consumer.
     """
 
     def __init__(self, bootstrap_servers: str | None = None, *, topics: Topics | None = None,
                  topic_prefix: str | None = None, reply_group: str | None = None, coordinator_group: str | None = None,
-                 coordinator_check: bool | None = None, **kafka_config: Any) -> None:
+                 coordinator_check: bool | None = None, relay: str | None = None, **kafka_config: Any) -> None:
         self.topics = client_settings.topics_of(topic_prefix, topics)
         servers = client_settings.bootstrap_servers(bootstrap_servers)
         self._conf: dict[str, Any] = kafka_logs.kafka_config({"bootstrap.servers": servers, **kafka_config})
@@ -382,11 +269,13 @@ class CoordinatorClient:
                                                   client_settings.coordinator_group(coordinator_group, self.topics),
                                                   enabled=client_settings.coordinator_check(coordinator_check))
         quiet = {k: v for k, v in self._conf.items() if k != "statistics.interval.ms"}  # statistics: the reply reader's
-        self._producer = Producer({**quiet, "enable.idempotence": True, "linger.ms": 0, "acks": "all"})
+        #: The host relay's socket (`writer.relay`): proposals and answers go through it, not this process's clients.
+        self.relay = client_settings.relay(relay)
+        self._producer = None if self.relay else Producer({**quiet, "enable.idempotence": True, "linger.ms": 0, "acks": "all"})
         self._lock = threading.Lock()
         self._num_partitions: int | None = None
         self._reply_group = reply_group or f"deltacoord-writer-{self.topics.replies}"
-        self._replies_: _Replies | None = None
+        self._replies_: _Replies | RelayLink | None = None
         self._closed = False
         # Start leasing a reply partition now, in the background: the lease takes about a second,
         # usually less than preparing the first commit.
@@ -397,19 +286,33 @@ class CoordinatorClient:
             self._replies(timeout_s=10)
 
     def _partition_count(self, topic: str, timeout_s: float = 30) -> int:
-        md = self._producer.list_topics(topic, timeout=timeout_s)
-        t = md.topics.get(topic)
-        if t is None or t.error is not None or not t.partitions:
-            raise RuntimeError(f"topic {topic} not found on {self._conf['bootstrap.servers']}: is a coordinator running "
-                               "(it creates the topics), or were they created with `deltacoord topics create`?")
-        return len(t.partitions)
+        assert self._producer is not None
+        return partition_count(self._producer, topic, str(self._conf["bootstrap.servers"]), timeout_s)
 
     def partition_of(self, table_id: str) -> int:
         if self._num_partitions is None:
-            self._num_partitions = self._partition_count(self.topics.proposals)
+            if self.relay:
+                self._num_partitions = self._link().partitions
+            else:
+                self._num_partitions = self._partition_count(self.topics.proposals)
         return partition_for(table_id, self._num_partitions)
 
-    def _replies(self, timeout_s: float = 30) -> _Replies:
+    def _link(self) -> RelayLink:
+        """The connection to the host's relay, opened again if the relay went away (RelayUnavailableError if none answers)."""
+        assert self.relay is not None
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the coordinator client is closed")
+            link = self._replies_
+            if isinstance(link, RelayLink) and not link.closed.is_set():
+                return link
+            # Answers still due to the old connection are looked for in the commits topic (`decided`).
+            self._replies_ = link = RelayLink(self.relay, self.topics)
+            return link
+
+    def _replies(self, timeout_s: float = 30) -> _Replies | RelayLink:
+        if self.relay:
+            return self._link()
         with self._lock:
             if self._replies_ is not None:
                 return self._replies_
@@ -442,7 +345,10 @@ class CoordinatorClient:
 
     def expect(self, proposal_id: str, wait: str = "published") -> Pending:
         """Wait for answers to a proposal produced elsewhere: produce it with the result's `headers`."""
-        return self._replies().expect(proposal_id, _check_wait(wait))
+        if self.relay:
+            raise ValueError("expect() needs this process's own reply partition: a proposal produced outside the client "
+                             "cannot be routed through the relay; use a client made with relay=''")
+        return self._replies().expect(proposal_id, check_wait(wait))
 
     def propose(self, proposal: Proposal, key: WriterKey | None = None, wait: str = "published",
                 control: str | None = None) -> Pending:
@@ -452,8 +358,10 @@ class CoordinatorClient:
         partition = self.partition_of(proposal.table_id)
         self.coordinator_check.ensure(partition)  # NoCoordinatorError (nothing sent) when no coordinator holds it
         replies = self._replies()
-        pending = replies.expect(proposal.proposal_id, _check_wait(wait))
+        pending = replies.expect(proposal.proposal_id, check_wait(wait))
         delivery: Future[None] = Future()
+        if isinstance(replies, RelayLink):
+            return self._propose_relayed(replies, pending, proposal, partition, key, control)
 
         def on_delivery(err: KafkaError | None, _msg: Any) -> None:
             if err is None:
@@ -463,18 +371,9 @@ class CoordinatorClient:
             else:
                 delivery.set_exception(RuntimeError(f"proposal {proposal.proposal_id} was not delivered: {err}"))
 
+        assert self._producer is not None
         try:
-            value = encode_proposal(proposal)
-            headers: list[tuple[str, str | bytes | None]] = [(H_PROPOSAL_ID, proposal.proposal_id.encode()),
-                                                             (H_TABLE_ID, proposal.table_id.encode()),
-                                                             *pending.headers]
-            if control is not None:
-                headers.append((H_CONTROL, control.encode()))
-            if key is not None:
-                if proposal.writer != key.name:
-                    raise ValueError(f"proposal {proposal.proposal_id} declares writer {proposal.writer!r} but would be "
-                                     f"signed by key {key.name!r}: the coordinator requires them to match")
-                headers += [(H_SIGNER, key.name.encode()), (H_SIGNATURE, key.sign(value))]
+            value, headers = self._proposal_record(proposal, pending, key, control)
             pending.sent_at = time.time()
             self._producer.produce(
                 self.topics.proposals, value=value, key=proposal.table_id.encode(), partition=partition, headers=headers,
@@ -483,6 +382,7 @@ class CoordinatorClient:
         except (EncodeError, BufferError, KafkaException, ValueError) as e:  # refused before anything was sent
             replies.forget(proposal.proposal_id)
             raise ProposalNotSentError(f"proposal {proposal.proposal_id} could not be produced: {e}") from e
+        assert self._producer is not None
         self._producer.flush(30)
         pending.produced_at = time.time()
         try:
@@ -491,6 +391,46 @@ class CoordinatorClient:
             replies.forget(proposal.proposal_id)
             raise
         return pending
+
+    def _propose_relayed(self, link: RelayLink, pending: Pending, proposal: Proposal, partition: int,
+                         key: WriterKey | None, control: str | None) -> Pending:
+        """`propose` through the host's relay: it produces the proposal with its own reply partition."""
+        try:
+            value, headers = self._proposal_record(proposal, pending, key, control)
+        except (EncodeError, ValueError) as e:
+            link.forget(proposal.proposal_id)
+            raise ProposalNotSentError(f"proposal {proposal.proposal_id} could not be produced: {e}") from e
+        pending.sent_at = time.time()
+        try:
+            delivery = link.produce(proposal.proposal_id, self.topics.proposals, partition, proposal.table_id.encode(),
+                                    value, headers)
+        except ProposalNotSentError:
+            link.forget(proposal.proposal_id)
+            raise
+        try:
+            delivery.result(30)
+        except Exception:
+            link.forget(proposal.proposal_id)
+            raise
+        pending.produced_at = time.time()
+        return pending
+
+    @staticmethod
+    def _proposal_record(proposal: Proposal, pending: Pending, key: WriterKey | None,
+                         control: str | None) -> tuple[bytes, list[tuple[str, str | bytes | None]]]:
+        """The proposal's value and headers (signed with `key` when given)."""
+        value = encode_proposal(proposal)
+        headers: list[tuple[str, str | bytes | None]] = [(H_PROPOSAL_ID, proposal.proposal_id.encode()),
+                                                         (H_TABLE_ID, proposal.table_id.encode()),
+                                                         *pending.headers]
+        if control is not None:
+            headers.append((H_CONTROL, control.encode()))
+        if key is not None:
+            if proposal.writer != key.name:
+                raise ValueError(f"proposal {proposal.proposal_id} declares writer {proposal.writer!r} but would be "
+                                 f"signed by key {key.name!r}: the coordinator requires them to match")
+            headers += [(H_SIGNER, key.name.encode()), (H_SIGNATURE, key.sign(value))]
+        return value, headers
 
     def decided(self, pending: Pending, table_id: str, timeout_s: float, table_uri: str | None = None) -> Decision:
         """The decision of a proposed `pending`: its reply, or (none within REPLY_WAIT_S) the decision found in
@@ -522,8 +462,12 @@ class CoordinatorClient:
             wait_s = min(wait_s * 2, 30.0)
 
     def forget(self, proposal_id: str) -> None:
-        """Stop waiting for any answer to `proposal_id`."""
-        self._replies().forget(proposal_id)
+        """Stop waiting for any answer to `proposal_id` (never opens a connection: a relay that went away has
+        nothing to forget)."""
+        with self._lock:
+            replies = self._replies_
+        if replies is not None:
+            replies.forget(proposal_id)
 
     def commit(self, proposal: Proposal, timeout_s: float = 60.0, key: WriterKey | None = None) -> Decision:
         """Propose (signed with `key` when given) and wait for the decision (ratification only).
@@ -573,4 +517,5 @@ class CoordinatorClient:
             replies, self._replies_ = self._replies_, None
         if replies is not None:
             replies.close()
-        self._producer.flush(10)
+        if self._producer is not None:
+            self._producer.flush(10)

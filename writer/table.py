@@ -277,7 +277,9 @@ class Table:
     one instead), `decision_timeout_s` to DELTACOORD_TIMEOUT (else 60). Before anything is staged, the handle checks that a live
     coordinator holds the table's proposals partition and raises
     `NoCoordinatorError` at once when none does (`coordinator_group`,
-    `coordinator_check`: see `CoordinatorClient`).
+    `coordinator_check`: see `CoordinatorClient`). `relay` (default DELTACOORD_RELAY)
+    is the Unix socket of the host's relay (`deltacoord relay run`, `writer.relay`):
+    proposals and their answers then go through it, not Kafka clients of this process.
 
     Every write operation takes `proposal_id`: after an unknown outcome
     (`CommitOutcomeUnknownError`, or an interrupt while waiting), repeating the
@@ -291,7 +293,7 @@ class Table:
                  storage_options: Mapping[str, str] | None = None, writer_key: WriterKey | str | Path | None = None,
                  dv_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES, wait: WaitFor = "published",
                  coordinator_group: str | None = None, coordinator_check: bool | None = None,
-                 **kafka_config: Any) -> None:
+                 relay: str | None = None, **kafka_config: Any) -> None:
         self.storage = TableStorage(uri, storage_options, fsync=False)
         # Local tables keep the absolute file:// URI of their directory as location and id.
         self.uri = Path(self.storage.local_path()).as_uri() if self.storage.is_local else self.storage.location
@@ -311,7 +313,7 @@ class Table:
         self.dv_inline_max_bytes = dv_inline_max_bytes
         self.client = client or CoordinatorClient(bootstrap_servers, topics=topics, topic_prefix=topic_prefix,
                                                   coordinator_group=coordinator_group,
-                                                  coordinator_check=coordinator_check, **kafka_config)
+                                                  coordinator_check=coordinator_check, relay=relay, **kafka_config)
         self._snapshot: Snapshot | None = None
         self._floor = -1  # newest version this handle committed
 

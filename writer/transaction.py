@@ -35,7 +35,8 @@ from schemas.errors import (
 from schemas.messages import Decision, FileRead, Proposal
 from schemas.reasons import ReasonCode
 from schemas.signing import WriterKey
-from writer.client import CoordinatorClient, Pending, ProposalNotPublishedError
+from writer.client import CoordinatorClient
+from writer.replies import Pending, ProposalNotPublishedError
 from writer.staging import delete_staged
 
 ENGINE_INFO = "deltacoord-writer/0.1"

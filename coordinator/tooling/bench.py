@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,7 @@ def _summary(writers: int, results: list[dict[str, Any]], k: int, elapsed: float
 
 # -- deltacoord writers ---------------------------------------------------------------
 def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_options: dict[str, str],
-               barrier: Any, out: str) -> None:
+               relay: str, barrier: Any, out: str) -> None:
     import pyarrow as pa
 
     from schemas.errors import DeltaCoordError
@@ -114,7 +115,7 @@ def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_
     # Client statistics every STATS_MS: the reply consumers' received bytes (`rxbytes`) give the fetch bytes.
     stats: dict[str, Any] = {"statistics.interval.ms": STATS_MS}
     t = Table(table, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"bench-{w}", storage_options=storage_options,
-              **stats)
+              relay=relay, **stats)
     t.client.wait_leased(60)  # a reply partition of its own (else it shares one, and says so in foreign_records)
     snap = t.snapshot()
 
@@ -193,10 +194,11 @@ def _rs_writer(table: str, w: int, k: int, storage_options: dict[str, str], barr
                                      "cpu_s": time.process_time() - cpu0}))
 
 
-def _run_processes(target: Any, args_for: Any, n: int, workdir: Path,
-                   services: ServiceCpu | None = None) -> tuple[list[dict[str, Any]], float, float]:
+def _run_processes(target: Any, args_for: Any, n: int, workdir: Path, services: ServiceCpu | None = None,
+                   on_release: Callable[[], None] | None = None) -> tuple[list[dict[str, Any]], float, float]:
     """Run `n` writer processes released together; their results, and when the timed phase began and ended
-    (`services`: their CPU is read as the writers are released and once every writer has ended)."""
+    (`services`: their CPU is read as the writers are released and once every writer has ended; `on_release`
+    runs as they are released)."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(n + 1)
     outs = [workdir / f"out-{uuid.uuid4().hex[:6]}-{i}.json" for i in range(n)]
@@ -210,6 +212,8 @@ def _run_processes(target: Any, args_for: Any, n: int, workdir: Path,
     t0 = time.time()
     if services is not None:
         services.start()
+    if on_release is not None:
+        on_release()
     for p in procs:
         p.join()
     if services is not None:
@@ -221,15 +225,17 @@ def _run_processes(target: Any, args_for: Any, n: int, workdir: Path,
 
 def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, quiet: bool = False,
                      table: str | None = None, storage_options: dict[str, str] | None = None,
-                     table_roots: str | None = None) -> dict[str, Any]:
+                     table_roots: str | None = None, relay: bool = False) -> dict[str, Any]:
     """deltacoord's phase: a coordinator process and `writers` writer processes on `table`
-    (default: a directory in `workdir`; an object-store URI with its storage options)."""
+    (default: a directory in `workdir`; an object-store URI with its storage options). With `relay`, the
+    writers go through one relay process (`deltacoord relay run`), as the writer processes of one host would."""
     import pyarrow as pa
     from confluent_kafka.admin import AdminClient
 
     from coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, ensure_topics
     from schemas.errors import NoCoordinatorError
     from schemas.routing import Topics
+    from writer.relay import relay_counts
     from writer.table import Table
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -249,8 +255,22 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **{k.upper(): v for k, v in secret.items()}},
     )
     location = table or str(workdir / "deltacoord-table")
+    relay_proc: subprocess.Popen[bytes] | None = None
+    sock = ""
     try:
-        with Table(location, bootstrap, topics=topics, storage_options=options) as t:
+        if relay:
+            # A short path: a Unix socket's path is limited to about 100 bytes.
+            sock = os.path.join(tempfile.gettempdir(), f"deltacoord-bench-relay-{uuid.uuid4().hex[:8]}.sock")
+            relay_proc = subprocess.Popen(
+                [sys.executable, "-m", "coordinator.tooling.cli", "relay", "run", "--socket", sock, "--bootstrap-servers",
+                 bootstrap, "--topic-prefix", prefix, "--log-level", "WARNING", "--kafka", f"statistics.interval.ms={STATS_MS}"],
+                stdout=log, stderr=subprocess.STDOUT)
+            started = time.monotonic()
+            while not os.path.exists(sock):
+                if relay_proc.poll() is not None or time.monotonic() - started > 60:
+                    raise RuntimeError(f"the bench's relay did not start (see {workdir / 'coordinator.log'})")
+                time.sleep(0.05)
+        with Table(location, bootstrap, topics=topics, storage_options=options, relay=sock) as t:
             started = time.monotonic()
             while True:  # the coordinator process may still be starting; nothing is proposed until it serves
                 try:
@@ -261,11 +281,24 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
                         raise
         if not quiet:
             _say(f"deltacoord: {writers} writers x {k} blind appends on {location} ...")
-        services = ServiceCpu({"coordinator": coord.pid, "broker": broker_pid(bootstrap)})
-        results, t0, end = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, location, i, k, options),
-                                          writers, workdir, services)
+        pids = {"coordinator": coord.pid, "broker": broker_pid(bootstrap)}
+        if relay_proc is not None:
+            pids["relay"] = relay_proc.pid
+        services = ServiceCpu(pids)
+        before: dict[str, int] = {}
+        results, t0, end = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, location, i, k, options, sock),
+                                          writers, workdir, services,
+                                          (lambda: before.update(relay_counts(sock, topics))) if relay else None)
         elapsed = end - t0
+        relayed: dict[str, int] = {}
+        if relay:
+            time.sleep(2 * STATS_MS / 1000)  # the relay's last statistics report covers the timed commits
+            after = relay_counts(sock, topics)
+            relayed = {key: after[key] - before.get(key, 0) for key in ("rx_bytes", "foreign")}
     finally:
+        if relay_proc is not None:
+            relay_proc.terminate()
+            relay_proc.wait(60)
         coord.terminate()
         coord.wait(60)
         log.close()
@@ -275,6 +308,10 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
             with contextlib.suppress(Exception):
                 f.result(60)
     out = _summary(writers, results, k, elapsed)
+    if relay and out["commits"]:  # the relay fetched every writer's replies
+        out["relay"] = True
+        out["fetch_bytes_per_commit"] = round(relayed["rx_bytes"] / out["commits"], 1)
+        out["foreign_records"] = relayed["foreign"]
     out["stage_p50_ms"] = round(_percentile([x for r in results for x in r["stage"]], 0.5), 2)
     if "cpu_ms_per_commit" in out:  # the coordinator (with its checkpoint process) and the broker, when local
         cpu = out["cpu_ms_per_commit"]
@@ -412,7 +449,8 @@ def _chart(runs: list[dict[str, Any]], samples: list[tuple[list[float], list[flo
 
 
 def run(writers: int | list[int], commits_per_writer: int | list[int], memory_files: int, bootstrap: str | None,
-        warmup_commits_per_writer: int = 150, *, storage: str = "local", chart: Path | str | None = None) -> dict[str, Any]:
+        warmup_commits_per_writer: int = 150, *, storage: str = "local", chart: Path | str | None = None,
+        relay: bool = False) -> dict[str, Any]:
     """One run per writer count (each: deltacoord, then delta-rs on the same storage), then the memory figures.
 
     With one writer count the result is {"deltacoord", "delta_rs", ...}; with several, {"runs": [...], ...}.
@@ -459,13 +497,13 @@ def run(writers: int | list[int], commits_per_writer: int | list[int], memory_fi
             n = min(16, max(counts))
             _say(f"warming the broker (untimed): {n} writers x {warmup_commits_per_writer} appends ...")
             warm = bench_deltacoord(bootstrap, n, warmup_commits_per_writer, workdir / "warm-up", quiet=True,
-                                    table=table("warm"), storage_options=options, table_roots=roots)
+                                    table=table("warm"), storage_options=options, table_roots=roots, relay=relay)
             _say(f"warm-up done: {warm['commits_per_s']} commits/s, p99 {warm['p99_ms']} ms (not reported)")
         runs: list[dict[str, Any]] = []
         samples: list[tuple[list[float], list[float]]] = []
         for n, k in zip(counts, ks, strict=True):
             dc = bench_deltacoord(bootstrap, n, k, workdir / f"dc-{n}", table=table(f"dc-{n}"), storage_options=options,
-                                  table_roots=roots)
+                                  table_roots=roots, relay=relay)
             dc_lat = dc.pop(SAMPLES)
             _say(f"deltacoord: {json.dumps(dc)}")
             (workdir / f"rs-{n}").mkdir(parents=True, exist_ok=True)

@@ -265,8 +265,11 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
 @click.option("--chart", "chart", default="deltacoord-bench.svg", show_default=True, type=click.Path(dir_okay=False),
               help="Also draw both systems' commits/s and latency distributions here (.svg or .png).")
 @click.option("--no-chart", is_flag=True, help="Draw no chart.")
+@click.option("--relay", is_flag=True,
+              help="deltacoord's writer processes go through one relay process (`deltacoord relay run`), as the "
+                   "writers of one host would.")
 def bench_cmd(writers: str, commits_per_writer: str, memory_files: int, bootstrap_servers: str | None,
-              warmup_commits_per_writer: int, storage: str, chart: str, no_chart: bool) -> None:
+              warmup_commits_per_writer: int, storage: str, chart: str, no_chart: bool, relay: bool) -> None:
     """Commits/s and latency vs delta-rs, in one run; last line is JSON (a chart is drawn beside it).
 
     \b
@@ -290,7 +293,7 @@ def bench_cmd(writers: str, commits_per_writer: str, memory_files: int, bootstra
                                  param_hint="--commits-per-writer")
     click.echo(json.dumps(run(ws if len(ws) > 1 else ws[0], ks if len(ks) > 1 else ks[0], memory_files,
                               bootstrap_servers, warmup_commits_per_writer, storage=storage,
-                              chart=None if no_chart else chart)))
+                              chart=None if no_chart else chart, relay=relay)))
 
 
 @main.command("demo")
@@ -381,9 +384,10 @@ def storage_status(kind: str) -> None:
 
 
 def _register_extensions() -> None:
-    from coordinator.tooling import cli_acls, cli_keys, cli_tables, cli_topics, cli_verify
+    from coordinator.tooling import cli_acls, cli_keys, cli_relay, cli_tables, cli_topics, cli_verify
 
     cli_tables.register(main)
+    cli_relay.register(main)
     cli_keys.register(main)
     cli_topics.register(main)
     cli_acls.register(main)

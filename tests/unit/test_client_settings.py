@@ -31,7 +31,8 @@ WRITE_OPERATIONS = ("create", "append", "overwrite", "delete", "update", "merge"
                     "set_properties", "add_columns")
 #: Every variable the clients read (the coordinator reads DELTACOORD_GROUP_ID too).
 CLIENT_VARIABLES = {client_settings.BOOTSTRAP_SERVERS_ENV, client_settings.TOPIC_PREFIX_ENV, client_settings.GROUP_ID_ENV,
-                    client_settings.COORDINATOR_CHECK_ENV, client_settings.TIMEOUT_ENV, WRITER_KEY_ENV}
+                    client_settings.COORDINATOR_CHECK_ENV, client_settings.TIMEOUT_ENV, WRITER_KEY_ENV,
+                    client_settings.RELAY_ENV}
 
 
 def _rows() -> list[dict[str, str]]:
@@ -138,6 +139,7 @@ def test_defaults_are_the_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     assert client_settings.coordinator_check(None) is True and BY_SETTING[
         "check that a coordinator serves the table"]["default"] == "on"
     assert "required" in BY_SETTING["Kafka bootstrap servers"]["default"]
+    assert client_settings.relay(None) is None and BY_SETTING["the host's relay (Unix socket)"]["default"].startswith("none")
     assert inspect.signature(Table.__init__).parameters["bootstrap_servers"].default is None
 
 

@@ -1,0 +1,317 @@
+"""`deltacoord relay run`: one Kafka producer and one reply partition for every writer process on a host.
+
+Why: a writer process on its own holds a producer and two consumers (the reply
+lease and its reader), and every commit costs the broker a Produce for the
+proposal, a Produce for the reply (one partition per request) and a Fetch of it,
+per writer. With many writer processes on one machine (Spark executors, a
+worker pool) those requests, not the decisions, fill the cores. A relay
+serves them all over a Unix socket: proposals of every local writer share the
+relay's Produce requests, the answers of one coordinator transaction to this host
+land on one reply partition (one Produce and one Fetch for all of them), and the
+writer processes run no Kafka client on the commit path.
+
+A writer still receives only its own answers: the relay forwards each reply to
+the connection that sent the proposal. The relay holds nothing a commit depends
+on. Proposals it produces keep their id, table, signature and wait headers; it
+only sets the reply partition. If it dies, a proposal it has not confirmed has an
+unknown delivery (the writer says so), and answers still due are found by the
+writers in the commits topic (as after a lost reply); a restarted relay serves
+new proposals. Writers choose it with `relay=` or DELTACOORD_RELAY.
+
+The socket is created mode 0600: only the relay's user may connect (every
+connection may produce proposals with the relay's Kafka credentials; the
+coordinator still checks writer signatures when it requires them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import socket
+import stat
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from schemas import client_settings, kafka_logs
+from schemas.routing import H_PROPOSAL_ID, H_REPLY_PARTITION, H_WAIT, Topics, header
+from writer import relay_wire
+from writer.client import _NOT_WRITTEN, _Replies, partition_count
+from writer.replies import ReplyCounts, check_wait
+
+log = logging.getLogger(__name__)
+
+#: How long the relay's producer waits to fill a request with proposals from other writers.
+LINGER_MS = 1
+#: Frames waiting to be written to one writer before the relay drops that connection (a writer that stopped reading).
+MAX_QUEUED_FRAMES = 10_000
+
+
+class _Connection:
+    """One writer process: frames to it go through a queue and a thread of their own, so a slow writer stalls
+    only itself, never the reply reader that serves every writer on the host."""
+
+    def __init__(self, sock: socket.socket, on_close: Callable[[_Connection], None]) -> None:
+        self.sock = sock
+        self.pids: set[bytes] = set()
+        self._out: queue.Queue[tuple[dict[str, Any], bytes] | None] = queue.Queue()
+        self._on_close = on_close
+        self._closed = threading.Event()
+        self._writer = threading.Thread(target=self._write, name="deltacoord-relay-out", daemon=True)
+        self._writer.start()
+
+    def send(self, head: dict[str, Any], body: bytes = b"") -> None:
+        if self._closed.is_set():
+            return
+        if self._out.qsize() > MAX_QUEUED_FRAMES:
+            log.warning("a writer stopped reading its relay connection (%d frames queued); closing it", MAX_QUEUED_FRAMES)
+            self.close()
+            return
+        self._out.put((head, body))
+
+    def _write(self) -> None:
+        while True:
+            item = self._out.get()
+            if item is None:
+                return
+            try:
+                relay_wire.send(self.sock, *item)
+            except OSError:
+                self.close()
+                return
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._out.put(None)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self._on_close(self)
+
+
+class _ForwardingReplies(_Replies):
+    """The relay's reply partition: each record goes to the connection whose proposal it answers."""
+
+    def __init__(self, conf: dict[str, Any], topic: str, group_id: str, num_partitions: int) -> None:
+        self._owners: dict[bytes, _Connection] = {}
+        super().__init__(conf, topic, group_id, num_partitions)
+
+    def own(self, proposal_id: str, conn: _Connection) -> None:
+        with self._lock:
+            self._owners[proposal_id.encode()] = conn
+            conn.pids.add(proposal_id.encode())
+
+    def disown(self, proposal_id: bytes, conn: _Connection) -> None:
+        with self._lock:
+            if self._owners.get(proposal_id) is conn:
+                del self._owners[proposal_id]
+            self._pending.pop(proposal_id, None)
+            conn.pids.discard(proposal_id)
+
+    def route(self, m: Any) -> None:
+        pid = header(m, H_PROPOSAL_ID)
+        with self._lock:
+            self.counts.records += 1
+            conn = self._owners.get(pid) if pid is not None else None
+            if conn is None:
+                if pid is None or pid not in self._ours:
+                    self.counts.foreign += 1
+                return
+        value = m.value()
+        conn.send({"op": "reply", "headers": relay_wire.encode_headers(list(m.headers() or ())), "null": value is None},
+                  value or b"")
+
+
+class Relay:
+    """Serve the writer processes of this host on a Unix socket (see the module's docstring)."""
+
+    def __init__(self, socket_path: str, bootstrap_servers: str | None = None, *, topics: Topics | None = None,
+                 topic_prefix: str | None = None, reply_group: str | None = None, **kafka_config: Any) -> None:
+        self.path = socket_path
+        self.topics = client_settings.topics_of(topic_prefix, topics)
+        self._conf = kafka_logs.kafka_config({"bootstrap.servers": client_settings.bootstrap_servers(bootstrap_servers),
+                                              **kafka_config})
+        servers = str(self._conf["bootstrap.servers"])
+        quiet = {k: v for k, v in self._conf.items() if k != "statistics.interval.ms"}
+        self._producer = Producer({**quiet, "enable.idempotence": True, "linger.ms": LINGER_MS, "acks": "all"})
+        self.proposal_partitions = partition_count(self._producer, self.topics.proposals, servers)
+        self.replies = _ForwardingReplies(self._conf, self.topics.replies,
+                                          reply_group or f"deltacoord-writer-{self.topics.replies}",
+                                          partition_count(self._producer, self.topics.replies, servers))
+        self.proposals = 0
+        self._stop = threading.Event()
+        self._conns: set[_Connection] = set()
+        self._lock = threading.Lock()
+        self._server = self._listen(socket_path)
+        self._threads = [threading.Thread(target=self._accept, name="deltacoord-relay-accept", daemon=True),
+                         threading.Thread(target=self._deliver, name="deltacoord-relay-deliver", daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _listen(path: str) -> socket.socket:
+        if os.path.exists(path):
+            if not stat.S_ISSOCK(os.stat(path).st_mode):
+                raise FileExistsError(f"{path} exists and is not a socket: choose another --socket path")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(path)
+            except OSError:
+                os.unlink(path)  # left by a relay that is gone
+            else:
+                raise FileExistsError(f"a relay already answers at {path}: stop it first, or choose another --socket path")
+            finally:
+                probe.close()
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # created 0600: only this user may connect
+        try:
+            server.bind(path)
+        finally:
+            os.umask(old)
+        server.listen(128)
+        return server
+
+    @property
+    def counts(self) -> ReplyCounts:
+        return self.replies.counts
+
+    def serve_forever(self) -> None:
+        """Serve until `close()` (from another thread or a signal handler)."""
+        self._stop.wait()
+
+    # -- connections -----------------------------------------------------------------------------
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            conn = _Connection(sock, self._closed)
+            with self._lock:
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="deltacoord-relay-in", daemon=True).start()
+
+    def _closed(self, conn: _Connection) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+        for pid in list(conn.pids):
+            self.replies.disown(pid, conn)
+
+    def _serve(self, conn: _Connection) -> None:
+        try:
+            head, _ = relay_wire.receive(conn.sock)
+            if head.get("op") != "hello" or not self._greet(conn, head):
+                return
+            while True:
+                head, body = relay_wire.receive(conn.sock)
+                op = head.get("op")
+                if op == "propose":
+                    self._propose(conn, head, body)
+                elif op == "forget":
+                    self.replies.disown(str(head.get("pid")).encode(), conn)
+                elif op == "counts":
+                    c = self.replies.counts
+                    conn.send({"op": "counts", "records": c.records, "foreign": c.foreign, "rx_bytes": c.rx_bytes,
+                               "proposals": self.proposals})
+        except (OSError, relay_wire.RelayClosedError, ValueError, KeyError, TypeError) as e:
+            log.debug("relay connection ended: %s", e)
+        finally:
+            conn.close()
+
+    def _greet(self, conn: _Connection, head: dict[str, Any]) -> bool:
+        want = (head.get("proposals"), head.get("replies"))
+        if want != (self.topics.proposals, self.topics.replies):
+            conn.send({"op": "hello", "ok": False, "error": (
+                f"this relay serves topics {self.topics.proposals} and {self.topics.replies}, the writer uses {want[0]} "
+                f"and {want[1]}: run a relay per deployment, with the writers' topic prefix")})
+            return False
+        self.replies.wait_leased(5.0)  # the first writer after start: the relay's own reply partition
+        leased = self.replies.leased()
+        conn.send({"op": "hello", "ok": True, "partitions": self.proposal_partitions,
+                   "reply_partition": min(leased) if leased else -1})
+        return True
+
+    # -- proposals -------------------------------------------------------------------------------
+    def _propose(self, conn: _Connection, head: dict[str, Any], body: bytes) -> None:
+        pid = str(head["pid"])
+        partition = int(head["partition"])
+        if head.get("topic") != self.topics.proposals or not 0 <= partition < self.proposal_partitions:
+            conn.send({"op": "delivered", "pid": pid, "not_written": True, "error": (
+                f"{head.get('topic')}[{partition}] is not a partition of {self.topics.proposals} "
+                f"(0..{self.proposal_partitions - 1})")})
+            return
+        given = relay_wire.decode_headers(head.get("headers"))
+        wait_raw = next((v for k, v in given if k == H_WAIT), None)
+        try:
+            wait = check_wait((wait_raw or b"published").decode("ascii", errors="replace"))
+        except ValueError as e:
+            conn.send({"op": "delivered", "pid": pid, "not_written": True, "error": str(e)})
+            return
+        pending = self.replies.expect(pid, wait)
+        self.replies.own(pid, conn)
+        headers: list[tuple[str, str | bytes | None]] = [(k, v) for k, v in given if k not in (H_REPLY_PARTITION, H_WAIT)]
+        headers += pending.headers
+        reply_partition = pending.reply_partition
+
+        def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+            if err is None:
+                conn.send({"op": "delivered", "pid": pid, "reply_partition": reply_partition})
+            else:
+                self.replies.disown(pid.encode(), conn)
+                conn.send({"op": "delivered", "pid": pid, "error": str(err), "not_written": err.code() in _NOT_WRITTEN})
+
+        try:
+            self._producer.produce(self.topics.proposals, value=body, key=str(head.get("key", "")).encode("latin-1"),
+                                   partition=partition, headers=headers, on_delivery=on_delivery)
+        except (BufferError, KafkaException) as e:  # refused before anything was sent
+            self.replies.disown(pid.encode(), conn)
+            conn.send({"op": "delivered", "pid": pid, "not_written": True, "error": str(e)})
+            return
+        self.proposals += 1
+
+    def _deliver(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)  # runs the delivery callbacks
+
+    def close(self) -> None:
+        """Stop serving: confirm what was produced, close every connection and remove the socket."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._server.close()
+        for t in self._threads:
+            t.join(5)
+        self._producer.flush(10)  # writers learn the delivery of what they handed over
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            conn.close()
+        self.replies.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def relay_counts(path: str, topics: Topics, timeout_s: float = 10.0) -> dict[str, int]:
+    """What a running relay has done: reply records read (`records`, `foreign`), their bytes (`rx_bytes`, with the
+    relay's `statistics.interval.ms` set) and proposals produced."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(path)
+        relay_wire.send(sock, {"op": "hello", "proposals": topics.proposals, "replies": topics.replies})
+        head, _ = relay_wire.receive(sock)
+        if not head.get("ok"):
+            raise RuntimeError(f"the relay at {path} refused: {head.get('error')}")
+        relay_wire.send(sock, {"op": "counts"})
+        while True:
+            head, _ = relay_wire.receive(sock)
+            if head.get("op") == "counts":
+                return {k: int(v) for k, v in head.items() if k != "op"}
+    finally:
+        sock.close()
