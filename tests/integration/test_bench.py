@@ -56,6 +56,21 @@ def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str, tmp_path:
     assert not any(k.startswith("_") for k in dc) and not any(k.startswith("_") for k in rs)
 
 
+def test_bench_through_a_relay_counts_its_cpu_and_fetch_bytes(kafka_bootstrap: str, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "coordinator.tooling.cli", "bench", "--writers", "3", "--commits-per-writer", "3",
+         "--memory-files", "0", "--warmup-commits-per-writer", "0", "--bootstrap-servers", kafka_bootstrap,
+         "--no-chart", "--relay"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    dc = json.loads(proc.stdout.strip().splitlines()[-1])["deltacoord"]
+    assert dc["relay"] is True and dc["commits"] == 9 and dc["failed"] == 0
+    # The relay's process is measured beside the others, and the replies it fetched are the fetch bytes.
+    assert dc["cpu_ms_per_commit"]["relay"] > 0, dc["cpu_ms_per_commit"]
+    assert dc["fetch_bytes_per_commit"] > 0 and dc["foreign_records"] == 0
+
+
 def test_bench_on_s3_measures_both_systems_to_visibility(kafka_bootstrap: str, tmp_path: Path) -> None:
     env = {**os.environ, "DELTACOORD_S3_SERVER_HOME": str(tmp_path / "s3")}
     proc = subprocess.run(
