@@ -18,9 +18,10 @@ unknown delivery (the writer says so), and answers still due are found by the
 writers in the commits topic (as after a lost reply); a restarted relay serves
 new proposals. Writers choose it with `relay=` or DELTACOORD_RELAY.
 
-The socket is created mode 0600: only the relay's user may connect (every
-connection may produce proposals with the relay's Kafka credentials; the
-coordinator still checks writer signatures when it requires them).
+The socket is created mode 0600 by default: only the relay's user may connect
+(every connection may produce proposals with the relay's Kafka credentials; the
+coordinator still checks writer signatures when it requires them). Give a group
+of writer users access with `socket_mode=0o660` and the socket directory's group.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ class Relay:
     """Serve the writer processes of this host on a Unix socket (see the module's docstring)."""
 
     def __init__(self, socket_path: str, bootstrap_servers: str | None = None, *, topics: Topics | None = None,
-                 topic_prefix: str | None = None, reply_group: str | None = None, **kafka_config: Any) -> None:
+                 topic_prefix: str | None = None, reply_group: str | None = None, socket_mode: int = 0o600,
+                 **kafka_config: Any) -> None:
         self.path = socket_path
         self.topics = client_settings.topics_of(topic_prefix, topics)
         self._conf = kafka_logs.kafka_config({"bootstrap.servers": client_settings.bootstrap_servers(bootstrap_servers),
@@ -147,14 +149,14 @@ class Relay:
         self._stop = threading.Event()
         self._conns: set[_Connection] = set()
         self._lock = threading.Lock()
-        self._server = self._listen(socket_path)
+        self._server = self._listen(socket_path, socket_mode)
         self._threads = [threading.Thread(target=self._accept, name="deltacoord-relay-accept", daemon=True),
                          threading.Thread(target=self._deliver, name="deltacoord-relay-deliver", daemon=True)]
         for t in self._threads:
             t.start()
 
     @staticmethod
-    def _listen(path: str) -> socket.socket:
+    def _listen(path: str, mode: int) -> socket.socket:
         if os.path.exists(path):
             if not stat.S_ISSOCK(os.stat(path).st_mode):
                 raise FileExistsError(f"{path} exists and is not a socket: choose another --socket path")
@@ -168,7 +170,7 @@ class Relay:
             finally:
                 probe.close()
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)  # created 0600: only this user may connect
+        old = os.umask(0o777 & ~mode)  # created with `mode` from the start, never wider for a moment
         try:
             server.bind(path)
         finally:

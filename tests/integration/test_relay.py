@@ -122,7 +122,13 @@ def test_a_relay_refuses_writers_of_other_topics_and_a_second_relay_on_its_socke
         CoordinatorClient(kafka_bootstrap, topics=other, relay=relay.path).partition_of("x")
     with pytest.raises(FileExistsError, match="already answers"):
         Relay(relay.path, kafka_bootstrap, topics=relay.topics)
-    assert os.stat(relay.path).st_mode & 0o077 == 0  # only the relay's user may connect
+    assert os.stat(relay.path).st_mode & 0o777 == 0o600  # by default only the relay's user may connect
+    shared = Relay(_socket_path(), kafka_bootstrap, topics=relay.topics, socket_mode=0o660)
+    try:
+        assert os.stat(shared.path).st_mode & 0o777 == 0o660  # and its group's writers
+    finally:
+        shared.close()
+    assert not os.path.exists(shared.path)
 
 
 def _start_relay_process(bootstrap: str, topics: Topics, path: str, log: Path) -> subprocess.Popen[bytes]:

@@ -486,6 +486,27 @@ def test_systemd_unit_has_the_required_keys() -> None:
     assert "network-online.target" in unit["Unit"]["After"]
 
 
+def test_relay_unit_runs_the_relay_on_the_socket_writers_are_told() -> None:
+    from coordinator.tooling.cli import main
+
+    unit = configparser.ConfigParser(interpolation=None, strict=True)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read(DEPLOY / "systemd" / "deltacoord-relay.service")
+    svc = unit["Service"]
+    argv = shlex.split(svc["ExecStart"])
+    assert Path(argv[0]).name == "deltacoord" and argv[1:3] == ["relay", "run"]
+    relay_run = main.commands["relay"].commands["run"]  # type: ignore[attr-defined]
+    options = {o for p in relay_run.params for o in p.opts}
+    assert set(flags_in(argv)) <= options
+    # The socket comes from the variable writers read, in the runtime directory systemd creates.
+    name, _, value = svc["Environment"].partition("=")
+    socket_option = next(p for p in relay_run.params if "--socket" in p.opts)
+    assert name == socket_option.envvar == "DELTACOORD_RELAY"
+    assert Path(value).parent == Path("/run") / svc["RuntimeDirectory"]
+    assert svc["User"] and svc["User"] != "root" and svc["EnvironmentFile"].startswith("/")
+    assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+
 # -- example config ----------------------------------------------------------------------
 def test_example_toml_documents_every_key_coordinator_run_reads() -> None:
     text = (DEPLOY / "coordinator.example.toml").read_text()
