@@ -294,7 +294,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
         if relay:
             time.sleep(2 * STATS_MS / 1000)  # the relay's last statistics report covers the timed commits
             after = relay_counts(sock, topics)
-            relayed = {key: after[key] - before.get(key, 0) for key in ("rx_bytes", "foreign")}
+            relayed = {key: after[key] - before.get(key, 0) for key in ("rx_bytes", "foreign", "proposals", "batches")}
     finally:
         if relay_proc is not None:
             relay_proc.terminate()
@@ -312,6 +312,8 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
         out["relay"] = True
         out["fetch_bytes_per_commit"] = round(relayed["rx_bytes"] / out["commits"], 1)
         out["foreign_records"] = relayed["foreign"]
+        # How many writers' proposals the relay gathered into one batch of Produce calls.
+        out["relay_proposals_per_batch"] = round(relayed["proposals"] / max(1, relayed["batches"]), 2)
     out["stage_p50_ms"] = round(_percentile([x for r in results for x in r["stage"]], 0.5), 2)
     if "cpu_ms_per_commit" in out:  # the coordinator (with its checkpoint process) and the broker, when local
         cpu = out["cpu_ms_per_commit"]
