@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -26,6 +28,7 @@ from schemas.errors import ProposalNotSentError
 from schemas.routing import Topics
 from tests.conftest import TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
+from writer import relay_wire
 from writer.client import CoordinatorClient
 from writer.relay import Relay, relay_counts
 from writer.relay_link import RelayLink, RelayUnavailableError
@@ -193,3 +196,29 @@ def test_a_killed_relay_loses_no_commit_and_a_restarted_one_serves_the_next(
         proc.terminate()
         proc.wait(30)
     assert not os.path.exists(path)  # a relay that stops removes its socket
+
+
+def test_what_a_writer_sends_harms_only_its_own_connection(relay: Relay) -> None:
+    def connect() -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(30)
+        s.connect(relay.path)
+        return s
+
+    bad = connect()
+    bad.sendall(struct.pack(">II", 5, 0) + b"{nope")  # not a frame's JSON head
+    assert bad.recv(1) == b"", "the relay keeps a connection that sent garbage"
+    bad.close()
+    odd = connect()
+    relay_wire.send(odd, {"op": "hello", "proposals": relay.topics.proposals, "replies": relay.topics.replies})
+    assert relay_wire.receive(odd)[0]["ok"] is True
+    # A proposal for a partition the topic does not have is refused, not produced.
+    relay_wire.send(odd, {"op": "propose", "pid": "x", "topic": relay.topics.proposals, "partition": 10**6,
+                          "key": "k", "headers": []}, b"value")
+    head, _ = relay_wire.receive(odd)
+    assert head["op"] == "delivered" and head["not_written"] is True and "not a partition" in head["error"]
+    # Nonsense fields end that connection only.
+    relay_wire.send(odd, {"op": "propose", "pid": "y", "partition": {"a": 1}})
+    assert odd.recv(1) == b""
+    odd.close()
+    assert relay_counts(relay.path, relay.topics)["proposals"] == 0  # still serving, nothing produced
