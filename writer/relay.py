@@ -192,6 +192,7 @@ class Relay:
         self._queued: list[_Queued] = []
         self._gathering = threading.Condition()
         self._server = self._listen(socket_path, socket_mode)
+        self._inode = os.stat(socket_path).st_ino  # ours: removed on close only while it is still this socket
         self._threads = [threading.Thread(target=self._accept, name="deltacoord-relay-accept", daemon=True),
                          threading.Thread(target=self._deliver, name="deltacoord-relay-deliver", daemon=True),
                          threading.Thread(target=self._send, name="deltacoord-relay-send", daemon=True)]
@@ -362,6 +363,11 @@ class Relay:
             self._gathering.notify_all()
         with contextlib.suppress(OSError):
             self._server.close()
+        # At once, so new writers fail fast (or reach a new relay) instead of waiting on this one; never a
+        # new relay's socket that took the path meanwhile.
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(self.path).st_ino == self._inode:
+                os.unlink(self.path)
         for t in self._threads:
             t.join(5)
         self._producer.flush(10)  # writers learn the delivery of what they handed over
@@ -370,8 +376,6 @@ class Relay:
         for conn in conns:
             conn.close()
         self.replies.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
 
 
 def relay_counts(path: str, topics: Topics, timeout_s: float = 10.0) -> dict[str, int]:
