@@ -89,6 +89,12 @@ def _end_offset(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0)
             delay = min(delay * 2, 1.0)
 
 
+def proposal_producer(conf: dict[str, Any]) -> Producer:
+    """The producer of proposals (a writer's own, or its host relay's): idempotent, `acks=all`, sent at once."""
+    quiet = {k: v for k, v in conf.items() if k != "statistics.interval.ms"}  # statistics: the reply reader's
+    return Producer({**quiet, "enable.idempotence": True, "linger.ms": 0, "acks": "all"})
+
+
 def partition_count(client: Producer | Consumer, topic: str, servers: str, timeout_s: float = 30) -> int:
     """How many partitions `topic` has (a clear error when it does not exist)."""
     md = client.list_topics(topic, timeout=timeout_s)
@@ -268,10 +274,9 @@ class CoordinatorClient:
         self.coordinator_check = CoordinatorCheck(self._conf, self.topics,
                                                   client_settings.coordinator_group(coordinator_group, self.topics),
                                                   enabled=client_settings.coordinator_check(coordinator_check))
-        quiet = {k: v for k, v in self._conf.items() if k != "statistics.interval.ms"}  # statistics: the reply reader's
         #: The host relay's socket (`writer.relay`): proposals and answers go through it, not this process's clients.
         self.relay = client_settings.relay(relay)
-        self._producer = None if self.relay else Producer({**quiet, "enable.idempotence": True, "linger.ms": 0, "acks": "all"})
+        self._producer = None if self.relay else proposal_producer(self._conf)
         self._lock = threading.Lock()
         self._num_partitions: int | None = None
         self._reply_group = reply_group or f"deltacoord-writer-{self.topics.replies}"
@@ -359,9 +364,11 @@ class CoordinatorClient:
         self.coordinator_check.ensure(partition)  # NoCoordinatorError (nothing sent) when no coordinator holds it
         replies = self._replies()
         pending = replies.expect(proposal.proposal_id, check_wait(wait))
-        delivery: Future[None] = Future()
         if isinstance(replies, RelayLink):
             return self._propose_relayed(replies, pending, proposal, partition, key, control)
+        producer = self._producer
+        assert producer is not None  # a client without a relay has its own
+        delivery: Future[None] = Future()
 
         def on_delivery(err: KafkaError | None, _msg: Any) -> None:
             if err is None:
@@ -371,19 +378,17 @@ class CoordinatorClient:
             else:
                 delivery.set_exception(RuntimeError(f"proposal {proposal.proposal_id} was not delivered: {err}"))
 
-        assert self._producer is not None
         try:
             value, headers = self._proposal_record(proposal, pending, key, control)
             pending.sent_at = time.time()
-            self._producer.produce(
+            producer.produce(
                 self.topics.proposals, value=value, key=proposal.table_id.encode(), partition=partition, headers=headers,
                 on_delivery=on_delivery,
             )
         except (EncodeError, BufferError, KafkaException, ValueError) as e:  # refused before anything was sent
             replies.forget(proposal.proposal_id)
             raise ProposalNotSentError(f"proposal {proposal.proposal_id} could not be produced: {e}") from e
-        assert self._producer is not None
-        self._producer.flush(30)
+        producer.flush(30)
         pending.produced_at = time.time()
         try:
             delivery.result(0)

@@ -44,13 +44,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError
 
 from schemas import client_settings, kafka_logs
 from schemas.routing import H_PROPOSAL_ID, H_REPLY_PARTITION, H_WAIT, Topics, header
 from writer import relay_wire
-from writer.client import _NOT_WRITTEN, _Replies, partition_count
-from writer.replies import ReplyCounts, check_wait
+from writer.client import _NOT_WRITTEN, _Replies, partition_count, proposal_producer
+from writer.replies import check_wait
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +177,7 @@ class Relay:
         self._conf = kafka_logs.kafka_config({"bootstrap.servers": client_settings.bootstrap_servers(bootstrap_servers),
                                               **kafka_config})
         servers = str(self._conf["bootstrap.servers"])
-        quiet = {k: v for k, v in self._conf.items() if k != "statistics.interval.ms"}
-        self._producer = Producer({**quiet, "enable.idempotence": True, "linger.ms": 0, "acks": "all"})
+        self._producer = proposal_producer(self._conf)
         self.proposal_partitions = partition_count(self._producer, self.topics.proposals, servers)
         self.replies = _ForwardingReplies(self._conf, self.topics.replies,
                                           reply_group or f"deltacoord-writer-{self.topics.replies}",
@@ -221,10 +220,6 @@ class Relay:
             os.umask(old)
         server.listen(128)
         return server
-
-    @property
-    def counts(self) -> ReplyCounts:
-        return self.replies.counts
 
     def serve_forever(self) -> None:
         """Serve until `close()` (from another thread or a signal handler)."""
@@ -385,8 +380,7 @@ def relay_counts(path: str, topics: Topics, timeout_s: float = 10.0) -> dict[str
     sock.settimeout(timeout_s)
     try:
         sock.connect(path)
-        relay_wire.send(sock, {"op": "hello", "proposals": topics.proposals, "replies": topics.replies})
-        head, _ = relay_wire.receive(sock)
+        head = relay_wire.greet(sock, topics)
         if not head.get("ok"):
             raise RuntimeError(f"the relay at {path} refused: {head.get('error')}")
         relay_wire.send(sock, {"op": "counts"})

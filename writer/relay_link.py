@@ -40,8 +40,7 @@ class RelayLink(Routing):
         self._sock.settimeout(CONNECT_TIMEOUT_S)
         try:
             self._sock.connect(path)
-            relay_wire.send(self._sock, {"op": "hello", "proposals": topics.proposals, "replies": topics.replies})
-            head, _ = relay_wire.receive(self._sock)
+            head = relay_wire.greet(self._sock, topics)
         except (OSError, relay_wire.RelayClosedError) as e:
             self._sock.close()
             raise RelayUnavailableError(

@@ -13,6 +13,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.routing import Topics
+
 _LENGTHS = struct.Struct(">II")
 #: A frame larger than this is refused (a proposal may carry many actions; Kafka's own limit is lower).
 MAX_FRAME = 256 * 1024 * 1024
@@ -64,6 +66,12 @@ def receive(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
     if not isinstance(head, dict):
         raise RelayClosedError("a relay frame's head is not a JSON object")
     return head, _exactly(sock, body_len) if body_len else b""
+
+
+def greet(sock: socket.socket, topics: Topics) -> dict[str, Any]:
+    """Open a relay connection for a deployment's topics; the relay's answer (`ok`, else `error`)."""
+    send(sock, {"op": "hello", "proposals": topics.proposals, "replies": topics.replies})
+    return receive(sock)[0]
 
 
 @dataclass
