@@ -83,6 +83,8 @@ __all__ = [
 _CONFLICT_RETRIES = 20
 #: Parquet objects up to this size are fetched in one GET rather than footer-then-columns ranges.
 WHOLE_OBJECT_BYTES = 8 * 1024 * 1024
+#: Arrow tables up to this size are encoded as Parquet in memory and stored with one put.
+BUFFERED_PARQUET_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -584,9 +586,21 @@ class TableStorage:
         return ObjectWriter(self, key)
 
     def write_parquet(self, key: str, table: pa.Table, **write_options: Any) -> int:
-        """Write `table` as one Parquet object (options as for `pyarrow.parquet.write_table`); returns its size."""
+        """Write `table` as one Parquet object (options as for `pyarrow.parquet.write_table`); returns its size.
+
+        A small table is encoded into an Arrow buffer and stored with one `put`: pyarrow then writes
+        to C++ memory instead of calling a Python file object once per page, which was most of the
+        cost of staging a small commit's file. A large one streams through `open_output`, so its
+        encoding never has to fit in memory twice."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
+        if table.nbytes <= BUFFERED_PARQUET_BYTES:
+            sink = pa.BufferOutputStream()
+            pq.write_table(table, sink, **write_options)
+            buf = sink.getvalue()
+            self.put(key, buf)
+            return int(buf.size)
         with self.open_output(key) as out:
             pq.write_table(table, out, **write_options)
             size = out.tell()

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from reader import storage as storage_module
 from reader import storage_local
 from reader.storage import (
     AtomicPutUnsupportedError,
@@ -204,3 +205,20 @@ def test_parquet_round_trip_and_ranged_reads(store: TableStorage) -> None:
     assert pf.metadata.num_row_groups == 4
     assert pf.read_row_group(2).column("id")[0].as_py() == 100_000
     assert pq.read_table(store.open_input("part-0.parquet")).equals(table)
+
+
+@pytest.mark.parametrize("buffered_up_to", [storage_module.BUFFERED_PARQUET_BYTES, 0], ids=["buffered", "streamed"])
+def test_write_parquet_in_memory_or_streamed_stores_the_same_object(
+    store: TableStorage, buffered_up_to: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A small table is encoded in memory and put once, a large one streams; either way one whole object,
+    and a failing encoder leaves nothing behind."""
+    monkeypatch.setattr(storage_module, "BUFFERED_PARQUET_BYTES", buffered_up_to)
+    table = pa.table({"id": [1, 2, 3], "value": ["a", "b", None]})
+    size = store.write_parquet("d/part-0.parquet", table, compression="snappy")
+    assert size == store.head("d/part-0.parquet").size
+    assert pq.read_table(store.open_input("d/part-0.parquet")).equals(table)
+    with pytest.raises((ValueError, OSError, pa.ArrowException)):
+        store.write_parquet("d/part-1.parquet", table, compression="no-such-codec")
+    assert [o.key for o in store.list("d/")] == ["d/part-0.parquet"]
+    assert os.listdir(store.local_path("d")) == ["part-0.parquet"], "no temp file left behind"
