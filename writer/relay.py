@@ -64,8 +64,10 @@ MAX_QUEUED_FRAMES = 10_000
 
 
 class _Connection:
-    """One writer process: frames to it go through a queue and a thread of their own, so a slow writer stalls
-    only itself, never the reply reader that serves every writer on the host."""
+    """One writer process. A frame to it is written at once when the socket takes it whole without blocking
+    (the usual case: no thread hand-off per reply); otherwise the rest, and every frame after it, goes through a
+    queue and a thread of this connection, so a slow writer stalls only itself, never the reply reader or the
+    delivery thread that serve every writer on the host."""
 
     def __init__(self, sock: socket.socket, on_close: Callable[[_Connection], None]) -> None:
         self.sock = sock
@@ -74,7 +76,11 @@ class _Connection:
         #: Those not answered yet: a writer with none, in a commit loop, is about to propose again.
         self.unanswered: set[bytes] = set()
         self.last_proposed = float("-inf")
-        self._out: queue.Queue[tuple[dict[str, Any], bytes] | None] = queue.Queue()
+        self._out: queue.Queue[bytes | None] = queue.Queue()
+        #: Frames (or their rest) handed to the writer thread and not yet written: while any is, later frames
+        #: queue behind it, so the writer reads them in order.
+        self._backlog = 0
+        self._send_lock = threading.Lock()
         self._on_close = on_close
         self._closed = threading.Event()
         self._writer = threading.Thread(target=self._write, name="deltacoord-relay-out", daemon=True)
@@ -83,22 +89,38 @@ class _Connection:
     def send(self, head: dict[str, Any], body: bytes = b"") -> None:
         if self._closed.is_set():
             return
-        if self._out.qsize() > MAX_QUEUED_FRAMES:
-            log.warning("a writer stopped reading its relay connection (%d frames queued); closing it", MAX_QUEUED_FRAMES)
+        frame = relay_wire.frame(head, body)
+        data: bytes | None = frame
+        with self._send_lock:
+            if self._backlog == 0:
+                try:
+                    data = frame[self.sock.send(frame, socket.MSG_DONTWAIT):]
+                except (BlockingIOError, InterruptedError):
+                    pass  # the socket's buffer is full: the writer thread waits for room
+                except OSError:
+                    data = None  # the writer process is gone
+            stalled = self._backlog >= MAX_QUEUED_FRAMES
+            if data and not stalled:
+                self._backlog += 1
+                self._out.put(data)
+        if data is None or (data and stalled):
+            if stalled:
+                log.warning("a writer stopped reading its relay connection (%d frames queued); closing it",
+                            MAX_QUEUED_FRAMES)
             self.close()
-            return
-        self._out.put((head, body))
 
     def _write(self) -> None:
         while True:
-            item = self._out.get()
-            if item is None:
+            data = self._out.get()
+            if data is None:
                 return
             try:
-                relay_wire.send(self.sock, *item)
+                self.sock.sendall(data)
             except OSError:
                 self.close()
                 return
+            with self._send_lock:
+                self._backlog -= 1
 
     def close(self) -> None:
         if self._closed.is_set():

@@ -38,9 +38,14 @@ def decode_headers(raw: Any) -> Headers:
     return [(str(name), None if value is None else str(value).encode("latin-1")) for name, value in raw or ()]
 
 
-def send(sock: socket.socket, head: dict[str, Any], body: bytes = b"") -> None:
+def frame(head: dict[str, Any], body: bytes = b"") -> bytes:
+    """One frame's bytes."""
     data = json.dumps(head, separators=(",", ":")).encode()
-    sock.sendall(_LENGTHS.pack(len(data), len(body)) + data + body)
+    return _LENGTHS.pack(len(data), len(body)) + data + body
+
+
+def send(sock: socket.socket, head: dict[str, Any], body: bytes = b"") -> None:
+    sock.sendall(frame(head, body))
 
 
 def _exactly(sock: socket.socket, n: int) -> bytes:
