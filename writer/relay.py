@@ -165,6 +165,11 @@ class _ForwardingReplies(_Replies):
             conn.pids.add(proposal_id.encode())
             conn.unanswered.add(proposal_id.encode())
 
+    def waiting(self) -> int:
+        """Proposals whose answers are still forwarded (each writer's forgotten ones leave with its next proposal)."""
+        with self._lock:
+            return len(self._owners)
+
     def disown(self, proposal_id: bytes, conn: _Connection) -> None:
         with self._lock:
             if self._owners.get(proposal_id) is conn:
@@ -274,17 +279,27 @@ class Relay:
                 head, body = relay_wire.receive(conn.sock)
                 op = head.get("op")
                 if op == "propose":
+                    self._forget(conn, head.get("forget"))
                     self._propose(conn, head, body)
-                elif op == "forget":
-                    self.replies.disown(str(head.get("pid")).encode(), conn)
+                elif op == "forget":  # `pid`: one id, as writers before batched forgets sent it
+                    self._forget(conn, head.get("pids", [head["pid"]] if "pid" in head else None))
                 elif op == "counts":
                     c = self.replies.counts
                     conn.send({"op": "counts", "records": c.records, "foreign": c.foreign, "rx_bytes": c.rx_bytes,
-                               "proposals": self.proposals, "batches": self.batches})
+                               "proposals": self.proposals, "batches": self.batches, "waiting": self.replies.waiting()})
         except Exception as e:  # whatever a writer sends ends its own connection, never the relay
             log.debug("relay connection ended: %s", e)
         finally:
             conn.close()
+
+    def _forget(self, conn: _Connection, pids: Any) -> None:
+        """Proposals the writer no longer waits for: their answers are not forwarded any more."""
+        if not isinstance(pids, list):
+            if pids is None:
+                return
+            raise ValueError(f"forget must list proposal ids, got {type(pids).__name__}")
+        for pid in pids:
+            self.replies.disown(str(pid).encode(), conn)
 
     def _greet(self, conn: _Connection, head: dict[str, Any]) -> bool:
         want = (head.get("proposals"), head.get("replies"))

@@ -24,6 +24,8 @@ from writer.replies import Pending, Routing
 
 #: How long connecting and the relay's greeting may take (it waits for its reply lease on its first client).
 CONNECT_TIMEOUT_S = 15.0
+#: Forgotten proposal ids a writer holds back at most before telling the relay without waiting for a proposal.
+FORGET_BATCH = 64
 
 
 class RelayUnavailableError(ProposalNotSentError):
@@ -53,6 +55,8 @@ class RelayLink(Routing):
         self.partitions = int(head["partitions"])
         self.reply_partition = int(head.get("reply_partition", -1))
         self._deliveries: dict[str, Future[None]] = {}
+        #: Proposals forgotten here that the relay has not heard of yet (see `forget`).
+        self._forgotten: list[str] = []
         self._send_lock = threading.Lock()
         self.closed = threading.Event()
         self._reader = threading.Thread(target=self._read, name="deltacoord-relay-link", daemon=True)
@@ -70,9 +74,17 @@ class RelayLink(Routing):
         return self.reply_partition >= 0
 
     def forget(self, proposal_id: str) -> None:
+        """Stop waiting for `proposal_id`'s answers. The relay hears of it with this writer's next proposal (one
+        frame fewer per commit), or at once once FORGET_BATCH ids wait; meanwhile an answer it still forwards is
+        dropped here, as one for a forgotten proposal."""
         super().forget(proposal_id)
+        with self._lock:
+            self._forgotten.append(proposal_id)
+            if len(self._forgotten) < FORGET_BATCH:
+                return
+            gone, self._forgotten = self._forgotten, []
         with contextlib.suppress(OSError):
-            self._send({"op": "forget", "pid": proposal_id})
+            self._send({"op": "forget", "pids": gone})
 
     # -- proposals ------------------------------------------------------------------------------
     def produce(self, proposal_id: str, topic: str, partition: int, key: bytes, value: bytes,
@@ -81,9 +93,13 @@ class RelayLink(Routing):
         done: Future[None] = Future()
         with self._lock:
             self._deliveries[proposal_id] = done
+            gone, self._forgotten = self._forgotten, []
+        head: dict[str, Any] = {"op": "propose", "pid": proposal_id, "topic": topic, "partition": partition,
+                                "key": key.decode("latin-1"), "headers": relay_wire.encode_headers(headers)}
+        if gone:
+            head["forget"] = gone
         try:
-            self._send({"op": "propose", "pid": proposal_id, "topic": topic, "partition": partition,
-                        "key": key.decode("latin-1"), "headers": relay_wire.encode_headers(headers)}, value)
+            self._send(head, value)
         except OSError as e:
             with self._lock:
                 self._deliveries.pop(proposal_id, None)

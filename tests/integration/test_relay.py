@@ -31,7 +31,7 @@ from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from writer import relay_wire
 from writer.client import CoordinatorClient
 from writer.relay import Relay, relay_counts
-from writer.relay_link import RelayLink, RelayUnavailableError
+from writer.relay_link import FORGET_BATCH, RelayLink, RelayUnavailableError
 from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("value", pa.string())])
@@ -98,6 +98,15 @@ def test_writers_through_a_relay_see_their_commits_and_only_their_answers(
             assert counts.records == 8 + (1 if w == 0 else 0), (w, counts)
         seen = relay_counts(relay.path, topics)
         assert seen["proposals"] == 25 and seen["records"] == 25 and seen["foreign"] == 0, seen
+        # A writer's forgotten proposals leave the relay with its next proposal: only each one's last is held.
+        assert seen["waiting"] == len(tables), seen
+        link = tables[0].client._link()
+        for i in range(FORGET_BATCH - 1):  # ... or once FORGET_BATCH wait, without a proposal
+            link.forget(f"never-proposed-{i}")
+        deadline = time.monotonic() + 30
+        while relay_counts(relay.path, topics)["waiting"] != len(tables) - 1:
+            assert time.monotonic() < deadline, relay_counts(relay.path, topics)
+            time.sleep(0.05)
     finally:
         for t in tables:
             t.close()
@@ -219,6 +228,19 @@ def test_what_a_writer_sends_harms_only_its_own_connection(relay: Relay) -> None
     assert head["op"] == "delivered" and head["not_written"] is True and "not a partition" in head["error"]
     # Nonsense fields end that connection only.
     relay_wire.send(odd, {"op": "propose", "pid": "y", "partition": {"a": 1}})
+    assert odd.recv(1) == b""
+    odd.close()
+    # So does a forget that lists no ids (a forget of ids the relay never saw is nothing).
+    for forget in ({"op": "forget", "pids": ["never-seen"]}, {"op": "forget", "pid": "never-seen"}):
+        quiet = connect()
+        assert relay_wire.greet(quiet, relay.topics)["ok"] is True
+        relay_wire.send(quiet, forget)
+        relay_wire.send(quiet, {"op": "counts"})
+        assert relay_wire.receive(quiet)[0]["op"] == "counts"
+        quiet.close()
+    odd = connect()
+    assert relay_wire.greet(odd, relay.topics)["ok"] is True
+    relay_wire.send(odd, {"op": "forget", "pids": 5})
     assert odd.recv(1) == b""
     odd.close()
     assert relay_counts(relay.path, relay.topics)["proposals"] == 0  # still serving, nothing produced
