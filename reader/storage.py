@@ -589,9 +589,9 @@ class TableStorage:
         """Write `table` as one Parquet object (options as for `pyarrow.parquet.write_table`); returns its size.
 
         A small table is encoded into an Arrow buffer and stored with one `put`: pyarrow then writes
-        to C++ memory instead of calling a Python file object once per page, which was most of the
-        cost of staging a small commit's file. A large one streams through `open_output`, so its
-        encoding never has to fit in memory twice."""
+        to C++ memory instead of calling a Python file object once per page. A large one goes through
+        `open_output`: on a local filesystem it streams to a temp file, so its encoding never has to
+        fit in memory twice."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 

@@ -171,10 +171,12 @@ class _ForwardingReplies(_Replies):
             return len(self._owners)
 
     def disown(self, proposal_id: bytes, conn: _Connection) -> None:
+        """`conn` no longer takes `proposal_id`'s answers (only its owner can end them: a writer forgetting another
+        writer's proposal id changes nothing)."""
         with self._lock:
             if self._owners.get(proposal_id) is conn:
                 del self._owners[proposal_id]
-            self._pending.pop(proposal_id, None)
+                self._pending.pop(proposal_id, None)
             conn.pids.discard(proposal_id)
             conn.unanswered.discard(proposal_id)
 
@@ -310,8 +312,10 @@ class Relay:
             return False
         self.replies.wait_leased(5.0)  # the first writer after start: the relay's own reply partition
         leased = self.replies.leased()
+        # `forget_pids`: this relay takes forgotten ids in propose frames and lists (writers tell older relays
+        # one id per frame).
         conn.send({"op": "hello", "ok": True, "partitions": self.proposal_partitions,
-                   "reply_partition": min(leased) if leased else -1})
+                   "reply_partition": min(leased) if leased else -1, "forget_pids": True})
         return True
 
     # -- proposals -------------------------------------------------------------------------------

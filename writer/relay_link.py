@@ -54,6 +54,8 @@ class RelayLink(Routing):
         self._sock.settimeout(None)
         self.partitions = int(head["partitions"])
         self.reply_partition = int(head.get("reply_partition", -1))
+        #: The relay takes forgotten ids with the next proposal (else, a relay older than that, one frame per id).
+        self._batch_forgets = head.get("forget_pids") is True
         self._deliveries: dict[str, Future[None]] = {}
         #: Proposals forgotten here that the relay has not heard of yet (see `forget`).
         self._forgotten: list[str] = []
@@ -78,6 +80,10 @@ class RelayLink(Routing):
         frame fewer per commit), or at once once FORGET_BATCH ids wait; meanwhile an answer it still forwards is
         dropped here, as one for a forgotten proposal."""
         super().forget(proposal_id)
+        if not self._batch_forgets:
+            with contextlib.suppress(OSError):
+                self._send({"op": "forget", "pid": proposal_id})
+            return
         with self._lock:
             self._forgotten.append(proposal_id)
             if len(self._forgotten) < FORGET_BATCH:

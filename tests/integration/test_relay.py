@@ -244,3 +244,34 @@ def test_what_a_writer_sends_harms_only_its_own_connection(relay: Relay) -> None
     assert odd.recv(1) == b""
     odd.close()
     assert relay_counts(relay.path, relay.topics)["proposals"] == 0  # still serving, nothing produced
+
+
+def test_a_writer_cannot_forget_another_writers_proposal(relay: Relay) -> None:
+    """Only the connection that proposed can end the relay's wait for the answers: a forget naming another
+    writer's proposal id (batched or not) leaves that writer's answers on their way to it."""
+    def greeted() -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(30)
+        s.connect(relay.path)
+        assert relay_wire.greet(s, relay.topics)["ok"] is True
+        return s
+
+    victim, other = greeted(), greeted()
+    try:
+        relay_wire.send(victim, {"op": "propose", "pid": "victims-proposal", "topic": relay.topics.proposals,
+                                 "partition": 0, "key": "t", "headers": []}, b"value")
+        head, _ = relay_wire.receive(victim)
+        assert head["op"] == "delivered" and "error" not in head, head
+        relay_wire.send(other, {"op": "forget", "pids": ["victims-proposal"]})
+        relay_wire.send(other, {"op": "forget", "pid": "victims-proposal"})
+        relay_wire.send(other, {"op": "counts"})
+        assert relay_wire.receive(other)[0]["waiting"] == 1  # the other's frames were all handled
+        assert b"victims-proposal" in relay.replies._pending, "another writer's forget dropped the victim's wait"
+        relay_wire.send(victim, {"op": "forget", "pids": ["victims-proposal"]})
+        relay_wire.send(victim, {"op": "counts"})
+        assert relay_wire.receive(victim)[0]["waiting"] == 0
+        assert b"victims-proposal" not in relay.replies._pending
+    finally:
+        victim.close()
+        other.close()
+

@@ -26,10 +26,12 @@ class Pair:
 @pytest.fixture
 def pair() -> Iterator[Pair]:
     ours, theirs = socket.socketpair()
+    theirs.settimeout(30)  # a lost frame fails the test instead of hanging it
     closed: list[_Connection] = []
     p = Pair(_Connection(ours, closed.append), theirs, closed)
     yield p
     p.conn.close()
+    ours.close()
     theirs.close()
 
 
