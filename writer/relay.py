@@ -90,24 +90,24 @@ class _Connection:
         if self._closed.is_set():
             return
         frame = relay_wire.frame(head, body)
-        data: bytes | None = frame
+        rest: bytes | None = frame  # what is left to write: None once the writer process is gone
         with self._send_lock:
             if self._backlog == 0:
                 try:
-                    data = frame[self.sock.send(frame, socket.MSG_DONTWAIT):]
+                    rest = frame[self.sock.send(frame, socket.MSG_DONTWAIT):]
                 except (BlockingIOError, InterruptedError):
                     pass  # the socket's buffer is full: the writer thread waits for room
                 except OSError:
-                    data = None  # the writer process is gone
-            stalled = self._backlog >= MAX_QUEUED_FRAMES
-            if data and not stalled:
+                    rest = None
+            if rest and self._backlog < MAX_QUEUED_FRAMES:
                 self._backlog += 1
-                self._out.put(data)
-        if data is None or (data and stalled):
-            if stalled:
-                log.warning("a writer stopped reading its relay connection (%d frames queued); closing it",
-                            MAX_QUEUED_FRAMES)
-            self.close()
+                self._out.put(rest)
+                return
+        if rest == b"":
+            return
+        if rest is not None:
+            log.warning("a writer stopped reading its relay connection (%d frames queued); closing it", MAX_QUEUED_FRAMES)
+        self.close()
 
     def _write(self) -> None:
         while True:
@@ -296,9 +296,9 @@ class Relay:
 
     def _forget(self, conn: _Connection, pids: Any) -> None:
         """Proposals the writer no longer waits for: their answers are not forwarded any more."""
+        if pids is None:
+            return
         if not isinstance(pids, list):
-            if pids is None:
-                return
             raise ValueError(f"forget must list proposal ids, got {type(pids).__name__}")
         for pid in pids:
             self.replies.disown(str(pid).encode(), conn)
