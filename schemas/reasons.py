@@ -32,6 +32,9 @@ class ReasonCode(StrEnum):
     DUPLICATE_FILE_ACTION = "DUPLICATE_FILE_ACTION"
     ADD_AND_REMOVE_SAME_FILE = "ADD_AND_REMOVE_SAME_FILE"
     NEGATIVE_SIZE = "NEGATIVE_SIZE"
+    #: An added file's stats would break Delta readers: not a JSON object, a count that is not a 64-bit
+    #: integer, a number that is not finite (`coordinator.rules.stats`).
+    BAD_STATS = "BAD_STATS"
     PATH_ESCAPES_TABLE = "PATH_ESCAPES_TABLE"
     PARTITION_VALUES_MISMATCH = "PARTITION_VALUES_MISMATCH"
     BAD_ISOLATION_LEVEL = "BAD_ISOLATION_LEVEL"

@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import decimal
 import json
+import math
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -166,10 +167,11 @@ def file_stats(table: pa.Table, columns: Iterable[str]) -> str:
             lo = lo[:STRING_STATS_PREFIX]
             if len(hi) > STRING_STATS_PREFIX:
                 hi = None  # a truncated max would not bound the data
-        if isinstance(lo, float) and lo != lo:  # NaN bounds are meaningless
-            continue
-        mins[name] = _stat_value(lo)
-        if hi is not None:
+        # NaN bounds are meaningless, and JSON has no NaN or Infinity (Delta readers refuse them): a bound that
+        # is not a finite number is left out, which any reader takes as "unknown".
+        if not (isinstance(lo, float) and not math.isfinite(lo)):
+            mins[name] = _stat_value(lo)
+        if hi is not None and not (isinstance(hi, float) and not math.isfinite(hi)):
             maxs[name] = _stat_value(hi)
     return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}, separators=(",", ":"))
 

@@ -46,6 +46,7 @@ from urllib.parse import unquote
 from coordinator.rules.identity import identity_error
 from coordinator.rules.row_ids import missing_num_records
 from coordinator.rules.state import TableState
+from coordinator.rules.stats import stats_problem
 from coordinator.rules.table_features import check_constraints_error, domain_metadata_error
 from schemas.actions import (
     AddCDCFile,
@@ -94,6 +95,7 @@ REASONS = frozenset(
         ReasonCode.DUPLICATE_FILE_ACTION,
         ReasonCode.ADD_AND_REMOVE_SAME_FILE,
         ReasonCode.NEGATIVE_SIZE,
+        ReasonCode.BAD_STATS,
         ReasonCode.PATH_ESCAPES_TABLE,
         ReasonCode.PARTITION_VALUES_MISMATCH,
         ReasonCode.BAD_ISOLATION_LEVEL,
@@ -367,6 +369,9 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             problem = path_problem(a.path, root)
             if problem:
                 raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
+            problem = stats_problem(a.stats)
+            if problem:
+                raise _err(ReasonCode.BAD_STATS, f"add {a.path!r}: {problem}")
             adds.append(a)
         elif isinstance(a, RemoveFile):
             dv = a.deletion_vector

@@ -99,7 +99,9 @@ def _add(rng: random.Random, path: str | None = None, size: int | None = None, p
         size=rng.randrange(1, 10**9) if size is None else size,
         modification_time=rng.randrange(-(2**63), 2**63),
         data_change=rng.random() < 0.5,
-        stats=rng.choice([None, "{}", "not json", '{"numRecords":-5}', nasty_text(rng)]),
+        # Hostile text inside stats Delta readers can parse: stats they cannot parse are a case of their own.
+        stats=rng.choice([None, "{}", json.dumps({"numRecords": 1, "minValues": {"s": nasty_text(rng)},
+                                                  nasty_text(rng) or "k": nasty_text(rng)})]),
         tags=rng.choice([None, {}, {nasty_text(rng): nasty_text(rng)}]),
     )
 
@@ -198,6 +200,12 @@ def _case_unknown_action(rng: random.Random) -> Case:
     return (_add(rng), ci), "COMMIT_INFO_IN_ACTIONS"
 
 
+def _case_bad_stats(rng: random.Random) -> Case:
+    bad = rng.choice(["", "not json", '{"numRecords":-5}', '{"numRecords":1e308}', "{" * 5000, "[]", "NaN",
+                      '{"maxValues":{"x":Infinity}}', '{"nullCount":{"x":"1"}}', "not json " + nasty_text(rng)])
+    return (dataclasses.replace(_add(rng), stats=bad),), "BAD_STATS"
+
+
 def _case_partition_values(rng: random.Random) -> Case:
     pvs: list[dict[str, str | None]] = [
         {},
@@ -225,7 +233,7 @@ def _case_bad_metadata(rng: random.Random) -> Case:
 
 _ACTION_CASES: tuple[Callable[[random.Random], Case], ...] = (
     _case_path, _case_path, _case_negative, _case_duplicates, _case_protocol, _case_unknown_action,
-    _case_partition_values, _case_bad_metadata,
+    _case_partition_values, _case_bad_metadata, _case_bad_stats,
 )
 
 

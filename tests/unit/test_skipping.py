@@ -141,3 +141,19 @@ def test_never_skips_a_file_holding_a_matching_row(rows: list[tuple[int | None, 
     t = _table([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
     if _matches(t, where):
         assert file_filter(where, SCHEMA, ["p"])(_file(t)), f"skipped a file with rows matching {where!r}: {rows}"
+
+
+def test_bounds_that_are_not_finite_numbers_are_left_out() -> None:
+    """JSON has no Infinity or NaN (Delta readers refuse them, and so does the coordinator): such a bound is
+    left out, which every reader takes as unknown; the finite bound on the other side stays."""
+    from coordinator.rules.stats import stats_problem
+
+    t = _table([1, 2, 3]).set_column(3, "x", pa.array([float("-inf"), 0.5, 2.0], pa.float64()))
+    f = _file(t)
+    stats = json.loads(f.stats or "")
+    assert stats_problem(f.stats) is None
+    assert "x" not in stats["minValues"] and stats["maxValues"]["x"] == 2.0 and stats["minValues"]["id"] == 1
+    nan = _file(t.set_column(3, "x", pa.array([float("nan")] * 3, pa.float64())))
+    assert stats_problem(nan.stats) is None and "x" not in json.loads(nan.stats or "")["maxValues"]
+    # Skipping stays sound: a file whose x bound is unknown is kept.
+    assert skip_files([f], "x < -100", SCHEMA, ["p"]) == [f]

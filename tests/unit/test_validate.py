@@ -108,6 +108,17 @@ CASES = [
          lambda h: proposal(0, [remove("a.parquet"), add("a.parquet")])),
     Case("negative-add-size", "NEGATIVE_SIZE",
          lambda h: proposal(0, [AddFile("a.parquet", {}, -1, NOW, True)])),
+    # Stats Delta readers cannot parse (delta-rs: "Kernel error: Json error" for the whole table).
+    *(Case(f"bad-stats-{name}", "BAD_STATS",
+           lambda h, s=stats: proposal(0, [AddFile("a.parquet", {}, 1, NOW, True, stats=s)]))  # type: ignore[misc]
+      for name, stats in [
+          ("empty", ""), ("not-json", "{{{{not json"), ("float-count", '{"numRecords":1e308}'),
+          ("string-count", '{"numRecords":"1"}'), ("negative-count", '{"numRecords":-1}'),
+          ("huge-count", '{"numRecords":9223372036854775808}'), ("array", "[1]"), ("nan", '{"numRecords":NaN}'),
+          ("infinite-max", '{"numRecords":1,"maxValues":{"x":1e999}}'), ("min-not-object", '{"minValues":3}'),
+          ("null-count-float", '{"nullCount":{"x":0.5}}'), ("nested-null-count", '{"nullCount":{"s":{"a":-2}}}'),
+          ("tight-bounds", '{"tightBounds":"yes"}'), ("list-value", '{"maxValues":{"x":[1]}}'),
+      ]),
     Case("dotdot", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("../other/a.parquet")])),
     Case("dotdot-inside", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("x/../../a.parquet")])),
     Case("dotdot-encoded", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("x/%2E%2E/%2e%2e/a.parquet")])),
@@ -170,6 +181,16 @@ def test_reason_codes(case: Case) -> None:
     assert not r.retryable
     assert str(r.error).startswith(case.reason + ": ")
     assert h.state.version == before
+
+
+@pytest.mark.parametrize("stats", [
+    None, "{}", '{"numRecords":0}', '{"numRecords":3,"minValues":{"id":1,"s":{"a":"x"},"f":-1.5e300,"b":true},'
+    '"maxValues":{"id":3,"d":"2024-01-01"},"nullCount":{"id":0,"s":{"a":1}},"tightBounds":false}',
+    '{"numRecords":1,"minValues":{"x":null},"futureKey":[1,2]}',
+])
+def test_stats_delta_readers_parse_are_accepted(stats: str | None) -> None:
+    h = Harness()
+    validate_proposal(h.state, proposal(0, [AddFile("a.parquet", {}, 1, NOW, True, stats=stats)]))
 
 
 def test_every_reason_code_is_exercised() -> None:
