@@ -137,6 +137,8 @@ def parse_table_uri(uri: str | os.PathLike[str]) -> TableUri:
         raise _fail(uri, "it is empty")
     if "\x00" in uri:
         raise _fail(uri, "it contains a NUL byte")
+    # Before any parsing: urlsplit silently drops tabs and newlines, which would name another location.
+    _check_chars(uri, uri, "URI")
     m = _SCHEME_RE.match(uri)
     if m is None:
         if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", uri) and not uri.startswith("/"):

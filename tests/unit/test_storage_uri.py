@@ -79,6 +79,12 @@ REFUSED = [
     ("s3://bucket/t\x00", "NUL"),
     ("s3://bucket/a%00b", "NUL"),
     ("s3://bucket/a%0Ab", "control character"),
+    # Raw tabs and newlines: urlsplit drops them, so "ctl\nline" would have named the table "ctlline".
+    ("file:///srv/ctl\nline", "control character"),
+    ("file:///srv/ctl\tline", "control character"),
+    ("s3://bucket/ctl\nline", "control character"),
+    ("s3://buck\ret/t", "control character"),
+    ("/srv/ctl\nline", "control character"),
     ("s3://bucket/../other", "'..' segment"),
     ("s3://bucket/a/../../other", "'..' segment"),
     ("s3://bucket/a/%2e%2e/b", "'..' segment"),
