@@ -1,10 +1,10 @@
-# deltacoord — the two commands a newcomer needs are `make demo` and `make test`.
+# deltacoord — the two commands a newcomer needs are `make demo` and `make test` (`make check` between changes).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint bench jars servers venv clean
+.PHONY: test check demo lint bench jars servers venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,17 @@ jars: $(STAMP)
 servers: $(STAMP)
 	$(BIN)/python -m coordinator.tooling.storage_servers install all
 
+# The whole suite, in TEST_WORKERS test processes (pytest-xdist); each starts its own broker and storage
+# servers when a test first needs them, and the Spark tests share one process (one Spark JVM).
+TEST_WORKERS ?= 4
+
 test: jars servers
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# The inner loop between two changes: the tests that need no broker, Spark or storage server, plus one
+# integration test of each (`check` marker).
+check: jars servers
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "check or not (kafka or spark or storage or cluster)" $(PYTEST_ARGS)
 
 demo: jars
 	$(BIN)/deltacoord demo

@@ -48,6 +48,53 @@ HOW_TO_GET_A_BROKER = (
 )
 
 
+# -- markers -------------------------------------------------------------------------------------
+
+ROOMS = ("kafka", "spark", "storage", "cluster")
+"""What a test may need besides Python: `make check` runs the tests that need none of them, plus `check` ones."""
+
+_KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "local_broker"})
+_STORAGE_FIXTURES = frozenset({"s3_server", "azurite_server", "gcs_server", "s3_bucket", "azure_container",
+                               "gcs_bucket", "object_store_bucket", "any_table_place"})
+
+
+def _needs_storage(item: pytest.Item, names: set[str]) -> bool:
+    if names & _STORAGE_FIXTURES:
+        return True
+    callspec = getattr(item, "callspec", None)
+    return "table_place" in names and callspec is not None and callspec.params.get("table_place") != "local"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with the rooms its fixtures need, so `-m "not kafka"` and `make check` can trust the
+    markers; a test that needs a room without its fixture (a subprocess that starts its own broker, a Spark
+    session) carries the marker itself."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & _KAFKA_FIXTURES:
+            item.add_marker(pytest.mark.kafka)
+        if _needs_storage(item, names):
+            item.add_marker(pytest.mark.storage)
+        group = _process_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _process_group(item: pytest.Item) -> str | None:
+    """Which tests `make test` (pytest-xdist, `--dist loadgroup`) keeps in one test process: the cluster tests
+    share one three-broker cluster, the tests that take the `spark` fixture one Spark session (a JVM of 1-2 GB:
+    one per process would fill two cores with JVM start-ups), and `make check`'s tests of the other rooms one
+    broker and one set of storage servers. Every other test goes wherever a process is free."""
+    if item.get_closest_marker("cluster"):
+        return "cluster"
+    if item.get_closest_marker("spark") and "spark" in getattr(item, "fixturenames", ()):
+        return "spark"  # a Spark test that starts its own driver process, or none, goes anywhere
+    if item.get_closest_marker("check"):
+        return "rooms"
+    return None
+
+
 def _docker_answers() -> bool:
     try:
         import docker

@@ -32,7 +32,7 @@ from schemas.routing import Topics
 from tests.history.chaos import ChaosConfig, run_chaos
 from tests.history.netpath import NetPath, close_paths, start_cluster_with_paths
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,7 @@ def _bootstrap(cl: LocalCluster) -> str:
     return layout.bootstrap_servers
 
 
+@pytest.mark.check
 def test_topics_just_created_validate_through_any_broker(cluster: tuple[LocalCluster, dict[str, NetPath]]) -> None:
     """ensure_topics creates the topics through one broker and reads the commits topic's configuration
     through another, which may not know the topic yet (UNKNOWN_TOPIC_OR_PART): that is waited out."""
@@ -71,6 +72,7 @@ def test_topics_just_created_validate_through_any_broker(cluster: tuple[LocalClu
             assert len(md.topics[name].partitions[0].replicas) == 3, name
 
 
+@pytest.mark.slow
 def test_history_on_a_three_broker_cluster_under_leader_kills_isolation_and_zombies(
     cluster: tuple[LocalCluster, dict[str, NetPath]], tmp_path: Path
 ) -> None:

@@ -24,6 +24,7 @@ from tests.history.chaos import ChaosConfig, run_chaos
 pytestmark = pytest.mark.kafka
 
 
+@pytest.mark.slow
 def test_history_under_faults_is_serializable_and_loses_nothing(
     kafka_bootstrap: str, local_broker: LocalBroker | None, tmp_path: Path
 ) -> None:

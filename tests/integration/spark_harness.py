@@ -77,7 +77,26 @@ def _local_dir() -> str:
     return _LOCAL_DIR[0]
 
 
+_SHARED: list[SparkSession] = []
+
+
+def shared_session(s3: dict[str, str] | None = None) -> SparkSession:
+    """The test process's one Spark session, built at first use and stopped when the process ends: a session
+    costs seconds of JVM and Delta start-up, and tests isolate themselves by table path, not by session.
+    `s3` (the local S3 server's storage options) configures S3A on it: one server serves a test process."""
+    if not _SHARED or _SHARED[0].sparkContext._jsc is None:  # type: ignore[attr-defined]
+        _SHARED[:] = [build_session()]
+        atexit.register(_SHARED[0].stop)
+    spark = _SHARED[0]
+    if s3 is not None:
+        conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+        for k, v in s3a_conf(s3).items():
+            conf.set(k, v)
+    return spark
+
+
 def build_session(app: str = "deltacoord-tests", s3: dict[str, str] | None = None) -> SparkSession:
+    """A Spark session of this process's own (a child driver's); tests take `shared_session()`."""
     spark_env()
     # The Delta and S3A jars on the JVM's class path, always: a test process launches one JVM (local mode: the
     # executors are in it), Hadoop's FileSystem lookup sees only that class path, and `spark.jars` would copy
@@ -162,4 +181,4 @@ def child_main() -> None:
 
 
 __all__ = ["CrashingDataSource", "SinkOptions", "_stage_plan", "build_session", "child_main", "ensure_table", "s3a_conf",
-           "spark_env"]
+           "shared_session", "spark_env"]

@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 from xml.etree import ElementTree
 
+import pytest
+
 from coordinator.tooling.cpu_usage import broker_pid
 
 KEYS = {"writers", "commits", "failed", "commits_per_s", "p50_ms", "p99_ms", "first_commit_p50_ms"}
 
 
+@pytest.mark.slow
 def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str, tmp_path: Path) -> None:
     chart = tmp_path / "bench.svg"
     proc = subprocess.run(
@@ -71,6 +74,7 @@ def test_bench_through_a_relay_counts_its_cpu_and_fetch_bytes(kafka_bootstrap: s
     assert dc["fetch_bytes_per_commit"] > 0 and dc["foreign_records"] == 0
 
 
+@pytest.mark.slow
 def test_bench_on_s3_measures_both_systems_to_visibility(kafka_bootstrap: str, tmp_path: Path) -> None:
     env = {**os.environ, "DELTACOORD_S3_SERVER_HOME": str(tmp_path / "s3")}
     proc = subprocess.run(

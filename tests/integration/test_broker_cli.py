@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.kafka  # each test starts brokers of its own
+
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

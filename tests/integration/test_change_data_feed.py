@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,6 +19,9 @@ from reader.snapshot import Snapshot
 from tests.conftest import TablePlace
 from tests.integration.test_writer_operations import SCHEMA, Env, data, running_env
 from writer.table import Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.kafka
 
@@ -109,20 +112,14 @@ def test_delta_rs_reads_the_change_feed_the_operations_made(env: Env, tmp_path: 
 
 
 @pytest.mark.spark
-def test_delta_spark_reads_the_change_feed_the_operations_made(env: Env, tmp_path: Path) -> None:
-    from tests.integration.spark_harness import build_session
-
+def test_delta_spark_reads_the_change_feed_the_operations_made(spark: SparkSession, env: Env, tmp_path: Path) -> None:
     roots = {}
     for i, (layout, (partition_by, properties)) in enumerate(LAYOUTS.items()):
         t = env.table(tmp_path / f"t{i}")
         run_operations(t, partition_by, properties)
         roots[layout] = t.root
     env.settle()
-    spark = build_session("deltacoord-cdf-tests")
-    try:
-        for layout, root in roots.items():
-            df = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(str(root))
-            got = sorted((r["id"], r["date"], r["value"], r["_change_type"], r["_commit_version"]) for r in df.collect())
-            assert got == EXPECTED, layout
-    finally:
-        spark.stop()
+    for layout, root in roots.items():
+        df = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(str(root))
+        got = sorted((r["id"], r["date"], r["value"], r["_change_type"], r["_commit_version"]) for r in df.collect())
+        assert got == EXPECTED, layout

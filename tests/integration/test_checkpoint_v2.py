@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,9 +20,11 @@ from coordinator.delta_log.checkpointer import checkpoint_actions, create_checkp
 from reader.log import checkpoint_exists, list_log
 from reader.snapshot import Snapshot
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from tests.integration.spark_harness import build_session
 from tests.integration.test_adopt import _wait_for
 from writer.table import Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -32,7 +35,7 @@ def _v2_checkpoints(path: Path) -> dict[int, str]:
     return {int(m.group(1)): p.name for p in (path / "_delta_log").iterdir() if (m := UUID_NAMED.match(p.name))}
 
 
-def test_v2_checkpoints_with_sidecars_are_read_by_every_reader(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_v2_checkpoints_with_sidecars_are_read_by_every_reader(spark: SparkSession, kafka_bootstrap: str, tmp_path: Path) -> None:
     path = tmp_path / "t"
     topics = fresh_topics(kafka_bootstrap)
     with coordinator_thread(kafka_bootstrap, topics, checkpoint_fn=create_checkpoint), \
@@ -68,9 +71,5 @@ def test_v2_checkpoints_with_sidecars_are_read_by_every_reader(kafka_bootstrap: 
     assert theirs.version() == 6
     rs = pa.table(QueryBuilder().register("t", theirs).execute("SELECT id, s FROM t").read_all())
     assert sorted(tuple(r.values()) for r in rs.to_pylist()) == expected
-    spark = build_session("deltacoord-checkpoint-v2-tests")
-    try:
-        got = sorted(tuple(r) for r in spark.read.format("delta").load(str(path)).collect())
-        assert got == expected
-    finally:
-        spark.stop()
+    got = sorted(tuple(r) for r in spark.read.format("delta").load(str(path)).collect())
+    assert got == expected

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,6 +20,9 @@ from reader.snapshot import Snapshot
 from tests.conftest import TablePlace
 from tests.integration.test_writer_operations import Env, running_env
 from writer.table import Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.kafka
 
@@ -132,8 +135,7 @@ def test_a_table_created_with_column_mapping_is_written_with_physical_names_and_
 
 
 @pytest.mark.spark
-def test_delta_spark_reads_column_mapping_tables_deltacoord_wrote(env: Env, tmp_path: Path) -> None:
-    from tests.integration.spark_harness import build_session
+def test_delta_spark_reads_column_mapping_tables_deltacoord_wrote(spark: SparkSession, env: Env, tmp_path: Path) -> None:
     from writer import spark_sink
 
     ours = {}
@@ -142,45 +144,41 @@ def test_delta_spark_reads_column_mapping_tables_deltacoord_wrote(env: Env, tmp_
         t.create(SCHEMA, partition_by=["date"], properties={"delta.columnMapping.mode": mode})
         ours[mode] = (t.root, write_operations(t))
     env.settle()
-    spark = build_session("deltacoord-column-mapping-tests")
-    try:
-        for mode, (root, expected) in ours.items():
-            got = sorted((r["id"], r["date"], r["value"], (r["s"]["a"], r["s"]["b"]))
-                         for r in spark.read.format("delta").load(str(root)).collect())
-            assert got == expected, mode
+    for mode, (root, expected) in ours.items():
+        got = sorted((r["id"], r["date"], r["value"], (r["s"]["a"], r["s"]["b"]))
+                     for r in spark.read.format("delta").load(str(root)).collect())
+        assert got == expected, mode
 
-        # A name-mode table Delta on Spark created and wrote, adopted and written by deltacoord.
-        path = tmp_path / "spark"
-        where = f"delta.`{path}`"
-        spark.sql(f"CREATE TABLE {where} (id BIGINT, date STRING, value STRING, s STRUCT<a: BIGINT, b: STRING>) "
-                  "USING delta PARTITIONED BY (date) TBLPROPERTIES ('delta.columnMapping.mode' = 'name')")
-        spark.sql(f"INSERT INTO {where} VALUES (10, 'd1', 'sp', named_struct('a', 100, 'b', 'x')), "
-                  "(11, 'd2', 'sp', named_struct('a', 110, 'b', 'y'))")
-        spark.sql(f"ALTER TABLE {where} RENAME COLUMN value TO val")
-        t = env.table(path)
-        assert t.adopt().version == 2
-        t.append(pa.table({"id": [12], "date": ["d1"], "val": ["dc"], "s": [{"a": 120, "b": "z"}]}))
-        t.update("id = 10", {"val": "'dc-up'"})
-        t.delete("id = 11")
-        t.merge(pa.table({"id": [12, 13], "date": ["d1", "d3"], "val": ["mm", "mi"]}), ["id"],
-                when_matched_update={"val": "s.val"}, when_not_matched_insert={"id": "s.id", "date": "s.date", "val": "s.val"})
-        env.settle()
-        # deltacoord's Spark sink appends to it too (physical names, from executors).
-        spark_sink.register(spark)
-        prefix = env.topics.proposals.removesuffix(".proposals")
-        (spark.createDataFrame([(14, "d1", "sk", (140, "w"))], "id BIGINT, date STRING, val STRING, s STRUCT<a: BIGINT, b: STRING>")
-         .write.format("deltacoord").option("bootstrap.servers", env.bootstrap).option("topic.prefix", prefix)
-         .mode("append").save(str(path)))
-        expected = [(10, "d1", "dc-up", (100, "x")), (12, "d1", "mm", (120, "z")), (13, "d3", "mi", None),
-                    (14, "d1", "sk", (140, "w"))]
-        got = sorted((r["id"], r["date"], r["val"], None if r["s"] is None else (r["s"]["a"], r["s"]["b"]))
-                     for r in spark.read.format("delta").load(str(path)).collect())
-        assert got == expected
-        theirs = delta_rs(path).to_pylist()
-        assert sorted((r["id"], r["date"], r["val"], None if r["s"] is None else (r["s"]["a"], r["s"]["b"]))
-                      for r in theirs) == expected
-    finally:
-        spark.stop()
+    # A name-mode table Delta on Spark created and wrote, adopted and written by deltacoord.
+    path = tmp_path / "spark"
+    where = f"delta.`{path}`"
+    spark.sql(f"CREATE TABLE {where} (id BIGINT, date STRING, value STRING, s STRUCT<a: BIGINT, b: STRING>) "
+              "USING delta PARTITIONED BY (date) TBLPROPERTIES ('delta.columnMapping.mode' = 'name')")
+    spark.sql(f"INSERT INTO {where} VALUES (10, 'd1', 'sp', named_struct('a', 100, 'b', 'x')), "
+              "(11, 'd2', 'sp', named_struct('a', 110, 'b', 'y'))")
+    spark.sql(f"ALTER TABLE {where} RENAME COLUMN value TO val")
+    t = env.table(path)
+    assert t.adopt().version == 2
+    t.append(pa.table({"id": [12], "date": ["d1"], "val": ["dc"], "s": [{"a": 120, "b": "z"}]}))
+    t.update("id = 10", {"val": "'dc-up'"})
+    t.delete("id = 11")
+    t.merge(pa.table({"id": [12, 13], "date": ["d1", "d3"], "val": ["mm", "mi"]}), ["id"],
+            when_matched_update={"val": "s.val"}, when_not_matched_insert={"id": "s.id", "date": "s.date", "val": "s.val"})
+    env.settle()
+    # deltacoord's Spark sink appends to it too (physical names, from executors).
+    spark_sink.register(spark)
+    prefix = env.topics.proposals.removesuffix(".proposals")
+    (spark.createDataFrame([(14, "d1", "sk", (140, "w"))], "id BIGINT, date STRING, val STRING, s STRUCT<a: BIGINT, b: STRING>")
+     .write.format("deltacoord").option("bootstrap.servers", env.bootstrap).option("topic.prefix", prefix)
+     .mode("append").save(str(path)))
+    expected = [(10, "d1", "dc-up", (100, "x")), (12, "d1", "mm", (120, "z")), (13, "d3", "mi", None),
+                (14, "d1", "sk", (140, "w"))]
+    got = sorted((r["id"], r["date"], r["val"], None if r["s"] is None else (r["s"]["a"], r["s"]["b"]))
+                 for r in spark.read.format("delta").load(str(path)).collect())
+    assert got == expected
+    theirs = delta_rs(path).to_pylist()
+    assert sorted((r["id"], r["date"], r["val"], None if r["s"] is None else (r["s"]["a"], r["s"]["b"]))
+                  for r in theirs) == expected
 
 
 def test_column_mapping_turned_on_for_a_table_with_files(env: Env, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import multiprocessing as mp
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from coordinator.delta_log.checkpointer import create_checkpoint
 from coordinator.kafka.recovery import read_decisions
@@ -22,6 +23,7 @@ PER_WRITER = 50
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.string())])
 
 
+@pytest.mark.slow
 def test_sixteen_writers_fifty_blind_appends_each(kafka_bootstrap: str, tmp_path: Path, table_place: TablePlace) -> None:
     topics = fresh_topics(kafka_bootstrap)
     prefix = topics.proposals.removesuffix(".proposals")

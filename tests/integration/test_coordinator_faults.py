@@ -254,6 +254,7 @@ def test_watchdog_exits_a_coordinator_whose_loop_is_stuck(kafka_bootstrap: str, 
             fresh.kill(15)
 
 
+@pytest.mark.slow
 def test_a_stuck_send_offsets_call_gets_its_producer_replaced(kafka_bootstrap: str, tmp_path: Path) -> None:
     """librdkafka can block in send_offsets_to_transaction for ever when the group coordinator's
     broker dies (seen on the three-broker cluster when that broker was killed): the coordinator

@@ -15,6 +15,7 @@ from writer.table import Table
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.string())])
 
 
+@pytest.mark.check
 def test_create_append_conflict_and_delta_rs_reads(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = fresh_topics(kafka_bootstrap)
     with coordinator_thread(kafka_bootstrap, topics):

@@ -9,7 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 
+pytestmark = pytest.mark.kafka  # the demo starts a broker, or reuses the session's
+
+
+@pytest.mark.slow
 def test_demo_runs_end_to_end_and_ends_with_its_json_summary(tmp_path: Path) -> None:
     env = {**os.environ, "DELTACOORD_BROKER_HOME": str(tmp_path / "broker")}
     proc = subprocess.run([sys.executable, "-m", "coordinator.tooling.cli", "demo"], capture_output=True, text=True,
@@ -47,6 +52,8 @@ def test_demo_runs_end_to_end_and_ends_with_its_json_summary(tmp_path: Path) -> 
     assert status.returncode == 1
 
 
+@pytest.mark.storage
+@pytest.mark.slow
 def test_demo_on_the_local_s3_server(tmp_path: Path, local_broker: Any) -> None:
     """`deltacoord demo --storage s3`: the same demo with the table in a bucket of the local S3 server."""
     env = {**os.environ, "DELTACOORD_S3_SERVER_HOME": str(tmp_path / "s3")}

@@ -25,6 +25,7 @@ from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from writer.table import Table
 
 
+@pytest.mark.slow
 def test_a_transaction_left_open_is_sealed_before_recovery(kafka_bootstrap: str, tmp_path: Path,
                                                            unique_name: Callable[[str], str],
                                                            caplog: pytest.LogCaptureFixture) -> None:

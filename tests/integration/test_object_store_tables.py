@@ -57,6 +57,7 @@ def _data_keys(place: TablePlace, uri: str) -> set[str]:
 # --------------------------------------------------------------------------- every store
 
 
+@pytest.mark.check
 def test_every_version_reads_the_same_in_delta_rs_on_each_store(kafka_bootstrap: str, any_table_place: TablePlace) -> None:
     place = any_table_place
     topics = fresh_topics(kafka_bootstrap)

@@ -38,6 +38,7 @@ def readme_block(marker: str = MARKER) -> str:
     return m.group(1) + "\n"
 
 
+@pytest.mark.slow
 def test_the_readme_spark_section_runs_as_written(kafka_bootstrap: str, tmp_path: Path) -> None:
     script = tmp_path / "spark_example.py"
     script.write_text(readme_block())

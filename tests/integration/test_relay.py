@@ -160,6 +160,7 @@ def _start_relay_process(bootstrap: str, topics: Topics, path: str, log: Path) -
 
 
 @pytest.mark.parametrize("table_place", ["local"], indirect=True)
+@pytest.mark.slow
 def test_a_killed_relay_loses_no_commit_and_a_restarted_one_serves_the_next(
         kafka_bootstrap: str, topics: Topics, table_place: TablePlace, tmp_path: Path) -> None:
     """The relay is SIGKILLed after confirming a proposal that no coordinator has decided yet: its answer can

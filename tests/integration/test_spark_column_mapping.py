@@ -4,7 +4,6 @@ reader equals what Delta on Spark reads (and delta-rs, for the variant table).""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from reader.snapshot import Snapshot
-from tests.integration.spark_harness import build_session
+from tests.integration.spark_harness import shared_session
 
 pytestmark = [pytest.mark.spark]
 
@@ -32,12 +31,8 @@ MODES = ("name", "id")
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    s = build_session("deltacoord-column-mapping-tests")
-    try:
-        yield s
-    finally:
-        s.stop()
+def spark() -> SparkSession:
+    return shared_session()
 
 
 @pytest.fixture(scope="module")

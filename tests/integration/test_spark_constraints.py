@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pytest
 
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from tests.integration.spark_harness import build_session
 from writer.constraints import ConstraintViolationError
 from writer.table import Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -27,10 +30,10 @@ def _rows(ids: list[int], ts: list[dt.datetime], s: list[str | None]) -> pa.Tabl
                      "s": pa.array(s, pa.string())})
 
 
-def test_spark_reads_our_generated_columns_and_its_constraints_still_hold(kafka_bootstrap: str, tmp_path: Path) -> None:
+@pytest.mark.check
+def test_spark_reads_our_generated_columns_and_its_constraints_still_hold(spark: SparkSession, kafka_bootstrap: str, tmp_path: Path) -> None:
     path = tmp_path / "t"
     where = f"delta.`{path}`"
-    spark = build_session("deltacoord-constraint-tests")
     spark.sql(f"CREATE TABLE {where} (id BIGINT NOT NULL, ts TIMESTAMP, s STRING, "
               "day DATE GENERATED ALWAYS AS (CAST(ts AS DATE)), up STRING GENERATED ALWAYS AS (upper(s))) USING delta")
     spark.sql(f"ALTER TABLE {where} ADD CONSTRAINT id_positive CHECK (id > 0)")

@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 
 from reader.snapshot import Snapshot
 from tests.conftest import TablePlace
-from tests.integration.spark_harness import build_session
+from tests.integration.spark_harness import shared_session
 from tests.integration.test_deletion_vectors import DV, delta_rs_agrees
 from tests.integration.test_writer_operations import SCHEMA, Env, data, rows, running_env
 
@@ -20,12 +20,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    s = build_session("deltacoord-dv-tests")
-    try:
-        yield s
-    finally:
-        s.stop()
+def spark() -> SparkSession:
+    return shared_session()
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from schemas.errors import ConcurrentTransactionException
 from schemas.routing import Topics
 from tests.conftest import StoreServer, TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from tests.integration.spark_harness import REPO, build_session, spark_env
+from tests.integration.spark_harness import REPO, shared_session, spark_env
 from writer import spark_sink
 from writer.spark_sink import DeltaCoordStreamWriter, SinkOptions, StagePlan, ensure_table
 from writer.table import Table
@@ -43,13 +43,10 @@ ROW_SCHEMA = StructType([StructField("id", LongType()), StructField("value", Str
 
 
 @pytest.fixture(scope="module")
-def spark(s3_server: StoreServer) -> Iterator[SparkSession]:
-    s = build_session(s3=s3_server.storage_options)
+def spark(s3_server: StoreServer) -> SparkSession:
+    s = shared_session(s3=s3_server.storage_options)
     spark_sink.register(s)
-    try:
-        yield s
-    finally:
-        s.stop()
+    return s
 
 
 class Env:
@@ -130,6 +127,7 @@ def _run_child(args: dict[str, Any], log: Path, timeout: float = 240) -> int:
 
 
 @pytest.mark.parametrize("kind", ["local", "s3"])
+@pytest.mark.slow
 def test_stream_killed_between_decision_and_spark_commit_log_restarts_exactly_once(env: Env, tmp_path: Path,
                                                                                    kind: str) -> None:
     place = env.place(kind, tmp_path)
@@ -166,6 +164,7 @@ def test_stream_killed_between_decision_and_spark_commit_log_restarts_exactly_on
 # --------------------------------------------------------------------------- (2) table -> transform -> table
 
 
+@pytest.mark.slow
 def test_pipeline_between_two_coordinated_tables(spark: SparkSession, env: Env, tmp_path: Path) -> None:
     src_path, dst_path = tmp_path / "src", tmp_path / "dst"
     src = env.table(src_path)

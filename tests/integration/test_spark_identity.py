@@ -10,6 +10,7 @@ table is released Spark's own inserts continue after our values.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pytest
@@ -18,9 +19,11 @@ from reader.snapshot import Snapshot
 from schemas.errors import MetadataChangedException
 from schemas.identity import identity_columns
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from tests.integration.spark_harness import build_session
 from writer.identity import IdentityColumnError
 from writer.table import Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -29,41 +32,37 @@ def _values(path: Path) -> pa.Table:
     return Snapshot.load(str(path)).to_pyarrow().sort_by("id")
 
 
-def test_identity_values_continue_spark_s_sequence_and_are_never_reused(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_identity_values_continue_spark_s_sequence_and_are_never_reused(spark: SparkSession, kafka_bootstrap: str, tmp_path: Path) -> None:
     path = tmp_path / "t"
-    spark = build_session("deltacoord-identity-tests")
-    try:
-        where = f"delta.`{path}`"
-        spark.sql(f"CREATE TABLE {where} (id BIGINT GENERATED ALWAYS AS IDENTITY (START WITH 10 INCREMENT BY 5), "
-                  "v STRING) USING delta")
-        spark.sql(f"INSERT INTO {where} (v) VALUES ('sp1'), ('sp2')")
-        assert [c.high_water_mark for c in identity_columns(Snapshot.load(str(path)).metadata.schema())] == [15]
+    where = f"delta.`{path}`"
+    spark.sql(f"CREATE TABLE {where} (id BIGINT GENERATED ALWAYS AS IDENTITY (START WITH 10 INCREMENT BY 5), "
+              "v STRING) USING delta")
+    spark.sql(f"INSERT INTO {where} (v) VALUES ('sp1'), ('sp2')")
+    assert [c.high_water_mark for c in identity_columns(Snapshot.load(str(path)).metadata.schema())] == [15]
 
-        topics = fresh_topics(kafka_bootstrap)
-        with coordinator_thread(kafka_bootstrap, topics) as _, Table(path, kafka_bootstrap, topics=topics) as t, \
-                Table(path, kafka_bootstrap, topics=topics) as other:
-            t.adopt()
-            snap = t.snapshot()
-            t.append(pa.table({"v": ["dc1", "dc2", "dc3"]}), snapshot=snap)
-            with pytest.raises(MetadataChangedException):
-                other.append(pa.table({"v": ["lost"]}), snapshot=snap)  # read the same mark: it would reuse 20
-            t.merge(pa.table({"id": pa.array([10, 99], pa.int64()), "v": ["merged", "new"]}), ["id"],
-                    when_matched_update={"v": "s.v"}, when_not_matched_insert={"v": "s.v"})
-            with pytest.raises(IdentityColumnError, match="GENERATED ALWAYS"):
-                t.append(pa.table({"id": pa.array([1], pa.int64()), "v": ["given"]}))
-            with pytest.raises(IdentityColumnError, match="UPDATE cannot set identity"):
-                t.update("v = 'sp1'", {"id": "0"})
-            t.wait_published(t.last_committed_version or 0)
-            ours = _values(path)
-            assert ours.to_pylist() == [{"id": 10, "v": "merged"}, {"id": 15, "v": "sp2"}, {"id": 20, "v": "dc1"},
-                                        {"id": 25, "v": "dc2"}, {"id": 30, "v": "dc3"}, {"id": 35, "v": "new"}]
-            assert [c.high_water_mark for c in identity_columns(Snapshot.load(str(path)).metadata.schema())] == [35]
-            t.release()
+    topics = fresh_topics(kafka_bootstrap)
+    with coordinator_thread(kafka_bootstrap, topics) as _, Table(path, kafka_bootstrap, topics=topics) as t, \
+            Table(path, kafka_bootstrap, topics=topics) as other:
+        t.adopt()
+        snap = t.snapshot()
+        t.append(pa.table({"v": ["dc1", "dc2", "dc3"]}), snapshot=snap)
+        with pytest.raises(MetadataChangedException):
+            other.append(pa.table({"v": ["lost"]}), snapshot=snap)  # read the same mark: it would reuse 20
+        t.merge(pa.table({"id": pa.array([10, 99], pa.int64()), "v": ["merged", "new"]}), ["id"],
+                when_matched_update={"v": "s.v"}, when_not_matched_insert={"v": "s.v"})
+        with pytest.raises(IdentityColumnError, match="GENERATED ALWAYS"):
+            t.append(pa.table({"id": pa.array([1], pa.int64()), "v": ["given"]}))
+        with pytest.raises(IdentityColumnError, match="UPDATE cannot set identity"):
+            t.update("v = 'sp1'", {"id": "0"})
+        t.wait_published(t.last_committed_version or 0)
+        ours = _values(path)
+        assert ours.to_pylist() == [{"id": 10, "v": "merged"}, {"id": 15, "v": "sp2"}, {"id": 20, "v": "dc1"},
+                                    {"id": 25, "v": "dc2"}, {"id": 30, "v": "dc3"}, {"id": 35, "v": "new"}]
+        assert [c.high_water_mark for c in identity_columns(Snapshot.load(str(path)).metadata.schema())] == [35]
+        t.release()
 
-        theirs = sorted(tuple(r) for r in spark.read.format("delta").load(str(path)).collect())
-        assert theirs == [(r["id"], r["v"]) for r in ours.to_pylist()]
-        spark.sql(f"INSERT INTO {where} (v) VALUES ('sp3')")  # Spark goes on after our mark
-        after = sorted(tuple(r) for r in spark.read.format("delta").load(str(path)).collect())
-        assert after[-1] == (40, "sp3")
-    finally:
-        spark.stop()
+    theirs = sorted(tuple(r) for r in spark.read.format("delta").load(str(path)).collect())
+    assert theirs == [(r["id"], r["v"]) for r in ours.to_pylist()]
+    spark.sql(f"INSERT INTO {where} (v) VALUES ('sp3')")  # Spark goes on after our mark
+    after = sorted(tuple(r) for r in spark.read.format("delta").load(str(path)).collect())
+    assert after[-1] == (40, "sp3")

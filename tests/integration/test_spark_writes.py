@@ -27,7 +27,7 @@ from coordinator.kafka.daemon import Coordinator
 from reader.snapshot import Snapshot
 from schemas.errors import CommitOutcomeUnknownError
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from tests.integration.spark_harness import build_session
+from tests.integration.spark_harness import shared_session
 from writer import spark_sink
 from writer.spark_options import BOOTSTRAP_ENV, TOPIC_PREFIX_ENV, SinkConfigError
 from writer.spark_save_modes import PartitioningMismatchError, PathExistsError
@@ -59,13 +59,10 @@ def env(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    s = build_session()
+def spark() -> SparkSession:
+    s = shared_session()
     spark_sink.register(s)
-    try:
-        yield s
-    finally:
-        s.stop()
+    return s
 
 
 @pytest.fixture(autouse=True)

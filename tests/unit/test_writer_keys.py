@@ -57,7 +57,8 @@ def test_a_bad_key_file_says_what_is_wrong(tmp_path: Path, text: str, problem: s
     ("alice:AAAA", "has 3 bytes"),
     (f"{ALICE.registration},{ALICE.registration}", "registered twice"),
     (f"a b:{ALICE.public_key_b64}", "is not allowed"),
-])
+], ids=["no-key", "bad-base64", "short-key", "registered-twice", "bad-name"])  # ids without the random key: xdist
+# workers must collect the same names
 def test_a_bad_writer_keys_value_is_refused(value: str, problem: str) -> None:
     with pytest.raises(WriterKeyError, match=problem):
         parse_writer_keys(value)

@@ -1,0 +1,18 @@
+"""The process's one Spark session, for the tests that read or write through Delta on Spark in this process."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@pytest.fixture
+def spark() -> SparkSession:
+    """Tests that take it share one test process under `make test` (see `tests/conftest.py`)."""
+    from tests.integration.spark_harness import shared_session
+
+    return shared_session()
