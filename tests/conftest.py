@@ -76,19 +76,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.kafka)
         if _needs_storage(item, names):
             item.add_marker(pytest.mark.storage)
-        group = _process_group(item)
+        group = _process_group(item, names)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 
 
-def _process_group(item: pytest.Item) -> str | None:
+def _process_group(item: pytest.Item, names: set[str]) -> str | None:
     """Which tests `make test` (pytest-xdist, `--dist loadgroup`) keeps in one test process: the cluster tests
     share one three-broker cluster, the tests that take the `spark` fixture one Spark session (a JVM of 1-2 GB:
     one per process would fill two cores with JVM start-ups), and `make check`'s tests of the other rooms one
     broker and one set of storage servers. Every other test goes wherever a process is free."""
     if item.get_closest_marker("cluster"):
         return "cluster"
-    if item.get_closest_marker("spark") and "spark" in getattr(item, "fixturenames", ()):
+    if item.get_closest_marker("spark") and "spark" in names:
         return "spark"  # a Spark test that starts its own driver process, or none, goes anywhere
     if item.get_closest_marker("check"):
         return "rooms"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -19,52 +20,42 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_DEPTH = 64
 
 
-class _NotJson(ValueError):
-    pass
-
-
 def _refuse_constant(name: str) -> Any:
-    raise _NotJson(f"{name} is not a JSON number")
+    raise ValueError(f"{name} is not a JSON number")
 
 
-def _long_problem(value: object, where: str) -> str | None:
+def _count_problem(value: object, where: str) -> str | None:
+    """numRecords and nullCount: a non-negative 64-bit integer."""
     if type(value) is not int:
         return f"{where} is {json.dumps(value)[:40]}, not an integer"
-    if not INT64_MIN <= value <= INT64_MAX:
+    if value < 0:
+        return f"{where} is negative"
+    if value > INT64_MAX:
         return f"{where} is {value}, beyond a 64-bit integer"
     return None
 
 
-def _values_problem(values: object, where: str, depth: int = 0) -> str | None:
-    """minValues/maxValues: an object of scalars or nested objects; numbers finite, integers 64-bit."""
+def _bound_problem(value: object, where: str) -> str | None:
+    """A min or max value: a scalar; numbers finite, integers 64-bit."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} is not a finite number"
+    if type(value) is int and not INT64_MIN <= value <= INT64_MAX:
+        return f"{where} is {value}, beyond a 64-bit integer"
+    if isinstance(value, list):
+        return f"{where} is a list; statistics hold one value per column"
+    return None
+
+
+def _per_column_problem(values: object, where: str, leaf: Callable[[object, str], str | None],
+                        depth: int = 0) -> str | None:
+    """An object with one entry per column (nested objects for structs), each leaf checked by `leaf`."""
     if not isinstance(values, dict):
         return f"{where} is not a JSON object"
     if depth > MAX_DEPTH:
         return f"{where} nests deeper than {MAX_DEPTH} levels"
     for name, v in values.items():
         at = f"{where}.{name}"
-        if isinstance(v, dict):
-            problem = _values_problem(v, at, depth + 1)
-            if problem:
-                return problem
-        elif isinstance(v, float) and not math.isfinite(v):
-            return f"{at} is not a finite number"
-        elif type(v) is int and not INT64_MIN <= v <= INT64_MAX:
-            return f"{at} is {v}, beyond a 64-bit integer"
-        elif isinstance(v, list):
-            return f"{at} is a list; statistics hold one value per column"
-    return None
-
-
-def _null_count_problem(counts: object, where: str, depth: int = 0) -> str | None:
-    if not isinstance(counts, dict):
-        return f"{where} is not a JSON object"
-    if depth > MAX_DEPTH:
-        return f"{where} nests deeper than {MAX_DEPTH} levels"
-    for name, v in counts.items():
-        at = f"{where}.{name}"
-        problem = (_null_count_problem(v, at, depth + 1) if isinstance(v, dict)
-                   else _long_problem(v, at) or (f"{at} is negative" if v < 0 else None))
+        problem = _per_column_problem(v, at, leaf, depth + 1) if isinstance(v, dict) else leaf(v, at)
         if problem:
             return problem
     return None
@@ -84,21 +75,12 @@ def stats_problem(stats: object) -> str | None:
         return f"stats is not JSON ({str(e)[:80]})"
     if not isinstance(doc, dict):
         return "stats is not a JSON object"
+    problem = None
     if "numRecords" in doc:
-        problem = _long_problem(doc["numRecords"], "stats.numRecords")
-        if problem:
-            return problem
-        if doc["numRecords"] < 0:
-            return "stats.numRecords is negative"
-    for key in ("minValues", "maxValues"):
-        if key in doc:
-            problem = _values_problem(doc[key], f"stats.{key}")
-            if problem:
-                return problem
-    if "nullCount" in doc:
-        problem = _null_count_problem(doc["nullCount"], "stats.nullCount")
-        if problem:
-            return problem
-    if "tightBounds" in doc and not isinstance(doc["tightBounds"], bool):
-        return "stats.tightBounds is not a boolean"
-    return None
+        problem = _count_problem(doc["numRecords"], "stats.numRecords")
+    for key, leaf in (("minValues", _bound_problem), ("maxValues", _bound_problem), ("nullCount", _count_problem)):
+        if problem is None and key in doc:
+            problem = _per_column_problem(doc[key], f"stats.{key}", leaf)
+    if problem is None and "tightBounds" in doc and not isinstance(doc["tightBounds"], bool):
+        problem = "stats.tightBounds is not a boolean"
+    return problem

@@ -13,7 +13,6 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from reader.snapshot import Snapshot
-from tests.integration.spark_harness import shared_session
 
 pytestmark = [pytest.mark.spark]
 
@@ -28,11 +27,6 @@ ROWS_1 = """(1, named_struct('a', 1, 'b', 'one'),
 ROWS_2 = """(3, named_struct('a', 3, 'b', 't'), array(named_struct('x', 4, 'y', 'four')),
               map('j', named_struct('p', 6, 'q', array())), map(), array(array(named_struct('z', 2), NULL)), 'p1', 'e')"""
 MODES = ("name", "id")
-
-
-@pytest.fixture(scope="module")
-def spark() -> SparkSession:
-    return shared_session()
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,10 @@ from pyspark.sql import SparkSession
 
 from reader.snapshot import Snapshot
 from tests.conftest import TablePlace
-from tests.integration.spark_harness import shared_session
 from tests.integration.test_deletion_vectors import DV, delta_rs_agrees
 from tests.integration.test_writer_operations import SCHEMA, Env, data, rows, running_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
-
-
-@pytest.fixture(scope="module")
-def spark() -> SparkSession:
-    return shared_session()
 
 
 @pytest.fixture(scope="module")

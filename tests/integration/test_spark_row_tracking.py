@@ -18,18 +18,12 @@ from pyspark.sql import SparkSession
 from reader.snapshot import Snapshot
 from schemas.row_tracking import high_water_mark
 from tests.conftest import TablePlace
-from tests.integration.spark_harness import shared_session
 from tests.integration.test_deletion_vectors import DV, delta_rs_agrees
 from tests.integration.test_writer_operations import SCHEMA, Env, data, rows, running_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 Identity = dict[int, tuple[int, int]]
-
-
-@pytest.fixture(scope="module")
-def spark() -> SparkSession:
-    return shared_session()
 
 
 @pytest.fixture(scope="module")
