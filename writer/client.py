@@ -61,6 +61,14 @@ REPLY_WAIT_S = 5.0
 #: the broker and the coordinator may disagree by this much).
 CLOCK_SKEW_MS = 60_000
 
+#: How long a first commit waits for the client's background questions (`_lease_early`) before asking itself.
+WARM_WAIT_S = 10.0
+#: How long after its last proposal on the shared reply partition a writer keeps using it while its lease's
+#: partition is not fetched yet.
+SHARED_KEPT_S = 1.0
+#: A reply partition assigned this long ago counts as fetched even if its end was not reached yet.
+LIVE_AFTER_S = 0.5
+
 #: Retriable reasons a broker call fails while a partition's leadership moves (a failover, a new topic).
 _LEADERSHIP_MOVING = frozenset({
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
@@ -114,8 +122,13 @@ class _Replies(Routing):
         self.num_partitions = num_partitions
         self._leased: set[int] = set()
         self._reading: set[int] = set()
+        self._to_assign: list[TopicPartition] = []  # applied by the reading thread (`_assign_new`)
+        self._assigned_at: dict[int, float] = {}  # when the reading thread assigned each partition
+        self._live: set[int] = set()
+        self._shared_used_at = 0.0  # partitions whose end the reader reached: an answer there is read at once
         self._shared = random.randrange(num_partitions)
         self._lease_seen = threading.Event()
+        self._lease_moved = threading.Event()  # the reading thread releases idle partitions at once
         self._stop = threading.Event()
         self._rx: dict[str, int] = {}
         self._stats_lock = threading.Lock()
@@ -128,10 +141,19 @@ class _Replies(Routing):
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 100,
+            "enable.partition.eof": True,  # says when a newly assigned partition is fetched (`_live`)
         })
         # Statistics (the bench's fetch bytes) only from the reader: building librdkafka's statistics costs
         # CPU in every client that has them, and the lease fetches nothing.
         quiet = {k: v for k, v in conf.items() if k != "statistics.interval.ms"}
+        # End offsets are asked of a consumer no thread polls: librdkafka answers a watermark query on a
+        # consumer another thread is polling late (about 1 s for a writer's first commit, minutes under load).
+        self._offsets = Consumer({
+            **quiet,
+            "group.id": f"deltacoord-writer-offsets-{uuid.uuid4().hex[:12]}",  # never joins
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        })
         self._lease = Consumer({
             **quiet,
             "group.id": group_id,
@@ -139,6 +161,12 @@ class _Replies(Routing):
             "enable.auto.commit": False,
             "auto.offset.reset": "latest",
         })
+        # The reader learns the topic's leaders now: a partition assigned before its leader is known waits
+        # for librdkafka's next periodic metadata refresh (up to a second) before its first fetch.
+        with contextlib.suppress(KafkaException):
+            self._reader.list_topics(topic, timeout=10)
+            with self._lock:
+                self._start_reading(self._shared, timeout_s=10.0)  # until this writer leases a partition
         self._lease.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
         self._threads = [
             threading.Thread(target=self._hold_lease, name="deltacoord-reply-lease", daemon=True),
@@ -164,17 +192,27 @@ class _Replies(Routing):
         consumer.pause(partitions)  # the lease consumer holds partitions; the reader fetches
         with self._lock:
             self._leased.update(tp.partition for tp in partitions)
+            self._follow_lease()
         if self._leased:
             self._lease_seen.set()
+        self._lease_moved.set()  # the shared partition, or a lower one, is no longer current
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         with self._lock:
             self._leased.difference_update(tp.partition for tp in partitions)
+            self._follow_lease()
+        self._lease_moved.set()  # stop reading what is no longer leased before another writer's answers arrive
+
+    def _follow_lease(self) -> None:
+        """Read the partition the next proposals will name before they are sent (the caller holds `_lock`)."""
+        if self._leased:
+            with contextlib.suppress(KafkaException):
+                self._start_reading(min(self._leased), timeout_s=5.0)
 
     def _hold_lease(self) -> None:
         while not self._stop.is_set():
             try:
-                self._lease.poll(0.2)  # delivers no records (paused); runs the group protocol
+                self._lease.poll(0.1)  # delivers no records (paused); runs the group protocol (and `close` waits for it)
             except (KafkaException, RuntimeError):
                 time.sleep(0.2)
 
@@ -190,29 +228,81 @@ class _Replies(Routing):
     def expect(self, proposal_id: str, wait: str = "published") -> Pending:
         """Register a proposal on this writer's current reply partition (read from its end from now on)."""
         with self._lock:
-            partition = min(self._leased) if self._leased else self._shared
-            if partition not in self._reading:
-                high = _end_offset(self._reader, TopicPartition(self.topic, partition))
-                # Every answer to a proposal produced from now on lies at a later offset.
-                self._reader.incremental_assign([TopicPartition(self.topic, partition, high)])
-                self._reading.add(partition)
+            partition = self._current()
+            self._start_reading(partition)
+            if partition == self._shared:
+                self._shared_used_at = time.monotonic()
             return self.register(proposal_id, partition, wait)
+
+    def _current(self) -> int:
+        """The partition the next proposal names: the lowest leased one, or the shared one until a lease came.
+        A writer that was just using the shared one keeps it until its new lease's partition is fetched (a
+        fresh process's first commits: a partition assigned a moment ago is fetched only once the reader's
+        pending fetch returns). The caller holds `_lock`."""
+        if not self._leased:
+            return self._shared
+        leased = min(self._leased)
+        if (not self._is_live(leased) and self._is_live(self._shared)
+                and time.monotonic() - self._shared_used_at < SHARED_KEPT_S):
+            return self._shared
+        return leased
+
+    def _is_live(self, partition: int) -> bool:
+        if partition in self._live:
+            return True
+        at = self._assigned_at.get(partition)
+        return at is not None and time.monotonic() - at > LIVE_AFTER_S  # no end reached, as on a busy partition
+
+    def _start_reading(self, partition: int, timeout_s: float = 30.0) -> None:
+        """Have the reading thread read `partition` from its current end (the caller holds `_lock`)."""
+        if partition not in self._reading:
+            high = _end_offset(self._offsets, TopicPartition(self.topic, partition), timeout_s)
+            # Every answer to a proposal produced from now on lies at a later offset, so the reader may
+            # start there whenever its thread gets to it.
+            self._to_assign.append(TopicPartition(self.topic, partition, high))
+            self._reading.add(partition)
 
     def _release_idle(self) -> None:
         """Stop reading partitions no longer leased nor in use (after a lease moved, or after the shared one)."""
         with self._lock:
             in_use = {p.reply_partition for p in self._pending.values()}
-            current = min(self._leased) if self._leased else self._shared
+            current = self._current()
             idle = [p for p in self._reading if p not in self._leased and p not in in_use and p != current]
             if idle:
                 self._reader.incremental_unassign([TopicPartition(self.topic, p) for p in idle])
                 self._reading.difference_update(idle)
+                self._live.difference_update(idle)
+                for p in idle:
+                    self._assigned_at.pop(p, None)
+
+    def _assign_new(self) -> None:
+        """Start reading the partitions `expect` added. Only the reading thread calls the reader: librdkafka
+        serves an assignment made while another thread polls the same consumer late (1 s, or minutes)."""
+        with self._lock:
+            todo, self._to_assign = self._to_assign, []
+        if not todo:
+            return
+        try:
+            self._reader.incremental_assign(todo)
+        except (KafkaException, RuntimeError):
+            with self._lock:
+                self._to_assign[:0] = todo  # tried again on the next turn
+            raise
+        now = time.monotonic()
+        with self._lock:
+            self._assigned_at.update((tp.partition, now) for tp in todo)
 
     def _read(self) -> None:
         last_release = time.monotonic()
         while not self._stop.is_set():
-            if time.monotonic() - last_release > 1.0:
+            try:
+                self._assign_new()
+            except (KafkaException, RuntimeError):
+                time.sleep(0.1)
+                continue
+            if self._lease_moved.is_set() or time.monotonic() - last_release > 1.0:
                 last_release = time.monotonic()
+                self._lease_moved.clear()
                 with contextlib.suppress(KafkaException):
                     self._release_idle()
             try:
@@ -225,7 +315,11 @@ class _Replies(Routing):
             for m in [first, *self._reader.consume(500, 0)]:
                 err = m.error()
                 if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
+                    partition = m.partition()
+                    if err.code() == KafkaError._PARTITION_EOF and partition is not None:
+                        with self._lock:
+                            self._live.add(partition)
+                    elif err.code() != KafkaError._PARTITION_EOF:
                         time.sleep(0.1)
                     continue
                 self.route(m)
@@ -234,7 +328,7 @@ class _Replies(Routing):
         self._stop.set()
         for t in self._threads:
             t.join(5)
-        for c in (self._lease, self._reader):
+        for c in (self._lease, self._reader, self._offsets):
             with contextlib.suppress(KafkaException, RuntimeError):
                 c.close()
 
@@ -282,12 +376,23 @@ class CoordinatorClient:
         self._reply_group = reply_group or f"deltacoord-writer-{self.topics.replies}"
         self._replies_: _Replies | RelayLink | None = None
         self._closed = False
+        self._warmed = threading.Event()
         # Start leasing a reply partition now, in the background: the lease takes about a second,
         # usually less than preparing the first commit.
         threading.Thread(target=self._lease_early, name="deltacoord-reply-start", daemon=True).start()
 
     def _lease_early(self) -> None:
-        with contextlib.suppress(Exception):  # no broker or topics yet: retried (and reported) at the first proposal
+        # What a first commit asks Kafka, asked now: the proposals topic's partitions and which of them live
+        # coordinators hold (`_warmed`, which the first commit waits for rather than asking again), then the
+        # reply partitions. No broker or topics yet: asked again (and reported) by the first proposal.
+        try:
+            with contextlib.suppress(Exception):
+                if not self.relay and self._num_partitions is None:
+                    self._num_partitions = self._partition_count(self.topics.proposals, timeout_s=10)
+                self.coordinator_check.warm()
+        finally:
+            self._warmed.set()
+        with contextlib.suppress(Exception):
             self._replies(timeout_s=10)
 
     def _partition_count(self, topic: str, timeout_s: float = 30) -> int:
@@ -341,6 +446,7 @@ class CoordinatorClient:
     def ensure_coordinator(self, table_id: str) -> None:
         """Raise NoCoordinatorError unless a live coordinator holds `table_id`'s proposals partition (cached, see
         `writer.serving`); writers call it before staging, so a commit without a coordinator fails before any work."""
+        self._warmed.wait(WARM_WAIT_S)
         self.coordinator_check.ensure(self.partition_of(table_id))
 
     def ratified_source(self, table_id: str) -> RatifiedSource:

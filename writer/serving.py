@@ -23,6 +23,7 @@ group, so this check cannot see them: writers of such a deployment turn it off
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -96,6 +97,14 @@ class CoordinatorCheck:
                                      str(self._conf.get("bootstrap.servers")), prefix_of(self.topics))
         self.served(partition)
 
+    def warm(self) -> None:
+        """Ask once which proposals partitions the coordinators hold, and trust each for TRUSTED_S: a new
+        client asks in the background, so its first commit need not (a fresh admin client's round trips)."""
+        if not self.enabled:
+            return
+        with contextlib.suppress(_CannotTell, KafkaException):
+            self._describe(AdminClient(self._conf), [self.group_id], -1, trust=True)
+
     # -- asking Kafka ----------------------------------------------------------------------
     def _ask(self, partition: int) -> bool:
         admin = AdminClient(self._conf)  # one per question: an idle admin client would reconnect for ever
@@ -121,8 +130,10 @@ class CoordinatorCheck:
                 return False
             time.sleep(RETRY_S)  # a coordinator may be starting, or its group rebalancing
 
-    def _describe(self, admin: AdminClient, group_ids: list[str], partition: int) -> tuple[str | None, bool]:
-        """(a group of `group_ids` with a member assigned the partition, whether any of them has live members)."""
+    def _describe(self, admin: AdminClient, group_ids: list[str], partition: int,
+                  trust: bool = False) -> tuple[str | None, bool]:
+        """(a group of `group_ids` with a member assigned the partition, whether any of them has live members);
+        with `trust`, every proposals partition a member holds is trusted as served."""
         self.questions += 1
         active = False
         futures = admin.describe_consumer_groups(group_ids, request_timeout=REQUEST_TIMEOUT_S)
@@ -137,6 +148,10 @@ class CoordinatorCheck:
                 active = True
             for member in desc.members or ():
                 assignment = member.assignment.topic_partitions if member.assignment is not None else []
+                if trust and desc.state in _ACTIVE:
+                    for tp in assignment:
+                        if tp.topic == self.topics.proposals:
+                            self.served(tp.partition)
                 if any(tp.topic == self.topics.proposals and tp.partition == partition for tp in assignment):
                     return group_id, True
         return None, active

@@ -35,7 +35,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from reader.deletion_vectors import (
     DEFAULT_INLINE_MAX_BYTES,
@@ -716,6 +715,8 @@ class Table:
     @staticmethod
     def _mask(t: pa.Table, cond: Any, text: str = "condition") -> pa.Array:
         """Rows where `cond` (the SQL `text`) is TRUE (NULL counts as false, as in SQL WHERE)."""
+        import pyarrow.dataset as ds  # here: it imports pandas, a quarter second of every fresh process
+
         with expressions.evaluating(text):
             m = ds.dataset(t).to_table(columns={"m": cond}).column("m")
         return pc.fill_null(m.combine_chunks(), False)

@@ -283,3 +283,23 @@ def _end_offsets(bootstrap: str, topic: str) -> int:
         return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in md.topics[topic].partitions)
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("table_place", ["local"], indirect=True)
+def test_a_fresh_writers_first_commits_are_answered_on_its_reply_partition(
+        kafka_bootstrap: str, topics: Topics, table_place: TablePlace, coordinator: Coordinator, tmp_path: Path) -> None:
+    """The reply reader starts reading before the first proposal names a partition (the shared one at once, a
+    leased one when leased), and only its own thread assigns it: every answer arrives as a reply, none is left
+    to the commits-topic scan that follows REPLY_WAIT_S."""
+    t = Table(tmp_path / "t", kafka_bootstrap, topics=topics)
+    try:
+        t.create(SCHEMA)  # the first commit: most likely before the lease, on the shared partition
+        assert t.client.wait_leased(30)
+        for i in range(3):  # the first commits on the leased partition
+            t.append(_row(i))
+        counts = t.client.reply_counts
+        assert counts.records >= 4, f"only {counts.records} of 4 answers came as replies"
+        assert counts.foreign == 0
+        assert t.snapshot().version == 3
+    finally:
+        t.close()

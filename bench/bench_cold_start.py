@@ -1,0 +1,187 @@
+"""The first commits of a fresh process: deltacoord's Python API and CLI beside delta-rs, in one run.
+
+    python bench/bench_cold_start.py [--runs 5] [--commits 6] [--bootstrap-servers HOST:PORT]
+
+Every short-lived process pays its first commits: a CLI write, a cron job, a Spark commit that runs in a
+fresh Python worker. For each of `--runs` fresh processes:
+
+* `python`: `Table(...)` then `--commits` one-row appends, each timed from the call to its return (the
+  version is in `_delta_log`); the first two are the cold ones, the rest show a warm commit (the rows are
+  built beforehand: `pa.table` of a dict imports pandas, a cost of the caller's, not of the commit);
+* `delta-rs`: `write_deltalake(..., mode="append")` the same number of times on a table of its own;
+* `cli`: one `deltacoord table append` process, timed from its start to its exit (interpreter and imports
+  included), beside a process that only imports what the CLI imports, so the commit's own share shows.
+
+A local broker is started in a temporary directory unless `--bootstrap-servers` is given; the coordinator
+runs as its own process, as deployed. Prints JSON lines, then a table of medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+_PY_WRITER = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import pyarrow as pa
+from schemas.routing import Topics
+from writer import staging
+from writer.table import Table
+imported = time.perf_counter()
+bootstrap, prefix, path, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+t = Table(path, bootstrap, topics=Topics.with_prefix(prefix))
+out = {"import_ms": (imported - t0) * 1000, "commits_ms": []}
+batches = [pa.table({"id": [i], "value": [f"row-{i}"]}) for i in range(n)]  # untimed, as in delta-rs's run
+for i in range(n):
+    s = time.perf_counter()
+    t.append(batches[i])
+    out["commits_ms"].append((time.perf_counter() - s) * 1000)
+t.close()
+print(json.dumps(out))
+"""
+
+_RS_WRITER = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import pyarrow as pa
+from deltalake import write_deltalake
+imported = time.perf_counter()
+path, n = sys.argv[1], int(sys.argv[2])
+out = {"import_ms": (imported - t0) * 1000, "commits_ms": []}
+batches = [pa.table({"id": [i], "value": [f"row-{i}"]}) for i in range(n)]  # untimed: pyarrow imports pandas here
+for i in range(n):
+    s = time.perf_counter()
+    write_deltalake(path, batches[i], mode="append")
+    out["commits_ms"].append((time.perf_counter() - s) * 1000)
+print(json.dumps(out))
+"""
+
+
+def _run_json(argv: list[str]) -> dict[str, Any]:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[:3]} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _timed(argv: list[str], env: dict[str, str] | None = None) -> float:
+    s = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    ms = (time.perf_counter() - s) * 1000
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[:4]} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return ms
+
+
+def _start_coordinator(bootstrap: str, prefix: str, workdir: Path) -> subprocess.Popen[bytes]:
+    log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - lives as long as the child
+    return subprocess.Popen(
+        [sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+         "--topic-prefix", prefix, "--log-level", "WARNING"], stdout=log, stderr=subprocess.STDOUT)
+
+
+def _create(bootstrap: str, prefix: str, path: str, coordinator: subprocess.Popen[bytes]) -> None:
+    import pyarrow as pa
+
+    from schemas.errors import NoCoordinatorError
+    from schemas.routing import Topics
+    from writer.table import Table
+
+    with Table(path, bootstrap, topics=Topics.with_prefix(prefix)) as t:
+        started = time.monotonic()
+        while True:  # the coordinator process may still be starting
+            try:
+                t.create(pa.schema([("id", pa.int64()), ("value", pa.string())]))
+                return
+            except NoCoordinatorError:
+                if time.monotonic() - started > 120 or coordinator.poll() is not None:
+                    raise
+
+
+def run(bootstrap: str, runs: int, commits: int, workdir: Path) -> list[dict[str, Any]]:
+    from confluent_kafka.admin import AdminClient
+
+    from coordinator.kafka.topics import ensure_topics
+    from schemas.routing import Topics
+
+    prefix = f"cold-{uuid.uuid4().hex[:6]}"
+    ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics.with_prefix(prefix))
+    coordinator = _start_coordinator(bootstrap, prefix, workdir)
+    rows: list[dict[str, Any]] = []
+    try:
+        dc_table = str(workdir / "deltacoord")
+        cli_table = str(workdir / "deltacoord-cli")
+        _create(bootstrap, prefix, dc_table, coordinator)
+        _create(bootstrap, prefix, cli_table, coordinator)
+        for r in range(runs):
+            print(f"[cold start] run {r + 1} of {runs} ...", file=sys.stderr, flush=True)
+            py = _run_json([sys.executable, "-c", _PY_WRITER, bootstrap, prefix, dc_table, str(commits)])
+            rs = _run_json([sys.executable, "-c", _RS_WRITER, str(workdir / f"delta-rs-{r}"), str(commits)])
+            cli = _timed([sys.executable, "-m", "coordinator.tooling.cli", "table", "append", cli_table,
+                          "--bootstrap-servers", bootstrap, "--topic-prefix", prefix,
+                          "--json-rows", json.dumps([{"id": r, "value": "cli"}])])
+            imports = _timed([sys.executable, "-c", "import coordinator.tooling.cli, writer.table, pyarrow"])
+            row = {"run": r, "python_commits_ms": [round(x, 1) for x in py["commits_ms"]],
+                   "delta_rs_commits_ms": [round(x, 1) for x in rs["commits_ms"]],
+                   "python_import_ms": round(py["import_ms"], 1), "delta_rs_import_ms": round(rs["import_ms"], 1),
+                   "cli_process_ms": round(cli, 1), "cli_imports_only_ms": round(imports, 1)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        coordinator.terminate()
+        coordinator.wait(60)
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    def med(key: str, i: int | None = None) -> float:
+        return round(statistics.median(r[key] if i is None else r[key][i] for r in rows), 1)
+
+    def warm(key: str) -> float:
+        return round(statistics.median(x for r in rows for x in r[key][2:]), 1)
+
+    print(f"{'median of ' + str(len(rows)) + ' fresh processes':34} {'deltacoord':>11} {'delta-rs':>9}")
+    print(f"{'1st commit ms':34} {med('python_commits_ms', 0):>11} {med('delta_rs_commits_ms', 0):>9}")
+    print(f"{'2nd commit ms':34} {med('python_commits_ms', 1):>11} {med('delta_rs_commits_ms', 1):>9}")
+    print(f"{'warm commit ms (3rd on)':34} {warm('python_commits_ms'):>11} {warm('delta_rs_commits_ms'):>9}")
+    print(f"{'imports ms':34} {med('python_import_ms'):>11} {med('delta_rs_import_ms'):>9}")
+    print(f"{'CLI append, whole process ms':34} {med('cli_process_ms'):>11}")
+    print(f"{'CLI imports only, whole process ms':34} {med('cli_imports_only_ms'):>11}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--commits", type=int, default=6, help="appends per fresh process (at least 3)")
+    ap.add_argument("--bootstrap-servers", default=None)
+    args = ap.parse_args()
+    if args.commits < 3:
+        ap.error("--commits must be at least 3: two cold commits and a warm one")
+    from coordinator.tooling.broker import LocalBroker
+
+    workdir = Path(tempfile.mkdtemp(prefix="deltacoord-cold-"))
+    broker = None if args.bootstrap_servers else LocalBroker(workdir / "broker")
+    try:
+        bootstrap = args.bootstrap_servers or broker.start().bootstrap_servers  # type: ignore[union-attr]
+        rows = run(bootstrap, args.runs, args.commits, workdir)
+    finally:
+        if broker is not None:
+            broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    _table(rows)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
