@@ -29,6 +29,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from coordinator.tooling.jars import classpath
+from tests import cpu_priority
 from writer.spark_sink import (
     DeltaCoordDataSource,
     DeltaCoordStreamWriter,
@@ -87,6 +88,7 @@ def shared_session(s3: dict[str, str] | None = None) -> SparkSession:
     if not _SHARED or _SHARED[0].sparkContext._jsc is None:  # type: ignore[attr-defined]
         _SHARED[:] = [build_session()]
         atexit.register(_SHARED[0].stop)
+        cpu_priority.claim_spark()
     spark = _SHARED[0]
     if s3 is not None:
         conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
