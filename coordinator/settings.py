@@ -80,6 +80,9 @@ class CoordinatorSettings:
     #: this many seconds: at hundreds of commits a second, a checkpoint every 10 versions would rewrite the
     #: table's whole file list dozens of times a second. Requests met meanwhile are coalesced to the newest.
     checkpoint_min_interval_s: float = 1.0
+    #: Tables publishing `_delta_log` at once (`coordinator.delta_log.publisher`): each table's versions in
+    #: order, one table's slow store holding back only its own.
+    publish_lanes: int = 16
     #: At most this many bytes of an undecodable message are copied into its dead letter (its full
     #: size and SHA-256 travel in headers), so a dead letter always fits the dead-letter topic.
     dead_letter_max_bytes: int = 64 * 1024
@@ -141,7 +144,7 @@ FILE_KEYS = (
     "bootstrap_servers", "topic_prefix", "partitions", "num_partitions", "group_id", "transactional_id_prefix",
     "max_batch", "metrics_port", "fsync", "checkpoints", "watchdog_seconds", "log_level", "dead_letter_max_bytes",
     "stall_seconds", "table_roots", "state_root", "snapshot_every_records", "decided_ids_limit", "decided_ids_max_age_hours",
-    "group_offset_seconds", "checkpoint_min_seconds",
+    "group_offset_seconds", "checkpoint_min_seconds", "publish_lanes",
 )
 #: Keys that a `DELTACOORD_<KEY>` variable sets (fsync and checkpoints only have their --no-... flags).
 ENV_VARS = {k: f"DELTACOORD_{k.upper()}" for k in FILE_KEYS if k not in ("fsync", "checkpoints")}
@@ -332,6 +335,7 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         stall_timeout_s=number("stall_seconds", 60.0),
         group_offset_interval_s=number("group_offset_seconds", 1.0),
         checkpoint_min_interval_s=number("checkpoint_min_seconds", 1.0),
+        publish_lanes=integer("publish_lanes", 16),
         decided_ids_limit=integer("decided_ids_limit", 50_000),
         decided_ids_max_age_ms=int(number("decided_ids_max_age_hours", 168.0) * 3600 * 1000),
         state_root=text("state_root", "") or None,
@@ -350,6 +354,8 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         raise SettingsError(f"checkpoint_min_seconds must be 0 or more, got {coordinator.checkpoint_min_interval_s}")
     if coordinator.decided_ids_limit < 0 or coordinator.decided_ids_max_age_ms < 0:
         raise SettingsError("decided_ids_limit and decided_ids_max_age_hours must be 0 or more")
+    if coordinator.publish_lanes < 1:
+        raise SettingsError(f"publish_lanes must be 1 or more, got {coordinator.publish_lanes}")
     if coordinator.snapshot_every_records < 1:
         raise SettingsError(f"snapshot_every_records must be 1 or more, got {coordinator.snapshot_every_records}")
     parts = get("partitions")

@@ -17,6 +17,12 @@ A version decided by this process carries its decision's place on the commits
 topic (`stable_at`); it is published only once `stable` says Kafka's
 `read_committed` readers see that record (see `coordinator.kafka.stability`), so
 `_delta_log` never runs ahead of the commits topic.
+
+Each table publishes in a lane of its own: its versions strictly in order, one
+table's store at a time on one thread, while up to `lanes` tables publish at once.
+On an object store every conditional PUT is a round trip (20-60 ms on S3), so a
+single queue would cap a coordinator at one version per round trip over all its
+tables, and one slow or throttled bucket would hold every other table back.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -40,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: Versions published together at most (one flush on a local filesystem).
 MAX_BATCH = 64
+#: Tables publishing at once (each a conditional PUT in flight on an object store).
+DEFAULT_LANES = 16
 #: How long a stopping publisher still waits for Kafka to make a decision readable; then it leaves it unpublished.
 STOP_WAIT_S = 5.0
 
@@ -84,8 +93,16 @@ class Publisher:
     #: Whether a decision's record is readable; None: every submitted version counts as readable.
     stable: StableCheck | None = None
     tables: dict[str, TablePublication] = field(default_factory=dict)
+    #: Tables publishing at once; a table's versions are published in order, by one lane at a time.
+    lanes: int = DEFAULT_LANES
     _q: queue.Queue[PublishTask | None] = field(default_factory=queue.Queue)
     _thread: threading.Thread | None = None
+    #: Tables whose lane should run, taken by the lane threads (None ends one).
+    _ready: queue.Queue[str | None] = field(default_factory=queue.Queue)
+    _lane_threads: list[threading.Thread] = field(default_factory=list)
+    #: Per table, the versions waiting for its lane (in order); a table is in `_busy` while a lane runs it.
+    _lane_q: dict[str, deque[PublishTask]] = field(default_factory=dict)
+    _busy: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _idle: threading.Condition = field(init=False)
     _pending: int = 0
@@ -101,6 +118,13 @@ class Publisher:
     def start(self) -> None:
         if self.stable is not None:
             self._wait = StableWait(self.stable, "publication")
+        if self.lanes < 1:
+            raise ValueError(f"publish lanes must be 1 or more, got {self.lanes}")
+        # Daemon threads, as the dispatcher: a store that never answers must not keep the process from exiting.
+        self._lane_threads = [threading.Thread(target=self._lane_worker, name=f"deltacoord-publish-lane-{i}", daemon=True)
+                              for i in range(self.lanes)]
+        for t in self._lane_threads:
+            t.start()
         self._thread = threading.Thread(target=self._run, name="deltacoord-publisher", daemon=True)
         self._thread.start()
 
@@ -167,13 +191,17 @@ class Publisher:
         return True
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Publish what is queued, then end the thread."""
+        """Publish what is queued, then end the threads."""
         if self._thread is None:
             return
         self._stopping = True
         self._q.put(None)
         self._thread.join(timeout_s)
         self._thread = None
+        self.wait_idle(timeout_s)  # the lanes finish what the dispatcher handed them
+        for _ in self._lane_threads:
+            self._ready.put(None)
+        self._lane_threads = []
 
     def forget(self, table_ids: Iterable[str]) -> None:
         """Stop publishing these tables (their partition moved to another coordinator)."""
@@ -212,26 +240,51 @@ class Publisher:
                 if stop:
                     return
                 continue
-            by_table: dict[str, list[PublishTask]] = {}
             for t in batch:
-                by_table.setdefault(t.table_id, []).append(t)
-            for tasks in by_table.values():
-                try:
-                    self._publish_many(tasks)
-                except Exception as e:  # a bug, or a failure nothing here handles: it stops this table only
-                    first = tasks[0]
-                    log.exception("publishing %s v%d failed unexpectedly", first.table_id, first.version)
-                    self._halt(first, (
-                        f"publishing version {first.version} failed unexpectedly ({type(e).__name__}: {e}). The table "
-                        "is halted; versions from this one on are not published"))
-                    for t in tasks[1:]:
-                        self._publish(t)  # reported unpublished: the table is halted
-                finally:
-                    with self._idle:
-                        self._pending -= len(tasks)
-                        self._idle.notify_all()
+                self._to_lane(t)
             if stop:
                 return
+
+    def _to_lane(self, task: PublishTask) -> None:
+        """Queue a readable version for its table's lane, starting the lane unless it runs."""
+        with self._lock:
+            self._lane_q.setdefault(task.table_id, deque()).append(task)
+            if task.table_id in self._busy:
+                return
+            self._busy.add(task.table_id)
+        self._ready.put(task.table_id)
+
+    def _lane_worker(self) -> None:
+        while (table_id := self._ready.get()) is not None:
+            self._lane(table_id)
+
+    def _lane(self, table_id: str) -> None:
+        """Publish the table's queued versions in order until none is left (one lane per table at a time)."""
+        while True:
+            with self._lock:
+                q = self._lane_q.get(table_id)
+                if not q:
+                    self._lane_q.pop(table_id, None)
+                    self._busy.discard(table_id)
+                    return
+                tasks = [q.popleft() for _ in range(min(len(q), MAX_BATCH))]
+            try:
+                self._publish_many(tasks)
+            except Exception as e:  # a bug, or a failure nothing here handles: it stops this table only
+                first = tasks[0]
+                log.exception("publishing %s v%d failed unexpectedly", first.table_id, first.version)
+                self._halt(first, (
+                    f"publishing version {first.version} failed unexpectedly ({type(e).__name__}: {e}). The table "
+                    "is halted; versions from this one on are not published"))
+                for t in tasks[1:]:
+                    try:
+                        self._publish(t)  # reported unpublished: the table is halted
+                    except Exception:
+                        log.exception("reporting %s v%d unpublished failed", t.table_id, t.version)
+            finally:
+                with self._idle:
+                    self._pending -= len(tasks)
+                    self._idle.notify_all()
 
     def _await_stable(self, batch: Sequence[PublishTask]) -> bool:
         """Wait until every decision of `batch` recorded by this process is readable on the commits topic.

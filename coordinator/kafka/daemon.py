@@ -89,7 +89,7 @@ class Coordinator:
         self.locations = self.settings.locations(fsync=self.publish_fsync)
         self.publisher = Publisher(fsync=self.publish_fsync, on_published=self._on_published,
                                    on_unpublished=self._on_unpublished, locations=self.locations,
-                                   on_halted=self._on_halted)
+                                   on_halted=self._on_halted, lanes=self.settings.publish_lanes)
 
     def _on_unpublished(self, task: PublishTask, why: str) -> None:
         if self._notices is not None:

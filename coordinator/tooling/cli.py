@@ -202,6 +202,9 @@ def coordinator_group() -> None:
 @click.option("--checkpoint-min-seconds", type=float, envvar=env_var("checkpoint_min_seconds"), default=None,
               help="Checkpoint a table at most once in this many seconds (default 1; 0: every delta.checkpointInterval "
                    "versions however fast they come). Requests met meanwhile are coalesced to the newest version.")
+@click.option("--publish-lanes", type=int, envvar=env_var("publish_lanes"), default=None,
+              help="Tables publishing _delta_log at once (default 16): each table's versions in order, a slow store "
+                   "holding back only its own table.")
 @click.option("--decided-ids-max-age-hours", type=float, envvar=env_var("decided_ids_max_age_hours"), default=None,
               help="Hours a decision stays the answer to its repeated proposal id (default 168; see --decided-ids-limit).")
 def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None, partitions: str | None,
@@ -211,7 +214,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
                     stall_seconds: float | None, table_roots: str | None, storage_pairs: tuple[str, ...],
                     state_root: str | None, snapshot_every_records: int | None, decided_ids_limit: int | None,
                     decided_ids_max_age_hours: float | None, group_offset_seconds: float | None,
-                    checkpoint_min_seconds: float | None) -> None:
+                    checkpoint_min_seconds: float | None, publish_lanes: int | None) -> None:
     """Consume proposals, decide them, record decisions in Kafka, publish _delta_log.
 
     \b
@@ -230,7 +233,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         "dead_letter_max_bytes": dead_letter_max_bytes, "stall_seconds": stall_seconds, "table_roots": table_roots,
         "state_root": state_root, "snapshot_every_records": snapshot_every_records, "decided_ids_limit": decided_ids_limit,
         "decided_ids_max_age_hours": decided_ids_max_age_hours, "group_offset_seconds": group_offset_seconds,
-        "checkpoint_min_seconds": checkpoint_min_seconds,
+        "checkpoint_min_seconds": checkpoint_min_seconds, "publish_lanes": publish_lanes,
     }
     run = load_settings(config_file, flags, kafka_pairs, storage_pairs)
     logs.setup_logging(run.log_level)

@@ -1,0 +1,159 @@
+"""Each table publishes in a lane of its own: its versions in order, tables in parallel, a stalled store
+holding back only its own table (`coordinator.delta_log.publisher`)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.delta_log import publisher as publisher_module
+from coordinator.delta_log.publisher import Publisher, PublishTask
+from reader.log import commit_path
+from schemas.actions import CommitInfo, Protocol
+
+
+def _task(root: Path, v: int) -> PublishTask:
+    actions = (CommitInfo({"operation": "CREATE TABLE"}), Protocol(1, 2)) if v == 0 else (CommitInfo({"operation": "WRITE"}),)
+    return PublishTask(root.name, root.as_uri(), v, actions)
+
+
+class Published:
+    """The versions each table published, in the order the hook saw them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_table: dict[str, list[int]] = {}
+
+    def __call__(self, table_id: str, _uri: str, version: int, _actions: Any) -> None:
+        with self.lock:
+            self.by_table.setdefault(table_id, []).append(version)
+
+    def of(self, table_id: str) -> list[int]:
+        with self.lock:
+            return list(self.by_table.get(table_id, []))
+
+
+def _until(cond: Any, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def stalled(monkeypatch: pytest.MonkeyPatch) -> dict[str, threading.Event]:
+    """Table name -> an event its store waits for before each write (a store that does not answer)."""
+    gates: dict[str, threading.Event] = {}
+
+    def gate(storage: Any) -> None:
+        name = str(storage.uri).rstrip("/").rsplit("/", 1)[-1]
+        if name in gates:
+            assert gates[name].wait(30), f"the stalled store of {name} was never released"
+
+    real_put, real_many = publisher_module.put_if_absent, publisher_module.put_many_if_absent
+
+    def put_if_absent(path: Any, data: bytes, fsync: bool = True) -> Any:
+        gate(path.storage)
+        return real_put(path, data, fsync=fsync)
+
+    def put_many_if_absent(storage: Any, items: Any, fsync: bool = True) -> Any:
+        gate(storage)
+        return real_many(storage, items, fsync=fsync)
+
+    monkeypatch.setattr(publisher_module, "put_if_absent", put_if_absent)
+    monkeypatch.setattr(publisher_module, "put_many_if_absent", put_many_if_absent)
+    return gates
+
+
+def test_a_stalled_store_holds_back_only_its_own_table(tmp_path: Path, stalled: dict[str, threading.Event]) -> None:
+    slow, a, b = tmp_path / "slow", tmp_path / "a", tmp_path / "b"
+    stalled["slow"] = threading.Event()
+    published = Published()
+    p = Publisher(fsync=False, on_published=published, lanes=4)
+    p.start()
+    try:
+        for v in range(5):  # interleaved as a partition decides them
+            for root in (slow, a, b):
+                p.submit(_task(root, v))
+        assert _until(lambda: published.of("a") == [0, 1, 2, 3, 4] and published.of("b") == [0, 1, 2, 3, 4])
+        assert published.of("slow") == [] and not commit_path(slow, 0).exists()
+        assert p.lag() == 5  # the stalled table's versions, and only them
+        stalled["slow"].set()
+        assert p.wait_idle(10)
+        assert published.of("slow") == [0, 1, 2, 3, 4] and commit_path(slow, 4).exists()
+        assert p.lag() == 0
+    finally:
+        stalled.get("slow", threading.Event()).set()
+        p.stop()
+
+
+def test_more_stalled_tables_than_lanes_wait_but_lose_nothing(tmp_path: Path, stalled: dict[str, threading.Event]) -> None:
+    """With every lane held by a stalled store the other tables wait (the bound on requests in flight), and
+    publish once a lane frees."""
+    roots = [tmp_path / f"s{i}" for i in range(2)] + [tmp_path / "free"]
+    for root in roots[:2]:
+        stalled[root.name] = threading.Event()
+    published = Published()
+    p = Publisher(fsync=False, on_published=published, lanes=2)
+    p.start()
+    try:
+        for root in roots:
+            p.submit(_task(root, 0))
+        time.sleep(0.3)
+        assert published.of("free") == []  # both lanes are held
+        stalled["s0"].set()
+        assert _until(lambda: published.of("free") == [0] and published.of("s0") == [0])
+        assert published.of("s1") == []
+        stalled["s1"].set()
+        assert p.wait_idle(10) and published.of("s1") == [0]
+    finally:
+        for ev in stalled.values():
+            ev.set()
+        p.stop()
+
+
+@pytest.mark.parametrize("lanes", [1, 3, 16])
+def test_every_table_publishes_its_versions_in_order(tmp_path: Path, lanes: int) -> None:
+    rng = random.Random(lanes)
+    roots = [tmp_path / f"t{i}" for i in range(8)]
+    next_v = dict.fromkeys(roots, 0)
+    published = Published()
+    p = Publisher(fsync=False, on_published=published, lanes=lanes)
+    p.start()
+    try:
+        for _ in range(400):  # a partition's decisions: tables interleaved at random, each table's in order
+            root = rng.choice(roots)
+            p.submit(_task(root, next_v[root]))
+            next_v[root] += 1
+            if rng.random() < 0.05:
+                time.sleep(0.005)  # batches of different sizes
+        assert p.wait_idle(30)
+        for root in roots:
+            assert published.of(root.name) == list(range(next_v[root])), root.name
+            assert commit_path(root, next_v[root] - 1).exists()
+    finally:
+        p.stop()
+
+
+def test_stop_publishes_what_the_lanes_hold(tmp_path: Path) -> None:
+    published = Published()
+    p = Publisher(fsync=False, on_published=published, lanes=4)
+    p.start()
+    for v in range(20):
+        for name in ("x", "y", "z"):
+            p.submit(_task(tmp_path / name, v))
+    p.stop()
+    for name in ("x", "y", "z"):
+        assert published.of(name) == list(range(20))
+
+
+def test_lanes_below_one_are_refused() -> None:
+    with pytest.raises(ValueError, match="lanes"):
+        Publisher(lanes=0).start()
