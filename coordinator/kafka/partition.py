@@ -56,6 +56,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -125,6 +126,12 @@ from schemas.routing import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _probe_pool() -> ThreadPoolExecutor:
+    """Threads that ask several tables' stores at once whether a version exists (`_probe`), shared by partitions."""
+    return ThreadPoolExecutor(max_workers=16, thread_name_prefix="deltacoord-probe")
 
 #: Kafka's refusals of one record for what it is: retrying the same record cannot succeed.
 RECORD_REFUSALS = frozenset({
@@ -623,24 +630,36 @@ class PartitionCoordinator:
         store cannot say (unavailable, why). `probed` caches answers within the batch."""
         foreign: dict[str, str] = {}
         unavailable: dict[str, str] = {}
+        todo: dict[tuple[str, int], str] = {}  # (table id, next version) -> table URI, not asked yet in this batch
         for tid, st in overlay.tables.items():
             live = self.states.get(tid)
-            v = live.version + 1 if live is not None else 0
-            key = (tid, v)
+            key = (tid, live.version + 1 if live is not None else 0)
             if key not in probed:
-                probed[key] = None
-                try:
-                    found = self.publisher.locations.storage(st.table_uri).exists(commit_key(v))
-                except (TableLocationError, StorageError, OSError, ValueError) as e:
-                    unavailable[tid] = (f"the table's storage could not be checked for a version {v} written around the "
-                                        f"coordinator ({e}); nothing was decided, retry")
-                    probed[key] = "unavailable"
-                    continue
-                if found:
-                    probed[key] = (
-                        f"_delta_log/{commit_key(v).rsplit('/', 1)[-1]} exists, but version {v} was not ratified: it was "
-                        "written around the coordinator, and a commit as that version would be invisible. The table is "
-                        "halted; see 'Recover a halted table'")
+                todo[key] = st.table_uri
+
+        def ask(key: tuple[str, int]) -> tuple[tuple[str, int], bool | Exception]:
+            try:
+                return key, self.publisher.locations.storage(todo[key]).exists(commit_key(key[1]))
+            except (TableLocationError, StorageError, OSError, ValueError) as e:
+                return key, e
+
+        # The tables' stores are asked at once: on an object store each question is a round trip.
+        answers = list(map(ask, todo)) if len(todo) < 2 else list(_probe_pool().map(ask, todo))
+        for (tid, v), found in answers:
+            if isinstance(found, Exception):
+                unavailable[tid] = (f"the table's storage could not be checked for a version {v} written around the "
+                                    f"coordinator ({found}); nothing was decided, retry")
+                probed[(tid, v)] = "unavailable"
+            else:
+                probed[(tid, v)] = None if not found else (
+                    f"_delta_log/{commit_key(v).rsplit('/', 1)[-1]} exists, but version {v} was not ratified: it was "
+                    "written around the coordinator, and a commit as that version would be invisible. The table is "
+                    "halted; see 'Recover a halted table'")
+        for tid in overlay.tables:
+            live = self.states.get(tid)
+            key = (tid, live.version + 1 if live is not None else 0)
+            if tid in unavailable:
+                continue
             why = probed[key]
             if why == "unavailable":
                 unavailable.setdefault(tid, "the table's storage could not be checked; retry")
