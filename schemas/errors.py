@@ -231,11 +231,14 @@ class CommitOutcomeUnknownError(DeltaCoordError):
     or retry the operation with the same `proposal_id`, which commits at most once.
     """
 
-    def __init__(self, proposal_id: str, table_id: str, timeout_s: float, table_uri: str | None = None) -> None:
+    def __init__(self, proposal_id: str, table_id: str, timeout_s: float, table_uri: str | None = None, *,
+                 why: str | None = None) -> None:
         self.proposal_id = proposal_id
         self.table_id = table_id
         #: What happened, without the advice (front ends print their own way to look it up and retry).
-        self.summary = (f"no decision for proposal {proposal_id} on table {table_id} within {timeout_s:.1f}s; the "
+        self.summary = (f"proposal {proposal_id} on table {table_id}: {why}; the outcome is unknown (it may still "
+                        "commit)." if why else
+                        f"no decision for proposal {proposal_id} on table {table_id} within {timeout_s:.1f}s; the "
                         "outcome is unknown (it may still commit).")
         super().__init__(f"{self.summary} {unknown_outcome_hint(proposal_id, table_uri or table_id)}")
 

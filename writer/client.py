@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
 import threading
 import time
@@ -55,12 +56,16 @@ from writer.relay_link import RelayLink
 from writer.replies import Pending, ReplyCounts, Routing, check_wait
 from writer.serving import CoordinatorCheck
 
+log = logging.getLogger(__name__)
+
 #: How long a writer waits for its reply before it also looks for its decision in the commits topic.
 REPLY_WAIT_S = 5.0
 #: The commits-topic scan starts this long before the proposal was produced (clocks of the writer,
 #: the broker and the coordinator may disagree by this much).
 CLOCK_SKEW_MS = 60_000
 
+#: How long a proposal's delivery to Kafka is waited for before its outcome is unknown.
+DELIVERY_WAIT_S = 30.0
 #: How long a first commit waits for the client's background questions (`_lease_early`) before asking itself.
 WARM_WAIT_S = 10.0
 #: How long after its last proposal on the shared reply partition a writer keeps using it while its lease's
@@ -95,6 +100,17 @@ def _end_offset(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0)
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+
+def _unconfirmed(proposal: Proposal, e: BaseException) -> Exception:
+    """What a proposal's delivery failure means to its writer: refused (ProposalNotSentError: nothing can commit),
+    else an unknown outcome (a delivery not confirmed may still be written, or written later by the producer's
+    retries, or by a relay that died after producing it)."""
+    if isinstance(e, ProposalNotSentError):
+        return e
+    why = (f"Kafka did not confirm its delivery within {DELIVERY_WAIT_S:.0f}s" if isinstance(e, TimeoutError)
+           else f"its delivery failed after it was sent ({e})")
+    return CommitOutcomeUnknownError(proposal.proposal_id, proposal.table_id, DELIVERY_WAIT_S, proposal.table_uri, why=why)
 
 
 def proposal_producer(conf: dict[str, Any]) -> Producer:
@@ -466,10 +482,14 @@ class CoordinatorClient:
         """Produce the proposal (signed with `key` when given); the result's futures resolve with its decision
         and (`wait="published"`) its publication. `control` (`adopt`, `release`) makes it that request instead
         of a commit (`schemas.routing.CONTROL_ADOPT`)."""
-        partition = self.partition_of(proposal.table_id)
-        self.coordinator_check.ensure(partition)  # NoCoordinatorError (nothing sent) when no coordinator holds it
-        replies = self._replies()
-        pending = replies.expect(proposal.proposal_id, check_wait(wait))
+        try:
+            partition = self.partition_of(proposal.table_id)
+            self.coordinator_check.ensure(partition)  # NoCoordinatorError (nothing sent) when no coordinator holds it
+            replies = self._replies()
+            pending = replies.expect(proposal.proposal_id, check_wait(wait))
+        except KafkaException as e:  # a broker that does not answer, before anything was sent
+            raise ProposalNotSentError(f"proposal {proposal.proposal_id} was not sent: Kafka did not answer "
+                                       f"({e.args[0] if e.args else e}); nothing can commit, a retry is safe") from e
         if isinstance(replies, RelayLink):
             return self._propose_relayed(replies, pending, proposal, partition, key, control)
         producer = self._producer
@@ -494,13 +514,13 @@ class CoordinatorClient:
         except (EncodeError, BufferError, KafkaException, ValueError) as e:  # refused before anything was sent
             replies.forget(proposal.proposal_id)
             raise ProposalNotSentError(f"proposal {proposal.proposal_id} could not be produced: {e}") from e
-        producer.flush(30)
+        producer.flush(DELIVERY_WAIT_S)
         pending.produced_at = time.time()
         try:
             delivery.result(0)
-        except Exception:
+        except Exception as e:
             replies.forget(proposal.proposal_id)
-            raise
+            raise _unconfirmed(proposal, e) from e
         return pending
 
     def _propose_relayed(self, link: RelayLink, pending: Pending, proposal: Proposal, partition: int,
@@ -519,10 +539,10 @@ class CoordinatorClient:
             link.forget(proposal.proposal_id)
             raise
         try:
-            delivery.result(30)
-        except Exception:
+            delivery.result(DELIVERY_WAIT_S)
+        except Exception as e:
             link.forget(proposal.proposal_id)
-            raise
+            raise _unconfirmed(proposal, e) from e
         pending.produced_at = time.time()
         return pending
 
@@ -560,8 +580,12 @@ class CoordinatorClient:
                 return d
             # No reply yet: the decision may be recorded all the same (the source of truth is the commits topic).
             remaining = deadline - time.monotonic()
-            found = self.lookup_decision(table_id, pending.proposal_id, timeout_s=max(1.0, min(30.0, remaining)),
-                                         since_ms=pending.proposed_ms - CLOCK_SKEW_MS)
+            try:
+                found = self.lookup_decision(table_id, pending.proposal_id, timeout_s=max(1.0, min(30.0, remaining)),
+                                             since_ms=pending.proposed_ms - CLOCK_SKEW_MS)
+            except (KafkaException, RuntimeError) as e:  # brokers down or moving: looked for again, or unknown
+                log.info("looking up proposal %s on the commits topic failed (%s); waiting on", pending.proposal_id, e)
+                found = None
             if found is not None:
                 if not pending.decision.done():
                     with contextlib.suppress(InvalidStateError):  # a reply that raced the scan says the same

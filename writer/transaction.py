@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 from urllib.parse import unquote
 
+from confluent_kafka import KafkaException
+
 from reader.deletion_vectors import dv_object
 from reader.log import commit_key, commit_object, read_commit
 from reader.storage import StorageError, TableStorage
@@ -26,6 +28,7 @@ from schemas.actions import Protocol as ProtocolAction
 from schemas.errors import (
     CONFLICT_CLASSES,
     CommitNotPublishedError,
+    CommitOutcomeUnknownError,
     DeltaConcurrentModificationException,
     DeltaCoordError,
     InvalidProposalError,
@@ -281,7 +284,11 @@ class Transaction:
         except KeyboardInterrupt as e:
             raise _sent_before(e, p, where) from None
         try:
-            d = client.decided(pending, p.table_id, timeout_s or self.table.decision_timeout_s, where)
+            try:
+                d = client.decided(pending, p.table_id, timeout_s or self.table.decision_timeout_s, where)
+            except (KafkaException, TimeoutError) as e:  # sent: whatever failed, the proposal may still commit
+                raise CommitOutcomeUnknownError(p.proposal_id, p.table_id, timeout_s or self.table.decision_timeout_s,
+                                                where, why=f"waiting for its decision failed ({e})") from e
             timings = _timings(pending, (time.perf_counter() - t0) * 1000)
             if d.committed and d.version is not None:
                 changed_metadata = any(isinstance(a, (Metadata, ProtocolAction)) for a in self.actions)

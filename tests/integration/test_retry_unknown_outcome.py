@@ -219,3 +219,49 @@ def test_ctrl_c_before_anything_is_proposed_leaves_no_staged_file(kafka_bootstra
         with Table(path, kafka_bootstrap, topics=topics) as t:
             assert t.append(pa.table({"id": [2]}, schema=SCHEMA)).version == 2  # nothing else was proposed
     assert _ids(path) == [1, 2]
+
+
+def test_a_broker_that_freezes_after_the_proposal_went_out_gives_an_unknown_outcome_and_a_retry_commits_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that stops answering (SIGSTOP: a long GC pause, a frozen VM) while a proposal is being delivered:
+    the writer cannot know whether it was written, so the call raises CommitOutcomeUnknownError with the proposal
+    id, never a raw Kafka or timeout error. The producer keeps the proposal and delivers it once the broker is
+    back; the retry with the id is answered with that commit, and the row is there once."""
+    from coordinator.tooling.broker import LocalBroker
+    from writer import client as client_module
+
+    broker = LocalBroker(tmp_path / "broker")
+    info = broker.start()
+    bootstrap = info.bootstrap_servers
+    try:
+        topics = fresh_topics(bootstrap)
+        path = tmp_path / "t"
+        with coordinator_thread(bootstrap, topics), Table(path, bootstrap, topics=topics, decision_timeout_s=5) as t:
+            t.create(SCHEMA)
+            t.append(pa.table({"id": [1]}, schema=SCHEMA))
+            monkeypatch.setattr(client_module, "DELIVERY_WAIT_S", 3.0)
+            os.kill(info.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(CommitOutcomeUnknownError) as ei:
+                    t.append(pa.table({"id": [2]}, schema=SCHEMA))
+            finally:
+                os.kill(info.pid, signal.SIGCONT)
+            pid = ei.value.proposal_id
+            assert "did not confirm its delivery" in str(ei.value) and f"proposal_id={pid!r}" in str(ei.value)
+            monkeypatch.setattr(client_module, "DELIVERY_WAIT_S", 30.0)
+            again = t.append(pa.table({"id": [2]}, schema=SCHEMA), proposal_id=pid)
+            assert again.proposal_id == pid and again.version == 2, again
+            assert t.append(pa.table({"id": [3]}, schema=SCHEMA)).version == 3
+        assert _ids(path) == [1, 2, 3]
+    finally:
+        if _alive(info.pid):
+            os.kill(info.pid, signal.SIGCONT)
+        broker.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,36 @@
+"""A proposal whose delivery fails after it was handed to Kafka has an unknown outcome, never a raw error:
+only a refusal (nothing written) says the proposal cannot commit."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.actions import CommitInfo
+from schemas.errors import CommitOutcomeUnknownError, ProposalNotSentError
+from schemas.messages import Proposal
+from writer.client import DELIVERY_WAIT_S, _unconfirmed
+
+
+@pytest.fixture
+def proposal() -> Proposal:
+    return Proposal(table_id="file:///lake/t", table_uri="file:///lake/t", proposal_id="p-1", read_version=0,
+                    operation="WRITE", changes_data=True, actions=(), commit_info=CommitInfo({"txnId": "p-1"}))
+
+
+def test_a_delivery_not_confirmed_in_time_is_an_unknown_outcome_with_its_id(proposal: Proposal) -> None:
+    e = _unconfirmed(proposal, TimeoutError())
+    assert isinstance(e, CommitOutcomeUnknownError) and e.proposal_id == "p-1" and e.table_id == "file:///lake/t"
+    text = str(e)
+    assert f"did not confirm its delivery within {DELIVERY_WAIT_S:.0f}s" in text
+    assert "the outcome is unknown" in text and "proposal_id='p-1'" in text and "deltacoord table lookup" in text
+
+
+def test_a_failed_delivery_is_an_unknown_outcome_naming_the_failure(proposal: Proposal) -> None:
+    e = _unconfirmed(proposal, RuntimeError("the relay at /run/r.sock closed before confirming proposal p-1"))
+    assert isinstance(e, CommitOutcomeUnknownError)
+    assert "delivery failed after it was sent (the relay at /run/r.sock closed" in str(e)
+
+
+def test_a_refusal_stays_a_refusal(proposal: Proposal) -> None:
+    refused = ProposalNotSentError("proposal p-1 was refused by Kafka: MSG_SIZE_TOO_LARGE")
+    assert _unconfirmed(proposal, refused) is refused
