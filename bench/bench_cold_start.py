@@ -94,19 +94,12 @@ def _start_coordinator(bootstrap: str, prefix: str, workdir: Path) -> subprocess
 def _create(bootstrap: str, prefix: str, path: str, coordinator: subprocess.Popen[bytes]) -> None:
     import pyarrow as pa
 
-    from schemas.errors import NoCoordinatorError
+    from coordinator.tooling.bench import create_when_served
     from schemas.routing import Topics
     from writer.table import Table
 
     with Table(path, bootstrap, topics=Topics.with_prefix(prefix)) as t:
-        started = time.monotonic()
-        while True:  # the coordinator process may still be starting
-            try:
-                t.create(pa.schema([("id", pa.int64()), ("value", pa.string())]))
-                return
-            except NoCoordinatorError:
-                if time.monotonic() - started > 120 or coordinator.poll() is not None:
-                    raise
+        create_when_served(t, pa.schema([("id", pa.int64()), ("value", pa.string())]), [coordinator])
 
 
 def run(bootstrap: str, runs: int, commits: int, workdir: Path) -> list[dict[str, Any]]:

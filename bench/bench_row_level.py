@@ -239,6 +239,7 @@ def bench_deltacoord(bootstrap: str, workdir: Path, args: argparse.Namespace, pl
     from confluent_kafka.admin import AdminClient
 
     from coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, ensure_topics
+    from coordinator.tooling.bench import create_when_served
     from reader.snapshot import Snapshot
     from schemas.kafka_logs import kafka_config
     from schemas.routing import Topics
@@ -257,7 +258,7 @@ def bench_deltacoord(bootstrap: str, workdir: Path, args: argparse.Namespace, pl
     try:
         props = {"delta.enableDeletionVectors": "true"} if deletion_vectors else {}
         with Table(location, bootstrap, topics=topics) as t:
-            t.create(pa.schema([("id", pa.int64()), ("value", pa.string())]), properties=props)
+            create_when_served(t, pa.schema([("id", pa.int64()), ("value", pa.string())]), [coord], properties=props)
             for lo, hi in _files(args):
                 t.append(data(lo, hi))
         _say(f"deltacoord, deletion vectors {'on' if deletion_vectors else 'off'}: {args.writers} writers x "

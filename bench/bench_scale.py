@@ -40,7 +40,7 @@ def run_once(bootstrap: str, n_tables: int, writers_per_table: int, k: int, work
     from confluent_kafka.admin import AdminClient
 
     from coordinator.kafka.topics import ensure_topics
-    from coordinator.tooling.bench import _dc_writer, _percentile, _run_processes
+    from coordinator.tooling.bench import _dc_writer, _percentile, _run_processes, create_when_served
     from schemas.routing import Topics
     from writer.table import Table
 
@@ -58,7 +58,7 @@ def run_once(bootstrap: str, n_tables: int, writers_per_table: int, k: int, work
         tables = _tables_on_distinct_partitions(workdir / prefix, n_tables)
         for t in tables:
             with Table(t, bootstrap, topics=topics, decision_timeout_s=120) as tb:
-                tb.create(pa.schema([("id", pa.int64()), ("writer", pa.int64()), ("value", pa.string())]))
+                create_when_served(tb, pa.schema([("id", pa.int64()), ("writer", pa.int64()), ("value", pa.string())]), coords)
         deadline = time.monotonic() + 60
         while not all((t / "_delta_log" / f"{0:020d}.json").exists() for t in tables) and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,23 @@ from schemas.kafka_logs import kafka_config
 SCHEMA_FIELDS = [("id", "int64"), ("writer", "int64"), ("value", "string")]
 #: statistics.interval.ms of the deltacoord writers' Kafka clients (their reply consumers' received bytes).
 STATS_MS = 1000
+
+
+def create_when_served(table: Any, schema: Any, coordinators: Sequence[subprocess.Popen[bytes]],
+                       timeout_s: float = 120.0, **create: Any) -> None:
+    """`table.create(schema, **create)` once a coordinator the bench just started serves the table's partition:
+    until it joined its group the writer's check says NoCoordinatorError (nothing proposed), asked again here
+    while the processes live."""
+    from schemas.errors import NoCoordinatorError
+
+    started = time.monotonic()
+    while True:
+        try:
+            table.create(schema, **create)
+            return
+        except NoCoordinatorError:
+            if time.monotonic() - started > timeout_s or all(c.poll() is not None for c in coordinators):
+                raise
 
 
 def _say(msg: str) -> None:
@@ -233,7 +250,6 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     from confluent_kafka.admin import AdminClient
 
     from coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, ensure_topics
-    from schemas.errors import NoCoordinatorError
     from schemas.routing import Topics
     from writer.relay import relay_counts
     from writer.table import Table
@@ -271,14 +287,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
                     raise RuntimeError(f"the bench's relay did not start (see {workdir / 'coordinator.log'})")
                 time.sleep(0.05)
         with Table(location, bootstrap, topics=topics, storage_options=options, relay=sock) as t:
-            started = time.monotonic()
-            while True:  # the coordinator process may still be starting; nothing is proposed until it serves
-                try:
-                    t.create(pa.schema([(n, getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS]))
-                    break
-                except NoCoordinatorError:
-                    if time.monotonic() - started > 120 or coord.poll() is not None:
-                        raise
+            create_when_served(t, pa.schema([(n, getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS]), [coord])
         if not quiet:
             _say(f"deltacoord: {writers} writers x {k} blind appends on {location} ...")
         pids = {"coordinator": coord.pid, "broker": broker_pid(bootstrap)}
