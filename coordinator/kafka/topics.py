@@ -120,7 +120,13 @@ def _wait_visible(admin: AdminClient, names: Sequence[str], timeout_s: float = 3
     """Metadata right after creation may lag: wait until every topic has its partitions."""
     deadline = time.monotonic() + timeout_s
     while True:
-        md = admin.list_topics(timeout=10)
+        try:
+            md = admin.list_topics(timeout=10)
+        except KafkaException as e:
+            if not (isinstance(e.args[0], KafkaError) and _transient(e.args[0])) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+            continue
         if all(n in md.topics and md.topics[n].partitions and md.topics[n].error is None for n in names):
             return md
         if time.monotonic() > deadline:
@@ -159,6 +165,17 @@ def describe_topic_config(admin: AdminClient, topic: str, timeout_s: float = 30.
             return result
         except KafkaException as e:
             err = e.args[0]
-            if not (isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART) or time.monotonic() > deadline:
+            if not (isinstance(err, KafkaError) and (err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART or _transient(err))) \
+                    or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+#: Errors of a broker that died or moved under a request: the next try goes to a live one.
+_TRANSIENT = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                        KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_CONTROLLER, KafkaError.LEADER_NOT_AVAILABLE})
+
+
+def _transient(err: KafkaError) -> bool:
+    """A broker died or moved under the request (a cluster losing a node while a coordinator starts)."""
+    return not err.fatal() and (err.retriable() or err.code() in _TRANSIENT)
