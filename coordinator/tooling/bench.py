@@ -48,8 +48,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from coordinator.tooling.cpu_usage import ServiceCpu, broker_pid
+from coordinator.tooling.latency_proxy import LatencyProxy
 from schemas.kafka_logs import kafka_config
 
 SCHEMA_FIELDS = [("id", "int64"), ("writer", "int64"), ("value", "string")]
@@ -242,10 +244,12 @@ def _run_processes(target: Any, args_for: Any, n: int, workdir: Path, services: 
 
 def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, quiet: bool = False,
                      table: str | None = None, storage_options: dict[str, str] | None = None,
-                     table_roots: str | None = None, relay: bool = False) -> dict[str, Any]:
+                     table_roots: str | None = None, relay: bool = False, tables: int = 1) -> dict[str, Any]:
     """deltacoord's phase: a coordinator process and `writers` writer processes on `table`
     (default: a directory in `workdir`; an object-store URI with its storage options). With `relay`, the
-    writers go through one relay process (`deltacoord relay run`), as the writer processes of one host would."""
+    writers go through one relay process (`deltacoord relay run`), as the writer processes of one host would.
+    With `tables` above 1 the writers are dealt round-robin over that many tables (`<table>-<i>`) of one
+    coordinator."""
     import pyarrow as pa
     from confluent_kafka.admin import AdminClient
 
@@ -271,6 +275,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **{k.upper(): v for k, v in secret.items()}},
     )
     location = table or str(workdir / "deltacoord-table")
+    locations = [location] if tables == 1 else [f"{location}-{i}" for i in range(tables)]
     relay_proc: subprocess.Popen[bytes] | None = None
     sock = ""
     try:
@@ -286,16 +291,18 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
                 if relay_proc.poll() is not None or time.monotonic() - started > 60:
                     raise RuntimeError(f"the bench's relay did not start (see {workdir / 'coordinator.log'})")
                 time.sleep(0.05)
-        with Table(location, bootstrap, topics=topics, storage_options=options, relay=sock) as t:
-            create_when_served(t, pa.schema([(n, getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS]), [coord])
+        for where in locations:
+            with Table(where, bootstrap, topics=topics, storage_options=options, relay=sock) as t:
+                create_when_served(t, pa.schema([(n, getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS]), [coord])
         if not quiet:
-            _say(f"deltacoord: {writers} writers x {k} blind appends on {location} ...")
+            on = location if tables == 1 else f"{tables} tables {location}-<i>"
+            _say(f"deltacoord: {writers} writers x {k} blind appends on {on} ...")
         pids = {"coordinator": coord.pid, "broker": broker_pid(bootstrap)}
         if relay_proc is not None:
             pids["relay"] = relay_proc.pid
         services = ServiceCpu(pids)
         before: dict[str, int] = {}
-        results, t0, end = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, location, i, k, options, sock),
+        results, t0, end = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, locations[i % tables], i, k, options, sock),
                                           writers, workdir, services,
                                           (lambda: before.update(relay_counts(sock, topics))) if relay else None)
         elapsed = end - t0
@@ -333,16 +340,19 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
 
 
 def bench_delta_rs(writers: int, k: int, workdir: Path, *, table: str | None = None,
-                   storage_options: dict[str, str] | None = None) -> dict[str, Any]:
+                   storage_options: dict[str, str] | None = None, tables: int = 1) -> dict[str, Any]:
     import pyarrow as pa
     from deltalake import write_deltalake
 
     location = table or str(workdir / "delta-rs-table")
+    locations = [location] if tables == 1 else [f"{location}-{i}" for i in range(tables)]
     options = dict(storage_options or {})
-    write_deltalake(location, pa.table({n: pa.array([], getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS}), mode="overwrite",
-                    storage_options=options or None)
-    _say(f"delta-rs: {writers} processes x {k} write_deltalake appends on {location} ...")
-    results, t0, end = _run_processes(_rs_writer, lambda i: (location, i, k, options), writers, workdir)
+    for where in locations:
+        write_deltalake(where, pa.table({n: pa.array([], getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS}), mode="overwrite",
+                        storage_options=options or None)
+    on = location if tables == 1 else f"{tables} tables {location}-<i>"
+    _say(f"delta-rs: {writers} processes x {k} write_deltalake appends on {on} ...")
+    results, t0, end = _run_processes(_rs_writer, lambda i: (locations[i % tables], i, k, options), writers, workdir)
     return _summary(writers, results, k, end - t0)
 
 
@@ -461,8 +471,11 @@ def _chart(runs: list[dict[str, Any]], samples: list[tuple[list[float], list[flo
 
 def run(writers: int | list[int], commits_per_writer: int | list[int], memory_files: int, bootstrap: str | None,
         warmup_commits_per_writer: int = 150, *, storage: str = "local", chart: Path | str | None = None,
-        relay: bool = False) -> dict[str, Any]:
+        relay: bool = False, tables: int = 1, s3_latency_ms: float = 0.0) -> dict[str, Any]:
     """One run per writer count (each: deltacoord, then delta-rs on the same storage), then the memory figures.
+
+    `tables`: the writers of each run are dealt over that many tables (one coordinator). `s3_latency_ms`: both
+    systems reach the local S3 server through a proxy adding that round trip to every request (`latency_proxy`).
 
     With one writer count the result is {"deltacoord", "delta_rs", ...}; with several, {"runs": [...], ...}.
     `chart`: also draw commits/s and latency distributions of both systems there (SVG or PNG by suffix).
@@ -472,6 +485,10 @@ def run(writers: int | list[int], commits_per_writer: int | list[int], memory_fi
 
     if storage not in ("local", "s3"):
         raise ValueError(f"storage must be 'local' or 's3', not {storage!r}")
+    if s3_latency_ms and storage != "s3":
+        raise ValueError("s3_latency_ms needs storage='s3'")
+    if tables < 1:
+        raise ValueError(f"tables must be 1 or more, got {tables}")
     counts = [writers] if isinstance(writers, int) else list(writers)
     ks = [commits_per_writer] * len(counts) if isinstance(commits_per_writer, int) else list(commits_per_writer)
     if len(ks) == 1:
@@ -484,6 +501,7 @@ def run(writers: int | list[int], commits_per_writer: int | list[int], memory_fi
     started = False
     s3 = S3Server() if storage == "s3" else None
     started_s3 = s3 is not None and s3.status() is None
+    proxy: LatencyProxy | None = None
     if bootstrap is None:
         started = broker.status() is None
         _say("starting the local broker ..." if started else "reusing the running local broker")
@@ -498,6 +516,11 @@ def run(writers: int | list[int], commits_per_writer: int | list[int], memory_fi
             bucket = f"bench-{uuid.uuid4().hex[:10]}"
             s3.create_bucket(bucket)
             options = dict(info.storage_options)
+            if s3_latency_ms > 0:
+                where = urlsplit(options["AWS_ENDPOINT_URL"])
+                proxy = LatencyProxy((where.hostname or "127.0.0.1", int(where.port or 80)), s3_latency_ms).start()
+                options["AWS_ENDPOINT_URL"] = proxy.endpoint
+                _say(f"S3 requests of both systems go through {proxy.endpoint}, adding {s3_latency_ms:g} ms to each")
             roots = f"s3://{bucket}"
             _say(f"tables in s3://{bucket} on {info.endpoint} (delta-rs: aws_conditional_put={options.get('aws_conditional_put')})")
 
@@ -508,17 +531,18 @@ def run(writers: int | list[int], commits_per_writer: int | list[int], memory_fi
             n = min(16, max(counts))
             _say(f"warming the broker (untimed): {n} writers x {warmup_commits_per_writer} appends ...")
             warm = bench_deltacoord(bootstrap, n, warmup_commits_per_writer, workdir / "warm-up", quiet=True,
-                                    table=table("warm"), storage_options=options, table_roots=roots, relay=relay)
+                                    table=table("warm"), storage_options=options, table_roots=roots, relay=relay,
+                                    tables=tables)
             _say(f"warm-up done: {warm['commits_per_s']} commits/s, p99 {warm['p99_ms']} ms (not reported)")
         runs: list[dict[str, Any]] = []
         samples: list[tuple[list[float], list[float]]] = []
         for n, k in zip(counts, ks, strict=True):
             dc = bench_deltacoord(bootstrap, n, k, workdir / f"dc-{n}", table=table(f"dc-{n}"), storage_options=options,
-                                  table_roots=roots, relay=relay)
+                                  table_roots=roots, relay=relay, tables=tables)
             dc_lat = dc.pop(SAMPLES)
             _say(f"deltacoord: {json.dumps(dc)}")
             (workdir / f"rs-{n}").mkdir(parents=True, exist_ok=True)
-            rs = bench_delta_rs(n, k, workdir / f"rs-{n}", table=table(f"rs-{n}"), storage_options=options)
+            rs = bench_delta_rs(n, k, workdir / f"rs-{n}", table=table(f"rs-{n}"), storage_options=options, tables=tables)
             samples.append((dc_lat, rs.pop(SAMPLES)))
             _say(f"delta-rs:   {json.dumps(rs)}")
             cmp = _compare(dc, rs)
@@ -529,7 +553,9 @@ def run(writers: int | list[int], commits_per_writer: int | list[int], memory_fi
                              "deltacoord's decided/visible figures run from proposing")
         if s3 is not None:
             result["storage"] = "s3"
+            result["s3_latency_ms"] = s3_latency_ms
             result["ratio"] = runs[-1]["commits_per_s_ratio"]
+        result["tables"] = tables
         if memory_files > 0 and s3 is None:
             _say(f"memory: writing a table of {memory_files:,} live files ...")
             made = _in_subprocess("memory_table", memory_files, workdir)
@@ -546,6 +572,8 @@ def run(writers: int | list[int], commits_per_writer: int | list[int], memory_fi
                 result["fetch_bytes_growth"] = round(b["fetch_bytes_per_commit"] / a["fetch_bytes_per_commit"], 2)
         return result
     finally:
+        if proxy is not None:
+            proxy.stop()
         if started:
             broker.stop()
         if s3 is not None and started_s3:

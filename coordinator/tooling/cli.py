@@ -271,15 +271,25 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
 @click.option("--relay", is_flag=True,
               help="deltacoord's writer processes go through one relay process (`deltacoord relay run`), as the "
                    "writers of one host would.")
+@click.option("--tables", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Deal each run's writers over this many tables (one coordinator; delta-rs the same).")
+@click.option("--s3-latency-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="With --storage s3: both systems reach the S3 server through a proxy adding this round trip to "
+                   "every request (real S3: 20-60 ms).")
 def bench_cmd(writers: str, commits_per_writer: str, memory_files: int, bootstrap_servers: str | None,
-              warmup_commits_per_writer: int, storage: str, chart: str, no_chart: bool, relay: bool) -> None:
+              warmup_commits_per_writer: int, storage: str, chart: str, no_chart: bool, relay: bool, tables: int,
+              s3_latency_ms: float) -> None:
     """Commits/s and latency vs delta-rs, in one run; last line is JSON (a chart is drawn beside it).
 
     \b
     Example:
       deltacoord bench --writers 1,16,64 --commits-per-writer 100,50,10 --chart bench.svg
+      deltacoord bench --storage s3 --s3-latency-ms 60 --writers 2,16 --tables 8
     """
     from coordinator.tooling.bench import run
+
+    if s3_latency_ms and storage != "s3":
+        raise click.BadParameter("only with --storage s3", param_hint="--s3-latency-ms")
 
     def counts(text: str, option: str) -> list[int]:
         try:
@@ -296,7 +306,8 @@ def bench_cmd(writers: str, commits_per_writer: str, memory_files: int, bootstra
                                  param_hint="--commits-per-writer")
     click.echo(json.dumps(run(ws if len(ws) > 1 else ws[0], ks if len(ks) > 1 else ks[0], memory_files,
                               bootstrap_servers, warmup_commits_per_writer, storage=storage,
-                              chart=None if no_chart else chart, relay=relay)))
+                              chart=None if no_chart else chart, relay=relay, tables=tables,
+                              s3_latency_ms=s3_latency_ms)))
 
 
 @main.command("demo")
