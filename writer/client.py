@@ -25,12 +25,15 @@ may still commit.
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
 import json
 import logging
 import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
@@ -100,6 +103,37 @@ def _end_offset(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0)
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+
+_SILENT = logging.getLogger("deltacoord.kafka.keyword-check")
+_SILENT.addHandler(logging.NullHandler())
+_SILENT.propagate = False
+
+
+def check_kafka_keywords(owner: Callable[..., Any], kafka_config: dict[str, Any]) -> None:
+    """TypeError, with a did-you-mean among `owner`'s keywords, for a keyword that is no Kafka client setting: a
+    misspelt keyword (`bootstrap_server=`) would otherwise reach librdkafka as a setting of that name."""
+    keywords = [p for p in inspect.signature(owner).parameters if p not in ("self", "kafka_config")]
+    for key, value in kafka_config.items():
+        if "." in key or _librdkafka_accepts(key, value):
+            continue
+        close = difflib.get_close_matches(key, keywords, n=1, cutoff=0.6)
+        raise TypeError(f"{owner.__qualname__.split('.')[0]}() got an unexpected keyword argument {key!r}"
+                        + (f"; did you mean {close[0]!r}?" if close else ".")
+                        + " Other keywords are Kafka client settings, by librdkafka's names (for example "
+                          "**{'security.protocol': 'SASL_SSL'}).")
+
+
+def _librdkafka_accepts(key: str, value: Any) -> bool:
+    """Whether librdkafka (or confluent-kafka's own callbacks, such as `logger`) knows a setting named `key`."""
+    try:
+        # A client that is never used: it says whether the name exists, and logs nothing.
+        Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0, "logger": _SILENT, key: value}).flush(0)
+    except KafkaException as e:
+        return "No such configuration property" not in str(e)
+    except (TypeError, ValueError):
+        return True  # a known name given a bad value: librdkafka says so when the client is made
+    return True
 
 
 def _unconfirmed(proposal: Proposal, e: BaseException) -> Exception:
@@ -378,6 +412,7 @@ class CoordinatorClient:
     def __init__(self, bootstrap_servers: str | None = None, *, topics: Topics | None = None,
                  topic_prefix: str | None = None, reply_group: str | None = None, coordinator_group: str | None = None,
                  coordinator_check: bool | None = None, relay: str | None = None, **kafka_config: Any) -> None:
+        check_kafka_keywords(CoordinatorClient.__init__, kafka_config)
         self.topics = client_settings.topics_of(topic_prefix, topics)
         servers = client_settings.bootstrap_servers(bootstrap_servers)
         self._conf: dict[str, Any] = kafka_logs.kafka_config({"bootstrap.servers": servers, **kafka_config})

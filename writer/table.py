@@ -78,7 +78,7 @@ from schemas.row_tracking import supported as row_tracking_supported
 from schemas.signing import WriterKey, resolve_writer_key
 from schemas.writer_features import writer_problems
 from writer import column_mapping, identity, protocols, row_tracking, staging
-from writer.client import CoordinatorClient
+from writer.client import CoordinatorClient, check_kafka_keywords
 from writer.column_mapping import Layout
 from writer.constraints import CONSTRAINT_PREFIX, WriteRules, fill_and_check
 from writer.table_protocol import ProtocolRequestError, new_table, with_column_mapping
@@ -293,6 +293,7 @@ class Table:
                  dv_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES, wait: WaitFor = "published",
                  coordinator_group: str | None = None, coordinator_check: bool | None = None,
                  relay: str | None = None, **kafka_config: Any) -> None:
+        check_kafka_keywords(Table.__init__, kafka_config)
         self.storage = TableStorage(uri, storage_options, fsync=False)
         # Local tables keep the absolute file:// URI of their directory as location and id.
         self.uri = Path(self.storage.local_path()).as_uri() if self.storage.is_local else self.storage.location

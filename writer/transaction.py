@@ -111,7 +111,10 @@ def error_from_decision(d: Decision) -> DeltaCoordError:
     if cls is not None:
         return cls(d.error_message, winning_version=d.winning_version)
     code = d.reason_code or d.error_type
-    return InvalidProposalError(ReasonCode.from_wire(code) if code else ReasonCode.REJECTED, d.error_message or "proposal rejected")
+    reason = ReasonCode.from_wire(code) if code else ReasonCode.REJECTED
+    message = d.error_message or "proposal rejected"
+    # The coordinator's message is its own error's text, which already begins with the code.
+    return InvalidProposalError(reason, message.removeprefix(f"{reason}: "))
 
 
 def check_proposal_id(proposal_id: str | None) -> str:

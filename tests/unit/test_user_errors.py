@@ -4,14 +4,16 @@ escape codes, no silent casts that change what a value means."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from schemas.expressions.arrow import compile_filter, evaluate
 from schemas.expressions.syntax import ExpressionError, parse
+from writer.client import CoordinatorClient, check_kafka_keywords
 from writer.staging import SchemaError
-from writer.table import TableExistsError, _check_assignable
+from writer.table import Table, TableExistsError, _check_assignable
 
 ROWS = pa.table({"id": pa.array([1, 2], pa.int64()), "name": pa.array(["1", "b"]), "ok": pa.array([True, False]),
                  "amount": pa.array([1.5, 2.0])})
@@ -79,3 +81,40 @@ def test_writes_accept_casts_within_a_family(given: pa.DataType, target: pa.Data
 def test_table_exists_error_names_itself_once() -> None:
     msg = f"{type(TableExistsError('file:///t')).__name__}: {TableExistsError('file:///t')}"
     assert msg.count("TableExistsError") == 1 and "file:///t" in msg
+
+
+@pytest.mark.parametrize(("keyword", "meant"), [("bootstrap_server", "bootstrap_servers"), ("topic_prefx", "topic_prefix"),
+                                                ("storage_option", "storage_options"), ("writer_nmae", "writer_name")])
+def test_a_misspelt_table_keyword_is_named_with_what_was_meant(tmp_path: Path, keyword: str, meant: str) -> None:
+    """It used to reach librdkafka as a setting of that name ('No such configuration property')."""
+    with pytest.raises(TypeError) as e:
+        Table(tmp_path / "t", "127.0.0.1:9", **{keyword: "x"})
+    msg = str(e.value)
+    assert f"Table() got an unexpected keyword argument {keyword!r}; did you mean {meant!r}?" in msg, msg
+    assert "security.protocol" in msg
+
+
+def test_a_misspelt_client_keyword_is_named_too() -> None:
+    with pytest.raises(TypeError, match=r"CoordinatorClient\(\) got an unexpected keyword argument 'relays'; did you "
+                                        r"mean 'relay'\?"):
+        CoordinatorClient("127.0.0.1:9", relays="/run/relay.sock")
+
+
+@pytest.mark.parametrize("setting", [{"debug": "broker"}, {"acks": "all"}, {"security.protocol": "PLAINTEXT"}])
+def test_kafka_settings_without_a_dot_still_pass(setting: dict[str, str]) -> None:
+    """librdkafka's own dotless names (debug, acks) are settings, not misspelt keywords."""
+    check_kafka_keywords(CoordinatorClient.__init__, setting)
+
+
+def test_a_rejection_names_its_reason_code_once() -> None:
+    """The coordinator's message already begins with the code; the writer's error used to repeat it."""
+    from coordinator.locations import TableLocations
+    from schemas.messages import Decision, Outcome
+    from writer.transaction import error_from_decision
+
+    refused = TableLocations.of(("s3://lake/tables",), {}, {})._verdict("s3://other/t")
+    assert isinstance(refused, Exception)
+    d = Decision("s3://other/t", "s3://other/t", "p-1", Outcome.REJECTED, error_type=type(refused).__name__,
+                 error_message=str(refused), reason_code=str(refused.reason), decided_at_ms=1)  # type: ignore[attr-defined]
+    text = str(error_from_decision(d))
+    assert text.startswith("TABLE_OUTSIDE_ROOTS: table s3://other/t") and text.count("TABLE_OUTSIDE_ROOTS") == 1, text
