@@ -232,11 +232,29 @@ def _typed_partition_array(values: pa.Array, t: pa.DataType) -> pa.Array:
 # --------------------------------------------------------------------------- timestamps
 
 
+#: Numbers in this range are refused as timestamps: as seconds they are 2001 to 5138, as milliseconds the
+#: first weeks of 1970, when no Delta table was written.
+SECONDS_LOOKALIKE = (1e9, 1e11)
+
+
+def _ms_text(ms: int | None) -> str:
+    """`ms` with its unit and as UTC time, for messages."""
+    if ms is None:
+        return "unknown"
+    try:
+        return f"{ms} ms ({dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec='milliseconds')})"
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms"
+
+
 def to_epoch_ms(ts: TimestampLike) -> int:
     """Milliseconds since the epoch of a datetime (naive = UTC), a date, an ISO string or ms."""
     if isinstance(ts, bool):
         raise TypeError("a timestamp cannot be a bool")
     if isinstance(ts, (int, float)):
+        if SECONDS_LOOKALIKE[0] <= ts < SECONDS_LOOKALIKE[1]:
+            raise ValueError(f"timestamp {ts!r} looks like seconds since the epoch (what time.time() gives), but a "
+                             f"number is read as milliseconds: pass {int(ts * 1000)}, a datetime or an ISO string")
         return int(ts)
     if isinstance(ts, str):
         ts = _parse_timestamp(ts, tz=True)
@@ -874,7 +892,8 @@ def _version_at_timestamp(storage: TableStorage, listing: LogListing, ts_ms: int
                 pass
             else:
                 raise VersionNotFoundError(
-                    f"timestamp {ts_ms} is before the earliest available commit (version {cands[0]}, ts {ict(cands[0])})"
+                    f"timestamp {_ms_text(ts_ms)} is before the earliest available commit (version {cands[0]}, "
+                    f"at {_ms_text(ict(cands[0]))})"
                 )
         else:
             return cands[lo - 1]
@@ -892,7 +911,8 @@ def _version_at_timestamp(storage: TableStorage, listing: LogListing, ts_ms: int
         else:
             break
     if best is None:
-        raise VersionNotFoundError(f"timestamp {ts_ms} is before the earliest available commit (ts {earliest_ts})")
+        raise VersionNotFoundError(f"timestamp {_ms_text(ts_ms)} is before the earliest available commit "
+                                   f"(at {_ms_text(earliest_ts)})")
     return best
 
 

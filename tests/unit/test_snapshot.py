@@ -526,3 +526,13 @@ def test_building_actions_pauses_the_cyclic_gc_and_restores_its_state() -> None:
                                    ("size", pa.int64()), ("modificationTime", pa.int64()), ("dataChange", pa.bool_())]))
     (add,) = adds_from_struct(arr)
     assert add.path == "a.parquet" and add.partition_values == {"d": "1"} and gc.isenabled()
+
+
+def test_a_timestamp_in_seconds_is_refused_with_the_milliseconds_to_give(tmp_path: Path) -> None:
+    """time.time() is seconds; read as milliseconds it named January 1970 and found no version."""
+    path = tmp_path / "t"
+    write_deltalake(path, _data(0, 3), mode="append")
+    with pytest.raises(ValueError, match=r"looks like seconds since the epoch.*pass 1795000000000"):
+        Snapshot.load(path, timestamp=1_795_000_000.0)
+    with pytest.raises(VersionNotFoundError, match=r"timestamp 5 ms \(1970-01-01T00:00:00.005\+00:00\) is before"):
+        Snapshot.load(path, timestamp=5)
