@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from importlib import metadata as _metadata
 
+from reader.log import TableNotFoundError, VersionNotFoundError
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError, load_snapshot
 from reader.stream import CommitEvent, CommitStream
 from schemas.actions import Protocol
@@ -39,11 +40,14 @@ from schemas.errors import (
     NoCoordinatorError,
     ProposalNotSentError,
     ProtocolChangedException,
+    TopicNotFoundError,
 )
+from schemas.kafka_logs import UnreachableKafkaError
 from schemas.reasons import ReasonCode
 from schemas.routing import Topics
 from writer.client import CoordinatorClient
 from writer.constraints import ConstraintViolationError
+from writer.staging import SchemaError
 from writer.table import MergeError, PublicationLagError, Table, TableExistsError
 from writer.transaction import CommitResult, Transaction, retry
 
@@ -76,12 +80,17 @@ __all__ = [
     "ProtocolChangedException",
     "PublicationLagError",
     "ReasonCode",
+    "SchemaError",
     "Snapshot",
     "Table",
     "TableExistsError",
+    "TableNotFoundError",
+    "TopicNotFoundError",
     "Topics",
     "Transaction",
+    "UnreachableKafkaError",
     "UnsupportedTableFeatureError",
+    "VersionNotFoundError",
     "__version__",
     "load_snapshot",
     "retry",

@@ -264,6 +264,22 @@ class ProposalNotSentError(DeltaCoordError):
     so it cannot commit: its staged files were deleted and a retry is safe."""
 
 
+class TopicNotFoundError(ProposalNotSentError):
+    """A topic of deltacoord is not on the cluster: most often the topic prefix differs from the coordinator's
+    (the message names the prefixes the cluster has), or no coordinator ever ran there."""
+
+    def __init__(self, topic: str, bootstrap_servers: str, prefixes: list[str]) -> None:
+        self.topic = topic
+        self.prefixes = prefixes
+        if prefixes:
+            hint = (f"this cluster has deltacoord topics with the prefix {', '.join(repr(p) for p in prefixes)}: pass "
+                    "it as --topic-prefix (Python: topic_prefix=, or DELTACOORD_TOPIC_PREFIX)")
+        else:
+            hint = ("it has no deltacoord topics at all: start a coordinator (it creates them) or run "
+                    "`deltacoord topics create`")
+        super().__init__(f"topic {topic} not found on {bootstrap_servers}; {hint}")
+
+
 class NoCoordinatorError(ProposalNotSentError):
     """No live coordinator is assigned the table's proposals partition: the proposal was not sent (it would wait
     for a decision nobody makes), so nothing can commit and a retry is safe."""

@@ -42,7 +42,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from reader.ratified import RatifiedSource
 from schemas import client_settings, kafka_logs
 from schemas.codec import decode_decision, encode_proposal
-from schemas.errors import CommitOutcomeUnknownError, EncodeError, ProposalNotSentError
+from schemas.errors import CommitOutcomeUnknownError, EncodeError, ProposalNotSentError, TopicNotFoundError
 from schemas.messages import Decision, Proposal
 from schemas.routing import (
     H_CONTROL,
@@ -158,8 +158,9 @@ def partition_count(client: Producer | Consumer, topic: str, servers: str, timeo
     md = client.list_topics(topic, timeout=timeout_s)
     t = md.topics.get(topic)
     if t is None or t.error is not None or not t.partitions:
-        raise RuntimeError(f"topic {topic} not found on {servers}: is a coordinator running "
-                           "(it creates the topics), or were they created with `deltacoord topics create`?")
+        suffix = "." + topic.rsplit(".", 1)[-1]
+        names = client.list_topics(timeout=timeout_s).topics
+        raise TopicNotFoundError(topic, servers, sorted(n.removesuffix(suffix) for n in names if n.endswith(suffix)))
     return len(t.partitions)
 
 
@@ -439,6 +440,7 @@ class CoordinatorClient:
         try:
             with contextlib.suppress(Exception):
                 if not self.relay and self._num_partitions is None:
+                    kafka_logs.probe(self._conf)  # nothing answering: the first commit says so at once
                     self._num_partitions = self._partition_count(self.topics.proposals, timeout_s=10)
                 self.coordinator_check.warm()
         finally:
@@ -455,6 +457,8 @@ class CoordinatorClient:
             if self.relay:
                 self._num_partitions = self._link().partitions
             else:
+                # Brokers that do not answer fail in seconds with one line, not after the metadata timeout.
+                kafka_logs.probe(self._conf)
                 self._num_partitions = self._partition_count(self.topics.proposals)
         return partition_for(table_id, self._num_partitions)
 
