@@ -45,6 +45,10 @@ class Metrics:
             registry=r)
 
 
+class MetricsPortError(OSError):
+    """The metrics port cannot be listened on (taken, or not allowed): a configuration error."""
+
+
 class MetricsServer:
     """Serves `/metrics` (Prometheus text) and `/healthz` (JSON from `health()`)."""
 
@@ -72,7 +76,11 @@ class MetricsServer:
             def log_message(self, format: str, *args: object) -> None:
                 return
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self.server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as e:
+            raise MetricsPortError(e.errno, f"cannot serve metrics on {host}:{port}: {e.strerror or e}; pick a free "
+                                            "port with --metrics-port (or metrics_port in the config file)") from e
         self.port = int(self.server.server_address[1])
         self._thread = threading.Thread(target=self.server.serve_forever, name="deltacoord-metrics", daemon=True)
 

@@ -339,6 +339,9 @@ class Coordinator:
         assignment); otherwise it joins the consumer group and owns what Kafka
         assigns it, so more instances split the partitions between them.
         """
+        # The metrics port first: a port that is taken is a configuration error, found before any Kafka work.
+        if self.metrics_port is not None and self._server is None:
+            self._server = MetricsServer(self.metrics, self.health, self.metrics_port)
         # Watch startup too: a client call can hang before the loop ever runs.
         self.heartbeat()
         if self.watchdog_s is not None:
@@ -356,8 +359,7 @@ class Coordinator:
             self.publisher.stable = StableOffsets(self.settings.client(), self.settings.topics.commits)
         self._notices = PublicationNotices(self.settings.client(), self.settings.topics.replies,
                                            stable=self.publisher.stable)
-        if self.metrics_port is not None:
-            self._server = MetricsServer(self.metrics, self.health, self.metrics_port)
+        if self._server is not None:
             self._server.start()
         self.publisher.start()
         if isinstance(self.checkpoint_fn, CheckpointWorker):

@@ -249,7 +249,13 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         publish_fsync=run.fsync, checkpoint_fn=checkpoint_fn, watchdog_s=run.watchdog_s,
     )
     coord.install_signal_handlers()
-    sys.exit(coord.run())
+    from coordinator.metrics import MetricsPortError
+
+    try:
+        code = coord.run()
+    except MetricsPortError as e:
+        raise click.UsageError(e.strerror or str(e)) from None  # exit 2: a configuration error, as systemd expects
+    sys.exit(code)
 
 
 @main.command("bench")

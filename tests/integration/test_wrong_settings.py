@@ -62,3 +62,22 @@ def test_a_topic_prefix_other_than_the_coordinators_names_the_prefixes_the_clust
     assert res.exit_code == 1, res.output
     assert "TopicNotFoundError: topic deltacoord.proposals not found" in res.output and f"'{prefix}'" in res.output
     assert "Traceback" not in res.output
+
+
+def test_a_metrics_port_that_is_taken_exits_2_with_one_line() -> None:
+    """A configuration error (exit 2, which systemd's RestartPreventExitStatus relies on), found before any
+    Kafka work; it was a traceback and exit 1 once the coordinator had set up its clients."""
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers",
+             f"127.0.0.1:{_closed_port()}", "--metrics-port", str(port), "--no-checkpoints"],
+            capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot serve metrics on 0.0.0.0:{port}" in done.stderr and "--metrics-port" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
