@@ -246,6 +246,29 @@ def storage_tables(table: Mapping[str, Any], source: str) -> tuple[dict[str, str
     return defaults, by_root
 
 
+def _check_store_options(coordinator: CoordinatorSettings, config_file: Path | None) -> None:
+    """Each object-store root's client is made now (no request is sent), so a misspelt `[storage]` key or
+    `--storage-option` is a configuration error at start, not a halted table at its first commit."""
+    from reader.storage import StorageConfigError, StorageUriError, TableStorage
+    from reader.storage_options import UnknownStorageOptionError
+
+    try:
+        locations = coordinator.locations()
+    except StorageUriError as e:
+        raise SettingsError(f"table_roots: {e}") from None
+    for root in locations.roots or ():
+        if root.kind == "file":
+            continue
+        try:
+            TableStorage(root, locations.options_for(root), fsync=False)
+        except UnknownStorageOptionError as e:  # credentials may still come from the environment: not judged here
+            where = f"[storage] in {config_file} or --storage-option" if config_file else "--storage-option / [storage]"
+            raise SettingsError(f"{e} (from {where}; storage options are delta-rs's names, e.g. AWS_REGION, "
+                                "AWS_ENDPOINT_URL, AZURE_STORAGE_ACCOUNT_NAME)") from None
+        except StorageConfigError:
+            continue  # e.g. credentials missing from the options: the environment may give them when used
+
+
 def _option_text(v: object) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
@@ -358,6 +381,7 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         raise SettingsError(f"publish_lanes must be 1 or more, got {coordinator.publish_lanes}")
     if coordinator.snapshot_every_records < 1:
         raise SettingsError(f"snapshot_every_records must be 1 or more, got {coordinator.snapshot_every_records}")
+    _check_store_options(coordinator, config_file)
     parts = get("partitions")
     metrics = get("metrics_port")
     watchdog = get("watchdog_seconds")

@@ -41,7 +41,7 @@ from obstore.exceptions import BaseError as ObstoreError
 from obstore.store import AzureStore, GCSStore, S3Store
 
 from reader.storage_local import AtomicPutUnsupportedError, LocalBackend, ObjectNotFoundError
-from reader.storage_options import StorageConfigError, obstore_options
+from reader.storage_options import StorageConfigError, UnknownStorageOptionError, obstore_options
 from reader.storage_uri import (
     StorageError,
     StorageUriError,
@@ -139,7 +139,7 @@ def _bucket_store(uri: TableUri, storage_options: Mapping[str, str] | None) -> O
             else:
                 store = GCSStore(uri.bucket, **kwargs)
         except UnknownConfigurationKeyError as e:
-            raise StorageConfigError(f"unknown storage option for {uri}: {_first_line(e)}") from e
+            raise UnknownStorageOptionError(f"unknown storage option for {uri}: {_first_line(e)}") from e
         except (ObstoreError, TypeError, ValueError) as e:
             raise StorageConfigError(f"storage_options cannot configure {uri}: {_first_line(e)}") from e
         _stores[key] = store

@@ -26,6 +26,10 @@ class StorageConfigError(StorageError, ValueError):
     """`storage_options` that cannot configure the store, with the offending key."""
 
 
+class UnknownStorageOptionError(StorageConfigError):
+    """A storage option the table's store does not have (a misspelt key, or another cloud's)."""
+
+
 _PREFIX = {"s3": "aws_", "az": "azure_", "gs": "google_"}
 _CLOUD_NAME = {"s3": "S3", "az": "Azure", "gs": "GCS"}
 
@@ -114,7 +118,7 @@ def obstore_options(uri: TableUri, storage_options: Mapping[str, str] | None,
     for key, value in _lowercased(storage_options or {}).items():
         for other_kind, other in _PREFIX.items():
             if other_kind != uri.kind and key.startswith(other):
-                raise StorageConfigError(
+                raise UnknownStorageOptionError(
                     f"storage option {key!r} configures {_CLOUD_NAME[other_kind]}, but {uri} is on {_CLOUD_NAME[uri.kind]}"
                 )
         bare = key[len(own):] if key.startswith(own) else key

@@ -97,8 +97,8 @@ def test_settings_read_table_roots_and_storage_from_file_environment_and_flags(t
     assert c.storage_options == {"aws_region": "eu-west-1", "aws_allow_http": "false"}
     assert c.storage_options_by_root == {"s3://lake/tables": {"aws_endpoint_url": "http://minio:9000"}}
     assert [str(r) for r in c.locations().roots or ()] == ["s3://lake/tables", "file:///data/tables"]
-    env = settings.load(cfg, environ={"DELTACOORD_TABLE_ROOTS": "gs://g/t, /x"}, storage_pairs=["aws_region=us-west-2"])
-    assert env.coordinator.table_roots == ("gs://g/t", "/x")
+    env = settings.load(cfg, environ={"DELTACOORD_TABLE_ROOTS": "s3://other/t, /x"}, storage_pairs=["aws_region=us-west-2"])
+    assert env.coordinator.table_roots == ("s3://other/t", "/x")
     assert env.coordinator.storage_options["aws_region"] == "us-west-2"
     flags = settings.load(cfg, {"table_roots": "/only"}, environ={"DELTACOORD_TABLE_ROOTS": "/env"})
     assert flags.coordinator.table_roots == ("/only",)
@@ -138,3 +138,16 @@ def test_data_paths_resolve_to_keys_of_the_table_or_other_locations(tmp_path: Pa
     assert elsewhere.storage.location == (tmp_path / "other").as_uri() and elsewhere.key == "y.parquet"
     with pytest.raises(StorageUriError):
         data_object(root, "../escape.parquet")
+
+
+def test_a_storage_option_no_store_of_the_roots_has_is_refused_at_start(tmp_path: Path) -> None:
+    """A misspelt `[storage]` key, or another cloud's, used to be accepted and to fail each table's first commit."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[coordinator]\nbootstrap_servers = "k:9092"\ntable_roots = ["s3://lake/tables"]\n'
+                   '[storage]\naws_regoin = "eu-west-1"\n')
+    with pytest.raises(settings.SettingsError, match=r"'aws_regoin' is not valid for store 'S3'.*\[storage\] in"):
+        settings.load(cfg, environ={})
+    with pytest.raises(settings.SettingsError, match=r"'aws_region' configures S3, but gs://g/t is on GCS"):
+        settings.load(None, {"table_roots": "gs://g/t"}, storage_pairs=["aws_region=us-west-2"], environ={})
+    # Credentials left to the environment are not judged at start.
+    assert settings.load(None, {"table_roots": "s3://lake/t"}, storage_pairs=["AWS_ACCESS_KEY_ID=a"], environ={})
