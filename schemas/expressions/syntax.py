@@ -69,6 +69,27 @@ def _nesting(text: str) -> int:
     return deepest + len(_NOT_TOKEN.findall(text))
 
 
+#: sqlglot's node classes, as the SQL a user wrote.
+_OPERATORS = {"EQ": "=", "NEQ": "<>", "NullSafeEQ": "<=>", "GT": ">", "GTE": ">=", "LT": "<", "LTE": "<=",
+              "And": "AND", "Or": "OR", "Not": "NOT", "Like": "LIKE", "ILike": "ILIKE", "In": "IN", "Is": "IS",
+              "Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Mod": "%", "Between": "BETWEEN", "DPipe": "||"}
+_MISSING = re.compile(r"Required keyword: '(?P<part>\w+)' missing for <class '[\w.]*\.(?P<node>\w+)'>\.?"
+                      r"(?: Line (?P<line>\d+), Col: (?P<col>\d+)\.?)?")
+
+
+def _plain(message: str) -> str:
+    """sqlglot's message in the words of the SQL written: 'Required keyword: 'expression' missing for
+    <class 'sqlglot.expressions.core.EQ'>' names a class of the parser, not what is wrong."""
+    m = _MISSING.search(message)
+    if m is None:
+        return message
+    op = _OPERATORS.get(m["node"], m["node"].upper())
+    where = f" (column {m['col']})" if m["col"] else ""
+    if m["node"] == "Between":
+        return f"BETWEEN needs both bounds: x BETWEEN low AND high{where}"
+    return f"{op} has nothing after it{where}: give the value or expression it applies to"
+
+
 def parse(text: str, *, reason: ReasonCode = ReasonCode.BAD_EXPRESSION, what: str = "expression") -> exp.Expr:
     """One SQL expression (Spark dialect), or ExpressionError saying why not."""
     if not isinstance(text, str) or not text.strip():
@@ -82,7 +103,7 @@ def parse(text: str, *, reason: ReasonCode = ReasonCode.BAD_EXPRESSION, what: st
         parsed = sqlglot.parse(text, read="spark")
     except Exception as e:  # sqlglot raises ParseError, TokenError and others
         first = _ANSI.sub("", str(e).splitlines()[0]) if str(e) else type(e).__name__
-        raise ExpressionError(text, f"does not parse: {first}", reason=reason, what=what) from e
+        raise ExpressionError(text, f"does not parse: {_plain(first)}", reason=reason, what=what) from e
     if len(parsed) != 1 or parsed[0] is None:
         raise ExpressionError(text, "must be exactly one expression", reason=reason, what=what)
     node = parsed[0]

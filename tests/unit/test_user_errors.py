@@ -118,3 +118,14 @@ def test_a_rejection_names_its_reason_code_once() -> None:
                  error_message=str(refused), reason_code=str(refused.reason), decided_at_ms=1)  # type: ignore[attr-defined]
     text = str(error_from_decision(d))
     assert text.startswith("TABLE_OUTSIDE_ROOTS: table s3://other/t") and text.count("TABLE_OUTSIDE_ROOTS") == 1, text
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("id =", "= has nothing after it (column 4)"), ("value >", "> has nothing after it (column 7)"),
+    ("a AND", "AND has nothing after it (column 5)"), ("x BETWEEN 1", "BETWEEN needs both bounds"),
+])
+def test_an_incomplete_expression_is_told_in_sql_words_not_the_parsers(text: str, says: str) -> None:
+    with pytest.raises(ExpressionError) as e:
+        parse(text)
+    msg = str(e.value)
+    assert says in msg and "sqlglot" not in msg and "<class" not in msg, msg
