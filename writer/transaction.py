@@ -21,7 +21,7 @@ from urllib.parse import unquote
 from confluent_kafka import KafkaException
 
 from reader.deletion_vectors import dv_object
-from reader.log import commit_key, commit_object, read_commit
+from reader.log import commit_key, commit_object, read_commit, read_commit_info
 from reader.storage import StorageError, TableStorage
 from schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata, RemoveFile
 from schemas.actions import Protocol as ProtocolAction
@@ -105,16 +105,30 @@ class TableHandle(Protocol):
     def invalidate(self) -> None: ...
 
 
-def error_from_decision(d: Decision) -> DeltaCoordError:
-    """The typed exception a rejected decision stands for."""
+def error_from_decision(d: Decision, storage: TableStorage | None = None) -> DeltaCoordError:
+    """The typed exception a rejected decision stands for; a conflict names its table and (read from the
+    winning version's commitInfo in `storage`, when given and published) the winning operation."""
     cls = CONFLICT_CLASSES.get(d.error_type or "")
     if cls is not None:
-        return cls(d.error_message, winning_version=d.winning_version)
+        return cls(d.error_message, winning_version=d.winning_version, table=d.table_uri or d.table_id,
+                   winning_operation=_operation_of(storage, d.winning_version))
     code = d.reason_code or d.error_type
     reason = ReasonCode.from_wire(code) if code else ReasonCode.REJECTED
     message = d.error_message or "proposal rejected"
     # The coordinator's message is its own error's text, which already begins with the code.
     return InvalidProposalError(reason, message.removeprefix(f"{reason}: "))
+
+
+def _operation_of(storage: TableStorage | None, version: int | None) -> str | None:
+    """The operation of a published version (None when unknown: not published yet, or unreadable)."""
+    if storage is None or version is None or version < 0:
+        return None
+    try:
+        info = read_commit_info(commit_object(storage, version))
+    except (OSError, StorageError, ValueError):
+        return None
+    op = info.operation if info is not None else None
+    return op if isinstance(op, str) else None
 
 
 def check_proposal_id(proposal_id: str | None) -> str:
@@ -311,7 +325,7 @@ class Transaction:
             client.forget(p.proposal_id)
         self._delete_staged()
         self.table.invalidate()  # the next attempt must read a fresh snapshot
-        raise error_from_decision(d)
+        raise error_from_decision(d, self.table.storage)
 
     def _settle_repeat(self, version: int, duplicate: bool, publish_wait_s: float) -> bool:
         """After a commit answering a proposal id that may have been proposed before (a retry with the id of an

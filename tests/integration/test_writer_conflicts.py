@@ -61,6 +61,8 @@ def test_two_updates_on_one_partition_concurrent_append(env: Env, tmp_path: Path
         t.update(f"date = '{D1}' AND id = 2", {"value": "'l'"}, snapshot=snap)
     assert ei.value.winning_version == win.version
     assert f"date={D1}" in str(ei.value)
+    # The exception's fields are filled in, as Delta's are: the table and the winning operation.
+    assert ei.value.table == t.uri and ei.value.winning_operation == "UPDATE", vars(ei.value)
     assert env.orphans(t) == set()
     assert rows(t) == [(1, D1, "w"), (2, D1, "b"), (3, D2, "c")]
     env.assert_delta_rs_agrees(t)
