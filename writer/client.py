@@ -271,6 +271,11 @@ class _Replies(Routing):
         with self._lock:
             return frozenset(self._leased)
 
+    def reading(self) -> frozenset[int]:
+        """The reply partitions the reader fetches (or is about to): the current one, and any still in use."""
+        with self._lock:
+            return frozenset(self._reading)
+
     def wait_leased(self, timeout_s: float) -> bool:
         """True once this writer holds a reply partition of its own."""
         return self._lease_seen.wait(timeout_s) and bool(self.leased())

@@ -122,6 +122,14 @@ def test_each_writer_fetches_only_its_own_decisions(kafka_bootstrap: str, topics
             deadline.wait(0.1)
         else:
             pytest.fail(f"the reply group did not settle: {leases}")
+        # A writer reads its new lease's partition at once and stops reading one it lost (or the shared one)
+        # a moment after the group moved it: wait for that moment, so the writes below see the settled state.
+        for _ in range(100):
+            if all(c._replies().reading() <= c._replies().leased() for c in clients):
+                break
+            deadline.wait(0.1)
+        else:
+            pytest.fail(f"readers still read partitions they do not hold: {[c._replies().reading() for c in clients]}")
         tables = [Table(tmp_path / "t", kafka_bootstrap, topics=topics, client=c) for c in clients]
         tables[0].create(SCHEMA)
         errors: list[BaseException] = []
