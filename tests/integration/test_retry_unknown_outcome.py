@@ -247,8 +247,13 @@ def test_a_broker_that_freezes_after_the_proposal_went_out_gives_an_unknown_outc
             finally:
                 os.kill(info.pid, signal.SIGCONT)
             pid = ei.value.proposal_id
-            assert "did not confirm its delivery" in str(ei.value) and f"proposal_id={pid!r}" in str(ei.value)
+            # The freeze catches the proposal before its delivery was confirmed (the usual case) or, on a busy
+            # machine, just after: either way the outcome is unknown, and said with the id.
+            text = str(ei.value)
+            assert ("did not confirm its delivery" in text or "no decision for proposal" in text), text
+            assert f"proposal_id={pid!r}" in text, text
             monkeypatch.setattr(client_module, "DELIVERY_WAIT_S", 30.0)
+            t.decision_timeout_s = 120  # the coordinator recovers from the freeze first (its transaction timed out)
             again = t.append(pa.table({"id": [2]}, schema=SCHEMA), proposal_id=pid)
             assert again.proposal_id == pid and again.version == 2, again
             assert t.append(pa.table({"id": [3]}, schema=SCHEMA)).version == 3
