@@ -175,8 +175,8 @@ class _Replies(Routing):
         self._reading: set[int] = set()
         self._to_assign: list[TopicPartition] = []  # applied by the reading thread (`_assign_new`)
         self._assigned_at: dict[int, float] = {}  # when the reading thread assigned each partition
-        self._live: set[int] = set()
-        self._shared_used_at = 0.0  # partitions whose end the reader reached: an answer there is read at once
+        self._live: set[int] = set()  # partitions whose end the reader reached: an answer there is read at once
+        self._shared_used_at = 0.0  # when a proposal last named the shared partition (`_current`)
         self._shared = random.randrange(num_partitions)
         self._lease_seen = threading.Event()
         self._lease_moved = threading.Event()  # the reading thread releases idle partitions at once

@@ -630,12 +630,9 @@ class PartitionCoordinator:
         store cannot say (unavailable, why). `probed` caches answers within the batch."""
         foreign: dict[str, str] = {}
         unavailable: dict[str, str] = {}
-        todo: dict[tuple[str, int], str] = {}  # (table id, next version) -> table URI, not asked yet in this batch
-        for tid, st in overlay.tables.items():
-            live = self.states.get(tid)
-            key = (tid, live.version + 1 if live is not None else 0)
-            if key not in probed:
-                todo[key] = st.table_uri
+        keys = {tid: (tid, live.version + 1 if (live := self.states.get(tid)) is not None else 0) for tid in overlay.tables}
+        # (table id, next version) -> table URI, for the keys not asked yet in this batch
+        todo = {key: overlay.tables[tid].table_uri for tid, key in keys.items() if key not in probed}
 
         def ask(key: tuple[str, int]) -> tuple[tuple[str, int], bool | Exception]:
             try:
@@ -655,11 +652,7 @@ class PartitionCoordinator:
                     f"_delta_log/{commit_key(v).rsplit('/', 1)[-1]} exists, but version {v} was not ratified: it was "
                     "written around the coordinator, and a commit as that version would be invisible. The table is "
                     "halted; see 'Recover a halted table'")
-        for tid in overlay.tables:
-            live = self.states.get(tid)
-            key = (tid, live.version + 1 if live is not None else 0)
-            if tid in unavailable:
-                continue
+        for tid, key in keys.items():
             why = probed[key]
             if why == "unavailable":
                 unavailable.setdefault(tid, "the table's storage could not be checked; retry")

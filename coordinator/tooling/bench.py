@@ -76,6 +76,13 @@ def create_when_served(table: Any, schema: Any, coordinators: Sequence[subproces
                 raise
 
 
+def _spread(location: str, tables: int) -> tuple[list[str], str]:
+    """The tables a run's writers are dealt over (`<location>-<i>` when more than one), and how to name them."""
+    if tables == 1:
+        return [location], location
+    return [f"{location}-{i}" for i in range(tables)], f"{tables} tables {location}-<i>"
+
+
 def _say(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -275,7 +282,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **{k.upper(): v for k, v in secret.items()}},
     )
     location = table or str(workdir / "deltacoord-table")
-    locations = [location] if tables == 1 else [f"{location}-{i}" for i in range(tables)]
+    locations, on = _spread(location, tables)
     relay_proc: subprocess.Popen[bytes] | None = None
     sock = ""
     try:
@@ -295,7 +302,6 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
             with Table(where, bootstrap, topics=topics, storage_options=options, relay=sock) as t:
                 create_when_served(t, pa.schema([(n, getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS]), [coord])
         if not quiet:
-            on = location if tables == 1 else f"{tables} tables {location}-<i>"
             _say(f"deltacoord: {writers} writers x {k} blind appends on {on} ...")
         pids = {"coordinator": coord.pid, "broker": broker_pid(bootstrap)}
         if relay_proc is not None:
@@ -344,13 +350,11 @@ def bench_delta_rs(writers: int, k: int, workdir: Path, *, table: str | None = N
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    location = table or str(workdir / "delta-rs-table")
-    locations = [location] if tables == 1 else [f"{location}-{i}" for i in range(tables)]
+    locations, on = _spread(table or str(workdir / "delta-rs-table"), tables)
     options = dict(storage_options or {})
     for where in locations:
         write_deltalake(where, pa.table({n: pa.array([], getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS}), mode="overwrite",
                         storage_options=options or None)
-    on = location if tables == 1 else f"{tables} tables {location}-<i>"
     _say(f"delta-rs: {writers} processes x {k} write_deltalake appends on {on} ...")
     results, t0, end = _run_processes(_rs_writer, lambda i: (locations[i % tables], i, k, options), writers, workdir)
     return _summary(writers, results, k, end - t0)
