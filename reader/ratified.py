@@ -21,10 +21,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from reader.staged_commits import resolve_decision
+from reader.storage import TableStorage
 from schemas.actions import Action
 from schemas.codec import decode_decision
 from schemas.errors import DeltaCoordError
 from schemas.routing import H_TABLE_ID, H_VERSION, Topics, header, partition_for
+from schemas.staged import StagedCommitError
 
 #: How far before the newest published version's commitInfo timestamp the scan starts.
 SCAN_MARGIN_MS = 5_000
@@ -44,21 +47,26 @@ class RatifiedSource:
     kafka_config: Mapping[str, Any] = field(default_factory=dict)
     timeout_s: float = 30.0
 
-    def after(self, version: int, since_ms: int) -> list[tuple[int, tuple[Action, ...]]]:
+    def after(self, version: int, since_ms: int, *,
+              storage: TableStorage | None = None) -> list[tuple[int, tuple[Action, ...]]]:
         """The table's ratified versions after `version`, in order, each with its actions (the commit exactly as it
-        will be published); `since_ms` is `version`'s commitInfo timestamp (0: scan the whole partition)."""
+        will be published); `since_ms` is `version`'s commitInfo timestamp (0: scan the whole partition).
+        `storage` (the table's) resolves versions recorded by reference (`reader.staged_commits`)."""
         c = Consumer({"bootstrap.servers": self.bootstrap_servers, **self.kafka_config,
                       "group.id": f"deltacoord-stream-ratified-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False,
                       "isolation.level": "read_committed"})
         try:
-            return self._scan(c, version, since_ms)
+            return self._scan(c, version, since_ms, storage)
+        except StagedCommitError as e:
+            raise RatifiedReadError(f"a ratified version of {self.table_id} cannot be read: {e}") from e
         except KafkaException as e:
             raise RatifiedReadError(f"cannot read the ratified versions of {self.table_id} from "
                                     f"{self.topics.commits}: {e}") from e
         finally:
             c.close()
 
-    def _scan(self, c: Consumer, version: int, since_ms: int) -> list[tuple[int, tuple[Action, ...]]]:
+    def _scan(self, c: Consumer, version: int, since_ms: int,
+              storage: TableStorage | None) -> list[tuple[int, tuple[Action, ...]]]:
         topic = self.topics.commits
         md = c.list_topics(topic, timeout=self.timeout_s)
         t = md.topics.get(topic)
@@ -96,7 +104,12 @@ class RatifiedSource:
                     continue
                 d = decode_decision(value)
                 if d.committed and d.duplicate_of is None and d.version is not None:
-                    out[d.version] = d.actions
+                    if d.staged is not None:
+                        if storage is None:
+                            raise StagedCommitError(f"version {d.version} was recorded by reference; give the table's "
+                                                    "storage to read it")
+                        d = resolve_decision(storage, d)
+                    out[int(raw_version)] = d.actions
             # The position, not the last offset: transaction markers are never delivered.
             if c.position([tp])[0].offset >= high:
                 break

@@ -365,7 +365,8 @@ class Snapshot:
             if version is not None or timestamp is not None:
                 raise ValueError("ratified versions are read for the latest snapshot only: give no version or timestamp")
             published = cls.load(table_uri, storage_options=storage_options)
-            return published.with_commits(ratified.after(published.version, published._commit_info_ms()))
+            return published.with_commits(ratified.after(published.version, published._commit_info_ms(),
+                                                         storage=table_storage(table_uri, storage_options)))
         storage = table_storage(table_uri, storage_options)
         uri = storage.location if isinstance(table_uri, TableStorage) else str(table_uri)
         if timestamp is not None:

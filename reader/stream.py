@@ -74,6 +74,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from reader.log import table_root
 from reader.snapshot import TimestampLike, to_epoch_ms
+from reader.staged_commits import resolve_decision
+from reader.storage import StorageError, TableStorage
 from reader.storage_uri import StorageUriError, normalize_table_uri
 from schemas import client_settings, kafka_logs
 from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
@@ -91,6 +93,7 @@ from schemas.routing import (
     header,
     partition_for,
 )
+from schemas.staged import StagedCommitError
 
 log = logging.getLogger(__name__)
 
@@ -254,12 +257,15 @@ class CommitStream:
         ignore_deletes: bool = False,
         skip_change_commits: bool = False,
         include_all_commits: bool = False,
+        storage_options: Mapping[str, str] | None = None,
         **kafka_config: Any,
     ) -> None:
         """`include_all_commits` turns the data stream into a commit log (used by `deltacoord tail`):
         every committed version is delivered, including those that change no data, and neither
         deletes nor metadata changes raise. `bootstrap_servers` defaults to DELTACOORD_BOOTSTRAP_SERVERS and
-        `topic_prefix` to DELTACOORD_TOPIC_PREFIX (else `deltacoord`), as for writers (docs/settings.md)."""
+        `topic_prefix` to DELTACOORD_TOPIC_PREFIX (else `deltacoord`), as for writers (docs/settings.md).
+        `storage_options` (delta-rs's keys) open the table's store for large commits, which the commits topic
+        records by reference (`reader.staged_commits`)."""
         if starting_version is not None and starting_timestamp is not None:
             raise ValueError("Please either provide 'starting_version' or 'starting_timestamp', not both")
         if isinstance(starting_version, bool) or not (
@@ -275,6 +281,8 @@ class CommitStream:
         self.ignore_deletes = ignore_deletes
         self.skip_change_commits = skip_change_commits
         self.include_all_commits = include_all_commits
+        self.storage_options = dict(storage_options or {})
+        self._storages: dict[str, TableStorage] = {}
         self._starting_ts_ms = None if starting_timestamp is None else to_epoch_ms(starting_timestamp)
         self._latest = starting_version == "latest"
         #: First version to deliver; None until resolved ("latest" / timestamp).
@@ -461,6 +469,15 @@ class CommitStream:
         d = decode_decision(value)
         if not d.committed or d.duplicate_of is not None or d.version != version:
             return
+        if d.staged is not None:
+            try:
+                storage = self._storages.get(d.table_uri) or self._storages.setdefault(
+                    d.table_uri, TableStorage(d.table_uri, self.storage_options))
+                d = resolve_decision(storage, d)
+            except (StagedCommitError, StorageError, OSError, ValueError) as e:
+                self._error = StreamGapError(f"version {version} of table {self.table_id} was recorded by reference and "
+                                             f"cannot be read: {e}")
+                return
         self._on_commit(d)
 
     def _on_adoption(self, m: Message) -> None:

@@ -66,7 +66,7 @@ from schemas.actions import (
     SetTransaction,
 )
 from schemas.errors import DecodeError, EncodeError
-from schemas.messages import Decision, FileRead, Outcome, Proposal
+from schemas.messages import Decision, FileRead, Outcome, Proposal, StagedActions
 
 __all__ = [
     "DECISION_FINGERPRINT",
@@ -115,8 +115,8 @@ _ACTION_TYPES: Final = (
     "Action",
 )
 _SCHEMA_FILES: Final[dict[str, tuple[str, ...]]] = {
-    "CommitProposal": (*_ACTION_TYPES, "FileRead", "CommitProposal"),
-    "CommitDecision": (*_ACTION_TYPES, "Outcome", "CommitDecision"),
+    "CommitProposal": (*_ACTION_TYPES, "FileRead", "StagedActions", "CommitProposal"),
+    "CommitDecision": (*_ACTION_TYPES, "Outcome", "StagedActions", "CommitDecision"),
 }
 
 
@@ -753,10 +753,23 @@ def _proposal_from(r: Record) -> Proposal:
         read_app_ids=tuple(r["readAppIds"]),
         writer=r["writer"],
         operation_parameters=r["operationParameters"],
+        staged=_staged_from(r.get("stagedActions")),
     )
 
 
 _OUTCOMES: Final = {o.value: o for o in Outcome}
+
+
+def _staged_from(r: Record | None) -> StagedActions | None:
+    if r is None:
+        return None
+    return StagedActions(sha256=r["sha256"], count=r["count"], size=r["size"])
+
+
+def _staged_rec(s: StagedActions | None) -> Record | None:
+    if s is None:
+        return None
+    return {"sha256": s.sha256, "count": s.count, "size": s.size}
 
 
 def _outcome_from(symbol: str) -> Outcome:
@@ -780,6 +793,7 @@ def _decision_from(r: Record) -> Decision:
         winning_version=r["winningVersion"],
         duplicate_of=r["duplicateOf"],
         decided_at_ms=r["decidedAtMs"],
+        staged=_staged_from(r.get("stagedCommit")),
     )
 
 
@@ -943,6 +957,7 @@ def _proposal_rec(p: Proposal) -> Record:
         "readAppIds": list(p.read_app_ids),
         "writer": p.writer,
         "operationParameters": dict(p.operation_parameters),
+        "stagedActions": _staged_rec(p.staged),
     }
 
 
@@ -963,6 +978,7 @@ def _decision_rec(d: Decision) -> Record:
         "winningVersion": d.winning_version,
         "duplicateOf": d.duplicate_of,
         "decidedAtMs": d.decided_at_ms,
+        "stagedCommit": _staged_rec(d.staged),
     }
 
 
@@ -1011,3 +1027,19 @@ def encode_decision(d: Decision) -> bytes:
     if not isinstance(d, Decision):
         raise EncodeError(f"expected a Decision, got {type(d).__name__}")
     return _encode("CommitDecision", _decision_rec, d)
+
+
+def _register_history() -> None:
+    """Messages written by earlier versions of this project stay readable: their schemas (kept in
+    ``schemas/avro/history`` by canonical form, named ``<message>.<fingerprint>.json``) lack only fields
+    added since with defaults, which Avro resolution fills in."""
+    for f in sorted((_AVRO_DIR / "history").glob("*.json")):
+        message = f.name.split(".", 1)[0]
+        if message not in _READERS:
+            raise RuntimeError(f"{f}: unknown message {message!r}")
+        fp = register_writer_schema(message, f.read_text())  # type: ignore[arg-type]
+        if fp.hex() != f.name.split(".")[1] or _REGISTRY[fp].incompatibility is not None:
+            raise RuntimeError(f"{f}: fingerprint {fp.hex()} or resolution ({_REGISTRY[fp].incompatibility}) is wrong")
+
+
+_register_history()

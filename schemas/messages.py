@@ -15,6 +15,20 @@ from schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, PartitionVa
 
 
 @dataclass(frozen=True, slots=True)
+class StagedActions:
+    """Actions carried by reference: a file of newline-delimited Delta JSON in the table's store.
+
+    Kafka is made for small messages; a commit of 100,000 files is not one. Its actions are staged as a
+    file (`schemas.staged`) and the message carries this: the file's digest, which names the file and is
+    checked before its content is used, its action count and its size.
+    """
+
+    sha256: str
+    count: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
 class FileRead:
     """A data file the transaction scanned, with its partition values."""
 
@@ -46,6 +60,9 @@ class Proposal:
     read_app_ids: tuple[str, ...] = ()
     writer: str | None = None
     operation_parameters: Mapping[str, str] = field(default_factory=dict)
+    #: Set when the actions travel by reference (a large commit). On the wire `actions` is then empty; the
+    #: coordinator loads them from the staged file (checking the digest) before deciding.
+    staged: StagedActions | None = None
 
     @property
     def is_blind_append(self) -> bool:
@@ -84,6 +101,9 @@ class Decision:
     #: For an already-committed proposal (redelivery), the original version.
     duplicate_of: int | None = None
     decided_at_ms: int = 0
+    #: Set for a committed version recorded by reference: on the wire `actions` then holds the commitInfo
+    #: alone and the whole commit is in the staged file (`schemas.staged`); resolved, `actions` is complete.
+    staged: StagedActions | None = None
 
     @property
     def committed(self) -> bool:

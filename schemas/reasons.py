@@ -86,6 +86,9 @@ class ReasonCode(StrEnum):
     # -- the Kafka edge: messages that are not a decodable proposal --
     UNDECODABLE = "UNDECODABLE"
     OVERSIZE = "OVERSIZE"
+    #: A proposal carrying its actions by reference whose staged file is missing, altered (another digest or
+    #: size) or not Delta JSON actions (`schemas.staged`).
+    STAGED_COMMIT_INVALID = "STAGED_COMMIT_INVALID"
     #: The proposal arrived on a partition other than its table's (murmur2(table id) % partitions).
     WRONG_PARTITION = "WRONG_PARTITION"
     #: Kafka refused to record the proposal's decision (e.g. larger than the commits topic's

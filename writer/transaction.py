@@ -8,6 +8,7 @@ and any mix of add/remove/metaData/protocol/txn/domainMetadata actions.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -38,6 +39,7 @@ from schemas.errors import (
 from schemas.messages import Decision, FileRead, Proposal
 from schemas.reasons import ReasonCode
 from schemas.signing import WriterKey
+from schemas.staged import INLINE_MAX_BYTES, WRITER, staged_bytes, staged_key
 from writer.client import CoordinatorClient
 from writer.replies import Pending, ProposalNotPublishedError
 from writer.staging import delete_staged
@@ -169,6 +171,8 @@ class Transaction:
         self.staged: list[AddFile] = []
         #: Other objects written for this transaction (deletion-vector files), deleted with the staged files.
         self.staged_keys: list[str] = []
+        #: The key of this transaction's actions when they travel by reference (`_by_reference`).
+        self.staged_commit: str | None = None
         #: Set once the proposal went to Kafka: from then on only its decision may delete staged files.
         self.proposed = False
         #: More commitInfo fields (a compaction's row map, `schemas.row_map`); the coordinator copies them.
@@ -224,8 +228,31 @@ class Transaction:
             self._delete_staged()
             self.staged, self.staged_keys = [], []
 
+    def _by_reference(self, p: Proposal) -> Proposal:
+        """`p`, carrying its actions by reference when they are too large for a Kafka message
+        (`schemas.staged`): they are staged under `_delta_log/_staged_commits/` first."""
+        if len(p.actions) < 64:  # far below the limit: not worth serialising twice
+            return p
+        data, ref = staged_bytes(p.actions)
+        if ref.size <= INLINE_MAX_BYTES:
+            return p
+        key = staged_key(WRITER, p.proposal_id, ref)
+        self.table.storage.put_if_absent(key, data)
+        self.staged_commit = key
+        log.debug("proposal %s carries its %d actions (%d bytes) by reference: %s", p.proposal_id, ref.count,
+                  ref.size, key)
+        return dataclasses.replace(p, actions=(), staged=ref)
+
     def _delete_staged(self) -> None:
         delete_staged(self.table.storage, self.staged)
+        self._delete_staged_commit()
+
+    def _delete_staged_commit(self) -> None:
+        """The staged actions are read by the coordinator before it decides: after a decision they go."""
+        if self.staged_commit is not None:
+            with contextlib.suppress(FileNotFoundError, StorageError):
+                self.table.storage.delete(self.staged_commit)
+            self.staged_commit = None
         for key in self.staged_keys:
             with contextlib.suppress(FileNotFoundError):
                 self.table.storage.delete(key)
@@ -283,7 +310,7 @@ class Transaction:
         mode = check_wait(wait or self.table.wait)
         all_metrics = {**_metrics(self.actions), **(metrics or {})}
         try:
-            p = self.proposal(operation, changes_data, parameters, all_metrics)
+            p = self._by_reference(self.proposal(operation, changes_data, parameters, all_metrics))
         except BaseException:
             self.abandon()
             raise
@@ -313,6 +340,7 @@ class Transaction:
                 if mode == "published":
                     self._await_publication(pending, d.version, notice=d.duplicate_of is None)
                     timings["published_ms"] = (time.perf_counter() - t0) * 1000
+                self._delete_staged_commit()
                 already = d.duplicate_of is not None
                 if already or self.proposal_id != self._fresh_id:
                     already = self._settle_repeat(d.version, already, publish_wait_s=5.0 if mode == "ratified" else 0.0)

@@ -18,6 +18,13 @@ Delta's `VacuumCommand` decides, and so does this:
   directories (`_col=value`) and `_change_data`, whose files Delta vacuums too.
   Emptied directories of a local table are removed.
 
+One exception in `_delta_log`: a writer's staged actions of a large commit
+(`_delta_log/_staged_commits/w-*.json`, `schemas.staged`) older than the
+retention. The coordinator deletes them once it decided; one is left only by a
+crash, and a proposal still undecided after the retention is refused without it
+(nothing commits). The coordinator's own staged commits (`d-*.json`) are never
+vacuumed: one may hold a ratified version a halted table has not published yet.
+
 Vacuum only deletes data files; it writes nothing to `_delta_log` (the log is the
 coordinator's), so it runs with the writers' credentials.
 """
@@ -37,6 +44,7 @@ from reader.storage import StoredObject, TableStorage
 from schemas.actions import DeletionVector
 from schemas.errors import DeltaCoordError
 from schemas.properties import TableProperties
+from schemas.staged import STAGED_DIR, WRITER, is_staged_key
 
 _HOUR_MS = 3_600_000
 
@@ -129,6 +137,12 @@ def vacuum(table: TableLocation, *, retention_hours: float | None = None, dry_ru
             continue
         deleted.append(info.key)
         nbytes += info.size
+    for info in storage.list(STAGED_DIR):
+        name = info.key[len(STAGED_DIR):]
+        if is_staged_key(info.key) and name.startswith(f"{WRITER}-") and \
+                int(info.last_modified.timestamp() * 1000) < delete_before:
+            deleted.append(info.key)
+            nbytes += info.size
     if not dry_run:
         for key in deleted:
             storage.delete(key)

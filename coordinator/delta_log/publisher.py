@@ -40,8 +40,11 @@ from coordinator.faults import fault_armed, fault_point
 from coordinator.locations import TableLocationError, TableLocations
 from coordinator.stable_wait import StableCheck, StableWait
 from reader.log import commit_key
+from reader.staged_commits import delete_staged
 from reader.storage import StorageConfigError, StorageError, StoredObject, TableStorage
 from schemas.actions import Action, commit_to_json_lines
+from schemas.messages import StagedActions
+from schemas.staged import DECIDED
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,13 @@ class PublishTask:
     actions: tuple[Action, ...]
     #: (commits partition, offset) of the decision when this process recorded it; None when read back from Kafka.
     stable_at: tuple[int, int] | None = None
+    #: (proposal id, reference) of a commit recorded by reference: its staged file is deleted once published.
+    staged: tuple[str, StagedActions] | None = None
+
+    def __post_init__(self) -> None:
+        if self.staged is not None and len(self.actions) != self.staged[1].count:
+            raise ValueError(f"{self.table_id} v{self.version}: a decision recorded by reference must be resolved "
+                             f"before it is published ({len(self.actions)} of {self.staged[1].count} actions)")
 
 
 @dataclass
@@ -436,6 +446,12 @@ class Publisher:
         with self._lock:
             t = self.tables.setdefault(task.table_id, TablePublication())
             t.published = max(t.published, task.version)
+        if task.staged is not None:
+            try:  # the version holds the same bytes now: readers resolve the decision from it
+                delete_staged(self.locations.storage(task.table_uri), DECIDED, *task.staged)
+            except (TableLocationError, StorageConfigError, StorageError, OSError) as e:
+                log.warning("deleting the staged commit of %s v%d failed (%s); VACUUM removes it", task.table_uri,
+                            task.version, e)
         if self.on_published is not None:
             try:
                 self.on_published(task.table_id, task.table_uri, task.version, task.actions)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.kafka.control import ADOPT, control_kind
-from coordinator.kafka.recovery import read_decisions
+from coordinator.kafka.recovery import decision_resolver, read_decisions
 from coordinator.settings import CoordinatorSettings
 from reader.checkpoint import key_string, read_checkpoint_actions
 from reader.log import (
@@ -58,7 +58,7 @@ from reader.log import (
     table_storage,
 )
 from reader.snapshot import LogReplayState
-from reader.storage import TableStorage
+from reader.storage import StorageError, TableStorage
 from schemas.actions import (
     Action,
     AddCDCFile,
@@ -72,6 +72,7 @@ from schemas.actions import (
 )
 from schemas.properties import TableProperties
 from schemas.routing import partition_for
+from schemas.staged import StagedCommitError
 
 #: At most this many examples per kind of mismatch go into a problem message.
 _EXAMPLES = 5
@@ -161,6 +162,7 @@ def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str,
     adoption records stand for go to `adopted`."""
     decided: Counter[str] = Counter()
     ratified: dict[int, tuple[Action, ...]] = {}
+    resolve = decision_resolver(settings)
     expected = 0
     for d in read_decisions(settings, partition, table_id=table_id):
         if control_kind(d) == ADOPT:
@@ -180,6 +182,10 @@ def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str,
             rep.problems.append(f"commits topic: version {d.version} where {expected} was expected")
             expected = (d.version or 0) + 1
             continue
+        try:
+            d = resolve(d)
+        except (StagedCommitError, StorageError, OSError, ValueError) as e:
+            rep.problems.append(f"commits topic: version {d.version} was recorded by reference and cannot be read: {e}")
         ratified[expected] = d.actions
         expected += 1
         rep.topic_versions += 1

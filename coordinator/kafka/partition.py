@@ -99,6 +99,7 @@ from coordinator.rules.state import TableState
 from coordinator.rules.validate import path_problem
 from coordinator.settings import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_KEY_BYTES, CoordinatorSettings
 from reader.log import commit_key, newest_commit_version
+from reader.staged_commits import delete_staged, load_proposal, on_the_wire, stage_decision
 from reader.storage import StorageError
 from schemas.actions import AddCDCFile, AddFile
 from schemas.codec import decode_proposal, encode_decision
@@ -124,6 +125,7 @@ from schemas.routing import (
     header,
     partition_for,
 )
+from schemas.staged import DECISION_INLINE_MAX_ACTIONS, WRITER, StagedCommitError
 
 log = logging.getLogger(__name__)
 
@@ -463,7 +465,8 @@ class PartitionCoordinator:
             for d, offset in ds:
                 assert d.version is not None
                 self._recorded_at.append((d.table_id, d.version, offset))
-                self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions))
+                self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions,
+                                                  staged=(d.proposal_id, d.staged) if d.staged is not None else None))
         self.metrics.tables.inc(len(self.states))
         self.metrics.halted_tables.set(self.publisher.halted_count())
         log.info("partition %d: recovered %d tables (%d halted) from %d records of %s%s", self.partition, len(self.states),
@@ -618,7 +621,7 @@ class PartitionCoordinator:
             if d.table_id in faults:
                 continue
             try:
-                out[id(d)] = encode_decision(d)
+                out[id(d)] = encode_decision(on_the_wire(d))
             except Exception as e:  # a fault of this code on that table
                 log.exception("encoding the decision of %s for table %s failed", d.proposal_id[:100], d.table_id[:200])
                 faults[d.table_id] = (f"encoding a decision of this table failed unexpectedly ({type(e).__name__}: {e}); "
@@ -711,6 +714,8 @@ class PartitionCoordinator:
         unavailable: set[str] = set()
         while True:
             foreign, cannot = self._probe(overlay, probed)
+            if not foreign and not cannot:
+                decided, cannot = self._by_reference(decided, proposals)
             encoded = self._encode_all(decided, foreign)
             if not foreign and not cannot:
                 break
@@ -749,7 +754,8 @@ class PartitionCoordinator:
                 decisions.append(d)
                 replies.append((x.reply, x.ratified_only))
                 value = encoded.get(id(d))
-                outs.append(_Out(s.topics.commits, value if value is not None else encode_decision(d), d.table_id.encode(),
+                outs.append(_Out(s.topics.commits, value if value is not None else encode_decision(on_the_wire(d)),
+                                 d.table_id.encode(),
                                  decision_headers(d), self.partition, x.offset, d))
             if x.dead is not None:
                 outs.append(_Out(s.topics.dead_letters, x.dead.value, x.dead.key, x.dead.headers, None, x.offset))
@@ -771,6 +777,7 @@ class PartitionCoordinator:
         fault_point("after_kafka_commit")
         self._committed(batch)
         self._controls = [c for c in self._controls if c not in controls]
+        self._drop_writer_staged(proposals)
         overlay.apply_to(self.states)
         for d in decisions:
             self.decided.remember(d)
@@ -799,7 +806,8 @@ class PartitionCoordinator:
             if new_version:
                 assert d.version is not None
                 self.metrics.commits.labels(self._label).inc()
-                self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions, stable_at))
+                self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions, stable_at,
+                                                  staged=(d.proposal_id, d.staged) if d.staged is not None else None))
             elif d.committed:
                 self.metrics.duplicates.inc()
             elif d.error_type and d.reason_code is None:
@@ -814,6 +822,44 @@ class PartitionCoordinator:
             return False
         self.maybe_snapshot()
         return True
+
+    def _by_reference(self, decided: Sequence[Decision],
+                      proposals: Sequence[Submitted]) -> tuple[list[Decision], dict[str, str]]:
+        """Large commits are recorded by reference (`schemas.staged`): the whole commit is staged in the table's
+        store before the transaction that ratifies it, and the decision names it by digest. Versions of proposals
+        that came by reference, and any with more actions than a message should hold. Tables whose store did not
+        take the file are returned with why (their batch is decided again without them: nothing is ratified)."""
+        by_ref = {x.proposal.proposal_id for x in proposals if x.proposal.staged is not None}
+        out: list[Decision] = []
+        cannot: dict[str, str] = {}
+        for d in decided:
+            if (d.committed and d.duplicate_of is None and d.version is not None and d.staged is None
+                    and (d.proposal_id in by_ref or len(d.actions) > DECISION_INLINE_MAX_ACTIONS)):
+                try:
+                    d = stage_decision(self.publisher.locations.storage(d.table_uri), d)
+                except (TableLocationError, StorageError, OSError) as e:
+                    cannot[d.table_id] = (f"the table's store did not take the staged commit of version {d.version} "
+                                          f"({e}); nothing was decided, retry")
+            out.append(d)
+        return out, cannot
+
+    def _drop_writer_staged(self, proposals: Sequence[Submitted]) -> None:
+        """Once decided and recorded, a proposal's staged actions are not needed (the decision holds or names
+        the commit): deleted off the deciding thread. One left by a crash is swept by VACUUM."""
+        staged = [x.proposal for x in proposals if x.proposal.staged is not None]
+        if not staged:
+            return
+
+        def drop(p: Proposal) -> None:
+            assert p.staged is not None
+            try:
+                delete_staged(self.publisher.locations.storage(p.table_uri), WRITER, p.proposal_id, p.staged)
+            except (TableLocationError, StorageError, OSError) as e:
+                log.warning("partition %d: deleting the staged actions of %s failed (%s); VACUUM removes them",
+                            self.partition, p.proposal_id[:100], e)
+
+        for p in staged:
+            _probe_pool().submit(drop, p)
 
     def _record(self, batch: Sequence[Message], outs: Sequence[_Out]) -> bool:
         """One transaction of `outs` with the offsets of `batch`; False (aborted and rewound, or the producer
@@ -1127,6 +1173,28 @@ class PartitionCoordinator:
             dead = dead_letter(m.value(), None, error, _source(m), 0)
         return _Decoded(offset, rejected=rejected, dead=dead)
 
+    def _load_staged(self, p: Proposal, at_ms: int) -> Proposal | Decision:
+        """The proposal with its staged actions loaded (the Kafka edge: the rules only see whole proposals), or its
+        rejection (STAGED_COMMIT_INVALID, or STORAGE_UNAVAILABLE when the store does not answer). A proposal
+        decided before (a redelivery after its staged file was deleted) goes on to be answered as decided."""
+        st = self.states.get(p.table_id)
+        known = self.decided.get(p.table_id, p.proposal_id) is not None or (
+            st is not None and st.committed_version_of(p.proposal_id) is not None)
+        try:
+            return load_proposal(self.publisher.locations.storage(p.table_uri), p)
+        except StagedCommitError as e:
+            if known:
+                return p
+            err = InvalidProposalError(ReasonCode.STAGED_COMMIT_INVALID, f"{e}; nothing was decided")
+        except (TableLocationError, StorageError, OSError) as e:
+            if known:
+                return p
+            err = InvalidProposalError(ReasonCode.STORAGE_UNAVAILABLE, (
+                f"the proposal's staged actions could not be read ({e}); nothing was decided, retry"))
+        log.warning("partition %d: refused proposal %s for table %s: %s", self.partition, p.proposal_id[:100],
+                    p.table_id[:200], err)
+        return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, at_ms)
+
     def _decode_fully(self, m: Message, offset: int) -> _Decoded:
         raw = m.value()
         at_ms = max(0, m.timestamp()[1])
@@ -1184,6 +1252,11 @@ class PartitionCoordinator:
         sig = None
         if signer is not None and signature is not None:
             sig = Signature(signer.decode("utf-8", errors="replace"), signature, raw)
+        if p.staged is not None:
+            loaded = self._load_staged(p, at_ms or int(time.time() * 1000))
+            if isinstance(loaded, Decision):
+                return _Decoded(offset, rejected=loaded)
+            p = loaded
         if request is not None:
             log.warning("partition %d: %s asks to %s table %s", self.partition, source, request, p.table_id[:200])
         return _Decoded(offset, submitted=Submitted(p, at_ms, sig), request=request)

@@ -21,14 +21,17 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from coordinator.delta_log.adoption import PublishedState, StateLoadError, load_published_state
 from coordinator.kafka.control import ADOPT, HALT, RELEASE, RESUME, control_kind
+from coordinator.locations import TableLocationError, TableLocations
 from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from coordinator.settings import CoordinatorSettings
 from reader.log import newest_commit_version
+from reader.staged_commits import resolve_decision
 from reader.storage import StorageError, TableStorage
 from schemas.codec import decode_decision
 from schemas.messages import Decision
 from schemas.routing import H_NEXT_OFFSET, H_TABLE_ID, H_VERSION, header
+from schemas.staged import StagedCommitError
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +203,8 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
                    published_version: Callable[[str], int] = newest_commit_version,
                    base: Recovered | None = None, from_offset: int | None = None,
                    republish_from: Mapping[str, tuple[int, int]] | None = None,
-                   load_state: Callable[[str, int], PublishedState] | None = None) -> Recovered:
+                   load_state: Callable[[str, int], PublishedState] | None = None,
+                   resolve: Callable[[Decision], Decision] | None = None) -> Recovered:
     """Table states as the fold of the partition's committed decisions (event sourcing), from the
     start of the partition or from `from_offset` on top of `base` (a snapshot's state); with
     `republish_from` (table id -> (offset, version)) the records from there to `from_offset` are read
@@ -223,7 +227,9 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
     records (`coordinator.kafka.control`) halt and resume tables, adopt and release them: an adoption at
     version N replaces the table's state by its published log at N (`load_state(table_uri, N)`, default
     `adoption.load_published_state` with the settings' storage options), whose failure halts that table; a
-    release drops the table's state (it is listed in `released`).
+    release drops the table's state (it is listed in `released`). A version recorded by reference is
+    resolved to its whole commit (`resolve`, default `reader.staged_commits.resolve_decision` through the
+    settings' locations); one that cannot be halts its table.
     """
     rec = base if base is not None else Recovered(decided=DecidedIds(settings.decided_ids_limit,
                                                                      settings.decided_ids_max_age_ms))
@@ -231,6 +237,8 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
     if load_state is None:
         def load_state(table_uri: str, version: int) -> PublishedState:
             return load_published_state(TableStorage(table_uri, settings.storage_options), version)
+    if resolve is None:
+        resolve = decision_resolver(settings)
     on_disk: dict[str, int] = {}
     #: Per table, the first version to (re)publish: every ratified version from there on is compared byte
     #: for byte with `_delta_log` (put-if-absent), written where it is missing.
@@ -275,7 +283,10 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             tid = d.table_id
             if (tid in again and offset >= again[tid] and d.committed and d.duplicate_of is None and d.version is not None
                     and d.version >= compare_from[tid] and d.version <= states[tid].version):
-                rec.to_publish.setdefault(tid, []).append((d, offset))
+                try:
+                    rec.to_publish.setdefault(tid, []).append((resolve(d), offset))
+                except (StagedCommitError, TableLocationError, StorageError, OSError) as e:
+                    rec.halt(tid, d.table_uri, f"version {d.version} cannot be republished: {e}")
             continue
         rec.last = (offset, d.proposal_id)
         kind = control_kind(d)
@@ -313,6 +324,13 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
                 f"the commits topic is not contiguous for this table: version {d.version} follows {st.version}. The "
                 "table is halted with its state at that version"))
             continue
+        try:
+            d = resolve(d)
+        except (StagedCommitError, TableLocationError, StorageError, OSError) as e:
+            broken.add(d.table_id)
+            rec.halt(d.table_id, d.table_uri, f"version {d.version} was recorded by reference and cannot be read: {e}")
+            continue
+        assert d.version is not None
         try:
             st.apply(d.version, d.actions)
         except Exception as e:  # a fault of this code on one table: that table stops, the others recover
@@ -410,6 +428,21 @@ def recover_partition(settings: CoordinatorSettings, partition: int, **kwargs: A
     return rebuild_states(settings, partition, **kwargs)
 
 
+def decision_resolver(settings: CoordinatorSettings) -> Callable[[Decision], Decision]:
+    """Resolves decisions recorded by reference to their whole commit, through the settings' table locations."""
+    locations: TableLocations | None = None
+
+    def resolve(d: Decision) -> Decision:
+        nonlocal locations
+        if d.staged is None or d.version is None:
+            return d
+        if locations is None:
+            locations = settings.locations()
+        return resolve_decision(locations.storage(d.table_uri), d)
+
+    return resolve
+
+
 def _record_is(settings: CoordinatorSettings, partition: int, last: tuple[int, str]) -> bool:
     """Whether the committed record at offset `last[0]` of the commits partition has proposal id `last[1]`."""
     for d, offset in read_decisions_at(settings, partition, from_offset=last[0], stall_timeout_s=30):
@@ -417,4 +450,5 @@ def _record_is(settings: CoordinatorSettings, partition: int, last: tuple[int, s
     return False
 
 
-__all__ = ["Recovered", "RecoveryError", "SnapshotUnusableError", "read_decisions", "read_decisions_at", "rebuild_states", "recover_partition"]
+__all__ = ["Recovered", "RecoveryError", "SnapshotUnusableError", "decision_resolver", "read_decisions", "read_decisions_at",
+           "rebuild_states", "recover_partition"]

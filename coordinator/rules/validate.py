@@ -333,6 +333,9 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
         raise _err(ReasonCode.TABLE_MISMATCH, f"proposal for table {p.table_id!r} delivered to table {state.table_id!r}")
     if not p.proposal_id:
         raise _err(ReasonCode.BAD_PROPOSAL_ID, "proposal_id is empty")
+    if p.staged is not None and len(p.actions) != p.staged.count:
+        # Loaded at the Kafka edge (`reader.staged_commits`); one that was not must never commit as it stands.
+        raise _err(ReasonCode.STAGED_COMMIT_INVALID, f"the proposal's {p.staged.count} staged actions were not loaded")
     rv = p.read_version
     if rv < -1:
         raise _err(ReasonCode.BAD_READ_VERSION, f"read version {rv} is below -1")

@@ -44,7 +44,7 @@ from schemas.codec import (
     unregister_writer_schema,
 )
 from schemas.errors import DecodeError
-from schemas.messages import Decision, FileRead, Outcome, Proposal
+from schemas.messages import Decision, FileRead, Outcome, Proposal, StagedActions
 
 AVRO_DIR = Path(codec.__file__).with_name("avro")
 FIXTURES = Path(__file__).with_name("fixtures")
@@ -291,8 +291,9 @@ MAPPED: list[tuple[type, str, dict[str, str]]] = [
     (DomainMetadata, "DomainMetadata", {}),
     (CommitInfo, "CommitInfo", {"values": "valuesJson"}),
     (FileRead, "FileRead", {}),
-    (Proposal, "CommitProposal", {}),
-    (Decision, "CommitDecision", {}),
+    (StagedActions, "StagedActions", {}),
+    (Proposal, "CommitProposal", {"staged": "stagedActions"}),
+    (Decision, "CommitDecision", {"staged": "stagedCommit"}),
 ]
 
 

@@ -1,0 +1,120 @@
+"""Commits carried by reference, at the storage edge: stage, load, resolve and delete staged files.
+
+What a staged file is and how it is named and checked is `schemas.staged` (pure). Here: the writer stages
+its actions before proposing, the coordinator loads them before deciding and stages its decided commit
+before ratifying, and whoever reads a decision from the commits topic (recovery, the change feed, ratified
+reads) resolves it to its whole commit: from `_delta_log/<version>.json` once published (same bytes, same
+digest), from the coordinator's staged file before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from reader.log import commit_key
+from reader.storage import TableStorage
+from reader.storage_uri import StorageError
+from schemas.messages import Decision, Proposal, StagedActions
+from schemas.staged import (
+    DECIDED,
+    WRITER,
+    StagedCommitError,
+    check_staged,
+    decided_commit_info,
+    parse_staged,
+    staged_bytes,
+    staged_key,
+)
+
+
+def load_proposal(storage: TableStorage, proposal: Proposal) -> Proposal:
+    """The proposal with its staged actions loaded and checked; StagedCommitError when they cannot be."""
+    ref = proposal.staged
+    if ref is None:
+        return proposal
+    if proposal.actions:
+        raise StagedCommitError("a proposal carries its actions either inline or by reference, not both")
+    key = staged_key(WRITER, proposal.proposal_id, ref)
+    where = f"{storage.location}/{key}"
+    try:
+        data = storage.get(key)
+    except FileNotFoundError as e:
+        raise StagedCommitError(f"{where} does not exist: the writer's staged actions are gone (deleted after "
+                                "a decision, or never written)") from e
+    return dataclasses.replace(proposal, actions=parse_staged(data, ref, where))
+
+
+def stage_decision(storage: TableStorage, decision: Decision) -> Decision:
+    """Stage a committed decision's whole commit; the decision, still whole in memory, now names the file."""
+    data, ref = staged_bytes(decision.actions)
+    storage.put_if_absent(staged_key(DECIDED, decision.proposal_id, ref), data)
+    return dataclasses.replace(decision, staged=ref)
+
+
+def on_the_wire(decision: Decision) -> Decision:
+    """The decision as recorded on the commits topic: by reference, only the commitInfo stays inline."""
+    if decision.staged is None:
+        return decision
+    return dataclasses.replace(decision, actions=decided_commit_info(decision.actions))
+
+
+def _read(storage: TableStorage, key: str, ref: StagedActions) -> bytes | None:
+    """The object's bytes when it is the file `ref` names; None when it is missing or another content."""
+    try:
+        data = storage.get(key)
+    except FileNotFoundError:
+        return None
+    try:
+        check_staged(data, ref, key)
+    except StagedCommitError:
+        return None
+    return data
+
+
+def resolve_decision(storage: TableStorage, decision: Decision) -> Decision:
+    """The decision with its whole commit, fetched when it was recorded by reference.
+
+    The published version is read first (the staged file is deleted once it is published); the staged
+    file before that. Raises StagedCommitError when neither holds the commit (a `_delta_log` cleaned
+    beyond this version, or a staged file deleted by hand).
+    """
+    ref = decision.staged
+    if ref is None or decision.version is None:
+        return decision
+    decided = staged_key(DECIDED, decision.proposal_id, ref)
+    for key in (commit_key(decision.version), decided, commit_key(decision.version)):  # published in between
+        data = _read(storage, key, ref)
+        if data is not None:
+            return dataclasses.replace(decision, actions=parse_staged(data, ref, f"{storage.location}/{key}"))
+    raise StagedCommitError(
+        f"version {decision.version} of {storage.location} was recorded by reference, and neither "
+        f"{commit_key(decision.version)} nor {decided} holds it (SHA-256 {ref.sha256})")
+
+
+def published_bytes(storage: TableStorage, decision: Decision) -> bytes | None:
+    """The staged bytes of a decision by reference, to publish as they are (None: not staged, or gone)."""
+    ref = decision.staged
+    if ref is None:
+        return None
+    return _read(storage, staged_key(DECIDED, decision.proposal_id, ref), ref)
+
+
+def delete_staged(storage: TableStorage, kind: str, proposal_id: str, ref: StagedActions) -> None:
+    """Delete a staged file (missing is fine); a store error is left to the sweep (logged by the caller)."""
+    key = staged_key(DECIDED if kind == DECIDED else WRITER, proposal_id, ref)
+    try:
+        storage.delete(key)
+    except FileNotFoundError:
+        return
+
+
+__all__ = [
+    "StagedCommitError",
+    "StorageError",
+    "delete_staged",
+    "load_proposal",
+    "on_the_wire",
+    "published_bytes",
+    "resolve_decision",
+    "stage_decision",
+]

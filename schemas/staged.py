@@ -1,0 +1,103 @@
+"""Commits carried by reference: the staged file's name, bytes and check (pure; the I/O is `reader.staged_commits`).
+
+A Kafka message is made for kilobytes; a Spark job that writes 100,000 files, or an overwrite that removes
+every file of a big table, proposes hundreds of megabytes of actions. Such a commit travels as Delta's
+catalog-managed tables stage theirs: the actions are written as one file of newline-delimited Delta JSON
+under `_delta_log/_staged_commits/`, and the message carries its digest (`StagedActions`).
+
+Two kinds of file, both named from the proposal id and the digest so that a name can only ever hold one
+content, and so that no Delta reader takes one for a version (a version's name starts with digits; these
+start with a letter):
+
+* `w-<proposal>.<digest>.json`: a writer's actions (no commitInfo), staged before it proposes;
+* `d-<proposal>.<digest>.json`: the coordinator's whole commit (commitInfo first, row ids assigned),
+  staged before it ratifies, byte for byte what it then publishes as `<version>.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from schemas.actions import Action, CommitInfo, commit_to_json_lines, parse_commit
+from schemas.messages import StagedActions
+
+#: The directory of staged commits, as Delta's catalog-managed tables name it.
+STAGED_DIR = "_delta_log/_staged_commits/"
+WRITER: Literal["w"] = "w"
+DECIDED: Literal["d"] = "d"
+#: A proposal whose Avro encoding exceeds this many bytes carries its actions by reference.
+INLINE_MAX_BYTES = 256 * 1024
+#: A committed decision with more actions than this is recorded by reference (its commit staged).
+DECISION_INLINE_MAX_ACTIONS = 2_000
+
+
+class StagedCommitError(ValueError):
+    """A staged file that is missing, of another size or digest, or not Delta JSON actions."""
+
+
+def _proposal_part(proposal_id: str) -> str:
+    """The proposal id as a file name part: its own SHA-256 (ids may hold any character)."""
+    return hashlib.sha256(proposal_id.encode("utf-8")).hexdigest()[:32]
+
+
+def staged_key(kind: Literal["w", "d"], proposal_id: str, ref: StagedActions) -> str:
+    """The object key (relative to the table root) of a staged file."""
+    return f"{STAGED_DIR}{kind}-{_proposal_part(proposal_id)}.{ref.sha256}.json"
+
+
+def is_staged_key(key: str) -> bool:
+    """Whether `key` names a staged file of this project (for vacuum and sweeps)."""
+    name = key[len(STAGED_DIR):] if key.startswith(STAGED_DIR) else ""
+    return name[:2] in ("w-", "d-") and name.endswith(".json") and "/" not in name
+
+
+def staged_bytes(actions: Iterable[Action]) -> tuple[bytes, StagedActions]:
+    """The file that carries `actions`, and its reference."""
+    items = list(actions)
+    data = commit_to_json_lines(items) if items else b""
+    return data, StagedActions(sha256=hashlib.sha256(data).hexdigest(), count=len(items), size=len(data))
+
+
+def check_staged(data: bytes, ref: StagedActions, where: str) -> None:
+    """Raise StagedCommitError unless `data` is the file `ref` names."""
+    if len(data) != ref.size:
+        raise StagedCommitError(f"{where} holds {len(data)} bytes, not the {ref.size} the message names")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != ref.sha256:
+        raise StagedCommitError(f"{where} has SHA-256 {digest}, not {ref.sha256}: it was changed after it was staged")
+
+
+def parse_staged(data: bytes, ref: StagedActions, where: str) -> tuple[Action, ...]:
+    """The actions of a staged file, after its size and digest are checked."""
+    check_staged(data, ref, where)
+    try:
+        actions = tuple(parse_commit(data))
+    except (ValueError, json.JSONDecodeError) as e:
+        raise StagedCommitError(f"{where} is not Delta JSON actions: {e}") from e
+    if len(actions) != ref.count:
+        raise StagedCommitError(f"{where} holds {len(actions)} actions, not the {ref.count} the message names")
+    return actions
+
+
+def decided_commit_info(actions: Sequence[Action]) -> tuple[Action, ...]:
+    """What a decision by reference keeps inline: its commitInfo (the first action), for history and answers."""
+    return tuple(a for a in actions[:1] if isinstance(a, CommitInfo))
+
+
+__all__ = [
+    "DECIDED",
+    "DECISION_INLINE_MAX_ACTIONS",
+    "INLINE_MAX_BYTES",
+    "STAGED_DIR",
+    "WRITER",
+    "StagedCommitError",
+    "check_staged",
+    "decided_commit_info",
+    "is_staged_key",
+    "parse_staged",
+    "staged_bytes",
+    "staged_key",
+]

@@ -1,0 +1,205 @@
+"""Commits of any size: actions too large for a Kafka message travel by reference (`schemas.staged`).
+
+Real files throughout (copies of one written Parquet file under new names, so that writing tens of thousands
+costs seconds), read back by delta-rs and by Delta on Spark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, QueryBuilder
+
+from coordinator.kafka.recovery import read_decisions
+from coordinator.settings import CoordinatorSettings
+from schemas.actions import AddFile, parse_commit
+from schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
+from schemas.routing import Topics
+from schemas.staged import STAGED_DIR
+from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
+from writer import staging
+from writer.table import Table
+from writer.transaction import Transaction
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+COLUMNS = 20
+SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()),
+                    *[(f"c{i:02d}", pa.float64()) for i in range(COLUMNS - 2)]])
+
+
+def _row(i: int) -> pa.Table:
+    return pa.table({"id": [i], "date": ["2026-11-27"], **{f"c{j:02d}": [i + j / 10] for j in range(COLUMNS - 2)}},
+                    schema=SCHEMA)
+
+
+def _copies(t: Table, n: int, tag: str) -> list[AddFile]:
+    """`n` real one-row Parquet files: one written, copied under `n` names; their adds (stats of all 20 columns)."""
+    root = Path(t.storage.local_path())
+    (first,) = staging.write_data_files(t.storage, _row(7), [])
+    data = (root / unquote(first.path)).read_bytes()
+    (root / unquote(first.path)).unlink()
+    adds = []
+    for i in range(n):
+        path = f"part-{tag}-{i:06d}.parquet"
+        (root / path).write_bytes(data)
+        adds.append(replace(first, path=path))
+    return adds
+
+
+def _delta_rs(root: Path, version: int | None = None) -> tuple[int, int]:
+    """(rows, sum of ids) as delta-rs's query engine reads the files of the table (or of one version)."""
+    t = pa.table(QueryBuilder().register("t", DeltaTable(str(root), version=version))
+                 .execute("SELECT count(*) AS n, sum(id) AS s FROM t").read_all())
+    return t.column("n")[0].as_py(), t.column("s")[0].as_py() or 0
+
+
+def _staged_files(root: Path) -> list[str]:
+    d = root / STAGED_DIR
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+def _decisions(bootstrap: str, topics: Topics) -> list:  # type: ignore[type-arg]
+    return list(read_decisions(CoordinatorSettings(bootstrap_servers=bootstrap, topics=topics, group_id="verify"), 0))
+
+
+@pytest.fixture
+def topics(kafka_bootstrap: str) -> Topics:
+    return fresh_topics(kafka_bootstrap)
+
+
+@pytest.fixture
+def served(kafka_bootstrap: str, topics: Topics) -> Iterator[None]:
+    with coordinator_thread(kafka_bootstrap, topics):
+        yield
+
+
+def test_a_20000_file_append_of_a_20_column_table_commits_by_reference(
+        kafka_bootstrap: str, topics: Topics, served: None, tmp_path: Path, spark: SparkSession) -> None:
+    root = tmp_path / "wide"
+    with Table(root, kafka_bootstrap, topics=topics) as t:
+        t.create(SCHEMA)
+        tx = t.begin()
+        tx.stage(_copies(t, 20_000, "a"))
+        result = tx.commit("WRITE", parameters={"mode": "Append"})
+    assert result.version == 1
+    (create, append) = [d for d in _decisions(kafka_bootstrap, topics)]
+    assert create.staged is None, "a small commit stays inline"
+    assert append.staged is not None and append.staged.count == 20_001, "the whole commit, commitInfo first, by reference"
+    assert len(append.actions) == 1, "only the commitInfo is inline on the commits topic"
+    published = (root / "_delta_log" / f"{1:020d}.json").read_bytes()
+    assert hashlib.sha256(published).hexdigest() == append.staged.sha256, "the version holds the ratified bytes"
+    assert sum(1 for a in parse_commit(published) if isinstance(a, AddFile)) == 20_000
+    assert _staged_files(root) == [], "the writer's and the coordinator's staged files are gone once published"
+    assert _delta_rs(root) == (20_000, 7 * 20_000)
+    assert spark.read.format("delta").load(str(root)).count() == 20_000
+
+
+def test_an_overwrite_removing_50000_live_files_commits(kafka_bootstrap: str, topics: Topics, served: None,
+                                                        tmp_path: Path, spark: SparkSession) -> None:
+    root = tmp_path / "big"
+    with Table(root, kafka_bootstrap, topics=topics) as t:
+        t.create(SCHEMA)
+        tx = t.begin()
+        tx.stage(_copies(t, 50_000, "b"))
+        assert tx.commit("WRITE", parameters={"mode": "Append"}).version == 1
+        assert t.overwrite(pa.concat_tables([_row(1), _row(2), _row(3)])).version == 2
+    removes = [a for a in parse_commit((root / "_delta_log" / f"{2:020d}.json").read_bytes()) if a.__class__.__name__ == "RemoveFile"]
+    assert len(removes) == 50_000, "every live file is removed"
+    assert sorted(DeltaTable(str(root)).to_pyarrow_table().column("id").to_pylist()) == [1, 2, 3]
+    assert sorted(r["id"] for r in spark.read.format("delta").load(str(root)).select("id").collect()) == [1, 2, 3]
+    assert len(DeltaTable(str(root), version=1).file_uris()) == 50_000
+    assert _staged_files(root) == []
+
+
+def test_a_staged_file_altered_after_proposing_is_refused_by_digest(
+        kafka_bootstrap: str, topics: Topics, served: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "altered"
+    stage = Transaction._by_reference
+
+    def altered(self: Transaction, p):  # type: ignore[no-untyped-def]
+        out = stage(self, p)
+        assert self.staged_commit is not None
+        path = root / self.staged_commit
+        path.write_bytes(path.read_bytes().replace(b"part-c-000001.parquet", b"part-c-999999.parquet"))
+        return out
+
+    with Table(root, kafka_bootstrap, topics=topics) as t:
+        t.create(SCHEMA)
+        monkeypatch.setattr(Transaction, "_by_reference", altered)
+        tx = t.begin()
+        adds = _copies(t, 2_000, "c")
+        tx.stage(adds)
+        with pytest.raises(InvalidProposalError) as e:
+            tx.commit("WRITE", parameters={"mode": "Append"})
+        assert e.value.reason == "STAGED_COMMIT_INVALID"
+        assert "SHA-256" in str(e.value)
+        monkeypatch.undo()
+        assert t.snapshot().version == 0, "nothing committed"
+    assert _staged_files(root) == [], "the rejected proposal's staged actions are deleted"
+    assert not any((root / a.path).exists() for a in adds), "and so are its data files"
+
+
+def test_a_rejected_proposal_by_reference_leaves_no_staged_file(kafka_bootstrap: str, topics: Topics, served: None,
+                                                                tmp_path: Path) -> None:
+    root = tmp_path / "rejected"
+    with Table(root, kafka_bootstrap, topics=topics) as t:
+        t.create(SCHEMA)
+        t.append(_row(1))
+        (old,) = t.snapshot().files()
+        tx = t.begin()  # rewrites the file into 2,000 ...
+        tx.read_file(old)
+        tx.remove(old)
+        adds = _copies(t, 2_000, "d")
+        tx.stage(adds)
+        t.delete("id = 1")  # ... but a DELETE removes it first
+        with pytest.raises(ConcurrentDeleteReadException):
+            tx.commit("UPDATE", parameters={"predicate": "[]"})
+    assert _staged_files(root) == []
+    assert not any((root / a.path).exists() for a in adds)
+    assert DeltaTable(str(root)).to_pyarrow_table().num_rows == 0
+
+
+def test_a_crash_between_ratifying_and_publishing_republishes_the_identical_version(
+        kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
+    root = tmp_path / "crash"
+    # The second transaction the coordinator records is the large commit: it is killed right after it.
+    first = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0",
+                                      env={"DELTACOORD_FAULT": "after_kafka_commit:2"})
+    second = None
+    try:
+        with Table(root, kafka_bootstrap, topics=topics, decision_timeout_s=180, coordinator_check=False) as t:
+            t.create(SCHEMA)
+            tx = t.begin()
+            tx.stage(_copies(t, 5_000, "e"))
+            out: dict[str, object] = {}
+            th = threading.Thread(target=lambda: out.update(r=tx.commit("WRITE", parameters={"mode": "Append"})))
+            th.start()
+            first.proc.wait(120)
+            assert first.proc.returncode == -9, "the fault point was reached"
+            assert not (root / "_delta_log" / f"{1:020d}.json").exists(), "ratified, not published"
+            staged = _staged_files(root)
+            assert [n[:2] for n in staged].count("d-") == 1, "the coordinator staged the commit before ratifying it"
+            second = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0")
+            th.join(180)
+            assert getattr(out.get("r"), "version", None) == 1
+    finally:
+        if second is not None:
+            second.kill(15)
+        if first.alive():
+            first.kill()
+    (_create, append) = _decisions(kafka_bootstrap, topics)
+    assert append.staged is not None
+    published = (root / "_delta_log" / f"{1:020d}.json").read_bytes()
+    assert hashlib.sha256(published).hexdigest() == append.staged.sha256, "republished byte for byte"
+    assert _staged_files(root) == []
+    assert _delta_rs(root) == (5_000, 7 * 5_000)
