@@ -44,11 +44,12 @@ def load_proposal(storage: TableStorage, proposal: Proposal) -> Proposal:
     return dataclasses.replace(proposal, actions=parse_staged(data, ref, where))
 
 
-def stage_decision(storage: TableStorage, decision: Decision) -> Decision:
-    """Stage a committed decision's whole commit; the decision, still whole in memory, now names the file."""
+def stage_decision(storage: TableStorage, decision: Decision) -> tuple[Decision, bytes]:
+    """Stage a committed decision's whole commit; the decision, still whole in memory, now names the file, and
+    the file's bytes (published as they are)."""
     data, ref = staged_bytes(decision.actions)
     storage.put_if_absent(staged_key(DECIDED, decision.proposal_id, ref), data)
-    return dataclasses.replace(decision, staged=ref)
+    return dataclasses.replace(decision, staged=ref), data
 
 
 def on_the_wire(decision: Decision) -> Decision:

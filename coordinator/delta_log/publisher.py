@@ -66,6 +66,8 @@ class PublishTask:
     stable_at: tuple[int, int] | None = None
     #: (proposal id, reference) of a commit recorded by reference: its staged file is deleted once published.
     staged: tuple[str, StagedActions] | None = None
+    #: The version's bytes when already serialised (a commit staged by reference): not serialised again.
+    data: bytes | None = None
 
     def __post_init__(self) -> None:
         if self.staged is not None and len(self.actions) != self.staged[1].count:
@@ -325,7 +327,7 @@ class Publisher:
             for t in tasks:
                 self._publish(t)
             return
-        items = [(commit_key(t.version), commit_to_json_lines(t.actions)) for t in todo]
+        items = [(commit_key(t.version), t.data if t.data is not None else commit_to_json_lines(t.actions)) for t in todo]
         try:
             outcomes = put_many_if_absent(storage, items, fsync=self.fsync)
         except HardLinksRefusedError as e:
@@ -409,7 +411,7 @@ class Publisher:
                 return
         if fault_point("publish"):
             raise RuntimeError(f"injected fault: the publisher dies before publishing {task.table_id} v{task.version}")
-        data = commit_to_json_lines(task.actions)
+        data = task.data if task.data is not None else commit_to_json_lines(task.actions)
         try:
             storage = self.locations.storage(task.table_uri)
         except (TableLocationError, StorageConfigError) as e:

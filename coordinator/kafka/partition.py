@@ -333,6 +333,8 @@ class PartitionCoordinator:
         self.snapshots_written = 0
         #: Halt and resume records not yet on the commits topic: (table id, kind, record).
         self._controls: list[tuple[str, str, Decision]] = []
+        #: The staged bytes of the batch's decisions by reference, by proposal id: published as they are.
+        self._staged_bytes: dict[str, bytes] = {}
         self.producer: Producer | None = None
         self._label = str(partition)
         self._tp = TopicPartition(settings.topics.proposals, partition)
@@ -807,7 +809,8 @@ class PartitionCoordinator:
                 assert d.version is not None
                 self.metrics.commits.labels(self._label).inc()
                 self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions, stable_at,
-                                                  staged=(d.proposal_id, d.staged) if d.staged is not None else None))
+                                                  staged=(d.proposal_id, d.staged) if d.staged is not None else None,
+                                                  data=self._staged_bytes.pop(d.proposal_id, None)))
             elif d.committed:
                 self.metrics.duplicates.inc()
             elif d.error_type and d.reason_code is None:
@@ -820,6 +823,7 @@ class PartitionCoordinator:
         if resumed:
             self._resume(resumed)
             return False
+        self._staged_bytes.clear()
         self.maybe_snapshot()
         return True
 
@@ -830,13 +834,14 @@ class PartitionCoordinator:
         that came by reference, and any with more actions than a message should hold. Tables whose store did not
         take the file are returned with why (their batch is decided again without them: nothing is ratified)."""
         by_ref = {x.proposal.proposal_id for x in proposals if x.proposal.staged is not None}
+        self._staged_bytes.clear()
         out: list[Decision] = []
         cannot: dict[str, str] = {}
         for d in decided:
             if (d.committed and d.duplicate_of is None and d.version is not None and d.staged is None
                     and (d.proposal_id in by_ref or len(d.actions) > DECISION_INLINE_MAX_ACTIONS)):
                 try:
-                    d = stage_decision(self.publisher.locations.storage(d.table_uri), d)
+                    d, self._staged_bytes[d.proposal_id] = stage_decision(self.publisher.locations.storage(d.table_uri), d)
                 except (TableLocationError, StorageError, OSError) as e:
                     cannot[d.table_id] = (f"the table's store did not take the staged commit of version {d.version} "
                                           f"({e}); nothing was decided, retry")

@@ -83,6 +83,7 @@ def served(kafka_bootstrap: str, topics: Topics) -> Iterator[None]:
         yield
 
 
+@pytest.mark.spark
 def test_a_20000_file_append_of_a_20_column_table_commits_by_reference(
         kafka_bootstrap: str, topics: Topics, served: None, tmp_path: Path, spark: SparkSession) -> None:
     root = tmp_path / "wide"
@@ -104,6 +105,7 @@ def test_a_20000_file_append_of_a_20_column_table_commits_by_reference(
     assert spark.read.format("delta").load(str(root)).count() == 20_000
 
 
+@pytest.mark.spark
 def test_an_overwrite_removing_50000_live_files_commits(kafka_bootstrap: str, topics: Topics, served: None,
                                                         tmp_path: Path, spark: SparkSession) -> None:
     root = tmp_path / "big"
@@ -203,3 +205,50 @@ def test_a_crash_between_ratifying_and_publishing_republishes_the_identical_vers
     assert hashlib.sha256(published).hexdigest() == append.staged.sha256, "republished byte for byte"
     assert _staged_files(root) == []
     assert _delta_rs(root) == (5_000, 7 * 5_000)
+
+
+@pytest.mark.spark
+def test_a_spark_batch_write_of_5000_files_commits_through_the_sink(
+        kafka_bootstrap: str, topics: Topics, served: None, tmp_path: Path, spark: SparkSession) -> None:
+    from pyspark.sql import functions as F
+
+    from writer import spark_sink
+
+    spark_sink.register(spark)
+    root = tmp_path / "spark"
+    n = 5_000
+    # One row per partition value: two tasks write 5,000 files (one per partition directory).
+    df = spark.range(n, numPartitions=2).select(
+        F.col("id"), (F.col("id") % n).cast("string").alias("part"),
+        *[(F.col("id") + j / 10).alias(f"c{j:02d}") for j in range(COLUMNS - 2)])
+    (df.write.format("deltacoord").options(**{"bootstrap.servers": kafka_bootstrap,
+                                              "topic.prefix": topics.proposals.removesuffix(".proposals")})
+     .partitionBy("part").mode("append").save(str(root)))
+    decisions = _decisions(kafka_bootstrap, topics)
+    assert any(d.staged is not None for d in decisions), "the sink's commit went by reference"
+    adds = [a for a in parse_commit((root / "_delta_log" / f"{decisions[-1].version:020d}.json").read_bytes())
+            if isinstance(a, AddFile)]
+    assert len(adds) == n
+    assert _delta_rs(root) == (n, n * (n - 1) // 2)
+    assert spark.read.format("delta").load(str(root)).count() == n
+    assert _staged_files(root) == []
+
+
+@pytest.mark.spark
+def test_an_optimize_rewriting_20000_files_commits(kafka_bootstrap: str, topics: Topics, served: None,
+                                                   tmp_path: Path, spark: SparkSession) -> None:
+    root = tmp_path / "optimize"
+    n = 20_000
+    with Table(root, kafka_bootstrap, topics=topics) as t:
+        t.create(SCHEMA)
+        tx = t.begin()
+        tx.stage(_copies(t, n, "f"))
+        assert tx.commit("WRITE", parameters={"mode": "Append"}).version == 1
+        result = t.optimize()
+        assert result.version == 2
+        assert len(t.snapshot().files()) == 1
+    commit = parse_commit((root / "_delta_log" / f"{2:020d}.json").read_bytes())
+    assert sum(1 for a in commit if a.__class__.__name__ == "RemoveFile") == n
+    assert _delta_rs(root) == (n, 7 * n)
+    assert spark.read.format("delta").load(str(root)).count() == n
+    assert _staged_files(root) == []

@@ -77,7 +77,8 @@ def test_a_proposal_by_reference_is_small_on_the_wire_and_loads_whole(tmp_path: 
 
 def test_a_decision_by_reference_resolves_from_the_staged_file_then_from_the_version(tmp_path: Path) -> None:
     storage = TableStorage(str(tmp_path))
-    staged = stage_decision(storage, COMMITTED)
+    staged, data = stage_decision(storage, COMMITTED)
+    assert data == commit_to_json_lines(COMMITTED.actions)
     assert staged.actions == COMMITTED.actions and staged.staged is not None
     wire = decode_decision(encode_decision(on_the_wire(staged)))
     assert wire.actions == COMMITTED.actions[:1], "only the commitInfo inline"

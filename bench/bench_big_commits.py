@@ -1,0 +1,248 @@
+"""Commits of any size: deltacoord beside delta-rs committing the same actions, in one run.
+
+    python bench/bench_big_commits.py [--sizes 10000,100000,1000000] [--bootstrap-servers HOST:PORT]
+
+For each size N, on a table of two columns (the files need not hold rows: the adds carry stats of both
+columns, about 340 bytes each, as a real writer's would):
+
+* `append`: one commit adding N files, timed from the call to its return (deltacoord: the version is in
+  `_delta_log`; delta-rs: `DeltaTable.create_write_transaction(..., mode="append")`, its transaction API);
+* `overwrite`: one commit replacing those N files by one (deltacoord: `Table.overwrite`, which lists a
+  `remove` for every live file; delta-rs: the same through `create_write_transaction(mode="overwrite")`),
+  each timed from loading the table to its return;
+* the coordinator's peak resident memory (VmHWM of its own process, started fresh for each size);
+* the latency of 4 writers appending one row at a time to another table of the same partition, while the
+  large commits are decided (p50/p99), beside their latency before (what a huge commit costs the others).
+
+A local broker is started in a temporary directory unless `--bootstrap-servers` is given; the coordinator
+runs as its own process, as deployed. Prints JSON lines, then a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+SMALL_WRITERS = 4
+
+
+def _stats(i: int) -> str:
+    return json.dumps({"numRecords": 1, "minValues": {"id": i, "value": f"value-{i:09d}"},
+                       "maxValues": {"id": i, "value": f"value-{i:09d}"}, "nullCount": {"id": 0, "value": 0}},
+                      separators=(",", ":"))
+
+
+def _path(tag: str, i: int) -> str:
+    return f"part-{tag}-{i:09d}-c000.snappy.parquet"
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _start_coordinator(bootstrap: str, prefix: str, log: Path) -> subprocess.Popen[bytes]:
+    out = open(log, "ab")  # noqa: SIM115 - lives as long as the child
+    return subprocess.Popen(
+        [sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+         "--topic-prefix", prefix, "--log-level", "WARNING"], stdout=out, stderr=subprocess.STDOUT)
+
+
+def _small_writer(bootstrap: str, prefix: str, path: str, stop: str, out: str) -> None:
+    """4 threads appending one row each, in a loop, until `stop` exists; (start, ms) of each commit to `out`."""
+    import threading
+
+    import pyarrow as pa
+
+    from schemas.routing import Topics
+    from writer.table import Table
+
+    got: list[tuple[float, float]] = []
+    lock = threading.Lock()
+
+    def body(w: int) -> None:
+        with Table(path, bootstrap, topics=Topics.with_prefix(prefix), decision_timeout_s=600,
+                   publish_timeout_s=600) as t:
+            rows = pa.table({"id": [w], "value": ["small"]})
+            while not os.path.exists(stop):
+                s = time.time()
+                t.append(rows)
+                with lock:
+                    got.append((s, (time.time() - s) * 1000))
+
+    threads = [threading.Thread(target=body, args=(w,)) for w in range(SMALL_WRITERS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    Path(out).write_text(json.dumps(got))
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 1)
+
+
+def _deltacoord(bootstrap: str, prefix: str, workdir: Path, n: int) -> dict[str, Any]:
+    import pyarrow as pa
+
+    from coordinator.tooling.bench import create_when_served
+    from schemas.actions import AddFile
+    from schemas.routing import Topics
+    from writer.table import Table
+
+    schema = pa.schema([("id", pa.int64()), ("value", pa.string())])
+    coordinator = _start_coordinator(bootstrap, prefix, workdir / "coordinator.log")
+    small_path, big_path = str(workdir / f"small-{n}"), str(workdir / f"dc-{n}")
+    stop, small_out = workdir / f"stop-{n}", workdir / f"small-{n}.json"
+    small: Any = None
+    try:
+        topics = Topics.with_prefix(prefix)
+        with Table(small_path, bootstrap, topics=topics) as t:
+            create_when_served(t, schema, [coordinator])
+        small = mp.get_context("spawn").Process(target=_small_writer,
+                                                args=(bootstrap, prefix, small_path, str(stop), str(small_out)))
+        small.start()
+        now = int(time.time() * 1000)
+        adds = [AddFile(_path("dc", i), {}, 1000 + i % 100, now, True, stats=_stats(i)) for i in range(n)]
+        with Table(big_path, bootstrap, topics=topics, decision_timeout_s=1800, publish_timeout_s=1800) as t:
+            t.create(schema)
+            time.sleep(3)  # the small writers' latency before the large commits
+            big_start = time.time()
+            s = time.perf_counter()
+            tx = t.begin()
+            tx.add(*adds)
+            tx.commit("WRITE", parameters={"mode": "Append"})
+            append_s = time.perf_counter() - s
+            del adds, tx
+            s = time.perf_counter()
+            t.invalidate()
+            t.overwrite(pa.table({"id": [0], "value": ["new"]}, schema=schema))
+            overwrite_s = time.perf_counter() - s
+            big_end = time.time()
+        stop.touch()
+        small.join(600)
+        peak = _peak_rss_mb(coordinator.pid)
+    finally:
+        stop.touch()
+        if small is not None and small.is_alive():
+            small.join(60)
+        coordinator.terminate()
+        coordinator.wait(120)
+    got = json.loads(small_out.read_text()) if small_out.exists() else []
+    during = [ms for start, ms in got if start + ms / 1000 >= big_start and start <= big_end]
+    before = [ms for start, ms in got if start + ms / 1000 < big_start]
+    return {"append_s": round(append_s, 2), "overwrite_s": round(overwrite_s, 2), "coordinator_peak_mb": round(peak),
+            "writer_peak_mb": round(_self_peak_mb()), "small_before_p50_ms": _pct(before, 0.5),
+            "small_before_p99_ms": _pct(before, 0.99), "small_during_p50_ms": _pct(during, 0.5),
+            "small_during_p99_ms": _pct(during, 0.99), "small_during_commits": len(during)}
+
+
+def _self_peak_mb() -> float:
+    return _peak_rss_mb(os.getpid())
+
+
+def _delta_rs(workdir: Path, n: int) -> dict[str, Any]:
+    """delta-rs in a process of its own (its memory apart from ours)."""
+    code = r"""
+import json, sys, time
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from deltalake.transaction import AddAction
+sys.path.insert(0, sys.argv[3])
+from bench_big_commits import _path, _stats
+path, n = sys.argv[1], int(sys.argv[2])
+schema = pa.schema([("id", pa.int64()), ("value", pa.string())])
+write_deltalake(path, pa.table({"id": pa.array([], pa.int64()), "value": pa.array([], pa.string())}))
+now = int(time.time() * 1000)
+adds = [AddAction(_path("rs", i), 1000 + i % 100, {}, now, True, _stats(i)) for i in range(n)]
+s = time.perf_counter()
+DeltaTable(path).create_write_transaction(adds, mode="append", schema=schema)
+append_s = time.perf_counter() - s
+del adds
+s = time.perf_counter()
+DeltaTable(path).create_write_transaction([AddAction(_path("rs-new", 0), 1000, {}, now, True, _stats(0))],
+                                          mode="overwrite", schema=schema)
+overwrite_s = time.perf_counter() - s
+peak = [int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+print(json.dumps({"append_s": round(append_s, 2), "overwrite_s": round(overwrite_s, 2), "peak_mb": round(peak)}))
+"""
+    done = subprocess.run([sys.executable, "-c", code, str(workdir / f"rs-{n}"), str(n), str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"delta-rs run failed: {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def run(bootstrap: str, sizes: list[int], workdir: Path) -> list[dict[str, Any]]:
+    from confluent_kafka.admin import AdminClient
+
+    from coordinator.kafka.topics import ensure_topics
+    from schemas.routing import Topics
+
+    rows = []
+    for n in sizes:
+        prefix = f"big-{uuid.uuid4().hex[:6]}"
+        ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics.with_prefix(prefix), partitions=1)
+        print(f"[big commits] {n:,} files: deltacoord ...", file=sys.stderr, flush=True)
+        dc = _deltacoord(bootstrap, prefix, workdir, n)
+        print(f"[big commits] {n:,} files: delta-rs ...", file=sys.stderr, flush=True)
+        rs = _delta_rs(workdir, n)
+        row = {"files": n, "deltacoord": dc, "delta_rs": rs,
+               "append_ratio": round(dc["append_s"] / max(rs["append_s"], 1e-9), 2),
+               "overwrite_ratio": round(dc["overwrite_s"] / max(rs["overwrite_s"], 1e-9), 2)}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    print(f"{'files':>10} {'append s dc/rs':>16} {'ratio':>6} {'overwrite s dc/rs':>19} {'ratio':>6} "
+          f"{'coord MB':>9} {'rs MB':>6} {'4 writers p50/p99 ms before':>28} {'during':>14}")
+    for r in rows:
+        dc, rs = r["deltacoord"], r["delta_rs"]
+        print(f"{r['files']:>10,} {dc['append_s']:>8}/{rs['append_s']:<7} {r['append_ratio']:>6} "
+              f"{dc['overwrite_s']:>9}/{rs['overwrite_s']:<9} {r['overwrite_ratio']:>6} {dc['coordinator_peak_mb']:>9} "
+              f"{rs['peak_mb']:>6} {dc['small_before_p50_ms']:>14}/{dc['small_before_p99_ms']:<13} "
+              f"{dc['small_during_p50_ms']:>7}/{dc['small_during_p99_ms']}")
+    print(f"(median small-writer commits during the large ones: {statistics.median(r['deltacoord']['small_during_commits'] for r in rows)})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="10000,100000", help="comma-separated file counts (1000000 takes minutes)")
+    ap.add_argument("--bootstrap-servers", default=None)
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    from coordinator.tooling.broker import LocalBroker
+
+    workdir = Path(tempfile.mkdtemp(prefix="deltacoord-big-"))
+    broker = None if args.bootstrap_servers else LocalBroker(workdir / "broker")
+    try:
+        bootstrap = args.bootstrap_servers or broker.start().bootstrap_servers  # type: ignore[union-attr]
+        rows = run(bootstrap, sizes, workdir)
+    finally:
+        if broker is not None:
+            broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    _table(rows)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
