@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 
 from coordinator.delta_log.adoption import adoption_problems
+from coordinator.rules.conflicts import Accepted, Rejected
+from coordinator.rules.validate import proposal_error
 from schemas.actions import Metadata, Protocol
+from schemas.errors import ProtocolChangedException
 from schemas.writer_features import COORDINATED, coordinated, with_coordinated, without_coordinated, writer_problems
+from tests.unit.builders import Harness, proposal
 
 SCHEMA = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'
 AI = ("appendOnly", "invariants")
@@ -58,3 +62,34 @@ def test_the_feature_is_honoured_by_this_writer_and_does_not_block_adoption() ->
     # It is the project's own: an unknown feature beside it is still refused by name.
     problems = writer_problems(Protocol(1, 7, writer_features=(COORDINATED, "someFutureFeature")), md, "WRITE")
     assert [f for f, _ in problems] == ["someFutureFeature"]
+
+
+COORDINATED_1_2 = Protocol(1, 7, writer_features=(*AI, COORDINATED))
+
+
+def test_the_coordinator_lets_only_the_release_commit_drop_the_feature() -> None:
+    h = Harness(proto=COORDINATED_1_2)
+    # A protocol change that keeps it (column mapping, say) is decided as before.
+    kept = proposal(0, [Protocol(2, 7, writer_features=(*AI, COORDINATED, "columnMapping"))], operation="SET TBLPROPERTIES",
+                    changes_data=False)
+    assert proposal_error(h.state, kept) is None
+    # One that drops it is refused, naming the feature and release; unless it is release's DROP FEATURE.
+    for operation in ("SET TBLPROPERTIES", "UPGRADE PROTOCOL", "WRITE"):
+        err = proposal_error(h.state, proposal(0, [Protocol(1, 2)], operation=operation, changes_data=False))
+        assert err is not None and err.reason == "MISSING_TABLE_FEATURE", operation
+        assert COORDINATED in str(err) and "deltacoord table release" in str(err)
+    assert isinstance(h.run(proposal(0, [Protocol(1, 2)], operation="DROP FEATURE", changes_data=False)), Accepted)
+    # A table without it (adopted by a deltacoord of before the feature) changes its protocol freely; adding it is fine.
+    assert proposal_error(h.state, proposal(1, [Protocol(1, 3)], operation="SET TBLPROPERTIES", changes_data=False)) is None
+    assert proposal_error(h.state, proposal(1, [COORDINATED_1_2], operation="UPGRADE PROTOCOL", changes_data=False)) is None
+
+
+def test_a_stale_protocol_change_without_the_feature_is_a_protocol_conflict_not_invalid() -> None:
+    """A change computed before the adoption's upgrade commit added the feature: ProtocolChangedException, so
+    its writer retries on the new protocol (which keeps the feature), as after any concurrent protocol change."""
+    h = Harness()
+    h.must_commit(proposal(0, [COORDINATED_1_2], operation="UPGRADE PROTOCOL", changes_data=False))
+    stale = proposal(0, [Protocol(1, 3)], operation="SET TBLPROPERTIES", changes_data=False)
+    assert proposal_error(h.state, stale) is None
+    r = h.decide(stale)
+    assert isinstance(r, Rejected) and isinstance(r.error, ProtocolChangedException), r
