@@ -9,6 +9,7 @@ feature, so the same appends then succeed; adopting the table again puts the fea
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,12 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from reader.snapshot import Snapshot
-from schemas.actions import Protocol
+from schemas.actions import Metadata, Protocol
 from schemas.writer_features import COORDINATED
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
+from writer import staging
 from writer.table import Table
+from writer.transaction import Transaction as WriterTransaction
 
 pytestmark = pytest.mark.kafka
 
@@ -118,3 +121,23 @@ def test_a_legacy_table_with_more_features_keeps_them_listed_and_gets_them_back_
     write_deltalake(str(path), _rows([2], "rs"), mode="append")
     feed = pa.table(DeltaTable(str(path)).load_cdf(starting_version=2, ending_version=4).read_all()).to_pylist()
     assert sorted((r["id"], r["_change_type"], r["_commit_version"]) for r in feed) == [(1, "delete", 2), (2, "insert", 4)]
+
+
+def test_adopting_a_table_coordinated_without_the_feature_adds_it(env: tuple[str, Any], tmp_path: Path) -> None:
+    """A table a deltacoord of before the feature created (a plain (1, 2) protocol): `adopt` answers that it is
+    coordinated already and commits the feature; from then on delta-rs refuses it."""
+    bootstrap, topics = env
+    path = tmp_path / "old"
+    with Table(path, bootstrap, topics=topics) as t:
+        md = Metadata(id=str(uuid.uuid4()), schema_string=staging.schema_string(SCHEMA), created_time=0)
+        tx = WriterTransaction(t, -1)
+        tx.add(Protocol(1, 2), md)
+        assert tx.commit("CREATE TABLE", changes_data=False).version == 0
+        assert t.append(_rows([1], "dc")).version == 1
+        again = t.adopt()
+        assert (again.version, again.already_committed) == (1, True)
+        snap = Snapshot.load(str(path))
+        assert (snap.version, snap.protocol) == (2, COORDINATED_1_2)
+        _delta_rs_append_refused(path)
+        assert t.append(_rows([2], "dc")).version == 3
+    assert _delta_rs_rows(path) == [(1, "dc"), (2, "dc")]
