@@ -19,6 +19,13 @@ Outcomes (`FEATURES` documents each):
   `delta.checkpointPolicy=v2`);
 * refused: icebergCompatV1/V2, allowColumnDefaults, variantType, a column mapping mode
   PROTOCOL.md does not define, and any unknown feature.
+
+The project's own writer feature, `deltacoord-coordinated` (`COORDINATED`), marks a table that this
+project's coordinator decides: every table created through it carries the feature, adoption adds it
+and release removes it (`with_coordinated`, `without_coordinated`). Delta writers that follow
+PROTOCOL.md (Delta on Spark, delta-rs) do not know it, so they refuse to write the table around the
+coordinator; readers look only at reader features, so they read it as before. This project's writer
+honours it (it commits through the coordinator).
 """
 
 from __future__ import annotations
@@ -43,9 +50,14 @@ _LEGACY: tuple[tuple[int, tuple[str, ...]], ...] = (
 #: What the Spark data source is checked as: its executors stage the rows as they are (appends and overwrites only).
 SPARK_SINK = "SPARK SINK"
 NO_CHANGE_DATA_OWED = frozenset({"WRITE", "STREAMING UPDATE", "CREATE TABLE", "CREATE OR REPLACE TABLE", "OPTIMIZE",
-                                 "REORG", "SET TBLPROPERTIES", "TRUNCATE", SPARK_SINK})
+                                 "REORG", "SET TBLPROPERTIES", "TRUNCATE", "UPGRADE PROTOCOL", "DROP FEATURE",
+                                 SPARK_SINK})
 #: Operations that rewrite files partially and write `_change_data` files for every row they change.
 CHANGE_DATA_WRITTEN = frozenset({"DELETE", "UPDATE", "MERGE"})
+
+
+#: The project's own writer feature: the table's commits are decided by a deltacoord coordinator (see above).
+COORDINATED = "deltacoord-coordinated"
 
 
 def writer_features(protocol: Protocol) -> tuple[str, ...]:
@@ -150,7 +162,44 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("allowColumnDefaults", "refused", _refused("column defaults: this writer does not fill default values")),
     Feature("variantType", "conditional", _variant),
     Feature("variantType-preview", "conditional", _variant),
+    Feature(COORDINATED, "honoured", _honoured),
 )}
+
+
+def coordinated(protocol: Protocol) -> bool:
+    """Whether the protocol names the project's own writer feature (`COORDINATED`)."""
+    return COORDINATED in writer_features(protocol)
+
+
+def with_coordinated(protocol: Protocol) -> Protocol:
+    """`protocol` with the `COORDINATED` writer feature (itself when it has it already).
+
+    Writer features exist at writer version 7 only: a legacy protocol is raised to 7 with the features its
+    writer version implies listed explicitly, as PROTOCOL.md requires (a (1, 2) table becomes (1, 7) with
+    appendOnly and invariants). The reader side is left as it is: the feature is the writers' alone.
+    """
+    if coordinated(protocol):
+        return protocol
+    writers = (*writer_features(protocol), COORDINATED)
+    readers = protocol.reader_features if protocol.min_reader_version >= 3 else None
+    return Protocol(protocol.min_reader_version, 7, reader_features=readers, writer_features=writers)
+
+
+def without_coordinated(protocol: Protocol) -> Protocol:
+    """`protocol` without the `COORDINATED` writer feature (itself when it lacks it): what a released table
+    carries. When the features left are exactly those a legacy writer version implies (and the reader version
+    is not 3), the protocol goes back to that version, as Delta's DROP FEATURE does: a table adopted at
+    (1, 2) is released at (1, 2)."""
+    if not coordinated(protocol):
+        return protocol
+    left = tuple(f for f in writer_features(protocol) if f != COORDINATED)
+    reader = protocol.min_reader_version
+    if reader < 3:
+        for version in range(1, 7):
+            implied = {f for v, names in _LEGACY if version >= v for f in names}
+            if implied == set(left) and (reader < 2 or version >= 5):
+                return Protocol(reader, version)
+    return Protocol(reader, 7, reader_features=protocol.reader_features if reader >= 3 else None, writer_features=left)
 
 
 def writer_problems(protocol: Protocol, metadata: Metadata, operation: str) -> list[tuple[str, str]]:
@@ -174,5 +223,5 @@ def writer_problems(protocol: Protocol, metadata: Metadata, operation: str) -> l
     return problems
 
 
-__all__ = ["CHANGE_DATA_WRITTEN", "FEATURES", "NO_CHANGE_DATA_OWED", "SPARK_SINK", "Feature", "writer_features",
-           "writer_problems"]
+__all__ = ["CHANGE_DATA_WRITTEN", "COORDINATED", "FEATURES", "NO_CHANGE_DATA_OWED", "SPARK_SINK", "Feature", "coordinated",
+           "with_coordinated", "without_coordinated", "writer_features", "writer_problems"]

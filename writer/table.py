@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -76,7 +77,7 @@ from schemas.row_map import ROW_MAP_KEY, RowGroup, Source, Target, encode_row_ma
 from schemas.row_tracking import MaterializedColumns, new_materialized_columns
 from schemas.row_tracking import supported as row_tracking_supported
 from schemas.signing import WriterKey, resolve_writer_key
-from schemas.writer_features import writer_problems
+from schemas.writer_features import COORDINATED, coordinated, with_coordinated, without_coordinated, writer_problems
 from writer import column_mapping, identity, protocols, row_tracking, staging
 from writer.client import CoordinatorClient, check_kafka_keywords
 from writer.column_mapping import Layout
@@ -92,6 +93,9 @@ ROW_MAP_MAX_CHARS = 32 * 1024
 
 #: A MERGE clause: "*" (all columns from the source) or target column -> SQL expression over `s.`/`t.` columns.
 Assignments = Mapping[str, str] | Literal["*"]
+
+
+log = logging.getLogger(__name__)
 
 
 class PublicationLagError(DeltaCoordError):
@@ -421,7 +425,9 @@ class Table:
         """A transaction creating the table (read version -1); `create` = existence check + this + commit.
 
         The protocol is the least one that has `features`, the features the properties and the schema
-        need, and `protocol`'s (`writer.table_protocol`); a feature this writer cannot honour is refused
+        need, and `protocol`'s (`writer.table_protocol`), plus the project's own writer feature
+        `deltacoord-coordinated` (`schemas.writer_features.COORDINATED`, so at writer version 7: Delta writers
+        that follow the protocol refuse to write the table around the coordinator); a feature this writer cannot honour is refused
         here, naming it (UnsupportedTableFeatureError). `constraints` are CHECK constraints {name: SQL}
         (the properties `delta.constraints.<name>`). The schema's fields carry NOT NULL (`nullable=False`)
         and Delta column metadata as Arrow field metadata: `{"delta.generationExpression": "<SQL>"}` makes a
@@ -444,9 +450,11 @@ class Table:
             id=str(uuid.uuid4()), name=name, schema_string=schema_string, partition_columns=tuple(partition_by),
             configuration=new.configuration, created_time=int(time.time() * 1000),
         )
-        self._check_creatable(new.protocol, md)
+        # The project's own writer feature: Delta writers that follow the protocol refuse to write around the coordinator.
+        protocol = with_coordinated(new.protocol)
+        self._check_creatable(protocol, md)
         tx = self._begin(-1, proposal_id)
-        tx.add(new.protocol, md)
+        tx.add(protocol, md)
         return tx
 
     def _check_creatable(self, protocol: Protocol, md: Metadata) -> None:
@@ -494,11 +502,17 @@ class Table:
         storage, records the adoption on the commits topic and decides every commit from N + 1 on.
 
         Stop the table's other writers first: a version written around the coordinator after the adoption
-        halts the table. Returns N (`already_committed` when the table was adopted at N before). Refusals are
+        halts the table. Right after the adoption, version N + 1 (an UPGRADE PROTOCOL commit through the
+        coordinator) adds the project's own writer feature `deltacoord-coordinated` to the protocol, so that
+        Delta on Spark and delta-rs refuse to write the table from then on; readers read it as before.
+        Returns N (`already_committed` when the table was adopted before: its version is then the one the
+        coordinator is at). Adopting again after a failed upgrade commit retries the upgrade. Refusals are
         `InvalidProposalError`s: UNKNOWN_TABLE (no table there), UNSUPPORTED_TABLE_FEATURE (a writer feature
         deltacoord cannot honour), TABLE_OUTSIDE_ROOTS, TABLE_ALREADY_COORDINATED, UNREADABLE_TABLE.
         """
-        return self._control(CONTROL_ADOPT, "ADOPT TABLE", timeout_s)
+        adopted = self._control(CONTROL_ADOPT, "ADOPT TABLE", timeout_s)
+        self._set_coordinated(True, timeout_s)
+        return adopted
 
     def release(self, *, timeout_s: float | None = None) -> CommitResult:
         """Hand this table back to uncoordinated writers: once every version it ratified is in `_delta_log`,
@@ -506,8 +520,38 @@ class Table:
         (TABLE_RELEASED, naming `adopt`). Returns the last coordinated version.
 
         Stop the writers that commit through deltacoord first (docs/operations.md, "Adopt and release").
+        Just before the release, a DROP FEATURE commit through the coordinator removes the project's writer
+        feature `deltacoord-coordinated` from the protocol (back to the legacy protocol the features left
+        imply, as Delta does), so that Delta on Spark and delta-rs write the released table again; if the
+        release is then refused, the feature is put back (when the coordinator still takes commits).
         """
-        return self._control(CONTROL_RELEASE, "RELEASE TABLE", timeout_s)
+        dropped = self._set_coordinated(False, timeout_s)
+        try:
+            return self._control(CONTROL_RELEASE, "RELEASE TABLE", timeout_s)
+        except DeltaCoordError:
+            if dropped:
+                try:
+                    self._set_coordinated(True, timeout_s)
+                except DeltaCoordError as e:
+                    log.warning("%s: the release was refused and the %s writer feature could not be put back: %s",
+                                self.uri, COORDINATED, e)
+            raise
+
+    def _set_coordinated(self, on: bool, timeout_s: float | None) -> bool:
+        """Add (`on`) or remove the `deltacoord-coordinated` writer feature in a protocol-only commit through the
+        coordinator, at the latest ratified version; False when the protocol is already as asked."""
+        snap = self.snapshot(ratified=True)
+        if coordinated(snap.protocol) == on:
+            return False
+        protocol = with_coordinated(snap.protocol) if on else without_coordinated(snap.protocol)
+        tx = self._begin(snap.version, None)
+        tx.add(protocol)
+        if on:
+            operation, parameters = "UPGRADE PROTOCOL", {"newProtocol": json.dumps(protocol.to_json()["protocol"])}
+        else:
+            operation, parameters = "DROP FEATURE", {"featureName": COORDINATED, "truncateHistory": "false"}
+        tx.commit(operation, changes_data=False, parameters=parameters, timeout_s=timeout_s)
+        return True
 
     def _control(self, kind: str, operation: str, timeout_s: float | None) -> CommitResult:
         """An adopt or release request (a proposal without actions, `schemas.routing.CONTROL_ADOPT`) and its answer."""

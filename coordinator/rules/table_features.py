@@ -13,7 +13,7 @@ from schemas.actions import DomainMetadata, Metadata, Protocol
 from schemas.errors import InvalidProposalError
 from schemas.messages import Proposal
 from schemas.reasons import ReasonCode
-from schemas.writer_features import writer_features
+from schemas.writer_features import COORDINATED, coordinated, writer_features
 
 DOMAIN_METADATA = "domainMetadata"
 CHECK_CONSTRAINTS = "checkConstraints"
@@ -58,4 +58,25 @@ def check_constraints_error(protocol: Protocol | None, proposal: Proposal) -> In
         f"writer version 7 listing {CHECK_CONSTRAINTS})")
 
 
-__all__ = ["CHECK_CONSTRAINTS", "DOMAIN_METADATA", "check_constraints_error", "domain_metadata_error"]
+#: The operation of the one commit that may take the `deltacoord-coordinated` feature out (`Table.release` commits it).
+DROP_FEATURE = "DROP FEATURE"
+
+
+def coordinated_feature_error(before: Protocol | None, after: Protocol | None,
+                              proposal: Proposal) -> InvalidProposalError | None:
+    """A protocol change that drops the project's own writer feature `deltacoord-coordinated` from a table that has
+    it is refused unless it is the DROP FEATURE commit `release` makes just before releasing: without the feature,
+    Delta on Spark and delta-rs would write the still-coordinated table around the coordinator (and halt it)."""
+    if before is None or after is None or not coordinated(before) or coordinated(after):
+        return None
+    if proposal.operation == DROP_FEATURE:
+        return None
+    return InvalidProposalError(
+        ReasonCode.MISSING_TABLE_FEATURE,
+        f"the commit ({proposal.operation}) sets a protocol without the {COORDINATED} writer feature the coordinated "
+        f"table has ({_described(before)}): Delta writers that do not go through deltacoord would then write it. Keep "
+        f"the feature in the protocol; it is removed only when the table is released (`deltacoord table release`)")
+
+
+__all__ = ["CHECK_CONSTRAINTS", "DOMAIN_METADATA", "DROP_FEATURE", "check_constraints_error", "coordinated_feature_error",
+           "domain_metadata_error"]

@@ -17,6 +17,8 @@ Checked here, before any conflict check:
   writer <= 7);
 * actions whose table feature the protocol in force after the commit lacks
   (`table_features.py`: domainMetadata without the `domainMetadata` feature);
+  a protocol that drops the project's `deltacoord-coordinated` writer feature
+  outside the DROP FEATURE commit of a release (MISSING_TABLE_FEATURE);
 * at most one SetTransaction per appId (identical duplicates are allowed and
   de-duplicated at rebase, as Delta Spark does), at most one domainMetadata per
   domain;
@@ -47,7 +49,7 @@ from coordinator.rules.identity import identity_error
 from coordinator.rules.row_ids import missing_num_records
 from coordinator.rules.state import TableState
 from coordinator.rules.stats import stats_problem
-from coordinator.rules.table_features import check_constraints_error, domain_metadata_error
+from coordinator.rules.table_features import check_constraints_error, coordinated_feature_error, domain_metadata_error
 from schemas.actions import (
     AddCDCFile,
     AddFile,
@@ -186,6 +188,17 @@ def read_time_metadata(state: TableState, proposal: Proposal, new_metadata: Meta
     except (LookupError, ValueError):
         return state.metadata
     return winners[0].prior_metadata if winners else state.metadata
+
+
+def _protocol_changed_since_read(state: TableState, proposal: Proposal) -> bool:
+    """Whether a version after the proposal's read version changed the protocol (True when too old to tell)."""
+    if proposal.read_version < 0 or proposal.read_version >= state.version:
+        return False
+    try:
+        winners = state.winners_since(proposal.read_version)
+    except (LookupError, ValueError):
+        return True
+    return any(w.protocol is not None for w in winners)
 
 
 #: commitInfo is copied into the published commit, which every Delta reader parses:
@@ -445,6 +458,11 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
     feature_error = domain_metadata_error(effective_protocol, p)
     if feature_error is not None:
         raise feature_error
+    if new_protocol is not None and not _protocol_changed_since_read(state, p):
+        # (A protocol changed since the read is the conflict check's ProtocolChangedException, which a retry resolves.)
+        dropped = coordinated_feature_error(state.protocol, new_protocol, p)
+        if dropped is not None:
+            raise dropped
     if p.read_version >= 0:
         # Against what it read: a stale proposal is a MetadataChangedException of the conflict check, not invalid.
         reuse = identity_error(read_time_metadata(state, p, new_metadata), new_metadata, p.actions)

@@ -347,6 +347,8 @@ def adopt_cmd(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs:
     The coordinator reads the table's checkpoint and commits itself, records the adoption on the commits
     topic and decides every commit after the table's current version (printed as "version"). Stop the
     table's other writers first: a version written around the coordinator afterwards halts the table.
+    The next version adds deltacoord's own writer feature deltacoord-coordinated to the protocol, so
+    Delta writers that follow the protocol (Spark, delta-rs) refuse to write the table; readers read it.
     Refused, with the reason, for a location without a Delta table, a table with a writer feature
     deltacoord cannot honour, a location outside the coordinator's table_roots, or a table it already
     coordinates at another version (adopting again at the same version answers alreadyCommitted).
@@ -369,7 +371,8 @@ def release_cmd(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pair
     Once every version the coordinator ratified is in _delta_log, it records the release and stops
     deciding the table; proposals that reach it afterwards are refused (TABLE_RELEASED). Stop the
     writers that commit through deltacoord first (docs/operations.md, "Adopt and release a table").
-    Prints the last coordinated version.
+    Just before, a commit removes the deltacoord-coordinated writer feature, so Spark and delta-rs write
+    the table again. Prints the last coordinated version.
 
     \b
     Example:

@@ -29,6 +29,7 @@ from schemas.actions import DomainMetadata, SetTransaction
 from schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
 from schemas.reasons import ReasonCode
 from schemas.routing import CONTROL_ADOPT, CONTROL_PREFIX, Topics
+from schemas.writer_features import COORDINATED
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
 from tests.integration.test_writer_operations import SCHEMA, assert_delta_rs_agrees, data, rows
 from writer.table import Table
@@ -88,22 +89,24 @@ def test_a_delta_rs_table_is_adopted_decided_and_rebuilt_after_a_restart(kafka_b
             assert unknown.value.reason == ReasonCode.UNKNOWN_TABLE
             assert f"deltacoord table adopt {t.uri}" in str(unknown.value) and "version 4" in str(unknown.value)
 
-            adopted = t.adopt()
+            adopted = t.adopt()  # adopted at 4; version 5 adds the deltacoord-coordinated writer feature
             assert (adopted.version, adopted.already_committed, adopted.operation) == (4, False, "ADOPT TABLE")
-            again = t.adopt()  # asked again at the same version: the same answer, nothing changed
-            assert (again.version, again.already_committed) == (4, True)
+            assert COORDINATED in (t.snapshot().protocol.writer_features or ()) and t.snapshot().version == 5
+            again = t.adopt()  # asked again: the same answer (at the version it is at), nothing changed
+            assert (again.version, again.already_committed) == (5, True)
+            assert t.snapshot().version == 5
 
-            assert t.append(data([8], "2024-01-02", "dc")).version == 5
-            assert t.delete("id = 5").version == 6  # removes file C, written by delta-rs before the adoption
+            assert t.append(data([8], "2024-01-02", "dc")).version == 6
+            assert t.delete("id = 5").version == 7  # removes file C, written by delta-rs before the adoption
             assert _stale_txn(t).reason == ReasonCode.STALE_TXN_VERSION  # delta-rs's app transaction is known
-        # A restart rebuilds the adopted table from the adoption record (its log at version 4) and versions 5, 6.
+        # A restart rebuilds the adopted table from the adoption record (its log at version 4) and versions 5..7.
         with coordinator_thread(kafka_bootstrap, topics, checkpoint_fn=create_checkpoint):
-            with pytest.raises(ConcurrentDeleteReadException):  # read version 5: the winner (6) removed file C
-                t.delete("id = 5", snapshot=t.snapshot(version=5))
+            with pytest.raises(ConcurrentDeleteReadException):  # read version 6: the winner (7) removed file C
+                t.delete("id = 5", snapshot=t.snapshot(version=6))
             assert _stale_txn(t).reason == ReasonCode.STALE_TXN_VERSION
-            assert t.delete("id = 1").version == 7  # rewrites pre-adoption file A
-            assert t.update("id = 3", {"value": "'up'"}).version == 8
-            for i in range(9, 13):
+            assert t.delete("id = 1").version == 8  # rewrites pre-adoption file A
+            assert t.update("id = 3", {"value": "'up'"}).version == 9
+            for i in range(10, 13):
                 assert t.append(data([i], "2024-01-03", "dc")).version == i
             storage = Snapshot.load(str(path)).storage
             # delta.checkpointInterval = 6: the coordinators checkpoint the adopted table at 6 (the first one, in its
@@ -115,7 +118,7 @@ def test_a_delta_rs_table_is_adopted_decided_and_rebuilt_after_a_restart(kafka_b
     assert DeltaTable(str(path)).version() == 12
     assert _delta_rs_rows(path, 12) == [(2, "2024-01-01", "rs"), (3, "2024-01-02", "up"), (6, "2024-01-03", "rs"),
                                         (7, "2024-01-01", "rs"), (8, "2024-01-02", "dc"),
-                                        *((i, "2024-01-03", "dc") for i in range(9, 13))]
+                                        *((i, "2024-01-03", "dc") for i in range(10, 13))]
     assert assert_delta_rs_agrees(t) == 13  # every version, before and after the adoption
     report = verify_table(harness_settings(kafka_bootstrap, topics), t.uri, t.table_id)
     assert report.ok, report.problems
@@ -163,10 +166,10 @@ def test_release_hands_the_table_back_and_adopt_takes_it_again(kafka_bootstrap: 
     t = Table(path, kafka_bootstrap, topics=topics)
     try:
         with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
-            assert _cli_json(topics, kafka_bootstrap, "table", "adopt", str(path))["version"] == 4
-            assert t.append(data([8], "2024-01-02", "dc")).version == 5
-            released = _cli_json(topics, kafka_bootstrap, "table", "release", str(path))
-            assert (released["version"], released["operation"]) == (5, "RELEASE TABLE")
+            assert _cli_json(topics, kafka_bootstrap, "table", "adopt", str(path))["version"] == 4  # feature added at 5
+            assert t.append(data([8], "2024-01-02", "dc")).version == 6
+            released = _cli_json(topics, kafka_bootstrap, "table", "release", str(path))  # feature dropped at 7
+            assert (released["version"], released["operation"]) == (7, "RELEASE TABLE")
             assert t.release().already_committed  # asked again: the same answer
             with pytest.raises(InvalidProposalError) as refused:
                 t.append(data([100], "2024-01-01", "x"))
@@ -175,22 +178,22 @@ def test_release_hands_the_table_back_and_adopt_takes_it_again(kafka_bootstrap: 
             _snapshot_now(coord)
         # The table is delta-rs's again: its writes need no coordinator.
         write_deltalake(str(path), data([11], "2024-01-01", "rs-again"), mode="append")
-        assert DeltaTable(str(path)).version() == 6
+        assert DeltaTable(str(path)).version() == 8
         with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
             assert coord.metrics.recovery_records._value.get() < 3, "the release comes from the state snapshot"
             with pytest.raises(InvalidProposalError) as still:
                 t.append(data([101], "2024-01-01", "x"))
             assert still.value.reason == ReasonCode.TABLE_RELEASED
-            assert t.adopt().version == 6  # adopted again, from what delta-rs wrote meanwhile
-            assert t.append(data([12], "2024-01-02", "dc")).version == 7
+            assert t.adopt().version == 8  # adopted again, from what delta-rs wrote meanwhile (feature added at 9)
+            assert t.append(data([12], "2024-01-02", "dc")).version == 10
             _snapshot_now(coord)
         with coordinator_thread(kafka_bootstrap, topics, settings_overrides=state) as coord:
             assert coord.metrics.recovery_records._value.get() < 3, "the adopted state comes from the state snapshot"
-            assert t.delete("id = 11").version == 8  # a file delta-rs wrote while the table was released
+            assert t.delete("id = 11").version == 11  # a file delta-rs wrote while the table was released
     finally:
         t.close()
-    assert {r[0] for r in _delta_rs_rows(path, 8)} == {1, 2, 3, 5, 6, 7, 8, 12}
-    assert assert_delta_rs_agrees(t) == 9
+    assert {r[0] for r in _delta_rs_rows(path, 11)} == {1, 2, 3, 5, 6, 7, 8, 12}
+    assert assert_delta_rs_agrees(t) == 12
 
 
 def _raw_adopt(t: Table, read_version: int) -> InvalidProposalError:
@@ -251,13 +254,14 @@ def test_adoption_refusals_and_features_the_coordinator_enforces(kafka_bootstrap
                 t_plain.begin_create(SCHEMA).commit("CREATE TABLE", changes_data=False)
             assert halted.value.reason == ReasonCode.TABLE_HALTED
             assert t_plain.table_id in coord.health()[1]["halted_tables"]  # type: ignore[operator]
-            assert t_plain.adopt().version == 4
+            assert t_plain.adopt().version == 4  # and version 5 adds the deltacoord-coordinated writer feature
             assert t_plain.table_id not in coord.health()[1]["halted_tables"]  # type: ignore[operator]
-            assert t_plain.append(data([8], "2024-01-02", "dc")).version == 5
+            assert t_plain.append(data([8], "2024-01-02", "dc")).version == 6
             stale = _raw_adopt(t_plain, 4)  # the table is coordinated, and moved on since the requester looked
-            assert stale.reason == ReasonCode.TABLE_ALREADY_COORDINATED and "version 5" in str(stale)
+            assert stale.reason == ReasonCode.TABLE_ALREADY_COORDINATED and "version 6" in str(stale)
 
-            # delta-rs made the table at protocol (1, 2): no domainMetadata feature, so no domainMetadata actions.
+            # delta-rs made the table at protocol (1, 2), and adoption added only deltacoord's own feature: no
+            # domainMetadata feature, so no domainMetadata actions.
             tx = t_plain.begin()
             tx.add(DomainMetadata("app.cfg", "{}"))
             with pytest.raises(InvalidProposalError) as domains:
@@ -267,4 +271,4 @@ def test_adoption_refusals_and_features_the_coordinator_enforces(kafka_bootstrap
         for h in handles:
             h.close()
     assert not (empty / "_delta_log").exists() and DeltaTable(str(future)).version() == 5
-    assert DeltaTable(str(elsewhere)).version() == 4 and DeltaTable(str(plain)).version() == 5
+    assert DeltaTable(str(elsewhere)).version() == 4 and DeltaTable(str(plain)).version() == 6

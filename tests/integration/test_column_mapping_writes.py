@@ -17,6 +17,7 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder
 
 from reader.snapshot import Snapshot
+from schemas.writer_features import COORDINATED
 from tests.conftest import TablePlace
 from tests.integration.test_writer_operations import Env, running_env
 from writer.table import Table
@@ -197,7 +198,9 @@ def test_column_mapping_turned_on_for_a_table_with_files(env: Env, tmp_path: Pat
     assert {n: m[PHYSICAL] for n, m in fields.items() if n != "extra"} == {"id": "id", "date": "date", "value": "value", "s": "s"}
     assert fields["extra"][PHYSICAL].startswith("col-") and fields["extra"][ID] == 7
     assert snap.metadata.configuration["delta.columnMapping.maxColumnId"] == "7"
-    assert (snap.protocol.min_reader_version, snap.protocol.min_writer_version) == (2, 5)
+    # Reader 2 for column mapping, as Delta; writer 7 (the table carries deltacoord's own writer feature) listing it.
+    assert (snap.protocol.min_reader_version, snap.protocol.min_writer_version) == (2, 7)
+    assert snap.protocol.writer_features == ("appendOnly", "invariants", COORDINATED, "columnMapping")
     expected = [(1, "d1", "u", (10, "n1")), (2, "d1", "a", (20, "n2")), (3, "d2", "b", (30, "n3")), (4, "d2", "c", None)]
     assert rows_of(delta_rs(t.root)) == expected and rows_of(snap.to_pyarrow()) == expected
     with pytest.raises(ValueError, match="from name to id is not supported"):

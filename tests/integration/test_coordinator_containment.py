@@ -1,6 +1,7 @@
 """Containment: nothing acknowledged is invisible, a fault stops one table only, one decision per proposal id.
 
-(a) A version written around the coordinator (delta-rs `write_deltalake`) is found before the next
+(a) A version written around the coordinator (by a writer that ignores the protocol: delta-rs refuses, the table
+    names the `deltacoord-coordinated` writer feature) is found before the next
     coordinated commit is ratified: that commit is rejected (TABLE_HALTED), never acknowledged as the
     foreign version; the halt is on the commits topic and survives a restart, as does a halt found at
     recovery (two foreign versions beyond Kafka's head); `deltacoord table resume` is the way out.
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -32,10 +34,11 @@ from coordinator.rules import batch as batch_module
 from coordinator.settings import CoordinatorSettings
 from coordinator.tooling.cli import main as cli_main
 from reader.snapshot import Snapshot
-from schemas.actions import AddFile, CommitInfo
+from schemas.actions import AddFile, CommitInfo, commit_to_json_lines
 from schemas.errors import CommitNotPublishedError
 from schemas.messages import Decision, Proposal
 from schemas.routing import Topics
+from schemas.writer_features import COORDINATED
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from writer.client import CoordinatorClient
 from writer.table import Table
@@ -71,9 +74,19 @@ def _commit_file(root: Path, v: int) -> Path:
 
 
 def _write_around(root: Path, *ids: int) -> None:
+    """Append `ids` around the coordinator as a writer that ignores the protocol would: a data file and the next
+    commit file, created exclusively. Delta writers that follow the protocol refuse: the coordinated table names
+    the `deltacoord-coordinated` writer feature."""
     from deltalake import write_deltalake
 
-    write_deltalake(str(root), _rows(*ids), mode="append")
+    with pytest.raises(Exception, match=COORDINATED):
+        write_deltalake(str(root), _rows(*ids), mode="append")
+    name = f"part-around-{uuid.uuid4()}.parquet"
+    pq.write_table(_rows(*ids), root / name)
+    version = max(int(p.name.split(".")[0]) for p in (root / "_delta_log").glob("*.json")) + 1
+    add = AddFile(name, {}, (root / name).stat().st_size, int(time.time() * 1000), True, stats=f'{{"numRecords":{len(ids)}}}')
+    with open(_commit_file(root, version), "xb") as f:
+        f.write(commit_to_json_lines([CommitInfo({"operation": "WRITE", "timestamp": int(time.time() * 1000)}), add]))
 
 
 def _resume(bootstrap: str, topics: Topics, table: str) -> None:
@@ -102,7 +115,7 @@ def test_a_write_around_is_never_acknowledged_as_that_version(kafka_bootstrap: s
             o.create(SCHEMA)
             assert t.append(_rows(1)).version == 1
             t.wait_published(1, 60)
-        _write_around(root, 100)  # delta-rs writes version 2 around the coordinator
+        _write_around(root, 100)  # version 2, written around the coordinator
         foreign = _commit_file(root, 2).read_bytes()
         client = CoordinatorClient(kafka_bootstrap, topics=topics)
         try:
@@ -139,7 +152,7 @@ def test_foreign_versions_beyond_kafkas_head_halt_at_recovery_until_resumed(kafk
             t.create(SCHEMA)
             assert t.append(_rows(1)).version == 1
         assert coord.wait_published(60)
-    # While no coordinator runs, delta-rs appends twice: versions 2 and 3, beyond Kafka's head (1).
+    # While no coordinator runs, a writer appends twice around it: versions 2 and 3, beyond Kafka's head (1).
     _write_around(root, 100)
     _write_around(root, 101)
     assert _commit_file(root, 3).exists()

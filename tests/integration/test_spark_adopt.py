@@ -1,7 +1,7 @@
 """A table written by Delta Lake on Spark is adopted, decided by the coordinator, and read back by Spark.
 
 Spark creates the table, writes, deletes and updates (its own checkpoint at version 3); the coordinator adopts
-it at version 4, commits after it and checkpoints it; Delta on Spark, delta-rs and our reader then read every
+it at version 4, adds its own writer feature at 5, commits after it and checkpoints it; Delta on Spark, delta-rs and our reader then read every
 version, before and after the adoption, alike.
 """
 
@@ -41,14 +41,14 @@ def test_a_delta_spark_table_is_adopted_and_read_back_by_spark(spark: SparkSessi
     topics = fresh_topics(kafka_bootstrap)
     with coordinator_thread(kafka_bootstrap, topics, checkpoint_fn=create_checkpoint), \
             Table(path, kafka_bootstrap, topics=topics) as t:
-        assert t.adopt().version == 4
-        assert t.append(data([6, 7], ["2024-01-03", "2024-01-04"], "dc")).version == 5
-        assert t.delete("id = 1").version == 6  # a file Spark wrote
-        assert t.update("id = 3", {"value": "'dc-up'"}).version == 7
+        assert t.adopt().version == 4  # version 5 adds the deltacoord-coordinated writer feature
+        assert t.append(data([6, 7], ["2024-01-03", "2024-01-04"], "dc")).version == 6
+        assert t.delete("id = 1").version == 7  # a file Spark wrote
+        assert t.update("id = 3", {"value": "'dc-up'"}).version == 8
         _wait_for(lambda: checkpoint_exists(storage, 6), "the coordinator's checkpoint at version 6")
-        assert assert_delta_rs_agrees(t) == 8
+        assert assert_delta_rs_agrees(t) == 9
 
-    for v in range(8):
+    for v in range(9):
         ours = rows(Snapshot.load(str(path), version=v).to_pyarrow().select(["id", "date", "value"]))
         theirs = sorted(tuple(r) for r in spark.read.format("delta").option("versionAsOf", v).load(str(path))
                         .select("id", "date", "value").collect())
@@ -58,4 +58,4 @@ def test_a_delta_spark_table_is_adopted_and_read_back_by_spark(spark: SparkSessi
                       (6, "2024-01-03", "dc"), (7, "2024-01-04", "dc")]
     # Spark goes on from the coordinator's checkpoint: its history sees every version.
     history = spark.sql(f"DESCRIBE HISTORY {where}").select("version", "operation").collect()
-    assert sorted(r[0] for r in history) == list(range(8))
+    assert sorted(r[0] for r in history) == list(range(9))

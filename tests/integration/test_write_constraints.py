@@ -28,6 +28,7 @@ from coordinator.tooling.cli_tables import register
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError
 from schemas.actions import Protocol
 from schemas.expressions.syntax import ExpressionError
+from schemas.writer_features import COORDINATED
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.test_writer_operations import assert_delta_rs_agrees
 from writer.constraints import ConstraintViolationError
@@ -151,15 +152,19 @@ def test_create_with_features_constraints_and_generated_columns(kafka_bootstrap:
                      properties={"delta.appendOnly": "false"})
             snap = Snapshot.load(str(tmp_path / "t"))
             assert snap.protocol == Protocol(1, 7, None, ("appendOnly", "invariants", "changeDataFeed", "checkConstraints",
-                                                          "generatedColumns"))
+                                                          "generatedColumns", COORDINATED))
             assert snap.metadata.configuration == {"delta.appendOnly": "false", "delta.constraints.id_positive": "id > 0"}
             t.append(_ids([1, 2], ["a", "b"]))
             with _fails(tmp_path / "t", r"CHECK constraint EXPRESSION\(s IS NOT NULL\) \(s IS NOT NULL\)"):
                 t.append(_ids([3], [None]))
             assert _rows(tmp_path / "t", "id", "s", "g") == [(1, "a", 10), (2, "b", 20)]
+            t.release()  # for delta-rs to write it below: the features left are writer version 4's
+            assert Snapshot.load(str(tmp_path / "t")).protocol == Protocol(1, 4)
         with Table(tmp_path / "legacy", kafka_bootstrap, topics=topics) as t:
             t.create(pa.schema([pa.field("id", pa.int64())]), constraints={"id_positive": "id > 0"})
-            assert Snapshot.load(str(tmp_path / "legacy")).protocol == Protocol(1, 3)  # as Delta: CHECK alone gives (1, 3)
+            # As Delta: CHECK alone gives (1, 3); with deltacoord's own writer feature, its features listed at 7.
+            assert Snapshot.load(str(tmp_path / "legacy")).protocol == Protocol(
+                1, 7, None, ("appendOnly", "invariants", "checkConstraints", COORDINATED))
         with Table(tmp_path / "parted", kafka_bootstrap, topics=topics) as t:  # partitioned by a generated column
             t.create(pa.schema([pa.field("id", pa.int64()), pa.field("ts", pa.timestamp("us", tz="UTC")),
                                 pa.field("day", pa.date32(), metadata={"delta.generationExpression": "CAST(ts AS DATE)"})]),
@@ -211,7 +216,7 @@ def test_the_cli_creates_a_table_with_features_constraints_and_generated_columns
         assert created.exit_code == 0, created.output
         snap = Snapshot.load(path)
         assert snap.protocol == Protocol(1, 7, None, ("appendOnly", "invariants", "changeDataFeed", "checkConstraints",
-                                                      "generatedColumns"))
+                                                      "generatedColumns", COORDINATED))
         assert snap.metadata.configuration == {"delta.enableChangeDataFeed": "true", "delta.constraints.id_positive": "id > 0"}
         fields = {f["name"]: f for f in snap.metadata.schema()["fields"]}
         assert fields["id"]["nullable"] is False
@@ -223,6 +228,7 @@ def test_the_cli_creates_a_table_with_features_constraints_and_generated_columns
         refused = run("create", str(tmp_path / "u"), "--schema", "id:long", "--feature", "allowColumnDefaults")
         assert refused.exit_code == 1 and "writer feature allowColumnDefaults" in refused.output
         versions = run("create", str(tmp_path / "v"), "--schema", "id:long", "--min-writer-version", "4")
-        assert versions.exit_code == 0 and Snapshot.load(str(tmp_path / "v")).protocol == Protocol(1, 4)
+        assert versions.exit_code == 0 and Snapshot.load(str(tmp_path / "v")).protocol == Protocol(1, 7, None, (
+            "appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns", COORDINATED))
     got = sorted((r["id"], r["day"].isoformat(), r["big"]) for r in DeltaTable(path).to_pyarrow_table().to_pylist())
     assert got == [(1, "2024-05-06", False), (11, "2024-05-07", True)]

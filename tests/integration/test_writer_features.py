@@ -21,7 +21,7 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder, TableFeatures, write_deltalake
 
 from reader.snapshot import Snapshot, UnsupportedTableFeatureError
-from schemas.writer_features import FEATURES, writer_problems
+from schemas.writer_features import COORDINATED, FEATURES, writer_problems
 from tests.conftest import TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.test_writer_operations import Env, running_env
@@ -150,6 +150,7 @@ CASES: dict[str, tuple[Make, str, str | None]] = {
     "allowColumnDefaults": (_protocol_commit("allowColumnDefaults"), "WRITE", "default values"),
     "variantType": (_feature("VariantType"), "WRITE", None),
     "an unknown feature": (_protocol_commit("someFutureFeature"), "WRITE", "does not know"),
+    COORDINATED: (_protocol_commit(COORDINATED), "WRITE", None),  # the project's own: its writer commits through it
 }
 
 
@@ -186,7 +187,7 @@ def test_an_honoured_row_rule_refuses_a_breaking_row_and_writes_a_keeping_one(ca
             t.append(bad)
         assert phrase in str(e.value)
         assert sorted(p.name for p in path.glob("*.parquet")) == before, "nothing is staged for a refused write"
-        assert t.append(good).version == adopted + 1
+        assert t.append(good).version == adopted + 2  # adopted + 1 adds the deltacoord-coordinated writer feature
         t.release()
     assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("id").to_pylist()) == [1, 2, 3]
 
