@@ -48,7 +48,7 @@ from urllib.parse import unquote
 from coordinator.rules.identity import identity_error
 from coordinator.rules.row_ids import missing_num_records
 from coordinator.rules.state import TableState
-from coordinator.rules.stats import stats_problem
+from coordinator.rules.stats import BULK_MIN_FILES, stats_problem, stats_problems
 from coordinator.rules.table_features import check_constraints_error, coordinated_feature_error, domain_metadata_error
 from schemas.actions import (
     AddCDCFile,
@@ -373,6 +373,10 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
     domains: set[str] = set()
     data_removes = False
     adds: list[AddFile] = []
+    # A commit of thousands of files has its stats read in one pass (`stats_problems`); the same answers.
+    n_adds = sum(1 for a in p.actions if isinstance(a, AddFile))
+    bad_stats = stats_problems([a.stats for a in p.actions if isinstance(a, AddFile)]) \
+        if n_adds >= BULK_MIN_FILES else None
     for a in p.actions:
         if isinstance(a, AddFile):
             dv = a.deletion_vector
@@ -385,7 +389,7 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             problem = path_problem(a.path, root)
             if problem:
                 raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
-            problem = stats_problem(a.stats)
+            problem = stats_problem(a.stats) if bad_stats is None else bad_stats.get(len(adds))
             if problem:
                 raise _err(ReasonCode.BAD_STATS, f"add {a.path!r}: {problem}")
             adds.append(a)

@@ -1,0 +1,57 @@
+"""The bulk stats check (`stats_problems`, Arrow's JSON reader) answers exactly as the per-file one does."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator.rules.stats import BULK_MIN_FILES, stats_problem, stats_problems
+
+BASE = json.dumps({"numRecords": 10, "minValues": {"id": 1, "name": "a", "x": 0.5, "s": {"a": 1}},
+                   "maxValues": {"id": 9, "name": "z", "x": 9.5, "s": {"a": 2}},
+                   "nullCount": {"id": 0, "name": 1, "x": 0, "s": {"a": 0}}, "tightBounds": True})
+
+leaf = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4), st.none(), st.booleans(), st.lists(st.integers(), max_size=2))
+columns = st.dictionaries(st.sampled_from(["id", "name", "x", "y"]),
+                          st.one_of(leaf, st.dictionaries(st.sampled_from(["a", "b"]), leaf, max_size=2)), max_size=3)
+document = st.fixed_dictionaries({}, optional={
+    "numRecords": leaf, "minValues": st.one_of(columns, leaf), "maxValues": st.one_of(columns, leaf),
+    "nullCount": st.one_of(columns, leaf), "tightBounds": leaf, "other": leaf})
+raw = st.sampled_from(["", "   ", "{{not json", "[1]", "1", '{"numRecords":1}{"numRecords":2}', '{"numRecords":\n1}',
+                       '{"numRecords":NaN}', '{"numRecords":1e308}', '{"a":1,"a":2}', "null", '{"numRecords":1} x'])
+stats_text = st.one_of(document.map(lambda d: json.dumps(d, allow_nan=True)), raw)
+
+
+def _expected(stats: list[Any]) -> dict[int, str]:
+    return {i: p for i, s in enumerate(stats) if (p := stats_problem(s)) is not None}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=BULK_MIN_FILES + 40), stats_text), max_size=6),
+       st.sampled_from([None, BASE]))
+def test_bulk_answers_as_the_per_file_check(inserted: list[tuple[int, str]], filler: str | None) -> None:
+    stats: list[Any] = [BASE if filler else json.dumps({"numRecords": i}) for i in range(BULK_MIN_FILES + 40)]
+    for at, s in inserted:
+        stats.insert(at, s)
+    stats.insert(3, None)
+    assert stats_problems(stats) == _expected(stats)
+
+
+def test_a_clean_commit_checks_no_file_one_by_one(monkeypatch: Any) -> None:
+    import coordinator.rules.stats as mod
+
+    calls: list[object] = []
+    real = mod.stats_problem
+    monkeypatch.setattr(mod, "stats_problem", lambda s: calls.append(s) or real(s))
+    stats = [json.dumps({"numRecords": i, "minValues": {"id": i, "v": f"{i}"}, "maxValues": {"id": i, "x": i + 0.5},
+                         "nullCount": {"id": 0, "v": 0}, "tightBounds": True}) for i in range(1000)]
+    assert mod.stats_problems(stats) == {}
+    assert calls == [], "every document vouched for in one pass"
+    stats[500] = '{"numRecords": -1}'
+    assert mod.stats_problems(stats) == {500: "stats.numRecords is negative"}
+    assert calls == ['{"numRecords": -1}'], "only the suspect row is asked again"
