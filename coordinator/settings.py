@@ -65,6 +65,9 @@ class CoordinatorSettings:
     max_batch: int = 500
     poll_timeout_s: float = 0.1
     max_proposal_bytes: int = 4 * 1024 * 1024
+    #: The largest commit carried by reference (`schemas.staged`) this coordinator loads: about 3 million files of
+    #: two columns' stats, a few GB of memory while it is decided. A larger one is refused unread (OVERSIZE).
+    max_staged_bytes: int = 1 << 30
     transaction_timeout_ms: int = 60_000
     #: Bound on adding the consumed offsets to a transaction. librdkafka can block in
     #: send_offsets_to_transaction for ever, its own timeout unchecked, when the group

@@ -27,13 +27,17 @@ from schemas.staged import (
 )
 
 
-def load_proposal(storage: TableStorage, proposal: Proposal) -> Proposal:
-    """The proposal with its staged actions loaded and checked; StagedCommitError when they cannot be."""
+def load_proposal(storage: TableStorage, proposal: Proposal, max_bytes: int | None = None) -> Proposal:
+    """The proposal with its staged actions loaded and checked; StagedCommitError when they cannot be.
+    `max_bytes` refuses a larger file unread (`StagedCommitTooLargeError`)."""
     ref = proposal.staged
     if ref is None:
         return proposal
     if proposal.actions:
         raise StagedCommitError("a proposal carries its actions either inline or by reference, not both")
+    if max_bytes is not None and ref.size > max_bytes:
+        raise StagedCommitTooLargeError(f"the proposal's staged actions ({ref.size:,} bytes) exceed this coordinator's "
+                                        f"max_staged_bytes ({max_bytes:,}): split the commit, or raise the limit")
     key = staged_key(WRITER, proposal.proposal_id, ref)
     where = f"{storage.location}/{key}"
     try:
@@ -42,6 +46,10 @@ def load_proposal(storage: TableStorage, proposal: Proposal) -> Proposal:
         raise StagedCommitError(f"{where} does not exist: the writer's staged actions are gone (deleted after "
                                 "a decision, or never written)") from e
     return dataclasses.replace(proposal, actions=parse_staged(data, ref, where))
+
+
+class StagedCommitTooLargeError(StagedCommitError):
+    """Staged actions larger than the reader's limit: refused before anything is read."""
 
 
 def stage_decision(storage: TableStorage, decision: Decision) -> tuple[Decision, bytes]:
@@ -111,6 +119,7 @@ def delete_staged(storage: TableStorage, kind: str, proposal_id: str, ref: Stage
 
 __all__ = [
     "StagedCommitError",
+    "StagedCommitTooLargeError",
     "StorageError",
     "delete_staged",
     "load_proposal",

@@ -99,7 +99,13 @@ from coordinator.rules.state import TableState
 from coordinator.rules.validate import path_problem
 from coordinator.settings import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_KEY_BYTES, CoordinatorSettings
 from reader.log import commit_key, newest_commit_version
-from reader.staged_commits import delete_staged, load_proposal, on_the_wire, stage_decision
+from reader.staged_commits import (
+    StagedCommitTooLargeError,
+    delete_staged,
+    load_proposal,
+    on_the_wire,
+    stage_decision,
+)
 from reader.storage import StorageError
 from schemas.actions import AddCDCFile, AddFile
 from schemas.codec import decode_proposal, encode_decision
@@ -1186,11 +1192,12 @@ class PartitionCoordinator:
         known = self.decided.get(p.table_id, p.proposal_id) is not None or (
             st is not None and st.committed_version_of(p.proposal_id) is not None)
         try:
-            return load_proposal(self.publisher.locations.storage(p.table_uri), p)
+            return load_proposal(self.publisher.locations.storage(p.table_uri), p, self.settings.max_staged_bytes)
         except StagedCommitError as e:
             if known:
                 return p
-            err = InvalidProposalError(ReasonCode.STAGED_COMMIT_INVALID, f"{e}; nothing was decided")
+            reason = ReasonCode.OVERSIZE if isinstance(e, StagedCommitTooLargeError) else ReasonCode.STAGED_COMMIT_INVALID
+            err = InvalidProposalError(reason, f"{e}; nothing was decided")
         except (TableLocationError, StorageError, OSError) as e:
             if known:
                 return p

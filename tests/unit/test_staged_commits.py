@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 from fastavro.schema import parse_schema
 
-from reader.staged_commits import delete_staged, load_proposal, on_the_wire, resolve_decision, stage_decision
+from reader.staged_commits import (
+    StagedCommitTooLargeError,
+    delete_staged,
+    load_proposal,
+    on_the_wire,
+    resolve_decision,
+    stage_decision,
+)
 from reader.storage import TableStorage
 from schemas.actions import commit_to_json_lines, parse_commit
 from schemas.codec import decode_decision, decode_proposal, encode_decision, encode_proposal
@@ -68,6 +75,8 @@ def test_a_proposal_by_reference_is_small_on_the_wire_and_loads_whole(tmp_path: 
     decoded = decode_proposal(wire)
     assert decoded.staged == ref and decoded.actions == ()
     assert load_proposal(storage, decoded).actions == FULL_PROPOSAL.actions
+    with pytest.raises(StagedCommitTooLargeError, match="max_staged_bytes"):
+        load_proposal(storage, decoded, max_bytes=ref.size - 1)
     storage.delete(staged_key(WRITER, FULL_PROPOSAL.proposal_id, ref))
     with pytest.raises(StagedCommitError, match="does not exist"):
         load_proposal(storage, decoded)
