@@ -29,6 +29,11 @@ when the halt came from the publisher or the checkpointer), so recovery
 restores it. A repeated proposal id is answered with its first decision
 (`coordinator.rules.decided`).
 
+One location, one table: a creation the batch accepts, and an adoption, claim the table's location in its own
+store (`reader.claim`, `claim_problem`) before they are recorded; a location another table id holds refuses them
+(TABLE_LOCATION_TAKEN), as a creation over a Delta table the coordinator does not decide is refused
+(TABLE_EXISTS_UNCOORDINATED). A release drops the claim.
+
 At the door: a proposal for a table of another partition (murmur2(table id) %
 partitions) is rejected with WRONG_PARTITION and never decided; the writer's
 signature headers are handed to the rules (`rules.authentication`).
@@ -98,7 +103,8 @@ from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from coordinator.rules.validate import path_problem
 from coordinator.settings import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_KEY_BYTES, CoordinatorSettings
-from reader.log import commit_key, newest_commit_version
+from reader.claim import CLAIM_KEY, Claim, ClaimError, claim, drop_claim, read_claim
+from reader.log import TableNotFoundError, commit_key, list_log_from_hint, newest_commit_version
 from reader.storage import StorageError
 from schemas.actions import AddCDCFile, AddFile
 from schemas.codec import decode_proposal, encode_decision
@@ -261,6 +267,50 @@ def added_files_problem(locations: TableLocations, table_uri: str, files: Sequen
             return f"added file {f.path} could not be checked: {e}"
         if info.size != f.size:
             return f"added file {f.path} has {info.size} bytes, not the {f.size} the proposal declares"
+    return None
+
+
+def claim_problem(locations: TableLocations, table_id: str, table_uri: str, request_id: str, at_ms: int, *,
+                  creating: bool) -> InvalidProposalError | None:
+    """Claim the table's location for `table_id` as it is created (`creating`) or adopted, or say why not
+    (`reader.claim`): another table id holds the location (TABLE_LOCATION_TAKEN), a creation would land on a
+    Delta table the coordinator does not decide (TABLE_EXISTS_UNCOORDINATED), the store did not answer
+    (STORAGE_UNAVAILABLE). The storage edge of a creation's or an adoption's decision; None once claimed."""
+    doing = "create" if creating else "adopt"
+    try:
+        storage = locations.storage(table_uri)
+        holder = read_claim(storage)
+        if creating and (holder is None or holder.table_id == table_id):
+            try:
+                head = list_log_from_hint(storage).latest_version
+            except TableNotFoundError:
+                head = None
+            if head is not None:
+                return InvalidProposalError(ReasonCode.TABLE_EXISTS_UNCOORDINATED, (
+                    f"a Delta table already exists at {table_uri} (version {head}) and this coordinator does not decide "
+                    f"it: table {table_id} was not created over it. To put that table under coordination, adopt it: "
+                    f"`deltacoord table adopt {table_uri}` (Python: Table(uri, ...).adopt()); to make a new table, "
+                    "choose an empty location"))
+        if holder is None:
+            holder = claim(storage, Claim(table_id, at_ms, request_id))
+    except TableLocationError as e:
+        return e
+    except ClaimError as e:
+        return InvalidProposalError(ReasonCode.TABLE_LOCATION_TAKEN, (
+            f"table {table_id} cannot {doing} {table_uri}: the location's claim cannot be read ({e}). If no "
+            f"coordinated table uses that location, remove {table_uri}/{CLAIM_KEY} and retry"))
+    except (StorageError, OSError, ValueError) as e:
+        return InvalidProposalError(ReasonCode.STORAGE_UNAVAILABLE, (
+            f"the claim of {table_uri} (which table id holds the location) could not be checked or written ({e}); "
+            f"table {table_id} was not {'created' if creating else 'adopted'}, retry"))
+    if holder.table_id != table_id:
+        return InvalidProposalError(ReasonCode.TABLE_LOCATION_TAKEN, (
+            f"{table_uri} is the location of table id {holder.table_id!r} (claimed by {holder.claimed_by or 'a request'}"
+            f" in {CLAIM_KEY}), so table id {table_id!r} may not {doing} it: two table ids over one _delta_log would "
+            f"both ratify the same versions, and only one of each can be published. Write the table under its own id: "
+            f"Table(uri, table_id={holder.table_id!r}) (CLI: --table-id {holder.table_id!r}; a local table's id is "
+            f"its file:// URI by default). If table {holder.table_id!r} is gone, release it first (`deltacoord table "
+            f"release {table_uri} --table-id {holder.table_id!r}`), which frees the location"))
     return None
 
 
@@ -660,6 +710,26 @@ class PartitionCoordinator:
                 foreign[tid] = why
         return foreign, unavailable
 
+    def _claim_created(self, overlay: Overlay, proposals: Sequence[Submitted],
+                       claims: dict[str, InvalidProposalError | None]) -> dict[str, InvalidProposalError]:
+        """Claim the location of each table the batch creates (`claim_problem`); the tables refused, with why.
+        `claims` caches answers within the batch."""
+        refused: dict[str, InvalidProposalError] = {}
+        for tid in overlay.created:
+            if tid not in claims:
+                st = overlay.tables[tid]
+                by = next((x.proposal.proposal_id for x in proposals if x.proposal.table_id == tid
+                           and x.proposal.read_version < 0), "")
+                claims[tid] = claim_problem(self.publisher.locations, tid, st.table_uri, by, int(time.time() * 1000),
+                                            creating=True)
+                if claims[tid] is not None:
+                    log.warning("partition %d: the creation of table %s at %s is refused: %s", self.partition, tid[:200],
+                                st.table_uri[:500], str(claims[tid])[:500])
+            why = claims[tid]
+            if why is not None:
+                refused[tid] = why
+        return refused
+
     # -- the loop ---------------------------------------------------------------
     def process(self, batch: Sequence[Message]) -> None:
         """Decide one batch of this partition's proposals and commit the decisions with the offsets.
@@ -705,11 +775,21 @@ class PartitionCoordinator:
         halted = self.publisher.halted_tables()
         decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
                                         earlier=self.decided.get)
+        # One location is one table: a creation the batch accepts claims its location (`reader.claim`); one whose
+        # location another table id holds, or that holds an uncoordinated Delta table, is refused.
         # Nothing acknowledged is invisible: no version of the batch may already have a file in _delta_log.
         # A decision that cannot be encoded is a fault of this code on its table: the table halts.
+        claims: dict[str, InvalidProposalError | None] = {}
+        refused: dict[str, InvalidProposalError] = {}
         probed: dict[tuple[str, int], str | None] = {}
         unavailable: set[str] = set()
         while True:
+            taken = self._claim_created(overlay, proposals, claims)
+            if taken:
+                refused.update(taken)
+                decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
+                                                earlier=self.decided.get, refused_creates=refused)
+                continue
             foreign, cannot = self._probe(overlay, probed)
             encoded = self._encode_all(decided, foreign)
             if not foreign and not cannot:
@@ -725,7 +805,7 @@ class PartitionCoordinator:
             unavailable.update(cannot)
             halted = {**halted, **foreign, **cannot}
             decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
-                                            earlier=self.decided.get)
+                                            earlier=self.decided.get, refused_creates=refused)
         if unavailable:
             decided = [dataclasses.replace(d, reason_code=ReasonCode.STORAGE_UNAVAILABLE.value)
                        if d.table_id in unavailable and d.reason_code == ReasonCode.TABLE_HALTED.value
@@ -924,6 +1004,8 @@ class PartitionCoordinator:
                 "with an engine that supports these features, or change the table so it no longer needs them"), at_ms)
         adopted = loaded.table_state(tid, uri)
         err = authentication_error(adopted, p, sig) or admission_error(adopted, p, {})
+        if err is None:  # one location, one table: another table id holding it refuses the adoption
+            err = claim_problem(self.publisher.locations, tid, uri, p.proposal_id, at_ms, creating=False)
         if err is not None:
             return rejection(tid, uri, p.proposal_id, err, None, at_ms), None
         source = f"checkpoint {loaded.checkpoint_version} and the commits after it" if loaded.checkpoint_version is not None \
@@ -982,6 +1064,12 @@ class PartitionCoordinator:
             self.released[tid] = (uri, head)
             self.publisher.forget([tid])
             self.metrics.tables.dec()
+            try:  # the location is free: any table id may adopt it again
+                drop_claim(self.publisher.locations.storage(uri), tid)
+            except (TableLocationError, StorageError, OSError, ValueError) as e:
+                log.warning("partition %d: table %s is released, but its claim %s/%s could not be removed (%s): "
+                            "adopting the location under another table id is refused until it is removed",
+                            self.partition, tid[:200], uri[:500], CLAIM_KEY, e)
 
         return d, done
 

@@ -22,13 +22,15 @@ from coordinator.delta_log.checkpointer import create_checkpoint
 from coordinator.delta_log.verify import verify_table
 from coordinator.kafka.daemon import Coordinator
 from coordinator.tooling.cli_tables import register
+from reader.claim import CLAIM_KEY, read_claim
 from reader.log import checkpoint_exists
 from reader.snapshot import Snapshot
+from reader.storage import TableStorage
 from reader.stream import CommitStream, StreamGapError
 from schemas.actions import DomainMetadata, SetTransaction
 from schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
 from schemas.reasons import ReasonCode
-from schemas.routing import CONTROL_ADOPT, CONTROL_PREFIX, Topics
+from schemas.routing import CONTROL_ADOPT, CONTROL_PREFIX, Topics, partition_for
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
 from tests.integration.test_writer_operations import SCHEMA, assert_delta_rs_agrees, data, rows
 from writer.table import Table
@@ -246,13 +248,14 @@ def test_adoption_refusals_and_features_the_coordinator_enforces(kafka_bootstrap
                 t_elsewhere.adopt()
             assert outside.value.reason == ReasonCode.TABLE_OUTSIDE_ROOTS
 
-            # A creation onto the foreign log halts the unknown table (version 0 exists); adopting it lifts the halt.
-            with pytest.raises(InvalidProposalError) as halted:
+            # A creation onto the foreign log is refused by its reason (nothing halts); adopting it is the way in.
+            with pytest.raises(InvalidProposalError) as exists:
                 t_plain.begin_create(SCHEMA).commit("CREATE TABLE", changes_data=False)
-            assert halted.value.reason == ReasonCode.TABLE_HALTED
-            assert t_plain.table_id in coord.health()[1]["halted_tables"]  # type: ignore[operator]
-            assert t_plain.adopt().version == 4
+            assert exists.value.reason == ReasonCode.TABLE_EXISTS_UNCOORDINATED
+            assert "(version 4)" in str(exists.value) and f"deltacoord table adopt {t_plain.uri}" in str(exists.value)
             assert t_plain.table_id not in coord.health()[1]["halted_tables"]  # type: ignore[operator]
+            assert read_claim(TableStorage(plain)) is None  # a refused creation claims nothing
+            assert t_plain.adopt().version == 4
             assert t_plain.append(data([8], "2024-01-02", "dc")).version == 5
             stale = _raw_adopt(t_plain, 4)  # the table is coordinated, and moved on since the requester looked
             assert stale.reason == ReasonCode.TABLE_ALREADY_COORDINATED and "version 5" in str(stale)
@@ -268,3 +271,65 @@ def test_adoption_refusals_and_features_the_coordinator_enforces(kafka_bootstrap
             h.close()
     assert not (empty / "_delta_log").exists() and DeltaTable(str(future)).version() == 5
     assert DeltaTable(str(elsewhere)).version() == 4 and DeltaTable(str(plain)).version() == 5
+
+
+def _alias_elsewhere(table_id: str, partitions: int) -> str:
+    """Another table id for the same location, routed to another proposals partition than `table_id`."""
+    home = partition_for(table_id, partitions)
+    return next(a for i in range(1000) if partition_for(a := f"alias-{i}", partitions) != home)
+
+
+def _refused(call: Any) -> InvalidProposalError:
+    with pytest.raises(InvalidProposalError) as ei:
+        call()
+    return ei.value
+
+
+def test_one_location_is_one_table_across_partitions(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A second table id may neither adopt nor create a location another id holds, even when its proposals go to
+    another partition; the first id's table goes on, and a release frees the location for another id."""
+    adopted_path, created_path = tmp_path / "adopted", tmp_path / "created"
+    _delta_rs_table(adopted_path)
+    topics = fresh_topics(kafka_bootstrap, partitions=4)
+    first = Table(adopted_path, kafka_bootstrap, topics=topics)
+    alias = Table(adopted_path, kafka_bootstrap, topics=topics, table_id=_alias_elsewhere(first.table_id, 4))
+    made = Table(created_path, kafka_bootstrap, topics=topics)
+    made_alias = Table(created_path, kafka_bootstrap, topics=topics, table_id=_alias_elsewhere(made.table_id, 4))
+    handles = [first, alias, made, made_alias]
+    try:
+        with coordinator_thread(kafka_bootstrap, topics) as coord:
+            assert first.adopt().version == 4
+            held = read_claim(first.storage)
+            assert held is not None and held.table_id == first.table_id and held.claimed_by.startswith(CONTROL_PREFIX)
+            # The writer refuses before sending; the coordinator refuses what is sent anyway.
+            early = _refused(alias.adopt)
+            assert early.reason == ReasonCode.TABLE_LOCATION_TAKEN and "Nothing was sent" in str(early)
+            assert f"table_id={first.table_id!r}" in str(early)
+            sent = _refused(lambda: alias._control(CONTROL_ADOPT, "ADOPT TABLE", None))
+            assert sent.reason == ReasonCode.TABLE_LOCATION_TAKEN and "Nothing was sent" not in str(sent)
+            assert f"table id {first.table_id!r}" in str(sent) and CLAIM_KEY in str(sent)
+            # Issue 36's finding: both ids were ratified as the same version, one row never visible. Now the alias is
+            # no table: its commits are refused, and the first id's go on.
+            assert first.append(data([8], "2024-01-02", "dc")).version == 5
+            assert _refused(lambda: alias.append(data([9], "2024-01-02", "alias"))).reason == ReasonCode.UNKNOWN_TABLE
+            assert first.append(data([10], "2024-01-02", "dc")).version == 6
+
+            # A creation claims its location: an alias's creation is refused, whichever partition decides it.
+            assert made.create(SCHEMA).version == 0
+            taken = _refused(lambda: made_alias.begin_create(SCHEMA).commit("CREATE TABLE", changes_data=False))
+            assert taken.reason == ReasonCode.TABLE_LOCATION_TAKEN and f"{made.table_id!r}" in str(taken)
+            assert _refused(lambda: made_alias.adopt()).reason == ReasonCode.TABLE_LOCATION_TAKEN
+            assert made.append(data([1], "2024-01-01", "made")).version == 1
+            assert not coord.health()[1]["halted_tables"]  # type: ignore[index]
+
+            # A release frees the location: the alias may adopt it now, and the first id no longer may.
+            assert first.release().version == 6
+            assert read_claim(first.storage) is None
+            assert alias.adopt().version == 6
+            assert _refused(first.adopt).reason == ReasonCode.TABLE_LOCATION_TAKEN
+            assert alias.append(data([11], "2024-01-03", "alias")).version == 7
+    finally:
+        for h in handles:
+            h.close()
+    assert {r[0] for r in _delta_rs_rows(adopted_path, 7)} == {1, 2, 3, 5, 6, 7, 8, 10, 11}
+    assert rows(DeltaTable(str(created_path)).to_pyarrow_table()) == [(1, "2024-01-01", "made")]
