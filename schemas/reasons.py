@@ -86,6 +86,9 @@ class ReasonCode(StrEnum):
     UNSUPPORTED_TABLE_FEATURE = "UNSUPPORTED_TABLE_FEATURE"
     #: Adopting a table whose `_delta_log` cannot be read to its current version (corrupt, unreadable feature).
     UNREADABLE_TABLE = "UNREADABLE_TABLE"
+    #: An adopt request naming another version than the table's current one: older than the table's latest commits
+    #: (delayed, or a captured request replayed), or read from another view of the store. Send a new request.
+    STALE_CONTROL_REQUEST = "STALE_CONTROL_REQUEST"
     # -- one location, one table (`reader.claim`, checked by coordinator.kafka.partition at a creation or adoption) --
     #: Creating or adopting a table at a location another table id holds (its claim, `_deltacoord/table.json`,
     #: names that id): two ids over one `_delta_log` would both ratify the same versions.

@@ -98,7 +98,7 @@ from coordinator.locations import TableLocationError, TableLocations
 from coordinator.metrics import Metrics
 from coordinator.rules.admission import admission_error
 from coordinator.rules.authentication import Signature, authentication_error
-from coordinator.rules.batch import Overlay, Submitted, decide_batch, rejection
+from coordinator.rules.batch import Overlay, Submitted, decide_batch, rejection, repeated
 from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from coordinator.rules.validate import path_problem
@@ -774,7 +774,7 @@ class PartitionCoordinator:
         check_files = functools.partial(added_files_problem, self.publisher.locations)
         halted = self.publisher.halted_tables()
         decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
-                                        earlier=self.decided.get)
+                                        earlier=self._earlier_decision)
         # One location is one table: a creation the batch accepts claims its location (`reader.claim`); one whose
         # location another table id holds, or that holds an uncoordinated Delta table, is refused.
         # Nothing acknowledged is invisible: no version of the batch may already have a file in _delta_log.
@@ -788,7 +788,7 @@ class PartitionCoordinator:
             if taken:
                 refused.update(taken)
                 decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
-                                                earlier=self.decided.get, refused_creates=refused)
+                                                earlier=self._earlier_decision, refused_creates=refused)
                 continue
             foreign, cannot = self._probe(overlay, probed)
             encoded = self._encode_all(decided, foreign)
@@ -805,7 +805,7 @@ class PartitionCoordinator:
             unavailable.update(cannot)
             halted = {**halted, **foreign, **cannot}
             decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
-                                            earlier=self.decided.get, refused_creates=refused)
+                                            earlier=self._earlier_decision, refused_creates=refused)
         if unavailable:
             decided = [dataclasses.replace(d, reason_code=ReasonCode.STORAGE_UNAVAILABLE.value)
                        if d.table_id in unavailable and d.reason_code == ReasonCode.TABLE_HALTED.value
@@ -930,14 +930,26 @@ class PartitionCoordinator:
         self.close()
         self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.start()))
 
+    def _earlier_decision(self, table_id: str, proposal_id: str) -> Decision | None:
+        """The first decision of a proposal id, for deciding proposals: an adoption or release record answered a
+        control request, and is no answer to a proposal that reuses its id (recovery would fold the copy as one)."""
+        first = self.decided.get(table_id, proposal_id)
+        return None if first is None or control_kind(first) is not None else first
+
     # -- adoption and release (`coordinator.kafka.control`) ---------------------------------
     def _answer_request(self, m: Message, x: _Decoded, consumed_at: float) -> bool:
         """Answer an adopt or release request in a transaction of its own; then apply it. False when the
-        transaction failed (the request is consumed again)."""
+        transaction failed (the request is consumed again).
+
+        A request id decided before (a resend, or a captured request replayed later) gets its first answer and
+        changes nothing (`_answered_before`), as a proposal does."""
         assert x.submitted is not None and x.request is not None
         p, sig = x.submitted.proposal, x.submitted.signature
         at = x.submitted.at_ms or int(time.time() * 1000)
-        if x.request == ADOPT:
+        again = self._answered_before(p, x.request, at)
+        if again is not None:
+            d, done = again, None
+        elif x.request == ADOPT:
             d, done = self._adopt(p, sig, at)
         else:
             d, done = self._release(p, sig, at)
@@ -953,8 +965,9 @@ class PartitionCoordinator:
         self._controls = [c for c in self._controls if c not in controls]
         if done is not None:
             done()
+        if kind in (None, ADOPT, RELEASE):
+            self.decided.remember(d)  # as recovery does: the answer to a request (a rejection, or its record)
         if kind is None:
-            self.decided.remember(d)  # as recovery does: a rejection is remembered, control records are not
             self.metrics.rejections.labels(d.reason_code or "UNKNOWN").inc()
         self.metrics.proposals.labels(self._label).inc()
         if x.reply is not None and self.notices is not None:
@@ -963,6 +976,23 @@ class PartitionCoordinator:
                     p.table_id[:200], d.error_message if kind is not None else f"refused, {d.reason_code}: {d.error_message}")
         self.maybe_snapshot()
         return True
+
+    def _answered_before(self, p: Proposal, request: str, at_ms: int) -> Decision | None:
+        """The first answer again, when this request id was decided before (in the decided-ids window): an adoption
+        or release record marked `duplicate_of` (recovery folds nothing of it), or the first rejection."""
+        first = self.decided.get(p.table_id, p.proposal_id)
+        if first is None:
+            return None
+        kind = control_kind(first)
+        if kind == request:
+            return dataclasses.replace(first, duplicate_of=first.winning_version if first.winning_version is not None
+                                       else -1, decided_at_ms=at_ms)
+        if kind is None and not first.committed:
+            return repeated(first, at_ms)
+        return self._refused(p, ReasonCode.BAD_PROPOSAL_ID, (
+            f"the {request} request's id {p.proposal_id[:100]!r} was already used by another "
+            f"{kind + ' request' if kind else 'proposal'} of table {p.table_id}: nothing was done. Send a new request "
+            "(each `deltacoord table adopt|release` makes a new id)"), at_ms)[0]
 
     def _refused(self, p: Proposal, reason: ReasonCode, why: str, at_ms: int) -> tuple[Decision, None]:
         return rejection(p.table_id, p.table_uri, p.proposal_id, InvalidProposalError(reason, why), None, at_ms), None
@@ -997,6 +1027,12 @@ class PartitionCoordinator:
             if e.kind == "unreadable":
                 return self._refused(p, ReasonCode.UNREADABLE_TABLE, f"the table cannot be adopted: {e}", at_ms)
             return self._refused(p, ReasonCode.STORAGE_UNAVAILABLE, f"the table was not adopted, retry: {e}", at_ms)
+        if p.read_version != loaded.version:  # a delayed or replayed request is not taken for a fresh one
+            return self._refused(p, ReasonCode.STALE_CONTROL_REQUEST, (
+                f"the adopt request saw table {uri} at version {p.read_version}, but its log is at version "
+                f"{loaded.version}: the request is older than the table's latest commits (sent long ago, or replayed), "
+                "or its writer read another view of the store. Nothing was adopted; send a new request (`deltacoord "
+                "table adopt` reads the current version)"), at_ms)
         problems = adoption_problems(loaded.protocol, loaded.metadata)
         if problems:
             return self._refused(p, ReasonCode.UNSUPPORTED_TABLE_FEATURE, (

@@ -7,6 +7,7 @@ and after the adoption, as our reader does. A released table is the uncoordinate
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from pathlib import Path
@@ -30,7 +31,15 @@ from reader.stream import CommitStream, StreamGapError
 from schemas.actions import DomainMetadata, SetTransaction
 from schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
 from schemas.reasons import ReasonCode
-from schemas.routing import CONTROL_ADOPT, CONTROL_PREFIX, Topics, partition_for
+from schemas.routing import (
+    ADOPTED_ERROR_TYPE,
+    CONTROL_ADOPT,
+    CONTROL_PREFIX,
+    CONTROL_RELEASE,
+    RELEASED_ERROR_TYPE,
+    Topics,
+    partition_for,
+)
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
 from tests.integration.test_writer_operations import SCHEMA, assert_delta_rs_agrees, data, rows
 from writer.table import Table
@@ -333,3 +342,67 @@ def test_one_location_is_one_table_across_partitions(kafka_bootstrap: str, tmp_p
             h.close()
     assert {r[0] for r in _delta_rs_rows(adopted_path, 7)} == {1, 2, 3, 5, 6, 7, 8, 10, 11}
     assert rows(DeltaTable(str(created_path)).to_pyarrow_table()) == [(1, "2024-01-01", "made")]
+
+
+def _send(t: Table, p: Any, kind: str) -> Any:
+    """Send a control request (a proposal as the writer built it) and wait for its answer."""
+    try:
+        return t.client.decided(t.client.propose(p, wait="ratified", control=kind), p.table_id, 60)
+    finally:
+        t.client.forget(p.proposal_id)
+
+
+def _request(t: Table, kind: str, operation: str) -> Any:
+    """A control request as `Table.adopt`/`release` builds it (the table's current version, a new id), not sent."""
+    tx = WriterTransaction(t, Snapshot.load(str(t.root)).version)
+    tx.proposal_id = f"{CONTROL_PREFIX}{kind}:{uuid.uuid4()}"
+    return tx.proposal(operation, changes_data=False)
+
+
+def test_a_replayed_control_request_gets_its_first_answer_and_changes_nothing(kafka_bootstrap: str,
+                                                                              tmp_path: Path) -> None:
+    """A captured adopt or release request sent again later (after the table was released and adopted again, and
+    after a restart) is answered as it was the first time; the table stays as it is and goes on committing."""
+    path = tmp_path / "t"
+    _delta_rs_table(path)
+    topics = fresh_topics(kafka_bootstrap)
+    t = Table(path, kafka_bootstrap, topics=topics)
+    try:
+        with coordinator_thread(kafka_bootstrap, topics):
+            adopt = _request(t, CONTROL_ADOPT, "ADOPT TABLE")
+            first_adopt = _send(t, adopt, CONTROL_ADOPT)
+            assert (first_adopt.winning_version, first_adopt.duplicate_of) == (4, None)
+            assert t.append(data([8], "2024-01-02", "dc")).version == 5
+            release = _request(t, CONTROL_RELEASE, "RELEASE TABLE")
+            first_release = _send(t, release, CONTROL_RELEASE)
+            assert (first_release.error_type, first_release.winning_version) == (RELEASED_ERROR_TYPE, 5)
+            write_deltalake(str(path), data([9], "2024-01-01", "rs"), mode="append")  # version 6, uncoordinated
+            assert t.adopt().version == 6
+            assert t.append(data([10], "2024-01-02", "dc")).version == 7
+
+            again = _send(t, release, CONTROL_RELEASE)  # replayed: the first answer, and the table stays adopted
+            assert (again.error_type, again.winning_version, again.duplicate_of) == (RELEASED_ERROR_TYPE, 5, 5)
+            assert t.append(data([11], "2024-01-02", "dc")).version == 8
+            old = _send(t, adopt, CONTROL_ADOPT)  # replayed: adopted at 4 as first answered; nothing is reloaded
+            assert (old.error_type, old.winning_version, old.duplicate_of) == (ADOPTED_ERROR_TYPE, 4, 4)
+            # A commit reusing the adopt request's id is a commit: the adoption record answers only the request.
+            assert t.append(data([12], "2024-01-02", "dc"), proposal_id=adopt.proposal_id).version == 9
+        # Recovery folds the repeated answers as what they are (nothing), and remembers the first ones.
+        with coordinator_thread(kafka_bootstrap, topics):
+            assert t.append(data([13], "2024-01-02", "dc")).version == 10
+            assert _send(t, release, CONTROL_RELEASE).duplicate_of == 5
+            assert t.append(data([14], "2024-01-02", "dc")).version == 11
+            # A request naming an older version than the table's (made before its latest commits) adopts nothing,
+            # even with an id never seen: here after a release, so the table is not coordinated.
+            assert t.release().version == 11
+            write_deltalake(str(path), data([15], "2024-01-01", "rs"), mode="append")  # version 12
+            stale = dataclasses.replace(adopt, proposal_id=f"{CONTROL_PREFIX}{CONTROL_ADOPT}:{uuid.uuid4()}")
+            refused = error_from_decision(_send(t, stale, CONTROL_ADOPT))
+            assert isinstance(refused, InvalidProposalError) and refused.reason == ReasonCode.STALE_CONTROL_REQUEST
+            assert "saw table" in str(refused) and "version 4" in str(refused) and "version 12" in str(refused)
+            assert _refused(lambda: t.append(data([16], "2024-01-02", "x"))).reason == ReasonCode.TABLE_RELEASED
+            assert t.adopt().version == 12
+    finally:
+        t.close()
+    assert DeltaTable(str(path)).version() == 12
+    assert {r[0] for r in _delta_rs_rows(path, 12)} == {1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
