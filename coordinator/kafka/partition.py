@@ -32,7 +32,8 @@ restores it. A repeated proposal id is answered with its first decision
 One location, one table: a creation the batch accepts, and an adoption, claim the table's location in its own
 store (`reader.claim`, `claim_problem`) before they are recorded; a location another table id holds refuses them
 (TABLE_LOCATION_TAKEN), as a creation over a Delta table the coordinator does not decide is refused
-(TABLE_EXISTS_UNCOORDINATED). A release drops the claim.
+(TABLE_EXISTS_UNCOORDINATED). A release drops the claim. A table's first commit in this process checks its claim
+(`_confirm_claims`): a table from before claims claims its location then, one whose location another id holds halts.
 
 At the door: a proposal for a table of another partition (murmur2(table id) %
 partitions) is rejected with WRONG_PARTITION and never decided; the writer's
@@ -363,6 +364,9 @@ class PartitionCoordinator:
         self.states: dict[str, TableState] = {}
         #: Tables released to uncoordinated writers -> (table uri, version released at); their proposals are refused.
         self.released: dict[str, tuple[str, int]] = {}
+        #: Tables whose location's claim (`reader.claim`) names them, as this process saw: the claim is checked once
+        #: per table and process, so a table created or adopted before claims existed gets one at its next commit.
+        self._claimed: set[str] = set()
         self.decided = DecidedIds(settings.decided_ids_limit, settings.decided_ids_max_age_ms)
         # -- state snapshots (`coordinator.kafka.snapshot`): the commits-topic offset the states cover, the
         # last record folded, records since the last snapshot, and where recent versions were recorded.
@@ -728,7 +732,40 @@ class PartitionCoordinator:
             why = claims[tid]
             if why is not None:
                 refused[tid] = why
+            else:
+                self._claimed.add(tid)
         return refused
+
+    def _confirm_claims(self, overlay: Overlay) -> dict[str, str]:
+        """Tables the batch commits to whose location another table id holds -> why (they halt). A table not seen
+        yet in this process claims its location if nobody does (one created or adopted before claims existed);
+        a store that does not answer is asked again at the next batch."""
+        todo = [(tid, st.table_uri) for tid, st in overlay.tables.items()
+                if tid not in self._claimed and tid not in overlay.created]
+        now_ms = int(time.time() * 1000)
+
+        def ask(item: tuple[str, str]) -> tuple[str, str, Claim | Exception]:
+            tid, uri = item
+            try:
+                return tid, uri, claim(self.publisher.locations.storage(uri), Claim(tid, now_ms, "a commit"))
+            except (TableLocationError, StorageError, OSError, ValueError) as e:
+                return tid, uri, e
+
+        taken: dict[str, str] = {}
+        answers = list(map(ask, todo)) if len(todo) < 2 else list(_probe_pool().map(ask, todo))
+        for tid, uri, holder in answers:
+            if isinstance(holder, Exception):
+                log.info("partition %d: the claim of %s could not be checked (%s); asking again at the next batch",
+                         self.partition, uri[:500], holder)
+            elif holder.table_id == tid:
+                self._claimed.add(tid)
+            else:
+                taken[tid] = (
+                    f"{uri} is the location of table id {holder.table_id!r} ({CLAIM_KEY}), not of this table ({tid!r}): "
+                    "two table ids over one _delta_log would both ratify the same versions, so this one is halted "
+                    "before it ratifies any. Keep one of them: release the other (`deltacoord table release ... "
+                    "--table-id ...`), or, if this table is the one to keep, remove the claim and resume it")
+        return taken
 
     # -- the loop ---------------------------------------------------------------
     def process(self, batch: Sequence[Message]) -> None:
@@ -791,6 +828,7 @@ class PartitionCoordinator:
                                                 earlier=self._earlier_decision, refused_creates=refused)
                 continue
             foreign, cannot = self._probe(overlay, probed)
+            foreign.update(self._confirm_claims(overlay))
             encoded = self._encode_all(decided, foreign)
             if not foreign and not cannot:
                 break
@@ -1052,6 +1090,7 @@ class PartitionCoordinator:
 
         def done() -> None:
             self.states[tid] = adopted
+            self._claimed.add(tid)
             self.released.pop(tid, None)
             self.publisher.resume(tid)  # a halt of the unknown table (a creation onto its log) is lifted
             self.publisher.mark_published(tid, loaded.version)
@@ -1100,6 +1139,7 @@ class PartitionCoordinator:
             self.released[tid] = (uri, head)
             self.publisher.forget([tid])
             self.metrics.tables.dec()
+            self._claimed.discard(tid)
             try:  # the location is free: any table id may adopt it again
                 drop_claim(self.publisher.locations.storage(uri), tid)
             except (TableLocationError, StorageError, OSError, ValueError) as e:

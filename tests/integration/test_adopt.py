@@ -406,3 +406,32 @@ def test_a_replayed_control_request_gets_its_first_answer_and_changes_nothing(ka
         t.close()
     assert DeltaTable(str(path)).version() == 12
     assert {r[0] for r in _delta_rs_rows(path, 12)} == {1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
+
+
+def test_a_table_without_a_claim_claims_its_location_at_its_next_commit(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Tables created before claims existed (here: their claim removed) claim their location at their first commit
+    after a restart; one whose location another id took meanwhile is halted before it ratifies a version."""
+    kept, lost = tmp_path / "kept", tmp_path / "lost"
+    topics = fresh_topics(kafka_bootstrap, partitions=4)
+    t_kept, t_lost = Table(kept, kafka_bootstrap, topics=topics), Table(lost, kafka_bootstrap, topics=topics)
+    alias = Table(lost, kafka_bootstrap, topics=topics, table_id=_alias_elsewhere(t_lost.table_id, 4))
+    try:
+        with coordinator_thread(kafka_bootstrap, topics):
+            for t in (t_kept, t_lost):
+                assert t.create(SCHEMA).version == 0
+                assert t.append(data([1], "2024-01-01", "a")).version == 1
+        for path in (kept, lost):
+            (path / CLAIM_KEY).unlink()
+        with coordinator_thread(kafka_bootstrap, topics) as coord:
+            assert alias.adopt().version == 1  # nothing says the location is taken: the alias claims it
+            assert t_kept.append(data([2], "2024-01-01", "b")).version == 2
+            held = read_claim(t_kept.storage)
+            assert held is not None and held.table_id == t_kept.table_id
+            halted = _refused(lambda: t_lost.append(data([2], "2024-01-01", "lost")))
+            assert halted.reason == ReasonCode.TABLE_HALTED and f"table id {alias.table_id!r}" in str(halted)
+            assert t_lost.table_id in coord.health()[1]["halted_tables"]  # type: ignore[operator]
+            assert alias.append(data([3], "2024-01-01", "alias")).version == 2  # the one table of that location
+    finally:
+        for t in (t_kept, t_lost, alias):
+            t.close()
+    assert rows(DeltaTable(str(lost)).to_pyarrow_table()) == [(1, "2024-01-01", "a"), (3, "2024-01-01", "alias")]
