@@ -6,7 +6,8 @@ Accepted: plain paths, `file://`, `s3://` (`s3a://` is the same location), `az:/
 The normal form is what `table_roots` checks compare, so it must not admit two spellings of a
 place nor hide a traversal: local paths are made absolute with symlinks resolved (`..` then has
 its filesystem meaning); object-store paths are percent-decoded once and refused when they hold
-`.`/`..` or empty segments, an encoded separator, a control character, a query or a fragment.
+`.`/`..` or empty segments, an encoded separator, a control character (C0, DEL, C1; raw or
+percent-encoded, in any URI), a query or a fragment.
 Scheme and bucket/container/account names (lowercase-only on every cloud) are lowercased.
 """
 
@@ -18,6 +19,8 @@ import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
+
+from schemas.control_chars import control_character
 
 StoreKind = Literal["file", "s3", "az", "gs"]
 
@@ -86,8 +89,10 @@ def _fail(uri: object, problem: str) -> StorageUriError:
 def _check_chars(uri: object, text: str, what: str) -> None:
     if "\x00" in text:
         raise _fail(uri, f"the {what} contains a NUL byte")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
-        raise _fail(uri, f"the {what} contains a control character")
+    found = control_character(text)
+    if found is not None:
+        raise _fail(uri, f"the {what} contains a control character, {found} (C0, DEL and C1 controls are refused: "
+                    "URL parsers drop some of them, so the URI would name another location)")
 
 
 def _decode(uri: object, raw: str) -> str:

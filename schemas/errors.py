@@ -207,6 +207,14 @@ class InvalidProposalError(DeltaCoordError):
         super().__init__(f"{reason}: {message}")
 
 
+class BadFilePathError(InvalidProposalError, ValueError):
+    """An action's file path holds a control character (reason BAD_FILE_PATH); the writer raises it before it
+    sends anything, the coordinator refuses such a proposal with the same code."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ReasonCode.BAD_FILE_PATH, message)
+
+
 class DecodeError(DeltaCoordError):
     """Bytes that are not a valid message of a known schema."""
 

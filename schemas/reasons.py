@@ -36,6 +36,9 @@ class ReasonCode(StrEnum):
     #: integer, a number that is not finite (`coordinator.rules.stats`).
     BAD_STATS = "BAD_STATS"
     PATH_ESCAPES_TABLE = "PATH_ESCAPES_TABLE"
+    #: A file path of an action (add, remove, cdc) holds a control character (C0, DEL or C1), raw or
+    #: percent-encoded: parsers drop or mangle them, so the path would name another file than it reads.
+    BAD_FILE_PATH = "BAD_FILE_PATH"
     PARTITION_VALUES_MISMATCH = "PARTITION_VALUES_MISMATCH"
     BAD_ISOLATION_LEVEL = "BAD_ISOLATION_LEVEL"
     BAD_SCHEMA = "BAD_SCHEMA"
@@ -83,6 +86,16 @@ class ReasonCode(StrEnum):
     UNSUPPORTED_TABLE_FEATURE = "UNSUPPORTED_TABLE_FEATURE"
     #: Adopting a table whose `_delta_log` cannot be read to its current version (corrupt, unreadable feature).
     UNREADABLE_TABLE = "UNREADABLE_TABLE"
+    #: An adopt request naming another version than the table's current one: older than the table's latest commits
+    #: (delayed, or a captured request replayed), or read from another view of the store. Send a new request.
+    STALE_CONTROL_REQUEST = "STALE_CONTROL_REQUEST"
+    # -- one location, one table (`reader.claim`, checked by coordinator.kafka.partition at a creation or adoption) --
+    #: Creating or adopting a table at a location another table id holds (its claim, `_deltacoord/table.json`,
+    #: names that id): two ids over one `_delta_log` would both ratify the same versions.
+    TABLE_LOCATION_TAKEN = "TABLE_LOCATION_TAKEN"
+    #: Creating a table (read version -1) where a Delta table the coordinator does not decide already exists
+    #: (written by Spark, delta-rs, ...): adopt it instead.
+    TABLE_EXISTS_UNCOORDINATED = "TABLE_EXISTS_UNCOORDINATED"
     # -- the Kafka edge: messages that are not a decodable proposal --
     UNDECODABLE = "UNDECODABLE"
     OVERSIZE = "OVERSIZE"

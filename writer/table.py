@@ -37,6 +37,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reader.claim import CLAIM_KEY, read_claim
 from reader.deletion_vectors import (
     DEFAULT_INLINE_MAX_BYTES,
     dv_object,
@@ -52,7 +53,7 @@ from reader.snapshot import (
     delta_schema_to_arrow,
     parse_partition_value,
 )
-from reader.storage import TableStorage
+from reader.storage import StorageError, TableStorage
 from schemas import client_settings
 from schemas.actions import AddFile, Metadata, Protocol, SetTransaction
 from schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
@@ -481,10 +482,13 @@ class Table:
         the loser gets ProtocolChangedException.
 
         An existing table is TableExistsError whether it is seen in `_delta_log`
-        or only by the coordinator (version 0 ratified, not yet published).
+        or only by the coordinator (version 0 ratified, not yet published). A location another table id
+        holds is InvalidProposalError(TABLE_LOCATION_TAKEN); a Delta table the coordinator does not decide,
+        appearing after the check here, is refused by the coordinator (TABLE_EXISTS_UNCOORDINATED).
         """
         if self._floor >= 0 or self.exists():
             raise TableExistsError(self.uri)
+        self._check_location_free("create")
         tx = self.begin_create(schema, partition_by, properties, name, features=features, protocol=protocol,
                                constraints=constraints, proposal_id=proposal_id)
         props = next(dict(a.configuration) for a in tx.actions if isinstance(a, Metadata))
@@ -508,11 +512,28 @@ class Table:
         Returns N (`already_committed` when the table was adopted before: its version is then the one the
         coordinator is at). Adopting again after a failed upgrade commit retries the upgrade. Refusals are
         `InvalidProposalError`s: UNKNOWN_TABLE (no table there), UNSUPPORTED_TABLE_FEATURE (a writer feature
-        deltacoord cannot honour), TABLE_OUTSIDE_ROOTS, TABLE_ALREADY_COORDINATED, UNREADABLE_TABLE.
+        deltacoord cannot honour), TABLE_OUTSIDE_ROOTS, TABLE_ALREADY_COORDINATED, UNREADABLE_TABLE, TABLE_LOCATION_TAKEN
+        (another table id holds the location, `reader.claim`: checked here before sending, and by the coordinator).
         """
+        self._check_location_free("adopt")
         adopted = self._control(CONTROL_ADOPT, "ADOPT TABLE", timeout_s)
         self._set_coordinated(True, timeout_s)
         return adopted
+
+    def _check_location_free(self, doing: str) -> None:
+        """Before a create or adopt is sent: refuse at once (TABLE_LOCATION_TAKEN) a location whose claim
+        (`reader.claim`) names another table id. The coordinator checks it again when it decides; a claim this
+        writer cannot read is left to it."""
+        try:
+            holder = read_claim(self.storage)
+        except (StorageError, OSError):  # the coordinator decides
+            return
+        if holder is not None and holder.table_id != self.table_id:
+            raise InvalidProposalError(ReasonCode.TABLE_LOCATION_TAKEN, (
+                f"{self.uri} is the location of table id {holder.table_id!r} ({CLAIM_KEY}), so table id "
+                f"{self.table_id!r} may not {doing} it: two table ids over one _delta_log would both ratify the same "
+                f"versions. Open the table under its own id: Table(uri, table_id={holder.table_id!r}) (CLI: "
+                f"--table-id {holder.table_id!r}). Nothing was sent"))
 
     def release(self, *, timeout_s: float | None = None) -> CommitResult:
         """Hand this table back to uncoordinated writers: once every version it ratified is in `_delta_log`,

@@ -26,8 +26,10 @@ from reader.log import commit_key, commit_object, read_commit, read_commit_info
 from reader.storage import StorageError, TableStorage
 from schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata, RemoveFile
 from schemas.actions import Protocol as ProtocolAction
+from schemas.control_chars import path_control_character
 from schemas.errors import (
     CONFLICT_CLASSES,
+    BadFilePathError,
     CommitNotPublishedError,
     CommitOutcomeUnknownError,
     DeltaConcurrentModificationException,
@@ -260,7 +262,17 @@ class Transaction:
     # -- commit ---------------------------------------------------------------------
     def proposal(self, operation: str, changes_data: bool, parameters: Mapping[str, Any] | None = None,
                  metrics: Mapping[str, int] | None = None) -> Proposal:
-        """The wire proposal; `metrics` become commitInfo.operationMetrics (strings, as Delta writes them)."""
+        """The wire proposal; `metrics` become commitInfo.operationMetrics (strings, as Delta writes them).
+
+        A file path holding a control character (`schemas.control_chars`) raises BadFilePathError, a ValueError:
+        nothing is sent (the coordinator would refuse it with BAD_FILE_PATH)."""
+        for a in self.actions:
+            if isinstance(a, (AddFile, RemoveFile, AddCDCFile)):
+                chars = path_control_character(a.path)
+                if chars is not None:
+                    raise BadFilePathError(
+                        f"{type(a).__name__} path {a.path!r} {chars}; nothing was sent. C0, DEL and C1 controls are "
+                        "refused in action paths: percent-encode what the file's name needs, or rename the file")
         params = {k: v if isinstance(v, str) else _json(v) for k, v in (parameters or {}).items()}
         info: dict[str, Any] = {
             **self.info,

@@ -25,7 +25,9 @@ writer's reply machinery waits for them like for any proposal). The answer is
 a control record with that proposal id: `TableAdopted` with `winning_version`
 the adopted version N (recovery reloads the table's published log at N:
 `coordinator.delta_log.adoption`), or `TableReleased` with the head the
-coordinator hands back; or an ordinary rejection saying why not.
+coordinator hands back; or an ordinary rejection saying why not. The answer is remembered with the partition's
+decided ids (`coordinator.rules.decided`), so a request id that comes again, a resend or a captured request
+replayed later, gets it again as a record marked `duplicate_of`, which recovery folds as nothing.
 """
 
 from __future__ import annotations

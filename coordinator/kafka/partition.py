@@ -29,6 +29,12 @@ when the halt came from the publisher or the checkpointer), so recovery
 restores it. A repeated proposal id is answered with its first decision
 (`coordinator.rules.decided`).
 
+One location, one table: a creation the batch accepts, and an adoption, claim the table's location in its own
+store (`reader.claim`, `claim_problem`) before they are recorded; a location another table id holds refuses them
+(TABLE_LOCATION_TAKEN), as a creation over a Delta table the coordinator does not decide is refused
+(TABLE_EXISTS_UNCOORDINATED). A release drops the claim. A table's first commit in this process checks its claim
+(`_confirm_claims`): a table from before claims claims its location then, one whose location another id holds halts.
+
 At the door: a proposal for a table of another partition (murmur2(table id) %
 partitions) is rejected with WRONG_PARTITION and never decided; the writer's
 signature headers are handed to the rules (`rules.authentication`).
@@ -93,12 +99,13 @@ from coordinator.locations import TableLocationError, TableLocations
 from coordinator.metrics import Metrics
 from coordinator.rules.admission import admission_error
 from coordinator.rules.authentication import Signature, authentication_error
-from coordinator.rules.batch import Overlay, Submitted, decide_batch, rejection
+from coordinator.rules.batch import Overlay, Submitted, decide_batch, rejection, repeated
 from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from coordinator.rules.validate import path_problem
 from coordinator.settings import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_KEY_BYTES, CoordinatorSettings
-from reader.log import commit_key, newest_commit_version
+from reader.claim import CLAIM_KEY, Claim, ClaimError, claim, drop_claim, read_claim
+from reader.log import TableNotFoundError, commit_key, list_log_from_hint, newest_commit_version
 from reader.staged_commits import (
     StagedCommitTooLargeError,
     delete_staged,
@@ -272,6 +279,50 @@ def added_files_problem(locations: TableLocations, table_uri: str, files: Sequen
     return None
 
 
+def claim_problem(locations: TableLocations, table_id: str, table_uri: str, request_id: str, at_ms: int, *,
+                  creating: bool) -> InvalidProposalError | None:
+    """Claim the table's location for `table_id` as it is created (`creating`) or adopted, or say why not
+    (`reader.claim`): another table id holds the location (TABLE_LOCATION_TAKEN), a creation would land on a
+    Delta table the coordinator does not decide (TABLE_EXISTS_UNCOORDINATED), the store did not answer
+    (STORAGE_UNAVAILABLE). The storage edge of a creation's or an adoption's decision; None once claimed."""
+    doing = "create" if creating else "adopt"
+    try:
+        storage = locations.storage(table_uri)
+        holder = read_claim(storage)
+        if creating and (holder is None or holder.table_id == table_id):
+            try:
+                head = list_log_from_hint(storage).latest_version
+            except TableNotFoundError:
+                head = None
+            if head is not None:
+                return InvalidProposalError(ReasonCode.TABLE_EXISTS_UNCOORDINATED, (
+                    f"a Delta table already exists at {table_uri} (version {head}) and this coordinator does not decide "
+                    f"it: table {table_id} was not created over it. To put that table under coordination, adopt it: "
+                    f"`deltacoord table adopt {table_uri}` (Python: Table(uri, ...).adopt()); to make a new table, "
+                    "choose an empty location"))
+        if holder is None:
+            holder = claim(storage, Claim(table_id, at_ms, request_id))
+    except TableLocationError as e:
+        return e
+    except ClaimError as e:
+        return InvalidProposalError(ReasonCode.TABLE_LOCATION_TAKEN, (
+            f"table {table_id} cannot {doing} {table_uri}: the location's claim cannot be read ({e}). If no "
+            f"coordinated table uses that location, remove {table_uri}/{CLAIM_KEY} and retry"))
+    except (StorageError, OSError, ValueError) as e:
+        return InvalidProposalError(ReasonCode.STORAGE_UNAVAILABLE, (
+            f"the claim of {table_uri} (which table id holds the location) could not be checked or written ({e}); "
+            f"table {table_id} was not {'created' if creating else 'adopted'}, retry"))
+    if holder.table_id != table_id:
+        return InvalidProposalError(ReasonCode.TABLE_LOCATION_TAKEN, (
+            f"{table_uri} is the location of table id {holder.table_id!r} (claimed by {holder.claimed_by or 'a request'}"
+            f" in {CLAIM_KEY}), so table id {table_id!r} may not {doing} it: two table ids over one _delta_log would "
+            f"both ratify the same versions, and only one of each can be published. Write the table under its own id: "
+            f"Table(uri, table_id={holder.table_id!r}) (CLI: --table-id {holder.table_id!r}; a local table's id is "
+            f"its file:// URI by default). If table {holder.table_id!r} is gone, release it first (`deltacoord table "
+            f"release {table_uri} --table-id {holder.table_id!r}`), which frees the location"))
+    return None
+
+
 def make_consumer(settings: CoordinatorSettings) -> Consumer:
     """The proposals consumer: read_committed, offsets only ever committed inside transactions."""
     s = settings
@@ -321,6 +372,9 @@ class PartitionCoordinator:
         self.states: dict[str, TableState] = {}
         #: Tables released to uncoordinated writers -> (table uri, version released at); their proposals are refused.
         self.released: dict[str, tuple[str, int]] = {}
+        #: Tables whose location's claim (`reader.claim`) names them, as this process saw: the claim is checked once
+        #: per table and process, so a table created or adopted before claims existed gets one at its next commit.
+        self._claimed: set[str] = set()
         self.decided = DecidedIds(settings.decided_ids_limit, settings.decided_ids_max_age_ms)
         # -- state snapshots (`coordinator.kafka.snapshot`): the commits-topic offset the states cover, the
         # last record folded, records since the last snapshot, and where recent versions were recorded.
@@ -671,6 +725,59 @@ class PartitionCoordinator:
                 foreign[tid] = why
         return foreign, unavailable
 
+    def _claim_created(self, overlay: Overlay, proposals: Sequence[Submitted],
+                       claims: dict[str, InvalidProposalError | None]) -> dict[str, InvalidProposalError]:
+        """Claim the location of each table the batch creates (`claim_problem`); the tables refused, with why.
+        `claims` caches answers within the batch."""
+        refused: dict[str, InvalidProposalError] = {}
+        for tid in overlay.created:
+            if tid not in claims:
+                st = overlay.tables[tid]
+                by = next((x.proposal.proposal_id for x in proposals if x.proposal.table_id == tid
+                           and x.proposal.read_version < 0), "")
+                claims[tid] = claim_problem(self.publisher.locations, tid, st.table_uri, by, int(time.time() * 1000),
+                                            creating=True)
+                if claims[tid] is not None:
+                    log.warning("partition %d: the creation of table %s at %s is refused: %s", self.partition, tid[:200],
+                                st.table_uri[:500], str(claims[tid])[:500])
+            why = claims[tid]
+            if why is not None:
+                refused[tid] = why
+            else:
+                self._claimed.add(tid)
+        return refused
+
+    def _confirm_claims(self, overlay: Overlay) -> dict[str, str]:
+        """Tables the batch commits to whose location another table id holds -> why (they halt). A table not seen
+        yet in this process claims its location if nobody does (one created or adopted before claims existed);
+        a store that does not answer is asked again at the next batch."""
+        todo = [(tid, st.table_uri) for tid, st in overlay.tables.items()
+                if tid not in self._claimed and tid not in overlay.created]
+        now_ms = int(time.time() * 1000)
+
+        def ask(item: tuple[str, str]) -> tuple[str, str, Claim | Exception]:
+            tid, uri = item
+            try:
+                return tid, uri, claim(self.publisher.locations.storage(uri), Claim(tid, now_ms, "a commit"))
+            except (TableLocationError, StorageError, OSError, ValueError) as e:
+                return tid, uri, e
+
+        taken: dict[str, str] = {}
+        answers = list(map(ask, todo)) if len(todo) < 2 else list(_probe_pool().map(ask, todo))
+        for tid, uri, holder in answers:
+            if isinstance(holder, Exception):
+                log.info("partition %d: the claim of %s could not be checked (%s); asking again at the next batch",
+                         self.partition, uri[:500], holder)
+            elif holder.table_id == tid:
+                self._claimed.add(tid)
+            else:
+                taken[tid] = (
+                    f"{uri} is the location of table id {holder.table_id!r} ({CLAIM_KEY}), not of this table ({tid!r}): "
+                    "two table ids over one _delta_log would both ratify the same versions, so this one is halted "
+                    "before it ratifies any. Keep one of them: release the other (`deltacoord table release ... "
+                    "--table-id ...`), or, if this table is the one to keep, remove the claim and resume it")
+        return taken
+
     # -- the loop ---------------------------------------------------------------
     def process(self, batch: Sequence[Message]) -> None:
         """Decide one batch of this partition's proposals and commit the decisions with the offsets.
@@ -715,13 +822,24 @@ class PartitionCoordinator:
         check_files = functools.partial(added_files_problem, self.publisher.locations)
         halted = self.publisher.halted_tables()
         decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
-                                        earlier=self.decided.get)
+                                        earlier=self._earlier_decision)
+        # One location is one table: a creation the batch accepts claims its location (`reader.claim`); one whose
+        # location another table id holds, or that holds an uncoordinated Delta table, is refused.
         # Nothing acknowledged is invisible: no version of the batch may already have a file in _delta_log.
         # A decision that cannot be encoded is a fault of this code on its table: the table halts.
+        claims: dict[str, InvalidProposalError | None] = {}
+        refused: dict[str, InvalidProposalError] = {}
         probed: dict[tuple[str, int], str | None] = {}
         unavailable: set[str] = set()
         while True:
+            taken = self._claim_created(overlay, proposals, claims)
+            if taken:
+                refused.update(taken)
+                decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
+                                                earlier=self._earlier_decision, refused_creates=refused)
+                continue
             foreign, cannot = self._probe(overlay, probed)
+            foreign.update(self._confirm_claims(overlay))
             if not foreign and not cannot:
                 decided, cannot = self._by_reference(decided, proposals)
             encoded = self._encode_all(decided, foreign)
@@ -738,7 +856,7 @@ class PartitionCoordinator:
             unavailable.update(cannot)
             halted = {**halted, **foreign, **cannot}
             decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
-                                            earlier=self.decided.get)
+                                            earlier=self._earlier_decision, refused_creates=refused)
         if unavailable:
             decided = [dataclasses.replace(d, reason_code=ReasonCode.STORAGE_UNAVAILABLE.value)
                        if d.table_id in unavailable and d.reason_code == ReasonCode.TABLE_HALTED.value
@@ -907,14 +1025,26 @@ class PartitionCoordinator:
         self.close()
         self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.start()))
 
+    def _earlier_decision(self, table_id: str, proposal_id: str) -> Decision | None:
+        """The first decision of a proposal id, for deciding proposals: an adoption or release record answered a
+        control request, and is no answer to a proposal that reuses its id (recovery would fold the copy as one)."""
+        first = self.decided.get(table_id, proposal_id)
+        return None if first is None or control_kind(first) is not None else first
+
     # -- adoption and release (`coordinator.kafka.control`) ---------------------------------
     def _answer_request(self, m: Message, x: _Decoded, consumed_at: float) -> bool:
         """Answer an adopt or release request in a transaction of its own; then apply it. False when the
-        transaction failed (the request is consumed again)."""
+        transaction failed (the request is consumed again).
+
+        A request id decided before (a resend, or a captured request replayed later) gets its first answer and
+        changes nothing (`_answered_before`), as a proposal does."""
         assert x.submitted is not None and x.request is not None
         p, sig = x.submitted.proposal, x.submitted.signature
         at = x.submitted.at_ms or int(time.time() * 1000)
-        if x.request == ADOPT:
+        again = self._answered_before(p, x.request, at)
+        if again is not None:
+            d, done = again, None
+        elif x.request == ADOPT:
             d, done = self._adopt(p, sig, at)
         else:
             d, done = self._release(p, sig, at)
@@ -930,8 +1060,9 @@ class PartitionCoordinator:
         self._controls = [c for c in self._controls if c not in controls]
         if done is not None:
             done()
+        if kind in (None, ADOPT, RELEASE):
+            self.decided.remember(d)  # as recovery does: the answer to a request (a rejection, or its record)
         if kind is None:
-            self.decided.remember(d)  # as recovery does: a rejection is remembered, control records are not
             self.metrics.rejections.labels(d.reason_code or "UNKNOWN").inc()
         self.metrics.proposals.labels(self._label).inc()
         if x.reply is not None and self.notices is not None:
@@ -940,6 +1071,23 @@ class PartitionCoordinator:
                     p.table_id[:200], d.error_message if kind is not None else f"refused, {d.reason_code}: {d.error_message}")
         self.maybe_snapshot()
         return True
+
+    def _answered_before(self, p: Proposal, request: str, at_ms: int) -> Decision | None:
+        """The first answer again, when this request id was decided before (in the decided-ids window): an adoption
+        or release record marked `duplicate_of` (recovery folds nothing of it), or the first rejection."""
+        first = self.decided.get(p.table_id, p.proposal_id)
+        if first is None:
+            return None
+        kind = control_kind(first)
+        if kind == request:
+            return dataclasses.replace(first, duplicate_of=first.winning_version if first.winning_version is not None
+                                       else -1, decided_at_ms=at_ms)
+        if kind is None and not first.committed:
+            return repeated(first, at_ms)
+        return self._refused(p, ReasonCode.BAD_PROPOSAL_ID, (
+            f"the {request} request's id {p.proposal_id[:100]!r} was already used by another "
+            f"{kind + ' request' if kind else 'proposal'} of table {p.table_id}: nothing was done. Send a new request "
+            "(each `deltacoord table adopt|release` makes a new id)"), at_ms)[0]
 
     def _refused(self, p: Proposal, reason: ReasonCode, why: str, at_ms: int) -> tuple[Decision, None]:
         return rejection(p.table_id, p.table_uri, p.proposal_id, InvalidProposalError(reason, why), None, at_ms), None
@@ -974,6 +1122,12 @@ class PartitionCoordinator:
             if e.kind == "unreadable":
                 return self._refused(p, ReasonCode.UNREADABLE_TABLE, f"the table cannot be adopted: {e}", at_ms)
             return self._refused(p, ReasonCode.STORAGE_UNAVAILABLE, f"the table was not adopted, retry: {e}", at_ms)
+        if p.read_version != loaded.version:  # a delayed or replayed request is not taken for a fresh one
+            return self._refused(p, ReasonCode.STALE_CONTROL_REQUEST, (
+                f"the adopt request saw table {uri} at version {p.read_version}, but its log is at version "
+                f"{loaded.version}: the request is older than the table's latest commits (sent long ago, or replayed), "
+                "or its writer read another view of the store. Nothing was adopted; send a new request (`deltacoord "
+                "table adopt` reads the current version)"), at_ms)
         problems = adoption_problems(loaded.protocol, loaded.metadata)
         if problems:
             return self._refused(p, ReasonCode.UNSUPPORTED_TABLE_FEATURE, (
@@ -981,6 +1135,8 @@ class PartitionCoordinator:
                 "with an engine that supports these features, or change the table so it no longer needs them"), at_ms)
         adopted = loaded.table_state(tid, uri)
         err = authentication_error(adopted, p, sig) or admission_error(adopted, p, {})
+        if err is None:  # one location, one table: another table id holding it refuses the adoption
+            err = claim_problem(self.publisher.locations, tid, uri, p.proposal_id, at_ms, creating=False)
         if err is not None:
             return rejection(tid, uri, p.proposal_id, err, None, at_ms), None
         source = f"checkpoint {loaded.checkpoint_version} and the commits after it" if loaded.checkpoint_version is not None \
@@ -991,6 +1147,7 @@ class PartitionCoordinator:
 
         def done() -> None:
             self.states[tid] = adopted
+            self._claimed.add(tid)
             self.released.pop(tid, None)
             self.publisher.resume(tid)  # a halt of the unknown table (a creation onto its log) is lifted
             self.publisher.mark_published(tid, loaded.version)
@@ -1039,6 +1196,13 @@ class PartitionCoordinator:
             self.released[tid] = (uri, head)
             self.publisher.forget([tid])
             self.metrics.tables.dec()
+            self._claimed.discard(tid)
+            try:  # the location is free: any table id may adopt it again
+                drop_claim(self.publisher.locations.storage(uri), tid)
+            except (TableLocationError, StorageError, OSError, ValueError) as e:
+                log.warning("partition %d: table %s is released, but its claim %s/%s could not be removed (%s): "
+                            "adopting the location under another table id is refused until it is removed",
+                            self.partition, tid[:200], uri[:500], CLAIM_KEY, e)
 
         return d, done
 

@@ -299,9 +299,13 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             rec.new_halts.pop(d.table_id, None)
             continue
         if kind == ADOPT:
+            rec.decided.remember(d)  # a replay of the request gets this answer again (`PartitionCoordinator._answer_request`)
             _fold_adoption(rec, d, load_state, first_sight, broken)
             continue
         if kind == RELEASE:
+            rec.decided.remember(d)
+            if d.duplicate_of is not None:  # a release answered again changed nothing
+                continue
             states.pop(d.table_id, None)
             rec.to_publish.pop(d.table_id, None)  # published before the release was recorded
             broken.discard(d.table_id)

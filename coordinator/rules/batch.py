@@ -44,6 +44,7 @@ FileCheck = Callable[[str, Sequence[AddFile | AddCDCFile]], str | None]
 EarlierDecision = Callable[[str, str], Decision | None]
 
 _NOTHING_HALTED: Mapping[str, str] = {}
+_NOTHING_REFUSED: Mapping[str, InvalidProposalError] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +126,13 @@ def verifies_added_files(state: TableState | None, p: Proposal) -> bool:
 
 def decide_one(live: Mapping[str, TableState], overlay: Overlay, p: Proposal, now_ms: int,
                halted: Mapping[str, str] = _NOTHING_HALTED, signature: Signature | None = None,
-               check_files: FileCheck | None = None) -> Decision:
+               check_files: FileCheck | None = None,
+               refused_creates: Mapping[str, InvalidProposalError] = _NOTHING_REFUSED) -> Decision:
     """Decide one proposal against the live states plus the overlay, recording an acceptance in the overlay."""
     st = overlay.state(live, p.table_id)
     err = authentication_error(st, p, signature) or admission_error(st, p, halted)
+    if err is None and st is None and p.read_version < 0:
+        err = refused_creates.get(p.table_id)
     if err is None and check_files is not None and verifies_added_files(st, p):
         files = [a for a in p.actions if isinstance(a, (AddFile, AddCDCFile))]
         why = check_files(st.table_uri if st is not None else p.table_uri, files) if files else None
@@ -175,18 +179,22 @@ def repeated(first: Decision, now_ms: int) -> Decision:
 def decide_batch(states: Mapping[str, TableState], proposals: Sequence[Proposal | Submitted], now: int, *,
                  halted: Mapping[str, str] = _NOTHING_HALTED,
                  check_files: FileCheck | None = None,
-                 earlier: EarlierDecision | None = None) -> tuple[list[Decision], Overlay]:
+                 earlier: EarlierDecision | None = None,
+                 refused_creates: Mapping[str, InvalidProposalError] = _NOTHING_REFUSED) -> tuple[list[Decision], Overlay]:
     """Decide `proposals` in order against `states` (never modified); one decision per proposal.
 
     A proposal is decided at its submission time when known (`Submitted.at_ms`),
     else at `now` (ms). `halted` maps table ids whose publication is halted to why.
     `check_files` verifies added files for tables with `deltacoord.verifyAddedFiles`.
     `earlier` finds the first decision of a proposal id decided before the batch.
+    `refused_creates` maps table ids whose creation (read version -1, table unknown) the storage edge refused
+    to why (its location is another table id's, or holds an uncoordinated Delta table: `reader.claim`).
     """
     halts: dict[str, str] = {}
     while True:
         try:
-            decisions, overlay = _decide_all(states, proposals, now, {**halted, **halts}, check_files, earlier)
+            decisions, overlay = _decide_all(states, proposals, now, {**halted, **halts}, check_files, earlier,
+                                             refused_creates)
         except _TableFault as f:
             why = (f"deciding a proposal of this table failed unexpectedly ({type(f.cause).__name__}: {f.cause}); the "
                    "table is halted so that the other tables go on. Report it with the coordinator's log")
@@ -199,7 +207,8 @@ def decide_batch(states: Mapping[str, TableState], proposals: Sequence[Proposal 
 
 def _decide_all(states: Mapping[str, TableState], proposals: Sequence[Proposal | Submitted], now: int,
                 halted: Mapping[str, str], check_files: FileCheck | None,
-                earlier: EarlierDecision | None) -> tuple[list[Decision], Overlay]:
+                earlier: EarlierDecision | None,
+                refused_creates: Mapping[str, InvalidProposalError]) -> tuple[list[Decision], Overlay]:
     overlay = Overlay()
     decisions: list[Decision] = []
     seen: dict[tuple[str, str], Decision] = {}
@@ -214,7 +223,7 @@ def _decide_all(states: Mapping[str, TableState], proposals: Sequence[Proposal |
             decisions.append(repeated(first, at))
             continue
         try:
-            d = decide_one(states, overlay, p, at, halted, sig, check_files)
+            d = decide_one(states, overlay, p, at, halted, sig, check_files, refused_creates)
         except Exception as e:
             raise _TableFault(p.table_id, p.table_uri, e) from e
         seen[key] = d

@@ -61,6 +61,7 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
+from schemas.control_chars import path_control_character
 from schemas.errors import InvalidProposalError
 from schemas.expressions.partitions import (
     MAX_PREDICATES,
@@ -99,6 +100,7 @@ REASONS = frozenset(
         ReasonCode.NEGATIVE_SIZE,
         ReasonCode.BAD_STATS,
         ReasonCode.PATH_ESCAPES_TABLE,
+        ReasonCode.BAD_FILE_PATH,
         ReasonCode.PARTITION_VALUES_MISMATCH,
         ReasonCode.BAD_ISOLATION_LEVEL,
         ReasonCode.BAD_CONFLICT_PROFILE,
@@ -142,6 +144,16 @@ def _normalize_location(uri: str) -> str:
     return u.rstrip("/")
 
 
+def _check_path_chars(path: str) -> None:
+    """A data file's path with a control character is refused with its own code (BAD_FILE_PATH)."""
+    chars = path_control_character(path)
+    if chars is not None:
+        raise _err(ReasonCode.BAD_FILE_PATH, (
+            f"file path {path!r} {chars}: C0, DEL and C1 controls are refused in action paths (URL parsers drop "
+            "some of them, so the path would name another file). Percent-encode the characters the file's name "
+            "needs, as Delta does (a partition value's newline is %250A in the path), or rename the file"))
+
+
 def path_problem(path: str, table_uri: str) -> str | None:
     """Why a data-file path is not acceptable for this table, or None.
 
@@ -153,6 +165,9 @@ def path_problem(path: str, table_uri: str) -> str | None:
         return "empty path"
     if "\x00" in path:
         return "path contains a NUL character"
+    chars = path_control_character(path)
+    if chars is not None:
+        return f"path {path!r} {chars}"
     rel = path
     if path[0] in "/\\" or _SCHEME.match(path):
         root = _normalize_location(table_uri)
@@ -386,6 +401,7 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             add_keys.add(key)
             if a.size < 0:
                 raise _err(ReasonCode.NEGATIVE_SIZE, f"add {a.path!r} has negative size {a.size}")
+            _check_path_chars(a.path)
             problem = path_problem(a.path, root)
             if problem:
                 raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
@@ -401,6 +417,7 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             remove_keys.add(key)
             if a.size is not None and a.size < 0:
                 raise _err(ReasonCode.NEGATIVE_SIZE, f"remove {a.path!r} has negative size {a.size}")
+            _check_path_chars(a.path)
             problem = path_problem(a.path, root)
             if problem:
                 raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
@@ -408,6 +425,7 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
         elif isinstance(a, AddCDCFile):
             if a.size < 0:
                 raise _err(ReasonCode.NEGATIVE_SIZE, f"cdc {a.path!r} has negative size {a.size}")
+            _check_path_chars(a.path)
             problem = path_problem(a.path, root)
             if problem:
                 raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)

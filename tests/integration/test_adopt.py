@@ -7,6 +7,7 @@ and after the adoption, as our reader does. A released table is the uncoordinate
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from pathlib import Path
@@ -22,13 +23,23 @@ from coordinator.delta_log.checkpointer import create_checkpoint
 from coordinator.delta_log.verify import verify_table
 from coordinator.kafka.daemon import Coordinator
 from coordinator.tooling.cli_tables import register
+from reader.claim import CLAIM_KEY, read_claim
 from reader.log import checkpoint_exists
 from reader.snapshot import Snapshot
+from reader.storage import TableStorage
 from reader.stream import CommitStream, StreamGapError
 from schemas.actions import DomainMetadata, SetTransaction
 from schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
 from schemas.reasons import ReasonCode
-from schemas.routing import CONTROL_ADOPT, CONTROL_PREFIX, Topics
+from schemas.routing import (
+    ADOPTED_ERROR_TYPE,
+    CONTROL_ADOPT,
+    CONTROL_PREFIX,
+    CONTROL_RELEASE,
+    RELEASED_ERROR_TYPE,
+    Topics,
+    partition_for,
+)
 from schemas.writer_features import COORDINATED
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
 from tests.integration.test_writer_operations import SCHEMA, assert_delta_rs_agrees, data, rows
@@ -249,13 +260,14 @@ def test_adoption_refusals_and_features_the_coordinator_enforces(kafka_bootstrap
                 t_elsewhere.adopt()
             assert outside.value.reason == ReasonCode.TABLE_OUTSIDE_ROOTS
 
-            # A creation onto the foreign log halts the unknown table (version 0 exists); adopting it lifts the halt.
-            with pytest.raises(InvalidProposalError) as halted:
+            # A creation onto the foreign log is refused by its reason (nothing halts); adopting it is the way in.
+            with pytest.raises(InvalidProposalError) as exists:
                 t_plain.begin_create(SCHEMA).commit("CREATE TABLE", changes_data=False)
-            assert halted.value.reason == ReasonCode.TABLE_HALTED
-            assert t_plain.table_id in coord.health()[1]["halted_tables"]  # type: ignore[operator]
-            assert t_plain.adopt().version == 4  # and version 5 adds the deltacoord-coordinated writer feature
+            assert exists.value.reason == ReasonCode.TABLE_EXISTS_UNCOORDINATED
+            assert "(version 4)" in str(exists.value) and f"deltacoord table adopt {t_plain.uri}" in str(exists.value)
             assert t_plain.table_id not in coord.health()[1]["halted_tables"]  # type: ignore[operator]
+            assert read_claim(TableStorage(plain)) is None  # a refused creation claims nothing
+            assert t_plain.adopt().version == 4  # and version 5 adds the deltacoord-coordinated writer feature
             assert t_plain.append(data([8], "2024-01-02", "dc")).version == 6
             stale = _raw_adopt(t_plain, 4)  # the table is coordinated, and moved on since the requester looked
             assert stale.reason == ReasonCode.TABLE_ALREADY_COORDINATED and "version 6" in str(stale)
@@ -272,3 +284,158 @@ def test_adoption_refusals_and_features_the_coordinator_enforces(kafka_bootstrap
             h.close()
     assert not (empty / "_delta_log").exists() and DeltaTable(str(future)).version() == 5
     assert DeltaTable(str(elsewhere)).version() == 4 and DeltaTable(str(plain)).version() == 6
+
+
+def _alias_elsewhere(table_id: str, partitions: int) -> str:
+    """Another table id for the same location, routed to another proposals partition than `table_id`."""
+    home = partition_for(table_id, partitions)
+    return next(a for i in range(1000) if partition_for(a := f"alias-{i}", partitions) != home)
+
+
+def _refused(call: Any) -> InvalidProposalError:
+    with pytest.raises(InvalidProposalError) as ei:
+        call()
+    return ei.value
+
+
+def test_one_location_is_one_table_across_partitions(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A second table id may neither adopt nor create a location another id holds, even when its proposals go to
+    another partition; the first id's table goes on, and a release frees the location for another id."""
+    adopted_path, created_path = tmp_path / "adopted", tmp_path / "created"
+    _delta_rs_table(adopted_path)
+    topics = fresh_topics(kafka_bootstrap, partitions=4)
+    first = Table(adopted_path, kafka_bootstrap, topics=topics)
+    alias = Table(adopted_path, kafka_bootstrap, topics=topics, table_id=_alias_elsewhere(first.table_id, 4))
+    made = Table(created_path, kafka_bootstrap, topics=topics)
+    made_alias = Table(created_path, kafka_bootstrap, topics=topics, table_id=_alias_elsewhere(made.table_id, 4))
+    handles = [first, alias, made, made_alias]
+    try:
+        with coordinator_thread(kafka_bootstrap, topics) as coord:
+            assert first.adopt().version == 4  # and version 5 adds the deltacoord-coordinated writer feature
+            held = read_claim(first.storage)
+            assert held is not None and held.table_id == first.table_id and held.claimed_by.startswith(CONTROL_PREFIX)
+            # The writer refuses before sending; the coordinator refuses what is sent anyway.
+            early = _refused(alias.adopt)
+            assert early.reason == ReasonCode.TABLE_LOCATION_TAKEN and "Nothing was sent" in str(early)
+            assert f"table_id={first.table_id!r}" in str(early)
+            sent = _refused(lambda: alias._control(CONTROL_ADOPT, "ADOPT TABLE", None))
+            assert sent.reason == ReasonCode.TABLE_LOCATION_TAKEN and "Nothing was sent" not in str(sent)
+            assert f"table id {first.table_id!r}" in str(sent) and CLAIM_KEY in str(sent)
+            # Issue 36's finding: both ids were ratified as the same version, one row never visible. Now the alias is
+            # no table: its commits are refused, and the first id's go on.
+            assert first.append(data([8], "2024-01-02", "dc")).version == 6
+            assert _refused(lambda: alias.append(data([9], "2024-01-02", "alias"))).reason == ReasonCode.UNKNOWN_TABLE
+            assert first.append(data([10], "2024-01-02", "dc")).version == 7
+
+            # A creation claims its location: an alias's creation is refused, whichever partition decides it.
+            assert made.create(SCHEMA).version == 0
+            taken = _refused(lambda: made_alias.begin_create(SCHEMA).commit("CREATE TABLE", changes_data=False))
+            assert taken.reason == ReasonCode.TABLE_LOCATION_TAKEN and f"{made.table_id!r}" in str(taken)
+            assert _refused(lambda: made_alias.adopt()).reason == ReasonCode.TABLE_LOCATION_TAKEN
+            assert made.append(data([1], "2024-01-01", "made")).version == 1
+            assert not coord.health()[1]["halted_tables"]  # type: ignore[index]
+
+            # A release frees the location: the alias may adopt it now, and the first id no longer may.
+            assert first.release().version == 8  # the DROP FEATURE commit
+            assert read_claim(first.storage) is None
+            assert alias.adopt().version == 8  # and 9 adds the feature again
+            assert _refused(first.adopt).reason == ReasonCode.TABLE_LOCATION_TAKEN
+            assert alias.append(data([11], "2024-01-03", "alias")).version == 10
+    finally:
+        for h in handles:
+            h.close()
+    assert {r[0] for r in _delta_rs_rows(adopted_path, 10)} == {1, 2, 3, 5, 6, 7, 8, 10, 11}
+    assert rows(DeltaTable(str(created_path)).to_pyarrow_table()) == [(1, "2024-01-01", "made")]
+
+
+def _send(t: Table, p: Any, kind: str) -> Any:
+    """Send a control request (a proposal as the writer built it) and wait for its answer."""
+    try:
+        return t.client.decided(t.client.propose(p, wait="ratified", control=kind), p.table_id, 60)
+    finally:
+        t.client.forget(p.proposal_id)
+
+
+def _request(t: Table, kind: str, operation: str) -> Any:
+    """A control request as `Table.adopt`/`release` builds it (the table's current version, a new id), not sent."""
+    tx = WriterTransaction(t, Snapshot.load(str(t.root)).version)
+    tx.proposal_id = f"{CONTROL_PREFIX}{kind}:{uuid.uuid4()}"
+    return tx.proposal(operation, changes_data=False)
+
+
+def test_a_replayed_control_request_gets_its_first_answer_and_changes_nothing(kafka_bootstrap: str,
+                                                                              tmp_path: Path) -> None:
+    """A captured adopt or release request sent again later (after the table was released and adopted again, and
+    after a restart) is answered as it was the first time; the table stays as it is and goes on committing."""
+    path = tmp_path / "t"
+    _delta_rs_table(path)
+    topics = fresh_topics(kafka_bootstrap)
+    t = Table(path, kafka_bootstrap, topics=topics)
+    try:
+        with coordinator_thread(kafka_bootstrap, topics):
+            adopt = _request(t, CONTROL_ADOPT, "ADOPT TABLE")
+            first_adopt = _send(t, adopt, CONTROL_ADOPT)
+            assert (first_adopt.winning_version, first_adopt.duplicate_of) == (4, None)
+            assert t.append(data([8], "2024-01-02", "dc")).version == 5
+            release = _request(t, CONTROL_RELEASE, "RELEASE TABLE")
+            first_release = _send(t, release, CONTROL_RELEASE)
+            assert (first_release.error_type, first_release.winning_version) == (RELEASED_ERROR_TYPE, 5)
+            write_deltalake(str(path), data([9], "2024-01-01", "rs"), mode="append")  # version 6, uncoordinated
+            assert t.adopt().version == 6  # and 7 adds the deltacoord-coordinated writer feature
+            assert t.append(data([10], "2024-01-02", "dc")).version == 8
+
+            again = _send(t, release, CONTROL_RELEASE)  # replayed: the first answer, and the table stays adopted
+            assert (again.error_type, again.winning_version, again.duplicate_of) == (RELEASED_ERROR_TYPE, 5, 5)
+            assert t.append(data([11], "2024-01-02", "dc")).version == 9
+            old = _send(t, adopt, CONTROL_ADOPT)  # replayed: adopted at 4 as first answered; nothing is reloaded
+            assert (old.error_type, old.winning_version, old.duplicate_of) == (ADOPTED_ERROR_TYPE, 4, 4)
+            # A commit reusing the adopt request's id is a commit: the adoption record answers only the request.
+            assert t.append(data([12], "2024-01-02", "dc"), proposal_id=adopt.proposal_id).version == 10
+        # Recovery folds the repeated answers as what they are (nothing), and remembers the first ones.
+        with coordinator_thread(kafka_bootstrap, topics):
+            assert t.append(data([13], "2024-01-02", "dc")).version == 11
+            assert _send(t, release, CONTROL_RELEASE).duplicate_of == 5
+            assert t.append(data([14], "2024-01-02", "dc")).version == 12
+            # A request naming an older version than the table's (made before its latest commits) adopts nothing,
+            # even with an id never seen: here after a release, so the table is not coordinated.
+            assert t.release().version == 13  # the DROP FEATURE commit
+            write_deltalake(str(path), data([15], "2024-01-01", "rs"), mode="append")  # version 14
+            stale = dataclasses.replace(adopt, proposal_id=f"{CONTROL_PREFIX}{CONTROL_ADOPT}:{uuid.uuid4()}")
+            refused = error_from_decision(_send(t, stale, CONTROL_ADOPT))
+            assert isinstance(refused, InvalidProposalError) and refused.reason == ReasonCode.STALE_CONTROL_REQUEST
+            assert "saw table" in str(refused) and "version 4" in str(refused) and "version 14" in str(refused)
+            assert _refused(lambda: t.append(data([16], "2024-01-02", "x"))).reason == ReasonCode.TABLE_RELEASED
+            assert t.adopt().version == 14
+    finally:
+        t.close()
+    assert DeltaTable(str(path)).version() == 15
+    assert {r[0] for r in _delta_rs_rows(path, 15)} == {1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
+
+
+def test_a_table_without_a_claim_claims_its_location_at_its_next_commit(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Tables created before claims existed (here: their claim removed) claim their location at their first commit
+    after a restart; one whose location another id took meanwhile is halted before it ratifies a version."""
+    kept, lost = tmp_path / "kept", tmp_path / "lost"
+    topics = fresh_topics(kafka_bootstrap, partitions=4)
+    t_kept, t_lost = Table(kept, kafka_bootstrap, topics=topics), Table(lost, kafka_bootstrap, topics=topics)
+    alias = Table(lost, kafka_bootstrap, topics=topics, table_id=_alias_elsewhere(t_lost.table_id, 4))
+    try:
+        with coordinator_thread(kafka_bootstrap, topics):
+            for t in (t_kept, t_lost):
+                assert t.create(SCHEMA).version == 0
+                assert t.append(data([1], "2024-01-01", "a")).version == 1
+        for path in (kept, lost):
+            (path / CLAIM_KEY).unlink()
+        with coordinator_thread(kafka_bootstrap, topics) as coord:
+            assert alias.adopt().version == 1  # nothing says the location is taken: the alias claims it
+            assert t_kept.append(data([2], "2024-01-01", "b")).version == 2
+            held = read_claim(t_kept.storage)
+            assert held is not None and held.table_id == t_kept.table_id
+            halted = _refused(lambda: t_lost.append(data([2], "2024-01-01", "lost")))
+            assert halted.reason == ReasonCode.TABLE_HALTED and f"table id {alias.table_id!r}" in str(halted)
+            assert t_lost.table_id in coord.health()[1]["halted_tables"]  # type: ignore[operator]
+            assert alias.append(data([3], "2024-01-01", "alias")).version == 2  # the one table of that location
+    finally:
+        for t in (t_kept, t_lost, alias):
+            t.close()
+    assert rows(DeltaTable(str(lost)).to_pyarrow_table()) == [(1, "2024-01-01", "a"), (3, "2024-01-01", "alias")]

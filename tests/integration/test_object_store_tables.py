@@ -51,7 +51,8 @@ def rows(ids: list[int], date: str, value: str = "v") -> pa.Table:
 
 
 def _data_keys(place: TablePlace, uri: str) -> set[str]:
-    return {o.key for o in place.storage(uri).list() if not o.key.startswith("_delta_log/")}
+    """The table's data files: not its log, nor the location's claim (`_deltacoord/table.json`, `reader.claim`)."""
+    return {o.key for o in place.storage(uri).list() if not o.key.startswith(("_delta_log/", "_deltacoord/"))}
 
 
 # --------------------------------------------------------------------------- every store

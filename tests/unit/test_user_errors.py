@@ -129,3 +129,32 @@ def test_an_incomplete_expression_is_told_in_sql_words_not_the_parsers(text: str
         parse(text)
     msg = str(e.value)
     assert says in msg and "sqlglot" not in msg and "<class" not in msg, msg
+
+
+def test_a_control_character_in_a_table_uri_or_an_action_path_is_refused_before_sending(tmp_path: Path) -> None:
+    """The writer refuses what the coordinator would (BAD_TABLE_URI, BAD_FILE_PATH), naming the character, with
+    ValueErrors raised before anything is proposed."""
+    from schemas.actions import AddFile
+    from schemas.errors import BadFilePathError
+    from schemas.reasons import ReasonCode
+    from writer.transaction import Transaction
+
+    for uri in (f"file://{tmp_path}/ctl\nline", f"{tmp_path}/nel\x85line", f"file://{tmp_path}/c1%C2%9Fx"):
+        with pytest.raises(ValueError, match=r"control character, U\+00(0A|85|9F)"):
+            Table(uri, "127.0.0.1:9")
+    t = Table(tmp_path / "t", "127.0.0.1:9", coordinator_check=False)
+    try:
+        staged = t.root / "ok.parquet"
+        t.root.mkdir()
+        staged.write_bytes(b"x")
+        tx = Transaction(t, 0)
+        tx.stage([AddFile("ok.parquet", {}, 1, 0, True)])
+        tx.add(AddFile("ctl\nline.parquet", {}, 1, 0, True))
+        with pytest.raises(ValueError) as e:
+            tx.commit("WRITE")
+        assert isinstance(e.value, BadFilePathError) and e.value.reason == ReasonCode.BAD_FILE_PATH
+        assert "'ctl\\nline.parquet' holds a raw control character, U+000A" in str(e.value)
+        assert "nothing was sent" in str(e.value)
+        assert not tx.proposed and not staged.exists()  # the staged file is deleted, as for any failure before sending
+    finally:
+        t.close()

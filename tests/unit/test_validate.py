@@ -27,6 +27,7 @@ from tests.unit.builders import (
     TABLE_URI,
     Harness,
     add,
+    cdc,
     domain,
     metadata,
     proposal,
@@ -131,6 +132,7 @@ CASES = [
     Case("into-delta-log", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("_delta_log/00000000000000000009.json")])),
     Case("remove-escapes", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [remove("../x.parquet")])),
     Case("empty-path", "PATH_ESCAPES_TABLE", lambda h: proposal(0, [add("")])),
+    Case("newline-in-path", "BAD_FILE_PATH", lambda h: proposal(0, [add("ctl\nline.parquet")])),
     Case("partition-values-missing", "PARTITION_VALUES_MISMATCH", lambda h: proposal(0, [add("a.parquet")]), _dated),
     Case("partition-values-extra", "PARTITION_VALUES_MISMATCH",
          lambda h: proposal(0, [add("a.parquet", date="2024-01-01", country="US")]), _dated),
@@ -323,3 +325,37 @@ def test_domain_metadata_needs_the_domain_metadata_writer_feature() -> None:
     err = proposal_error(h.state, p)
     assert err is not None and err.reason == "MISSING_TABLE_FEATURE"
     assert isinstance(decide(Harness(proto=DOMAINS_PROTOCOL).state, p, NOW), Accepted)
+
+
+# -- control characters in action paths --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("path", "named"), [
+    ("ctl\nline.parquet", "U+000A (LF, a newline) at index 3"),
+    ("a\tb.parquet", "U+0009 (tab)"),
+    ("date=x\r/a.parquet", "U+000D (CR)"),
+    ("a\x7fb.parquet", "U+007F (DEL)"),
+    ("a\x85b.parquet", "U+0085 (NEL)"),
+    ("a\x9b[2J.parquet", "U+009B"),
+    ("a\x00b.parquet", "U+0000 (NUL)"),
+    ("a%0Ab.parquet", "percent-encoded control character, U+000A"),
+    ("a%7fb.parquet", "percent-encoded control character, U+007F"),
+    ("s3://lake/warehouse/orders/ctl\nline.parquet", "U+000A"),
+])
+def test_a_control_character_in_an_action_path_is_refused_by_its_own_code(path: str, named: str) -> None:
+    h = Harness()
+    for action in (add(path), remove(path), cdc(path)):
+        err = proposal_error(h.state, proposal(0, [action]))
+        assert err is not None and err.reason == "BAD_FILE_PATH", (action, err)
+        assert named in str(err) and repr(path) in str(err)
+    assert path_problem(path, TABLE_URI) is not None  # so the added-files check leaves it to validation
+
+
+@pytest.mark.parametrize("path", [
+    "date=a%250A/part-0.parquet",  # a partition value's newline, Hive-escaped then URI-encoded (Delta, Spark)
+    "nel%C2%85line.parquet",  # a C1 control percent-encoded, as Spark's URI encoding writes one
+    "caf%C3%A9/\u00e9t\u00e9\u00a0x.parquet",  # non-ASCII text, even a no-break space, is not a control
+])
+def test_encoded_or_printable_paths_are_not_control_characters(path: str) -> None:
+    h = Harness()
+    assert proposal_error(h.state, proposal(0, [add(path)])) is None
