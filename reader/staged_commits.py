@@ -16,14 +16,15 @@ from reader.storage import TableStorage
 from reader.storage_uri import StorageError
 from schemas.messages import Decision, Proposal, StagedActions
 from schemas.staged import (
-    DECIDED,
-    WRITER,
+    STAGED_DIR,
     StagedCommitError,
     check_staged,
     decided_commit_info,
+    decided_key,
+    decided_version,
     parse_staged,
     staged_bytes,
-    staged_key,
+    writer_key,
 )
 
 
@@ -35,12 +36,16 @@ def load_proposal(storage: TableStorage, proposal: Proposal, max_bytes: int | No
         return proposal
     if proposal.actions:
         raise StagedCommitError("a proposal carries its actions either inline or by reference, not both")
-    if max_bytes is not None and ref.size > max_bytes:
-        raise StagedCommitTooLargeError(f"the proposal's staged actions ({ref.size:,} bytes) exceed this coordinator's "
-                                        f"max_staged_bytes ({max_bytes:,}): split the commit, or raise the limit")
-    key = staged_key(WRITER, proposal.proposal_id, ref)
+    key = writer_key(proposal.proposal_id, ref)
     where = f"{storage.location}/{key}"
     try:
+        if max_bytes is not None:
+            # The object's own size, not the one the message names: a larger object is never read.
+            size = max(ref.size, storage.head(key).size)
+            if size > max_bytes:
+                raise StagedCommitTooLargeError(
+                    f"the proposal's staged actions ({size:,} bytes) exceed this coordinator's max_staged_bytes "
+                    f"({max_bytes:,}): split the commit, or raise the limit")
         data = storage.get(key)
     except FileNotFoundError as e:
         raise StagedCommitError(f"{where} does not exist: the writer's staged actions are gone (deleted after "
@@ -55,8 +60,11 @@ class StagedCommitTooLargeError(StagedCommitError):
 def stage_decision(storage: TableStorage, decision: Decision) -> tuple[Decision, bytes]:
     """Stage a committed decision's whole commit; the decision, still whole in memory, now names the file, and
     the file's bytes (published as they are)."""
+    assert decision.version is not None
     data, ref = staged_bytes(decision.actions)
-    storage.put_if_absent(staged_key(DECIDED, decision.proposal_id, ref), data)
+    key = decided_key(decision.proposal_id, decision.version, ref)
+    if not storage.put_if_absent(key, data) and _read(storage, key, ref) is None:
+        storage.put(key, data)  # another content under the name (not ratified: the name holds the digest): replaced
     return dataclasses.replace(decision, staged=ref), data
 
 
@@ -81,6 +89,11 @@ def _read(storage: TableStorage, key: str, ref: StagedActions) -> bytes | None:
 
 
 def resolve_decision(storage: TableStorage, decision: Decision) -> Decision:
+    """`resolve_decision_bytes` without the bytes."""
+    return resolve_decision_bytes(storage, decision)[0]
+
+
+def resolve_decision_bytes(storage: TableStorage, decision: Decision) -> tuple[Decision, bytes | None]:
     """The decision with its whole commit, fetched when it was recorded by reference.
 
     The published version is read first (the staged file is deleted once it is published); the staged
@@ -89,42 +102,44 @@ def resolve_decision(storage: TableStorage, decision: Decision) -> Decision:
     """
     ref = decision.staged
     if ref is None or decision.version is None:
-        return decision
-    decided = staged_key(DECIDED, decision.proposal_id, ref)
+        return decision, None
+    decided = decided_key(decision.proposal_id, decision.version, ref)
     for key in (commit_key(decision.version), decided, commit_key(decision.version)):  # published in between
         data = _read(storage, key, ref)
         if data is not None:
-            return dataclasses.replace(decision, actions=parse_staged(data, ref, f"{storage.location}/{key}"))
+            return dataclasses.replace(decision, actions=parse_staged(data, ref, f"{storage.location}/{key}")), data
     raise StagedCommitError(
         f"version {decision.version} of {storage.location} was recorded by reference, and neither "
         f"{commit_key(decision.version)} nor {decided} holds it (SHA-256 {ref.sha256})")
 
 
-def published_bytes(storage: TableStorage, decision: Decision) -> bytes | None:
-    """The staged bytes of a decision by reference, to publish as they are (None: not staged, or gone)."""
-    ref = decision.staged
-    if ref is None:
-        return None
-    return _read(storage, staged_key(DECIDED, decision.proposal_id, ref), ref)
+def delete_writer_staged(storage: TableStorage, proposal_id: str, ref: StagedActions) -> None:
+    """Delete a writer's staged actions (missing is fine)."""
+    storage.delete(writer_key(proposal_id, ref))
 
 
-def delete_staged(storage: TableStorage, kind: str, proposal_id: str, ref: StagedActions) -> None:
-    """Delete a staged file (missing is fine); a store error is left to the sweep (logged by the caller)."""
-    key = staged_key(DECIDED if kind == DECIDED else WRITER, proposal_id, ref)
-    try:
-        storage.delete(key)
-    except FileNotFoundError:
-        return
+def sweep_decided(storage: TableStorage, published: int) -> int:
+    """Delete the coordinator's staged commits of versions at or below `published` (each such version is in
+    `_delta_log`, so nothing needs them: the published one, or one an aborted transaction or a fenced coordinator
+    left); returns how many."""
+    n = 0
+    for info in storage.list(STAGED_DIR):
+        v = decided_version(info.key)
+        if v is not None and v <= published:
+            storage.delete(info.key)
+            n += 1
+    return n
 
 
 __all__ = [
     "StagedCommitError",
     "StagedCommitTooLargeError",
     "StorageError",
-    "delete_staged",
+    "delete_writer_staged",
     "load_proposal",
     "on_the_wire",
-    "published_bytes",
     "resolve_decision",
+    "resolve_decision_bytes",
     "stage_decision",
+    "sweep_decided",
 ]

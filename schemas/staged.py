@@ -10,8 +10,8 @@ content, and so that no Delta reader takes one for a version (a version's name s
 start with a letter):
 
 * `w-<proposal>.<digest>.json`: a writer's actions (no commitInfo), staged before it proposes;
-* `d-<proposal>.<digest>.json`: the coordinator's whole commit (commitInfo first, row ids assigned),
-  staged before it ratifies, byte for byte what it then publishes as `<version>.json`.
+* `d-<version>-<proposal>.<digest>.json`: the coordinator's whole commit (commitInfo first, row ids
+  assigned), staged before it ratifies, byte for byte what it then publishes as `<version>.json`.
 """
 
 from __future__ import annotations
@@ -43,9 +43,24 @@ def _proposal_part(proposal_id: str) -> str:
     return hashlib.sha256(proposal_id.encode("utf-8")).hexdigest()[:32]
 
 
-def staged_key(kind: Literal["w", "d"], proposal_id: str, ref: StagedActions) -> str:
-    """The object key (relative to the table root) of a staged file."""
-    return f"{STAGED_DIR}{kind}-{_proposal_part(proposal_id)}.{ref.sha256}.json"
+def writer_key(proposal_id: str, ref: StagedActions) -> str:
+    """The object key (relative to the table root) of a writer's staged actions."""
+    return f"{STAGED_DIR}{WRITER}-{_proposal_part(proposal_id)}.{ref.sha256}.json"
+
+
+def decided_key(proposal_id: str, version: int, ref: StagedActions) -> str:
+    """The object key of the coordinator's staged commit of `version`: the version in the name lets a sweep delete
+    every such file at or below the published version (none of them can be needed any more)."""
+    return f"{STAGED_DIR}{DECIDED}-{version:020d}-{_proposal_part(proposal_id)}.{ref.sha256}.json"
+
+
+def decided_version(key: str) -> int | None:
+    """The version a coordinator's staged commit is for (None: not such a file)."""
+    name = key[len(STAGED_DIR):] if key.startswith(STAGED_DIR) else ""
+    if not (name.startswith(f"{DECIDED}-") and name.endswith(".json") and "/" not in name):
+        return None
+    digits = name[2:22]
+    return int(digits) if len(digits) == 20 and digits.isdigit() and name[22:23] == "-" else None
 
 
 def is_staged_key(key: str) -> bool:
@@ -96,8 +111,10 @@ __all__ = [
     "StagedCommitError",
     "check_staged",
     "decided_commit_info",
+    "decided_key",
+    "decided_version",
     "is_staged_key",
     "parse_staged",
     "staged_bytes",
-    "staged_key",
+    "writer_key",
 ]

@@ -41,7 +41,7 @@ from schemas.errors import (
 from schemas.messages import Decision, FileRead, Proposal
 from schemas.reasons import ReasonCode
 from schemas.signing import WriterKey
-from schemas.staged import INLINE_MAX_BYTES, WRITER, staged_bytes, staged_key
+from schemas.staged import INLINE_MAX_BYTES, staged_bytes, writer_key
 from writer.client import CoordinatorClient
 from writer.replies import Pending, ProposalNotPublishedError
 from writer.staging import delete_staged
@@ -238,7 +238,7 @@ class Transaction:
         data, ref = staged_bytes(p.actions)
         if ref.size <= INLINE_MAX_BYTES:
             return p
-        key = staged_key(WRITER, p.proposal_id, ref)
+        key = writer_key(p.proposal_id, ref)
         self.table.storage.put_if_absent(key, data)
         self.staged_commit = key
         log.debug("proposal %s carries its %d actions (%d bytes) by reference: %s", p.proposal_id, ref.count,

@@ -22,8 +22,9 @@ One exception in `_delta_log`: a writer's staged actions of a large commit
 (`_delta_log/_staged_commits/w-*.json`, `schemas.staged`) older than the
 retention. The coordinator deletes them once it decided; one is left only by a
 crash, and a proposal still undecided after the retention is refused without it
-(nothing commits). The coordinator's own staged commits (`d-*.json`) are never
-vacuumed: one may hold a ratified version a halted table has not published yet.
+(nothing commits). The coordinator's own staged commits (`d-<version>-*.json`)
+are vacuumed only at or below the snapshot's version (published: nothing needs
+them); a newer one may hold a ratified version a halted table has not published.
 
 Vacuum only deletes data files; it writes nothing to `_delta_log` (the log is the
 coordinator's), so it runs with the writers' credentials.
@@ -44,7 +45,7 @@ from reader.storage import StoredObject, TableStorage
 from schemas.actions import DeletionVector
 from schemas.errors import DeltaCoordError
 from schemas.properties import TableProperties
-from schemas.staged import STAGED_DIR, WRITER, is_staged_key
+from schemas.staged import STAGED_DIR, WRITER, decided_version, is_staged_key
 
 _HOUR_MS = 3_600_000
 
@@ -139,8 +140,10 @@ def vacuum(table: TableLocation, *, retention_hours: float | None = None, dry_ru
         nbytes += info.size
     for info in storage.list(STAGED_DIR):
         name = info.key[len(STAGED_DIR):]
-        if is_staged_key(info.key) and name.startswith(f"{WRITER}-") and \
-                int(info.last_modified.timestamp() * 1000) < delete_before:
+        v = decided_version(info.key)
+        if not is_staged_key(info.key) or int(info.last_modified.timestamp() * 1000) >= delete_before:
+            continue
+        if name.startswith(f"{WRITER}-") or (v is not None and v <= snap.version):
             deleted.append(info.key)
             nbytes += info.size
     if not dry_run:

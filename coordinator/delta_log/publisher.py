@@ -40,11 +40,10 @@ from coordinator.faults import fault_armed, fault_point
 from coordinator.locations import TableLocationError, TableLocations
 from coordinator.stable_wait import StableCheck, StableWait
 from reader.log import commit_key
-from reader.staged_commits import delete_staged
+from reader.staged_commits import sweep_decided
 from reader.storage import StorageConfigError, StorageError, StoredObject, TableStorage
 from schemas.actions import Action, commit_to_json_lines
 from schemas.messages import StagedActions
-from schemas.staged import DECIDED
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +69,8 @@ class PublishTask:
     data: bytes | None = None
 
     def __post_init__(self) -> None:
+        if self.staged is not None and self.data is not None and len(self.data) != self.staged[1].size:
+            raise ValueError(f"{self.table_id} v{self.version}: the bytes to publish are not the staged commit")
         if self.staged is not None and len(self.actions) != self.staged[1].count:
             raise ValueError(f"{self.table_id} v{self.version}: a decision recorded by reference must be resolved "
                              f"before it is published ({len(self.actions)} of {self.staged[1].count} actions)")
@@ -450,7 +451,7 @@ class Publisher:
             t.published = max(t.published, task.version)
         if task.staged is not None:
             try:  # the version holds the same bytes now: readers resolve the decision from it
-                delete_staged(self.locations.storage(task.table_uri), DECIDED, *task.staged)
+                sweep_decided(self.locations.storage(task.table_uri), task.version)
             except (TableLocationError, StorageConfigError, StorageError, OSError) as e:
                 log.warning("deleting the staged commit of %s v%d failed (%s); VACUUM removes it", task.table_uri,
                             task.version, e)

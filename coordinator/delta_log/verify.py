@@ -183,9 +183,11 @@ def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str,
             expected = (d.version or 0) + 1
             continue
         try:
-            d = resolve(d)
+            d = resolve(d)[0]
         except (StagedCommitError, StorageError, OSError, ValueError) as e:
             rep.problems.append(f"commits topic: version {d.version} was recorded by reference and cannot be read: {e}")
+            expected += 1
+            continue
         ratified[expected] = d.actions
         expected += 1
         rep.topic_versions += 1

@@ -108,7 +108,7 @@ from reader.claim import CLAIM_KEY, Claim, ClaimError, claim, drop_claim, read_c
 from reader.log import TableNotFoundError, commit_key, list_log_from_hint, newest_commit_version
 from reader.staged_commits import (
     StagedCommitTooLargeError,
-    delete_staged,
+    delete_writer_staged,
     load_proposal,
     on_the_wire,
     stage_decision,
@@ -138,7 +138,7 @@ from schemas.routing import (
     header,
     partition_for,
 )
-from schemas.staged import DECISION_INLINE_MAX_ACTIONS, WRITER, StagedCommitError
+from schemas.staged import DECISION_INLINE_MAX_ACTIONS, StagedCommitError
 
 log = logging.getLogger(__name__)
 
@@ -394,7 +394,7 @@ class PartitionCoordinator:
         #: Halt and resume records not yet on the commits topic: (table id, kind, record).
         self._controls: list[tuple[str, str, Decision]] = []
         #: The staged bytes of the batch's decisions by reference, by proposal id: published as they are.
-        self._staged_bytes: dict[str, bytes] = {}
+        self._staged_bytes: dict[tuple[str, str], bytes] = {}
         self.producer: Producer | None = None
         self._label = str(partition)
         self._tp = TopicPartition(settings.topics.proposals, partition)
@@ -528,7 +528,8 @@ class PartitionCoordinator:
                 assert d.version is not None
                 self._recorded_at.append((d.table_id, d.version, offset))
                 self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions,
-                                                  staged=(d.proposal_id, d.staged) if d.staged is not None else None))
+                                                  staged=(d.proposal_id, d.staged) if d.staged is not None else None,
+                                                  data=rec.staged_data.pop((d.table_id, d.version), None)))
         self.metrics.tables.inc(len(self.states))
         self.metrics.halted_tables.set(self.publisher.halted_count())
         log.info("partition %d: recovered %d tables (%d halted) from %d records of %s%s", self.partition, len(self.states),
@@ -927,14 +928,14 @@ class PartitionCoordinator:
                     self.notices.expect(d, reply, times)  # one reply, once published (registered before submit)
                 elif stable_at is None:
                     self.notices.decided(d, reply, times)
-                else:
-                    self.notices.decided_when_stable(stable_at, d, reply, times)
+                else:  # held until Kafka's readers see the record: without the commit's actions
+                    self.notices.decided_when_stable(stable_at, dataclasses.replace(d, actions=()), reply, times)
             if new_version:
                 assert d.version is not None
                 self.metrics.commits.labels(self._label).inc()
                 self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions, stable_at,
                                                   staged=(d.proposal_id, d.staged) if d.staged is not None else None,
-                                                  data=self._staged_bytes.pop(d.proposal_id, None)))
+                                                  data=self._staged_bytes.pop((d.table_id, d.proposal_id), None)))
             elif d.committed:
                 self.metrics.duplicates.inc()
             elif d.error_type and d.reason_code is None:
@@ -957,15 +958,16 @@ class PartitionCoordinator:
         store before the transaction that ratifies it, and the decision names it by digest. Versions of proposals
         that came by reference, and any with more actions than a message should hold. Tables whose store did not
         take the file are returned with why (their batch is decided again without them: nothing is ratified)."""
-        by_ref = {x.proposal.proposal_id for x in proposals if x.proposal.staged is not None}
+        by_ref = {(x.proposal.table_id, x.proposal.proposal_id) for x in proposals if x.proposal.staged is not None}
         self._staged_bytes.clear()
         out: list[Decision] = []
         cannot: dict[str, str] = {}
         for d in decided:
             if (d.committed and d.duplicate_of is None and d.version is not None and d.staged is None
-                    and (d.proposal_id in by_ref or len(d.actions) > DECISION_INLINE_MAX_ACTIONS)):
+                    and ((d.table_id, d.proposal_id) in by_ref or len(d.actions) > DECISION_INLINE_MAX_ACTIONS)):
                 try:
-                    d, self._staged_bytes[d.proposal_id] = stage_decision(self.publisher.locations.storage(d.table_uri), d)
+                    d, self._staged_bytes[(d.table_id, d.proposal_id)] = stage_decision(
+                        self.publisher.locations.storage(d.table_uri), d)
                 except (TableLocationError, StorageError, OSError) as e:
                     cannot[d.table_id] = (f"the table's store did not take the staged commit of version {d.version} "
                                           f"({e}); nothing was decided, retry")
@@ -982,7 +984,7 @@ class PartitionCoordinator:
         def drop(p: Proposal) -> None:
             assert p.staged is not None
             try:
-                delete_staged(self.publisher.locations.storage(p.table_uri), WRITER, p.proposal_id, p.staged)
+                delete_writer_staged(self.publisher.locations.storage(p.table_uri), p.proposal_id, p.staged)
             except (TableLocationError, StorageError, OSError) as e:
                 log.warning("partition %d: deleting the staged actions of %s failed (%s); VACUUM removes them",
                             self.partition, p.proposal_id[:100], e)
@@ -1355,6 +1357,8 @@ class PartitionCoordinator:
         st = self.states.get(p.table_id)
         known = self.decided.get(p.table_id, p.proposal_id) is not None or (
             st is not None and st.committed_version_of(p.proposal_id) is not None)
+        if known:
+            return p  # a redelivery: answered with its first decision, nothing to load
         try:
             return load_proposal(self.publisher.locations.storage(p.table_uri), p, self.settings.max_staged_bytes)
         except StagedCommitError as e:

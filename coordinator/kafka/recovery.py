@@ -26,7 +26,7 @@ from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from coordinator.settings import CoordinatorSettings
 from reader.log import newest_commit_version
-from reader.staged_commits import resolve_decision
+from reader.staged_commits import resolve_decision_bytes
 from reader.storage import StorageError, TableStorage
 from schemas.codec import decode_decision
 from schemas.messages import Decision
@@ -188,6 +188,8 @@ class Recovered:
     #: The proposals offset the committed transactions consumed up to, as their records say
     #: (`deltacoord.next_offset`; 0: none says).
     proposals_next: int = 0
+    #: (table id, version) -> the bytes of a version in `to_publish` recorded by reference, to publish as they are.
+    staged_data: dict[tuple[str, int], bytes] = field(default_factory=dict)
 
     def halt(self, table_id: str, table_uri: str, why: str) -> None:
         """Halt a table this recovery found at fault (recorded by the caller)."""
@@ -204,7 +206,7 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
                    base: Recovered | None = None, from_offset: int | None = None,
                    republish_from: Mapping[str, tuple[int, int]] | None = None,
                    load_state: Callable[[str, int], PublishedState] | None = None,
-                   resolve: Callable[[Decision], Decision] | None = None) -> Recovered:
+                   resolve: Callable[[Decision], tuple[Decision, bytes | None]] | None = None) -> Recovered:
     """Table states as the fold of the partition's committed decisions (event sourcing), from the
     start of the partition or from `from_offset` on top of `base` (a snapshot's state); with
     `republish_from` (table id -> (offset, version)) the records from there to `from_offset` are read
@@ -284,9 +286,13 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             if (tid in again and offset >= again[tid] and d.committed and d.duplicate_of is None and d.version is not None
                     and d.version >= compare_from[tid] and d.version <= states[tid].version):
                 try:
-                    rec.to_publish.setdefault(tid, []).append((resolve(d), offset))
+                    whole, data = resolve(d)
                 except (StagedCommitError, TableLocationError, StorageError, OSError) as e:
                     rec.halt(tid, d.table_uri, f"version {d.version} cannot be republished: {e}")
+                    continue
+                rec.to_publish.setdefault(tid, []).append((whole, offset))
+                if data is not None and whole.version is not None:
+                    rec.staged_data[(tid, whole.version)] = data
             continue
         rec.last = (offset, d.proposal_id)
         kind = control_kind(d)
@@ -329,7 +335,7 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
                 "table is halted with its state at that version"))
             continue
         try:
-            d = resolve(d)
+            d, data = resolve(d)
         except (StagedCommitError, TableLocationError, StorageError, OSError) as e:
             broken.add(d.table_id)
             rec.halt(d.table_id, d.table_uri, f"version {d.version} was recorded by reference and cannot be read: {e}")
@@ -343,6 +349,8 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             continue
         if d.version >= compare_from[d.table_id]:
             rec.to_publish.setdefault(d.table_id, []).append((d, offset))
+            if data is not None:
+                rec.staged_data[(d.table_id, d.version)] = data
     rec.records += n
     for tid, st in states.items():
         disk = on_disk.get(tid, -1)
@@ -432,17 +440,32 @@ def recover_partition(settings: CoordinatorSettings, partition: int, **kwargs: A
     return rebuild_states(settings, partition, **kwargs)
 
 
-def decision_resolver(settings: CoordinatorSettings) -> Callable[[Decision], Decision]:
-    """Resolves decisions recorded by reference to their whole commit, through the settings' table locations."""
+#: A store that does not answer while recovery resolves a version recorded by reference is asked again this
+#: many times (1, 2, 4, 8, 16 s apart) before the table is halted (an operator resumes it once the store is back).
+RESOLVE_ATTEMPTS = 6
+
+
+def decision_resolver(settings: CoordinatorSettings) -> Callable[[Decision], tuple[Decision, bytes | None]]:
+    """Resolves decisions recorded by reference to their whole commit (and its bytes), through the settings' table
+    locations; a store that does not answer is asked again for about half a minute."""
     locations: TableLocations | None = None
 
-    def resolve(d: Decision) -> Decision:
+    def resolve(d: Decision) -> tuple[Decision, bytes | None]:
         nonlocal locations
         if d.staged is None or d.version is None:
-            return d
+            return d, None
         if locations is None:
             locations = settings.locations()
-        return resolve_decision(locations.storage(d.table_uri), d)
+        for attempt in range(RESOLVE_ATTEMPTS):
+            try:
+                return resolve_decision_bytes(locations.storage(d.table_uri), d)
+            except (StorageError, OSError) as e:
+                if isinstance(e, FileNotFoundError) or attempt == RESOLVE_ATTEMPTS - 1:
+                    raise
+                log.warning("reading version %d of %s recorded by reference failed (%s); asking again", d.version,
+                            d.table_uri, e)
+                time.sleep(2.0 ** attempt)
+        raise AssertionError("unreachable")
 
     return resolve
 
@@ -454,5 +477,5 @@ def _record_is(settings: CoordinatorSettings, partition: int, last: tuple[int, s
     return False
 
 
-__all__ = ["Recovered", "RecoveryError", "SnapshotUnusableError", "decision_resolver", "read_decisions", "read_decisions_at",
+__all__ = ["RESOLVE_ATTEMPTS", "Recovered", "RecoveryError", "SnapshotUnusableError", "decision_resolver", "read_decisions", "read_decisions_at",
            "rebuild_states", "recover_partition"]

@@ -152,8 +152,8 @@ def _suspects(stats: list[str]) -> np.ndarray | None:
         t = pa_json.read_json(io.BytesIO(body), read_options=pa_json.ReadOptions(block_size=max(1 << 20, len(body) + 1)))
     except (pa.ArrowException, UnicodeError, ValueError):
         return None
-    if t.num_rows != len(stats) or "s" not in t.column_names:
-        return None
+    if t.num_rows != len(stats) or t.column_names != ["i", "s"]:
+        return None  # e.g. a document that closes itself early and goes on: `{...},"z":1`
     idx = t.column("i").combine_chunks()
     if not pa.types.is_int64(idx.type) or idx.null_count or not np.array_equal(idx.to_numpy(), np.arange(len(stats))):
         return None

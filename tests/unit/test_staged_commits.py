@@ -12,25 +12,26 @@ from fastavro.schema import parse_schema
 
 from reader.staged_commits import (
     StagedCommitTooLargeError,
-    delete_staged,
     load_proposal,
     on_the_wire,
     resolve_decision,
+    resolve_decision_bytes,
     stage_decision,
+    sweep_decided,
 )
 from reader.storage import TableStorage
 from schemas.actions import commit_to_json_lines, parse_commit
 from schemas.codec import decode_decision, decode_proposal, encode_decision, encode_proposal
 from schemas.messages import Decision, Outcome
 from schemas.staged import (
-    DECIDED,
     STAGED_DIR,
-    WRITER,
     StagedCommitError,
+    decided_key,
+    decided_version,
     is_staged_key,
     parse_staged,
     staged_bytes,
-    staged_key,
+    writer_key,
 )
 from tests.unit.test_codec import ACTIONS, COMMITTED, FULL_PROPOSAL, body_record, single_object
 
@@ -41,13 +42,14 @@ def test_a_staged_file_is_named_by_proposal_and_digest_and_never_looks_like_a_ve
     data, ref = staged_bytes(FULL_PROPOSAL.actions)
     assert ref.sha256 == hashlib.sha256(data).hexdigest() and ref.size == len(data)
     assert ref.count == len(FULL_PROPOSAL.actions)
-    w, d = staged_key(WRITER, "p/../1\n", ref), staged_key(DECIDED, "p/../1\n", ref)
+    w, d = writer_key("p/../1\n", ref), decided_key("p/../1\n", 12, ref)
     assert w.startswith(STAGED_DIR + "w-") and d.startswith(STAGED_DIR + "d-") and w != d
     assert "/../" not in w and "\n" not in w, "any proposal id gives a plain name"
     assert is_staged_key(w) and is_staged_key(d)
+    assert decided_version(d) == 12 and decided_version(w) is None
     assert not is_staged_key("_delta_log/00000000000000000001.json")
     assert not is_staged_key(STAGED_DIR + "00000000000000000001.3a7c.json"), "Delta's own staged commits are not ours"
-    assert staged_key(WRITER, "other", ref) != w
+    assert writer_key("other", ref) != w
 
 
 def test_actions_survive_the_staged_file_exactly() -> None:
@@ -68,7 +70,7 @@ def test_an_altered_staged_file_is_refused(change: str) -> None:
 def test_a_proposal_by_reference_is_small_on_the_wire_and_loads_whole(tmp_path: Path) -> None:
     storage = TableStorage(str(tmp_path))
     data, ref = staged_bytes(FULL_PROPOSAL.actions)
-    storage.put(staged_key(WRITER, FULL_PROPOSAL.proposal_id, ref), data)
+    storage.put(writer_key(FULL_PROPOSAL.proposal_id, ref), data)
     by_ref = dataclasses.replace(FULL_PROPOSAL, actions=(), staged=ref)
     wire = encode_proposal(by_ref)
     assert len(wire) < len(encode_proposal(FULL_PROPOSAL))
@@ -77,7 +79,7 @@ def test_a_proposal_by_reference_is_small_on_the_wire_and_loads_whole(tmp_path: 
     assert load_proposal(storage, decoded).actions == FULL_PROPOSAL.actions
     with pytest.raises(StagedCommitTooLargeError, match="max_staged_bytes"):
         load_proposal(storage, decoded, max_bytes=ref.size - 1)
-    storage.delete(staged_key(WRITER, FULL_PROPOSAL.proposal_id, ref))
+    storage.delete(writer_key(FULL_PROPOSAL.proposal_id, ref))
     with pytest.raises(StagedCommitError, match="does not exist"):
         load_proposal(storage, decoded)
     with pytest.raises(StagedCommitError, match="not both"):
@@ -94,8 +96,11 @@ def test_a_decision_by_reference_resolves_from_the_staged_file_then_from_the_ver
     assert resolve_decision(storage, wire) == staged, "before publication: from the staged file"
     assert COMMITTED.version is not None
     storage.put(f"_delta_log/{COMMITTED.version:020d}.json", commit_to_json_lines(COMMITTED.actions))
-    delete_staged(storage, DECIDED, staged.proposal_id, staged.staged)
+    assert resolve_decision_bytes(storage, wire) == (staged, data)
+    other, _ = stage_decision(storage, dataclasses.replace(COMMITTED, version=COMMITTED.version + 1))
+    assert sweep_decided(storage, COMMITTED.version) == 1, "the published version's staged commit goes, not the next"
     assert resolve_decision(storage, wire) == staged, "after publication: from the version, same digest"
+    assert resolve_decision(storage, on_the_wire(other)) == other
     storage.put(f"_delta_log/{COMMITTED.version:020d}.json", b'{"commitInfo":{}}\n')
     with pytest.raises(StagedCommitError, match="neither"):
         resolve_decision(storage, wire)
@@ -130,18 +135,18 @@ def test_vacuum_deletes_only_old_writer_staged_actions(tmp_path: Path) -> None:
 
     write_deltalake(str(tmp_path), pa.table({"id": [1]}))
     _, ref = staged_bytes(FULL_PROPOSAL.actions)
-    old_w, new_w, old_d = (staged_key(WRITER, "p-old", ref), staged_key(WRITER, "p-new", ref),
-                           staged_key(DECIDED, "p-old", ref))
+    old_w, new_w, old_d, old_d0 = (writer_key("p-old", ref), writer_key("p-new", ref), decided_key("p-old", 1, ref),
+                                   decided_key("p-0", 0, ref))
     week_ago = time.time() - 8 * 24 * 3600
-    for key in (old_w, new_w, old_d):
+    for key in (old_w, new_w, old_d, old_d0):
         path = tmp_path / key
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"{}\n")
         if key != new_w:
             os.utime(path, (week_ago, week_ago))
     result = vacuum(str(tmp_path), dry_run=True)
-    assert result.deleted == [old_w], "older than the retention, a writer's: nothing can still need it"
+    assert sorted(result.deleted) == sorted([old_d0, old_w]), "a writer's, and the coordinator's of a published version"
     vacuum(str(tmp_path))
     assert not (tmp_path / old_w).exists()
     assert (tmp_path / new_w).exists(), "a proposal may be deciding now"
-    assert (tmp_path / old_d).exists(), "the coordinator's may hold a ratified version not yet published"
+    assert (tmp_path / old_d).exists(), "version 1 is not published: it may hold a ratified version"

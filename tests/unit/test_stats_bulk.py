@@ -23,7 +23,8 @@ document = st.fixed_dictionaries({}, optional={
     "numRecords": leaf, "minValues": st.one_of(columns, leaf), "maxValues": st.one_of(columns, leaf),
     "nullCount": st.one_of(columns, leaf), "tightBounds": leaf, "other": leaf})
 raw = st.sampled_from(["", "   ", "{{not json", "[1]", "1", '{"numRecords":1}{"numRecords":2}', '{"numRecords":\n1}',
-                       '{"numRecords":NaN}', '{"numRecords":1e308}', '{"a":1,"a":2}', "null", '{"numRecords":1} x'])
+                       '{"numRecords":NaN}', '{"numRecords":1e308}', '{"a":1,"a":2}', "null", '{"numRecords":1} x',
+                       '{"numRecords":1},"z":1', '{"numRecords":1},"s":{"numRecords":-1}', '{"numRecords":1}, "i":0'])
 stats_text = st.one_of(document.map(lambda d: json.dumps(d, allow_nan=True)), raw)
 
 
@@ -55,3 +56,5 @@ def test_a_clean_commit_checks_no_file_one_by_one(monkeypatch: Any) -> None:
     stats[500] = '{"numRecords": -1}'
     assert mod.stats_problems(stats) == {500: "stats.numRecords is negative"}
     assert calls == ['{"numRecords": -1}'], "only the suspect row is asked again"
+    stats[500] = '{"numRecords": 1},"z":1'
+    assert mod.stats_problems(stats) == {500: mod.stats_problem(stats[500])} != {}, "a document that goes on is refused"
