@@ -14,7 +14,7 @@ Conflicts are Delta's exceptions (`deltacoord.ConcurrentAppendException`, ...);
 an invalid proposal is `deltacoord.InvalidProposalError` with a
 `deltacoord.ReasonCode`. The Spark data source and sink need the `spark` extra
 (`pip install deltacoord[spark]`): `deltacoord.spark.session()` starts a session with it and Delta Lake,
-`writer.spark_sink.register(spark)` adds it to another.
+`deltacoord.spark.register(spark)` adds it to another.
 """
 
 from __future__ import annotations

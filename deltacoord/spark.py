@@ -7,14 +7,14 @@
 
 `session()` is a local session with what both formats need: Delta Lake's jars (`deltacoord jars fetch
 delta`, resolved once from Maven Central into `~/.cache/deltacoord`), Delta's SQL extension and catalog,
-and the `deltacoord` data source registered (`writer.spark_sink.register`). Its Python workers, for every
+and the `deltacoord` data source registered (`register`). Its Python workers, for every
 Python task of the session, run this interpreter unless `spark.pyspark.python` or `PYSPARK_PYTHON` names
 another (`session()` sets `PYSPARK_PYTHON` when unset): PySpark's default is `python3` from `PATH`, which
 outside an activated virtual environment has neither deltacoord nor the same packages. A session built another way needs the same three settings,
 ``spark.jars.packages=io.delta:delta-spark_4.2_2.13:4.4.0`` (or ``spark.jars``),
 ``spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension`` and
 ``spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog``, then
-`writer.spark_sink.register(spark)`.
+`deltacoord.spark.register(spark)`.
 """
 
 from __future__ import annotations
@@ -58,4 +58,4 @@ def session(app_name: str = "deltacoord", master: str = "local[*]", conf: Mappin
     return spark
 
 
-__all__ = ["DELTA_CONF", "delta_jars", "session"]
+__all__ = ["DELTA_CONF", "delta_jars", "register", "session"]
