@@ -59,7 +59,7 @@ SEED = {
 COLUMNS = (IO, II, UD, MI, MA)
 #: The one cell where the seed's "both succeed" is not sound on copy-on-write Delta files: the major
 #: compaction merged the file the UPDATE rewrites, so its old rows live on in the compacted file and
-#: no metadata-level rebase can drop them. The coordinator fails the later job (see the README).
+#: no metadata-level rebase can drop them. The coordinator fails the later job (see docs/semantics.md).
 UNSOUND = {(MA, UD)}
 
 

@@ -1,8 +1,8 @@
-"""The README's Spark section runs as written, the way a newcomer runs it.
+"""The Spark guide's example (docs/spark.md) runs as written, the way a newcomer runs it.
 
-The code block after `<!-- readme-test: spark -->` in README.md is saved to a
+The code block after `<!-- doc-test: spark -->` in docs/spark.md is saved to a
 file and run by the virtual environment's interpreter in a fresh process,
-against a real broker and a coordinator, with only what the README tells the
+against a real broker and a coordinator, with only what the guide tells the
 user to set (`DELTACOORD_BOOTSTRAP_SERVERS`; `DELTACOORD_TOPIC_PREFIX` for this
 test's topics). No `PYSPARK_PYTHON`, no `PYTHONPATH`, the working directory
 outside the repository, and a `python3` first on `PATH` that fails if run: every
@@ -26,22 +26,23 @@ from writer.spark_options import BOOTSTRAP_ENV, TOPIC_PREFIX_ENV
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 REPO = Path(__file__).resolve().parents[2]
-MARKER = "<!-- readme-test: spark -->"
+GUIDE = REPO / "docs" / "spark.md"
+MARKER = "<!-- doc-test: spark -->"
 
 
-def readme_block(marker: str = MARKER) -> str:
-    """The fenced Python block right after `marker` in README.md."""
-    text = (REPO / "README.md").read_text()
-    assert text.count(marker) == 1, f"README.md must hold {marker!r} once"
+def guide_block(marker: str = MARKER) -> str:
+    """The fenced Python block right after `marker` in docs/spark.md."""
+    text = GUIDE.read_text()
+    assert text.count(marker) == 1, f"docs/spark.md must hold {marker!r} once"
     m = re.match(r"\s*```python\n(.*?)\n```", text.split(marker, 1)[1], re.S)
-    assert m is not None, f"no ```python block right after {marker!r} in README.md"
+    assert m is not None, f"no ```python block right after {marker!r} in docs/spark.md"
     return m.group(1) + "\n"
 
 
 @pytest.mark.slow
-def test_the_readme_spark_section_runs_as_written(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_the_spark_guide_example_runs_as_written(kafka_bootstrap: str, tmp_path: Path) -> None:
     script = tmp_path / "spark_example.py"
-    script.write_text(readme_block())
+    script.write_text(guide_block())
     fake = tmp_path / "bin"
     fake.mkdir()
     for name in ("python3", "python"):
@@ -63,7 +64,7 @@ def test_the_readme_spark_section_runs_as_written(kafka_bootstrap: str, tmp_path
     out = res.stdout
     assert res.returncode == 0, f"stdout:\n{out[-4000:]}\nstderr:\n{res.stderr[-8000:]}"
     assert "python3 from PATH ran" not in res.stderr
-    # What the README says it shows: 2 clicks, 2 views, 9 streamed rows; CREATE TABLE, two WRITEs, three STREAMING UPDATEs.
+    # What the guide says it shows: 2 clicks, 2 views, 9 streamed rows; CREATE TABLE, two WRITEs, three STREAMING UPDATEs.
     counts = dict(re.findall(r"^\|\s*(click|view|stream)\|\s*(\d+)\|$", out, re.M))
     assert counts == {"click": "2", "stream": "9", "view": "2"}, out
     ops = re.findall(r"^\|\s*(\d+)\|\s*([A-Z ]+?)\|$", out, re.M)
