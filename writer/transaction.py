@@ -247,6 +247,9 @@ class Transaction:
 
     def _delete_staged(self) -> None:
         delete_staged(self.table.storage, self.staged)
+        for key in self.staged_keys:
+            with contextlib.suppress(FileNotFoundError):
+                self.table.storage.delete(key)
         self._delete_staged_commit()
 
     def _delete_staged_commit(self) -> None:
@@ -255,9 +258,6 @@ class Transaction:
             with contextlib.suppress(FileNotFoundError, StorageError):
                 self.table.storage.delete(self.staged_commit)
             self.staged_commit = None
-        for key in self.staged_keys:
-            with contextlib.suppress(FileNotFoundError):
-                self.table.storage.delete(key)
 
     # -- commit ---------------------------------------------------------------------
     def proposal(self, operation: str, changes_data: bool, parameters: Mapping[str, Any] | None = None,
