@@ -266,11 +266,14 @@ class _KafkaFeed:
     publication (the data files already exist: writers stage them before proposing).
     """
 
-    def __init__(self, uri: str, bootstrap_servers: str, topic_prefix: str, kafka_config: Mapping[str, str]) -> None:
+    def __init__(self, uri: str, bootstrap_servers: str, topic_prefix: str, kafka_config: Mapping[str, str],
+                 storage_options: Mapping[str, str] | None = None) -> None:
         self.uri = uri
         self.bootstrap_servers = bootstrap_servers
         self.topic_prefix = topic_prefix
         self.kafka_config: dict[str, Any] = dict(kafka_config)
+        #: Opens the table's store for versions the commits topic records by reference (large commits).
+        self.storage_options = dict(storage_options or {})
         self._stream: Any = None
         self._start = 0
         self._actions: dict[int, list[Action]] = {}
@@ -282,7 +285,8 @@ class _KafkaFeed:
 
         self.close()
         self._stream = CommitStream(self.uri, self.bootstrap_servers, topics=Topics.with_prefix(self.topic_prefix),
-                                    starting_version=version, include_all_commits=True, **self.kafka_config)
+                                    starting_version=version, include_all_commits=True,
+                                    storage_options=self.storage_options, **self.kafka_config)
         self._start = version
         self._seen = version - 1
 
@@ -379,7 +383,8 @@ class DeltaCoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if bootstrap:
             kafka = {k[len("kafka."):]: v for k, v in options.items()
                      if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"}
-            self.feed = _KafkaFeed(self.uri, bootstrap, client_settings.topic_prefix(options.get("topic.prefix")), kafka)
+            self.feed = _KafkaFeed(self.uri, bootstrap, client_settings.topic_prefix(options.get("topic.prefix")), kafka,
+                                   storage_options_of(options))
         else:
             self.feed = _LogFeed(self.storage, self.uri)
         self._commits: dict[int, _Commit] = {}

@@ -14,11 +14,11 @@ import io
 import json
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.json as pa_json
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: Deeper than any struct nesting a table has; a bound keeps a hostile document from costing recursion.
@@ -102,16 +102,23 @@ BULK_MIN_FILES = 256
 
 
 def _valid(arr: pa.Array) -> np.ndarray:
+    import numpy as np
+
     return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _depth(t: pa.DataType) -> int:
+    import pyarrow as pa
+
     return 1 + max((_depth(t.field(i).type) for i in range(t.num_fields)), default=0) if pa.types.is_struct(t) else 0
 
 
 def _suspect_bounds(arr: pa.Array) -> np.ndarray:
     """Rows whose min/max leaves the per-file check might refuse: lists, and doubles that are not finite or
     lie beyond a 64-bit integer (the Arrow reader reads too large an integer as a double)."""
+    import numpy as np
+    import pyarrow as pa
+
     t = arr.type
     if pa.types.is_struct(t):
         out = np.zeros(len(arr), dtype=bool)
@@ -129,6 +136,9 @@ def _suspect_bounds(arr: pa.Array) -> np.ndarray:
 def _suspect_counts(arr: pa.Array) -> np.ndarray:
     """Rows whose counts the per-file check might refuse: anything but a non-negative int64 (a null may be an
     explicit null, which is refused, or a column the row's stats lack, which is fine: asked again)."""
+    import numpy as np
+    import pyarrow as pa
+
     t = arr.type
     if pa.types.is_struct(t):
         out = np.zeros(len(arr), dtype=bool)
@@ -144,7 +154,12 @@ def _suspect_counts(arr: pa.Array) -> np.ndarray:
 def _suspects(stats: list[str]) -> np.ndarray | None:
     """Rows the per-file check must look at, read as Arrow in one pass; None when the pass cannot tell (then every
     row is checked one by one). Each document is wrapped with its index, so a string holding two documents, or
-    none, breaks the pass rather than shifting the rows."""
+    none, breaks the pass rather than shifting the rows. Arrow is imported here, by the first commit this large:
+    the deciding process does not hold it otherwise."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.json as pa_json
+
     if any("\n" in s or "\r" in s for s in stats):
         return None
     try:
@@ -181,6 +196,8 @@ def stats_problems(stats: list[object]) -> dict[int, str]:
     """`stats_problem` of many files at once, by index (only the files with a problem): the same answers, the
     same messages, much faster for a commit of thousands of files. The Arrow JSON reader reads every document
     in one pass; only the rows it cannot vouch for are checked one by one."""
+    import numpy as np
+
     texts = [(i, s) for i, s in enumerate(stats) if isinstance(s, str)]
     suspects: np.ndarray | None = None
     if len(texts) >= BULK_MIN_FILES:

@@ -252,3 +252,31 @@ def test_an_optimize_rewriting_20000_files_commits(kafka_bootstrap: str, topics:
     assert _delta_rs(root) == (n, 7 * n)
     assert spark.read.format("delta").load(str(root)).count() == n
     assert _staged_files(root) == []
+
+
+def test_the_change_feed_verify_and_ratified_reads_resolve_a_commit_by_reference(
+        kafka_bootstrap: str, topics: Topics, served: None, tmp_path: Path) -> None:
+    from coordinator.delta_log.verify import verify_table
+    from reader.stream import CommitStream
+
+    root = tmp_path / "feed"
+    with Table(root, kafka_bootstrap, topics=topics) as t:
+        t.create(SCHEMA)
+        tx = t.begin()
+        adds = _copies(t, 2_000, "g")
+        tx.stage(adds)
+        assert tx.commit("WRITE", parameters={"mode": "Append"}, wait="ratified").version == 1
+        assert len(t.snapshot(ratified=True).files()) == 2_000, "read-your-writes through the commits topic"
+        events = []
+        with CommitStream(str(root), kafka_bootstrap, topics=topics, include_all_commits=True) as stream:
+            for _ in range(120):  # a minute at most, then the assertion below says what came
+                events.extend(stream.poll(0.5))
+                if len(events) >= 2:
+                    break
+        assert [e.version for e in events] == [0, 1]
+        assert {a.path for a in events[1].added} == {a.path for a in adds}, "the feed carries the whole commit"
+        t.append(_row(1))
+    settings = CoordinatorSettings(bootstrap_servers=kafka_bootstrap, topics=topics, group_id="verify")
+    rep = verify_table(settings, str(root), t.table_id)
+    assert rep.ok, rep.problems
+    assert rep.topic_versions == 3 and rep.published_versions == 3
