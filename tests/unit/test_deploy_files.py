@@ -406,7 +406,7 @@ def test_k8s_probes_are_on_healthz_at_the_metrics_port() -> None:
     env = {e["name"]: e.get("value") for e in c["env"]}
     metrics_port = int(env["DELTACOORD_METRICS_PORT"])
     assert metrics_port == image_metrics_port()
-    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/healthz"), ("startupProbe", "/healthz")):
+    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/healthz"), ("startupProbe", "/livez")):
         get = c[probe]["httpGet"]
         assert get["path"] == path, probe
         port = get["port"]
