@@ -109,6 +109,7 @@ def test_kafka_unreachable_makes_healthz_not_ready_until_the_broker_is_back(tmp_
             assert code == 503, body
             reason = next(r for r in body["reasons"] if r.startswith("Kafka unreachable"))
             assert body["ready"] is False and f"127.0.0.1:{info.port}" in reason, reason
+            assert body["live"] is True, body  # a restart would not bring the broker back
             assert broker.start().port == info.port
             _wait(lambda: _get(coord, "/healthz")[0] == 200, "/healthz 200 once the broker is back", 120)
             code, body = _get(coord, "/healthz")
