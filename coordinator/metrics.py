@@ -50,7 +50,7 @@ class MetricsPortError(OSError):
 
 
 class MetricsServer:
-    """Serves `/metrics` (Prometheus text) and `/healthz` (JSON from `health()`)."""
+    """Serves `/metrics` (Prometheus text), `/healthz` (readiness, JSON from `health()`) and `/livez` (liveness)."""
 
     def __init__(self, metrics: Metrics, health: Callable[[], tuple[bool, dict[str, object]]], port: int, host: str = "0.0.0.0") -> None:
         registry = metrics.registry
@@ -63,6 +63,12 @@ class MetricsServer:
                 elif self.path.startswith("/healthz"):
                     ok, detail = health()
                     self._send(200 if ok else 503, "application/json", json.dumps({"ok": ok, **detail}).encode())
+                elif self.path.startswith("/livez"):
+                    # Liveness: what /healthz said before readiness also covered publication and Kafka (a restart
+                    # cures neither a full disk nor a broker outage): 503 only for what a restart may cure.
+                    ok, detail = health()
+                    live = bool(detail.get("live", ok))
+                    self._send(200 if live else 503, "application/json", json.dumps({"ok": ok, **detail}).encode())
                 else:
                     self._send(404, "text/plain", b"not found\n")
 

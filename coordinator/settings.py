@@ -91,6 +91,11 @@ class CoordinatorSettings:
     dead_letter_max_bytes: int = 64 * 1024
     #: `/healthz` turns unhealthy when proposals wait and no batch was committed for this long.
     stall_timeout_s: float = 60.0
+    #: `/healthz` turns not ready (503, naming the table and the error) when a table's publication to `_delta_log`
+    #: has failed (or not answered) for this long; liveness (`/livez`) is not affected.
+    publish_failing_s: float = 10.0
+    #: `/healthz` turns not ready (503) when no Kafka broker has been reachable for this long.
+    kafka_unreachable_s: float = 10.0
     #: A repeated proposal id is answered with its first decision while it is among the newest this many
     #: decisions of its partition and younger than `decided_ids_max_age_ms` (`coordinator.rules.decided`).
     decided_ids_limit: int = 50_000
@@ -148,6 +153,7 @@ FILE_KEYS = (
     "max_batch", "metrics_port", "fsync", "checkpoints", "watchdog_seconds", "log_level", "dead_letter_max_bytes",
     "stall_seconds", "table_roots", "state_root", "snapshot_every_records", "decided_ids_limit", "decided_ids_max_age_hours",
     "group_offset_seconds", "checkpoint_min_seconds", "publish_lanes",
+    "publish_failing_seconds", "kafka_unreachable_seconds",
 )
 #: Keys that a `DELTACOORD_<KEY>` variable sets (fsync and checkpoints only have their --no-... flags).
 ENV_VARS = {k: f"DELTACOORD_{k.upper()}" for k in FILE_KEYS if k not in ("fsync", "checkpoints")}
@@ -359,6 +365,8 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         max_batch=integer("max_batch", 500),
         dead_letter_max_bytes=integer("dead_letter_max_bytes", 64 * 1024),
         stall_timeout_s=number("stall_seconds", 60.0),
+        publish_failing_s=number("publish_failing_seconds", 10.0),
+        kafka_unreachable_s=number("kafka_unreachable_seconds", 10.0),
         group_offset_interval_s=number("group_offset_seconds", 1.0),
         checkpoint_min_interval_s=number("checkpoint_min_seconds", 1.0),
         publish_lanes=integer("publish_lanes", 16),
@@ -374,6 +382,10 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         raise SettingsError(f"dead_letter_max_bytes must be 0 or more, got {coordinator.dead_letter_max_bytes}")
     if coordinator.stall_timeout_s <= 0:
         raise SettingsError(f"stall_seconds must be above 0, got {coordinator.stall_timeout_s}")
+    for key, value in (("publish_failing_seconds", coordinator.publish_failing_s),
+                       ("kafka_unreachable_seconds", coordinator.kafka_unreachable_s)):
+        if value <= 0:
+            raise SettingsError(f"{key} must be above 0, got {value}")
     if coordinator.group_offset_interval_s < 0:
         raise SettingsError(f"group_offset_seconds must be 0 or more, got {coordinator.group_offset_interval_s}")
     if coordinator.checkpoint_min_interval_s < 0:

@@ -36,6 +36,7 @@ import contextlib
 import logging
 import os
 import queue
+import select
 import socket
 import stat
 import threading
@@ -50,6 +51,7 @@ from schemas import client_settings, kafka_logs
 from schemas.routing import H_PROPOSAL_ID, H_REPLY_PARTITION, H_WAIT, Topics, header
 from writer import relay_wire
 from writer.client import _NOT_WRITTEN, _Replies, partition_count, proposal_producer
+from writer.relay_limits import RelayLimits
 from writer.replies import check_wait
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,63 @@ GATHER_S = 0.010
 ACTIVE_S = 1.0
 #: Frames waiting to be written to one writer before the relay drops that connection (a writer that stopped reading).
 MAX_QUEUED_FRAMES = 10_000
+#: A refused connection is logged at most once in this many seconds (with the count refused meanwhile).
+REFUSAL_LOG_S = 60.0
+
+
+class _Stalled(Exception):
+    """A connection sent part of a frame (or no greeting) and nothing more for the frame timeout."""
+
+
+class _Refused(Exception):
+    """A frame the relay will not read (too large, or no room for it in time): its connection is closed."""
+
+
+class _Budget:
+    """Bytes of frames held by the relay, over every connection, up to a limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self._cond = threading.Condition()
+
+    def take(self, n: int, deadline: float) -> bool:
+        """Reserve `n` bytes, waiting for room until `deadline`; False if there was none."""
+        with self._cond:
+            while self.used + n > self.limit:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            self.used += n
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def give(self, n: int) -> None:
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
+def _recv_by(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """Exactly `n` bytes from `sock` before `deadline` (_Stalled if they do not come; RelayClosedError at its end)."""
+    chunks: list[bytes] = []
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    while n:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(left * 1000):
+            raise _Stalled()
+        try:
+            chunk = sock.recv(min(n, 1 << 20), socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            continue
+        if not chunk:
+            raise relay_wire.RelayClosedError("the relay connection was closed")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
 
 
 class _Connection:
@@ -83,8 +142,8 @@ class _Connection:
         self._send_lock = threading.Lock()
         self._on_close = on_close
         self._closed = threading.Event()
-        self._writer = threading.Thread(target=self._write, name="deltacoord-relay-out", daemon=True)
-        self._writer.start()
+        #: Started with the first frame the socket does not take at once: an idle writer costs no thread for it.
+        self._writer: threading.Thread | None = None
 
     def send(self, head: dict[str, Any], body: bytes = b"") -> None:
         if self._closed.is_set():
@@ -102,12 +161,20 @@ class _Connection:
             if rest and self._backlog < MAX_QUEUED_FRAMES:
                 self._backlog += 1
                 self._out.put(rest)
+                if self._writer is None:
+                    self._writer = threading.Thread(target=self._write, name="deltacoord-relay-out", daemon=True)
+                    self._writer.start()
                 return
         if rest == b"":
             return
         if rest is not None:
             log.warning("a writer stopped reading its relay connection (%d frames queued); closing it", MAX_QUEUED_FRAMES)
         self.close()
+
+    @property
+    def threads(self) -> int:
+        """Threads this connection runs besides the one reading it (0 or 1)."""
+        return 0 if self._writer is None else 1
 
     def _write(self) -> None:
         while True:
@@ -144,6 +211,8 @@ class _Queued:
     headers: list[tuple[str, str | bytes | None]]
     reply_partition: int
     at: float
+    #: Bytes of the relay's buffer budget the frame holds until produced.
+    reserved: int = 0
 
 
 def expected_soon(conns: Iterable[_Connection], now: float) -> int:
@@ -200,8 +269,18 @@ class Relay:
 
     def __init__(self, socket_path: str, bootstrap_servers: str | None = None, *, topics: Topics | None = None,
                  topic_prefix: str | None = None, reply_group: str | None = None, socket_mode: int = 0o600,
-                 **kafka_config: Any) -> None:
+                 limits: RelayLimits | None = None, **kafka_config: Any) -> None:
         self.path = socket_path
+        self.limits = limits or RelayLimits()
+        self._budget = _Budget(self.limits.max_buffered_bytes)
+        #: Connections refused for `max_connections`, frames refused for `max_frame_bytes`, connections closed
+        #: for want of buffer room or for stalling mid-frame (or before their greeting).
+        self.refused_connections = 0
+        self.refused_frames = 0
+        self.buffer_full_closed = 0
+        self.stalled_closed = 0
+        self._last_refusal_log = float("-inf")
+        self._refused_since_log = 0
         self.topics = client_settings.topics_of(topic_prefix, topics)
         self._conf = kafka_logs.kafka_config({"bootstrap.servers": client_settings.bootstrap_servers(bootstrap_servers),
                                               **kafka_config})
@@ -261,10 +340,82 @@ class Relay:
                 sock, _ = self._server.accept()
             except OSError:
                 return  # closed
+            with self._lock:
+                full = len(self._conns) >= self.limits.max_connections
+            if full:
+                self._refuse(sock)
+                continue
             conn = _Connection(sock, self._closed)
             with self._lock:
                 self._conns.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="deltacoord-relay-in", daemon=True).start()
+
+    def _refuse(self, sock: socket.socket) -> None:
+        """Answer a connection over `max_connections` with a refusal in place of the greeting, and close it
+        (from the accepting thread: the frame fits the socket's buffer, nothing waits for the writer)."""
+        n = self.limits.max_connections
+        self.refused_connections += 1
+        self._refused_since_log += 1
+        now = time.monotonic()
+        if now - self._last_refusal_log >= REFUSAL_LOG_S:
+            log.warning("refused %d writer connection(s): this relay serves at most %d at once (--max-connections)",
+                        self._refused_since_log, n)
+            self._last_refusal_log, self._refused_since_log = now, 0
+        with contextlib.suppress(OSError):
+            sock.send(relay_wire.frame({"op": "hello", "ok": False, "error": (
+                f"the relay serves at most {n} connections at once and all are taken (--max-connections); "
+                "try again later, or raise the relay's limit")}), socket.MSG_DONTWAIT)
+            sock.shutdown(socket.SHUT_WR)
+        sock.close()
+
+    def stats(self) -> dict[str, int]:
+        """The relay's gauges and counters (also in its `counts` answer): connections and their threads, bytes
+        of frames held (now and at most), and what the limits refused or closed."""
+        with self._lock:
+            conns = list(self._conns)
+        return {"connections": len(conns), "connection_threads": len(conns) + sum(c.threads for c in conns),
+                "buffered_bytes": self._budget.used, "buffered_peak_bytes": self._budget.peak,
+                "refused_connections": self.refused_connections, "refused_frames": self.refused_frames,
+                "buffer_full_closed": self.buffer_full_closed, "stalled_closed": self.stalled_closed}
+
+    def _receive(self, conn: _Connection, greeted: bool) -> tuple[dict[str, Any], bytes, int]:
+        """The connection's next frame and the buffer bytes it holds (the caller gives them back). A greeted
+        connection may wait for ever before a frame; once a frame starts (and for the greeting, from the
+        connection's start) the whole frame must arrive within `frame_timeout_s`."""
+        lim = self.limits
+        first = b""
+        if greeted:
+            first = conn.sock.recv(relay_wire.LENGTHS_SIZE)
+            if not first:
+                raise relay_wire.RelayClosedError("the relay connection was closed")
+        deadline = time.monotonic() + lim.frame_timeout_s
+        prefix = first + _recv_by(conn.sock, relay_wire.LENGTHS_SIZE - len(first), deadline)
+        head_len, body_len = relay_wire.lengths(prefix)
+        size = head_len + body_len
+        if size > lim.max_frame_bytes:
+            self.refused_frames += 1
+            log.warning("refused a writer's frame of %d bytes (over --max-frame-bytes %d) and closed its connection",
+                        size, lim.max_frame_bytes)
+            conn.send({"op": "error", "error": (
+                f"a frame of {size} bytes is over this relay's limit of {lim.max_frame_bytes} bytes "
+                "(--max-frame-bytes); nothing of it was produced and the connection is closed")})
+            raise _Refused()
+        if not self._budget.take(size, deadline):
+            self.buffer_full_closed += 1
+            log.warning("closed a writer connection: no room for its %d-byte frame within %.0fs (%d of %d buffered "
+                        "bytes held, --max-buffered-bytes)", size, lim.frame_timeout_s, self._budget.used,
+                        lim.max_buffered_bytes)
+            conn.send({"op": "error", "error": (
+                f"the relay's buffer ({lim.max_buffered_bytes} bytes, --max-buffered-bytes) had no room for a "
+                f"{size}-byte frame for {lim.frame_timeout_s:.0f}s; nothing of it was produced")})
+            raise _Refused()
+        try:
+            head = relay_wire.parse_head(_recv_by(conn.sock, head_len, deadline))
+            body = _recv_by(conn.sock, body_len, deadline) if body_len else b""
+        except BaseException:
+            self._budget.give(size)
+            raise
+        return head, body, size
 
     def _closed(self, conn: _Connection) -> None:
         with self._lock:
@@ -274,21 +425,36 @@ class Relay:
 
     def _serve(self, conn: _Connection) -> None:
         try:
-            head, _ = relay_wire.receive(conn.sock)
+            head, _, size = self._receive(conn, greeted=False)
+            self._budget.give(size)
             if head.get("op") != "hello" or not self._greet(conn, head):
                 return
             while True:
-                head, body = relay_wire.receive(conn.sock)
-                op = head.get("op")
-                if op == "propose":
-                    self._forget(conn, head.get("forget"))
-                    self._propose(conn, head, body)
-                elif op == "forget":  # `pid`: one id, as writers before batched forgets sent it
-                    self._forget(conn, head.get("pids", [head["pid"]] if "pid" in head else None))
-                elif op == "counts":
-                    c = self.replies.counts
-                    conn.send({"op": "counts", "records": c.records, "foreign": c.foreign, "rx_bytes": c.rx_bytes,
-                               "proposals": self.proposals, "batches": self.batches, "waiting": self.replies.waiting()})
+                head, body, size = self._receive(conn, greeted=True)
+                try:
+                    op = head.get("op")
+                    if op == "propose":
+                        self._forget(conn, head.get("forget"))
+                        if self._propose(conn, head, body, size):
+                            size = 0  # held until produced
+                    elif op == "forget":  # `pid`: one id, as writers before batched forgets sent it
+                        self._forget(conn, head.get("pids", [head["pid"]] if "pid" in head else None))
+                    elif op == "counts":
+                        c = self.replies.counts
+                        conn.send({"op": "counts", "records": c.records, "foreign": c.foreign, "rx_bytes": c.rx_bytes,
+                                   "proposals": self.proposals, "batches": self.batches,
+                                   "waiting": self.replies.waiting(), **self.stats()})
+                finally:
+                    if size:
+                        self._budget.give(size)
+        except _Stalled:
+            self.stalled_closed += 1
+            log.warning("closed a writer connection that sent part of a frame (or no greeting) and then nothing for "
+                        "%.0fs (--frame-timeout-seconds)", self.limits.frame_timeout_s)
+            conn.send({"op": "error", "error": (
+                f"the relay closed this connection: a frame was not complete within {self.limits.frame_timeout_s:.0f}s")})
+        except _Refused:
+            pass  # logged and answered where refused
         except Exception as e:  # whatever a writer sends ends its own connection, never the relay
             log.debug("relay connection ended: %s", e)
         finally:
@@ -315,25 +481,28 @@ class Relay:
         # `forget_pids`: this relay takes forgotten ids in propose frames and lists (writers tell older relays
         # one id per frame).
         conn.send({"op": "hello", "ok": True, "partitions": self.proposal_partitions,
-                   "reply_partition": min(leased) if leased else -1, "forget_pids": True})
+                   "reply_partition": min(leased) if leased else -1, "forget_pids": True,
+                   "max_frame": self.limits.max_frame_bytes})
         return True
 
     # -- proposals -------------------------------------------------------------------------------
-    def _propose(self, conn: _Connection, head: dict[str, Any], body: bytes) -> None:
+    def _propose(self, conn: _Connection, head: dict[str, Any], body: bytes, reserved: int = 0) -> bool:
+        """Queue a proposal for production; True when it was queued (it then holds `reserved` buffer bytes until
+        produced), False when it was answered at once."""
         pid = str(head["pid"])
         partition = int(head["partition"])
         if head.get("topic") != self.topics.proposals or not 0 <= partition < self.proposal_partitions:
             conn.send({"op": "delivered", "pid": pid, "not_written": True, "error": (
                 f"{head.get('topic')}[{partition}] is not a partition of {self.topics.proposals} "
                 f"(0..{self.proposal_partitions - 1})")})
-            return
+            return False
         given = relay_wire.decode_headers(head.get("headers"))
         wait_raw = next((v for k, v in given if k == H_WAIT), None)
         try:
             wait = check_wait((wait_raw or b"published").decode("ascii", errors="replace"))
         except ValueError as e:
             conn.send({"op": "delivered", "pid": pid, "not_written": True, "error": str(e)})
-            return
+            return False
         pending = self.replies.expect(pid, wait)
         self.replies.own(pid, conn)
         headers: list[tuple[str, str | bytes | None]] = [(k, v) for k, v in given if k not in (H_REPLY_PARTITION, H_WAIT)]
@@ -342,8 +511,9 @@ class Relay:
         conn.last_proposed = now
         with self._gathering:
             self._queued.append(_Queued(conn, pid, partition, str(head.get("key", "")).encode("latin-1"), body, headers,
-                                        pending.reply_partition, now))
+                                        pending.reply_partition, now, reserved))
             self._gathering.notify()
+        return True
 
     def _send(self) -> None:
         """Produce gathered proposals: at once when no other active writer is about to propose (one writer never
@@ -365,7 +535,10 @@ class Relay:
                 batch, self._queued = self._queued, []
             self.batches += 1
             for q in batch:
-                self._produce(q)
+                try:
+                    self._produce(q)
+                finally:
+                    self._budget.give(q.reserved)  # librdkafka holds its own copy now
 
     def _produce(self, q: _Queued) -> None:
         conn, pid, reply_partition = q.conn, q.pid, q.reply_partition

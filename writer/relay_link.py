@@ -56,6 +56,10 @@ class RelayLink(Routing):
         self.reply_partition = int(head.get("reply_partition", -1))
         #: The relay takes forgotten ids with the next proposal (else, a relay older than that, one frame per id).
         self._batch_forgets = head.get("forget_pids") is True
+        #: The largest frame the relay reads (it closes a connection that sends a larger one); None: not told.
+        self.max_frame = int(head["max_frame"]) if isinstance(head.get("max_frame"), int) else None
+        #: Why the relay closed this connection, when it said so (a refused frame, a stall).
+        self.error: str | None = None
         self._deliveries: dict[str, Future[None]] = {}
         #: Proposals forgotten here that the relay has not heard of yet (see `forget`).
         self._forgotten: list[str] = []
@@ -104,6 +108,15 @@ class RelayLink(Routing):
                                 "key": key.decode("latin-1"), "headers": relay_wire.encode_headers(headers)}
         if gone:
             head["forget"] = gone
+        if self.max_frame is not None:
+            size = len(relay_wire.frame(head)) - relay_wire.LENGTHS_SIZE + len(value)
+            if size > self.max_frame:
+                with self._lock:
+                    self._deliveries.pop(proposal_id, None)
+                    self._forgotten = gone + self._forgotten  # told with the next proposal instead
+                raise ProposalNotSentError(
+                    f"proposal {proposal_id} takes a {size}-byte frame, over the {self.max_frame}-byte limit of the "
+                    f"relay at {self.path} (its --max-frame-bytes); nothing was sent")
         try:
             self._send(head, value)
         except OSError as e:
@@ -129,17 +142,20 @@ class RelayLink(Routing):
                                                  None if head.get("null") else body))
                 elif op == "delivered":
                     self._delivered(head)
+                elif op == "error":  # the relay closes the connection after it
+                    self.error = str(head.get("error"))
         except (OSError, relay_wire.RelayClosedError):
             pass
         finally:
             self.closed.set()
             with self._lock:
                 open_, self._deliveries = self._deliveries, {}
+            said = f" (the relay said: {self.error})" if self.error else ""
             for pid, done in open_.items():
                 with contextlib.suppress(InvalidStateError):
                     done.set_exception(RuntimeError(
-                        f"the relay at {self.path} closed before confirming proposal {pid}: it may or may not have "
-                        "reached Kafka"))
+                        f"the relay at {self.path} closed before confirming proposal {pid}{said}: it may or may not "
+                        "have reached Kafka"))
 
     def _delivered(self, head: dict[str, Any]) -> None:
         pid = str(head.get("pid"))

@@ -16,7 +16,10 @@ from typing import Any
 from schemas.routing import Topics
 
 _LENGTHS = struct.Struct(">II")
-#: A frame larger than this is refused (a proposal may carry many actions; Kafka's own limit is lower).
+#: Bytes of a frame before its head: the two lengths.
+LENGTHS_SIZE = _LENGTHS.size
+#: A frame larger than this is refused by a reader of frames (the relay refuses far smaller ones: its
+#: `max_frame_bytes`, told to writers in its greeting).
 MAX_FRAME = 256 * 1024 * 1024
 
 Headers = list[tuple[str, bytes | None]]
@@ -59,23 +62,44 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def receive(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
-    """The next frame: (head, body); RelayClosedError when the connection ends or carries no frame."""
-    head_len, body_len = _LENGTHS.unpack(_exactly(sock, _LENGTHS.size))
-    if head_len + body_len > MAX_FRAME:
-        raise RelayClosedError(f"a relay frame of {head_len + body_len} bytes is over the {MAX_FRAME}-byte limit")
+def lengths(prefix: bytes) -> tuple[int, int]:
+    """(head length, body length) of a frame from its first LENGTHS_SIZE bytes."""
+    head_len, body_len = _LENGTHS.unpack(prefix)
+    return int(head_len), int(body_len)
+
+
+def parse_head(data: bytes) -> dict[str, Any]:
+    """A frame's head from its bytes; RelayClosedError when it is not a JSON object."""
     try:
-        head = json.loads(_exactly(sock, head_len))
+        head = json.loads(data)
     except ValueError as e:
         raise RelayClosedError(f"a relay frame's head is not JSON: {e}") from None
     if not isinstance(head, dict):
         raise RelayClosedError("a relay frame's head is not a JSON object")
+    return head
+
+
+def receive(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+    """The next frame: (head, body); RelayClosedError when the connection ends or carries no frame."""
+    head_len, body_len = lengths(_exactly(sock, _LENGTHS.size))
+    if head_len + body_len > MAX_FRAME:
+        raise RelayClosedError(f"a relay frame of {head_len + body_len} bytes is over the {MAX_FRAME}-byte limit")
+    head = parse_head(_exactly(sock, head_len))
     return head, _exactly(sock, body_len) if body_len else b""
 
 
 def greet(sock: socket.socket, topics: Topics) -> dict[str, Any]:
     """Open a relay connection for a deployment's topics; the relay's answer (`ok`, else `error`)."""
-    send(sock, {"op": "hello", "proposals": topics.proposals, "replies": topics.replies})
+    try:
+        send(sock, {"op": "hello", "proposals": topics.proposals, "replies": topics.replies})
+    except OSError:
+        # A relay that refuses the connection (it serves its maximum) answers and closes without reading the
+        # greeting: its answer, already here, says why.
+        try:
+            return receive(sock)[0]
+        except (OSError, RelayClosedError):
+            pass
+        raise
     return receive(sock)[0]
 
 

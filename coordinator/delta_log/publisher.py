@@ -83,6 +83,22 @@ class TablePublication:
     ratified: int = -1
     published: int = -1
     halted: str | None = None
+    #: Since when (monotonic) a version of the table has been tried without being published; None: not trying.
+    trying_since: float | None = None
+    #: The last error of that attempt (None: none yet, the store has not answered).
+    last_error: str | None = None
+    uri: str = ""
+
+
+@dataclass(frozen=True)
+class PublishFailure:
+    """A table whose publication has not succeeded for a while (what `/healthz` names)."""
+
+    table_id: str
+    table_uri: str
+    version: int
+    seconds: float
+    error: str | None
 
 
 #: Called after version v of a table is published: (table_id, table_uri, version, actions).
@@ -158,6 +174,27 @@ class Publisher:
         """Ratified but not yet published versions, over all tables."""
         with self._lock:
             return sum(max(0, t.ratified - t.published) for t in self.tables.values() if t.halted is None)
+
+    def failing(self, longer_than_s: float, now: float | None = None) -> list[PublishFailure]:
+        """Tables (not halted) whose next version has been tried for more than `longer_than_s` without being
+        published: a full or read-only disk, a store that refuses or does not answer."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            return [PublishFailure(tid, t.uri, t.published + 1, now - t.trying_since, t.last_error)
+                    for tid, t in self.tables.items()
+                    if t.halted is None and t.trying_since is not None and now - t.trying_since > longer_than_s]
+
+    def _trying(self, task: PublishTask, error: BaseException | None = None) -> None:
+        """Note an attempt to publish `task` (from its first try until it is published), with its error if any."""
+        with self._lock:
+            t = self.tables.get(task.table_id)
+            if t is None:
+                return
+            if t.trying_since is None:
+                t.trying_since = time.monotonic()
+            t.uri = task.table_uri
+            if error is not None:
+                t.last_error = f"{type(error).__name__}: {error}"
 
     def behind(self, versions: Mapping[str, int]) -> list[str]:
         """Tables (of `versions`, table id -> version) whose version is not published yet and not halted."""
@@ -329,6 +366,7 @@ class Publisher:
                 self._publish(t)
             return
         items = [(commit_key(t.version), t.data if t.data is not None else commit_to_json_lines(t.actions)) for t in todo]
+        self._trying(todo[0])
         try:
             outcomes = put_many_if_absent(storage, items, fsync=self.fsync)
         except HardLinksRefusedError as e:
@@ -337,6 +375,7 @@ class Publisher:
                 self._publish(t)
             return
         except (OSError, StorageError) as e:
+            self._trying(todo[0], e)
             log.warning("publishing %d versions of %s together failed (%s); publishing them one by one",
                         len(todo), todo[0].table_uri, e)
             outcomes = []
@@ -376,6 +415,7 @@ class Publisher:
             t = self.tables.setdefault(table_id, TablePublication())
             first = t.halted is None
             t.halted = why
+            t.trying_since = t.last_error = None
             self._halted[table_id] = why
         if first:
             log.error("halting table %s: %s", table_id, why)
@@ -422,6 +462,7 @@ class Publisher:
         # Retry transient I/O errors (disk full, read-only mount, a store that does not answer)
         # until they clear: deciding goes on meanwhile and the lag metric shows the backlog.
         delay = 0.05
+        self._trying(task)
         while True:
             try:
                 outcome = put_if_absent(path, data, fsync=self.fsync)
@@ -432,6 +473,7 @@ class Publisher:
             except (OSError, StorageError) as e:
                 if self._abandoned:
                     return
+                self._trying(task, e)
                 log.warning("publishing %s failed (%s); retrying in %.2fs", path, e, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -449,6 +491,7 @@ class Publisher:
         with self._lock:
             t = self.tables.setdefault(task.table_id, TablePublication())
             t.published = max(t.published, task.version)
+            t.trying_since = t.last_error = None
         if task.staged is not None:
             try:  # the version holds the same bytes now: readers resolve the decision from it
                 sweep_decided(self.locations.storage(task.table_uri), task.version)
@@ -462,4 +505,4 @@ class Publisher:
                 log.exception("post-publication hook failed for %s v%d", task.table_id, task.version)
 
 
-__all__ = ["HaltedHook", "PublishTask", "PublishedHook", "Publisher", "TablePublication", "UnpublishedHook"]
+__all__ = ["HaltedHook", "PublishFailure", "PublishTask", "PublishedHook", "Publisher", "TablePublication", "UnpublishedHook"]

@@ -21,6 +21,7 @@ from coordinator.delta_log.checkpoint_worker import CheckpointFailedError, Check
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from coordinator.kafka.notices import PublicationNotices
 from coordinator.kafka.partition import FencedError, PartitionCoordinator, make_consumer
+from coordinator.kafka.reachability import KafkaReachability
 from coordinator.kafka.stability import StableOffsets
 from coordinator.kafka.topics import ensure_topics
 from coordinator.locations import TableLocationError
@@ -84,6 +85,8 @@ class Coordinator:
     _halt_q: queue.Queue[tuple[str, str, str]] = field(default_factory=queue.Queue)
     _server: MetricsServer | None = None
     _notices: PublicationNotices | None = None
+    #: Whether the proposals consumer reaches a broker (its statistics and errors), for `/healthz`.
+    kafka_reachability: KafkaReachability = field(default_factory=KafkaReachability)
 
     def __post_init__(self) -> None:
         self.locations = self.settings.locations(fsync=self.publish_fsync)
@@ -217,8 +220,11 @@ class Coordinator:
 
     # -- health --------------------------------------------------------------------
     def health(self) -> tuple[bool, dict[str, object]]:
-        """(ok, detail): ok once every owned partition is recovered, while the loop runs and decisions
-        do not stall; `reasons` says why not."""
+        """(ok, detail): ok once every owned partition is recovered, while the loop runs, decisions do not
+        stall, every table publishes and Kafka is reached; `reasons` says why not.
+
+        `live` leaves out what a restart does not cure (a table's store failing, Kafka unreachable): those
+        make the coordinator not ready (`/healthz` 503) but still live (`/livez` 200)."""
         now = time.monotonic()
         stale = now - self._last_loop if self._last_loop else None
         reasons: list[str] = []
@@ -238,10 +244,22 @@ class Coordinator:
         if unstable is not None and unstable[2] > self.settings.stall_timeout_s:
             reasons.append(f"publication stalled: offset {unstable[1]} of commits partition {unstable[0]} was committed "
                            f"{unstable[2]:.0f}s ago and Kafka still hides it from read_committed readers")
+        live = not reasons
+        failing = self.publisher.failing(self.settings.publish_failing_s, now)
+        for f in failing:
+            reasons.append(f"publication failing: table {f.table_id} ({f.table_uri}) could not publish version "
+                           f"{f.version} for {f.seconds:.0f}s: " + (f.error or "the store has not answered"))
+        unreachable = self.kafka_reachability.unreachable_for(now)
+        if unreachable is not None and unreachable[0] > self.settings.kafka_unreachable_s:
+            reasons.append(f"Kafka unreachable: no broker connection for {unreachable[0]:.0f}s ({unreachable[1]})")
         halted = {t: p.halted for t, p in list(self.publisher.tables.items()) if p.halted}
         detail: dict[str, object] = {
-            "ready": self.ready and not self._recovering, "fenced": self.fenced, "partitions": sorted(self._workers),
+            "ready": self.ready and not self._recovering and not failing
+            and (unreachable is None or unreachable[0] <= self.settings.kafka_unreachable_s),
+            "live": live, "fenced": self.fenced, "partitions": sorted(self._workers),
             "publish_lag": self.publisher.lag(), "halted_tables": halted,
+            "publish_failing": {f.table_id: {"uri": f.table_uri, "version": f.version, "seconds": round(f.seconds, 1),
+                                             "error": f.error} for f in failing},
         }
         if reasons:
             detail["reasons"] = reasons
@@ -366,7 +384,7 @@ class Coordinator:
             log.info("checkpoint worker started (pid %d)", self.checkpoint_fn.start())
         ckpt = threading.Thread(target=self._checkpoint_loop, name="deltacoord-checkpointer", daemon=True)
         ckpt.start()
-        consumer = make_consumer(self.settings)
+        consumer = make_consumer(self.settings, self.kafka_reachability)
         topic = self.settings.topics.proposals
         self.heartbeat()
         code = EXIT_OK

@@ -64,6 +64,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -93,6 +94,7 @@ from coordinator.kafka.control import (
 )
 from coordinator.kafka.notices import PublicationNotices
 from coordinator.kafka.orphans import commit_with_retry, open_transaction, seal
+from coordinator.kafka.reachability import STATS_INTERVAL_MS, KafkaReachability
 from coordinator.kafka.recovery import Recovered, recover_partition
 from coordinator.kafka.snapshot import PartitionSnapshot, SnapshotStore
 from coordinator.locations import TableLocationError, TableLocations
@@ -323,12 +325,17 @@ def claim_problem(locations: TableLocations, table_id: str, table_uri: str, requ
     return None
 
 
-def make_consumer(settings: CoordinatorSettings) -> Consumer:
-    """The proposals consumer: read_committed, offsets only ever committed inside transactions."""
+def make_consumer(settings: CoordinatorSettings, reachability: KafkaReachability | None = None) -> Consumer:
+    """The proposals consumer: read_committed, offsets only ever committed inside transactions. With
+    `reachability`, its statistics and errors tell whether Kafka is reached (`/healthz`)."""
     s = settings
+    callbacks: dict[str, Any] = {}
+    if reachability is not None:
+        callbacks = {"stats_cb": reachability.on_stats, "error_cb": reachability.on_error}
     return Consumer(
         s.client(
             {
+                "statistics.interval.ms": STATS_INTERVAL_MS if reachability is not None else 0,
                 "fetch.wait.max.ms": 100,
                 "fetch.message.max.bytes": max(s.max_proposal_bytes * 2, 1_048_576),
                 # A dead coordinator's partitions move after this long (group mode).
@@ -342,6 +349,7 @@ def make_consumer(settings: CoordinatorSettings) -> Consumer:
                 "enable.auto.offset.store": False,
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "earliest",
+                **callbacks,
             },
         )
     )

@@ -182,6 +182,12 @@ def coordinator_group() -> None:
               help="Raw bytes of an undecodable message kept in its dead letter (default 65536; size and hash go in headers).")
 @click.option("--stall-seconds", type=float, envvar=env_var("stall_seconds"), default=None,
               help="/healthz answers 503 when proposals wait and no batch was committed this long (default 60).")
+@click.option("--publish-failing-seconds", type=float, envvar=env_var("publish_failing_seconds"), default=None,
+              help="/healthz answers 503 (not ready, naming the table) when a table's publication to _delta_log has "
+                   "failed this long (default 10); /livez stays 200.")
+@click.option("--kafka-unreachable-seconds", type=float, envvar=env_var("kafka_unreachable_seconds"), default=None,
+              help="/healthz answers 503 (not ready) when no Kafka broker was reachable this long (default 10); "
+                   "/livez stays 200.")
 @click.option("--table-roots", envvar=env_var("table_roots"), default=None,
               help="Comma-separated URI prefixes under which tables may be created and published (s3://bucket/tables,"
                    "/data/tables); proposals for other locations are refused. Unset: local tables anywhere, no object store.")
@@ -214,7 +220,8 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
                     stall_seconds: float | None, table_roots: str | None, storage_pairs: tuple[str, ...],
                     state_root: str | None, snapshot_every_records: int | None, decided_ids_limit: int | None,
                     decided_ids_max_age_hours: float | None, group_offset_seconds: float | None,
-                    checkpoint_min_seconds: float | None, publish_lanes: int | None) -> None:
+                    checkpoint_min_seconds: float | None, publish_lanes: int | None,
+                    publish_failing_seconds: float | None, kafka_unreachable_seconds: float | None) -> None:
     """Consume proposals, decide them, record decisions in Kafka, publish _delta_log.
 
     \b
@@ -234,6 +241,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         "state_root": state_root, "snapshot_every_records": snapshot_every_records, "decided_ids_limit": decided_ids_limit,
         "decided_ids_max_age_hours": decided_ids_max_age_hours, "group_offset_seconds": group_offset_seconds,
         "checkpoint_min_seconds": checkpoint_min_seconds, "publish_lanes": publish_lanes,
+        "publish_failing_seconds": publish_failing_seconds, "kafka_unreachable_seconds": kafka_unreachable_seconds,
     }
     run = load_settings(config_file, flags, kafka_pairs, storage_pairs)
     logs.setup_logging(run.log_level)

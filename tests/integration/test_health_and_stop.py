@@ -111,6 +111,11 @@ def test_healthz_turns_503_when_decisions_stall_while_proposals_wait(kafka_boots
             stalled = [r for r in body["reasons"] if r.startswith("decisions stalled")]
             assert stalled and "partition 0" in stalled[0] and "injected fault" in stalled[0], body
             assert body["ready"] and not body["fenced"]
+            # Stalled decisions are a liveness matter too (a restart may cure them): /livez says 503 as well.
+            assert coord._server is not None
+            with pytest.raises(urllib.error.HTTPError) as live:
+                urllib.request.urlopen(f"http://127.0.0.1:{coord._server.port}/livez", timeout=10)
+            assert live.value.code == 503 and json.loads(live.value.read())["live"] is False
         finally:
             faults.arm(None)
         writer.join(180)

@@ -406,9 +406,9 @@ def test_k8s_probes_are_on_healthz_at_the_metrics_port() -> None:
     env = {e["name"]: e.get("value") for e in c["env"]}
     metrics_port = int(env["DELTACOORD_METRICS_PORT"])
     assert metrics_port == image_metrics_port()
-    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/healthz"), ("startupProbe", "/livez")):
         get = c[probe]["httpGet"]
-        assert get["path"] == "/healthz", probe
+        assert get["path"] == path, probe
         port = get["port"]
         assert (ports[port] if isinstance(port, str) else port) == metrics_port, probe
 
