@@ -696,5 +696,6 @@ class CoordinatorClient:
             replies, self._replies_ = self._replies_, None
         if replies is not None:
             replies.close()
+        self.coordinator_check.close()
         if self._producer is not None:
             self._producer.flush(10)

@@ -29,12 +29,10 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import ConsumerGroupState, KafkaException
-from confluent_kafka.admin import AdminClient
-
 from schemas.client_settings import prefix_of
 from schemas.errors import NoCoordinatorError
 from schemas.routing import Topics
+from writer.group_questions import GroupQuestions, QuestionFailed
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +48,7 @@ REQUEST_TIMEOUT_S = 5.0
 #: Active groups looked at, at most, when searching for coordinators under another group id.
 MAX_GROUPS_SCANNED = 500
 
-_ACTIVE = frozenset({ConsumerGroupState.STABLE, ConsumerGroupState.PREPARING_REBALANCING,
-                     ConsumerGroupState.COMPLETING_REBALANCING})
+_ACTIVE = ("STABLE", "PREPARING_REBALANCING", "COMPLETING_REBALANCING")
 
 
 class _CannotTell(Exception):
@@ -71,6 +68,13 @@ class CoordinatorCheck:
         self._warned = False
         #: Broker questions asked so far (describe or list calls), for tests and diagnostics.
         self.questions = 0
+        #: Asked in a child process: a librdkafka abort of the admin API must not end the writer
+        #: (`writer.group_questions`).
+        self.kafka = GroupQuestions(self._conf)
+
+    def close(self) -> None:
+        """Stop the child process that asks Kafka (started again by the next question)."""
+        self.kafka.close()
 
     def served(self, partition: int) -> None:
         """A coordinator just answered for `partition`: trust that it is served for another TRUSTED_S."""
@@ -102,16 +106,15 @@ class CoordinatorCheck:
         client asks in the background, so its first commit need not (a fresh admin client's round trips)."""
         if not self.enabled:
             return
-        with contextlib.suppress(_CannotTell, KafkaException):
-            self._describe(AdminClient(self._conf), [self.group_id], -1, trust=True)
+        with contextlib.suppress(_CannotTell):
+            self._describe([self.group_id], -1, trust=True)
 
     # -- asking Kafka ----------------------------------------------------------------------
     def _ask(self, partition: int) -> bool:
-        admin = AdminClient(self._conf)  # one per question: an idle admin client would reconnect for ever
         start = time.monotonic()
         scans = 0
         while True:
-            serving, active = self._describe(admin, [self.group_id], partition)
+            serving, active = self._describe([self.group_id], partition)
             if serving is not None:
                 return True
             waited = time.monotonic() - start
@@ -120,7 +123,7 @@ class CoordinatorCheck:
                 # The named group has no member: coordinators may run under another group id (asked at the
                 # first and the last look, in case one was starting).
                 scans += 1
-                other = self._search(admin, partition)
+                other = self._search(partition)
                 if other is not None:
                     log.info("coordinators of %s run in consumer group %s (not %s); checking that group from now on",
                              self.topics.proposals, other, self.group_id)
@@ -130,42 +133,44 @@ class CoordinatorCheck:
                 return False
             time.sleep(RETRY_S)  # a coordinator may be starting, or its group rebalancing
 
-    def _describe(self, admin: AdminClient, group_ids: list[str], partition: int,
-                  trust: bool = False) -> tuple[str | None, bool]:
+    def _describe(self, group_ids: list[str], partition: int, trust: bool = False) -> tuple[str | None, bool]:
         """(a group of `group_ids` with a member assigned the partition, whether any of them has live members);
         with `trust`, every proposals partition a member holds is trusted as served."""
         self.questions += 1
         active = False
-        futures = admin.describe_consumer_groups(group_ids, request_timeout=REQUEST_TIMEOUT_S)
-        for group_id, future in futures.items():
-            try:
-                desc = future.result()
-            except KafkaException as e:
+        try:
+            groups = self.kafka.describe(group_ids, REQUEST_TIMEOUT_S)
+        except QuestionFailed as e:
+            raise _CannotTell(f"describing consumer groups {group_ids[:3]}: {e}") from None
+        for group_id in group_ids:
+            desc = groups.get(group_id, {"error": "no answer"})
+            if "error" in desc:
                 if len(group_ids) == 1:
-                    raise _CannotTell(f"describing consumer group {group_id}: {e.args[0]}") from None
+                    raise _CannotTell(f"describing consumer group {group_id}: {desc['error']}")
                 continue  # scanning: a group that vanished or that we may not describe is not ours
-            if desc.members and desc.state in _ACTIVE:
+            members = desc["members"]
+            live = desc["state"] in _ACTIVE
+            if members and live:
                 active = True
-            for member in desc.members or ():
-                assignment = member.assignment.topic_partitions if member.assignment is not None else []
-                if trust and desc.state in _ACTIVE:
-                    for tp in assignment:
-                        if tp.topic == self.topics.proposals:
-                            self.served(tp.partition)
-                if any(tp.topic == self.topics.proposals and tp.partition == partition for tp in assignment):
+            for assignment in members:
+                if trust and live:
+                    for topic, p in assignment:
+                        if topic == self.topics.proposals:
+                            self.served(p)
+                if any(topic == self.topics.proposals and p == partition for topic, p in assignment):
                     return group_id, True
         return None, active
 
-    def _search(self, admin: AdminClient, partition: int) -> str | None:
+    def _search(self, partition: int) -> str | None:
         """An active group (other than the named one) whose members hold the partition, if any."""
         self.questions += 1
         try:
-            listed = admin.list_consumer_groups(states=set(_ACTIVE), request_timeout=REQUEST_TIMEOUT_S).result()
-        except KafkaException as e:
+            listed = self.kafka.list_active(list(_ACTIVE), REQUEST_TIMEOUT_S)
+        except QuestionFailed as e:
             log.debug("cannot list consumer groups: %s", e)
             return None
-        ids = sorted(g.group_id for g in listed.valid if g.group_id != self.group_id)[:MAX_GROUPS_SCANNED]
+        ids = sorted(g for g in listed if g != self.group_id)[:MAX_GROUPS_SCANNED]
         if not ids:
             return None
-        group, _active = self._describe(admin, ids, partition)
+        group, _active = self._describe(ids, partition)
         return group

@@ -1,0 +1,63 @@
+"""A writer process survives brokers that die and return: librdkafka's admin abort ends a child, not the writer.
+
+librdkafka aborts its process (`rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0`, librdkafka
+issue #4605) when DescribeConsumerGroups fails as its broker connection drops. The writer's coordinator check asks
+that question in a child process (`writer.group_questions`); here a writer process keeps asking while its broker is
+SIGKILLed and restarted, and must outlive every abort.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coordinator.tooling.broker import LocalBroker
+
+REPO = Path(__file__).resolve().parents[2]
+
+ASKER = r"""
+import json, sys, time
+from schemas.errors import NoCoordinatorError
+from schemas.routing import Topics
+import writer.serving as serving
+serving.TRUSTED_S = 0.0  # ask Kafka every time
+check = serving.CoordinatorCheck({"bootstrap.servers": sys.argv[1]}, Topics.with_prefix("abort"), "abort-coordinator")
+asked, until = 0, time.monotonic() + float(sys.argv[2])
+while time.monotonic() < until:
+    try:
+        check.ensure(0)
+    except NoCoordinatorError:
+        pass
+    asked += 1
+print(json.dumps({"asked": asked, "children": check.kafka.started}), flush=True)
+check.close()
+"""
+
+
+@pytest.mark.kafka
+def test_a_writer_outlives_the_admin_abort_while_its_broker_dies_and_returns(tmp_path: Path) -> None:
+    broker = LocalBroker(tmp_path / "broker")
+    bootstrap = broker.start().bootstrap_servers
+    asker = subprocess.Popen([sys.executable, "-c", ASKER, bootstrap, "75"], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(3):
+            time.sleep(6)
+            broker.kill()
+            time.sleep(10)
+            broker.start()
+        out, err = asker.communicate(timeout=180)
+    finally:
+        if asker.poll() is None:
+            asker.kill()
+        broker.stop()
+    assert asker.returncode == 0, f"the writer process ended with {asker.returncode}: {err[-2000:]}"
+    import json
+
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["asked"] > 3
+    assert result["children"] >= 1
