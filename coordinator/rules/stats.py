@@ -97,8 +97,9 @@ def stats_problem(stats: object) -> str | None:
     return problem
 
 
-#: Below this many files the per-file check is as fast as building the Arrow form.
-BULK_MIN_FILES = 256
+#: From this many files on the stats are read in one Arrow pass. Below it the per-file check costs under 0.2 s,
+#: and the deciding process does not import Arrow (about 80 MB and 0.4 s, once) for it.
+BULK_MIN_FILES = 20_000
 
 
 def _valid(arr: pa.Array) -> np.ndarray:
@@ -192,7 +193,7 @@ def _suspects(stats: list[str]) -> np.ndarray | None:
     return out
 
 
-def stats_problems(stats: list[object]) -> dict[int, str]:
+def stats_problems(stats: list[object], bulk_from: int = BULK_MIN_FILES) -> dict[int, str]:
     """`stats_problem` of many files at once, by index (only the files with a problem): the same answers, the
     same messages, much faster for a commit of thousands of files. The Arrow JSON reader reads every document
     in one pass; only the rows it cannot vouch for are checked one by one."""
@@ -200,7 +201,7 @@ def stats_problems(stats: list[object]) -> dict[int, str]:
 
     texts = [(i, s) for i, s in enumerate(stats) if isinstance(s, str)]
     suspects: np.ndarray | None = None
-    if len(texts) >= BULK_MIN_FILES:
+    if len(texts) >= bulk_from:
         suspects = _suspects([s for _i, s in texts])
     check: Iterable[int]
     if suspects is None:

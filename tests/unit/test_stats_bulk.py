@@ -8,7 +8,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.rules.stats import BULK_MIN_FILES, stats_problem, stats_problems
+from coordinator.rules.stats import stats_problem, stats_problems
+
+#: The bulk pass from this many files on, in these tests (the coordinator's threshold is higher).
+BULK_FROM = 256
 
 BASE = json.dumps({"numRecords": 10, "minValues": {"id": 1, "name": "a", "x": 0.5, "s": {"a": 1}},
                    "maxValues": {"id": 9, "name": "z", "x": 9.5, "s": {"a": 2}},
@@ -33,14 +36,14 @@ def _expected(stats: list[Any]) -> dict[int, str]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.integers(min_value=0, max_value=BULK_MIN_FILES + 40), stats_text), max_size=6),
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=BULK_FROM + 40), stats_text), max_size=6),
        st.sampled_from([None, BASE]))
 def test_bulk_answers_as_the_per_file_check(inserted: list[tuple[int, str]], filler: str | None) -> None:
-    stats: list[Any] = [BASE if filler else json.dumps({"numRecords": i}) for i in range(BULK_MIN_FILES + 40)]
+    stats: list[Any] = [BASE if filler else json.dumps({"numRecords": i}) for i in range(BULK_FROM + 40)]
     for at, s in inserted:
         stats.insert(at, s)
     stats.insert(3, None)
-    assert stats_problems(stats) == _expected(stats)
+    assert stats_problems(stats, BULK_FROM) == _expected(stats)
 
 
 def test_a_clean_commit_checks_no_file_one_by_one(monkeypatch: Any) -> None:
@@ -51,10 +54,10 @@ def test_a_clean_commit_checks_no_file_one_by_one(monkeypatch: Any) -> None:
     monkeypatch.setattr(mod, "stats_problem", lambda s: calls.append(s) or real(s))
     stats = [json.dumps({"numRecords": i, "minValues": {"id": i, "v": f"{i}"}, "maxValues": {"id": i, "x": i + 0.5},
                          "nullCount": {"id": 0, "v": 0}, "tightBounds": True}) for i in range(1000)]
-    assert mod.stats_problems(stats) == {}
+    assert mod.stats_problems(stats, BULK_FROM) == {}
     assert calls == [], "every document vouched for in one pass"
     stats[500] = '{"numRecords": -1}'
-    assert mod.stats_problems(stats) == {500: "stats.numRecords is negative"}
+    assert mod.stats_problems(stats, BULK_FROM) == {500: "stats.numRecords is negative"}
     assert calls == ['{"numRecords": -1}'], "only the suspect row is asked again"
     stats[500] = '{"numRecords": 1},"z":1'
-    assert mod.stats_problems(stats) == {500: mod.stats_problem(stats[500])} != {}, "a document that goes on is refused"
+    assert mod.stats_problems(stats, BULK_FROM) == {500: mod.stats_problem(stats[500])} != {}, "a document that goes on is refused"
