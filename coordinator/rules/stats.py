@@ -114,18 +114,27 @@ def _depth(t: pa.DataType) -> int:
     return 1 + max((_depth(t.field(i).type) for i in range(t.num_fields)), default=0) if pa.types.is_struct(t) else 0
 
 
-def _suspect_bounds(arr: pa.Array) -> np.ndarray:
-    """Rows whose min/max leaves the per-file check might refuse: lists, and doubles that are not finite or
-    lie beyond a 64-bit integer (the Arrow reader reads too large an integer as a double)."""
+def _suspect(arr: pa.Array, leaf: Callable[[pa.Array], np.ndarray]) -> np.ndarray:
+    """Rows of a per-column object (nested structs for struct columns) with a leaf that `leaf` flags."""
     import numpy as np
     import pyarrow as pa
 
     t = arr.type
-    if pa.types.is_struct(t):
-        out = np.zeros(len(arr), dtype=bool)
-        for i in range(t.num_fields):
-            out |= _suspect_bounds(arr.field(i))
-        return out
+    if not pa.types.is_struct(t):
+        return leaf(arr)
+    out = np.zeros(len(arr), dtype=bool)
+    for i in range(t.num_fields):
+        out |= _suspect(arr.field(i), leaf)
+    return out
+
+
+def _suspect_bound(arr: pa.Array) -> np.ndarray:
+    """A min/max leaf the per-file check might refuse: a list, or a double that is not finite or lies beyond a
+    64-bit integer (the Arrow reader reads too large an integer as a double)."""
+    import numpy as np
+    import pyarrow as pa
+
+    t = arr.type
     if pa.types.is_floating(t):
         v = arr.fill_null(0).to_numpy(zero_copy_only=False)
         return np.asarray(~np.isfinite(v) | (np.abs(v) >= 2.0**63), dtype=bool)
@@ -134,19 +143,13 @@ def _suspect_bounds(arr: pa.Array) -> np.ndarray:
     return np.zeros(len(arr), dtype=bool)
 
 
-def _suspect_counts(arr: pa.Array) -> np.ndarray:
-    """Rows whose counts the per-file check might refuse: anything but a non-negative int64 (a null may be an
-    explicit null, which is refused, or a column the row's stats lack, which is fine: asked again)."""
+def _suspect_count(arr: pa.Array) -> np.ndarray:
+    """A count leaf the per-file check might refuse: anything but a non-negative int64 (a null may be an explicit
+    null, which is refused, or a column the row's stats lack, which is fine: asked again)."""
     import numpy as np
     import pyarrow as pa
 
-    t = arr.type
-    if pa.types.is_struct(t):
-        out = np.zeros(len(arr), dtype=bool)
-        for i in range(t.num_fields):
-            out |= _suspect_counts(arr.field(i))
-        return out
-    if pa.types.is_int64(t):
+    if pa.types.is_int64(arr.type):
         v = arr.fill_null(-1).to_numpy(zero_copy_only=False)
         return np.asarray(v < 0, dtype=bool)
     return np.ones(len(arr), dtype=bool)
@@ -183,13 +186,13 @@ def _suspects(stats: list[str]) -> np.ndarray | None:
             continue
         col = s.field(key)
         if key == "numRecords":
-            out |= _suspect_counts(col)
+            out |= _suspect(col, _suspect_count)
         elif key == "nullCount":
-            out |= ~_valid(col) | (_suspect_counts(col) if pa.types.is_struct(col.type) else True)
+            out |= ~_valid(col) | (_suspect(col, _suspect_count) if pa.types.is_struct(col.type) else True)
         elif key == "tightBounds":
             out |= ~_valid(col) | (not pa.types.is_boolean(col.type))
         else:
-            out |= ~_valid(col) | (_suspect_bounds(col) if pa.types.is_struct(col.type) else True)
+            out |= ~_valid(col) | (_suspect(col, _suspect_bound) if pa.types.is_struct(col.type) else True)
     return out
 
 
