@@ -42,7 +42,8 @@ may rebase the proposal at the metadata level, never by rewriting data:
 
 Every accepted commit on such a table records `deltacoord.timeVersion`
 (`schemas.jobs`), and a rebased one `deltacoord.rebase` (the winners it was
-rebased over and the removes it gained and dropped).
+rebased over and the removes it gained and dropped; `rowsMovedOver`: the
+winners whose row maps moved its changed rows or marked its output's rows).
 """
 
 from __future__ import annotations
@@ -138,6 +139,8 @@ class Job:
     #: On a table with deletion vectors, Delta's checker state, which moves changed rows through row maps
     #: (`conflicts._Current`); None without deletion vectors.
     mover: _Current | None = None
+    #: The winners whose row maps moved rows of this job (`mover`).
+    moved_over: list[int] = field(default_factory=list)
 
     def covers(self, row: Row) -> bool:
         """Whether a file in partition `row` is in the job's scope (the same partition)."""
@@ -241,6 +244,7 @@ def new_data(job: Job, w: WinningCommit, earlier: JobType, row: Row) -> None:
         del job.removes[p]
     for c in cur.changes.values():
         job.removes[c.remove.path] = c.remove
+    job.moved_over.append(w.version)
 
 
 def compaction_succeeds(job: Job, w: WinningCommit, earlier: JobType, row: Row) -> None:
@@ -285,6 +289,7 @@ def _absorb(job: Job, w: WinningCommit, earlier: JobType, row: Row, lost: set[st
             del job.removes[p]
         else:
             job.removes[p] = kept
+    job.moved_over.append(w.version)
 
 
 RULES: Mapping[Cell, Callable[[Job, WinningCommit, JobType, Row], None]] = {
@@ -360,7 +365,9 @@ def check(state: TableState, winners: Sequence[WinningCommit], proposal: Proposa
     if job.rebased_over:
         kept: list[Action] = [a for a in proposal.actions if not isinstance(a, RemoveFile)]
         rebased = replace(proposal, actions=(*kept, *job.removes.values()))
-        extra[REBASE_KEY] = {"over": job.rebased_over, "removesAdded": job.gained, "removesDropped": job.dropped}
+    if job.rebased_over or job.moved_over:
+        extra[REBASE_KEY] = {"over": sorted({*job.rebased_over, *job.moved_over}), "removesAdded": job.gained,
+                             "removesDropped": job.dropped, "rowsMovedOver": job.moved_over}
     return _with_time_version(Accepted(state.version + 1, _rebase(state, rebased, cur, now_ms)), extra)
 
 

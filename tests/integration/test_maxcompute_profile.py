@@ -275,8 +275,10 @@ def test_cell_with_deletion_vectors(env: Env, tmp_path: Path, partitioned: bool,
     s = run_cell(env, tmp_path / "t", partitioned, earlier, later, D1, dvs=True)
     if (earlier, later) in SHARED and expected(earlier, later, True) == SUCCEEDS:
         # The compaction's output carries the rows the UPDATE/DELETE removed in a deletion vector.
-        live = [a for a in s.t.snapshot().files() if a.partition_values.get("date", D1) in (D1, None)]
+        latest = s.t.snapshot()
+        live = [a for a in latest.files() if a.partition_values.get("date", D1) in (D1, None)]
         assert any(a.deletion_vector is not None for a in live)
+        assert s.t.history(1)[0]["deltacoord.rebase"]["rowsMovedOver"] == [latest.version - 1]
 
 
 # --------------------------------------------------------------------------- soundness

@@ -131,6 +131,8 @@ def test_update_after_a_compaction_of_its_file_moves_to_the_output(partitioned: 
     # Row 12 is rank 2 of s1, which the output holds after the big file's 10 rows in a major compaction.
     assert output_vector(t, r) == [2 + (10 if kind == "major" else 0)]
     assert info(r)[TIME_VERSION_KEY] is True
+    assert info(r)["deltacoord.rebase"] == {"over": [v + 1], "removesAdded": 0, "removesDropped": 0,
+                                            "rowsMovedOver": [v + 1]}
 
 
 @pytest.mark.parametrize("partitioned", [False, True])
@@ -145,6 +147,7 @@ def test_minor_compaction_after_an_update_of_its_input_marks_the_rows_in_its_out
     assert output_vector(t, r) == [5 + (x - 15) for x in gone]
     assert files.visible(t) == [x for x in range(20) if x not in gone]
     assert info(r)[TIME_VERSION_KEY] is False  # still no time version: every file action dataChange=false
+    assert info(r)["deltacoord.rebase"]["rowsMovedOver"] == [v + 1]
     assert all(not a.data_change for a in r.actions if isinstance(a, (AddFile, RemoveFile)))
 
 
