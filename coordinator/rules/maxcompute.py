@@ -275,9 +275,8 @@ def _absorb(job: Job, w: WinningCommit, earlier: JobType, row: Row, lost: set[st
     vectors marking the rows the earlier job deleted (its own row map), and its removes name the files as the
     earlier job left them; otherwise it fails."""
     cur = job.mover
-    first = min(lost)
     if cur is None:
-        raise _fail(job, w, earlier, row, f"the earlier job removed {first}, an input of this compaction; its output "
+        raise _fail(job, w, earlier, row, f"the earlier job removed {min(lost)}, an input of this compaction; its output "
                                           f"would bring back rows the earlier job changed: {ENABLE_DVS}")
     for p in sorted(lost):
         if cur.own is None or p not in cur.own.placements or w.zorder or not _absorb_winner(cur, w, p):
