@@ -1,10 +1,12 @@
 """Delta on Spark reads `maxcompute` tables with deletion vectors, where the coordinator moved an UPDATE/DELETE's
 rows through a compaction's row map (either order), with the rows our reader sees.
 
-Each of the seed's 25 cells (and the variants sharing files) is played as in `test_maxcompute_profile`,
-which has delta-rs read every version. Spark reads every version of the first table, and of each other
-table the versions the two jobs made (the versions before are the same seeding, written alone): a
-Spark read costs about two seconds here.
+The cells where rows move (an UPDATE/DELETE and a compaction of the same files, both orders, and the
+seed's own UPDATE/compaction cells) are played as in `test_maxcompute_profile`, which has delta-rs read
+every version of all 25 cells and their variants; the other cells make ordinary Delta commits that Spark
+reads in other tests. Spark reads every version of the first table, and of each other table the
+versions the two jobs made (the versions before are the same seeding, written alone): a Spark read
+costs about two seconds here.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from pyspark.sql import SparkSession
 
 from reader.snapshot import Snapshot
 from tests.conftest import TablePlace
-from tests.integration.test_maxcompute_profile import CELLS_25, SHARED, run_cell
+from tests.integration.test_maxcompute_profile import MA, MI, SHARED, UD, run_cell
 from tests.integration.test_writer_operations import Env, rows, running_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
-#: Every cell where both jobs succeed only with deletion vectors, and the seed's 25 cells.
-CELLS = SHARED + CELLS_25
+#: The cells whose rows move through a compaction's row map: the seed's UPDATE/compaction cells and the
+#: variants sharing files.
+CELLS = [(UD, MI), (MI, UD), (MA, UD), *SHARED]
 
 
 @pytest.fixture(scope="module")
