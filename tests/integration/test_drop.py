@@ -100,9 +100,13 @@ def test_rm_rf_then_create_goes_through_drop_and_restarts_republish_nothing(kafk
             with pytest.raises(InvalidProposalError) as stopped:
                 t.begin_create(SCHEMA).commit("CREATE TABLE", changes_data=False)
             assert stopped.value.reason == ReasonCode.TABLE_HALTED and "deltacoord table drop" in str(stopped.value)
+            status = _cli_json(topics, kafka_bootstrap, "table", "status", str(path))
+            assert (status["state"], status["version"]) == ("halted", 1) and "deltacoord table drop" in status["halted"]
             dropped = _cli_json(topics, kafka_bootstrap, "table", "drop", str(path))
             assert (dropped["version"], dropped["operation"]) == (1, "DROP TABLE")
             assert t.table_id not in coord.health()[1]["halted_tables"]
+            status = _cli_json(topics, kafka_bootstrap, "table", "status", str(path))
+            assert (status["state"], status["version"], status["halted"], status["drops"]) == ("dropped", 1, None, 1)
             created = _cli_json(topics, kafka_bootstrap, "table", "create", str(path), "--schema",
                                 "id:long,date:string,value:string")
             assert created["version"] == 0
@@ -113,6 +117,8 @@ def test_rm_rf_then_create_goes_through_drop_and_restarts_republish_nothing(kafk
         with coordinator_thread(kafka_bootstrap, topics) as coord:  # recovery from the whole commits topic
             assert not coord.health()[1]["halted_tables"]
             assert t.append(data([11], "2024-01-02", "new")).version == 2
+            status = _cli_json(topics, kafka_bootstrap, "table", "status", str(path))
+            assert (status["state"], status["version"], status["drops"]) == ("coordinated", 2, 1)
         assert _log_versions(path) == [0, 1, 2], "only the new table's versions are in _delta_log"
         assert _ids(path) == [10, 11]
     finally:
