@@ -490,8 +490,9 @@ class Table:
         holds is InvalidProposalError(TABLE_LOCATION_TAKEN); a Delta table the coordinator does not decide,
         appearing after the check here, is refused by the coordinator (TABLE_EXISTS_UNCOORDINATED).
         """
-        if self._floor >= 0 or self.exists():
-            raise TableExistsError(self.uri)
+        exists = self.exists()
+        if self._floor >= 0 or exists:
+            raise TableExistsError(self.uri, "" if exists else self._held_hint())
         self._check_location_free("create")
         tx = self.begin_create(schema, partition_by, properties, name, features=features, protocol=protocol,
                                constraints=constraints, proposal_id=proposal_id)

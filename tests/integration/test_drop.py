@@ -251,3 +251,24 @@ def test_a_created_table_killed_before_its_first_publication_is_republished_not_
         second.kill(15)
     assert _log_versions(path) == [0, 1]
     assert _ids(path) == [1]
+
+
+def test_rm_rf_then_drop_while_the_coordinator_runs(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Without a restart in between: the drop of a table whose files are gone needs no DROP FEATURE commit."""
+    path = tmp_path / "t"
+    topics = fresh_topics(kafka_bootstrap)
+    t = Table(path, kafka_bootstrap, topics=topics)
+    try:
+        with coordinator_thread(kafka_bootstrap, topics):
+            t.create(SCHEMA)
+            t.append(data([1], "2024-01-01", "old"))
+            shutil.rmtree(path)
+            with pytest.raises(TableExistsError, match="deltacoord table drop"):
+                t.create(SCHEMA)
+            assert t.drop().version == 1
+            assert not path.exists(), "a drop of a deleted table writes nothing there"
+            assert t.create(SCHEMA).version == 0
+            assert t.append(data([2], "2024-01-01", "new")).version == 1
+    finally:
+        t.close()
+    assert _ids(path) == [2]
