@@ -1263,6 +1263,11 @@ class PartitionCoordinator:
                         at_ms)
         else:
             uri, head = self.released[tid]
+            if delete:
+                return self._refused(p, ReasonCode.TABLE_RELEASED, (
+                    f"table {tid} was released at version {head}: its files are its uncoordinated writers' now, and the "
+                    "coordinator does not delete them. Drop it without --delete-files (the coordinator forgets it), "
+                    "and delete the files with the tools that write the table"), at_ms)
         try:
             storage = self.publisher.locations.storage(uri)
             holder = read_claim(storage)
@@ -1276,6 +1281,12 @@ class PartitionCoordinator:
             return self._refused(p, ReasonCode.TABLE_LOCATION_TAKEN, (
                 f"{uri} is now the location of table id {holder.table_id!r} ({CLAIM_KEY}), not of {tid!r}: nothing was "
                 f"dropped (nor deleted). Drop that table under its own id (--table-id {holder.table_id!r})"), at_ms)
+        if p.read_version != on_disk:  # a delayed or replayed request is not taken for a fresh one
+            return self._refused(p, ReasonCode.STALE_CONTROL_REQUEST, (
+                f"the drop request saw {uri} at version {p.read_version}, but its _delta_log is at version {on_disk}: "
+                "the request is older than the table's latest commits (sent long ago, or replayed), or its writer read "
+                "another view of the store. Nothing was dropped; send a new request (`deltacoord table drop` reads the "
+                "current version)"), at_ms)
         if (not delete and st is not None and on_disk >= 0 and st.protocol is not None and coordinated(st.protocol)):
             halted = self.publisher.halted(tid)
             return self._refused(p, ReasonCode.TABLE_HALTED if halted else ReasonCode.TABLE_ALREADY_COORDINATED, (

@@ -9,9 +9,11 @@ naming the drop, instead of having its history republished over data files that 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +30,13 @@ from reader.snapshot import Snapshot
 from reader.storage import TableStorage
 from schemas.errors import CommitOutcomeUnknownError, InvalidProposalError
 from schemas.reasons import ReasonCode
-from schemas.routing import Topics
+from schemas.routing import CONTROL_DROP, CONTROL_PREFIX, DROP_DELETE_FILES, DROPPED_ERROR_TYPE, Topics
 from schemas.writer_features import COORDINATED
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
 from tests.integration.test_writer_operations import SCHEMA, data
 from writer.table import Table, TableExistsError
+from writer.transaction import Transaction as WriterTransaction
+from writer.transaction import error_from_decision
 
 pytestmark = pytest.mark.kafka
 
@@ -272,3 +276,50 @@ def test_rm_rf_then_drop_while_the_coordinator_runs(kafka_bootstrap: str, tmp_pa
     finally:
         t.close()
     assert _ids(path) == [2]
+
+
+def _send(t: Table, p: Any) -> Any:
+    """Send a drop request (a proposal as the writer built it) and wait for its answer."""
+    try:
+        return t.client.decided(t.client.propose(p, wait="ratified", control=CONTROL_DROP), p.table_id, 60)
+    finally:
+        t.client.forget(p.proposal_id)
+
+
+def _drop_request(t: Table, read_version: int, delete_files: bool) -> Any:
+    tx = WriterTransaction(t, read_version)
+    tx.proposal_id = f"{CONTROL_PREFIX}{CONTROL_DROP}:{uuid.uuid4()}"
+    return tx.proposal("DROP TABLE", changes_data=False, parameters={DROP_DELETE_FILES: str(delete_files).lower()})
+
+
+def test_a_replayed_drop_request_never_drops_the_table_created_after_it(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A captured drop request sent again is answered as the first time (its id is remembered, also across a
+    restart); one with a new id but an old version (made before the table's latest commits) drops nothing."""
+    path = tmp_path / "t"
+    topics = fresh_topics(kafka_bootstrap)
+    t = Table(path, kafka_bootstrap, topics=topics)
+    try:
+        with coordinator_thread(kafka_bootstrap, topics):
+            t.create(SCHEMA)
+            t.append(data([1], "2024-01-01", "old"))
+            drop = _drop_request(t, 1, delete_files=True)
+            first = _send(t, drop)
+            assert (first.error_type, first.winning_version, first.duplicate_of) == (DROPPED_ERROR_TYPE, 1, None)
+            assert not path.exists()
+            t.close()
+            t = Table(path, kafka_bootstrap, topics=topics)  # the request went around the handle
+            t.create(SCHEMA)
+            assert t.append(data([2], "2024-01-01", "new")).version == 1
+            again = _send(t, drop)
+            assert (again.error_type, again.winning_version, again.duplicate_of) == (DROPPED_ERROR_TYPE, 1, 1)
+            assert _ids(path) == [2]
+        with coordinator_thread(kafka_bootstrap, topics):
+            assert _send(t, drop).duplicate_of == 1
+            assert t.append(data([3], "2024-01-01", "new")).version == 2
+            stale = dataclasses.replace(drop, proposal_id=f"{CONTROL_PREFIX}{CONTROL_DROP}:{uuid.uuid4()}")
+            refused = error_from_decision(_send(t, stale))
+            assert isinstance(refused, InvalidProposalError) and refused.reason == ReasonCode.STALE_CONTROL_REQUEST
+            assert t.append(data([4], "2024-01-01", "new")).version == 3
+    finally:
+        t.close()
+    assert _ids(path) == [2, 3, 4]
