@@ -13,6 +13,7 @@ import dataclasses
 import json
 import shutil
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,17 +23,24 @@ import pytest
 from click.testing import CliRunner, Result
 from deltalake import DeltaTable, write_deltalake
 
+from coordinator.delta_log.verify import assert_verified, verify_table
 from coordinator.kafka.daemon import Coordinator
 from coordinator.tooling.cli_tables import register
 from reader.claim import CLAIM_KEY, read_claim
 from reader.log import TableNotFoundError
 from reader.snapshot import Snapshot
 from reader.storage import TableStorage
+from reader.stream import CommitStream, StreamGapError
 from schemas.errors import CommitOutcomeUnknownError, InvalidProposalError
 from schemas.reasons import ReasonCode
 from schemas.routing import CONTROL_DROP, CONTROL_PREFIX, DROP_DELETE_FILES, DROPPED_ERROR_TYPE, Topics
 from schemas.writer_features import COORDINATED
-from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
+from tests.integration.coord_harness import (
+    coordinator_thread,
+    fresh_topics,
+    harness_settings,
+    start_coordinator_process,
+)
 from tests.integration.test_writer_operations import SCHEMA, data
 from writer.table import Table, TableExistsError
 from writer.transaction import Transaction as WriterTransaction
@@ -66,6 +74,12 @@ def _ids(path: Path, version: int | None = None) -> list[int]:
 
 def _log_versions(path: Path) -> list[int]:
     return sorted(int(p.name.split(".")[0]) for p in (path / "_delta_log").glob("*.json"))
+
+
+def _wait_for(check: Any, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
 
 
 def _snapshot_now(coord: Coordinator) -> None:
@@ -143,8 +157,12 @@ def test_drop_with_files_then_create_and_restarts_keep_the_tables_apart(kafka_bo
             t.append(data([4], "2024-01-01", "old"))
             old_id = Snapshot.load(t.uri).metadata.id
             _snapshot_now(coord)  # the old table is in this snapshot
+            reading = CommitStream(t.table_id, kafka_bootstrap, topics=topics, starting_version=0, include_all_commits=True)
+            seen: list[int] = []
+            _wait_for(lambda: seen.extend(e.version for e in reading.poll(0.5)) or seen == [0, 1, 2], "versions 0..2")
             r = t.drop(delete_files=True)
             assert (r.version, r.already_committed) == (2, False)
+            dropped_ms = int(time.time() * 1000)
             assert not path.exists()
             with pytest.raises(InvalidProposalError) as again:
                 t.drop(delete_files=True)
@@ -162,6 +180,19 @@ def test_drop_with_files_then_create_and_restarts_keep_the_tables_apart(kafka_bo
             assert t.append(data([11], "2024-01-02", "new")).version == 2
         with coordinator_thread(kafka_bootstrap, topics, settings_overrides={"state_root": str(tmp_path / "none")}):
             assert t.append(data([12], "2024-01-02", "new")).version == 3
+        # A stream that delivered the dropped table's versions stops, saying how to read the new table: from a time
+        # after the drop (the versions before it are the dropped table's).
+        with pytest.raises(StreamGapError, match=r"was dropped at version 2.*starting_timestamp="):
+            _wait_for(lambda: reading.poll(0.5) and False, "the stream's error")
+        reading.close()
+        with CommitStream(t.table_id, kafka_bootstrap, topics=topics, starting_timestamp=dropped_ms,
+                          include_all_commits=True) as s:
+            seen = []
+            _wait_for(lambda: seen.extend(e.version for e in s.poll(0.5)) or len(seen) >= 4, "the new table's versions")
+            assert seen == [0, 1, 2, 3]
+        rep = verify_table(harness_settings(kafka_bootstrap, topics), str(path), t.table_id)
+        assert_verified(rep)
+        assert rep.topic_versions == rep.published_versions == 4
     finally:
         t.close()
     assert _log_versions(path) == [0, 1, 2, 3]
