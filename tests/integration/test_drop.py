@@ -354,3 +354,28 @@ def test_a_replayed_drop_request_never_drops_the_table_created_after_it(kafka_bo
     finally:
         t.close()
     assert _ids(path) == [2, 3, 4]
+
+
+def test_a_released_table_is_forgotten_by_a_drop_and_its_path_created_again(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """`release` then `create` was TABLE_RELEASED: the drop forgets the released table (its files, the uncoordinated
+    writers', are not the coordinator's to delete)."""
+    path = tmp_path / "t"
+    topics = fresh_topics(kafka_bootstrap)
+    t = Table(path, kafka_bootstrap, topics=topics)
+    try:
+        with coordinator_thread(kafka_bootstrap, topics):
+            t.create(SCHEMA)
+            t.append(data([1], "2024-01-01", "old"))
+            assert t.release().version == 2
+            with pytest.raises(InvalidProposalError) as theirs:
+                t.drop(delete_files=True)
+            assert theirs.value.reason == ReasonCode.TABLE_RELEASED and path.exists()
+            assert t.drop().version == 2
+            shutil.rmtree(path)  # the uncoordinated writers' files, deleted by their owner
+            assert t.create(SCHEMA).version == 0
+            assert t.append(data([2], "2024-01-01", "new")).version == 1
+            status = _cli_json(topics, kafka_bootstrap, "table", "status", str(path))
+            assert (status["state"], status["version"], status["drops"]) == ("coordinated", 1, 1)
+    finally:
+        t.close()
+    assert _ids(path) == [2]
