@@ -86,7 +86,7 @@ class ReasonCode(StrEnum):
     UNSUPPORTED_TABLE_FEATURE = "UNSUPPORTED_TABLE_FEATURE"
     #: Adopting a table whose `_delta_log` cannot be read to its current version (corrupt, unreadable feature).
     UNREADABLE_TABLE = "UNREADABLE_TABLE"
-    #: An adopt request naming another version than the table's current one: older than the table's latest commits
+    #: An adopt or drop request naming another version than the table's current one: older than the table's latest commits
     #: (delayed, or a captured request replayed), or read from another view of the store. Send a new request.
     STALE_CONTROL_REQUEST = "STALE_CONTROL_REQUEST"
     # -- one location, one table (`reader.claim`, checked by coordinator.kafka.partition at a creation or adoption) --

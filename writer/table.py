@@ -69,8 +69,11 @@ from schemas.reasons import ReasonCode
 from schemas.routing import (
     ADOPTED_ERROR_TYPE,
     CONTROL_ADOPT,
+    CONTROL_DROP,
     CONTROL_PREFIX,
     CONTROL_RELEASE,
+    DROP_DELETE_FILES,
+    DROPPED_ERROR_TYPE,
     RELEASED_ERROR_TYPE,
     Topics,
 )
@@ -110,8 +113,9 @@ class TableExistsError(ProtocolChangedException):
     proposing: code that tolerates a concurrent creator catches both.
     """
 
-    def __init__(self, uri: str) -> None:
-        super().__init__(f"a Delta table already exists at {uri}; append to it, or create the new table at another location", winning_version=0, table=uri)
+    def __init__(self, uri: str, hint: str = "") -> None:
+        super().__init__(hint or f"a Delta table already exists at {uri}; append to it, or create the new table at "
+                         "another location", winning_version=0, table=uri)
 
 
 class MergeError(InvalidProposalError):
@@ -486,19 +490,30 @@ class Table:
         holds is InvalidProposalError(TABLE_LOCATION_TAKEN); a Delta table the coordinator does not decide,
         appearing after the check here, is refused by the coordinator (TABLE_EXISTS_UNCOORDINATED).
         """
-        if self._floor >= 0 or self.exists():
-            raise TableExistsError(self.uri)
+        exists = self.exists()
+        if self._floor >= 0 or exists:
+            raise TableExistsError(self.uri, "" if exists else self._held_hint())
         self._check_location_free("create")
         tx = self.begin_create(schema, partition_by, properties, name, features=features, protocol=protocol,
                                constraints=constraints, proposal_id=proposal_id)
         props = next(dict(a.configuration) for a in tx.actions if isinstance(a, Metadata))
         try:
-            return tx.commit("CREATE TABLE", changes_data=False,
-                             parameters={"partitionBy": list(partition_by), "properties": props, "isManaged": "false"})
+            created = tx.commit("CREATE TABLE", changes_data=False,
+                                parameters={"partitionBy": list(partition_by), "properties": props, "isManaged": "false"})
         except ProtocolChangedException as e:
             if e.winning_version == 0 and not isinstance(e, TableExistsError):
-                raise TableExistsError(self.uri) from e
+                raise TableExistsError(self.uri, "" if self.exists() else self._held_hint()) from e
             raise
+        # A new table: versions this handle committed to a table dropped at this location before are no floor.
+        self._floor, self._snapshot = created.version, None
+        return created
+
+    def _held_hint(self) -> str:
+        """Why a creation on a location without a log is refused: the coordinator still holds a table there."""
+        table_opt = "" if self.table_id == self.uri else f" --table-id {self.table_id}"
+        return (f"the coordinator still holds table {self.table_id} at {self.uri}, though the location has no "
+                "_delta_log (were its files deleted?). Deleting a coordinated table's files does not drop it: drop it "
+                f"with `deltacoord table drop {self.uri}{table_opt}` (Python: Table(uri).drop()), then create it again")
 
     def adopt(self, *, timeout_s: float | None = None) -> CommitResult:
         """Put this existing Delta table (written by Spark, delta-rs, any Delta writer) under the coordinator,
@@ -558,6 +573,43 @@ class Table:
                                 self.uri, COORDINATED, e)
             raise
 
+    def drop(self, *, delete_files: bool = False, timeout_s: float | None = None) -> CommitResult:
+        """DROP TABLE for a path table: the coordinator forgets this table for good (recorded on the commits topic,
+        so neither a restart, recovery nor a state snapshot brings it back) and frees its location; a table created
+        there afterwards starts from version 0 under a new Delta table id. Returns the version it was dropped at
+        (`already_committed` when this drop was answered before).
+
+        `delete_files=True` is Delta's DROP TABLE of a path table: the coordinator deletes every file under the
+        table's root first (its log, data files and claim). Without it the files stay as an uncoordinated Delta
+        table (as `release` leaves it: a DROP FEATURE commit first removes the `deltacoord-coordinated` writer
+        feature, so Delta writers may write it again, and `adopt` takes it back). A halted table may be dropped
+        (one whose files were deleted around the coordinator is halted, naming this); a halted table whose log is
+        still there is dropped with `delete_files=True`, or resumed first. Stop the table's writers first.
+        """
+        dropped = False
+        if not delete_files:
+            try:
+                dropped = self._set_coordinated(False, timeout_s)
+            except TableNotFoundError:
+                pass  # no log left: nothing carries the feature
+            except InvalidProposalError as e:
+                if e.reason not in (ReasonCode.TABLE_HALTED, ReasonCode.UNKNOWN_TABLE, ReasonCode.TABLE_RELEASED):
+                    raise
+                # The coordinator decides the drop of a halted, released or unknown table (and says why not).
+        try:
+            result = self._control(CONTROL_DROP, "DROP TABLE", timeout_s,
+                                   parameters={DROP_DELETE_FILES: "true" if delete_files else "false"})
+        except DeltaCoordError:
+            if dropped:
+                try:
+                    self._set_coordinated(True, timeout_s)
+                except DeltaCoordError as e:
+                    log.warning("%s: the drop was refused and the %s writer feature could not be put back: %s",
+                                self.uri, COORDINATED, e)
+            raise
+        self._floor = -1
+        return result
+
     def _set_coordinated(self, on: bool, timeout_s: float | None) -> bool:
         """Add (`on`) or remove the `deltacoord-coordinated` writer feature in a protocol-only commit through the
         coordinator, at the latest ratified version; False when the protocol is already as asked."""
@@ -574,18 +626,20 @@ class Table:
         tx.commit(operation, changes_data=False, parameters=parameters, timeout_s=timeout_s)
         return True
 
-    def _control(self, kind: str, operation: str, timeout_s: float | None) -> CommitResult:
-        """An adopt or release request (a proposal without actions, `schemas.routing.CONTROL_ADOPT`) and its answer."""
+    def _control(self, kind: str, operation: str, timeout_s: float | None,
+                 parameters: Mapping[str, str] | None = None) -> CommitResult:
+        """An adopt, release or drop request (a proposal without actions, `schemas.routing.CONTROL_ADOPT`) and its
+        answer."""
         tx = Transaction(self, newest_commit_version(self.storage))
         tx.proposal_id = f"{CONTROL_PREFIX}{kind}:{uuid.uuid4()}"
-        p = tx.proposal(operation, changes_data=False)
+        p = tx.proposal(operation, changes_data=False, parameters=parameters)
         pending = self.client.propose(p, key=self.writer_key, wait="ratified", control=kind)
         try:
             d = self.client.decided(pending, p.table_id, timeout_s or self.decision_timeout_s)
         finally:
             self.client.forget(p.proposal_id)
         self.invalidate()
-        done = ADOPTED_ERROR_TYPE if kind == CONTROL_ADOPT else RELEASED_ERROR_TYPE
+        done = {CONTROL_ADOPT: ADOPTED_ERROR_TYPE, CONTROL_DROP: DROPPED_ERROR_TYPE}.get(kind, RELEASED_ERROR_TYPE)
         if d.error_type != done or d.winning_version is None:
             raise error_from_decision(d)
         return CommitResult(d.winning_version, p.proposal_id, operation, already_committed=d.duplicate_of is not None)

@@ -261,6 +261,19 @@ class Publisher:
                 self._halted.pop(t, None)
                 self._forgotten.add(t)
 
+    def reset(self, table_id: str) -> None:
+        """Forget all of a dropped table (its versions, its halt) and publish a table created later under the same
+        id from version 0 on. The caller waited for the table's lane to be idle (published or halted)."""
+        with self._lock:
+            self.tables.pop(table_id, None)
+            self._halted.pop(table_id, None)
+            self._forgotten.discard(table_id)
+            queued = self._lane_q.get(table_id)
+            if queued:  # versions of the dropped table still waiting (its halt held them): never published
+                self._pending -= len(queued)
+                queued.clear()
+                self._idle.notify_all()
+
     def abandon(self) -> None:
         """Drop what is queued and end the thread (a fenced coordinator publishes nothing)."""
         self._abandoned = True

@@ -12,6 +12,8 @@
     deltacoord table resume TABLE                              (lift a halt, once its cause is dealt with)
     deltacoord table adopt PATH                                (put an existing Delta table under the coordinator)
     deltacoord table release PATH                              (hand a table back to uncoordinated writers)
+    deltacoord table drop PATH [--delete-files]                (the coordinator forgets the table: DROP TABLE)
+    deltacoord table status TABLE                              (coordinated, halted and why, released or dropped)
     deltacoord tail TABLE [--from-version N|latest]            (one JSON line per committed version, from Kafka)
 
 PATH is a local directory or an object-store URI (`s3://bucket/t`, `abfss://...`,
@@ -58,6 +60,7 @@ from coordinator.tooling.cli_options import (
     F,
     TableLocationParam,
     kafka_options,
+    load_settings,
     parse_pairs,
     reach_kafka,
     storage_options,
@@ -380,6 +383,33 @@ def release_cmd(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pair
     """
     with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
         _echo_json(_result_json(t.release()))
+
+
+@table_group.command("drop")
+@click.argument("path", type=TableLocationParam())
+@click.option("--delete-files", is_flag=True, default=False,
+              help="Delete every file under PATH too (its log, data files and claim), as Delta's DROP TABLE of a "
+                   "path table deletes its directory.")
+@_writes
+def drop_cmd(path: str, delete_files: bool, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...],
+             table_id: str | None, writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
+    """Drop the table at PATH: the coordinator forgets it for good (DROP TABLE).
+
+    The drop is recorded on the commits topic, so neither a restart nor recovery brings the table back, and
+    `deltacoord table create PATH` then makes a new table there. With --delete-files the coordinator deletes
+    the table's files first; without, they stay as a Delta table no coordinator decides (its
+    deltacoord-coordinated writer feature is removed first, as `release` does; `adopt` takes it back). Also
+    the way out for a coordinated table whose directory was deleted (`rm -rf`): the coordinator halts such a
+    table instead of republishing its history, and `create` on the path is refused until it is dropped.
+    Stop the table's writers first. Prints the version the table was dropped at.
+
+    \b
+    Examples:
+      deltacoord table drop /data/sales --delete-files --bootstrap-servers kafka-1:9092
+      deltacoord table drop /data/sales --bootstrap-servers kafka-1:9092
+    """
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+        _echo_json(_result_json(t.drop(delete_files=delete_files)))
 
 
 #: JSON rows converted to Arrow per chunk: memory stays bounded by one chunk, whatever the input's size.
@@ -836,6 +866,41 @@ def resume_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pair
     except Exception as e:
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
     _echo_json({"tableId": table_id, "partition": partition, "requested": "resume"})
+
+
+@table_group.command("status")
+@click.argument("table")
+@kafka_options
+def status_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...]) -> None:
+    """Print where TABLE (a path, URI or table id) stands with the coordinators, from the commits topic.
+
+    One JSON object: "state" is coordinated, halted (with "halted": why), released, dropped or unknown;
+    "version" the newest ratified version (or the one the table was released or dropped at); "drops"
+    how many times the table id was dropped. Reads the table's whole commits partition, so it answers
+    whether a coordinator runs or not.
+
+    \b
+    Example:
+      deltacoord table status /data/sales --bootstrap-servers kafka-1:9092
+    """
+    import dataclasses
+
+    from coordinator.kafka.recovery import read_decisions
+    from coordinator.tooling.cli_verify import proposals_partitions
+    from coordinator.tooling.table_status import table_status
+    from reader.stream import normalize_table_id
+    from schemas.routing import partition_for
+
+    reach_kafka(bootstrap_servers, parse_pairs(kafka_pairs, "--kafka"))
+    run = load_settings(None, {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}, kafka_pairs)
+    settings = dataclasses.replace(run.coordinator, group_id=f"{topic_prefix}-status")
+    table_id = normalize_table_id(table)
+    partition = partition_for(table_id, proposals_partitions(settings))
+    try:
+        status = table_status(table_id, read_decisions(settings, partition, table_id=table_id))
+    except Exception as e:
+        raise click.ClickException(f"reading {settings.topics.commits}[{partition}] failed: {type(e).__name__}: {e}") from e
+    _echo_json({**status.to_json(), "partition": partition})
 
 
 @click.command("tail")
