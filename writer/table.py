@@ -245,6 +245,20 @@ def _check_assignable(column: str, given: pa.DataType, target: pa.DataType) -> N
                               f"convert the column in the data first, e.g. pyarrow.compute.cast(..., {target})")
 
 
+def conform_column(name: str, values: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
+    """`values` as the column's type `target`: decimals exactly (`writer.decimals`), others by Arrow's safe cast
+    within a family of types (`_check_assignable`); SchemaError naming the column otherwise."""
+    if values.type == target:
+        return values
+    if pa.types.is_decimal(target) and is_decimal_source(values.type):
+        return to_decimal(name, values, target)
+    _check_assignable(name, values.type, target)
+    try:
+        return values.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise staging.SchemaError(f"column {name!r}: cannot write {values.type} as {target}: {e}") from e
+
+
 @contextlib.contextmanager
 def _abandoned_on_error(tx: Transaction) -> Iterator[None]:
     """Files staged for `tx` are deleted if preparing it fails before it is proposed."""
@@ -679,14 +693,8 @@ class Table:
             raise staging.SchemaError(f"columns {missing} are not in the table schema {target.names}; add them first")
         cols = []
         for f in target:
-            if f.name in t.column_names and pa.types.is_decimal(f.type) and is_decimal_source(t.column(f.name).type):
-                col = to_decimal(f.name, t.column(f.name), f.type)
-            elif f.name in t.column_names:
-                _check_assignable(f.name, t.column(f.name).type, f.type)
-                try:
-                    col = t.column(f.name).cast(f.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                    raise staging.SchemaError(f"column {f.name!r}: cannot write {t.column(f.name).type} as {f.type}: {e}") from e
+            if f.name in t.column_names:
+                col = conform_column(f.name, t.column(f.name), f.type)
             else:
                 col = pa.chunked_array([pa.nulls(t.num_rows, f.type)], type=f.type)
             cols.append(col)
