@@ -41,7 +41,7 @@ from obstore.exceptions import BaseError as ObstoreError
 from obstore.store import AzureStore, GCSStore, S3Store
 
 from reader.storage_local import AtomicPutUnsupportedError, LocalBackend, ObjectNotFoundError
-from reader.storage_options import StorageConfigError, UnknownStorageOptionError, obstore_options
+from reader.storage_options import StorageConfigError, UnknownStorageOptionError, obstore_options, suggestion
 from reader.storage_uri import (
     StorageError,
     StorageUriError,
@@ -139,11 +139,22 @@ def _bucket_store(uri: TableUri, storage_options: Mapping[str, str] | None) -> O
             else:
                 store = GCSStore(uri.bucket, **kwargs)
         except UnknownConfigurationKeyError as e:
-            raise UnknownStorageOptionError(f"unknown storage option for {uri}: {_first_line(e)}") from e
+            raise UnknownStorageOptionError(f"unknown storage option for {uri}: {_first_line(e).rstrip('.')}"
+                                            + _did_you_mean(uri, opts.config)) from e
         except (ObstoreError, TypeError, ValueError) as e:
             raise StorageConfigError(f"storage_options cannot configure {uri}: {_first_line(e)}") from e
         _stores[key] = store
         return store
+
+
+def _did_you_mean(uri: TableUri, config: Mapping[str, str]) -> str:
+    """'; did you mean AWS_REGION?' for the given key closest to a known one, else ''."""
+    own = {"s3": "aws_", "az": "azure_", "gs": "google_"}[uri.kind]
+    for key in config:
+        meant = suggestion(uri.kind, key if key.startswith(own) else own + key)
+        if meant is not None and meant.lower() != (key if key.startswith(own) else own + key):
+            return f"; did you mean {meant}?"
+    return ""
 
 
 def _as_bytes_view(data: bytes | bytearray | memoryview | pa.Buffer) -> bytes | memoryview:
