@@ -39,7 +39,12 @@ class ReasonCode(StrEnum):
     #: A file path of an action (add, remove, cdc) holds a control character (C0, DEL or C1), raw or
     #: percent-encoded: parsers drop or mangle them, so the path would name another file than it reads.
     BAD_FILE_PATH = "BAD_FILE_PATH"
+    #: An added file's partition values name other columns than the table's, or one is not a value of its
+    #: column's type (readers parse it for every scan).
     PARTITION_VALUES_MISMATCH = "PARTITION_VALUES_MISMATCH"
+    #: An added file's deletion-vector descriptor is not one a Delta reader can read (storage type, Z85 text,
+    #: negative sizes or offsets, a path outside the table).
+    BAD_DELETION_VECTOR = "BAD_DELETION_VECTOR"
     BAD_ISOLATION_LEVEL = "BAD_ISOLATION_LEVEL"
     BAD_SCHEMA = "BAD_SCHEMA"
     APPEND_ONLY = "APPEND_ONLY"

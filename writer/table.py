@@ -86,6 +86,7 @@ from writer import column_mapping, identity, protocols, row_tracking, staging
 from writer.client import CoordinatorClient, check_kafka_keywords
 from writer.column_mapping import Layout
 from writer.constraints import CONSTRAINT_PREFIX, WriteRules, fill_and_check
+from writer.decimals import is_decimal_source, to_decimal
 from writer.table_protocol import ProtocolRequestError, new_table, with_column_mapping
 from writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
 from writer.vacuum import VacuumResult, vacuum
@@ -187,7 +188,7 @@ def _loose_stats(stats: str | None) -> str | None:
 
 #: Called with the rows, files and bytes staged so far.
 Progress = Callable[[int, int, int], None]
-#: Rows staged per chunk when appending from a RecordBatchReader (one data file per chunk and partition).
+#: Rows read at a time from a RecordBatchReader (then gathered into files of the table's target size).
 CHUNK_ROWS = 1_000_000
 
 
@@ -246,6 +247,20 @@ def _check_assignable(column: str, given: pa.DataType, target: pa.DataType) -> N
     raise staging.SchemaError(f"column {column!r} is {target} in the table but the data has {given}: deltacoord does not "
                               f"cast between {g.split('<')[0]} and {want.split('<')[0]} (it would change the values' meaning); "
                               f"convert the column in the data first, e.g. pyarrow.compute.cast(..., {target})")
+
+
+def conform_column(name: str, values: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
+    """`values` as the column's type `target`: decimals exactly (`writer.decimals`), others by Arrow's safe cast
+    within a family of types (`_check_assignable`); SchemaError naming the column otherwise."""
+    if values.type == target:
+        return values
+    if pa.types.is_decimal(target) and is_decimal_source(values.type):
+        return to_decimal(name, values, target)
+    _check_assignable(name, values.type, target)
+    try:
+        return values.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise staging.SchemaError(f"column {name!r}: cannot write {values.type} as {target}: {e}") from e
 
 
 @contextlib.contextmanager
@@ -733,11 +748,7 @@ class Table:
         cols = []
         for f in target:
             if f.name in t.column_names:
-                _check_assignable(f.name, t.column(f.name).type, f.type)
-                try:
-                    col = t.column(f.name).cast(f.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                    raise staging.SchemaError(f"column {f.name!r}: cannot write {t.column(f.name).type} as {f.type}: {e}") from e
+                col = conform_column(f.name, t.column(f.name), f.type)
             else:
                 col = pa.chunked_array([pa.nulls(t.num_rows, f.type)], type=f.type)
             cols.append(col)
@@ -785,10 +796,15 @@ class Table:
     def _layout(snap: Snapshot, schema: pa.Schema | None = None) -> Layout:
         return Layout.of(snap.metadata, schema if schema is not None else delta_schema_to_arrow(snap.metadata.schema()))
 
-    def _write(self, snap: Snapshot, data: pa.Table, *, data_change: bool = True) -> list[AddFile]:
-        """Stage `data` (logical names, the table schema) as the table stores it (`writer.column_mapping`)."""
+    def _write(self, snap: Snapshot, data: pa.Table, *, data_change: bool = True,
+               target_file_size: int | None = None) -> list[AddFile]:
+        """Stage `data` (logical names, the table schema) as the table stores it (`writer.column_mapping`), in
+        files of at most `target_file_size` (else the table's target size)."""
         layout = self._layout(snap, data.schema)
+        if target_file_size is None:
+            target_file_size = staging.target_file_size(snap.metadata.configuration)
         return staging.write_data_files(self.storage, data, snap.partition_columns, data_change=data_change,
+                                        target_file_size=target_file_size,
                                         layout=layout if layout.mapped else None)
 
     @staticmethod
@@ -856,9 +872,10 @@ class Table:
 
         An app version <= the recorded one is skipped (`already_committed=True`);
         two pipelines with one app id racing get ConcurrentTransactionException.
-        A `pyarrow.RecordBatchReader` (or an iterator of tables) is staged as it is read, a file per
-        million rows (per table), so memory stays bounded by one chunk; `progress(rows, files, bytes)`
-        is called after each staged chunk.
+        A `pyarrow.RecordBatchReader` (or an iterator of tables or batches) is staged as it is read, in
+        files of about the table's target size (`delta.targetFileSize`, else 128 MiB of data as Arrow holds
+        it), so memory stays bounded by about one file; `progress(rows, files, bytes)` is called after each
+        staged file's worth.
         """
         if (app_id is None) != (app_version is None):
             raise ValueError("give both app_id and app_version, or neither")
@@ -877,13 +894,26 @@ class Table:
                 tx.add(SetTransaction(app_id, app_version, int(time.time() * 1000)))
             rows = files = size = 0
             marks: dict[str, int] = {}
-            for chunk in _chunks(data):
-                table = self._conform(chunk, snap, marks)
-                adds = self._write(snap, table)
+            target = staging.target_file_size(snap.metadata.configuration)
+
+            def stage(piece: pa.Table) -> None:
+                nonlocal rows, files, size
+                adds = self._write(snap, piece, target_file_size=max(target, piece.nbytes))  # sized here already
                 tx.stage(adds)
-                rows, files, size = rows + table.num_rows, files + len(adds), size + sum(a.size for a in adds)
+                rows, files, size = rows + piece.num_rows, files + len(adds), size + sum(a.size for a in adds)
                 if progress is not None:
                     progress(rows, files, size)
+
+            pending: pa.Table | None = None
+            for chunk in _chunks(data):  # rows gathered until a file's worth: small batches make no small files
+                conformed = self._conform(chunk, snap, marks)
+                pending = conformed if pending is None else pa.concat_tables([pending, conformed])
+                while pending.num_rows and pending.nbytes >= target:
+                    per_file = max(1, pending.num_rows * target // pending.nbytes)
+                    stage(pending.slice(0, per_file))
+                    pending = pending.slice(per_file)
+            if pending is not None and pending.num_rows:
+                stage(pending)
             self._advance_identity(tx, snap, marks)
             return tx.commit("WRITE", changes_data=True, parameters={"mode": "Append", "partitionBy": snap.partition_columns},
                              metrics={"numOutputRows": rows})

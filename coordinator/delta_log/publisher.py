@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent, put_many_if_absent
 from coordinator.faults import fault_armed, fault_point
 from coordinator.locations import TableLocationError, TableLocations
+from coordinator.metrics import TableGauges
 from coordinator.stable_wait import StableCheck, StableWait
 from reader.log import commit_key
 from reader.staged_commits import sweep_decided
@@ -163,6 +164,7 @@ class Publisher:
             self._forgotten.discard(task.table_id)
             t = self.tables.setdefault(task.table_id, TablePublication())
             t.ratified = max(t.ratified, task.version)
+            t.uri = task.table_uri or t.uri
             self._pending += 1
         self._q.put(task)
 
@@ -224,6 +226,12 @@ class Publisher:
         """Table id -> why its publication is halted (a copy: admission reads it once per batch)."""
         with self._lock:
             return dict(self._halted)
+
+    def table_gauges(self) -> list[TableGauges]:
+        """Each table's versions and halt, labelled by its URI (its id until a version names the URI)."""
+        with self._lock:
+            return [TableGauges(t.uri or tid, t.ratified, t.published, t.halted is not None or tid in self._halted)
+                    for tid, t in self.tables.items()]
 
     def halted_count(self) -> int:
         with self._lock:

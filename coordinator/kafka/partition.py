@@ -953,6 +953,7 @@ class PartitionCoordinator:
             if new_version:
                 assert d.version is not None
                 self.metrics.commits.labels(self._label).inc()
+                self.metrics.table_commits.labels(d.table_uri).inc()
                 self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions, stable_at,
                                                   staged=(d.proposal_id, d.staged) if d.staged is not None else None,
                                                   data=self._staged_bytes.pop((d.table_id, d.proposal_id), None)))
@@ -960,6 +961,7 @@ class PartitionCoordinator:
                 self.metrics.duplicates.inc()
             elif d.error_type and d.reason_code is None:
                 self.metrics.conflicts.labels(d.error_type).inc()
+                self.metrics.table_conflicts.labels(d.table_uri, d.error_type).inc()
             else:
                 self.metrics.rejections.labels(d.reason_code or "UNKNOWN").inc()
         self.metrics.dead_letters.inc(dead)
