@@ -1,4 +1,5 @@
-"""Four writer processes commit while their broker is stopped for 30 s, then SIGKILLed and restarted.
+"""Four writer processes commit while their broker is stopped for 30 s, then SIGKILLed and restarted; and
+through a host relay that is SIGKILLed three times.
 
 Every failed commit call must say what it knows: `CommitOutcomeUnknownError` with the call's proposal id once
 anything may have been sent (or `ProposalNotSentError` before), never a raw Kafka, timeout or runtime error;
@@ -9,11 +10,14 @@ row in the table exactly once, as delta-rs counts them.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -21,6 +25,7 @@ from deltalake import DeltaTable
 
 from coordinator.tooling.broker import LocalBroker
 from tests.integration.coord_harness import fresh_topics, start_coordinator_process
+from tests.integration.test_relay import _start_relay_process
 from writer.table import Table
 
 pytestmark = [pytest.mark.kafka]
@@ -33,9 +38,9 @@ import json, os, sys, time, uuid
 import pyarrow as pa
 from deltacoord import CommitOutcomeUnknownError, ProposalNotSentError, Table
 
-path, bootstrap, prefix, w, stop_file = sys.argv[1:6]
+path, bootstrap, prefix, w, stop_file, relay = sys.argv[1:7]
 acked, unknown, not_sent, wrong_id, other = [], 0, 0, [], []
-with Table(path, bootstrap, topic_prefix=prefix) as t:
+with Table(path, bootstrap, topic_prefix=prefix, relay=relay or None) as t:
     i = 0
     while not os.path.exists(stop_file):
         row = int(w) * 1_000_000 + i
@@ -59,10 +64,36 @@ print(json.dumps({"acked": acked, "unknown": unknown, "not_sent": not_sent, "wro
 """
 
 
-def _writer(path: str, bootstrap: str, prefix: str, w: int, stop_file: Path, log: Path) -> subprocess.Popen[str]:
+def _writer(path: str, bootstrap: str, prefix: str, w: int, stop_file: Path, log: Path,
+            relay: str = "") -> subprocess.Popen[str]:
     with open(log, "w") as err:
-        return subprocess.Popen([sys.executable, "-c", WRITER, path, bootstrap, prefix, str(w), str(stop_file)], cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=err, text=True)
+        return subprocess.Popen([sys.executable, "-c", WRITER, path, bootstrap, prefix, str(w), str(stop_file), relay],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True)
+
+
+def _results(writers: list[subprocess.Popen[str]], logs: Path) -> list[dict[str, Any]]:
+    """Each writer's report, once the stop file told it to finish (a writer that died fails the test)."""
+    results = []
+    for w, p in enumerate(writers):
+        out, _ = p.communicate(timeout=300)
+        log = (logs / f"writer-{w}.log").read_text()[-3000:]
+        assert p.returncode == 0, f"writer {w} died with {p.returncode}:\n{log}"
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def _assert_exactly_the_acknowledged_rows(path: str, results: list[dict[str, Any]]) -> None:
+    for w, r in enumerate(results):
+        assert r["other"] == [], f"writer {w} was told something other than an outcome: {r['other'][:3]}"
+        assert r["wrong_id"] == [], f"writer {w}: unknown outcomes named other proposals: {r['wrong_id'][:3]}"
+    acked = [row for r in results for row in r["acked"]]
+    assert all(r["acked"] for r in results) and sum(r["unknown"] + r["not_sent"] for r in results) > 0, \
+        "the faults reached the writers"
+    ids = DeltaTable(path).to_pyarrow_table().column("id").to_pylist()
+    doubled = [row for row, n in Counter(ids).items() if n > 1]
+    assert doubled == [], f"rows committed twice: {doubled[:10]}"
+    assert sorted(ids) == sorted(acked), f"lost: {sorted(set(acked) - set(ids))[:10]}, " \
+                                         f"never acknowledged: {sorted(set(ids) - set(acked))[:10]}"
 
 
 def test_four_writers_through_a_stopped_and_a_killed_broker_lose_and_double_nothing(tmp_path: Path) -> None:
@@ -91,12 +122,7 @@ def test_four_writers_through_a_stopped_and_a_killed_broker_lose_and_double_noth
             coord = start_coordinator_process(bootstrap, topics, tmp_path)
         time.sleep(5)
         stop_file.touch()
-        results = []
-        for w, p in enumerate(writers):
-            out, _ = p.communicate(timeout=300)
-            log = (tmp_path / f"writer-{w}.log").read_text()[-3000:]
-            assert p.returncode == 0, f"writer {w} died with {p.returncode}:\n{log}"
-            results.append(json.loads(out.strip().splitlines()[-1]))
+        results = _results(writers, tmp_path)
     finally:
         stop_file.touch()
         for p in writers:
@@ -106,14 +132,39 @@ def test_four_writers_through_a_stopped_and_a_killed_broker_lose_and_double_noth
         coord.proc.wait(60)
         broker.stop()
 
-    for w, r in enumerate(results):
-        assert r["other"] == [], f"writer {w} was told something other than an outcome: {r['other'][:3]}"
-        assert r["wrong_id"] == [], f"writer {w}: unknown outcomes named other proposals: {r['wrong_id'][:3]}"
-    acked = [row for r in results for row in r["acked"]]
-    assert all(r["acked"] for r in results) and sum(r["unknown"] + r["not_sent"] for r in results) > 0, \
-        "the faults reached the writers"
-    ids = DeltaTable(path).to_pyarrow_table().column("id").to_pylist()
-    doubled = [row for row, n in Counter(ids).items() if n > 1]
-    assert doubled == [], f"rows committed twice: {doubled[:10]}"
-    assert sorted(ids) == sorted(acked), f"lost: {sorted(set(acked) - set(ids))[:10]}, " \
-                                         f"never acknowledged: {sorted(set(ids) - set(acked))[:10]}"
+    _assert_exactly_the_acknowledged_rows(path, results)
+
+
+def test_four_writers_through_a_relay_killed_three_times_lose_and_double_nothing(kafka_bootstrap: str,
+                                                                                  tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap)
+    prefix = topics.proposals.removesuffix(".proposals")
+    sock, relay_log = f"/tmp/dc-relay-faults-{uuid.uuid4().hex[:10]}.sock", tmp_path / "relay.log"
+    coord = start_coordinator_process(kafka_bootstrap, topics, tmp_path)
+    relay = _start_relay_process(kafka_bootstrap, topics, sock, relay_log)
+    path, stop_file = str(tmp_path / "t"), tmp_path / "stop"
+    writers: list[subprocess.Popen[str]] = []
+    try:
+        with Table(path, kafka_bootstrap, topic_prefix=prefix) as t:
+            t.create(pa.schema([("id", pa.int64()), ("writer", pa.int64())]))
+        writers = [_writer(path, kafka_bootstrap, prefix, w, stop_file, tmp_path / f"writer-{w}.log", sock)
+                   for w in range(WRITERS)]
+        time.sleep(5)
+        for _ in range(3):
+            relay.send_signal(signal.SIGKILL)
+            relay.wait(30)
+            time.sleep(2)
+            relay = _start_relay_process(kafka_bootstrap, topics, sock, relay_log)
+            time.sleep(4)
+        stop_file.touch()
+        results = _results(writers, tmp_path)
+    finally:
+        stop_file.touch()
+        for p in writers:
+            if p.poll() is None:
+                p.kill()
+        relay.terminate()
+        relay.wait(30)
+        coord.proc.terminate()
+        coord.proc.wait(60)
+    _assert_exactly_the_acknowledged_rows(path, results)
