@@ -71,6 +71,7 @@ from schemas.actions import (
     commit_to_json_lines,
 )
 from schemas.properties import TableProperties
+from schemas.reasons import ReasonCode
 from schemas.routing import partition_for
 from schemas.staged import StagedCommitError
 
@@ -160,7 +161,8 @@ def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str,
                 adopted: set[int]) -> dict[int, tuple[Action, ...]]:
     """The table's ratified versions from the commits topic (problems for gaps and double decisions); the versions
     adoption records stand for go to `adopted`."""
-    decided: Counter[str] = Counter()
+    decided: Counter[str] = Counter()  # new versions per proposal id
+    rejected: set[str] = set()
     ratified: dict[int, tuple[Action, ...]] = {}
     resolve = decision_resolver(settings)
     expected = 0
@@ -179,10 +181,12 @@ def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str,
         if d.committed and d.duplicate_of is not None:
             rep.duplicate_answers += 1  # the answer to a redelivery names the first decision's version
             continue
-        decided[d.proposal_id] += 1
         if not d.committed:
             rep.rejections += 1
+            if d.reason_code != ReasonCode.WRITER_NOT_AUTHENTICATED:  # a message that proved nothing claims no id
+                rejected.add(d.proposal_id)
             continue
+        decided[d.proposal_id] += 1
         if d.version != expected:
             rep.problems.append(f"commits topic: version {d.version} where {expected} was expected")
             expected = (d.version or 0) + 1
@@ -196,11 +200,14 @@ def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str,
         ratified[expected] = d.actions
         expected += 1
         rep.topic_versions += 1
-    twice = sorted(pid for pid, n in decided.items() if n > 1)
+    # A proposal decided twice: committed at two versions, or rejected and later committed. A rejection answered
+    # again (the proposal re-sent) is one decision repeated, not a second one.
+    twice = sorted(pid for pid, n in decided.items() if n > 1 or pid in rejected)
     for pid in twice[:_EXAMPLES]:
-        rep.problems.append(f"proposal {pid} has {decided[pid]} decisions")
+        rep.problems.append(f"proposal {pid} was committed at {decided[pid]} versions" if decided[pid] > 1 else
+                            f"proposal {pid} was rejected and later committed")
     if len(twice) > _EXAMPLES:
-        rep.problems.append(f"... and {len(twice) - _EXAMPLES} more proposals with several decisions")
+        rep.problems.append(f"... and {len(twice) - _EXAMPLES} more proposals decided twice")
     return ratified
 
 
