@@ -40,12 +40,53 @@ def delta_jars() -> str:
     return classpath("delta").replace(os.pathsep, ",")
 
 
-def session(app_name: str = "deltacoord", master: str = "local[*]", conf: Mapping[str, str] | None = None) -> SparkSession:
+def s3a_settings(storage_options: Mapping[str, str]) -> dict[str, str]:
+    """Hadoop's S3A settings (`fs.s3a.*`) that reach the store delta-rs-style `storage_options` name, so Delta
+    Lake on Spark reads (`s3a://bucket/path`) the tables deltacoord writes at `s3://bucket/path`: the endpoint
+    (with path-style access, as local and S3-compatible servers need), the region, and the credentials when
+    given (else S3A's own chain: environment, profile, instance role). Give each to Spark as
+    `spark.hadoop.<key>`; `session(storage_options=...)` does."""
+    opts = {k.lower(): v for k, v in storage_options.items()}
+    out: dict[str, str] = {}
+    endpoint = opts.get("aws_endpoint_url") or opts.get("aws_endpoint") or opts.get("endpoint")
+    if endpoint:
+        out["fs.s3a.endpoint"] = endpoint
+        out["fs.s3a.path.style.access"] = "false" if opts.get("aws_virtual_hosted_style_request") == "true" else "true"
+        out["fs.s3a.connection.ssl.enabled"] = str(not endpoint.startswith("http://")).lower()
+    region = opts.get("aws_region") or opts.get("region") or opts.get("aws_default_region")
+    if region:
+        out["fs.s3a.endpoint.region"] = region
+    key, secret = opts.get("aws_access_key_id"), opts.get("aws_secret_access_key")
+    if key and secret:
+        out["fs.s3a.access.key"], out["fs.s3a.secret.key"] = key, secret
+        token = opts.get("aws_session_token") or opts.get("aws_token")
+        if token:
+            out["fs.s3a.session.token"] = token
+            out["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+        else:
+            out["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+    return out
+
+
+def s3a_jars() -> str:
+    """Hadoop's S3A jars (hadoop-aws and the AWS SDK bundle) as a class path (fetched with Maven on first use):
+    for `spark.driver.extraClassPath`, since Hadoop finds file systems only on the JVM's class path."""
+    return classpath("s3a")
+
+
+def session(app_name: str = "deltacoord", master: str = "local[*]", conf: Mapping[str, str] | None = None,
+            storage_options: Mapping[str, str] | None = None) -> SparkSession:
     """A SparkSession (`getOrCreate`) with Delta Lake's jars and settings and the `deltacoord` source registered.
 
-    `conf` adds or overrides Spark settings (e.g. ``{"spark.driver.memory": "2g"}``). Jars reach a JVM only when
-    it starts: in a process that already runs Spark, start that session with `delta_jars()` in `spark.jars`."""
-    settings = {"spark.jars": delta_jars(), **DELTA_CONF, **(conf or {})}
+    `conf` adds or overrides Spark settings (e.g. ``{"spark.driver.memory": "2g"}``). With `storage_options`
+    (delta-rs's S3 keys, as the tables' writers take them) the session also reads `s3a://` tables: Hadoop's
+    S3A jars on the driver's class path and `s3a_settings`. Jars reach a JVM only when it starts: in a process
+    that already runs Spark, start that session with `delta_jars()` in `spark.jars`."""
+    settings = {"spark.jars": delta_jars(), **DELTA_CONF}
+    if storage_options is not None:
+        settings["spark.driver.extraClassPath"] = s3a_jars()
+        settings.update({f"spark.hadoop.{k}": v for k, v in s3a_settings(storage_options).items()})
+    settings.update(conf or {})
     # PySpark and the JVM it launches both read PYSPARK_PYTHON (the JVM for its own Python calls, such as its
     # lookup of installed Python data sources); spark.pyspark.python alone reaches neither outside spark-submit.
     os.environ.setdefault("PYSPARK_PYTHON", settings.get("spark.pyspark.python") or sys.executable)
@@ -58,4 +99,4 @@ def session(app_name: str = "deltacoord", master: str = "local[*]", conf: Mappin
     return spark
 
 
-__all__ = ["DELTA_CONF", "delta_jars", "register", "session"]
+__all__ = ["DELTA_CONF", "delta_jars", "register", "s3a_jars", "s3a_settings", "session"]

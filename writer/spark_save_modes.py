@@ -158,6 +158,32 @@ def _wrap_save(original: Callable[..., None]) -> Callable[..., None]:
     return save
 
 
+class CatalogTableError(ValueError):
+    """`saveAsTable` / `insertInto` with the deltacoord format: Spark's Python data sources write paths, not
+    catalog tables (Spark fails deep inside with a NullPointerException in `BestEffortStagedTable`)."""
+
+
+def _wrap_catalog_write(original: Callable[..., Any], what: str) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def write(self: Any, *args: Any, **kwargs: Any) -> Any:
+        name = args[0] if args else kwargs.get("name", kwargs.get("tableName"))
+        fmt = kwargs.get("format") or (args[1] if what == "saveAsTable" and len(args) > 1 else None)
+        try:
+            ours = _is_ours(str(fmt)) if fmt else _is_ours(str(self._jwrite.source()))
+        except Exception:  # a Spark whose writer has no such accessor: Spark decides alone
+            ours = False
+        if ours:
+            raise CatalogTableError(
+                f"{what}({name!r}) with format('deltacoord'): Spark's Python data sources write to a path, not to a "
+                f"catalog table. Write with .save('<path>'), then name it in the catalog: "
+                f"spark.sql(\"CREATE TABLE {name} USING delta LOCATION '<path>'\") (reads go through Delta; "
+                f"writes keep using format('deltacoord').save('<path>'))")
+        return original(self, *args, **kwargs)
+
+    write.__deltacoord_wrapped__ = True  # type: ignore[attr-defined]
+    return write
+
+
 def _wrap_stream_format(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def format(self: Any, source: str) -> Any:
@@ -209,10 +235,12 @@ def install(extra_options: frozenset[str] = frozenset()) -> None:
     if getattr(DataFrameWriter.save, "__deltacoord_wrapped__", False):
         return
     DataFrameWriter.save = _wrap_save(DataFrameWriter.save)  # type: ignore[method-assign]
+    DataFrameWriter.saveAsTable = _wrap_catalog_write(DataFrameWriter.saveAsTable, "saveAsTable")  # type: ignore[method-assign]
+    DataFrameWriter.insertInto = _wrap_catalog_write(DataFrameWriter.insertInto, "insertInto")  # type: ignore[method-assign]
     DataStreamWriter.format = _wrap_stream_format(DataStreamWriter.format)  # type: ignore[method-assign]
     DataStreamWriter.partitionBy = _wrap_stream_partition_by(DataStreamWriter.partitionBy)  # type: ignore[method-assign]
     DataStreamWriter.start = _wrap_stream_start(DataStreamWriter.start)  # type: ignore[method-assign]
 
 
-__all__ = ["PartitioningMismatchError", "PathExistsError", "check_partitioning", "install", "load_table",
-           "write_to_existing"]
+__all__ = ["CatalogTableError", "PartitioningMismatchError", "PathExistsError", "check_partitioning", "install",
+           "load_table", "write_to_existing"]

@@ -29,6 +29,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from coordinator.tooling.jars import classpath
+from deltacoord.spark import s3a_settings
 from tests import cpu_priority
 from writer.spark_sink import (
     DeltaCoordDataSource,
@@ -52,17 +53,9 @@ def spark_env() -> None:
 
 
 def s3a_conf(storage_options: dict[str, str]) -> dict[str, str]:
-    """Hadoop S3A settings for the local S3 server named by delta-rs-style storage options."""
-    opts = {k.lower(): v for k, v in storage_options.items()}
-    return {
-        "fs.s3a.endpoint": opts["aws_endpoint_url"],
-        "fs.s3a.endpoint.region": opts.get("aws_region", "us-east-1"),
-        "fs.s3a.path.style.access": "true",
-        "fs.s3a.connection.ssl.enabled": str(not opts["aws_endpoint_url"].startswith("http://")).lower(),
-        "fs.s3a.access.key": opts["aws_access_key_id"],
-        "fs.s3a.secret.key": opts["aws_secret_access_key"],
-        "fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
-    }
+    """Hadoop S3A settings for the local S3 server named by delta-rs-style storage options: what users get
+    from `deltacoord.spark.s3a_settings`, so every Spark read of an S3 table here tests it."""
+    return s3a_settings(storage_options)
 
 
 _LOCAL_DIR: list[str] = []

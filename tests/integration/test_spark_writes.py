@@ -30,7 +30,7 @@ from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.spark_harness import shared_session
 from writer import spark_sink
 from writer.spark_options import BOOTSTRAP_ENV, TOPIC_PREFIX_ENV, SinkConfigError
-from writer.spark_save_modes import PartitioningMismatchError, PathExistsError
+from writer.spark_save_modes import CatalogTableError, PartitioningMismatchError, PathExistsError
 from writer.spark_sink import DeltaCoordBatchWriter, DeltaCoordCommitMessage, DeltaCoordDataSource
 from writer.transaction import Transaction
 
@@ -131,6 +131,18 @@ def test_the_sink_refuses_what_delta_refuses_instead_of_casting_silently(spark: 
     with pytest.raises(Exception, match=r"column 'id' is int64 in the table but the data has string"):
         _save(text_ids, path, env.options(), "append")
     assert Snapshot.load(str(path)).version == version and _rows(path) == [(1, "2024-01-01", "click")]
+
+
+def test_save_as_table_is_refused_with_the_way_to_name_a_path_table(spark: SparkSession, env: Env,
+                                                                    tmp_path: Path) -> None:
+    df = _events(spark, [(1, "2024-01-01", "click")])
+    for write in (lambda: df.write.format("deltacoord").options(**env.options()).saveAsTable("events"),
+                  lambda: df.write.options(**env.options()).saveAsTable("events", format="deltacoord"),
+                  lambda: df.write.format("deltacoord").insertInto("events")):
+        with pytest.raises(CatalogTableError) as ei:
+            write()
+        assert "CREATE TABLE events USING delta LOCATION '<path>'" in str(ei.value) and "\n" not in str(ei.value)
+    assert not spark.catalog.tableExists("events")
 
 
 def test_partition_by_naming_no_column_is_refused_before_the_table_exists(spark: SparkSession, env: Env,

@@ -90,3 +90,19 @@ def test_schema_text_errors_name_the_column_and_the_fix(spec: str, message: str)
     with pytest.raises(click.BadParameter) as ei:
         parse_schema(spec)
     assert message in ei.value.format_message()
+
+
+def test_s3a_settings_reach_the_store_the_storage_options_name() -> None:
+    from deltacoord.spark import s3a_settings
+
+    local = s3a_settings({"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_REGION": "us-east-1",
+                          "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_ALLOW_HTTP": "true"})
+    assert local == {"fs.s3a.endpoint": "http://127.0.0.1:9000", "fs.s3a.path.style.access": "true",
+                     "fs.s3a.connection.ssl.enabled": "false", "fs.s3a.endpoint.region": "us-east-1",
+                     "fs.s3a.access.key": "k", "fs.s3a.secret.key": "s",
+                     "fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"}
+    aws = s3a_settings({"aws_region": "eu-west-1", "aws_access_key_id": "k", "aws_secret_access_key": "s",
+                        "aws_session_token": "t"})
+    assert aws["fs.s3a.session.token"] == "t" and "fs.s3a.endpoint" not in aws
+    assert aws["fs.s3a.aws.credentials.provider"].endswith("TemporaryAWSCredentialsProvider")
+    assert s3a_settings({"AWS_REGION": "eu-west-1"}) == {"fs.s3a.endpoint.region": "eu-west-1"}  # the default chain
