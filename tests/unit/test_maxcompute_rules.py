@@ -92,7 +92,7 @@ class McTable(Table):
 def mc_setup(partitioned: bool = False, dvs: bool = True) -> tuple[McTable, Files, AddFile, AddFile, AddFile]:
     """A big file (ids 0..9) and two small ones (10..14, 15..19)."""
     files = Files()
-    parts = {"date": "d1"} if partitioned else {}
+    parts = {"date": "2024-01-01"} if partitioned else {}
     big, s1, s2 = files.file(range(10), **parts), files.file(range(10, 15), **parts), files.file(range(15, 20), **parts)
     return McTable([big, s1, s2], ["date"] if partitioned else (), dvs=dvs), files, big, s1, s2
 
