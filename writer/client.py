@@ -33,7 +33,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
@@ -42,7 +42,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from reader.ratified import RatifiedSource
 from schemas import client_settings, kafka_logs
 from schemas.codec import decode_decision, encode_proposal
-from schemas.errors import CommitOutcomeUnknownError, EncodeError, ProposalNotSentError, TopicNotFoundError
+from schemas.errors import (
+    CommitOutcomeUnknownError,
+    EncodeError,
+    KafkaAccessDeniedError,
+    ProposalNotSentError,
+    TopicNotFoundError,
+)
 from schemas.messages import Decision, Proposal
 from schemas.routing import (
     H_CONTROL,
@@ -153,10 +159,14 @@ def proposal_producer(conf: dict[str, Any]) -> Producer:
     return Producer({**quiet, "enable.idempotence": True, "linger.ms": 0, "acks": "all"})
 
 
-def partition_count(client: Producer | Consumer, topic: str, servers: str, timeout_s: float = 30) -> int:
-    """How many partitions `topic` has (a clear error when it does not exist)."""
+def partition_count(client: Producer | Consumer, topic: str, servers: str, timeout_s: float = 30,
+                    conf: Mapping[str, Any] | None = None) -> int:
+    """How many partitions `topic` has (a clear error when it does not exist, or when no ACL lets this
+    client's principal describe it: `conf` are its settings)."""
     md = client.list_topics(topic, timeout=timeout_s)
     t = md.topics.get(topic)
+    if t is not None and t.error is not None and t.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        raise KafkaAccessDeniedError({"bootstrap.servers": servers, **(conf or {})}, "DESCRIBE", f"topic {topic}")
     if t is None or t.error is not None or not t.partitions:
         suffix = "." + topic.rsplit(".", 1)[-1]
         names = client.list_topics(timeout=timeout_s).topics
@@ -455,7 +465,7 @@ class CoordinatorClient:
 
     def _partition_count(self, topic: str, timeout_s: float = 30) -> int:
         assert self._producer is not None
-        return partition_count(self._producer, topic, str(self._conf["bootstrap.servers"]), timeout_s)
+        return partition_count(self._producer, topic, str(self._conf["bootstrap.servers"]), timeout_s, self._conf)
 
     def partition_of(self, table_id: str) -> int:
         if self._num_partitions is None:
@@ -543,6 +553,8 @@ class CoordinatorClient:
         def on_delivery(err: KafkaError | None, _msg: Any) -> None:
             if err is None:
                 delivery.set_result(None)
+            elif err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                delivery.set_exception(KafkaAccessDeniedError(self._conf, "WRITE", f"topic {self.topics.proposals}"))
             elif err.code() in _NOT_WRITTEN:
                 delivery.set_exception(ProposalNotSentError(f"proposal {proposal.proposal_id} was refused by Kafka: {err}"))
             else:
