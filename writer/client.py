@@ -710,4 +710,7 @@ class CoordinatorClient:
             replies.close()
         self.coordinator_check.close()
         if self._producer is not None:
-            self._producer.flush(10)
+            # A producer failed fatally (e.g. no ACL lets its principal get a producer id) has nothing to deliver, and
+            # its error already reached the operation that failed: closing must not hide that error with its own.
+            with contextlib.suppress(KafkaException):
+                self._producer.flush(10)
