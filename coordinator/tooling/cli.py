@@ -13,7 +13,7 @@ import click
 from coordinator.settings import env_var
 from coordinator.tooling import jars
 from coordinator.tooling.broker import BrokerError, LocalBroker, LocalCluster
-from coordinator.tooling.cli_options import load_settings
+from coordinator.tooling.cli_options import KafkaUnreachable, load_settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -336,6 +336,14 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
     logs.setup_logging(run.log_level)
     if not run.coordinator.bootstrap_servers:
         raise click.UsageError("no Kafka bootstrap servers: pass --bootstrap-servers, DELTACOORD_BOOTSTRAP_SERVERS or the config file")
+    from schemas.kafka_logs import KafkaCredentialsError, UnreachableKafkaError, probe
+
+    try:  # refused credentials fail at once, in one line; brokers not up yet are the coordinator's own to wait for
+        probe(run.coordinator.client())
+    except KafkaCredentialsError as e:
+        raise KafkaUnreachable(str(e)) from None
+    except UnreachableKafkaError:
+        pass
     checkpoint_fn = None
     if run.checkpoints:
         from coordinator.delta_log.checkpoint_worker import CheckpointWorker
@@ -346,12 +354,15 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         publish_fsync=run.fsync, checkpoint_fn=checkpoint_fn, watchdog_s=run.watchdog_s,
     )
     coord.install_signal_handlers()
+    from coordinator.kafka.topics import TopicConfigError
     from coordinator.metrics import MetricsPortError
 
     try:
         code = coord.run()
     except MetricsPortError as e:
         raise click.UsageError(e.strerror or str(e)) from None  # exit 2: a configuration error, as systemd expects
+    except TopicConfigError as e:
+        raise click.ClickException(str(e)) from None
     sys.exit(code)
 
 

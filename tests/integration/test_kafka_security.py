@@ -14,6 +14,7 @@ client connects as its own principal with nothing but the planned ACLs:
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -313,3 +314,53 @@ def test_a_principal_without_acls_fails_with_the_missing_grant(secured: Secured)
         t.create(SCHEMA)
     assert str(e.value).startswith(f"Kafka at {s.bootstrap} refused User:nobody DESCRIBE on topic {s.topics.proposals}")
     assert "deltacoord acls --apply --writer-principal User:nobody" in str(e.value)
+
+
+@pytest.mark.parametrize("user, password, expected", [
+    ("coord", "not-the-password", "refused the credentials of User:coord"),
+    ("ingest", None, "refused User:ingest DESCRIBE on topic"),
+])
+def test_a_coordinator_without_its_credentials_or_acls_exits_with_one_line(
+        secured: Secured, user: str, password: str | None, expected: str) -> None:
+    s = secured
+    env = {**os.environ, **{f"{KAFKA_ENV_PREFIX}{k.upper().replace('.', '_')}": v
+                            for k, v in s.conf(user, password).items()}}
+    proc = subprocess.run([sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run",
+                           "--bootstrap-servers", s.bootstrap, "--topic-prefix", s.prefix, "--group-id", s.group,
+                           "--transactional-id-prefix", s.tx_prefix, "--no-fsync", "--no-checkpoints"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and expected in errors[0], proc.stderr
+
+
+def _secured_setup_block() -> str:
+    """The bash block of docs/operations.md's "A secured local broker, end to end"."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = text.split("### A secured local broker, end to end", 1)[1]
+    return section.split("```bash\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_the_secured_setup_of_the_operations_guide_runs_as_written(tmp_path: Path) -> None:
+    """Every command of the guide's block, in a fresh directory with its own broker home; the block's own
+    checks (the health wait, the refused proposal of the reader) run with it, and its results are read here."""
+    block = _secured_setup_block()
+    home = tmp_path / "broker-home"
+    env = {**os.environ, "DELTACOORD_BROKER_HOME": str(home),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for k in [k for k in env if k.startswith(KAFKA_ENV_PREFIX) or k == "DELTACOORD_BOOTSTRAP_SERVERS"]:
+        del env[k]
+    try:
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+    finally:
+        LocalBroker(home).stop()
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{(tmp_path / 'coordinator.log').read_text()[-3000:]}"
+    assert "with SASL_SSL and ACLs" in proc.stdout
+    assert "refused User:feed" in proc.stderr, proc.stderr
+    versions = [json.loads(line)["version"] for line in (tmp_path / "feed.jsonl").read_text().splitlines()]
+    assert versions == [0, 1]
+    from deltalake import DeltaTable
+
+    assert DeltaTable(str(tmp_path / "sales")).to_pyarrow_table().to_pylist() == [{"id": 1, "amount": 10}]
