@@ -364,3 +364,29 @@ def test_the_secured_setup_of_the_operations_guide_runs_as_written(tmp_path: Pat
     from deltalake import DeltaTable
 
     assert DeltaTable(str(tmp_path / "sales")).to_pyarrow_table().to_pylist() == [{"id": 1, "amount": 10}]
+
+
+@pytest.mark.spark
+def test_the_spark_sink_writes_as_a_writer_principal(secured: Secured, coordinator: subprocess.Popen[bytes],
+                                                     spark: Any) -> None:
+    """`kafka.<key>` options carry the SASL_SSL settings to the sink's Kafka clients; a wrong password is refused
+    before any data is staged, in the line that names the principal."""
+    from deltalake import DeltaTable
+
+    from writer import spark_sink
+
+    s = secured
+    spark_sink.register(spark)
+    path = s.work / "spark"
+    df = spark.createDataFrame([(1, "a"), (2, "b")], "id long, value string")
+
+    def options(password: str | None = None) -> dict[str, str]:
+        return {"bootstrap.servers": s.bootstrap, "topic.prefix": s.prefix,
+                **{f"kafka.{k}": v for k, v in s.conf("ingest", password).items()}}
+
+    df.write.format("deltacoord").options(**options()).mode("append").save(str(path))
+    df.write.format("deltacoord").options(**options()).mode("append").save(str(path))
+    assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("id").to_pylist()) == [1, 1, 2, 2]
+    with pytest.raises(Exception, match="refused the credentials of User:ingest"):
+        df.write.format("deltacoord").options(**options("not-the-password")).mode("append").save(str(path))
+    assert DeltaTable(str(path)).version() == 1
