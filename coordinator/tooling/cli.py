@@ -148,15 +148,17 @@ def broker_status(broker: LocalBroker) -> None:
     Example:
       deltacoord broker status
     """
-    cinfo = LocalCluster(broker.home).status()
+    cluster = LocalCluster(broker.home)
+    cinfo = cluster.status()
     if cinfo is not None:
-        click.echo(json.dumps({"running": True, "brokers": len(cinfo.nodes), **asdict(cinfo)}))
+        click.echo(json.dumps({"running": True, "brokers": len(cinfo.nodes), "secured": cluster.security is not None,
+                               **asdict(cinfo)}))
         return
     info = broker.status()
     if info is None:
         click.echo(json.dumps({"running": False, "home": str(broker.home)}))
         sys.exit(1)
-    click.echo(json.dumps({"running": True, **asdict(info)}))
+    click.echo(json.dumps({"running": True, "secured": broker.security is not None, **asdict(info)}))
 
 
 def _secured(broker: LocalBroker) -> tuple[str, Any]:

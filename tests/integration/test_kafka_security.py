@@ -89,6 +89,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         topics = Topics.with_prefix(prefix)
         s = Secured(broker, info.bootstrap_servers, topics, prefix, f"{prefix}-tx", f"{prefix}-coordinator",
                     tmp_path_factory.mktemp("secured-work"))
+        assert json.loads(_cli("broker", "--home", str(home), "status"))["secured"] is True
         for user, password in PASSWORDS.items():
             out = _cli("broker", "--home", str(home), "user", user, "--password", password)
             assert f"sasl.username={user}" in out and "security.protocol=SASL_SSL" in out, out
