@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.kafka.control import ADOPT, control_kind
+from coordinator.kafka.control import ADOPT, DROP, control_kind
 from coordinator.kafka.recovery import decision_resolver, read_decisions
 from coordinator.settings import CoordinatorSettings
 from reader.checkpoint import key_string, read_checkpoint_actions
@@ -165,6 +165,11 @@ def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str,
     resolve = decision_resolver(settings)
     expected = 0
     for d in read_decisions(settings, partition, table_id=table_id):
+        if control_kind(d) == DROP and d.duplicate_of is None:  # the versions after it are a new table's
+            ratified.clear()
+            adopted.clear()
+            expected = rep.topic_versions = rep.adopted_versions = 0
+            continue
         if control_kind(d) == ADOPT:
             if d.winning_version is not None and d.winning_version >= expected:
                 adopted.update(range(expected, d.winning_version + 1))
