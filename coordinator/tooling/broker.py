@@ -271,6 +271,8 @@ class LocalBroker:
                 heap: tuple[str, str] = (KAFKA_HEAP_MIN, KAFKA_HEAP)) -> tuple[subprocess.Popen[bytes], BrokerInfo]:
         """Format the storage if new (with `cluster_id`, else a fresh id) and start the JVM on `config_path`."""
         cp = jars.classpath("kafka")
+        if self.security is not None:
+            os.chmod(self.config_path, 0o600)  # it holds the administrator's inter-broker login
         log4j = self.home / "log4j2.properties"
         log4j.write_text(_LOG4J2.format(log=self.home / "server.log"))
         java = os.environ.get("JAVA_HOME", "")
@@ -389,7 +391,8 @@ _ROUTE_NAME = re.compile(r"^[A-Z][A-Z0-9]{0,15}$")
 def cluster_properties(node: NodeLayout, voters: str, data_dir: Path, security: BrokerSecurity | None = None) -> str:
     """A combined broker+controller of an N-node KRaft cluster, replicated like production:
     RF 3 (or N when smaller), min ISR RF - 1, unclean election off. Each route is one more
-    PLAINTEXT listener whose advertised port is a proxy in front of it (see `LocalCluster`)."""
+    listener (PLAINTEXT, or SASL_SSL with `security`) whose advertised port is a proxy in front of it
+    (see `LocalCluster`)."""
     rf = min(3, voters.count("@"))
     isr = max(1, rf - 1)
     client = "SASL_SSL" if security is not None else "PLAINTEXT"

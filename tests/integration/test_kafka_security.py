@@ -90,6 +90,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         s = Secured(broker, info.bootstrap_servers, topics, prefix, f"{prefix}-tx", f"{prefix}-coordinator",
                     tmp_path_factory.mktemp("secured-work"))
         assert json.loads(_cli("broker", "--home", str(home), "status"))["secured"] is True
+        # The broker's settings hold the administrator's inter-broker login: the owner's alone.
+        assert (home / "server.properties").stat().st_mode & 0o077 == 0
         for user, password in PASSWORDS.items():
             out = _cli("broker", "--home", str(home), "user", user, "--password", password)
             assert f"sasl.username={user}" in out and "security.protocol=SASL_SSL" in out, out
