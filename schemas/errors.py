@@ -8,7 +8,7 @@ fresh snapshot, redo the work, propose again) may succeed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from schemas.reasons import ReasonCode
 
@@ -286,6 +286,30 @@ class TopicNotFoundError(ProposalNotSentError):
             hint = ("it has no deltacoord topics at all: start a coordinator (it creates them) or run "
                     "`deltacoord topics create`")
         super().__init__(f"topic {topic} not found on {bootstrap_servers}; {hint}")
+
+
+def kafka_principal(conf: Mapping[str, Any]) -> str:
+    """The principal a client with settings `conf` is to the brokers (Kafka's default principal builder)."""
+    protocol = str(conf.get("security.protocol", "PLAINTEXT")).upper()
+    if protocol.startswith("SASL") and conf.get("sasl.username"):
+        return f"User:{conf['sasl.username']}"
+    if protocol == "SSL":
+        return "the principal of its TLS certificate (User:<its distinguished name>)"
+    return "User:ANONYMOUS (no sasl.username)"
+
+
+class KafkaAccessDeniedError(ProposalNotSentError):
+    """The brokers' authorizer refused this client an operation: no ACL grants it to its principal. Nothing was
+    written, so nothing can commit and a retry is safe once the ACL is there."""
+
+    def __init__(self, conf: Mapping[str, Any], operation: str, resource: str, role: str = "writer") -> None:
+        self.principal = kafka_principal(conf)
+        self.operation = operation
+        self.resource = resource
+        super().__init__(
+            f"Kafka at {conf.get('bootstrap.servers', '?')} refused {self.principal} {operation} on {resource}: no ACL "
+            f"grants it. Grant the {role}s' ACLs (`deltacoord acls --apply --{role}-principal "
+            f"{self.principal.split(' ')[0]} ...`), or connect as a principal that has them (sasl.username)")
 
 
 class NoCoordinatorError(ProposalNotSentError):

@@ -35,6 +35,10 @@ class UnreachableKafkaError(ProposalNotSentError):
     retry is safe, so it is a `ProposalNotSentError`."""
 
 
+class KafkaCredentialsError(UnreachableKafkaError):
+    """The brokers answered but refused the client's credentials (SASL) or its TLS handshake."""
+
+
 class RepeatFilter(logging.Filter):
     """Drop a message seen in the last `interval_s` (digits, ports and client numbers do not count)."""
 
@@ -100,6 +104,9 @@ def probe(conf: Mapping[str, Any], timeout_s: float = 8.0) -> None:
         except KafkaException as e:
             last = e
         admin.poll(0)  # serves error_cb
+        refused_login = next((x for x in errors if _AUTH_FAILED.search(x)), None)
+        if refused_login is not None:
+            raise KafkaCredentialsError(_credentials_message(conf, bootstrap, refused_login))
         elapsed = time.monotonic() - start
         refused = any("refused" in x.lower() or "resolve" in x.lower() for x in errors)
         if elapsed >= timeout_s or (refused and elapsed >= 3.0):
@@ -109,6 +116,23 @@ def probe(conf: Mapping[str, Any], timeout_s: float = 8.0) -> None:
         f"cannot reach Kafka at {bootstrap}: {_short(why)}. Check --bootstrap-servers "
         "(or DELTACOORD_BOOTSTRAP_SERVERS) and that the brokers run; `deltacoord broker start` runs a local one."
     )
+
+
+_AUTH_FAILED = re.compile(r"SASL authentication error|Authentication failed|SSL handshake failed|"
+                          r"certificate verify failed", re.IGNORECASE)
+
+
+def _credentials_message(conf: Mapping[str, Any], bootstrap: str, why: str) -> str:
+    from schemas.errors import kafka_principal
+
+    principal = kafka_principal(conf)
+    low = why.lower()
+    if "sasl authentication" not in low and "authentication failed" not in low:
+        return (f"the TLS handshake with Kafka at {bootstrap} failed for {principal}: {why.split(': ', 2)[-1]}. "
+                "Check ssl.ca.location (the CA that signed the brokers' certificates) and security.protocol")
+    return (f"Kafka at {bootstrap} refused the credentials of {principal} "
+            f"(sasl.mechanism={conf.get('sasl.mechanism', 'GSSAPI')}): a wrong sasl.password or no such user. "
+            "Fix sasl.username / sasl.password in the Kafka client settings")
 
 
 def _short(why: str) -> str:
@@ -121,5 +145,5 @@ def _short(why: str) -> str:
     return why.split(": ")[-1].strip() or why
 
 
-__all__ = ["LOGGER_NAME", "REPEAT_INTERVAL_S", "RepeatFilter", "UnreachableKafkaError", "kafka_config", "kafka_logger",
+__all__ = ["LOGGER_NAME", "REPEAT_INTERVAL_S", "KafkaCredentialsError", "RepeatFilter", "UnreachableKafkaError", "kafka_config", "kafka_logger",
            "probe"]

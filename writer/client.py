@@ -33,7 +33,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
@@ -42,7 +42,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from reader.ratified import RatifiedSource
 from schemas import client_settings, kafka_logs
 from schemas.codec import decode_decision, encode_proposal
-from schemas.errors import CommitOutcomeUnknownError, EncodeError, ProposalNotSentError, TopicNotFoundError
+from schemas.errors import (
+    CommitOutcomeUnknownError,
+    EncodeError,
+    KafkaAccessDeniedError,
+    ProposalNotSentError,
+    TopicNotFoundError,
+)
 from schemas.messages import Decision, Proposal
 from schemas.routing import (
     H_CONTROL,
@@ -158,9 +164,11 @@ def proposal_producer(conf: dict[str, Any]) -> Producer:
 TOPICS_APPEAR_S = 10.0
 
 
-def partition_count(client: Producer | Consumer, topic: str, servers: str, timeout_s: float = 30) -> int:
+def partition_count(client: Producer | Consumer, topic: str, servers: str, timeout_s: float = 30,
+                    conf: Mapping[str, Any] | None = None) -> int:
     """How many partitions `topic` has (a clear error when it does not exist: at once when other prefixes'
-    topics exist, else after TOPICS_APPEAR_S of waiting for a starting coordinator to create them)."""
+    topics exist, else after TOPICS_APPEAR_S of waiting for a starting coordinator to create them; at once
+    when no ACL lets this client's principal describe it: `conf` are its settings)."""
     suffix = "." + topic.rsplit(".", 1)[-1]
     give_up = time.monotonic() + TOPICS_APPEAR_S
     while True:
@@ -168,6 +176,8 @@ def partition_count(client: Producer | Consumer, topic: str, servers: str, timeo
         t = md.topics.get(topic)
         if t is not None and t.error is None and t.partitions:
             return len(t.partitions)
+        if t is not None and t.error is not None and t.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise KafkaAccessDeniedError({"bootstrap.servers": servers, **(conf or {})}, "DESCRIBE", f"topic {topic}")
         names = client.list_topics(timeout=timeout_s).topics
         prefixes = sorted(n.removesuffix(suffix) for n in names if n.endswith(suffix))
         if (prefixes and topic not in names) or time.monotonic() >= give_up:  # in names: being created
@@ -466,7 +476,7 @@ class CoordinatorClient:
 
     def _partition_count(self, topic: str, timeout_s: float = 30) -> int:
         assert self._producer is not None
-        return partition_count(self._producer, topic, str(self._conf["bootstrap.servers"]), timeout_s)
+        return partition_count(self._producer, topic, str(self._conf["bootstrap.servers"]), timeout_s, self._conf)
 
     def partition_of(self, table_id: str) -> int:
         if self._num_partitions is None:
@@ -554,6 +564,8 @@ class CoordinatorClient:
         def on_delivery(err: KafkaError | None, _msg: Any) -> None:
             if err is None:
                 delivery.set_result(None)
+            elif err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                delivery.set_exception(KafkaAccessDeniedError(self._conf, "WRITE", f"topic {self.topics.proposals}"))
             elif err.code() in _NOT_WRITTEN:
                 delivery.set_exception(ProposalNotSentError(f"proposal {proposal.proposal_id} was refused by Kafka: {err}"))
             else:
@@ -709,4 +721,7 @@ class CoordinatorClient:
             replies.close()
         self.coordinator_check.close()
         if self._producer is not None:
-            self._producer.flush(10)
+            # A producer failed fatally (e.g. no ACL lets its principal get a producer id) has nothing to deliver, and
+            # its error already reached the operation that failed: closing must not hide that error with its own.
+            with contextlib.suppress(KafkaException):
+                self._producer.flush(10)

@@ -286,10 +286,10 @@ class Relay:
                                               **kafka_config})
         servers = str(self._conf["bootstrap.servers"])
         self._producer = proposal_producer(self._conf)
-        self.proposal_partitions = partition_count(self._producer, self.topics.proposals, servers)
+        self.proposal_partitions = partition_count(self._producer, self.topics.proposals, servers, conf=self._conf)
         self.replies = _ForwardingReplies(self._conf, self.topics.replies,
                                           reply_group or f"deltacoord-writer-{self.topics.replies}",
-                                          partition_count(self._producer, self.topics.replies, servers))
+                                          partition_count(self._producer, self.topics.replies, servers, conf=self._conf))
         self.proposals = 0
         #: Gathered batches produced (proposals / batches: how many writers' proposals travel together).
         self.batches = 0

@@ -28,8 +28,8 @@ from urllib.parse import unquote, urlparse
 from reader.spark_source import storage_options_of
 from reader.storage import TableStorage
 from schemas import client_settings
-from schemas.errors import DeltaCoordError
-from schemas.kafka_logs import UnreachableKafkaError, kafka_config, probe
+from schemas.errors import DeltaCoordError, KafkaAccessDeniedError
+from schemas.kafka_logs import KafkaCredentialsError, UnreachableKafkaError, kafka_config, probe
 from schemas.routing import Topics
 from schemas.signing import resolve_writer_key
 from writer.table import Table
@@ -218,20 +218,28 @@ class SinkOptions:
 
     def check_kafka(self, timeout_s: float = 8.0) -> None:
         """Kafka answers at `bootstrap.servers` and holds the coordinator's proposals topic (seconds at most)."""
-        from confluent_kafka import KafkaException
+        from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient
 
         servers = self.servers()
         conf: dict[str, Any] = {**dict(self.kafka), "bootstrap.servers": servers}
         try:
             probe(conf, timeout_s)
-            topics = AdminClient(kafka_config(conf)).list_topics(timeout=timeout_s).topics
+            admin = AdminClient(kafka_config(conf))
+            topics = admin.list_topics(timeout=timeout_s).topics
+        except KafkaCredentialsError as e:
+            raise SinkConfigError(f"{e} (the options kafka.sasl.username / kafka.sasl.password)") from None
         except (UnreachableKafkaError, KafkaException) as e:
             why = str(e).split(". Check --bootstrap-servers")[0]
             raise SinkConfigError(f"option 'bootstrap.servers': {why}. Check the option (or {BOOTSTRAP_ENV}) and that "
                                   "the brokers run; `deltacoord broker start` runs a local one") from None
         proposals = self.topics.proposals
         if proposals not in topics:
+            # With an authorizer, a topic no ACL lets this principal describe is left out of the listing.
+            with contextlib.suppress(KafkaException):
+                t = admin.list_topics(proposals, timeout=timeout_s).topics.get(proposals)
+                if t is not None and t.error is not None and t.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    raise SinkConfigError(str(KafkaAccessDeniedError(conf, "DESCRIBE", f"topic {proposals}")))
             raise SinkConfigError(f"Kafka at {servers} has no topic {proposals}: check option 'topic.prefix' (now "
                                   f"{self.topic_prefix!r}; or {TOPIC_PREFIX_ENV}) and that a coordinator runs "
                                   "(`deltacoord coordinator run` creates its topics)")

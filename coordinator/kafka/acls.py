@@ -8,9 +8,12 @@ Writers (the batch client in `writer/`):
 
 * proposals topic: WRITE, DESCRIBE (produce; `partition_of` reads the topic's metadata)
 * commits topic: READ, DESCRIBE (tail decisions, look up an unknown outcome)
-* consumer groups: READ on their group-id prefixes only (PREFIXED). The
-  writer's consumers use `assign()` and never commit offsets, but librdkafka
-  still looks up the coordinator of a configured group.
+* consumer groups: READ on their group-id prefixes only (PREFIXED): the reply
+  lease group `deltacoord-writer-<replies topic>` and the hand-assigned readers'
+  ids. DESCRIBE (not READ) on the coordinators' group, for the check that a
+  coordinator serves the table's partition.
+* relays (`deltacoord relay run`) propose and lease reply partitions for the
+  writers of a host: they get the writers' grants.
 * nothing else: no WRITE on commits or dead letters, no transactional ids.
 
 The coordinator:
@@ -18,7 +21,8 @@ The coordinator:
 * proposals topic: READ, DESCRIBE
 * commits topic: WRITE, READ, DESCRIBE, and DESCRIBE_CONFIGS (at start it checks
   that the commits topic is not compacted, `coordinator.kafka.topics.validate_topics`)
-* dead-letter topic: WRITE, DESCRIBE
+* dead-letter topic: WRITE, DESCRIBE, DESCRIBE_CONFIGS (at start it checks that
+  a dead letter fits the topic's max.message.bytes)
 * its consumer group and the `<group>-recovery` group that rebuilds state from the
   commits topic: READ, DESCRIBE (LITERAL)
 * transactional ids `<transactional_id_prefix>-<prefix>.proposals-*`: WRITE,
@@ -89,6 +93,8 @@ class AclRequest:
     reader_principals: tuple[str, ...] = ()
     reader_group_prefixes: tuple[str, ...] = DEFAULT_READER_GROUP_PREFIXES
     idempotent_write_acl: bool = False
+    #: Relays (`deltacoord relay run`) propose and read replies for a host's writers: they get the writers' grants.
+    relay_principals: tuple[str, ...] = ()
 
     @property
     def coordinator_group(self) -> str:
@@ -127,16 +133,17 @@ def _check_prefixes(req: AclRequest) -> None:
                     f"group prefix {prefix!r} covers the coordinator's consumer group {g!r}: writers and readers "
                     "must not be able to join or commit offsets in it; choose distinct group ids"
                 )
-    both = set(req.writer_principals) & set(req.coordinator_principals)
+    both = set((*req.writer_principals, *req.relay_principals, *req.reader_principals)) & set(req.coordinator_principals)
     if both:
-        raise AclPlanError(f"{sorted(both)} are both writer and coordinator principals: use separate principals")
+        raise AclPlanError(f"{sorted(both)} are both coordinator principals and writer, relay or reader principals: "
+                           "use separate principals (only coordinators may write the commits topic)")
 
 
 def plan_acls(req: AclRequest) -> list[AclEntry]:
     """Every grant the deployment needs, and nothing more, in a stable order."""
-    if not req.writer_principals and not req.coordinator_principals and not req.reader_principals:
-        raise AclPlanError("no principals: pass at least one writer, coordinator or reader principal")
-    for p in (*req.writer_principals, *req.coordinator_principals, *req.reader_principals):
+    if not (req.writer_principals or req.coordinator_principals or req.reader_principals or req.relay_principals):
+        raise AclPlanError("no principals: pass at least one writer, relay, coordinator or reader principal")
+    for p in (*req.writer_principals, *req.relay_principals, *req.coordinator_principals, *req.reader_principals):
         _check_principal(p)
     _check_prefixes(req)
     topics = Topics.with_prefix(req.topic_prefix)
@@ -145,18 +152,20 @@ def plan_acls(req: AclRequest) -> list[AclEntry]:
     def grant(principal: str, rtype: str, name: str, pattern: str, *ops: str) -> None:
         out.extend(AclEntry(principal, rtype, name, pattern, op) for op in ops)
 
-    for w in req.writer_principals:
+    for w in dict.fromkeys((*req.writer_principals, *req.relay_principals)):
         grant(w, TOPIC, topics.proposals, LITERAL, "WRITE", "DESCRIBE")
         grant(w, TOPIC, topics.commits, LITERAL, "READ", "DESCRIBE")
         grant(w, TOPIC, topics.replies, LITERAL, "READ", "DESCRIBE")
         for gp in req.writer_group_prefixes:
             grant(w, GROUP, gp, PREFIXED, "READ")
+        # The check that a coordinator serves the partition describes the coordinators' group (never joins it).
+        grant(w, GROUP, req.coordinator_group, LITERAL, "DESCRIBE")
         if req.idempotent_write_acl:
             grant(w, CLUSTER, CLUSTER_NAME, LITERAL, "IDEMPOTENT_WRITE")
     for c in req.coordinator_principals:
         grant(c, TOPIC, topics.proposals, LITERAL, "READ", "DESCRIBE")
         grant(c, TOPIC, topics.commits, LITERAL, "WRITE", "READ", "DESCRIBE", "DESCRIBE_CONFIGS")
-        grant(c, TOPIC, topics.dead_letters, LITERAL, "WRITE", "DESCRIBE")
+        grant(c, TOPIC, topics.dead_letters, LITERAL, "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS")
         grant(c, TOPIC, topics.replies, LITERAL, "WRITE", "DESCRIBE")
         for g in coordinator_groups(req.coordinator_group):
             grant(c, GROUP, g, LITERAL, "READ", "DESCRIBE")

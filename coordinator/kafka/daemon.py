@@ -372,7 +372,8 @@ class Coordinator:
             log.info("table roots: %s", self.locations.describe_roots())
         admin = AdminClient(self.settings.client())
         self._num_partitions = ensure_topics(admin, self.settings.topics, partitions=self.num_partitions,
-                                             dead_letter_bound=self.settings.dead_letter_record_bound())
+                                             dead_letter_bound=self.settings.dead_letter_record_bound(),
+                                             client_config=self.settings.client())
         del admin  # an idle admin client would keep reconnecting for the life of the process
         if self.publisher.stable is None:
             self.publisher.stable = StableOffsets(self.settings.client(), self.settings.topics.commits)

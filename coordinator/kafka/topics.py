@@ -85,11 +85,13 @@ def dead_letter_limit_problem(topic: str, configs: Mapping[str, str | None], rec
 
 
 def ensure_topics(admin: AdminClient, topics: Topics, partitions: int = 1, replication_factor: int | None = None,
-                  dead_letter_bound: int | None = None, reply_partitions: int = DEFAULT_REPLY_PARTITIONS) -> int:
+                  dead_letter_bound: int | None = None, reply_partitions: int = DEFAULT_REPLY_PARTITIONS,
+                  client_config: Mapping[str, Any] | None = None) -> int:
     """Create missing topics, validate existing ones; returns the proposals partition count.
 
     With `dead_letter_bound` (the largest dead letter this coordinator sends), a dead-letter
     topic too small for it is logged as a warning: such dead letters lose their bytes.
+    `client_config` (the admin client's settings) names the principal when the authorizer refuses.
     """
     md = admin.list_topics(timeout=30)
     rf = replication_factor or min(3, max(1, len(md.brokers)))
@@ -103,6 +105,8 @@ def ensure_topics(admin: AdminClient, topics: Topics, partitions: int = 1, repli
             try:
                 f.result(30)
             except Exception as e:
+                if "AUTHORIZATION_FAILED" in str(e):
+                    raise TopicConfigError(_not_authorized(name, client_config or {})) from None
                 if "TOPIC_ALREADY_EXISTS" not in str(e):
                     raise TopicConfigError(f"cannot create topic {name}: {e}") from e
         md = _wait_visible(admin, [s.name for s in specs])
@@ -114,6 +118,17 @@ def ensure_topics(admin: AdminClient, topics: Topics, partitions: int = 1, repli
         if problem:
             log.warning("%s", problem)
     return len(md.topics[topics.proposals].partitions)
+
+
+def _not_authorized(topic: str, conf: Mapping[str, Any]) -> str:
+    """Why a topic is neither visible nor creatable: with an authorizer, a principal sees only the topics an ACL lets
+    it describe, and creating one needs CREATE, which the plan gives nobody but the administrator."""
+    from schemas.errors import kafka_principal
+
+    principal = kafka_principal(conf)
+    return (f"Kafka refused {principal} DESCRIBE on topic {topic} (no ACL grants it) and then CREATE: create the topics "
+            f"as the administrator (`deltacoord topics create`) and grant the coordinators' ACLs (`deltacoord acls "
+            f"--apply --coordinator-principal {principal.split(' ')[0]} ...`)")
 
 
 def _wait_visible(admin: AdminClient, names: Sequence[str], timeout_s: float = 30.0) -> Any:

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.tooling import jars
+from coordinator.tooling import broker_security, jars
+from coordinator.tooling.broker_security import BrokerSecurity
 
 log = logging.getLogger(__name__)
 
@@ -112,18 +113,21 @@ def broker_command(java_bin: str, classpath: str, log4j: Path | str, config_path
             f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath, "kafka.Kafka", str(config_path)]
 
 
-def server_properties(port: int, controller_port: int, data_dir: Path) -> str:
-    """Single-node KRaft settings; internal topics at RF 1 so transactions work."""
+def server_properties(port: int, controller_port: int, data_dir: Path, security: BrokerSecurity | None = None) -> str:
+    """Single-node KRaft settings; internal topics at RF 1 so transactions work. With `security`, clients
+    connect with SASL_SSL and the authorizer is on (`broker_security`)."""
+    client = "SASL_SSL" if security is not None else "PLAINTEXT"
+    controller = "SSL" if security is not None else "PLAINTEXT"
     return f"""\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{controller_port}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listeners={client}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners={client}://127.0.0.1:{port}
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
-log.dirs={data_dir}
+inter.broker.listener.name={client}
+listener.security.protocol.map=CONTROLLER:{controller},{client}:{client}
+{security.properties([client]) if security is not None else ""}log.dirs={data_dir}
 num.partitions=1
 auto.create.topics.enable=false
 num.recovery.threads.per.data.dir=1
@@ -157,6 +161,19 @@ class LocalBroker:
         self.data_dir = self.home / "data"
         self.log_path = self.home / "broker.log"
         self.config_path = self.home / "server.properties"
+        #: Set when the home is secured (`start(secure=True)` once; restarts keep it): SASL_SSL and ACLs.
+        self.security: BrokerSecurity | None = broker_security.load(self.home)
+
+    def client_config(self, user: str | None = None, password: str | None = None) -> dict[str, str]:
+        """Kafka settings (besides bootstrap.servers) of a client of this broker: none when it is not secured,
+        else SASL_SSL as `user` (default: the administrator)."""
+        if self.security is None:
+            return {}
+        if user is None:
+            return self.security.admin_config()
+        if password is None:
+            raise BrokerError(f"the secured broker needs the password of user {user}")
+        return self.security.client_config(user, password)
 
     # -- state ------------------------------------------------------------
     def _read_state(self) -> BrokerInfo | None:
@@ -210,20 +227,30 @@ class LocalBroker:
             cport = _free_port()
         return want, cport
 
-    def start(self, port: int | None = None, timeout_s: float = 120.0, fresh: bool = False) -> BrokerInfo:
-        """Start the broker unless it runs already (then return its info)."""
+    def start(self, port: int | None = None, timeout_s: float = 120.0, fresh: bool = False,
+              secure: bool = False) -> BrokerInfo:
+        """Start the broker unless it runs already (then return its info). `secure` makes the home secured
+        (SASL_SSL, a local CA, the authorizer: `broker_security`); a secured home stays so until `fresh`."""
         with self._lock():
             running = self.status()
             if running is not None:
+                if secure and self.security is None:
+                    raise BrokerError(f"the broker in {self.home} runs unsecured; stop it and start it with --fresh --secure")
                 return running
             if fresh:
                 shutil.rmtree(self.data_dir, ignore_errors=True)
+                shutil.rmtree(broker_security.security_dir(self.home), ignore_errors=True)
+                self.security = None
+            if secure:
+                if self.security is None and (self.data_dir / "meta.properties").exists():
+                    raise BrokerError(f"the broker in {self.home} was formatted unsecured; start it with --fresh --secure")
+                self.security = broker_security.prepare(self.home)
             requested = port
             server_log = self.home / "server.log"
             for attempt in range(3):
                 port_, cport = self._choose_ports(requested) if attempt == 0 else (_free_port(), _free_port())
                 self.data_dir.mkdir(parents=True, exist_ok=True)
-                self.config_path.write_text(server_properties(port_, cport, self.data_dir))
+                self.config_path.write_text(server_properties(port_, cport, self.data_dir, self.security))
                 log_start = server_log.stat().st_size if server_log.exists() else 0
                 proc, info = self._launch(port_, cport)
                 try:
@@ -244,6 +271,8 @@ class LocalBroker:
                 heap: tuple[str, str] = (KAFKA_HEAP_MIN, KAFKA_HEAP)) -> tuple[subprocess.Popen[bytes], BrokerInfo]:
         """Format the storage if new (with `cluster_id`, else a fresh id) and start the JVM on `config_path`."""
         cp = jars.classpath("kafka")
+        if self.security is not None:
+            os.chmod(self.config_path, 0o600)  # it holds the administrator's inter-broker login
         log4j = self.home / "log4j2.properties"
         log4j.write_text(_LOG4J2.format(log=self.home / "server.log"))
         java = os.environ.get("JAVA_HOME", "")
@@ -252,7 +281,7 @@ class LocalBroker:
             fmt = subprocess.run(
                 [java_bin, "-Xmx256m", "-cp", cp, f"-Dlog4j2.configurationFile={log4j}",
                  "kafka.tools.StorageTool", "format", "-t", cluster_id or _cluster_id(), "-c", str(self.config_path),
-                 "--ignore-formatted"],
+                 "--ignore-formatted", *(self.security.format_args() if self.security is not None else ())],
                 capture_output=True, text=True,
             )
             if fmt.returncode != 0:
@@ -281,7 +310,7 @@ class LocalBroker:
     def _wait_ready(self, info: BrokerInfo, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": info.bootstrap_servers}, logger=_silent_logger())
+        admin = AdminClient({"bootstrap.servers": info.bootstrap_servers, **self.client_config()}, logger=_silent_logger())
         # Another broker may answer on this port (it was free when chosen): only ours counts.
         ours = self._formatted_cluster_id()
         deadline = time.monotonic() + timeout_s
@@ -359,19 +388,22 @@ CLUSTER_HEAP = ("-Xms128m", "-Xmx512m")
 _ROUTE_NAME = re.compile(r"^[A-Z][A-Z0-9]{0,15}$")
 
 
-def cluster_properties(node: NodeLayout, voters: str, data_dir: Path) -> str:
+def cluster_properties(node: NodeLayout, voters: str, data_dir: Path, security: BrokerSecurity | None = None) -> str:
     """A combined broker+controller of an N-node KRaft cluster, replicated like production:
     RF 3 (or N when smaller), min ISR RF - 1, unclean election off. Each route is one more
-    PLAINTEXT listener whose advertised port is a proxy in front of it (see `LocalCluster`)."""
+    listener (PLAINTEXT, or SASL_SSL with `security`) whose advertised port is a proxy in front of it
+    (see `LocalCluster`)."""
     rf = min(3, voters.count("@"))
     isr = max(1, rf - 1)
-    listeners = [f"PLAINTEXT://127.0.0.1:{node.port}", f"CONTROLLER://127.0.0.1:{node.controller_port}"]
-    advertised = [f"PLAINTEXT://127.0.0.1:{node.port}"]
-    protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
+    client = "SASL_SSL" if security is not None else "PLAINTEXT"
+    listeners = [f"{client}://127.0.0.1:{node.port}", f"CONTROLLER://127.0.0.1:{node.controller_port}"]
+    advertised = [f"{client}://127.0.0.1:{node.port}"]
+    protocols = [f"CONTROLLER:{'SSL' if security is not None else 'PLAINTEXT'}", f"{client}:{client}"]
     for name, (listen, adv) in sorted(node.routes.items()):
         listeners.append(f"ROUTE{name}://127.0.0.1:{listen}")
         advertised.append(f"ROUTE{name}://127.0.0.1:{adv}")
-        protocols.append(f"ROUTE{name}:PLAINTEXT")
+        protocols.append(f"ROUTE{name}:{client}")
+    secured = security.properties([client, *(f"ROUTE{n}" for n in sorted(node.routes))]) if security is not None else ""
     return f"""\
 process.roles=broker,controller
 node.id={node.node_id}
@@ -379,9 +411,9 @@ controller.quorum.voters={voters}
 listeners={",".join(listeners)}
 advertised.listeners={",".join(advertised)}
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
+inter.broker.listener.name={client}
 listener.security.protocol.map={",".join(protocols)}
-log.dirs={data_dir}
+{secured}log.dirs={data_dir}
 num.partitions=1
 auto.create.topics.enable=false
 num.recovery.threads.per.data.dir=1
@@ -476,9 +508,10 @@ class ClusterInfo:
 class _ClusterNode(LocalBroker):
     """One node of a `LocalCluster`: the launcher of `LocalBroker` with the cluster's config and id."""
 
-    def __init__(self, home: Path, node_id: int) -> None:
+    def __init__(self, home: Path, node_id: int, security: BrokerSecurity | None) -> None:
         super().__init__(home)
         self.node_id = node_id
+        self.security = security
 
     def _answers(self, md: Any) -> bool:
         # Registered and unfenced: the node serves clients as part of the cluster.
@@ -491,7 +524,7 @@ class _ClusterNode(LocalBroker):
         if formatted is not None and formatted != layout.cluster_id:
             raise BrokerError(f"{self.data_dir} belongs to cluster {formatted}, not {layout.cluster_id}; "
                               "start with --fresh to rebuild the cluster")
-        self.config_path.write_text(cluster_properties(node, layout.voters, self.data_dir))
+        self.config_path.write_text(cluster_properties(node, layout.voters, self.data_dir, self.security))
         return self._launch(node.port, node.controller_port, cluster_id=layout.cluster_id, heap=CLUSTER_HEAP)
 
 
@@ -518,9 +551,21 @@ class LocalCluster:
         self.brokers = brokers
         self.layout_file = self.home / "cluster.json"
         self.default_port = default_port
+        #: Set when the cluster is secured (`start(secure=True)` once; restarts keep it), as `LocalBroker.security`.
+        self.security: BrokerSecurity | None = broker_security.load(self.home)
 
     def node(self, node_id: int) -> _ClusterNode:
-        return _ClusterNode(self.home / f"node-{node_id}", node_id)
+        return _ClusterNode(self.home / f"node-{node_id}", node_id, self.security)
+
+    def client_config(self, user: str | None = None, password: str | None = None) -> dict[str, str]:
+        """As `LocalBroker.client_config`."""
+        if self.security is None:
+            return {}
+        if user is None:
+            return self.security.admin_config()
+        if password is None:
+            raise BrokerError(f"the secured cluster needs the password of user {user}")
+        return self.security.client_config(user, password)
 
     def layout(self) -> ClusterLayout | None:
         try:
@@ -581,7 +626,7 @@ class LocalCluster:
         return ClusterLayout(previous.cluster_id if previous is not None else _cluster_id(), tuple(nodes))
 
     def start(self, timeout_s: float = 180.0, fresh: bool = False,
-              routes: Mapping[str, Sequence[int]] | None = None) -> ClusterInfo:
+              routes: Mapping[str, Sequence[int]] | None = None, secure: bool = False) -> ClusterInfo:
         """Start every node that is not running (all of them the first time) and wait until each serves.
 
         `routes` maps a route name to the advertised port on each node, in node order; without it a
@@ -602,6 +647,12 @@ class LocalCluster:
                 for d in self.home.glob("node-*"):
                     shutil.rmtree(d, ignore_errors=True)
                 self.layout_file.unlink(missing_ok=True)
+                shutil.rmtree(broker_security.security_dir(self.home), ignore_errors=True)
+                self.security = None
+            if secure and self.security is None:
+                if any((d / "data" / "meta.properties").exists() for d in self.home.glob("node-*")):
+                    raise BrokerError(f"the cluster in {self.home} was formatted unsecured; start it with --fresh --secure")
+                self.security = broker_security.prepare(self.home)
             layout = self.layout()
             if layout is not None and len(layout.nodes) != self.brokers:
                 raise BrokerError(f"the cluster in {self.home} has {len(layout.nodes)} nodes, not {self.brokers}; "
@@ -688,7 +739,7 @@ class LocalCluster:
         layout = self.layout()
         if layout is None:
             raise BrokerError(f"no cluster in {self.home}")
-        return AdminClient({"bootstrap.servers": layout.bootstrap_servers}, logger=_silent_logger())
+        return AdminClient({"bootstrap.servers": layout.bootstrap_servers, **self.client_config()}, logger=_silent_logger())
 
     def leader(self, topic: str, partition: int = 0, timeout_s: float = 30.0) -> int:
         """The node id leading `topic`'s `partition` (waits while it has none)."""

@@ -13,7 +13,7 @@ import click
 from coordinator.settings import env_var
 from coordinator.tooling import jars
 from coordinator.tooling.broker import BrokerError, LocalBroker, LocalCluster
-from coordinator.tooling.cli_options import load_settings
+from coordinator.tooling.cli_options import KafkaUnreachable, load_settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -84,36 +84,44 @@ def broker_group(ctx: click.Context, home: Path | None) -> None:
               help="Nodes; more than 1 starts a KRaft cluster (replication factor 3, min ISR 2).")
 @click.option("--fresh", is_flag=True, help="Wipe the broker's data directory first.")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for the broker to answer.")
+@click.option("--secure", is_flag=True,
+              help="SASL_SSL (SCRAM-SHA-512) with a generated local CA, the StandardAuthorizer and no access without "
+                   "an ACL; the home stays secured across restarts until --fresh. See `broker user` and `broker credentials`.")
 @click.pass_obj
-def broker_start(broker: LocalBroker, port: int | None, brokers: int, fresh: bool, timeout: float) -> None:
+def broker_start(broker: LocalBroker, port: int | None, brokers: int, fresh: bool, timeout: float, secure: bool) -> None:
     """Start the broker; a running broker is left alone and its address printed.
 
     \b
     Example:
       deltacoord broker start
       deltacoord broker start --brokers 3 --fresh
+      deltacoord broker start --secure --fresh
     """
     if brokers > 1:
         if port is not None:
             raise click.UsageError("--port is for a single broker; a cluster's nodes take 19092 and free ports")
         try:
-            cinfo = LocalCluster(broker.home, brokers).start(timeout_s=max(timeout, 180.0), fresh=fresh)
+            cinfo = LocalCluster(broker.home, brokers).start(timeout_s=max(timeout, 180.0), fresh=fresh, secure=secure)
         except (BrokerError, jars.JarResolutionError) as e:
             raise click.ClickException(str(e)) from e
-        click.echo(f"cluster of {brokers} running at {cinfo.bootstrap_servers} (logs in {cinfo.home}/node-*/server.log)")
+        click.echo(f"cluster of {brokers} running at {cinfo.bootstrap_servers} (logs in {cinfo.home}/node-*/server.log)"
+                   + (" with SASL_SSL and ACLs" if LocalCluster(broker.home).security is not None else ""))
         return
     if LocalCluster(broker.home).status() is not None:
         raise click.ClickException(f"a cluster runs in {broker.home}; stop it first (deltacoord broker stop)")
     running = broker.status()
     if running is not None:
+        if secure and broker.security is None:
+            raise click.ClickException("the broker runs unsecured; stop it and start it with --secure --fresh")
         click.echo(f"broker already running at {running.bootstrap_servers} (pid {running.pid})")
         return
     click.echo("starting local Kafka broker ...", err=True)
     try:
-        info = broker.start(port=port, timeout_s=timeout, fresh=fresh)
+        info = broker.start(port=port, timeout_s=timeout, fresh=fresh, secure=secure)
     except (BrokerError, jars.JarResolutionError) as e:
         raise click.ClickException(str(e)) from e
-    click.echo(f"broker running at {info.bootstrap_servers} (pid {info.pid}, log {info.log_path})")
+    click.echo(f"broker running at {info.bootstrap_servers} (pid {info.pid}, log {info.log_path})"
+               + (" with SASL_SSL and ACLs" if broker.security is not None else ""))
 
 
 @broker_group.command("stop")
@@ -140,15 +148,98 @@ def broker_status(broker: LocalBroker) -> None:
     Example:
       deltacoord broker status
     """
-    cinfo = LocalCluster(broker.home).status()
+    cluster = LocalCluster(broker.home)
+    cinfo = cluster.status()
     if cinfo is not None:
-        click.echo(json.dumps({"running": True, "brokers": len(cinfo.nodes), **asdict(cinfo)}))
+        click.echo(json.dumps({"running": True, "brokers": len(cinfo.nodes), "secured": cluster.security is not None,
+                               **asdict(cinfo)}))
         return
     info = broker.status()
     if info is None:
         click.echo(json.dumps({"running": False, "home": str(broker.home)}))
         sys.exit(1)
-    click.echo(json.dumps({"running": True, **asdict(info)}))
+    click.echo(json.dumps({"running": True, "secured": broker.security is not None, **asdict(info)}))
+
+
+def _secured(broker: LocalBroker) -> tuple[str, Any]:
+    """The bootstrap servers and security of the running secured broker or cluster of `broker`'s home."""
+    cluster = LocalCluster(broker.home)
+    cinfo = cluster.status()
+    if cinfo is not None:
+        bootstrap, security = cinfo.bootstrap_servers, cluster.security
+    else:
+        info = broker.status()
+        if info is None:
+            raise click.ClickException(f"no broker runs in {broker.home}; start it with `deltacoord broker start --secure`")
+        bootstrap, security = info.bootstrap_servers, broker.security
+    if security is None:
+        raise click.ClickException(f"the broker in {broker.home} is not secured; restart it with "
+                                   "`deltacoord broker start --secure --fresh`")
+    return bootstrap, security
+
+
+def _print_settings(bootstrap: str, settings: dict[str, str], fmt: str) -> None:
+    if fmt == "flags":
+        from shlex import quote
+
+        click.echo(" ".join(f"--kafka {quote(f'{k}={v}')}" for k, v in settings.items()))
+    elif fmt == "env":
+        from shlex import quote
+
+        from coordinator.settings import KAFKA_ENV_PREFIX
+
+        click.echo(f"export DELTACOORD_BOOTSTRAP_SERVERS={quote(bootstrap)}")
+        for k, v in settings.items():
+            click.echo(f"export {KAFKA_ENV_PREFIX}{k.upper().replace('.', '_')}={quote(v)}")
+    else:
+        click.echo(f"bootstrap.servers={bootstrap}")
+        for k, v in settings.items():
+            click.echo(f"{k}={v}")
+
+
+_SETTINGS_FORMAT = click.option(
+    "--format", "fmt", type=click.Choice(["properties", "env", "flags"]), default="properties", show_default=True,
+    help="librdkafka key=value lines, `export DELTACOORD_...` lines (the coordinator and `topics` read "
+         "DELTACOORD_KAFKA_<KEY>), or --kafka flags for the table commands.")
+
+
+@broker_group.command("user")
+@click.argument("name")
+@click.option("--password", default=None, help="The user's password (default: a new random one, printed).")
+@_SETTINGS_FORMAT
+@click.pass_obj
+def broker_user(broker: LocalBroker, name: str, password: str | None, fmt: str) -> None:
+    """Create (or reset) SCRAM user NAME on the secured broker and print its client settings.
+
+    The user may do nothing until ACLs grant it something (`deltacoord acls --apply`).
+
+    \b
+    Example:
+      deltacoord broker user ingest --format flags
+    """
+    from coordinator.tooling import broker_security
+
+    bootstrap, security = _secured(broker)
+    password = password or broker_security.new_password()
+    try:
+        broker_security.add_users(bootstrap, security, {name: password})
+    except broker_security.SecurityError as e:
+        raise click.ClickException(str(e)) from e
+    _print_settings(bootstrap, security.client_config(name, password), fmt)
+
+
+@broker_group.command("credentials")
+@_SETTINGS_FORMAT
+@click.pass_obj
+def broker_credentials(broker: LocalBroker, fmt: str) -> None:
+    """Print the administrator's client settings of the secured broker (a super user: topics, ACLs, users).
+
+    \b
+    Example:
+      eval "$(deltacoord broker credentials --format env)"
+    """
+    bootstrap, security = _secured(broker)
+    _print_settings(bootstrap, security.admin_config(), fmt)
 
 
 # -- coordinator ----------------------------------------------------------------
@@ -247,6 +338,14 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
     logs.setup_logging(run.log_level)
     if not run.coordinator.bootstrap_servers:
         raise click.UsageError("no Kafka bootstrap servers: pass --bootstrap-servers, DELTACOORD_BOOTSTRAP_SERVERS or the config file")
+    from schemas.kafka_logs import KafkaCredentialsError, UnreachableKafkaError, probe
+
+    try:  # refused credentials fail at once, in one line; brokers not up yet are the coordinator's own to wait for
+        probe(run.coordinator.client())
+    except KafkaCredentialsError as e:
+        raise KafkaUnreachable(str(e)) from None
+    except UnreachableKafkaError:
+        pass
     checkpoint_fn = None
     if run.checkpoints:
         from coordinator.delta_log.checkpoint_worker import CheckpointWorker
@@ -257,12 +356,15 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         publish_fsync=run.fsync, checkpoint_fn=checkpoint_fn, watchdog_s=run.watchdog_s,
     )
     coord.install_signal_handlers()
+    from coordinator.kafka.topics import TopicConfigError
     from coordinator.metrics import MetricsPortError
 
     try:
         code = coord.run()
     except MetricsPortError as e:
         raise click.UsageError(e.strerror or str(e)) from None  # exit 2: a configuration error, as systemd expects
+    except TopicConfigError as e:
+        raise click.ClickException(str(e)) from None
     sys.exit(code)
 
 

@@ -93,7 +93,7 @@ from confluent_kafka.admin import AdminClient
 from coordinator.delta_log.verify import verify_table
 from coordinator.kafka.recovery import read_decisions
 from coordinator.kafka.topics import describe_topic_config
-from coordinator.settings import CoordinatorSettings
+from coordinator.settings import KAFKA_ENV_PREFIX, CoordinatorSettings
 from coordinator.tooling.broker import LocalBroker, LocalCluster
 from schemas.messages import Decision
 from schemas.routing import Topics
@@ -113,6 +113,20 @@ FAULT_POINTS = ("after_decide", "after_kafka_commit")
 
 class ChaosError(RuntimeError):
     """The run could not be carried out (not a correctness finding)."""
+
+
+@dataclass(frozen=True)
+class ChaosClients:
+    """Kafka settings (besides bootstrap.servers) of each role. On a secured cluster each is its own principal:
+    the harness's checks as the administrator, coordinators and writers with only their planned ACLs."""
+
+    admin: dict[str, str] = field(default_factory=dict)
+    coordinator: dict[str, str] = field(default_factory=dict)
+    writer: dict[str, str] = field(default_factory=dict)
+
+    def coordinator_env(self) -> dict[str, str]:
+        """The coordinators' settings as `deltacoord coordinator run` reads them from the environment."""
+        return {f"{KAFKA_ENV_PREFIX}{k.upper().replace('.', '_')}": v for k, v in self.coordinator.items()}
 
 
 @dataclass
@@ -198,8 +212,9 @@ class Fleet:
     """
 
     def __init__(self, bootstrap: str, topics: Topics, log_dir: Path, faults: FaultLog,
-                 paths: Mapping[str, NetPath] | None = None) -> None:
+                 paths: Mapping[str, NetPath] | None = None, clients: ChaosClients | None = None) -> None:
         self.bootstrap = bootstrap
+        self.clients = clients or ChaosClients()
         self.topics = topics
         self.log_dir = log_dir
         self.faults = faults
@@ -219,7 +234,8 @@ class Fleet:
         if self.paths and path is None:
             raise ChaosError("every network path is cut: no coordinator can be started")
         bootstrap = self.paths[path].bootstrap if path is not None else self.bootstrap
-        cp = start_coordinator_process(bootstrap, self.topics, self.log_dir, "--partitions", "0", env=env)
+        cp = start_coordinator_process(bootstrap, self.topics, self.log_dir, "--partitions", "0",
+                                       env={**self.clients.coordinator_env(), **(env or {})})
         self.procs.append(cp)
         self._env[cp.proc.pid] = dict(env or {})
         if path is not None:
@@ -364,8 +380,8 @@ class _Progress:
 class _Watchdog:
     """Detects a wedged coordinator: proposals pending, no new decision records for `stall_s`."""
 
-    def __init__(self, bootstrap: str, topics: Topics, stall_s: float) -> None:
-        self._c = Consumer({"bootstrap.servers": bootstrap, "group.id": coordinator_group(topics),
+    def __init__(self, bootstrap: str, topics: Topics, stall_s: float, kafka: Mapping[str, str]) -> None:
+        self._c = Consumer({"bootstrap.servers": bootstrap, **kafka, "group.id": coordinator_group(topics),
                             "enable.auto.commit": False})
         self._proposals = TopicPartition(topics.proposals, 0)
         self._commits = TopicPartition(topics.commits, 0)
@@ -423,9 +439,11 @@ def _schedule(cfg: ChaosConfig, rng: random.Random, total: int) -> list[tuple[in
     return sorted((max(1, int(f * total)), kind) for f, kind in events)
 
 
-def _wait_drained(bootstrap: str, topics: Topics, timeout_s: float, tick: Callable[[], None]) -> bool:
+def _wait_drained(bootstrap: str, topics: Topics, timeout_s: float, tick: Callable[[], None],
+                  kafka: Mapping[str, str]) -> bool:
     """True once the coordinators' committed proposals offset reaches the end of the partition."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": coordinator_group(topics), "enable.auto.commit": False})
+    c = Consumer({"bootstrap.servers": bootstrap, **kafka, "group.id": coordinator_group(topics),
+                  "enable.auto.commit": False})
     tp = TopicPartition(topics.proposals, 0)
     deadline = time.monotonic() + timeout_s
     try:
@@ -445,10 +463,10 @@ def _wait_drained(bootstrap: str, topics: Topics, timeout_s: float, tick: Callab
         c.close()
 
 
-def _wait_topics_ready(bootstrap: str, topics: Topics, timeout_s: float = 60.0) -> None:
+def _wait_topics_ready(bootstrap: str, topics: Topics, kafka: Mapping[str, str], timeout_s: float = 60.0) -> None:
     """Wait until partition 0 of the new topics has a leader that answers (a writer's first
     `CoordinatorClient.propose` does not retry NOT_LEADER_FOR_PARTITION)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topics.proposals}-ready"})
+    c = Consumer({"bootstrap.servers": bootstrap, **kafka, "group.id": f"{topics.proposals}-ready"})
     deadline = time.monotonic() + timeout_s
     try:
         for topic in (topics.proposals, topics.commits):
@@ -531,7 +549,10 @@ class _DeltaLogWatch:
 
 class ChaosRun:
     def __init__(self, bootstrap: str, broker: LocalBroker | LocalCluster | None, cfg: ChaosConfig, workdir: Path,
-                 paths: Mapping[str, NetPath] | None = None) -> None:
+                 paths: Mapping[str, NetPath] | None = None, clients: ChaosClients | None = None,
+                 on_topics: Callable[[Topics], None] | None = None) -> None:
+        """`clients`: each role's Kafka settings (default: none, an open broker); `on_topics` is called with the
+        run's topics once they exist (a secured run applies its ACL plan for them there)."""
         if cfg.broker_restarts and broker is None:
             raise ChaosError(f"{cfg.broker_restarts} broker restart(s) asked for, but the broker is not a LocalBroker "
                              "this run can kill and restart")
@@ -543,6 +564,7 @@ class ChaosRun:
                              "(one to cut, one for the replacement); see netpath.start_cluster_with_paths")
         self.paths = dict(paths or {})
         self.bootstrap = bootstrap
+        self.clients = clients or ChaosClients()
         self.broker = broker
         self.cfg = cfg
         self.workdir = workdir
@@ -551,13 +573,15 @@ class ChaosRun:
         self.hist_dir = workdir / "history"
         self.hist_dir.mkdir(parents=True, exist_ok=True)
         (workdir / "coordinators").mkdir(exist_ok=True)
-        self.topics = fresh_topics(bootstrap, partitions=1)
-        _wait_topics_ready(bootstrap, self.topics)
+        self.topics = fresh_topics(bootstrap, partitions=1, kafka=self.clients.admin)
+        _wait_topics_ready(bootstrap, self.topics, self.clients.admin)
+        if on_topics is not None:
+            on_topics(self.topics)
         self.prefix = self.topics.proposals.removesuffix(".proposals")
         self.specs = tuple(TableSpec(str((workdir / f"table-{lvl.lower()}").resolve()), lvl) for lvl in cfg.isolation_levels)
-        self.fleet = Fleet(bootstrap, self.topics, workdir / "coordinators", self.faults, self.paths)
+        self.fleet = Fleet(bootstrap, self.topics, workdir / "coordinators", self.faults, self.paths, self.clients)
         self._dl_watch = _DeltaLogWatch([spec.uri for spec in self.specs])
-        self._watchdog = _Watchdog(bootstrap, self.topics, cfg.watchdog_s)
+        self._watchdog = _Watchdog(bootstrap, self.topics, cfg.watchdog_s, self.clients.admin)
         self.ctx = multiprocessing.get_context("spawn")
         self.writers: dict[int, tuple[BaseProcess, WriterConfig]] = {}
         self.history_files: list[Path] = [self.hist_dir / "setup.jsonl"]
@@ -569,7 +593,7 @@ class ChaosRun:
         wc = WriterConfig(writer_id=writer_id, bootstrap=self.bootstrap, topic_prefix=self.prefix, tables=self.specs,
                           transactions=transactions, seed=self.cfg.seed * 1000 + writer_id, out_path=str(out),
                           decision_timeout_s=self.cfg.decision_timeout_s, crash_after_propose_at=crash_at,
-                          think_s=self.cfg.writer_think_s)
+                          think_s=self.cfg.writer_think_s, kafka=dict(self.clients.writer))
         proc = self.ctx.Process(target=writer_main, args=(wc,), name=f"history-writer-{writer_id}", daemon=True)
         proc.start()
         self.writers[writer_id] = (proc, wc)
@@ -763,7 +787,7 @@ class ChaosRun:
         try:
             self.fleet.start()
             for spec in self.specs:
-                create_table(spec, self.bootstrap, self.prefix, self.history_files[0])
+                create_table(spec, self.bootstrap, self.prefix, self.history_files[0], kafka=self.clients.writer)
             crashers = self.rng.sample(range(cfg.writers), min(cfg.writer_kills, cfg.writers))
             for w in range(cfg.writers):
                 crash_at = self.rng.randint(per_writer // 4, max(per_writer // 4, 3 * per_writer // 4)) if w in crashers else None
@@ -820,13 +844,14 @@ class ChaosRun:
             self.fleet.ensure_running()
             self._liveness()
 
-        drained = _wait_drained(self.bootstrap, self.topics, 120, tick)
+        drained = _wait_drained(self.bootstrap, self.topics, 120, tick, self.clients.admin)
         # Resumed zombies and reconnected coordinators read the proposals their replacement decided,
         # try to commit their own decisions and find out they are fenced: give them the time to.
         deadline = time.monotonic() + 60
         while (self.fleet.zombies or self.fleet.isolated) and time.monotonic() < deadline:
             self._pause(0.5)
-        settings = CoordinatorSettings(bootstrap_servers=self.bootstrap, topics=self.topics, group_id=f"{self.prefix}-check")
+        settings = CoordinatorSettings(bootstrap_servers=self.bootstrap, topics=self.topics, group_id=f"{self.prefix}-check",
+                                       kafka=dict(self.clients.admin))
         decisions: list[Decision] = list(read_decisions(settings, 0))
         txns = txns_from_records(read_jsonl([p for p in self.history_files if p.exists()]))
         self._dl_watch.scan(force=True)
@@ -886,7 +911,7 @@ class ChaosRun:
 
     def _replication(self) -> dict[str, Any]:
         """How the run's topics are replicated (what the cluster really gave them)."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, **self.clients.admin})
         md = admin.list_topics(timeout=30)
         out: dict[str, Any] = {"brokers": len(md.brokers)}
         for kind in ("proposals", "commits"):
@@ -898,9 +923,10 @@ class ChaosRun:
 
 
 def run_chaos(bootstrap: str, broker: LocalBroker | LocalCluster | None, cfg: ChaosConfig, workdir: Path,
-              paths: Mapping[str, NetPath] | None = None) -> dict[str, Any]:
+              paths: Mapping[str, NetPath] | None = None, clients: ChaosClients | None = None,
+              on_topics: Callable[[Topics], None] | None = None) -> dict[str, Any]:
     """Run the workload under faults and return the JSON-able report (`report["ok"]` is the verdict)."""
-    return ChaosRun(bootstrap, broker, cfg, workdir, paths).run()
+    return ChaosRun(bootstrap, broker, cfg, workdir, paths, clients, on_topics).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

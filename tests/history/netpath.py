@@ -190,12 +190,13 @@ class NetPath:
 
 
 def start_cluster_with_paths(home: Path, brokers: int = 3, names: Sequence[str] = ("A", "B"),
-                             timeout_s: float = 240.0) -> tuple[LocalCluster, dict[str, NetPath]]:
-    """A fresh local cluster on free ports with one cuttable `NetPath` per route name."""
+                             timeout_s: float = 240.0, secure: bool = False) -> tuple[LocalCluster, dict[str, NetPath]]:
+    """A fresh local cluster on free ports with one cuttable `NetPath` per route name (`secure`: SASL_SSL and
+    the authorizer, on the routes too; the proxies carry the TLS bytes as they are)."""
     paths = {name: NetPath(name, brokers) for name in names}
     cluster = LocalCluster(home, brokers, default_port=None)
     try:
-        cluster.start(timeout_s=timeout_s, fresh=True, routes={n: p.ports for n, p in paths.items()})
+        cluster.start(timeout_s=timeout_s, fresh=True, routes={n: p.ports for n, p in paths.items()}, secure=secure)
         connect_paths(cluster, paths)
     except BaseException:
         cluster.stop()

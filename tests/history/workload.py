@@ -97,6 +97,8 @@ class WriterConfig:
     #: (a partition-leader kill, an isolation) at a low CPU cost.
     think_s: float = 0.0
     weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    #: Other Kafka settings of the writers (on a secured cluster: SASL_SSL as the writers' principal).
+    kafka: dict[str, str] = field(default_factory=dict)
 
 
 class Recorder:
@@ -157,13 +159,13 @@ class Planned:
 
 
 def create_table(spec: TableSpec, bootstrap: str, topic_prefix: str, out_path: str | Path,
-                 decision_timeout_s: float = 60.0) -> int:
+                 decision_timeout_s: float = 60.0, kafka: dict[str, str] | None = None) -> int:
     """Create one table (version 0) and record the creation in the history."""
     rec = Recorder(out_path)
     # coordinator_check=False: the chaos coordinators own partition 0 statically and join no group, so the
     # writers' check for a coordinator cannot see them.
     with Table(spec.uri, bootstrap, topics=Topics.with_prefix(topic_prefix), writer_name="setup",
-               decision_timeout_s=decision_timeout_s, coordinator_check=False) as t:
+               decision_timeout_s=decision_timeout_s, coordinator_check=False, **(kafka or {})) as t:
         props = {ISOLATION_KEY: spec.isolation, COUNTER_KEY: "0", "delta.checkpointInterval": "10"}
         tx = t.begin_create(SCHEMA, partition_by=[PARTITION_COLUMN], properties=props)
         rec.write({"type": "invoke", "writer": -1, "seq": 0, "table": spec.table_id, "proposal_id": tx.proposal_id,
@@ -186,7 +188,7 @@ class _Workload:
         self.tables = [
             Table(s.uri, cfg.bootstrap, topics=topics, writer_name=f"w{cfg.writer_id}",
                   decision_timeout_s=cfg.decision_timeout_s, publish_timeout_s=cfg.publish_timeout_s,
-                  coordinator_check=False)  # static coordinators (see create_table)
+                  coordinator_check=False, **cfg.kafka)  # static coordinators (see create_table)
             for s in cfg.tables
         ]
         self.specs = list(cfg.tables)

@@ -24,10 +24,12 @@ from coordinator.settings import CoordinatorSettings
 from schemas.routing import Topics
 
 
-def fresh_topics(bootstrap: str, partitions: int = 1, reply_partitions: int = 4) -> Topics:
-    """New topics for one test (a few reply partitions: tests run a handful of writer processes)."""
+def fresh_topics(bootstrap: str, partitions: int = 1, reply_partitions: int = 4,
+                 kafka: dict[str, str] | None = None) -> Topics:
+    """New topics for one test (a few reply partitions: tests run a handful of writer processes); `kafka`: the
+    admin client's other settings (a secured broker's administrator)."""
     topics = Topics.with_prefix(f"t{uuid.uuid4().hex[:8]}")
-    ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), topics, partitions=partitions,
+    ensure_topics(AdminClient({"bootstrap.servers": bootstrap, **(kafka or {})}), topics, partitions=partitions,
                   reply_partitions=reply_partitions)
     return topics
 

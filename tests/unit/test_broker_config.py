@@ -90,3 +90,57 @@ def test_broker_start_refuses_a_port_for_a_cluster(tmp_path: Path) -> None:
 
     out = CliRunner().invoke(main, ["broker", "--home", str(tmp_path), "start", "--brokers", "3", "--port", "19099"])
     assert out.exit_code == 2 and "--port is for a single broker" in out.output
+
+
+def test_a_secured_home_has_a_ca_a_broker_certificate_for_localhost_and_private_files(tmp_path: Path) -> None:
+    import ipaddress
+    import os
+    import stat
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from coordinator.tooling import broker_security
+
+    sec = broker_security.prepare(tmp_path)
+    assert broker_security.prepare(tmp_path) == sec  # made once, then kept
+    assert broker_security.load(tmp_path) == sec
+    for name in ("ca.pem", "ca-key.pem", "broker.pem", "security.json"):
+        assert stat.S_IMODE(os.stat(tmp_path / "security" / name).st_mode) == 0o600, name
+    ca = x509.load_pem_x509_certificate(Path(sec.ca_path).read_bytes())
+    pem = Path(sec.keystore_path).read_bytes()
+    assert pem.startswith(b"-----BEGIN PRIVATE KEY-----")  # PKCS#8, as Kafka's PEM keystore reads it
+    leaf = x509.load_pem_x509_certificates(pem[pem.index(b"-----BEGIN CERTIFICATE-----"):])[0]
+    assert leaf.issuer == ca.subject and leaf.subject.rfc4514_string() == f"CN={broker_security.BROKER_CN}"
+    pub = ca.public_key()
+    assert isinstance(pub, ec.EllipticCurvePublicKey)
+    pub.verify(leaf.signature, leaf.tbs_certificate_bytes, ec.ECDSA(leaf.signature_hash_algorithm))  # signed by the CA
+    san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("127.0.0.1") in san.get_values_for_type(x509.IPAddress)
+    assert "localhost" in san.get_values_for_type(x509.DNSName)
+    assert sec.client_config("ingest", "pw") == {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "ingest",
+        "sasl.password": "pw", "ssl.ca.location": sec.ca_path}
+    assert sec.format_args() == ["--add-scram", f"SCRAM-SHA-512=[name=admin,password={sec.admin_password}]"]
+
+
+def test_secured_settings_take_sasl_ssl_the_authorizer_and_mutual_tls_for_the_controllers(tmp_path: Path) -> None:
+    from coordinator.tooling import broker_security
+
+    sec = broker_security.prepare(tmp_path / "home")
+    single = _props(server_properties(19092, 19093, tmp_path, sec))
+    assert single["listeners"] == "SASL_SSL://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert single["listener.security.protocol.map"] == "CONTROLLER:SSL,SASL_SSL:SASL_SSL"
+    assert single["inter.broker.listener.name"] == "SASL_SSL"
+    assert single["listener.name.controller.ssl.client.auth"] == "required"
+    assert single["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert single["allow.everyone.if.no.acl.found"] == "false"
+    assert single["super.users"] == f"User:admin;User:CN={broker_security.BROKER_CN}"
+    assert single["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config" in single
+    node = NodeLayout(1, 30001, 31001, {"A": (32001, 40001)})
+    cluster = _props(cluster_properties(node, "1@127.0.0.1:31001", tmp_path, sec))
+    assert "ROUTEA:SASL_SSL" in cluster["listener.security.protocol.map"]
+    assert cluster["advertised.listeners"] == "SASL_SSL://127.0.0.1:30001,ROUTEA://127.0.0.1:40001"
+    assert "listener.name.routea.scram-sha-512.sasl.jaas.config" in cluster
+    assert not any("PLAINTEXT" in v for v in (cluster["listeners"], cluster["listener.security.protocol.map"]))

@@ -637,12 +637,14 @@ def test_acls_grant_exactly_the_needed_operations() -> None:
         (TOPIC, "dc.commits", LITERAL, "READ"), (TOPIC, "dc.commits", LITERAL, "DESCRIBE"),
         (TOPIC, "dc.replies", LITERAL, "READ"), (TOPIC, "dc.replies", LITERAL, "DESCRIBE"),
         (GROUP, "deltacoord-writer-", PREFIXED, "READ"), (GROUP, "deltacoord-lookup", PREFIXED, "READ"),
+        (GROUP, "dc-coordinator", LITERAL, "DESCRIBE"),
     }
     assert grants(entries, C) == {
         (TOPIC, "dc.proposals", LITERAL, "READ"), (TOPIC, "dc.proposals", LITERAL, "DESCRIBE"),
         (TOPIC, "dc.commits", LITERAL, "WRITE"), (TOPIC, "dc.commits", LITERAL, "READ"),
         (TOPIC, "dc.commits", LITERAL, "DESCRIBE"), (TOPIC, "dc.commits", LITERAL, "DESCRIBE_CONFIGS"),
         (TOPIC, "dc.deadletters", LITERAL, "WRITE"), (TOPIC, "dc.deadletters", LITERAL, "DESCRIBE"),
+        (TOPIC, "dc.deadletters", LITERAL, "DESCRIBE_CONFIGS"),
         (TOPIC, "dc.replies", LITERAL, "WRITE"), (TOPIC, "dc.replies", LITERAL, "DESCRIBE"),
         (GROUP, "dc-coordinator", LITERAL, "READ"), (GROUP, "dc-coordinator", LITERAL, "DESCRIBE"),
         (GROUP, "dc-coordinator-recovery", LITERAL, "READ"), (GROUP, "dc-coordinator-recovery", LITERAL, "DESCRIBE"),
@@ -659,7 +661,8 @@ def test_writers_cannot_decide_or_use_transactions() -> None:
         assert not any(rt == TRANSACTIONAL_ID for rt, *_ in g)
         assert (TOPIC, "deltacoord.commits", LITERAL, "WRITE") not in g
         assert not any(n == "deltacoord.deadletters" for _rt, n, *_ in g)
-        assert not any(rt == GROUP and n.startswith("deltacoord-coordinator") for rt, n, *_ in g)
+        # They may describe the coordinators' group (the serving check), never join it or commit its offsets.
+        assert not any(rt == GROUP and n.startswith("deltacoord-coordinator") and op != "DESCRIBE" for rt, n, _pt, op in g)
         assert not any(op in ("CREATE", "ALTER", "ALTER_CONFIGS", "DELETE", "ALL") for *_x, op in g)
         assert not any(rt == TOPIC and pt == PREFIXED for rt, _n, pt, _op in g)
 
@@ -698,6 +701,12 @@ def test_acl_groups_match_the_group_ids_the_code_uses() -> None:
         assert any(g.startswith(p) for p in acls.DEFAULT_READER_GROUP_PREFIXES), g
 
 
+def test_relays_get_the_writers_grants() -> None:
+    entries = plan_acls(AclRequest((W,), (C,), relay_principals=("User:relay", W)))
+    assert grants(entries, "User:relay") == grants(entries, W)
+    assert len(entries) == len(set(entries))
+
+
 def test_readers_only_read_commits() -> None:
     entries = plan_acls(AclRequest((), (), reader_principals=(R,)))
     assert grants(entries, R) == {
@@ -709,7 +718,8 @@ def test_readers_only_read_commits() -> None:
 @pytest.mark.parametrize("req, message", [
     (AclRequest((W,), (C,), writer_group_prefixes=("deltacoord-",)), "covers the coordinator's consumer group"),
     (AclRequest((W,), (C,), writer_group_prefixes=("",)), "every consumer group"),
-    (AclRequest((W,), (W,)), "both writer and coordinator"),
+    (AclRequest((W,), (W,)), "both coordinator principals and writer"),
+    (AclRequest((), (C,), relay_principals=(C,)), "both coordinator principals and writer, relay"),
     (AclRequest(("writer",), (C,)), "Type:name"),
     (AclRequest((), ()), "no principals"),
 ])
