@@ -232,11 +232,12 @@ def broker_user(broker: LocalBroker, name: str, password: str | None, fmt: str) 
 @_SETTINGS_FORMAT
 @click.pass_obj
 def broker_credentials(broker: LocalBroker, fmt: str) -> None:
-    """Print the administrator's client settings of the secured broker (a super user: topics, ACLs, users).
+    """Print the administrator's client settings of the secured broker (a super user: topics, ACLs, users);
+    `eval "$(deltacoord broker credentials --format env)"` puts them in the shell's environment.
 
     \b
     Example:
-      eval "$(deltacoord broker credentials --format env)"
+      deltacoord broker credentials --format env
     """
     bootstrap, security = _secured(broker)
     _print_settings(bootstrap, security.admin_config(), fmt)

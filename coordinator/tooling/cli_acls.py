@@ -69,8 +69,7 @@ def register(main: click.Group) -> None:
         \b
         Example:
           deltacoord acls --writer-principal User:ingest --coordinator-principal User:coordinator
-          deltacoord acls --apply --writer-principal User:ingest --coordinator-principal User:coordinator \\
-              --kafka security.protocol=SASL_SSL --kafka sasl.mechanism=SCRAM-SHA-512 ...
+          deltacoord acls --apply --writer-principal User:ingest --coordinator-principal User:coordinator --kafka security.protocol=SASL_SSL
         """
         req = AclRequest(
             writer_principals=writers, coordinator_principals=coordinators, topic_prefix=topic_prefix,
