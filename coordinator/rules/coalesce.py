@@ -37,7 +37,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from schemas.actions import COALESCED_KEY, Action, AddFile, CommitInfo, DomainMetadata, SetTransaction, commit_to_json_lines
+from schemas.actions import (
+    COALESCED_KEY,
+    Action,
+    AddFile,
+    CommitInfo,
+    DomainMetadata,
+    SetTransaction,
+    commit_to_json_lines,
+)
 from schemas.messages import Proposal
 from schemas.row_tracking import DOMAIN as ROW_TRACKING_DOMAIN
 from schemas.staged import INLINE_MAX_BYTES
@@ -113,24 +121,23 @@ def _summed(metrics: Sequence[Any]) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     for k in metrics[0]:
         vals = [m.get(k) for m in metrics]
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
-            out[k] = sum(vals)  # type: ignore[arg-type]
+        if all(type(v) is int for v in vals):
+            out[k] = sum(int(v) for v in vals if v is not None)
         elif all(isinstance(v, str) and v.isdigit() for v in vals):
-            out[k] = str(sum(int(v) for v in vals))  # type: ignore[union-attr]
+            out[k] = str(sum(int(v) for v in vals if isinstance(v, str)))
     return out
 
 
 def merge(version: int, parts: Sequence[tuple[Action, ...]]) -> tuple[Action, ...]:
     """One version's commit from coalesced commits (each commitInfo first, decided in this order); deterministic."""
-    infos = [p[0] for p in parts]
-    assert all(isinstance(ci, CommitInfo) for ci in infos), "a coalesced commit starts with its commitInfo"
-    values: dict[str, Any] = dict(infos[0].values)  # type: ignore[union-attr]
+    infos = [p[0] for p in parts if isinstance(p[0], CommitInfo)]
+    assert len(infos) == len(parts), "a coalesced commit starts with its commitInfo"
+    values: dict[str, Any] = dict(infos[0].values)
     values["isBlindAppend"] = True
-    metrics = _summed([ci.values.get("operationMetrics") for ci in infos])  # type: ignore[union-attr]
+    metrics = _summed([ci.values.get("operationMetrics") for ci in infos])
     if metrics is not None:
         values["operationMetrics"] = metrics
-    values[COALESCED_KEY] = [{k: v for k, v in ci.values.items() if k not in _VERSION_KEYS}  # type: ignore[union-attr]
-                             for ci in infos]
+    values[COALESCED_KEY] = [{k: v for k, v in ci.values.items() if k not in _VERSION_KEYS} for ci in infos]
     out: list[Action] = [CommitInfo(values)]
     mark: DomainMetadata | None = None
     for part in parts:

@@ -7,7 +7,15 @@ import json
 from coordinator.rules.batch import decide_batch
 from coordinator.rules.coalesce import MAX_COALESCED, merge
 from coordinator.rules.state import TableState
-from schemas.actions import COALESCED_KEY, Action, AddFile, CommitInfo, DomainMetadata, SetTransaction, commit_to_json_lines
+from schemas.actions import (
+    COALESCED_KEY,
+    Action,
+    AddFile,
+    CommitInfo,
+    DomainMetadata,
+    SetTransaction,
+    commit_to_json_lines,
+)
 from schemas.messages import Decision, Outcome, Proposal
 from schemas.reasons import ReasonCode
 from schemas.row_tracking import DOMAIN
