@@ -22,9 +22,10 @@ from deltalake import DeltaTable
 from coordinator.delta_log.verify import assert_verified, verify_table
 from coordinator.kafka.daemon import Coordinator
 from coordinator.kafka.partition import PartitionCoordinator
+from coordinator.kafka.recovery import read_decisions
 from coordinator.settings import CoordinatorSettings
 from reader.stream import CommitStream
-from schemas.actions import COALESCED_KEY, AddFile, CommitInfo, SetTransaction, parse_commit
+from schemas.actions import COALESCED_KEY, AddFile, CommitInfo, SetTransaction, commit_to_json_lines, parse_commit
 from schemas.routing import Topics
 from tests.integration.coord_harness import coordinator_group, coordinator_thread, fresh_topics
 from tests.integration.test_shown_when_stable import HeldStability
@@ -192,6 +193,100 @@ def test_a_batch_and_a_streaming_writer_share_a_version_while_the_store_lags(
     rep = verify_table(_settings(kafka_bootstrap, topics), root.as_uri(), root.as_uri())
     assert_verified(rep)
     assert rep.topic_versions == 5 and rep.coalesced_commits == 3 and rep.published_versions == 5
+
+
+def _stalled_then_four(coord: Coordinator, root: Path, bootstrap: str, topics: Topics, held: HeldStability | None,
+                       gather: _Gather, properties: dict[str, str] | None = None
+                       ) -> tuple[list[threading.Thread], list[Any]]:
+    """Version 1 published; with `held`, version 2 ratified and left unpublished (the store stalls); then four
+    writers (two batch, two streaming) proposing at once, decided in one batch. Returns their threads and results."""
+    t = Table(root, bootstrap, topics=topics)
+    t.create(SCHEMA, properties=properties or {})
+    assert t.append(pa.table({"id": [100]})).version == 1
+    t.close()
+    threads: list[threading.Thread] = []
+    if held is not None:
+        held.holding.set()
+        threads, _ = _in_threads([lambda: Table(root, bootstrap, topics=topics).append(pa.table({"id": [101]}))])
+        _wait(lambda: coord.publisher.lag() == 1, "version 2 ratified, not published")
+    else:
+        assert coord.wait_published(WAIT_S)
+    ts = _writers(root, bootstrap, topics, 4)
+    gather.arm(4)
+    four, out = _in_threads(_mixed(ts, 0))
+    assert gather.done.wait(WAIT_S), "the four proposals were decided in one batch"
+    return threads + four, out
+
+
+def _one_version_each(kafka_bootstrap: str, tmp_path: Path, gather: _Gather, *, stalled: bool,
+                      properties: dict[str, str] | None) -> None:
+    topics = fresh_topics(kafka_bootstrap)
+    held = HeldStability(kafka_bootstrap, topics.commits) if stalled else None
+    root = (tmp_path / "t").resolve()
+
+    def install(c: Coordinator) -> None:
+        if held is not None:
+            c.publisher.stable = held
+
+    with coordinator_thread(kafka_bootstrap, topics, before_run=install) as coord:
+        threads, out = _stalled_then_four(coord, root, kafka_bootstrap, topics, held, gather, properties)
+        if held is not None:
+            held.holding.clear()
+        _join(threads)
+        assert all(isinstance(r, CommitResult) for r in out), out
+        first = 3 if stalled else 2
+        assert sorted(r.version for r in out) == list(range(first, first + 4)), "one version per commit"
+        assert coord.metrics.coalesced._value.get() == 0
+        assert coord.wait_published(WAIT_S)
+    assert all(COALESCED_KEY not in _commit(root, v)[0].values for v in range(first, first + 4))
+    assert _ids_delta_rs(root) == sorted([0, 1, 2, 3, 100] + ([101] if stalled else []))
+    rep = verify_table(_settings(kafka_bootstrap, topics), root.as_uri(), root.as_uri())
+    assert_verified(rep)
+    assert rep.coalesced_commits == 0 and rep.topic_versions == first + 4
+
+
+def test_coalescing_off_keeps_one_version_per_commit_while_the_store_lags(
+        kafka_bootstrap: str, tmp_path: Path, gather: _Gather) -> None:
+    _one_version_each(kafka_bootstrap, tmp_path, gather, stalled=True, properties={"deltacoord.coalesce": "false"})
+
+
+def test_light_load_keeps_one_version_per_commit(kafka_bootstrap: str, tmp_path: Path, gather: _Gather) -> None:
+    """The same four commits in one batch while the table's lane is idle: each its own version, as always."""
+    _one_version_each(kafka_bootstrap, tmp_path, gather, stalled=False, properties=None)
+
+
+def test_a_crash_between_ratifying_and_publishing_a_coalesced_version_republishes_the_identical_file(
+        kafka_bootstrap: str, tmp_path: Path, gather: _Gather) -> None:
+    topics = fresh_topics(kafka_bootstrap)
+    held = HeldStability(kafka_bootstrap, topics.commits)
+    root = (tmp_path / "t").resolve()
+
+    def install(c: Coordinator) -> None:
+        c.publisher.stable = held
+
+    # The first coordinator ratifies the coalesced version 3 and stops before publishing it (its publication
+    # is held until it gives up: nothing of version 2 or 3 reaches _delta_log).
+    with coordinator_thread(kafka_bootstrap, topics, before_run=install) as coord:
+        threads, out = _stalled_then_four(coord, root, kafka_bootstrap, topics, held, gather)
+    assert not (root / "_delta_log" / f"{2:020d}.json").exists()
+    assert not (root / "_delta_log" / f"{3:020d}.json").exists()
+    decisions = [d for d in read_decisions(_settings(kafka_bootstrap, topics), 0) if d.committed]
+    leader = next(d for d in decisions if d.version == 3 and d.coalesced_into is None)
+    members = [d for d in decisions if d.coalesced_into is not None]
+    assert len(members) == 3 and all(d.version == 3 and d.coalesced_into == leader.proposal_id for d in members)
+    expected = commit_to_json_lines(leader.actions)
+    # The next coordinator recovers from the commits topic and publishes the same bytes.
+    held.holding.clear()
+    with coordinator_thread(kafka_bootstrap, topics) as again:
+        assert again.wait_published(WAIT_S)
+        _join(threads)
+    assert (root / "_delta_log" / f"{3:020d}.json").read_bytes() == expected
+    assert all(isinstance(r, CommitResult) for r in out), out
+    assert [r.version for r in out] == [3, 3, 3, 3]
+    assert _ids_delta_rs(root) == [0, 1, 2, 3, 100, 101]
+    rep = verify_table(_settings(kafka_bootstrap, topics), root.as_uri(), root.as_uri())
+    assert_verified(rep)
+    assert rep.coalesced_commits == 3 and rep.published_versions == 4
 
 
 def _wait(cond: Callable[[], bool], what: str) -> None:
