@@ -18,7 +18,8 @@ stops.
 
 Nothing acknowledged is invisible: before a batch that ratifies version v of a
 table is recorded, `_delta_log/<v>.json` must be absent (one HEAD, or a stat,
-per table and batch). A file there was written around the coordinator: the
+per table and batch, asked only while the table's version v-1 is published:
+see `_probe`). A file there was written around the coordinator: the
 table halts and the batch is decided again without it, so no writer is told
 COMMITTED for a version readers would never see. A store that cannot answer
 rejects that table's proposals of the batch (STORAGE_UNAVAILABLE, retryable).
@@ -702,10 +703,18 @@ class PartitionCoordinator:
 
     def _probe(self, overlay: Overlay, probed: dict[tuple[str, int], str | None]) -> tuple[dict[str, str], dict[str, str]]:
         """Tables the batch would ratify a version of whose `<v>.json` already exists (foreign, why), and those whose
-        store cannot say (unavailable, why). `probed` caches answers within the batch."""
+        store cannot say (unavailable, why). `probed` caches answers within the batch.
+
+        A table whose lane has not published its newest ratified version yet is not asked: a Delta writer writes
+        the version after the newest it lists, so `<v>.json` cannot appear around the coordinator before
+        `<v-1>.json`, which is ours and unpublished; one written there meets our publication, which halts the table
+        (and tells its writers the version is unpublished). Under load, when each question would cost the deciding
+        thread a store round trip per batch, the lanes are busy and nothing is asked."""
         foreign: dict[str, str] = {}
         unavailable: dict[str, str] = {}
-        keys = {tid: (tid, live.version + 1 if (live := self.states.get(tid)) is not None else 0) for tid in overlay.tables}
+        lagging = self.publisher.lagging(overlay.tables)
+        keys = {tid: (tid, live.version + 1 if (live := self.states.get(tid)) is not None else 0) for tid in overlay.tables
+                if tid not in lagging}
         # (table id, next version) -> table URI, for the keys not asked yet in this batch
         todo = {key: overlay.tables[tid].table_uri for tid, key in keys.items() if key not in probed}
 
