@@ -42,6 +42,8 @@ CheckpointFn = Callable[[TableStorage, int], object]
 #: stopped on request with ratified versions not in `_delta_log` (the next owner publishes them).
 #: (4 is the watchdog's `os._exit`.)
 EXIT_OK, EXIT_FENCED, EXIT_ERROR, EXIT_UNPUBLISHED = 0, 3, 5, 6
+#: How long fetched proposals of tables whose stores lag wait for one of them to publish (see `_linger`).
+LINGER_MAX_S = 0.2
 
 
 @dataclass
@@ -265,6 +267,33 @@ class Coordinator:
             detail["reasons"] = reasons
         return not reasons, detail
 
+    def _linger(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
+        """Group commit at the store's pace: while every table the fetched proposals name (their keys) has a
+        version its store has not taken yet, and coalesces (`deltacoord.coalesce`), deciding them now would only
+        queue another version behind it. They wait (at most `LINGER_MAX_S`) for one of those lanes to publish, and
+        what arrived meanwhile joins them, to share the next version (`coordinator.rules.coalesce`). A lane idle
+        (light load) or a table that does not coalesce: decided at once, as always."""
+        s = self.settings
+        if len(msgs) >= s.max_batch:
+            return msgs
+        tables: set[str] = set()
+        for m in msgs:
+            key = m.key() if m.error() is None else None
+            if not key:
+                return msgs
+            tables.add(key.decode("utf-8", errors="replace"))
+        if self.publisher.lagging(tables) != tables or not all(self._coalesces(t) for t in tables):
+            return msgs
+        self.publisher.wait_progress(tables, LINGER_MAX_S)
+        return [*msgs, *consumer.consume(s.max_batch - len(msgs), 0)]
+
+    def _coalesces(self, table_id: str) -> bool:
+        for w in self._workers.values():
+            st = w.states.get(table_id)
+            if st is not None:
+                return TableProperties.of(st.metadata).coalesce and not TableProperties.of(st.metadata).maxcompute
+        return False
+
     def wait_published(self, timeout_s: float = 30.0) -> bool:
         """Block until every version this coordinator decided is in `_delta_log` (or its table is halted).
 
@@ -411,6 +440,7 @@ class Coordinator:
                         owned.maybe_snapshot()
                     continue
                 msgs = [first, *consumer.consume(s.max_batch - 1, 0)] if s.max_batch > 1 else [first]
+                msgs = self._linger(consumer, msgs)
                 by_partition: dict[int, list[Message]] = {}
                 for m in msgs:
                     err = m.error()

@@ -157,3 +157,28 @@ def test_stop_publishes_what_the_lanes_hold(tmp_path: Path) -> None:
 def test_lanes_below_one_are_refused() -> None:
     with pytest.raises(ValueError, match="lanes"):
         Publisher(lanes=0).start()
+
+
+def test_a_stalled_table_is_lagging_and_progress_wakes_who_waits(tmp_path: Path,
+                                                                  stalled: dict[str, threading.Event]) -> None:
+    """What commit coalescing reads: a table with a ratified version its store has not taken is lagging; one
+    waiting for progress wakes once it is published (or when its bound passes)."""
+    slow, idle = tmp_path / "slow", tmp_path / "idle"
+    stalled["slow"] = threading.Event()
+    p = Publisher(fsync=False, lanes=2)
+    p.start()
+    try:
+        p.submit(_task(idle, 0))
+        assert p.wait_idle(10)
+        p.submit(_task(slow, 0))
+        assert p.lagging(["slow", "idle", "unknown"]) == {"slow"}
+        p.wait_progress(["slow"], 0.05)  # the bound passes: still lagging
+        assert p.lagging(["slow"]) == {"slow"}
+        woke = threading.Event()
+        waiter = threading.Thread(target=lambda: (p.wait_progress(["slow"], 30), woke.set()), daemon=True)
+        waiter.start()
+        stalled["slow"].set()
+        assert woke.wait(10) and p.lagging(["slow"]) == frozenset()
+    finally:
+        stalled.get("slow", threading.Event()).set()
+        p.stop()
