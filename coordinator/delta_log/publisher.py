@@ -196,21 +196,21 @@ class Publisher:
             if error is not None:
                 t.last_error = f"{type(error).__name__}: {error}"
 
-    def lagging(self, table_ids: Iterable[str]) -> frozenset[str]:
-        """Tables (of `table_ids`, not halted) with ratified versions their store has not taken yet: a lane busy
-        with them (what makes a table's next commits share versions, `coordinator.rules.coalesce`)."""
+    def lagging(self, table_ids: Iterable[str], by: int = 1) -> frozenset[str]:
+        """Tables (of `table_ids`, not halted) with at least `by` ratified versions their store has not taken yet:
+        a lane busy with them (what makes a table's next commits share versions, `coordinator.rules.coalesce`)."""
         with self._lock:
-            return frozenset(tid for tid in table_ids
-                             if (t := self.tables.get(tid)) is not None and t.halted is None and t.ratified > t.published)
+            return frozenset(tid for tid in table_ids if (t := self.tables.get(tid)) is not None and t.halted is None
+                             and t.ratified - t.published >= by)
 
-    def wait_progress(self, table_ids: Iterable[str], timeout_s: float) -> None:
-        """Block until one of the tables has every ratified version published (or is halted, or unknown), or
-        `timeout_s` passes."""
+    def wait_progress(self, table_ids: Iterable[str], timeout_s: float, by: int = 1) -> None:
+        """Block until one of the tables has fewer than `by` ratified versions unpublished (or is halted, or
+        unknown), or `timeout_s` passes."""
         ids = list(table_ids)
         deadline = time.monotonic() + timeout_s
         with self._idle:
             while True:
-                if any((t := self.tables.get(tid)) is None or t.halted is not None or t.ratified <= t.published
+                if any((t := self.tables.get(tid)) is None or t.halted is not None or t.ratified - t.published < by
                        for tid in ids):
                     return
                 remaining = deadline - time.monotonic()

@@ -44,6 +44,8 @@ CheckpointFn = Callable[[TableStorage, int], object]
 EXIT_OK, EXIT_FENCED, EXIT_ERROR, EXIT_UNPUBLISHED = 0, 3, 5, 6
 #: How long fetched proposals of tables whose stores lag wait for one of them to publish (see `_linger`).
 LINGER_MAX_S = 0.2
+#: Unpublished versions of a table from which its next proposals wait (`_linger`): one in flight, one queued.
+LINGER_BEHIND = 2
 
 
 @dataclass
@@ -269,10 +271,11 @@ class Coordinator:
 
     def _linger(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
         """Group commit at the store's pace: while every table the fetched proposals name (their keys) has a
-        version its store has not taken yet, and coalesces (`deltacoord.coalesce`), deciding them now would only
-        queue another version behind it. They wait (at most `LINGER_MAX_S`) for one of those lanes to publish, and
-        what arrived meanwhile joins them, to share the next version (`coordinator.rules.coalesce`). A lane idle
-        (light load) or a table that does not coalesce: decided at once, as always."""
+        version in flight and another queued behind it (`LINGER_BEHIND`), and coalesces (`deltacoord.coalesce`),
+        deciding them now would only queue one more version. They wait (at most `LINGER_MAX_S`) for one of those
+        lanes to publish, and what arrived meanwhile joins them, to share the next version
+        (`coordinator.rules.coalesce`); the next version's Kafka transaction overlaps the PUT in flight. A lane
+        idle or short (light load), or a table that does not coalesce: decided at once, as always."""
         s = self.settings
         if len(msgs) >= s.max_batch:
             return msgs
@@ -282,9 +285,9 @@ class Coordinator:
             if not key:
                 return msgs
             tables.add(key.decode("utf-8", errors="replace"))
-        if self.publisher.lagging(tables) != tables or not all(self._coalesces(t) for t in tables):
+        if self.publisher.lagging(tables, LINGER_BEHIND) != tables or not all(self._coalesces(t) for t in tables):
             return msgs
-        self.publisher.wait_progress(tables, LINGER_MAX_S)
+        self.publisher.wait_progress(tables, LINGER_MAX_S, LINGER_BEHIND)
         return [*msgs, *consumer.consume(s.max_batch - len(msgs), 0)]
 
     def _coalesces(self, table_id: str) -> bool:

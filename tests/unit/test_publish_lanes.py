@@ -172,6 +172,9 @@ def test_a_stalled_table_is_lagging_and_progress_wakes_who_waits(tmp_path: Path,
         assert p.wait_idle(10)
         p.submit(_task(slow, 0))
         assert p.lagging(["slow", "idle", "unknown"]) == {"slow"}
+        assert p.lagging(["slow"], by=2) == frozenset()  # one version in flight
+        p.submit(_task(slow, 1))
+        assert p.lagging(["slow"], by=2) == {"slow"}  # and one queued behind it
         p.wait_progress(["slow"], 0.05)  # the bound passes: still lagging
         assert p.lagging(["slow"]) == {"slow"}
         woke = threading.Event()
