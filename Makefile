@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test check demo lint bench jars servers venv clean
+.PHONY: test check demo docs lint bench jars servers venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ check: jars servers
 demo: jars
 	$(BIN)/deltacoord demo
 
+# The docs site into site/ (docs/*.md and the API reference from docstrings); any warning fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
+
 lint: $(STAMP)
 	$(BIN)/ruff check schemas reader writer coordinator deltacoord tests bench
 	$(BIN)/mypy
@@ -48,4 +52,4 @@ bench: jars
 	$(BIN)/deltacoord bench --writers 16 --commits-per-writer 50
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info site

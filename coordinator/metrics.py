@@ -4,11 +4,47 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+
+@dataclass(frozen=True)
+class TableGauges:
+    """What the publisher knows of one table at a scrape (`Publisher.table_gauges`)."""
+
+    table: str
+    ratified: int
+    published: int
+    halted: bool
+
+
+class _TableCollector(Collector):
+    """Per-table gauges read from the publisher when scraped: no work on the deciding path."""
+
+    def __init__(self, tables: Callable[[], Iterable[TableGauges]]) -> None:
+        self._tables = tables
+
+    def collect(self) -> Iterator[Metric]:
+        lag = GaugeMetricFamily("deltacoord_table_publish_lag_versions", "Ratified versions of the table not yet in "
+                                "its _delta_log", labels=["table"])
+        ratified = GaugeMetricFamily("deltacoord_table_ratified_version", "The table's newest version ratified in Kafka",
+                                     labels=["table"])
+        published = GaugeMetricFamily("deltacoord_table_published_version", "The table's newest version in _delta_log",
+                                      labels=["table"])
+        halted = GaugeMetricFamily("deltacoord_table_halted", "1 while the table's publication is halted (see "
+                                   "`deltacoord table status`)", labels=["table"])
+        for t in self._tables():
+            lag.add_metric([t.table], 0 if t.halted else max(0, t.ratified - t.published))
+            ratified.add_metric([t.table], t.ratified)
+            published.add_metric([t.table], t.published)
+            halted.add_metric([t.table], 1 if t.halted else 0)
+        yield from (lag, ratified, published, halted)
 
 
 class Metrics:
@@ -16,6 +52,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._table_collector: _TableCollector | None = None
         r = self.registry
         self.proposals = Counter("deltacoord_proposals_total", "Proposals consumed", ["partition"], registry=r)
         self.commits = Counter("deltacoord_commits_total", "Versions ratified", ["partition"], registry=r)
@@ -42,9 +79,23 @@ class Metrics:
             "deltacoord_unrecordable_total",
             "Messages whose answer Kafka refused to record, by what was recorded instead (headers_only: a rejection and a "
             "dead letter without bytes; rejection_only: the rejection alone, the message skipped)", ["step"], registry=r)
+        self.table_commits = Counter("deltacoord_table_commits_total", "Versions ratified, per table (its URI)", ["table"],
+                                     registry=r)
+        self.table_conflicts = Counter("deltacoord_table_conflicts_total",
+                                       "Proposals rejected for a conflict, per table and Delta exception", ["table", "type"],
+                                       registry=r)
         self.recovery_records = Counter(
             "deltacoord_recovery_records_total", "Commits-topic records read to rebuild table states (at partition take-over)",
             registry=r)
+
+
+    def watch_tables(self, tables: Callable[[], Iterable[TableGauges]]) -> None:
+        """Expose per-table gauges (lag, ratified and published versions, halted) read from `tables` at each scrape
+        (the last source given: a coordinator made again with these metrics replaces its predecessor's)."""
+        if self._table_collector is not None:
+            self.registry.unregister(self._table_collector)
+        self._table_collector = _TableCollector(tables)
+        self.registry.register(self._table_collector)
 
 
 class MetricsPortError(OSError):

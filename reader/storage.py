@@ -41,7 +41,7 @@ from obstore.exceptions import BaseError as ObstoreError
 from obstore.store import AzureStore, GCSStore, S3Store
 
 from reader.storage_local import AtomicPutUnsupportedError, LocalBackend, ObjectNotFoundError
-from reader.storage_options import StorageConfigError, UnknownStorageOptionError, obstore_options
+from reader.storage_options import StorageConfigError, UnknownStorageOptionError, obstore_options, suggestion
 from reader.storage_uri import (
     StorageError,
     StorageUriError,
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 __all__ = [
     "WHOLE_OBJECT_BYTES",
     "AtomicPutUnsupportedError",
+    "BucketNotFoundError",
     "ObjectInfo",
     "ObjectNotFoundError",
     "RangeReader",
@@ -139,11 +140,30 @@ def _bucket_store(uri: TableUri, storage_options: Mapping[str, str] | None) -> O
             else:
                 store = GCSStore(uri.bucket, **kwargs)
         except UnknownConfigurationKeyError as e:
-            raise UnknownStorageOptionError(f"unknown storage option for {uri}: {_first_line(e)}") from e
+            raise UnknownStorageOptionError(f"unknown storage option for {uri}: {_first_line(e).rstrip('.')}"
+                                            + _did_you_mean(uri, opts.config)) from e
         except (ObstoreError, TypeError, ValueError) as e:
             raise StorageConfigError(f"storage_options cannot configure {uri}: {_first_line(e)}") from e
         _stores[key] = store
         return store
+
+
+#: How each store says that the bucket or container is missing (S3, Azure, GCS).
+_NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "The specified bucket does not exist", "bucket does not exist")
+
+
+class BucketNotFoundError(ObjectNotFoundError):
+    """The table's bucket (Azure: container) does not exist: nothing under it can be read or written."""
+
+
+def _did_you_mean(uri: TableUri, config: Mapping[str, str]) -> str:
+    """'; did you mean AWS_REGION?' for the given key closest to a known one, else ''."""
+    own = {"s3": "aws_", "az": "azure_", "gs": "google_"}[uri.kind]
+    for key in config:
+        meant = suggestion(uri.kind, key if key.startswith(own) else own + key)
+        if meant is not None and meant.lower() != (key if key.startswith(own) else own + key):
+            return f"; did you mean {meant}?"
+    return ""
 
 
 def _as_bytes_view(data: bytes | bytearray | memoryview | pa.Buffer) -> bytes | memoryview:
@@ -365,10 +385,18 @@ class TableStorage:
         return self._store
 
     def _not_found(self, key: str, e: BaseException) -> ObjectNotFoundError:
-        return ObjectNotFoundError(f"no object {key!r} under {self.location}: {_first_line(e)}")
+        return self._no_bucket(e) or ObjectNotFoundError(f"no object {key!r} under {self.location}: {_first_line(e)}")
 
     def _error(self, what: str, key: str, e: BaseException) -> StorageError:
-        return StorageError(f"{what} {key!r} under {self.location} failed: {_first_line(e)}")
+        return self._no_bucket(e) or StorageError(f"{what} {key!r} under {self.location} failed: {_first_line(e)}")
+
+    def _no_bucket(self, e: BaseException) -> BucketNotFoundError | None:
+        """The error to raise when the store answered that the bucket (container) itself does not exist."""
+        if not any(m in str(e) for m in _NO_BUCKET):
+            return None
+        kind = {"s3": "s3", "az": "azure", "gs": "gcs"}.get(self.uri.kind, self.uri.kind)
+        return BucketNotFoundError(f"the bucket {self.uri.bucket!r} of {self.location} does not exist: create it first "
+                                   f"(on the local servers: deltacoord storage create-bucket {kind} {self.uri.bucket})")
 
     # -- reads ------------------------------------------------------------------------------------
     def get(self, key: str) -> bytes:
@@ -470,8 +498,9 @@ class TableStorage:
                     if start_after is not None and key <= start_after:
                         continue
                     out.append(ObjectInfo(key, int(meta["size"]), meta["last_modified"], meta.get("e_tag"), meta.get("version")))
-        except ObstoreError as e:
-            raise StorageError(f"listing {prefix or '/'} under {self.location} failed: {_first_line(e)}") from e
+        except (ObstoreError, NotFoundError, FileNotFoundError) as e:
+            raise self._no_bucket(e) or StorageError(
+                f"listing {prefix or '/'} under {self.location} failed: {_first_line(e)}") from e
         out.sort(key=lambda o: o.key)
         return out
 
@@ -496,7 +525,7 @@ class TableStorage:
             return
         try:
             obstore.put(self._obj(), self._path(key), _as_bytes_view(data), mode="overwrite", use_multipart=False)
-        except ObstoreError as e:
+        except (ObstoreError, NotFoundError, FileNotFoundError) as e:  # not found on a write: no bucket
             raise self._error("writing", key, e) from e
 
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview | pa.Buffer) -> bool:
@@ -521,7 +550,7 @@ class TableStorage:
                     f"{self.location} does not allow conditional writes ({_first_line(e)}); "
                     "remove aws_conditional_put=disabled from storage_options"
                 ) from e
-            except ObstoreError as e:
+            except (ObstoreError, NotFoundError, FileNotFoundError) as e:
                 raise self._error("conditionally writing", key, e) from e
         raise StorageError(
             f"conditionally writing {key!r} under {self.location}: the store kept answering 409 "

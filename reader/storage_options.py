@@ -13,6 +13,7 @@ obstore reads when the store is built.
 from __future__ import annotations
 
 import datetime
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -56,6 +57,34 @@ _RENAMED = {
     "aws_iam_role_arn": "role_arn", "aws_s3_assume_role_arn": "role_arn",
     "aws_iam_role_session_name": "role_session_name", "aws_s3_role_session_name": "role_session_name",
 }
+
+#: The store settings users spell (object_store's names, which delta-rs takes too): only to suggest the key a
+#: misspelt one meant; object_store itself decides what it accepts.
+_KNOWN_KEYS = {
+    "s3": ("access_key_id", "secret_access_key", "session_token", "region", "default_region", "endpoint", "endpoint_url",
+           "bucket", "checksum_algorithm", "conditional_put", "copy_if_not_exists", "disable_tagging",
+           "metadata_endpoint", "request_payer", "role_arn", "role_session_name", "server_side_encryption",
+           "skip_signature", "sse_bucket_key_enabled", "sse_kms_key_id", "sts_endpoint", "unsigned_payload",
+           "virtual_hosted_style_request", "web_identity_token_file", "s3_addressing_style", "token"),
+    "az": ("storage_account_name", "storage_account_key", "account_name", "account_key", "access_key", "authority_host",
+           "client_id", "client_secret", "tenant_id", "container_name", "disable_tagging", "endpoint", "federated_token_file",
+           "msi_endpoint", "msi_resource_id", "object_id", "sas_key", "sas_token", "skip_signature", "token",
+           "use_azure_cli", "use_emulator", "use_fabric_endpoint", "storage_use_emulator"),
+    "gs": ("service_account", "service_account_key", "application_credentials", "base_url", "bearer_token", "bucket",
+           "skip_signature", "service_account_path"),
+}
+
+
+def suggestion(kind: str, key: str) -> str | None:
+    """The known storage option a misspelt `key` most likely meant, in the store's own spelling (AWS_REGION)."""
+    own = _PREFIX.get(kind)
+    if own is None:
+        return None
+    names = [own + k for k in _KNOWN_KEYS[kind]] + [own + k for k in _CLIENT_KEYS] + sorted(_CLIENT_KEYS) + [
+        "max_retries", "retry_timeout"]
+    close = difflib.get_close_matches(key.strip().lower(), names, n=1, cutoff=0.75)
+    return close[0].upper() if close else None
+
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|m|min|mins|h|hr|hrs)?\s*$")

@@ -85,6 +85,8 @@ from schemas.messages import Decision, Outcome
 from schemas.routing import (
     ADOPTED_ERROR_TYPE,
     CONTROL_ADOPT,
+    CONTROL_DROP,
+    DROPPED_ERROR_TYPE,
     H_CONTROL,
     H_OUTCOME,
     H_TABLE_ID,
@@ -446,6 +448,9 @@ class CommitStream:
         if header(m, H_CONTROL) == CONTROL_ADOPT.encode():
             self._on_adoption(m)
             return
+        if header(m, H_CONTROL) == CONTROL_DROP.encode():
+            self._on_drop(m)
+            return
         if header(m, H_OUTCOME) != Outcome.COMMITTED.value.encode():
             return
         raw_version = header(m, H_VERSION)
@@ -502,6 +507,27 @@ class CommitStream:
             return
         self._next = n + 1
         self._metadata, self._protocol, self._adopted = None, None, True
+
+    def _on_drop(self, m: Message) -> None:
+        """A drop record (`deltacoord table drop`): the table ends, and versions after it belong to the table created
+        afterwards under the same id, from version 0. A stream still finding its start follows that table; one
+        that delivered versions of the dropped table stops (as Delta's streaming source stops when the table it
+        reads is replaced)."""
+        value = m.value()
+        if value is None:
+            return
+        d = decode_decision(value)
+        if d.error_type != DROPPED_ERROR_TYPE or d.duplicate_of is not None:
+            return  # a drop answered again changed nothing
+        if self._deliver_from is not None and self._next > self._deliver_from:
+            self._error = StreamGapError(
+                f"table {self.table_id} was dropped at version {d.winning_version} (`deltacoord table drop`) after this "
+                "stream delivered versions of it: the versions that follow belong to a new table created under the same "
+                "id, from version 0. To read that table, start a new stream after the drop: "
+                f"starting_timestamp={d.decided_at_ms} (milliseconds), or starting_version='latest'")
+            return
+        self._next = 0
+        self._metadata, self._protocol, self._adopted = None, None, False
 
     def _on_commit(self, d: Decision) -> None:
         assert d.version is not None

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from reader.log import TableLocation, list_log, read_commit, table_storage
 from reader.snapshot import Snapshot, TimestampLike
-from schemas.actions import AddFile, CommitInfo
+from schemas.actions import AddFile, CommitInfo, RemoveFile
 from schemas.jobs import is_time_version
 
 
@@ -74,7 +74,9 @@ def incremental_read(location: TableLocation, *, start_version: int | None = Non
 
     The start is a version, or a timestamp resolved to the time version at it.
     Rows come from the data files those commits added with dataChange=true
-    (appends, and the rewritten files of UPDATE/DELETE/MERGE/overwrite); the
+    (appends, and the rewritten files of UPDATE/DELETE/MERGE/overwrite), not
+    from a file a commit only re-added with a new deletion vector (its rows are
+    not new: on a `maxcompute` table it may be a compaction's output); the
     files of compaction and clustering commits are never returned.
     """
     if (start_version is None) == (start_timestamp is None):
@@ -93,7 +95,9 @@ def incremental_read(location: TableLocation, *, start_version: int | None = Non
         if not is_time_version(ci, actions):
             continue
         versions.append(v)
-        files.extend(a for a in actions if isinstance(a, AddFile) and a.data_change)
+        # A file removed and added again in one commit only gained a deletion vector: it holds no new row.
+        revectored = {a.path for a in actions if isinstance(a, RemoveFile)}
+        files.extend(a for a in actions if isinstance(a, AddFile) and a.data_change and a.path not in revectored)
     return IncrementalRead(start_version, end.version, tuple(versions), tuple(files), end.read_adds(files))
 
 

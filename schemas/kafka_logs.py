@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.errors import DeltaCoordError
+from schemas.errors import ProposalNotSentError
 
 LOGGER_NAME = "deltacoord.kafka"
 #: A message already logged is dropped for this long, then logged again with the count of its repeats.
@@ -28,8 +28,11 @@ REPEAT_INTERVAL_S = 60.0
 _VARYING = re.compile(r"\d+(?:\.\d+)*|#\w+-\d+")
 
 
-class UnreachableKafkaError(DeltaCoordError):
-    """No broker of `bootstrap.servers` answered: a wrong address, a stopped broker, a network in the way."""
+class UnreachableKafkaError(ProposalNotSentError):
+    """No broker of `bootstrap.servers` answered: a wrong address, a stopped broker, a network in the way.
+
+    A commit call raises it before anything was sent (it asks before proposing): nothing can commit, and a
+    retry is safe, so it is a `ProposalNotSentError`."""
 
 
 class RepeatFilter(logging.Filter):

@@ -39,7 +39,12 @@ class ReasonCode(StrEnum):
     #: A file path of an action (add, remove, cdc) holds a control character (C0, DEL or C1), raw or
     #: percent-encoded: parsers drop or mangle them, so the path would name another file than it reads.
     BAD_FILE_PATH = "BAD_FILE_PATH"
+    #: An added file's partition values name other columns than the table's, or one is not a value of its
+    #: column's type (readers parse it for every scan).
     PARTITION_VALUES_MISMATCH = "PARTITION_VALUES_MISMATCH"
+    #: An added file's deletion-vector descriptor is not one a Delta reader can read (storage type, Z85 text,
+    #: negative sizes or offsets, a path outside the table).
+    BAD_DELETION_VECTOR = "BAD_DELETION_VECTOR"
     BAD_ISOLATION_LEVEL = "BAD_ISOLATION_LEVEL"
     BAD_SCHEMA = "BAD_SCHEMA"
     APPEND_ONLY = "APPEND_ONLY"
@@ -88,7 +93,7 @@ class ReasonCode(StrEnum):
     UNSUPPORTED_TABLE_FEATURE = "UNSUPPORTED_TABLE_FEATURE"
     #: Adopting a table whose `_delta_log` cannot be read to its current version (corrupt, unreadable feature).
     UNREADABLE_TABLE = "UNREADABLE_TABLE"
-    #: An adopt request naming another version than the table's current one: older than the table's latest commits
+    #: An adopt or drop request naming another version than the table's current one: older than the table's latest commits
     #: (delayed, or a captured request replayed), or read from another view of the store. Send a new request.
     STALE_CONTROL_REQUEST = "STALE_CONTROL_REQUEST"
     # -- one location, one table (`reader.claim`, checked by coordinator.kafka.partition at a creation or adoption) --

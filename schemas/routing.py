@@ -53,12 +53,15 @@ H_CONTROL = "deltacoord.control"
 #: to (exclusive), recorded atomically with its decisions. Recovery resumes from the highest one (or the
 #: group's committed offset, if higher), so most transactions need no offset commit of their own.
 H_NEXT_OFFSET = "deltacoord.next_offset"
-#: Control requests that hand a table to the coordinator or take it back (`deltacoord table adopt|release`): a
-#: proposal (no actions) with header `deltacoord.control` and a proposal id `CONTROL_PREFIX<kind>:<uuid>`,
-#: answered by a control record of that id (`error_type` `TableAdopted` / `TableReleased`) or a rejection.
-CONTROL_ADOPT, CONTROL_RELEASE = "adopt", "release"
+#: Control requests that hand a table to the coordinator, take it back or make it forget the table (`deltacoord
+#: table adopt|release|drop`): a proposal (no actions) with header `deltacoord.control` and a proposal id
+#: `CONTROL_PREFIX<kind>:<uuid>`, answered by a control record of that id (`error_type` `TableAdopted` /
+#: `TableReleased` / `TableDropped`) or a rejection.
+CONTROL_ADOPT, CONTROL_RELEASE, CONTROL_DROP = "adopt", "release", "drop"
 CONTROL_PREFIX = "deltacoord-control:"
-ADOPTED_ERROR_TYPE, RELEASED_ERROR_TYPE = "TableAdopted", "TableReleased"
+ADOPTED_ERROR_TYPE, RELEASED_ERROR_TYPE, DROPPED_ERROR_TYPE = "TableAdopted", "TableReleased", "TableDropped"
+#: A drop request's operation parameter: "true" when the coordinator deletes the table's files too.
+DROP_DELETE_FILES = "deleteFiles"
 
 
 class _HasHeaders(Protocol):

@@ -153,15 +153,26 @@ def proposal_producer(conf: dict[str, Any]) -> Producer:
     return Producer({**quiet, "enable.idempotence": True, "linger.ms": 0, "acks": "all"})
 
 
+#: How long a writer waits for the proposals topic on a cluster that has no deltacoord topics at all: a
+#: coordinator started a moment ago creates them within a few seconds (`coordinator run &` then a write).
+TOPICS_APPEAR_S = 10.0
+
+
 def partition_count(client: Producer | Consumer, topic: str, servers: str, timeout_s: float = 30) -> int:
-    """How many partitions `topic` has (a clear error when it does not exist)."""
-    md = client.list_topics(topic, timeout=timeout_s)
-    t = md.topics.get(topic)
-    if t is None or t.error is not None or not t.partitions:
-        suffix = "." + topic.rsplit(".", 1)[-1]
+    """How many partitions `topic` has (a clear error when it does not exist: at once when other prefixes'
+    topics exist, else after TOPICS_APPEAR_S of waiting for a starting coordinator to create them)."""
+    suffix = "." + topic.rsplit(".", 1)[-1]
+    give_up = time.monotonic() + TOPICS_APPEAR_S
+    while True:
+        md = client.list_topics(topic, timeout=timeout_s)
+        t = md.topics.get(topic)
+        if t is not None and t.error is None and t.partitions:
+            return len(t.partitions)
         names = client.list_topics(timeout=timeout_s).topics
-        raise TopicNotFoundError(topic, servers, sorted(n.removesuffix(suffix) for n in names if n.endswith(suffix)))
-    return len(t.partitions)
+        prefixes = sorted(n.removesuffix(suffix) for n in names if n.endswith(suffix))
+        if (prefixes and topic not in names) or time.monotonic() >= give_up:  # in names: being created
+            raise TopicNotFoundError(topic, servers, prefixes)
+        time.sleep(0.25)
 
 
 class _Replies(Routing):

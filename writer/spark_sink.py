@@ -107,7 +107,7 @@ from writer.column_mapping import Layout
 from writer.constraints import WriteRules, fill_and_check
 from writer.spark_options import SinkConfigError, SinkOptions, check_option_names
 from writer.spark_save_modes import PartitioningMismatchError, PathExistsError, load_table, write_to_existing
-from writer.table import check_writable
+from writer.table import check_writable, conform_column
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +155,7 @@ class StagePlan:
         cols = []
         for f in self.schema:
             if f.name in t.column_names:
-                col = t.column(f.name)
-                cols.append(col if col.type == f.type else col.cast(f.type))
+                cols.append(conform_column(f.name, t.column(f.name), f.type))  # what Delta refuses, refused
             else:
                 cols.append(pa.nulls(t.num_rows, f.type))
         return fill_and_check(self.rules, pa.Table.from_arrays(cols, schema=self.schema), t.column_names)

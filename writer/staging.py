@@ -13,9 +13,10 @@ import datetime as dt
 import decimal
 import json
 import math
+import re
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -32,6 +33,10 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 CHANGE_DATA_DIR = "_change_data"
 #: The column of a change data file naming the change of each row.
 CHANGE_TYPE = "_change_type"
+#: Bytes of data per written file unless the table sets `delta.targetFileSize`: measured as Arrow holds the rows
+#: in memory, so Parquet's encoding and compression make the files at most this size (delta-rs's
+#: `target_file_size` is 100 MiB; Delta's OPTIMIZE aims at 1 GiB).
+TARGET_FILE_SIZE = 128 * 1024 * 1024
 #: Delta truncates string statistics to this many characters.
 STRING_STATS_PREFIX = 32
 _HIVE_ESCAPE = set('"#%\'*/:=?\\\x7f{[]}^')
@@ -65,9 +70,7 @@ def delta_type(t: pa.DataType) -> Any:
     if pa.types.is_date32(t):
         return "date"
     if pa.types.is_timestamp(t):
-        if t.tz is None:
-            raise SchemaError("timestamps without a time zone (timestamp_ntz) are not supported yet; use a UTC timestamp")
-        return "timestamp"
+        return "timestamp" if t.tz is not None else "timestamp_ntz"
     if pa.types.is_decimal(t):
         return f"decimal({t.precision},{t.scale})"
     if pa.types.is_struct(t):
@@ -105,7 +108,7 @@ def normalize_arrow_type(t: pa.DataType) -> pa.DataType:
     if pa.types.is_large_binary(t):
         return pa.binary()
     if pa.types.is_timestamp(t):
-        return pa.timestamp("us", tz="UTC")
+        return pa.timestamp("us", tz="UTC" if t.tz is not None else None)
     return t
 
 
@@ -137,9 +140,9 @@ def _dir_value(v: str | None) -> str:
 
 def _stat_value(v: Any) -> Any:
     if isinstance(v, dt.datetime):
-        if v.tzinfo is not None:
-            v = v.astimezone(dt.UTC).replace(tzinfo=None)
-        return v.isoformat(timespec="milliseconds") + "Z"
+        if v.tzinfo is None:  # timestamp_ntz: a wall time, written without a zone as Delta Spark writes it
+            return v.isoformat(timespec="milliseconds")
+        return v.astimezone(dt.UTC).replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
     if isinstance(v, dt.date):
         return v.isoformat()
     if isinstance(v, decimal.Decimal):
@@ -189,17 +192,20 @@ def write_data_files(
     partition_by: Sequence[str] = (),
     *,
     data_change: bool = True,
-    max_rows_per_file: int = 1_000_000,
+    target_file_size: int = TARGET_FILE_SIZE,
+    max_rows_per_file: int | None = None,
     layout: Layout | None = None,
 ) -> list[AddFile]:
-    """Write `data` as Parquet under the table `root` (a local path or its `TableStorage`), one or more
-    files per partition; returns their adds. With a column-mapping `layout` the files, stats and partition
-    values carry physical names (`writer.column_mapping`)."""
+    """Write `data` as Parquet under the table `root` (a local path or its `TableStorage`): per partition,
+    as few files of about equal size as keep each within `target_file_size` (and `max_rows_per_file`);
+    returns their adds. With a column-mapping `layout` the files, stats and partition values carry
+    physical names (`writer.column_mapping`)."""
     now_ms = int(time.time() * 1000)
     return [
         AddFile(path=path, partition_values=pvals, size=size, modification_time=now_ms, data_change=data_change,
                 stats=file_stats(chunk, chunk.column_names))
-        for path, pvals, size, chunk in _write_files(root, data, partition_by, layout, "", "part", max_rows_per_file)
+        for path, pvals, size, chunk in _write_files(root, data, partition_by, layout, "", "part",
+                                                     target_file_size, max_rows_per_file)
     ]
 
 
@@ -209,11 +215,12 @@ def write_cdc_files(root: Path | TableStorage, changes: pa.Table, partition_by: 
     per partition, as Delta's change data feed stores them; returns their `cdc` actions."""
     return [AddCDCFile(path=path, partition_values=pvals, size=size, data_change=False)
             for path, pvals, size, _chunk in _write_files(root, changes, partition_by, layout, CHANGE_DATA_DIR, "cdc",
-                                                         1_000_000)]
+                                                         TARGET_FILE_SIZE, None)]
 
 
 def _write_files(root: Path | TableStorage, data: pa.Table, partition_by: Sequence[str], layout: Layout | None,
-                 prefix: str, kind: str, max_rows_per_file: int) -> list[tuple[str, dict[str, str | None], int, pa.Table]]:
+                 prefix: str, kind: str, target_file_size: int,
+                 max_rows_per_file: int | None) -> list[tuple[str, dict[str, str | None], int, pa.Table]]:
     """Write `data` per partition; (escaped path, partitionValues, size, the stored rows) of each file."""
     for c in partition_by:
         if c not in data.column_names:
@@ -240,8 +247,9 @@ def _write_files(root: Path | TableStorage, data: pa.Table, partition_by: Sequen
         pvals = {physical(c): serialize_partition_value(key[c]) for c in partition_by}
         dirs = [f"{_hive_escape(physical(c))}={_dir_value(pvals[physical(c)])}" for c in partition_by]
         rel_dir = "/".join([prefix, *dirs] if prefix else dirs)
-        for start in range(0, part.num_rows, max_rows_per_file):
-            chunk = part.slice(start, max_rows_per_file).select(data_cols)
+        rows_per_file = _rows_per_file(part, target_file_size, max_rows_per_file)
+        for start in range(0, part.num_rows, rows_per_file):
+            chunk = part.slice(start, rows_per_file).select(data_cols)
             if layout is not None:
                 chunk = layout.to_physical(chunk)
             name = f"{kind}-00000-{uuid.uuid4()}-c000.snappy.parquet"
@@ -249,6 +257,28 @@ def _write_files(root: Path | TableStorage, data: pa.Table, partition_by: Sequen
             size = storage.write_parquet(rel, chunk, compression="snappy")
             out.append((quote(rel, safe="/=-_.~"), pvals, size, chunk))
     return out
+
+
+def _rows_per_file(part: pa.Table, target_file_size: int, max_rows_per_file: int | None) -> int:
+    """Rows per file splitting `part` into the fewest files of about equal size within both bounds."""
+    rows, size = int(part.num_rows), int(part.nbytes)
+    files = max(1, math.ceil(size / max(1, target_file_size)))
+    if max_rows_per_file is not None:
+        files = max(files, math.ceil(rows / max_rows_per_file))
+    return max(1, math.ceil(rows / files))
+
+
+def target_file_size(configuration: Mapping[str, str] | None) -> int:
+    """The table's `delta.targetFileSize` in bytes (a number, or with a unit: 64mb, 1gb), else TARGET_FILE_SIZE."""
+    text = (configuration or {}).get("delta.targetFileSize")
+    if text is None:
+        return TARGET_FILE_SIZE
+    m = re.fullmatch(r"\s*(\d+)\s*(b|k|kb|m|mb|g|gb)?\s*", text.lower())
+    if m is None or int(m.group(1)) <= 0:
+        raise SchemaError(f"the table property delta.targetFileSize={text!r} is not a size in bytes "
+                          f"(for example 134217728 or 128mb)")
+    unit = {"k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30}
+    return int(m.group(1)) * unit.get(m.group(2) or "b", 1)
 
 
 def delete_staged(root: Path | TableStorage, adds: Iterable[AddFile | AddCDCFile]) -> None:

@@ -69,8 +69,11 @@ from schemas.reasons import ReasonCode
 from schemas.routing import (
     ADOPTED_ERROR_TYPE,
     CONTROL_ADOPT,
+    CONTROL_DROP,
     CONTROL_PREFIX,
     CONTROL_RELEASE,
+    DROP_DELETE_FILES,
+    DROPPED_ERROR_TYPE,
     RELEASED_ERROR_TYPE,
     Topics,
 )
@@ -83,6 +86,7 @@ from writer import column_mapping, identity, protocols, row_tracking, staging
 from writer.client import CoordinatorClient, check_kafka_keywords
 from writer.column_mapping import Layout
 from writer.constraints import CONSTRAINT_PREFIX, WriteRules, fill_and_check
+from writer.decimals import is_decimal_source, to_decimal
 from writer.table_protocol import ProtocolRequestError, new_table, with_column_mapping
 from writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
 from writer.vacuum import VacuumResult, vacuum
@@ -110,8 +114,9 @@ class TableExistsError(ProtocolChangedException):
     proposing: code that tolerates a concurrent creator catches both.
     """
 
-    def __init__(self, uri: str) -> None:
-        super().__init__(f"a Delta table already exists at {uri}; append to it, or create the new table at another location", winning_version=0, table=uri)
+    def __init__(self, uri: str, hint: str = "") -> None:
+        super().__init__(hint or f"a Delta table already exists at {uri}; append to it, or create the new table at "
+                         "another location", winning_version=0, table=uri)
 
 
 class MergeError(InvalidProposalError):
@@ -183,7 +188,7 @@ def _loose_stats(stats: str | None) -> str | None:
 
 #: Called with the rows, files and bytes staged so far.
 Progress = Callable[[int, int, int], None]
-#: Rows staged per chunk when appending from a RecordBatchReader (one data file per chunk and partition).
+#: Rows read at a time from a RecordBatchReader (then gathered into files of the table's target size).
 CHUNK_ROWS = 1_000_000
 
 
@@ -242,6 +247,20 @@ def _check_assignable(column: str, given: pa.DataType, target: pa.DataType) -> N
     raise staging.SchemaError(f"column {column!r} is {target} in the table but the data has {given}: deltacoord does not "
                               f"cast between {g.split('<')[0]} and {want.split('<')[0]} (it would change the values' meaning); "
                               f"convert the column in the data first, e.g. pyarrow.compute.cast(..., {target})")
+
+
+def conform_column(name: str, values: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
+    """`values` as the column's type `target`: decimals exactly (`writer.decimals`), others by Arrow's safe cast
+    within a family of types (`_check_assignable`); SchemaError naming the column otherwise."""
+    if values.type == target:
+        return values
+    if pa.types.is_decimal(target) and is_decimal_source(values.type):
+        return to_decimal(name, values, target)
+    _check_assignable(name, values.type, target)
+    try:
+        return values.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise staging.SchemaError(f"column {name!r}: cannot write {values.type} as {target}: {e}") from e
 
 
 @contextlib.contextmanager
@@ -486,19 +505,30 @@ class Table:
         holds is InvalidProposalError(TABLE_LOCATION_TAKEN); a Delta table the coordinator does not decide,
         appearing after the check here, is refused by the coordinator (TABLE_EXISTS_UNCOORDINATED).
         """
-        if self._floor >= 0 or self.exists():
-            raise TableExistsError(self.uri)
+        exists = self.exists()
+        if self._floor >= 0 or exists:
+            raise TableExistsError(self.uri, "" if exists else self._held_hint())
         self._check_location_free("create")
         tx = self.begin_create(schema, partition_by, properties, name, features=features, protocol=protocol,
                                constraints=constraints, proposal_id=proposal_id)
         props = next(dict(a.configuration) for a in tx.actions if isinstance(a, Metadata))
         try:
-            return tx.commit("CREATE TABLE", changes_data=False,
-                             parameters={"partitionBy": list(partition_by), "properties": props, "isManaged": "false"})
+            created = tx.commit("CREATE TABLE", changes_data=False,
+                                parameters={"partitionBy": list(partition_by), "properties": props, "isManaged": "false"})
         except ProtocolChangedException as e:
             if e.winning_version == 0 and not isinstance(e, TableExistsError):
-                raise TableExistsError(self.uri) from e
+                raise TableExistsError(self.uri, "" if self.exists() else self._held_hint()) from e
             raise
+        # A new table: versions this handle committed to a table dropped at this location before are no floor.
+        self._floor, self._snapshot = created.version, None
+        return created
+
+    def _held_hint(self) -> str:
+        """Why a creation on a location without a log is refused: the coordinator still holds a table there."""
+        table_opt = "" if self.table_id == self.uri else f" --table-id {self.table_id}"
+        return (f"the coordinator still holds table {self.table_id} at {self.uri}, though the location has no "
+                "_delta_log (were its files deleted?). Deleting a coordinated table's files does not drop it: drop it "
+                f"with `deltacoord table drop {self.uri}{table_opt}` (Python: Table(uri).drop()), then create it again")
 
     def adopt(self, *, timeout_s: float | None = None) -> CommitResult:
         """Put this existing Delta table (written by Spark, delta-rs, any Delta writer) under the coordinator,
@@ -558,6 +588,43 @@ class Table:
                                 self.uri, COORDINATED, e)
             raise
 
+    def drop(self, *, delete_files: bool = False, timeout_s: float | None = None) -> CommitResult:
+        """DROP TABLE for a path table: the coordinator forgets this table for good (recorded on the commits topic,
+        so neither a restart, recovery nor a state snapshot brings it back) and frees its location; a table created
+        there afterwards starts from version 0 under a new Delta table id. Returns the version it was dropped at
+        (`already_committed` when this drop was answered before).
+
+        `delete_files=True` is Delta's DROP TABLE of a path table: the coordinator deletes every file under the
+        table's root first (its log, data files and claim). Without it the files stay as an uncoordinated Delta
+        table (as `release` leaves it: a DROP FEATURE commit first removes the `deltacoord-coordinated` writer
+        feature, so Delta writers may write it again, and `adopt` takes it back). A halted table may be dropped
+        (one whose files were deleted around the coordinator is halted, naming this); a halted table whose log is
+        still there is dropped with `delete_files=True`, or resumed first. Stop the table's writers first.
+        """
+        dropped = False
+        if not delete_files:
+            try:
+                dropped = self._set_coordinated(False, timeout_s)
+            except TableNotFoundError:
+                pass  # no log left: nothing carries the feature
+            except InvalidProposalError as e:
+                if e.reason not in (ReasonCode.TABLE_HALTED, ReasonCode.UNKNOWN_TABLE, ReasonCode.TABLE_RELEASED):
+                    raise
+                # The coordinator decides the drop of a halted, released or unknown table (and says why not).
+        try:
+            result = self._control(CONTROL_DROP, "DROP TABLE", timeout_s,
+                                   parameters={DROP_DELETE_FILES: "true" if delete_files else "false"})
+        except DeltaCoordError:
+            if dropped:
+                try:
+                    self._set_coordinated(True, timeout_s)
+                except DeltaCoordError as e:
+                    log.warning("%s: the drop was refused and the %s writer feature could not be put back: %s",
+                                self.uri, COORDINATED, e)
+            raise
+        self._floor = -1
+        return result
+
     def _set_coordinated(self, on: bool, timeout_s: float | None) -> bool:
         """Add (`on`) or remove the `deltacoord-coordinated` writer feature in a protocol-only commit through the
         coordinator, at the latest ratified version; False when the protocol is already as asked."""
@@ -574,18 +641,20 @@ class Table:
         tx.commit(operation, changes_data=False, parameters=parameters, timeout_s=timeout_s)
         return True
 
-    def _control(self, kind: str, operation: str, timeout_s: float | None) -> CommitResult:
-        """An adopt or release request (a proposal without actions, `schemas.routing.CONTROL_ADOPT`) and its answer."""
+    def _control(self, kind: str, operation: str, timeout_s: float | None,
+                 parameters: Mapping[str, str] | None = None) -> CommitResult:
+        """An adopt, release or drop request (a proposal without actions, `schemas.routing.CONTROL_ADOPT`) and its
+        answer."""
         tx = Transaction(self, newest_commit_version(self.storage))
         tx.proposal_id = f"{CONTROL_PREFIX}{kind}:{uuid.uuid4()}"
-        p = tx.proposal(operation, changes_data=False)
+        p = tx.proposal(operation, changes_data=False, parameters=parameters)
         pending = self.client.propose(p, key=self.writer_key, wait="ratified", control=kind)
         try:
             d = self.client.decided(pending, p.table_id, timeout_s or self.decision_timeout_s)
         finally:
             self.client.forget(p.proposal_id)
         self.invalidate()
-        done = ADOPTED_ERROR_TYPE if kind == CONTROL_ADOPT else RELEASED_ERROR_TYPE
+        done = {CONTROL_ADOPT: ADOPTED_ERROR_TYPE, CONTROL_DROP: DROPPED_ERROR_TYPE}.get(kind, RELEASED_ERROR_TYPE)
         if d.error_type != done or d.winning_version is None:
             raise error_from_decision(d)
         return CommitResult(d.winning_version, p.proposal_id, operation, already_committed=d.duplicate_of is not None)
@@ -679,11 +748,7 @@ class Table:
         cols = []
         for f in target:
             if f.name in t.column_names:
-                _check_assignable(f.name, t.column(f.name).type, f.type)
-                try:
-                    col = t.column(f.name).cast(f.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                    raise staging.SchemaError(f"column {f.name!r}: cannot write {t.column(f.name).type} as {f.type}: {e}") from e
+                col = conform_column(f.name, t.column(f.name), f.type)
             else:
                 col = pa.chunked_array([pa.nulls(t.num_rows, f.type)], type=f.type)
             cols.append(col)
@@ -731,10 +796,15 @@ class Table:
     def _layout(snap: Snapshot, schema: pa.Schema | None = None) -> Layout:
         return Layout.of(snap.metadata, schema if schema is not None else delta_schema_to_arrow(snap.metadata.schema()))
 
-    def _write(self, snap: Snapshot, data: pa.Table, *, data_change: bool = True) -> list[AddFile]:
-        """Stage `data` (logical names, the table schema) as the table stores it (`writer.column_mapping`)."""
+    def _write(self, snap: Snapshot, data: pa.Table, *, data_change: bool = True,
+               target_file_size: int | None = None) -> list[AddFile]:
+        """Stage `data` (logical names, the table schema) as the table stores it (`writer.column_mapping`), in
+        files of at most `target_file_size` (else the table's target size)."""
         layout = self._layout(snap, data.schema)
+        if target_file_size is None:
+            target_file_size = staging.target_file_size(snap.metadata.configuration)
         return staging.write_data_files(self.storage, data, snap.partition_columns, data_change=data_change,
+                                        target_file_size=target_file_size,
                                         layout=layout if layout.mapped else None)
 
     @staticmethod
@@ -802,9 +872,10 @@ class Table:
 
         An app version <= the recorded one is skipped (`already_committed=True`);
         two pipelines with one app id racing get ConcurrentTransactionException.
-        A `pyarrow.RecordBatchReader` (or an iterator of tables) is staged as it is read, a file per
-        million rows (per table), so memory stays bounded by one chunk; `progress(rows, files, bytes)`
-        is called after each staged chunk.
+        A `pyarrow.RecordBatchReader` (or an iterator of tables or batches) is staged as it is read, in
+        files of about the table's target size (`delta.targetFileSize`, else 128 MiB of data as Arrow holds
+        it), so memory stays bounded by about one file; `progress(rows, files, bytes)` is called after each
+        staged file's worth.
         """
         if (app_id is None) != (app_version is None):
             raise ValueError("give both app_id and app_version, or neither")
@@ -823,13 +894,26 @@ class Table:
                 tx.add(SetTransaction(app_id, app_version, int(time.time() * 1000)))
             rows = files = size = 0
             marks: dict[str, int] = {}
-            for chunk in _chunks(data):
-                table = self._conform(chunk, snap, marks)
-                adds = self._write(snap, table)
+            target = staging.target_file_size(snap.metadata.configuration)
+
+            def stage(piece: pa.Table) -> None:
+                nonlocal rows, files, size
+                adds = self._write(snap, piece, target_file_size=max(target, piece.nbytes))  # sized here already
                 tx.stage(adds)
-                rows, files, size = rows + table.num_rows, files + len(adds), size + sum(a.size for a in adds)
+                rows, files, size = rows + piece.num_rows, files + len(adds), size + sum(a.size for a in adds)
                 if progress is not None:
                     progress(rows, files, size)
+
+            pending: pa.Table | None = None
+            for chunk in _chunks(data):  # rows gathered until a file's worth: small batches make no small files
+                conformed = self._conform(chunk, snap, marks)
+                pending = conformed if pending is None else pa.concat_tables([pending, conformed])
+                while pending.num_rows and pending.nbytes >= target:
+                    per_file = max(1, pending.num_rows * target // pending.nbytes)
+                    stage(pending.slice(0, per_file))
+                    pending = pending.slice(per_file)
+            if pending is not None and pending.num_rows:
+                stage(pending)
             self._advance_identity(tx, snap, marks)
             return tx.commit("WRITE", changes_data=True, parameters={"mode": "Append", "partitionBy": snap.partition_columns},
                              metrics={"numOutputRows": rows})

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent, put_many_if_absent
 from coordinator.faults import fault_armed, fault_point
 from coordinator.locations import TableLocationError, TableLocations
+from coordinator.metrics import TableGauges
 from coordinator.stable_wait import StableCheck, StableWait
 from reader.log import commit_key
 from reader.staged_commits import sweep_decided
@@ -163,6 +164,7 @@ class Publisher:
             self._forgotten.discard(task.table_id)
             t = self.tables.setdefault(task.table_id, TablePublication())
             t.ratified = max(t.ratified, task.version)
+            t.uri = task.table_uri or t.uri
             self._pending += 1
         self._q.put(task)
 
@@ -247,6 +249,12 @@ class Publisher:
         with self._lock:
             return dict(self._halted)
 
+    def table_gauges(self) -> list[TableGauges]:
+        """Each table's versions and halt, labelled by its URI (its id until a version names the URI)."""
+        with self._lock:
+            return [TableGauges(t.uri or tid, t.ratified, t.published, t.halted is not None or tid in self._halted)
+                    for tid, t in self.tables.items()]
+
     def halted_count(self) -> int:
         with self._lock:
             return len(self._halted)
@@ -282,6 +290,19 @@ class Publisher:
                 self.tables.pop(t, None)
                 self._halted.pop(t, None)
                 self._forgotten.add(t)
+
+    def reset(self, table_id: str) -> None:
+        """Forget all of a dropped table (its versions, its halt) and publish a table created later under the same
+        id from version 0 on. The caller waited for the table's lane to be idle (published or halted)."""
+        with self._lock:
+            self.tables.pop(table_id, None)
+            self._halted.pop(table_id, None)
+            self._forgotten.discard(table_id)
+            queued = self._lane_q.get(table_id)
+            if queued:  # versions of the dropped table still waiting (its halt held them): never published
+                self._pending -= len(queued)
+                queued.clear()
+                self._idle.notify_all()
 
     def abandon(self) -> None:
         """Drop what is queued and end the thread (a fenced coordinator publishes nothing)."""

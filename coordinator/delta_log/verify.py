@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.kafka.control import ADOPT, control_kind
+from coordinator.kafka.control import ADOPT, DROP, control_kind
 from coordinator.kafka.recovery import decision_resolver, read_decisions
 from coordinator.settings import CoordinatorSettings
 from reader.checkpoint import key_string, read_checkpoint_actions
@@ -74,6 +74,7 @@ from schemas.actions import (
     commit_to_json_lines,
 )
 from schemas.properties import TableProperties
+from schemas.reasons import ReasonCode
 from schemas.routing import partition_for
 from schemas.staged import StagedCommitError
 
@@ -166,11 +167,17 @@ def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str,
                 adopted: set[int]) -> dict[int, tuple[Action, ...]]:
     """The table's ratified versions from the commits topic (problems for gaps and double decisions); the versions
     adoption records stand for go to `adopted`."""
-    decided: Counter[str] = Counter()
+    decided: Counter[str] = Counter()  # new versions per proposal id
+    rejected: set[str] = set()
     ratified: dict[int, tuple[Action, ...]] = {}
     resolve = decision_resolver(settings)
     expected = 0
     for d in read_decisions(settings, partition, table_id=table_id):
+        if control_kind(d) == DROP and d.duplicate_of is None:  # the versions after it are a new table's
+            ratified.clear()
+            adopted.clear()
+            expected = rep.topic_versions = rep.adopted_versions = 0
+            continue
         if control_kind(d) == ADOPT:
             if d.winning_version is not None and d.winning_version >= expected:
                 adopted.update(range(expected, d.winning_version + 1))
@@ -180,9 +187,10 @@ def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str,
         if d.committed and d.duplicate_of is not None:
             rep.duplicate_answers += 1  # the answer to a redelivery names the first decision's version
             continue
-        decided[d.proposal_id] += 1
         if not d.committed:
             rep.rejections += 1
+            if d.reason_code != ReasonCode.WRITER_NOT_AUTHENTICATED:  # a message that proved nothing claims no id
+                rejected.add(d.proposal_id)
             continue
         if d.coalesced_into is not None:  # its version is the one just ratified, whose commitInfo names it
             held = ratified.get(d.version) if d.version is not None else None
@@ -192,7 +200,9 @@ def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str,
                                     "whose commit does not record it")
             else:
                 rep.coalesced_commits += 1
+            decided[d.proposal_id] += 1
             continue
+        decided[d.proposal_id] += 1
         if d.version != expected:
             rep.problems.append(f"commits topic: version {d.version} where {expected} was expected")
             expected = (d.version or 0) + 1
@@ -206,11 +216,14 @@ def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str,
         ratified[expected] = d.actions
         expected += 1
         rep.topic_versions += 1
-    twice = sorted(pid for pid, n in decided.items() if n > 1)
+    # A proposal decided twice: committed at two versions, or rejected and later committed. A rejection answered
+    # again (the proposal re-sent) is one decision repeated, not a second one.
+    twice = sorted(pid for pid, n in decided.items() if n > 1 or pid in rejected)
     for pid in twice[:_EXAMPLES]:
-        rep.problems.append(f"proposal {pid} has {decided[pid]} decisions")
+        rep.problems.append(f"proposal {pid} was committed at {decided[pid]} versions" if decided[pid] > 1 else
+                            f"proposal {pid} was rejected and later committed")
     if len(twice) > _EXAMPLES:
-        rep.problems.append(f"... and {len(twice) - _EXAMPLES} more proposals with several decisions")
+        rep.problems.append(f"... and {len(twice) - _EXAMPLES} more proposals decided twice")
     return ratified
 
 

@@ -25,7 +25,12 @@ writer's reply machinery waits for them like for any proposal). The answer is
 a control record with that proposal id: `TableAdopted` with `winning_version`
 the adopted version N (recovery reloads the table's published log at N:
 `coordinator.delta_log.adoption`), or `TableReleased` with the head the
-coordinator hands back; or an ordinary rejection saying why not. The answer is remembered with the partition's
+coordinator hands back; or an ordinary rejection saying why not. A drop (`deltacoord table drop`, Delta's DROP TABLE for a path table) is a request of the same kind
+(`drop`): the answer `TableDropped` (with `winning_version` the head the table was dropped at) makes the
+coordinator forget the table for good, recovery and state snapshots included, so a table created later at the
+same location, even under the same table id, starts from nothing; with the operation parameter
+`deleteFiles` = `true` the coordinator deleted the table's files before recording it.
+The answer is remembered with the partition's
 decided ids (`coordinator.rules.decided`), so a request id that comes again, a resend or a captured request
 replayed later, gets it again as a record marked `duplicate_of`, which recovery folds as nothing.
 """
@@ -39,14 +44,17 @@ from schemas.reasons import ReasonCode
 from schemas.routing import (
     ADOPTED_ERROR_TYPE,
     CONTROL_ADOPT,
+    CONTROL_DROP,
     CONTROL_PREFIX,
     CONTROL_RELEASE,
+    DROPPED_ERROR_TYPE,
     RELEASED_ERROR_TYPE,
 )
 
-HALT, RESUME, ADOPT, RELEASE = "halt", "resume", CONTROL_ADOPT, CONTROL_RELEASE
+HALT, RESUME, ADOPT, RELEASE, DROP = "halt", "resume", CONTROL_ADOPT, CONTROL_RELEASE, CONTROL_DROP
 HALT_ERROR_TYPE, RESUME_ERROR_TYPE = "TableHalted", "TableResumed"
-_KINDS = {HALT_ERROR_TYPE: HALT, RESUME_ERROR_TYPE: RESUME, ADOPTED_ERROR_TYPE: ADOPT, RELEASED_ERROR_TYPE: RELEASE}
+_KINDS = {HALT_ERROR_TYPE: HALT, RESUME_ERROR_TYPE: RESUME, ADOPTED_ERROR_TYPE: ADOPT, RELEASED_ERROR_TYPE: RELEASE,
+          DROPPED_ERROR_TYPE: DROP}
 #: A halt's reason is cut to this length on the commits topic.
 MAX_WHY_CHARS = 4000
 
@@ -80,13 +88,20 @@ def release_record(table_id: str, table_uri: str, request_id: str, head: int, no
                     winning_version=head, decided_at_ms=now_ms)
 
 
+def drop_record(table_id: str, table_uri: str, request_id: str, head: int, why: str, now_ms: int) -> Decision:
+    """The record that makes the coordinator forget `table_id` (ratified up to `head`) for good."""
+    return Decision(table_id=table_id, table_uri=table_uri, proposal_id=request_id, outcome=Outcome.REJECTED,
+                    error_type=DROPPED_ERROR_TYPE, error_message=why[:MAX_WHY_CHARS], winning_version=head,
+                    decided_at_ms=now_ms)
+
+
 def is_request_id(proposal_id: str, kind: str) -> bool:
     """Whether a control request's proposal id has the form its answer must have (`deltacoord-control:<kind>:...`)."""
     return proposal_id.startswith(f"{CONTROL_PREFIX}{kind}:") and len(proposal_id) > len(CONTROL_PREFIX) + len(kind) + 1
 
 
 def control_kind(d: Decision) -> str | None:
-    """`halt`, `resume`, `adopt`, `release`, or None for the decision of a proposal."""
+    """`halt`, `resume`, `adopt`, `release`, `drop`, or None for the decision of a proposal."""
     if d.committed or not d.proposal_id.startswith(CONTROL_PREFIX):
         return None
     return _KINDS.get(d.error_type or "")
@@ -122,5 +137,5 @@ def request_resume(settings_client: dict[str, object], proposals_topic: str, tab
     return partition
 
 
-__all__ = ["ADOPT", "CONTROL_PREFIX", "HALT", "RELEASE", "RESUME", "adoption_record", "control_kind", "halt_record",
+__all__ = ["ADOPT", "CONTROL_PREFIX", "DROP", "HALT", "RELEASE", "RESUME", "adoption_record", "control_kind", "drop_record", "halt_record",
            "is_request_id", "release_record", "request_resume", "resume_record"]

@@ -97,6 +97,7 @@ class Coordinator:
         self.publisher = Publisher(fsync=self.publish_fsync, on_published=self._on_published,
                                    on_unpublished=self._on_unpublished, locations=self.locations,
                                    on_halted=self._on_halted, lanes=self.settings.publish_lanes)
+        self.metrics.watch_tables(self.publisher.table_gauges)
 
     def _on_unpublished(self, task: PublishTask, why: str) -> None:
         if self._notices is not None:

@@ -79,15 +79,18 @@ from coordinator.delta_log.adoption import (
 )
 from coordinator.delta_log.files import sweep_temp_files
 from coordinator.delta_log.publisher import Publisher, PublishTask
+from coordinator.delta_log.table_files import delete_table_files, location_claimed
 from coordinator.faults import fault_point
 from coordinator.kafka.control import (
     ADOPT,
     CONTROL_PREFIX,
+    DROP,
     HALT,
     RELEASE,
     RESUME,
     adoption_record,
     control_kind,
+    drop_record,
     halt_record,
     is_request_id,
     release_record,
@@ -123,6 +126,7 @@ from schemas.errors import DecodeError, InvalidProposalError
 from schemas.messages import Decision, Proposal
 from schemas.reasons import ReasonCode
 from schemas.routing import (
+    DROP_DELETE_FILES,
     H_CONTROL,
     H_ERROR,
     H_NEXT_OFFSET,
@@ -142,6 +146,7 @@ from schemas.routing import (
     partition_for,
 )
 from schemas.staged import DECISION_INLINE_MAX_ACTIONS, StagedCommitError
+from schemas.writer_features import coordinated
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +218,8 @@ class _Decoded:
     ratified_only: bool = False
     #: An operator's request to resume this table (`deltacoord table resume`).
     resume: str | None = None
-    #: `adopt` or `release`: `submitted` is that request (`deltacoord table adopt|release`), answered on its own.
+    #: `adopt`, `release` or `drop`: `submitted` is that request (`deltacoord table adopt|release|drop`), answered on
+    #: its own.
     request: str | None = None
 
 
@@ -513,9 +519,15 @@ class PartitionCoordinator:
                 raise StateLoadError("unreadable", f"the table's location cannot be opened: {e}") from e
             return self.load_state(storage, version)
 
+        def claimed(table_uri: str) -> bool | None:
+            try:
+                return location_claimed(locations.storage(table_uri))
+            except (TableLocationError, ValueError):
+                return None
+
         rec: Recovered = recover_partition(self.settings, self.partition, new_table=new_table, heartbeat=self._heartbeat,
                                            on_record=self.metrics.recovery_records.inc,
-                                           published_version=published_version, load_state=load_state)
+                                           published_version=published_version, load_state=load_state, claimed=claimed)
         self.states = rec.states
         self.released = rec.released
         self.decided = rec.decided
@@ -955,6 +967,7 @@ class PartitionCoordinator:
             if new_version:
                 assert d.version is not None
                 self.metrics.commits.labels(self._label).inc()
+                self.metrics.table_commits.labels(d.table_uri).inc()
                 self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions, stable_at,
                                                   staged=(d.proposal_id, d.staged) if d.staged is not None else None,
                                                   data=self._staged_bytes.pop((d.table_id, d.proposal_id), None)))
@@ -964,6 +977,7 @@ class PartitionCoordinator:
                 self.metrics.duplicates.inc()
             elif d.error_type and d.reason_code is None:
                 self.metrics.conflicts.labels(d.error_type).inc()
+                self.metrics.table_conflicts.labels(d.table_uri, d.error_type).inc()
             else:
                 self.metrics.rejections.labels(d.reason_code or "UNKNOWN").inc()
         self.metrics.dead_letters.inc(dead)
@@ -1072,6 +1086,8 @@ class PartitionCoordinator:
             d, done = again, None
         elif x.request == ADOPT:
             d, done = self._adopt(p, sig, at)
+        elif x.request == DROP:
+            d, done = self._drop(p, sig, at)
         else:
             d, done = self._release(p, sig, at)
         kind = control_kind(d)
@@ -1086,7 +1102,7 @@ class PartitionCoordinator:
         self._controls = [c for c in self._controls if c not in controls]
         if done is not None:
             done()
-        if kind in (None, ADOPT, RELEASE):
+        if kind in (None, ADOPT, RELEASE, DROP):
             self.decided.remember(d)  # as recovery does: the answer to a request (a rejection, or its record)
         if kind is None:
             self.metrics.rejections.labels(d.reason_code or "UNKNOWN").inc()
@@ -1113,7 +1129,7 @@ class PartitionCoordinator:
         return self._refused(p, ReasonCode.BAD_PROPOSAL_ID, (
             f"the {request} request's id {p.proposal_id[:100]!r} was already used by another "
             f"{kind + ' request' if kind else 'proposal'} of table {p.table_id}: nothing was done. Send a new request "
-            "(each `deltacoord table adopt|release` makes a new id)"), at_ms)[0]
+            "(each `deltacoord table adopt|release|drop` makes a new id)"), at_ms)[0]
 
     def _refused(self, p: Proposal, reason: ReasonCode, why: str, at_ms: int) -> tuple[Decision, None]:
         return rejection(p.table_id, p.table_uri, p.proposal_id, InvalidProposalError(reason, why), None, at_ms), None
@@ -1229,6 +1245,108 @@ class PartitionCoordinator:
                 log.warning("partition %d: table %s is released, but its claim %s/%s could not be removed (%s): "
                             "adopting the location under another table id is refused until it is removed",
                             self.partition, tid[:200], uri[:500], CLAIM_KEY, e)
+
+        return d, done
+
+    def _drop(self, p: Proposal, sig: Signature | None, at_ms: int) -> tuple[Decision, Callable[[], None] | None]:
+        """Forget a table for good (Delta's DROP TABLE for a path table): once every version it ratified is
+        published (or it is halted), optionally delete its files (`deleteFiles`), then record the drop; recovery
+        and state snapshots never bring it back, and a table created later at its location starts from nothing.
+
+        Keeping the files keeps a Delta table the coordinator no longer decides: its log must not carry the
+        `deltacoord-coordinated` writer feature any more (the writer drops it first, as for a release), unless the
+        log is gone. A halted table may be dropped (a table whose files were deleted is halted)."""
+        tid = p.table_id
+        if not is_request_id(p.proposal_id, DROP):
+            return self._refused(p, ReasonCode.BAD_PROPOSAL_ID, (
+                f"a drop request's proposal id must be {CONTROL_PREFIX}{DROP}:<uuid>, not {p.proposal_id[:100]!r}"), at_ms)
+        delete = p.operation_parameters.get(DROP_DELETE_FILES) == "true"
+        st = self.states.get(tid)
+        if st is None and tid not in self.released:
+            return self._refused(p, ReasonCode.UNKNOWN_TABLE, (
+                f"table {tid} is not under this coordinator: there is nothing to drop (it was never created here, or "
+                f"was dropped already). Files left at {p.table_uri} are no table of the coordinator's: delete them, or "
+                f"adopt the Delta table they hold (`deltacoord table adopt {p.table_uri}`)"), at_ms)
+        if st is not None:
+            uri, head = st.table_uri, st.version
+            err = authentication_error(st, p, sig) or admission_error(st, p, {})
+            if err is not None:
+                return rejection(tid, p.table_uri, p.proposal_id, err, None, at_ms), None
+            if self.publisher.halted(tid) is None:
+                published = self._wait_published(tid, st.version)
+                if self.publisher.halted(tid) is None and published < st.version:
+                    return self._refused(p, ReasonCode.STORAGE_UNAVAILABLE, (
+                        f"versions up to {st.version} are ratified but _delta_log holds only up to {published} after "
+                        f"{RELEASE_PUBLISH_WAIT_S:.0f}s: the table was not dropped. Retry once the publisher caught up"),
+                        at_ms)
+        else:
+            uri, head = self.released[tid]
+            if delete:
+                return self._refused(p, ReasonCode.TABLE_RELEASED, (
+                    f"table {tid} was released at version {head}: its files are its uncoordinated writers' now, and the "
+                    "coordinator does not delete them. Drop it without --delete-files (the coordinator forgets it), "
+                    "and delete the files with the tools that write the table"), at_ms)
+        try:
+            storage = self.publisher.locations.storage(uri)
+            holder = read_claim(storage)
+            on_disk = newest_commit_version(storage)
+        except TableLocationError as e:
+            return rejection(tid, p.table_uri, p.proposal_id, e, None, at_ms), None
+        except (StorageError, OSError, ValueError) as e:
+            return self._refused(p, ReasonCode.STORAGE_UNAVAILABLE, (
+                f"the table's storage at {uri} could not be read ({e}); nothing was dropped, retry"), at_ms)
+        if holder is not None and holder.table_id != tid:
+            return self._refused(p, ReasonCode.TABLE_LOCATION_TAKEN, (
+                f"{uri} is now the location of table id {holder.table_id!r} ({CLAIM_KEY}), not of {tid!r}: nothing was "
+                f"dropped (nor deleted). Drop that table under its own id (--table-id {holder.table_id!r})"), at_ms)
+        if p.read_version != on_disk:  # a delayed or replayed request is not taken for a fresh one
+            return self._refused(p, ReasonCode.STALE_CONTROL_REQUEST, (
+                f"the drop request saw {uri} at version {p.read_version}, but its _delta_log is at version {on_disk}: "
+                "the request is older than the table's latest commits (sent long ago, or replayed), or its writer read "
+                "another view of the store. Nothing was dropped; send a new request (`deltacoord table drop` reads the "
+                "current version)"), at_ms)
+        if (not delete and st is not None and on_disk >= 0 and st.protocol is not None and coordinated(st.protocol)):
+            halted = self.publisher.halted(tid)
+            return self._refused(p, ReasonCode.TABLE_HALTED if halted else ReasonCode.TABLE_ALREADY_COORDINATED, (
+                f"table {tid} keeps its files, and its log still carries the deltacoord-coordinated writer feature, which "
+                "would keep Delta writers out of a table no coordinator decides. " + (
+                    f"The table is halted ({halted}): resume it (`deltacoord table resume`) so that the feature can be "
+                    "dropped first, or delete its files with the drop (`deltacoord table drop --delete-files`)"
+                    if halted else "Drop it through `deltacoord table drop` or Table.drop(), which drop the feature "
+                    "first, or delete its files with the drop (--delete-files)")), at_ms)
+        deleted = 0
+        if delete:
+            try:
+                deleted = delete_table_files(storage)
+            except (StorageError, OSError) as e:
+                return self._refused(p, ReasonCode.STORAGE_UNAVAILABLE, (
+                    f"deleting the files of {uri} failed ({e}); the table was not dropped and some of its files may be "
+                    "gone: drop it again (with --delete-files) to finish"), at_ms)
+        what = (f"its {deleted} files were deleted" if delete else
+                "its files are kept (an uncoordinated Delta table, if it has a log)" if on_disk >= 0 else
+                "it had no files left")
+        d = drop_record(tid, uri, p.proposal_id, head, (
+            f"dropped at version {head}: the coordinator forgot the table, and {what}; a table created at {uri} "
+            "starts from version 0"), at_ms)
+
+        def done() -> None:
+            if self.states.pop(tid, None) is not None:
+                self.metrics.tables.dec()
+            self.released.pop(tid, None)
+            self.publisher.reset(tid)
+            self._claimed.discard(tid)
+            # Where the dropped table's versions were recorded: a snapshot must not send recovery back to them.
+            kept = [r for r in self._recorded_at if r[0] != tid]
+            self._recorded_at.clear()
+            self._recorded_at.extend(kept)
+            self._controls = [c for c in self._controls if c[0] != tid]
+            self.metrics.halted_tables.set(self.publisher.halted_count())
+            if not delete:
+                try:  # the location is free (files kept: any table id may adopt it)
+                    drop_claim(storage, tid)
+                except (StorageError, OSError, ValueError) as e:
+                    log.warning("partition %d: table %s is dropped, but its claim %s/%s could not be removed (%s)",
+                                self.partition, tid[:200], uri[:500], CLAIM_KEY, e)
 
         return d, done
 
@@ -1410,8 +1528,9 @@ class PartitionCoordinator:
             if control == RESUME.encode() and table_id:
                 log.warning("partition %d: %s asks to resume table %s", self.partition, source, table_id[:200])
                 return _Decoded(offset, resume=table_id)
-            if control not in (ADOPT.encode(), RELEASE.encode()):
-                error = (f"a control message that is not a resume request with a table id, nor an adopt or release request "
+            if control not in (ADOPT.encode(), RELEASE.encode(), DROP.encode()):
+                error = (f"a control message that is not a resume request with a table id, nor an adopt, release or drop "
+                         f"request "
                          f"(control={control[:100]!r})")
                 return _Decoded(offset, dead=dead_letter(raw, m.key(), error, source, self.settings.dead_letter_max_bytes))
             request = control.decode()

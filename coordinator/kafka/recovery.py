@@ -20,7 +20,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from coordinator.delta_log.adoption import PublishedState, StateLoadError, load_published_state
-from coordinator.kafka.control import ADOPT, HALT, RELEASE, RESUME, control_kind
+from coordinator.delta_log.table_files import deleted_problem, location_claimed
+from coordinator.kafka.control import ADOPT, DROP, HALT, RELEASE, RESUME, control_kind
 from coordinator.locations import TableLocationError, TableLocations
 from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
@@ -206,7 +207,8 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
                    base: Recovered | None = None, from_offset: int | None = None,
                    republish_from: Mapping[str, tuple[int, int]] | None = None,
                    load_state: Callable[[str, int], PublishedState] | None = None,
-                   resolve: Callable[[Decision], tuple[Decision, bytes | None]] | None = None) -> Recovered:
+                   resolve: Callable[[Decision], tuple[Decision, bytes | None]] | None = None,
+                   claimed: Callable[[str], bool | None] | None = None) -> Recovered:
     """Table states as the fold of the partition's committed decisions (event sourcing), from the
     start of the partition or from `from_offset` on top of `base` (a snapshot's state); with
     `republish_from` (table id -> (offset, version)) the records from there to `from_offset` are read
@@ -232,6 +234,12 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
     release drops the table's state (it is listed in `released`). A version recorded by reference is
     resolved to its whole commit (`resolve`, default `reader.staged_commits.resolve_decision` through the
     settings' locations); one that cannot be halts its table.
+
+    A drop record ends a table: everything folded of it so far is forgotten (state, halt, release, versions to
+    republish), so a table created later under the same id starts from nothing. A table whose location has neither
+    a log nor a claim (`claimed(table_uri)`, default: the claim object through the settings' storage options) was
+    deleted around the coordinator: it is halted (`coordinator.delta_log.table_files.deleted_problem`, naming
+    `deltacoord table drop`) rather than republished over data files that are gone.
     """
     rec = base if base is not None else Recovered(decided=DecidedIds(settings.decided_ids_limit,
                                                                      settings.decided_ids_max_age_ms))
@@ -241,6 +249,9 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             return load_published_state(TableStorage(table_uri, settings.storage_options), version)
     if resolve is None:
         resolve = decision_resolver(settings)
+    if claimed is None:
+        def claimed(table_uri: str) -> bool | None:
+            return location_claimed(TableStorage(table_uri, settings.storage_options))
     on_disk: dict[str, int] = {}
     #: Per table, the first version to (re)publish: every ratified version from there on is compared byte
     #: for byte with `_delta_log` (put-if-absent), written where it is missing.
@@ -308,6 +319,11 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             rec.decided.remember(d)  # a replay of the request gets this answer again (`PartitionCoordinator._answer_request`)
             _fold_adoption(rec, d, load_state, first_sight, broken)
             continue
+        if kind == DROP:
+            rec.decided.remember(d)
+            if d.duplicate_of is None:  # a drop answered again changed nothing
+                _fold_drop(rec, d.table_id, broken, on_disk, compare_from)
+            continue
         if kind == RELEASE:
             rec.decided.remember(d)
             if d.duplicate_of is not None:  # a release answered again changed nothing
@@ -359,6 +375,10 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
                 f"_delta_log holds version {disk} but Kafka ratified only up to {st.version}: versions "
                 f"{st.version + 1}..{disk} were written around the coordinator, and the next commit would be acknowledged "
                 "but invisible. The table is halted; see 'Recover a halted table'"))
+        if disk < 0 and tid not in rec.halted:
+            why = deleted_problem(tid, st.table_uri, st.version, claimed(st.table_uri))
+            if why is not None:
+                rec.halt(tid, st.table_uri, why)
     for tid in list(rec.to_publish):
         if tid in rec.halted:
             del rec.to_publish[tid]
@@ -367,6 +387,22 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             for d, _offset in ds:
                 publish(d)
     return rec
+
+
+def _fold_drop(rec: Recovered, table_id: str, broken: set[str], on_disk: dict[str, int],
+               compare_from: dict[str, int]) -> None:
+    """A drop record: nothing folded of the table so far counts any more (a table created later under its id is
+    seen afresh: its first record looks at `_delta_log` again)."""
+    rec.states.pop(table_id, None)
+    rec.halted.pop(table_id, None)
+    rec.new_halts.pop(table_id, None)
+    rec.released.pop(table_id, None)
+    rec.to_publish.pop(table_id, None)
+    for key in [k for k in rec.staged_data if k[0] == table_id]:
+        del rec.staged_data[key]
+    broken.discard(table_id)
+    on_disk.pop(table_id, None)
+    compare_from.pop(table_id, None)
 
 
 def _fold_adoption(rec: Recovered, d: Decision, load_state: Callable[[str, int], PublishedState],

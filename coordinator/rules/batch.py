@@ -180,6 +180,13 @@ class _TableFault(Exception):
         self.table_id, self.table_uri, self.cause = table_id, table_uri, cause
 
 
+def claims_its_id(d: Decision) -> bool:
+    """Whether a decision is the one answer of its proposal id from now on. A message that failed
+    authentication proved nothing about who sent it: remembering its refusal would let anyone who saw a
+    genuine proposal's id pre-empt it, so the id stays free for the signed proposal."""
+    return d.reason_code != ReasonCode.WRITER_NOT_AUTHENTICATED
+
+
 def repeated(first: Decision, now_ms: int) -> Decision:
     """The answer to a proposal id decided before: its first decision (a commit answered as a duplicate of it)."""
     if first.committed and first.version is not None:
@@ -250,7 +257,8 @@ def _decide_all(states: Mapping[str, TableState], proposals: Sequence[Proposal |
                 d = _coalesce(states, overlay, groups, decisions, p, d)
             except Exception as e:
                 raise _TableFault(p.table_id, p.table_uri, e) from e
-        seen[key] = d
+        if claims_its_id(d):
+            seen[key] = d
         decisions.append(d)
     return decisions, overlay
 
@@ -278,5 +286,5 @@ def _coalesce(live: Mapping[str, TableState], overlay: Overlay, groups: dict[str
     return replace(d, version=g.version, actions=(), coalesced_into=leader.proposal_id)
 
 
-__all__ = ["EarlierDecision", "FileCheck", "Overlay", "Submitted", "TentativeCommit", "decide_batch", "decide_one",
-           "rejection", "repeated", "verifies_added_files"]
+__all__ = ["EarlierDecision", "FileCheck", "Overlay", "Submitted", "TentativeCommit", "claims_its_id", "decide_batch",
+           "decide_one", "rejection", "repeated", "verifies_added_files"]

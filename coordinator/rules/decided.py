@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
 from schemas.messages import Decision, Outcome
+from schemas.reasons import ReasonCode
 
 DEFAULT_DECIDED_IDS_LIMIT = 50_000
 DEFAULT_DECIDED_IDS_MAX_AGE_MS = 7 * 24 * 3600 * 1000
@@ -50,8 +51,9 @@ class DecidedIds:
         return self._entries.get((table_id, proposal_id))
 
     def remember(self, d: Decision, now_ms: int | None = None) -> None:
-        """Keep `d` as the first decision of its proposal id (a later one for the same id is ignored)."""
-        if self.limit == 0:
+        """Keep `d` as the first decision of its proposal id (a later one for the same id is ignored); a refusal
+        for failed authentication claims no id (`coordinator.rules.batch.claims_its_id`)."""
+        if self.limit == 0 or d.reason_code == ReasonCode.WRITER_NOT_AUTHENTICATED:
             return
         key = (d.table_id, d.proposal_id)
         if key in self._entries:

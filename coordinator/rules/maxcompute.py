@@ -25,19 +25,25 @@ may rebase the proposal at the metadata level, never by rewriting data:
   there.
 * **new data** -- an INSERT INTO or UPDATE/DELETE after a compaction commits
   as written when no file it removes was compacted away (files it only read
-  hold the same rows after a compaction). If the compaction moved rows the
-  job rewrote, no metadata rebase is sound (the compacted file still holds
-  the old rows): the job fails.
+  hold the same rows after a compaction). On a table with deletion vectors,
+  the rows it changed in a compacted file are changed in the compaction's
+  output instead, through the compaction's row map (`compaction`): MaxCompute's
+  merge-on-read update, at the metadata level. Without deletion vectors (or
+  without a row map to follow) the compacted file still holds the old rows and
+  no metadata rebase is sound: the job fails.
 * **compacts** -- a compaction commits as written when none of its input
   files was removed. After a minor compaction, a major compaction whose
   inputs include every file the minor one merged in a partition is rebased:
   it removes the minor compaction's output instead of its inputs (the same
-  rows). Any other removed input (rows an UPDATE/DELETE moved) fails it:
-  its output would bring the old rows back.
+  rows). After an UPDATE/DELETE of an input, on a table with deletion
+  vectors, the compaction's output gets a vector marking the rows the
+  UPDATE/DELETE removed, through its own row map (no data is read again);
+  without deletion vectors it fails: its output would bring the old rows back.
 
 Every accepted commit on such a table records `deltacoord.timeVersion`
 (`schemas.jobs`), and a rebased one `deltacoord.rebase` (the winners it was
-rebased over and the removes it gained and dropped).
+rebased over and the removes it gained and dropped; `rowsMovedOver`: the
+winners whose row maps moved its changed rows or marked its output's rows).
 """
 
 from __future__ import annotations
@@ -50,9 +56,11 @@ from typing import Any
 from coordinator.rules.conflicts import (
     Accepted,
     Rejected,
+    _absorb_winner,
     _check_table_level,
     _Conflict,
     _Current,
+    _follow_compaction,
     _rebase,
 )
 from coordinator.rules.conflicts import (
@@ -128,6 +136,11 @@ class Job:
     gained: int = 0
     dropped: int = 0
     rebased_over: list[int] = field(default_factory=list)
+    #: On a table with deletion vectors, Delta's checker state, which moves changed rows through row maps
+    #: (`conflicts._Current`); None without deletion vectors.
+    mover: _Current | None = None
+    #: The winners whose row maps moved rows of this job (`mover`).
+    moved_over: list[int] = field(default_factory=list)
 
     def covers(self, row: Row) -> bool:
         """Whether a file in partition `row` is in the job's scope (the same partition)."""
@@ -203,12 +216,35 @@ def later_overwrites(job: Job, w: WinningCommit, earlier: JobType, row: Row) -> 
     job.rebased_over.append(w.version)
 
 
+#: What a refusal that deletion vectors lift says.
+ENABLE_DVS = ("enable deletion vectors on the table (delta.enableDeletionVectors = true) and the coordinator "
+              "moves the changed rows through the compaction's row map, so both jobs succeed")
+
+
 def new_data(job: Job, w: WinningCommit, earlier: JobType, row: Row) -> None:
-    """Both succeed when the compaction moved no row the later job rewrote."""
-    moved = [p for p in job.removes if p in w.removed_paths]
-    if moved:
+    """Both succeed: the job commits as written when the compaction moved no row it changed; on a table with
+    deletion vectors, its changes of a compacted file apply to the compaction's output (the row map)."""
+    moved = sorted(p for p in job.removes if p in w.removed_paths)
+    if not moved:
+        return
+    cur = job.mover
+    if cur is None:
         raise _fail(job, w, earlier, row, f"the compaction rewrote {moved[0]}, which this job rewrites; its rows moved, "
-                                          "so no metadata-level rebase is sound")
+                                          f"so no metadata-level rebase is sound: {ENABLE_DVS}")
+    wc = None if w.zorder else w.compaction
+    for p in moved:
+        place = wc.placements.get(p) if wc is not None else None
+        change = cur.changes.get(p)
+        if place is None or change is None or not _follow_compaction(cur, w, p, place, change):
+            raise _fail(job, w, earlier, row, f"the compaction rewrote {p}, which this job rewrites, and its rows "
+                                              "cannot be followed into the compaction's output (no row map recorded, "
+                                              "or a deletion vector stored in a file)")
+    # The job now changes the compaction's outputs: later winners are checked against those.
+    for p in moved:
+        del job.removes[p]
+    for c in cur.changes.values():
+        job.removes[c.remove.path] = c.remove
+    job.moved_over.append(w.version)
 
 
 def compaction_succeeds(job: Job, w: WinningCommit, earlier: JobType, row: Row) -> None:
@@ -217,8 +253,8 @@ def compaction_succeeds(job: Job, w: WinningCommit, earlier: JobType, row: Row) 
     if not lost:
         return
     if not earlier.compaction:
-        raise _fail(job, w, earlier, row, f"the earlier job removed {min(lost)}, an input of this compaction; its output "
-                                          "would bring back rows the earlier job changed")
+        _absorb(job, w, earlier, row, lost)
+        return
     for part in {row_of(r.partition_values, job.schema) for r in w.removed_files if r.path in lost}:
         merged = {r.path for r in w.removed_files if row_of(r.partition_values, job.schema) == part}
         if not merged <= job.removes.keys():
@@ -232,6 +268,27 @@ def compaction_succeeds(job: Job, w: WinningCommit, earlier: JobType, row: Row) 
                 job.removes[a.path] = _remove_of(a, job.now_ms, data_change=False)
                 job.gained += 1
     job.rebased_over.append(w.version)
+
+
+def _absorb(job: Job, w: WinningCommit, earlier: JobType, row: Row, lost: set[str]) -> None:
+    """The compaction merged files the earlier job changed: on a table with deletion vectors its outputs get
+    vectors marking the rows the earlier job deleted (its own row map), and its removes name the files as the
+    earlier job left them; otherwise it fails."""
+    cur = job.mover
+    if cur is None:
+        raise _fail(job, w, earlier, row, f"the earlier job removed {min(lost)}, an input of this compaction; its output "
+                                          f"would bring back rows the earlier job changed: {ENABLE_DVS}")
+    for p in sorted(lost):
+        if cur.own is None or p not in cur.own.placements or w.zorder or not _absorb_winner(cur, w, p):
+            raise _fail(job, w, earlier, row, f"the earlier job removed {p}, an input of this compaction, and the rows "
+                                              "it changed cannot be marked in the compaction's output (no row map "
+                                              "recorded, or a deletion vector stored in a file)")
+        kept = cur.inputs.get(p)
+        if kept is None:
+            del job.removes[p]
+        else:
+            job.removes[p] = kept
+    job.moved_over.append(w.version)
 
 
 RULES: Mapping[Cell, Callable[[Job, WinningCommit, JobType, Row], None]] = {
@@ -290,6 +347,8 @@ def check(state: TableState, winners: Sequence[WinningCommit], proposal: Proposa
         if job is None:
             # No data job (metadata, properties, ...): Delta's checker decides it.
             return _with_time_version(delta_check(state, winners, proposal, now_ms), {})
+        if cur.dv_table:
+            job.mover = cur
         for w in winners:
             _check_table_level(cur, w, table)
             check_winner(job, w)
@@ -305,7 +364,9 @@ def check(state: TableState, winners: Sequence[WinningCommit], proposal: Proposa
     if job.rebased_over:
         kept: list[Action] = [a for a in proposal.actions if not isinstance(a, RemoveFile)]
         rebased = replace(proposal, actions=(*kept, *job.removes.values()))
-        extra[REBASE_KEY] = {"over": job.rebased_over, "removesAdded": job.gained, "removesDropped": job.dropped}
+    if job.rebased_over or job.moved_over:
+        extra[REBASE_KEY] = {"over": sorted({*job.rebased_over, *job.moved_over}), "removesAdded": job.gained,
+                             "removesDropped": job.dropped, "rowsMovedOver": job.moved_over}
     return _with_time_version(Accepted(state.version + 1, _rebase(state, rebased, cur, now_ms)), extra)
 
 
@@ -317,5 +378,5 @@ def _with_time_version(result: Accepted | Rejected, extra: Mapping[str, Any]) ->
     return Accepted(result.version, (result.commit_info.with_values(**values), *result.actions[1:]))
 
 
-__all__ = ["REBASE_KEY", "RULES", "TABLE", "Cell", "Job", "check", "check_winner", "compaction_succeeds", "job_of",
+__all__ = ["ENABLE_DVS", "REBASE_KEY", "RULES", "TABLE", "Cell", "Job", "check", "check_winner", "compaction_succeeds", "job_of",
            "later_fails", "later_overwrites", "new_data", "shared_partition"]

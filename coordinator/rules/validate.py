@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
+from coordinator.rules.action_values import deletion_vector_problem, partition_value_problem
 from coordinator.rules.identity import identity_error
 from coordinator.rules.row_ids import missing_num_records
 from coordinator.rules.state import TableState
@@ -102,6 +103,7 @@ REASONS = frozenset(
         ReasonCode.PATH_ESCAPES_TABLE,
         ReasonCode.BAD_FILE_PATH,
         ReasonCode.PARTITION_VALUES_MISMATCH,
+        ReasonCode.BAD_DELETION_VECTOR,
         ReasonCode.BAD_ISOLATION_LEVEL,
         ReasonCode.BAD_CONFLICT_PROFILE,
         ReasonCode.BAD_TABLE_PROPERTY,
@@ -409,6 +411,12 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             problem = stats_problem(a.stats) if bad_stats is None else bad_stats.get(len(adds))
             if problem:
                 raise _err(ReasonCode.BAD_STATS, f"add {a.path!r}: {problem}")
+            if dv is not None:
+                problem = deletion_vector_problem(dv)
+                if problem is None and dv.storage_type == "p":
+                    problem = path_problem(dv.path_or_inline_dv, root)
+                if problem:
+                    raise _err(ReasonCode.BAD_DELETION_VECTOR, f"add {a.path!r}: deletion vector: {problem}")
             adds.append(a)
         elif isinstance(a, RemoveFile):
             dv = a.deletion_vector
@@ -531,6 +539,14 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
                         f"add {a.path!r} has partition values for {sorted(pv)} but the table is partitioned by "
                         f"{sorted(names)}",
                     )
+                for c in schema:  # a value no reader can parse would make every scan of the table fail
+                    problem = partition_value_problem(pv.get(c.physical_name), c.type_name)
+                    if problem:
+                        raise _err(
+                            ReasonCode.PARTITION_VALUES_MISMATCH,
+                            f"add {a.path!r}: partition value {pv.get(c.physical_name)!r} of column {c.name!r} "
+                            f"({c.type_name}) is {problem}",
+                        )
         if data_removes and TableProperties.of(effective).append_only:
             raise _err(ReasonCode.APPEND_ONLY, f"the table is append-only ({Property.APPEND_ONLY}=true) and cannot remove data")
 

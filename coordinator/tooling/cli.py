@@ -411,6 +411,31 @@ def storage_status(kind: str) -> None:
         sys.exit(1)
 
 
+@storage_group.command("create-bucket")
+@click.argument("kind", type=click.Choice(["s3", "azure", "gcs"]))
+@click.argument("name")
+def storage_create_bucket(kind: str, name: str) -> None:
+    """Create a bucket (Azure: a container) on the running local server, for tables at s3://NAME/...
+
+    \b
+    Example:
+      deltacoord storage create-bucket s3 lake
+    """
+    from coordinator.tooling.storage_servers import StorageServerError
+
+    (srv,) = _servers(kind)
+    if srv.status() is None:
+        raise click.ClickException(f"the local {kind} server is not running: start it with `deltacoord storage start {kind}`")
+    try:
+        srv.create_bucket(name)
+    except StorageServerError as e:
+        if not any(m in str(e) for m in ("AlreadyOwnedByYou", "AlreadyExists", "HTTP 409")):
+            raise click.ClickException(str(e)) from e
+        click.echo(json.dumps({"kind": kind, "bucket": name, "created": False}))  # it was there: fine
+        return
+    click.echo(json.dumps({"kind": kind, "bucket": name, "created": True}))
+
+
 def _register_extensions() -> None:
     from coordinator.tooling import cli_acls, cli_keys, cli_relay, cli_tables, cli_topics, cli_verify
 

@@ -1,6 +1,6 @@
 """`deltacoord table ...` and `deltacoord tail`: table commands for people and scripts.
 
-    deltacoord table create PATH --schema "id:long,date:string,amount:decimal(10,2)" --partition-by date --property k=v
+    deltacoord table create PATH --schema "id BIGINT, date STRING, amount DECIMAL(10,2)" --partition-by date --property k=v
     deltacoord table append PATH --json-rows rows.jsonl        (or --parquet file.parquet)
     deltacoord table delete PATH --where "date = '2024-01-01'"
     deltacoord table truncate PATH [--where "date = '2024-01-01'"]   (TRUNCATE TABLE [PARTITION])
@@ -12,6 +12,8 @@
     deltacoord table resume TABLE                              (lift a halt, once its cause is dealt with)
     deltacoord table adopt PATH                                (put an existing Delta table under the coordinator)
     deltacoord table release PATH                              (hand a table back to uncoordinated writers)
+    deltacoord table drop PATH [--delete-files]                (the coordinator forgets the table: DROP TABLE)
+    deltacoord table status TABLE                              (coordinated, halted and why, released or dropped)
     deltacoord tail TABLE [--from-version N|latest]            (one JSON line per committed version, from Kafka)
 
 PATH is a local directory or an object-store URI (`s3://bucket/t`, `abfss://...`,
@@ -40,9 +42,9 @@ proposed (the files staged for it are deleted).
 
 from __future__ import annotations
 
+import decimal
 import itertools
 import json
-import re
 import shlex
 import sys
 import time
@@ -58,31 +60,19 @@ from coordinator.tooling.cli_options import (
     F,
     TableLocationParam,
     kafka_options,
+    load_settings,
     parse_pairs,
     reach_kafka,
     storage_options,
 )
-from reader.snapshot import Snapshot, delta_type_to_arrow
+from coordinator.tooling.cli_schema import parse_schema
+from reader.snapshot import Snapshot
 from reader.storage import StorageError
 from schemas import client_settings
 from schemas.actions import Protocol, json_lines
 from schemas.errors import CommitOutcomeUnknownError, DeltaCoordError
 from schemas.routing import Topics
 from schemas.signing import WRITER_KEY_ENV
-
-#: Type names accepted by --schema besides Delta's own (long, integer, ..., decimal(p,s)).
-_TYPE_ALIASES = {
-    "int": "integer",
-    "bigint": "long",
-    "smallint": "short",
-    "tinyint": "byte",
-    "bool": "boolean",
-    "str": "string",
-    "real": "float",
-    "float64": "double",
-    "int64": "long",
-    "int32": "integer",
-}
 
 EXIT_UNKNOWN_OUTCOME = 3
 
@@ -95,79 +85,6 @@ class Interrupted(click.ClickException):
     """Ctrl-C before the proposal was sent: nothing can commit, the staged files are gone."""
 
     exit_code = 130
-
-
-def _split_top_level(text: str, sep: str = ",") -> list[str]:
-    """Split on `sep` outside parentheses, angle brackets and quotes (so decimal(10,2) and a generation
-    expression stay whole; `<` and `>` inside parentheses are comparisons, not brackets)."""
-    parts: list[str] = []
-    parens = angles = 0
-    quote: str | None = None
-    cur: list[str] = []
-    for ch in text:
-        if quote is not None:
-            quote = None if ch == quote else quote
-        elif ch in "'\"`":
-            quote = ch
-        elif ch == "(":
-            parens += 1
-        elif ch == ")":
-            parens -= 1
-        elif ch == "<" and parens == 0:
-            angles += 1
-        elif ch == ">" and parens == 0:
-            angles -= 1
-        if ch == sep and parens == 0 and angles == 0 and quote is None:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return [p.strip() for p in parts if p.strip()]
-
-
-#: Delta's column metadata key of a generated column (`writer.constraints.GENERATION_KEY`).
-GENERATION_KEY = "delta.generationExpression"
-#: `<type> [not null] generated always as (<SQL>)`: a generated column (Spark's DDL words).
-_GENERATED = re.compile(r"^(?P<type>.*?)\s+generated\s+always\s+as\s*\((?P<expr>.*)\)\s*$", re.IGNORECASE | re.DOTALL)
-
-
-def parse_schema(spec: str) -> pa.Schema:
-    """`"id:long not null,ts:timestamp,d:date generated always as (CAST(ts AS DATE))"` -> an Arrow schema:
-    nullable unless `not null`; a generated column carries its expression as `delta.generationExpression`."""
-    fields: list[pa.Field] = []
-    for item in _split_top_level(spec):
-        if ":" not in item:
-            raise click.BadParameter(f"expected name:type, got {item!r}", param_hint="--schema")
-        name, type_text = (s.strip() for s in item.split(":", 1))
-        metadata: dict[str, str] = {}
-        generated = _GENERATED.match(type_text)
-        if generated is not None:
-            if not generated.group("expr").strip():
-                raise click.BadParameter(f"column {name!r}: an empty generation expression", param_hint="--schema")
-            metadata[GENERATION_KEY] = generated.group("expr").strip()
-            type_text = generated.group("type").strip()
-        nullable = True
-        low = type_text.lower()
-        if low.endswith(" not null"):
-            nullable = False
-            low = low[: -len(" not null")].strip()
-        low = low.replace(" ", "")
-        delta_name = _TYPE_ALIASES.get(low, low)
-        if not name:
-            raise click.BadParameter(f"a column without a name in {item!r}", param_hint="--schema")
-        try:
-            arrow_type = delta_type_to_arrow(delta_name)
-        except (DeltaCoordError, ValueError) as e:
-            raise click.BadParameter(f"column {name!r}: unknown type {type_text!r} ({e})", param_hint="--schema") from e
-        fields.append(pa.field(name, arrow_type, nullable=nullable, metadata=metadata or None))
-    if not fields:
-        raise click.BadParameter("the schema has no columns", param_hint="--schema")
-    names = [f.name for f in fields]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise click.BadParameter(f"duplicate columns {dupes}", param_hint="--schema")
-    return pa.schema(fields)
 
 
 def _echo_json(obj: Any) -> None:
@@ -297,9 +214,9 @@ def table_group() -> None:
 @table_group.command("create")
 @click.argument("path", type=TableLocationParam())
 @click.option("--schema", "schema_spec", required=True,
-              help='Columns as "name:type,...", types: long, integer, short, byte, double, float, boolean, string, '
-                   'binary, date, timestamp, decimal(p,s); append " not null" to a type for a required column and '
-                   '" generated always as (SQL)" for a generated column.')
+              help='Columns as Spark DDL ("id BIGINT NOT NULL, ts TIMESTAMP COMMENT \'when\', ...") or as '
+                   '"name:type,..."; Spark\'s and Delta\'s type names (BIGINT/long, INT, DECIMAL(p,s), TIMESTAMP, '
+                   'TIMESTAMP_NTZ, ARRAY<...>, MAP<...>, STRUCT<...>), NOT NULL, GENERATED ALWAYS AS (SQL), COMMENT.')
 @click.option("--partition-by", "partition_by", multiple=True,
               help="Partition column (repeatable, or comma-separated).")
 @click.option("--property", "properties", multiple=True, metavar="KEY=VALUE",
@@ -322,8 +239,8 @@ def create_cmd(path: str, schema_spec: str, partition_by: tuple[str, ...], prope
 
     \b
     Examples:
-      deltacoord table create /data/sales --schema "id:long,date:string,amount:decimal(10,2)" --partition-by date
-      deltacoord table create /data/events --schema "id:long not null,ts:timestamp,day:date generated always as (CAST(ts AS DATE))" --constraint "id_positive=id > 0" --property delta.enableChangeDataFeed=true --feature domainMetadata
+      deltacoord table create /data/sales --schema "id BIGINT, date STRING, amount DECIMAL(10,2)" --partition-by date
+      deltacoord table create /data/events --schema "id BIGINT NOT NULL, ts TIMESTAMP, day DATE GENERATED ALWAYS AS (CAST(ts AS DATE))" --constraint "id_positive=id > 0" --property delta.enableChangeDataFeed=true --feature domainMetadata
     """
     schema = parse_schema(schema_spec)
     parts = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
@@ -382,6 +299,33 @@ def release_cmd(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pair
         _echo_json(_result_json(t.release()))
 
 
+@table_group.command("drop")
+@click.argument("path", type=TableLocationParam())
+@click.option("--delete-files", is_flag=True, default=False,
+              help="Delete every file under PATH too (its log, data files and claim), as Delta's DROP TABLE of a "
+                   "path table deletes its directory.")
+@_writes
+def drop_cmd(path: str, delete_files: bool, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...],
+             table_id: str | None, writer_key: str | None, storage_pairs: tuple[str, ...]) -> None:
+    """Drop the table at PATH: the coordinator forgets it for good (DROP TABLE).
+
+    The drop is recorded on the commits topic, so neither a restart nor recovery brings the table back, and
+    `deltacoord table create PATH` then makes a new table there. With --delete-files the coordinator deletes
+    the table's files first; without, they stay as a Delta table no coordinator decides (its
+    deltacoord-coordinated writer feature is removed first, as `release` does; `adopt` takes it back). Also
+    the way out for a coordinated table whose directory was deleted (`rm -rf`): the coordinator halts such a
+    table instead of republishing its history, and `create` on the path is refused until it is dropped.
+    Stop the table's writers first. Prints the version the table was dropped at.
+
+    \b
+    Examples:
+      deltacoord table drop /data/sales --delete-files --bootstrap-servers kafka-1:9092
+      deltacoord table drop /data/sales --bootstrap-servers kafka-1:9092
+    """
+    with _writing(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
+        _echo_json(_result_json(t.drop(delete_files=delete_files)))
+
+
 #: JSON rows converted to Arrow per chunk: memory stays bounded by one chunk, whatever the input's size.
 JSON_CHUNK_ROWS = 200_000
 
@@ -413,7 +357,10 @@ def _rows_table(rows: list[Any], first_row: int) -> pa.Table:
 
 
 def _json_row_tables(source: str) -> Iterator[pa.Table]:
-    """A JSON array, or JSON lines (one object per line), as Arrow tables of at most JSON_CHUNK_ROWS rows."""
+    """A JSON array, or JSON lines (one object per line), as Arrow tables of at most JSON_CHUNK_ROWS rows.
+
+    Numbers with a point or an exponent are read as decimals, so a decimal column gets the very digits the
+    input wrote (a float would have rounded them already); float and double columns cast them."""
     lines = _json_lines_of(source)
     first = next(lines, None)
     if first is None:
@@ -421,7 +368,7 @@ def _json_row_tables(source: str) -> Iterator[pa.Table]:
     if first.lstrip().startswith("["):  # a JSON array is parsed whole
         text = first + "".join(lines)
         try:
-            rows = json.loads(text)
+            rows = json.loads(text, parse_float=decimal.Decimal)
         except json.JSONDecodeError as e:
             raise click.BadParameter(f"not JSON rows: {e}", param_hint="--json-rows") from e
         if not rows:
@@ -433,7 +380,7 @@ def _json_row_tables(source: str) -> Iterator[pa.Table]:
     for line in itertools.chain([first], lines):
         n += 1
         try:
-            chunk.append(json.loads(line))
+            chunk.append(json.loads(line, parse_float=decimal.Decimal))
         except json.JSONDecodeError as e:
             raise click.BadParameter(f"line {n} is not JSON: {e}", param_hint="--json-rows") from e
         if len(chunk) >= JSON_CHUNK_ROWS:
@@ -837,6 +784,41 @@ def resume_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pair
     except Exception as e:
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
     _echo_json({"tableId": table_id, "partition": partition, "requested": "resume"})
+
+
+@table_group.command("status")
+@click.argument("table")
+@kafka_options
+def status_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...]) -> None:
+    """Print where TABLE (a path, URI or table id) stands with the coordinators, from the commits topic.
+
+    One JSON object: "state" is coordinated, halted (with "halted": why), released, dropped or unknown;
+    "version" the newest ratified version (or the one the table was released or dropped at); "drops"
+    how many times the table id was dropped. Reads the table's whole commits partition, so it answers
+    whether a coordinator runs or not.
+
+    \b
+    Example:
+      deltacoord table status /data/sales --bootstrap-servers kafka-1:9092
+    """
+    import dataclasses
+
+    from coordinator.kafka.recovery import read_decisions
+    from coordinator.tooling.cli_verify import proposals_partitions
+    from coordinator.tooling.table_status import table_status
+    from reader.stream import normalize_table_id
+    from schemas.routing import partition_for
+
+    reach_kafka(bootstrap_servers, parse_pairs(kafka_pairs, "--kafka"))
+    run = load_settings(None, {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}, kafka_pairs)
+    settings = dataclasses.replace(run.coordinator, group_id=f"{topic_prefix}-status")
+    table_id = normalize_table_id(table)
+    partition = partition_for(table_id, proposals_partitions(settings))
+    try:
+        status = table_status(table_id, read_decisions(settings, partition, table_id=table_id))
+    except Exception as e:
+        raise click.ClickException(f"reading {settings.topics.commits}[{partition}] failed: {type(e).__name__}: {e}") from e
+    _echo_json({**status.to_json(), "partition": partition})
 
 
 @click.command("tail")

@@ -165,6 +165,7 @@ def topic_problems(topics: Topics, states: Mapping[str, TopicState],
     topic whose max.message.bytes is below it is a problem.
     """
     problems: list[str] = []
+    per_topic: list[tuple[str, str]] = []  # (topic, warning): one line per warning, naming every topic it is about
     warnings: list[str] = []
     dl = states.get(topics.dead_letters)
     if dead_letter_bound is not None and dl is not None and dl.exists:
@@ -177,16 +178,19 @@ def topic_problems(topics: Topics, states: Mapping[str, TopicState],
             problems.append(f"{name} does not exist" + (f" ({st.error})" if st is not None and st.error else ""))
             continue
         if st.error:
-            warnings.append(f"{name}: {st.error}")
+            per_topic.append((name, st.error))
         rf = st.replication_factor
         isr_raw = st.configs.get("min.insync.replicas")
         isr = int(isr_raw) if isr_raw is not None and isr_raw.isdigit() else None
         if isr is not None:
-            warnings.extend(f"{name}: {u}" for u in unsafe_settings(rf, isr))
+            per_topic.extend((name, u) for u in unsafe_settings(rf, isr))
         elif rf < SAFE_REPLICATION_FACTOR:
-            warnings.append(f"{name}: replication factor {rf} < {SAFE_REPLICATION_FACTOR}")
+            per_topic.append((name, f"replication factor {rf} < {SAFE_REPLICATION_FACTOR}"))
         if st.configs.get("unclean.leader.election.enable") == "true":
-            warnings.append(f"{name}: unclean.leader.election.enable=true can silently drop acknowledged records")
+            per_topic.append((name, "unclean.leader.election.enable=true can silently drop acknowledged records"))
+    for text in dict.fromkeys(w for _, w in per_topic):
+        names = [n for n, w in per_topic if w == text]
+        warnings.append(f"{', '.join(names)}: {text}")
     p, c = states.get(topics.proposals), states.get(topics.commits)
     if p is not None and c is not None and p.exists and c.exists and p.partitions != c.partitions:
         problems.append(

@@ -138,8 +138,10 @@ def _data_files(root: Path) -> set[str]:
 def test_append_streams_json_lines_in_chunks_and_leaves_nothing_on_a_bad_line(
         cli: click.Group, kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from coordinator.tooling import cli_tables
+    from writer import staging
 
     monkeypatch.setattr(cli_tables, "JSON_CHUNK_ROWS", 3)
+    monkeypatch.setattr(staging, "TARGET_FILE_SIZE", 1)  # a file per row: what is staged before a bad line shows
     topics = fresh_topics(kafka_bootstrap)
     root = tmp_path / "t"
     kafka = ["--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix_of(topics)]
@@ -148,16 +150,16 @@ def test_append_streams_json_lines_in_chunks_and_leaves_nothing_on_a_bad_line(
         rows = tmp_path / "rows.jsonl"
         rows.write_text("".join(json.dumps({"id": i, "day": f"2024-01-{i + 1:02d}"}) + "\n" for i in range(10)))
         done = lines(run(cli, "table", "append", str(root), "--json-rows", str(rows), *kafka))[0]
-        # Ten rows in chunks of three: four files staged, one commit.
+        # Ten rows read in chunks of three, a file per row: ten files staged, one commit.
         assert done["version"] == 1 and done["metrics"]["numOutputRows"] == 10
-        assert len(_data_files(root)) == 4
+        assert len(_data_files(root)) == 10
         before = _data_files(root)
 
         bad = tmp_path / "bad.jsonl"
         bad.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(6)) + "{not json\n")
         failed = run(cli, "table", "append", str(root), "--json-rows", str(bad), *kafka, ok=False)
         assert failed.exit_code == 2 and "line 7 is not JSON" in failed.output, failed.output
-        # Two chunks were staged before line 7; both were deleted.
+        # Two chunks (six files) were staged before line 7; all were deleted.
         assert _data_files(root) == before
 
         wrong_type = tmp_path / "wrong.jsonl"

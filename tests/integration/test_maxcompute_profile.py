@@ -12,6 +12,14 @@ delta-rs must read every version like our reader.
 The jobs: INSERT OVERWRITE (`overwrite`), TRUNCATE (`truncate`), INSERT INTO
 (`append`), UPDATE (row id 1, in the big file), MINOR compaction (the two
 small files) and MAJOR compaction (every file of the scope).
+
+On a table with deletion vectors every cell is the seed's, also when the
+UPDATE/DELETE changes rows of the very files the compaction merges (the
+UPDATE of id 301 or the DELETE of id 302, small files; the DELETE of id 2, in
+the big file): the coordinator moves the changed rows through the
+compaction's row map. There, incremental reads by time version return the
+rows the UPDATE/DELETE, INSERT INTO or INSERT OVERWRITE added and nothing of
+the compaction.
 """
 
 from __future__ import annotations
@@ -29,10 +37,12 @@ from reader.time_versions import incremental_read, time_versions
 from schemas.errors import ConcurrentJobException, InvalidProposalError
 from schemas.jobs import TIME_VERSION_KEY
 from tests.conftest import TablePlace
+from tests.integration.test_deletion_vectors import delta_rs_agrees
 from tests.integration.test_writer_operations import SCHEMA, Env, data, rows, running_env
 from writer.table import Table
 
 MC = {"deltacoord.conflictProfile": "maxcompute"}
+MC_DV = {**MC, "delta.enableDeletionVectors": "true"}
 D1, D2 = "2024-01-01", "2024-01-02"
 #: Ids in D2 are offset, so rows stay unique across partitions.
 OFFSET = {D1: 0, D2: 1000}
@@ -57,16 +67,20 @@ SEED = {
     MA: (OVERWRITES, SUCCEEDS, SUCCEEDS, FAILS, FAILS),
 }
 COLUMNS = (IO, II, UD, MI, MA)
-#: The one cell where the seed's "both succeed" is not sound on copy-on-write Delta files: the major
-#: compaction merged the file the UPDATE rewrites, so its old rows live on in the compacted file and
-#: no metadata-level rebase can drop them. The coordinator fails the later job (see docs/semantics.md).
+#: The one cell where the seed's "both succeed" is not sound on copy-on-write Delta files (no deletion
+#: vectors): the major compaction merged the file the UPDATE rewrites, so its old rows live on in the
+#: compacted file and no metadata-level rebase can drop them. The coordinator fails the later job (see
+#: docs/semantics.md); with deletion vectors it succeeds.
 UNSOUND = {(MA, UD)}
+#: UPDATE/DELETE jobs that change rows of files a compaction merges (the default UPDATE changes id 1).
+UD_301, DEL_302, DEL_2 = "UPDATE id 301", "DELETE id 302", "DELETE id 2"
+KIND = {TR: IO, UD_301: UD, DEL_302: UD, DEL_2: UD}
 
 
-def expected(earlier: str, later: str) -> str:
-    row = SEED[IO if earlier == TR else earlier]
-    cell = row[COLUMNS.index(IO if later == TR else later)]
-    if (earlier, later) in UNSOUND:
+def expected(earlier: str, later: str, dvs: bool = False) -> str:
+    row = SEED[KIND.get(earlier, earlier)]
+    cell = row[COLUMNS.index(KIND.get(later, later))]
+    if (earlier, later) in UNSOUND and not dvs:
         return FAILS
     return cell
 
@@ -88,9 +102,9 @@ class Seeded:
         return f"date = '{date}'" if self.partitioned else None
 
 
-def seeded(env: Env, path: Path, partitioned: bool) -> Seeded:
+def seeded(env: Env, path: Path, partitioned: bool, dvs: bool = False) -> Seeded:
     t = env.table(path)
-    t.create(SCHEMA, partition_by=["date"] if partitioned else [], properties=MC)
+    t.create(SCHEMA, partition_by=["date"] if partitioned else [], properties=MC_DV if dvs else MC)
     for date in (D1, D2) if partitioned else (D1,):
         o = OFFSET[date]
         t.append(data([o + i for i in range(1, 201)], date, [f"base-{i:04d}" for i in range(1, 201)]))
@@ -116,9 +130,24 @@ def _insert(s: Seeded, snap: Snapshot, role: str, date: str) -> object:
     return s.t.append(data([OFFSET[date] + (500 if role == "earlier" else 501)], date, role), snapshot=snap)
 
 
+def _row(s: Seeded, date: str, i: int) -> str:
+    return f"id = {OFFSET[date] + i}" + (f" AND date = '{date}'" if s.partitioned else "")
+
+
 def _update(s: Seeded, snap: Snapshot, role: str, date: str) -> object:
-    cond = f"id = {OFFSET[date] + 1}" + (f" AND date = '{date}'" if s.partitioned else "")
-    return s.t.update(cond, {"value": f"'{role}'"}, snapshot=snap)
+    return s.t.update(_row(s, date, 1), {"value": f"'{role}'"}, snapshot=snap)
+
+
+def _update_301(s: Seeded, snap: Snapshot, role: str, date: str) -> object:
+    return s.t.update(_row(s, date, 301), {"value": f"'{role}'"}, snapshot=snap)
+
+
+def _delete_302(s: Seeded, snap: Snapshot, role: str, date: str) -> object:
+    return s.t.delete(_row(s, date, 302), snapshot=snap)
+
+
+def _delete_2(s: Seeded, snap: Snapshot, role: str, date: str) -> object:
+    return s.t.delete(_row(s, date, 2), snapshot=snap)
 
 
 def _minor(s: Seeded, snap: Snapshot, role: str, date: str) -> object:
@@ -129,7 +158,8 @@ def _major(s: Seeded, snap: Snapshot, role: str, date: str) -> object:
     return s.t.compact("major", s.where(date), snapshot=snap)
 
 
-RUN: dict[str, Job] = {IO: _io, TR: _truncate, II: _insert, UD: _update, MI: _minor, MA: _major}
+RUN: dict[str, Job] = {IO: _io, TR: _truncate, II: _insert, UD: _update, MI: _minor, MA: _major, UD_301: _update_301,
+                       DEL_302: _delete_302, DEL_2: _delete_2}
 
 Rows = dict[int, tuple[str, str]]
 
@@ -146,7 +176,16 @@ def model(rows_: Rows, job: str, role: str, date: str) -> Rows:
         out[o + (500 if role == "earlier" else 501)] = (date, role)
     elif job == UD:
         out[o + 1] = (date, role)
+    elif job == UD_301:
+        out[o + 301] = (date, role)
+    elif job in (DEL_302, DEL_2):
+        del out[o + (302 if job == DEL_302 else 2)]
     return out
+
+
+def added(job: str, role: str, date: str) -> list[tuple[object, ...]]:
+    """The rows a time version of `job` adds (what an incremental read returns for it)."""
+    return [] if job in (DEL_302, DEL_2) else as_rows(model({}, job, role, date))
 
 
 def as_rows(m: Rows) -> list[tuple[object, ...]]:
@@ -157,15 +196,16 @@ def current(t: Table) -> Rows:
     return {r[0]: (r[1], r[2]) for r in rows(t)}  # type: ignore[misc]
 
 
-def run_cell(env: Env, path: Path, partitioned: bool, earlier: str, later: str, earlier_date: str) -> None:
-    s = seeded(env, path, partitioned)
+def run_cell(env: Env, path: Path, partitioned: bool, earlier: str, later: str, earlier_date: str,
+             dvs: bool = False) -> Seeded:
+    s = seeded(env, path, partitioned, dvs)
     base = current(s.t)
     snap = s.t.snapshot()
     first = RUN[earlier](s, snap, "earlier", earlier_date)
     assert getattr(first, "version", None) == snap.version + 1, f"{earlier} did not commit"
     after_first = model(base, earlier, "earlier", earlier_date)
     # Jobs on different partitions never conflict.
-    outcome = expected(earlier, later) if earlier_date == D1 else SUCCEEDS
+    outcome = expected(earlier, later, dvs) if earlier_date == D1 else SUCCEEDS
     if outcome == FAILS:
         with pytest.raises(ConcurrentJobException) as ei:
             RUN[later](s, snap, "later", D1)
@@ -181,10 +221,22 @@ def run_cell(env: Env, path: Path, partitioned: bool, earlier: str, later: str, 
         assert rows(s.t) == as_rows(model(after_first, later, "later", D1))
         if outcome == OVERWRITES:
             assert info["deltacoord.rebase"]["over"] == [snap.version + 1]
+        if dvs and {earlier, later} & {MI, MA}:
+            # Incremental reads by time version return what the data job added, nothing of the compaction.
+            env.settle()
+            inc = incremental_read(s.t.uri, start_version=snap.version)
+            data_jobs = [(v, j, r) for v, j, r in ((snap.version + 1, earlier, "earlier"), (snap.version + 2, later,
+                                                                                          "later")) if j not in (MI, MA)]
+            assert inc.versions == tuple(v for v, _, _ in data_jobs)
+            assert rows(inc.data) == sorted(x for _, j, r in data_jobs for x in added(j, r, D1))
     for h in s.t.history():
         compaction = h["operation"] == "OPTIMIZE"
         assert h[TIME_VERSION_KEY] is (not compaction), h
-    env.assert_delta_rs_agrees(s.t)
+    if dvs:
+        delta_rs_agrees(env, s.t)  # its DataFusion scan applies deletion vectors
+    else:
+        env.assert_delta_rs_agrees(s.t)
+    return s
 
 
 @pytest.mark.kafka
@@ -205,6 +257,30 @@ def test_jobs_on_different_partitions_never_conflict(env: Env, tmp_path: Path, e
     run_cell(env, tmp_path / "t", True, earlier, later, D2)
 
 
+# --------------------------------------------------------------------------- with deletion vectors
+
+#: The seed's 25 cells (TRUNCATE is INSERT OVERWRITE's other form, played above).
+CELLS_25 = [(e, later) for e in COLUMNS for later in COLUMNS]
+#: UPDATE/DELETE changing rows of files the compaction merges, in the cells where both succeed (and the
+#: one where the later MAJOR compaction fails all the same).
+SHARED = [(MI, UD_301), (MI, DEL_302), (UD_301, MI), (DEL_302, MI), (MA, UD_301), (MA, DEL_302), (MA, DEL_2),
+          (UD_301, MA)]
+DV_CELLS = CELLS_25 + SHARED
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize(("earlier", "later"), DV_CELLS, ids=[f"{e}->{lt}" for e, lt in DV_CELLS])
+@pytest.mark.parametrize("partitioned", [False, True], ids=["unpartitioned", "one-partition"])
+def test_cell_with_deletion_vectors(env: Env, tmp_path: Path, partitioned: bool, earlier: str, later: str) -> None:
+    s = run_cell(env, tmp_path / "t", partitioned, earlier, later, D1, dvs=True)
+    if (earlier, later) in SHARED and expected(earlier, later, True) == SUCCEEDS:
+        # The compaction's output carries the rows the UPDATE/DELETE removed in a deletion vector.
+        latest = s.t.snapshot()
+        live = [a for a in latest.files() if a.partition_values.get("date", D1) in (D1, None)]
+        assert any(a.deletion_vector is not None for a in live)
+        assert s.t.history(1)[0]["deltacoord.rebase"]["rowsMovedOver"] == [latest.version - 1]
+
+
 # --------------------------------------------------------------------------- soundness
 
 @pytest.mark.kafka
@@ -213,7 +289,7 @@ def test_compaction_of_a_file_an_update_rewrote_fails(env: Env, tmp_path: Path) 
     s = seeded(env, tmp_path / "t", False)
     snap = s.t.snapshot()
     s.t.update("id = 301", {"value": "'u'"}, snapshot=snap)
-    with pytest.raises(ConcurrentJobException, match="would bring back rows"):
+    with pytest.raises(ConcurrentJobException, match=r"would bring back rows.*delta\.enableDeletionVectors = true"):
         _minor(s, snap, "later", D1)
     assert (301, D1, "u") in rows(s.t)
     assert env.orphans(s.t) == set()
@@ -225,7 +301,7 @@ def test_update_of_a_file_a_compaction_merged_fails(env: Env, tmp_path: Path) ->
     s = seeded(env, tmp_path / "t", False)
     snap = s.t.snapshot()
     _minor(s, snap, "earlier", D1)
-    with pytest.raises(ConcurrentJobException, match="rows moved"):
+    with pytest.raises(ConcurrentJobException, match=r"rows moved.*delta\.enableDeletionVectors = true"):
         s.t.update("id = 302", {"value": "'u'"}, snapshot=snap)
     assert (302, D1, "s2") in rows(s.t)
 

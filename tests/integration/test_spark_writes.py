@@ -122,6 +122,17 @@ def test_partition_by_partitions_a_new_table_and_must_match_an_existing_one(spar
     assert Snapshot.load(str(path)).version == version and _parquet(path) == files  # nothing staged, nothing committed
 
 
+def test_the_sink_refuses_what_delta_refuses_instead_of_casting_silently(spark: SparkSession, env: Env,
+                                                                         tmp_path: Path) -> None:
+    path = tmp_path / "events"
+    _save(_events(spark, [(1, "2024-01-01", "click")]), path, env.options())
+    version = Snapshot.load(str(path)).version
+    text_ids = spark.createDataFrame([("5", "2024-01-02", "view")], "id string, date string, kind string")
+    with pytest.raises(Exception, match=r"column 'id' is int64 in the table but the data has string"):
+        _save(text_ids, path, env.options(), "append")
+    assert Snapshot.load(str(path)).version == version and _rows(path) == [(1, "2024-01-01", "click")]
+
+
 def test_partition_by_naming_no_column_is_refused_before_the_table_exists(spark: SparkSession, env: Env,
                                                                           tmp_path: Path) -> None:
     path = tmp_path / "events"

@@ -10,7 +10,7 @@ import pytest
 
 from coordinator.tooling import storage_servers
 from coordinator.tooling.storage_servers import GcsServer, S3Server, StorageServerError
-from reader.storage import TableStorage
+from reader.storage import BucketNotFoundError, TableStorage
 
 pytestmark = pytest.mark.storage
 
@@ -99,10 +99,23 @@ def test_deltacoord_storage_start_status_stop(tmp_path: Path, monkeypatch: pytes
         assert info["running"] is True and info["kind"] == "s3" and info["storage_options"]["aws_conditional_put"] == "etag"
         status = runner.invoke(main, ["storage", "status", "s3"])
         assert status.exit_code == 0 and json.loads(status.output)["pid"] == info["pid"]
-        S3Server().create_bucket("cli")
+        missing = TableStorage("s3://cli/t", info["storage_options"])
+        with pytest.raises(BucketNotFoundError) as ei:  # a write to a bucket that does not exist says so
+            missing.put("k", b"v")
+        assert str(ei.value) == ("the bucket 'cli' of s3://cli/t does not exist: create it first (on the local servers: "
+                                 "deltacoord storage create-bucket s3 cli)")
+        with pytest.raises(BucketNotFoundError):
+            missing.list()
+        made = runner.invoke(main, ["storage", "create-bucket", "s3", "cli"])
+        assert made.exit_code == 0 and json.loads(made.output) == {"kind": "s3", "bucket": "cli", "created": True}
+        again = runner.invoke(main, ["storage", "create-bucket", "s3", "cli"])  # idempotent
+        assert again.exit_code == 0 and json.loads(again.output)["created"] is False, again.output
         TableStorage("s3://cli/t", info["storage_options"]).put("k", b"v")
+        assert [o.key for o in TableStorage("s3://cli/t", info["storage_options"]).list()] == ["k"]
     finally:
         stop = runner.invoke(main, ["storage", "stop", "s3"])
     assert stop.exit_code == 0 and "s3: stopped" in stop.output
     assert runner.invoke(main, ["storage", "status", "s3"]).exit_code == 1
     assert runner.invoke(main, ["storage", "start", "all", "--port", "1"]).exit_code == 2
+    not_running = runner.invoke(main, ["storage", "create-bucket", "s3", "cli"])
+    assert not_running.exit_code == 1 and "deltacoord storage start s3" in not_running.output

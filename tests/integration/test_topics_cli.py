@@ -78,6 +78,10 @@ def test_create_then_describe(kafka_bootstrap: str, prefix: str) -> None:
     assert commits["retention.ms"] == "-1" and commits["retention.bytes"] == "-1"
     assert desc["problems"] == []
     assert any("replication factor 1 < 3" in w for w in desc["warnings"])
+    # One line per warning, naming every topic it is about (not one per topic and setting).
+    assert len(desc["warnings"]) == len(set(desc["warnings"])) <= 3, desc["warnings"]
+    assert all(name in w for w in desc["warnings"] for name in (t.proposals, t.commits, t.dead_letters, t.replies))
+    assert len(out["warnings"]) <= 3 and res.stderr.count("warning:") <= 3, (out["warnings"], res.stderr)
 
     # Again: nothing to create, nothing differs.
     res = _run(kafka_bootstrap, "create", "--topic-prefix", prefix, "--partitions", "3", "--replication-factor", "1",

@@ -207,3 +207,26 @@ def test_orphan_data_files_are_listed_not_problems(built: Built, tmp_path: Path)
     rep = built.verify(root)
     assert rep.ok, rep.problems
     assert rep.orphan_files == ["date=2024-01-01/part-00000-orphan-c000.snappy.parquet"]
+
+
+def test_a_rejected_proposal_sent_again_is_one_decision_repeated(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A writer re-sending a rejected proposal (with its id) gets the same rejection again: verify reads that as
+    one decision answered twice, not as a proposal decided twice."""
+    from deltacoord import DeltaConcurrentModificationException
+
+    topics = fresh_topics(kafka_bootstrap)
+    root = (tmp_path / "t").resolve()
+    with coordinator_thread(kafka_bootstrap, topics) as coord, Table(root, kafka_bootstrap, topics=topics) as t:
+        t.create(SCHEMA, partition_by=["date"])
+        t.append(pa.table({"id": [1, 2], "date": ["2024-01-01", "2024-01-01"]}))
+        snap = t.snapshot()
+        t.delete("id = 1", snapshot=snap)
+        for _ in range(2):  # the same proposal id twice: the second answer repeats the first
+            with pytest.raises(DeltaConcurrentModificationException):
+                t.delete("id = 2", snapshot=snap, proposal_id="resent-delete")
+        assert coord.wait_published(30)
+        table_id = t.table_id
+    rep = verify_table(CoordinatorSettings(bootstrap_servers=kafka_bootstrap, topics=topics, group_id="verify-test"),
+                       root.as_uri(), table_id)
+    assert rep.ok, rep.problems
+    assert rep.rejections == 2 and rep.topic_versions == 3

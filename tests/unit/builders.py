@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
+from schemas.deletion_vectors import z85_encode
 from schemas.messages import FileRead, Proposal
 
 TABLE_ID = "tbl-orders"
@@ -91,6 +93,12 @@ def protocol(reader: int = 1, writer: int = 2) -> Protocol:
 DOMAINS_PROTOCOL = Protocol(1, 7, None, ("appendOnly", "invariants", "domainMetadata"))
 
 
+def dv_id(name: str) -> str:
+    """A readable on-disk ('u') deletion-vector id: `name` as the random prefix, then the Z85 of a UUID made
+    from it (a valid descriptor, as validation requires)."""
+    return name + z85_encode(uuid.uuid5(uuid.NAMESPACE_URL, name).bytes)
+
+
 def add(path: str, data_change: bool = True, dv: str | None = None, stats: str | None = None, **parts: Any) -> AddFile:
     pv = {k: (None if v is None else str(v)) for k, v in parts.items()}
     return AddFile(
@@ -100,7 +108,7 @@ def add(path: str, data_change: bool = True, dv: str | None = None, stats: str |
         modification_time=NOW - 5_000,
         data_change=data_change,
         stats=stats,
-        deletion_vector=None if dv is None else DeletionVector("u", dv, 40, 3),
+        deletion_vector=None if dv is None else DeletionVector("u", dv_id(dv), 40, 3),
     )
 
 
@@ -113,7 +121,7 @@ def remove(path: str, data_change: bool = True, dv: str | None = None, **parts: 
         extended_file_metadata=True,
         partition_values=pv,
         size=1024,
-        deletion_vector=None if dv is None else DeletionVector("u", dv, 40, 3),
+        deletion_vector=None if dv is None else DeletionVector("u", dv_id(dv), 40, 3),
     )
 
 

@@ -160,3 +160,23 @@ def test_a_state_rebuilt_from_a_coalesced_version_knows_every_proposal() -> None
     s.apply(0, [CommitInfo({"txnId": "c"}), protocol(), metadata()])
     s.apply(1, ds[0].actions)
     assert [s.committed_version_of(p.proposal_id) for p in ps] == [1, 1]
+
+
+def test_decisions_written_before_coalesced_into_still_decode() -> None:
+    """Records on the commits topic from before coalescing decode with `coalesced_into` null."""
+    from fastavro.schema import parse_schema
+
+    from schemas.codec import DECISION_SCHEMA, decode_decision, encode_decision
+    from tests.unit.test_codec import COMMITTED, body_record, single_object
+    from tests.unit.test_staged_commits import HISTORY
+
+    (old,) = [f for f in HISTORY.glob("CommitDecision.*.json")
+              if '"stagedCommit"' in f.read_text() and '"coalescedInto"' not in f.read_text()]
+    record = body_record(encode_decision(COMMITTED), DECISION_SCHEMA)
+    record.pop("coalescedInto")
+    data = single_object(parse_schema(json.loads(old.read_text())), record)
+    assert data[2:10].hex() == old.name.split(".")[1]
+    assert decode_decision(data) == COMMITTED and decode_decision(data).coalesced_into is None
+    member = Decision(COMMITTED.table_id, COMMITTED.table_uri, "m", Outcome.COMMITTED, version=COMMITTED.version,
+                      coalesced_into=COMMITTED.proposal_id)
+    assert decode_decision(encode_decision(member)) == member and not member.holds_version

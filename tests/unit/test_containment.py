@@ -47,8 +47,8 @@ def test_file_key_hashes_are_the_same_in_every_process() -> None:
 
 def _state() -> TableState:
     h = Harness(["date"], proto=DOMAINS_PROTOCOL)
-    h.must_commit(proposal(h.head, [add(f"date=d/f{i}.parquet", date="d") for i in range(50)]))
-    h.must_commit(proposal(h.head, [remove("date=d/f3.parquet", date="d"), txn("app", 7), domain("dom")]))
+    h.must_commit(proposal(h.head, [add(f"date=d/f{i}.parquet", date="2024-01-01") for i in range(50)]))
+    h.must_commit(proposal(h.head, [remove("date=d/f3.parquet", date="2024-01-01"), txn("app", 7), domain("dom")]))
     return h.state
 
 
@@ -73,14 +73,14 @@ def test_a_snapshot_restores_what_the_rules_see_of_a_table(tmp_path: Path) -> No
     assert (back.version, back.metadata, back.protocol, dict(back.app_versions), dict(back.domains)) == (
         st.version, st.metadata, st.protocol, dict(st.app_versions), dict(st.domains))
     assert back.live_file_count == st.live_file_count == 49
-    assert back.is_live(add("date=d/f1.parquet", date="d")) and not back.is_live(add("date=d/f3.parquet", date="d"))
+    assert back.is_live(add("date=d/f1.parquet", date="2024-01-01")) and not back.is_live(add("date=d/f3.parquet", date="2024-01-01"))
     txn_ids = [t for t, _v in st.export().txn_ids]
     assert len(txn_ids) == 3  # the redelivery index: creation and the two commits
     assert [back.committed_version_of(t) for t in txn_ids] == [st.committed_version_of(t) for t in txn_ids] == [0, 1, 2]
     # Deciding goes on from the restored state: a new file is added, a removed one is gone.
     h = Harness()
     h.state = back
-    assert h.decide(proposal(back.version, [add("date=d/new.parquet", date="d")])).__class__.__name__ == "Accepted"
+    assert h.decide(proposal(back.version, [add("date=d/new.parquet", date="2024-01-01")])).__class__.__name__ == "Accepted"
 
 
 def test_a_snapshot_written_before_proposal_offsets_were_recorded_reads_as_offset_zero() -> None:

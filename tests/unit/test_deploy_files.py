@@ -44,7 +44,7 @@ from coordinator.kafka.acls import (
     render_commands,
 )
 from coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, TopicSpec
-from coordinator.metrics import Metrics, MetricsServer
+from coordinator.metrics import Metrics, MetricsServer, TableGauges
 from coordinator.settings import CoordinatorSettings
 from coordinator.tooling import cli_acls, cli_topics
 from coordinator.tooling.cli import coordinator_run
@@ -359,19 +359,46 @@ def test_compose_topics_init_uses_safe_topics_create_flags() -> None:
     assert int(coord_env["DELTACOORD_NUM_PARTITIONS"]) == parts
 
 
+def exported_metric_names() -> set[str]:
+    """Every series name the coordinator exports, per-table gauges included."""
+    metrics = Metrics()
+    metrics.watch_tables(lambda: [TableGauges("file:///t", 1, 1, False)])
+    known: set[str] = set()
+    for fam in metrics.registry.collect():
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}[fam.type]
+        known |= {fam.name + s for s in suffixes}
+    return known
+
+
 def test_alert_rules_use_existing_metrics() -> None:
     with open(DEPLOY / "alerts.yml") as fh:
         rules = [r for g in yaml.safe_load(fh)["groups"] for r in g["rules"]]
     assert rules
-    known: set[str] = set()
-    for fam in Metrics().registry.collect():
-        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}[fam.type]
-        known |= {fam.name + s for s in suffixes}
+    known = exported_metric_names()
     for r in rules:
         for name in re.findall(r"\bdeltacoord_[a-z_]+", r["expr"]):
             assert name in known, f"alert {r['alert']}: no metric {name}"
     with open(DEPLOY / "prometheus.yml") as fh:
         assert yaml.safe_load(fh)["rule_files"] == ["/etc/prometheus/alerts.yml"]
+
+
+def test_the_grafana_dashboard_loads_and_reads_only_existing_metrics() -> None:
+    dash = json.loads((DEPLOY / "grafana" / "deltacoord.json").read_text())
+    assert dash["uid"] == "deltacoord" and [v["name"] for v in dash["templating"]["list"]] == ["datasource"]
+    panels = dash["panels"]
+    assert len({p["id"] for p in panels}) == len(panels) and all(p["title"] for p in panels)
+    known = exported_metric_names()
+    used: set[str] = set()
+    for p in panels:
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        assert p["targets"], p["title"]
+        for t in p["targets"]:
+            names = set(re.findall(r"\bdeltacoord_[a-z_]+", t["expr"]))
+            assert names and names <= known, f"panel {p['title']!r}: no metric {names - known}"
+            used |= names
+    per_table = {"deltacoord_table_commits_total", "deltacoord_table_conflicts_total",
+                 "deltacoord_table_publish_lag_versions", "deltacoord_table_halted"}
+    assert per_table <= used  # commits, conflicts, publish lag and halts per table are shown
 
 
 # -- Kubernetes --------------------------------------------------------------------------

@@ -110,3 +110,21 @@ def test_client_settings_come_from_the_environment_when_not_given() -> None:
     assert translate(S3, {"AWS_ALLOW_HTTP": "false"}, environ=env).client_options["allow_http"] == "false"
     assert translate(AZ, {}, environ=env).client_options == {"allow_http": "false"}
     assert translate(GS, {}, environ=env).client_options == {}
+
+
+@pytest.mark.parametrize(("uri", "key", "meant"), [
+    ("s3://b/t", "AWS_REGOIN", "AWS_REGION"),
+    ("s3://b/t", "aws_endpoint_ulr", "AWS_ENDPOINT_URL"),
+    ("az://c/t", "AZURE_STORAGE_ACOUNT_NAME", "AZURE_STORAGE_ACCOUNT_NAME"),
+    ("gs://b/t", "GOOGLE_SERVICE_ACOUNT", "GOOGLE_SERVICE_ACCOUNT"),
+])
+def test_a_misspelt_key_is_told_the_key_it_meant(uri: str, key: str, meant: str) -> None:
+    with pytest.raises(StorageConfigError) as ei:
+        TableStorage(uri, {key: "x"})
+    assert str(ei.value).endswith(f"; did you mean {meant}?") and key.lower() in str(ei.value)
+
+
+def test_a_key_like_no_other_gets_no_guess() -> None:
+    with pytest.raises(StorageConfigError) as ei:
+        TableStorage("s3://b/t", {"nonsense_key": "1"})
+    assert "did you mean" not in str(ei.value) and "'nonsense_key'" in str(ei.value)

@@ -17,7 +17,7 @@ from coordinator.rules.validate import (
     proposal_error,
     validate_proposal,
 )
-from schemas.actions import AddFile, CommitInfo, Protocol
+from schemas.actions import AddFile, CommitInfo, DeletionVector, Protocol
 from schemas.errors import InvalidProposalError
 from schemas.messages import FileRead, Proposal
 from tests.unit.builders import (
@@ -29,6 +29,7 @@ from tests.unit.builders import (
     add,
     cdc,
     domain,
+    dv_id,
     metadata,
     proposal,
     protocol,
@@ -43,6 +44,11 @@ class Case:
     reason: str
     build: Callable[[Harness], Proposal]
     harness: Callable[[], Harness] = Harness
+
+
+#: Partition columns of every type whose values readers parse.
+TYPED = {"d": "date", "n": "long", "i": "integer", "b": "byte", "x": "double", "m": "decimal(10,2)", "ts": "timestamp",
+         "flag": "boolean", "s": "string"}
 
 
 def _plain() -> Harness:
@@ -138,6 +144,31 @@ CASES = [
          lambda h: proposal(0, [add("a.parquet", date="2024-01-01", country="US")]), _dated),
     Case("partition-values-on-unpartitioned", "PARTITION_VALUES_MISMATCH",
          lambda h: proposal(0, [add("a.parquet", date="2024-01-01")])),
+    # Partition values a reader parses for every scan (delta-rs, Spark fail the table's reads on one that is not).
+    *(Case(f"partition-value-{name}", "PARTITION_VALUES_MISMATCH",
+           lambda h, c=col, v=value: proposal(0, [add("a.parquet", **{c: v})]),  # type: ignore[misc]
+           lambda c=col: Harness((c,), md=metadata((c,), columns=TYPED)))  # type: ignore[misc]
+      for name, col, value in [
+          ("date-text", "d", "yesterday"), ("date-month-13", "d", "2024-13-01"), ("long-text", "n", "12x"),
+          ("int-overflow", "i", "2147483648"), ("byte-overflow", "b", "128"), ("long-spaces", "n", " 5"),
+          ("double-text", "x", "one"), ("decimal-scale", "m", "1.234"), ("decimal-digits", "m", "123456789"),
+          ("timestamp-text", "ts", "noon"), ("boolean-yes", "flag", "yes"),
+      ]),
+    # Deletion-vector descriptors a reader cannot read.
+    *(Case(f"dv-{name}", "BAD_DELETION_VECTOR",
+           lambda h, d=dv: proposal(0, [AddFile("a.parquet", {}, 1, NOW, True, deletion_vector=d)]))  # type: ignore[misc]
+      for name, dv in [
+          ("storage-type", DeletionVector("x", dv_id("a"), 40, 3)),
+          ("u-not-z85", DeletionVector("u", "ab" + "~" * 20, 40, 3)),
+          ("u-too-short", DeletionVector("u", "dv-a", 40, 3)),
+          ("negative-size", DeletionVector("u", dv_id("a"), -1, 3)),
+          ("negative-cardinality", DeletionVector("u", dv_id("a"), 40, -3)),
+          ("negative-offset", DeletionVector("u", dv_id("a"), 40, 3, offset=-1)),
+          ("inline-not-z85", DeletionVector("i", "~~~~~", 5, 1)),
+          ("inline-with-offset", DeletionVector("i", "00000", 5, 1, offset=1)),
+          ("path-outside", DeletionVector("p", "s3://other/dv.bin", 40, 3, offset=1)),
+          ("path-empty", DeletionVector("p", "", 40, 3, offset=1)),
+      ]),
     Case("isolation-level-bogus", "BAD_ISOLATION_LEVEL",
          lambda h: proposal(0, [metadata(isolation="SnapshotIsolation")], changes_data=False)),
     Case("isolation-level-case", "BAD_ISOLATION_LEVEL",
@@ -195,6 +226,24 @@ def test_reason_codes(case: Case) -> None:
 def test_stats_delta_readers_parse_are_accepted(stats: str | None) -> None:
     h = Harness()
     validate_proposal(h.state, proposal(0, [AddFile("a.parquet", {}, 1, NOW, True, stats=stats)]))
+
+
+@pytest.mark.parametrize(("col", "value"), [
+    ("d", "2024-02-29"), ("n", "-9223372036854775808"), ("i", "2147483647"), ("b", "-128"), ("x", "1.0E10"),
+    ("x", "NaN"), ("x", "-Infinity"), ("m", "10.50"), ("m", "-99999999.99"), ("m", "1E+1"),
+    ("ts", "2024-01-01 00:00:00"), ("ts", "2024-01-01 00:00:00.123456"), ("ts", "2024-01-01T00:00:00.000000Z"),
+    ("flag", "true"), ("flag", "FALSE"), ("s", " any text "), ("n", None), ("d", ""),
+])
+def test_partition_values_delta_writers_write_are_accepted(col: str, value: str | None) -> None:
+    h = Harness((col,), md=metadata((col,), columns=TYPED))
+    validate_proposal(h.state, proposal(0, [add("a.parquet", **{col: value})]))
+
+
+def test_deletion_vectors_delta_writers_write_are_accepted() -> None:
+    h = Harness()
+    for dv in (DeletionVector("u", dv_id("ab"), 40, 3, offset=1, max_row_index=9), DeletionVector("i", "wi5b=000010000siXQKl0rr91000f55c8Xg0@@D72lkbi5=-{L", 40, 6),
+               DeletionVector("p", f"{TABLE_URI}/dv/x.bin", 40, 3, offset=1)):
+        validate_proposal(h.state, proposal(0, [AddFile("a.parquet", {}, 1, NOW, True, deletion_vector=dv)]))
 
 
 def test_every_reason_code_is_exercised() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from coordinator.rules.authentication import Signature
 from coordinator.rules.batch import Submitted, decide_batch
+from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from schemas.actions import AddCDCFile, AddFile, Metadata
 from schemas.codec import encode_proposal
@@ -226,3 +227,25 @@ def test_the_spark_sink_signs_with_its_writer_key_option(tmp_path: Path) -> None
         assert unsigned.writer_key is None and unsigned.writer_name == "spark"
     finally:
         unsigned.close()
+
+
+def test_an_unauthenticated_message_cannot_claim_a_genuine_proposals_id() -> None:
+    """Mallory saw alice's proposal id and sends a message with it first (unsigned, then signed by her own key):
+    both are refused, and alice's signed proposal with that id is still decided on its own merits, in the same
+    batch and in a later one; the window keeps only alice's decision."""
+    live = _table(ALICE)
+    genuine = proposal(0, [add("a1")])
+    forged = dataclasses.replace(proposal(0, [add("evil")]), proposal_id=genuine.proposal_id)
+    decisions = _decide(live, [_signed(forged, None, as_writer="alice"), _signed(forged, MALLORY, as_writer="alice"),
+                               _signed(genuine, ALICE)])
+    assert _outcomes(decisions) == [ReasonCode.WRITER_NOT_AUTHENTICATED, ReasonCode.WRITER_NOT_AUTHENTICATED, 1]
+
+    later = proposal(1, [add("a2")])
+    window = DecidedIds()
+    first = _decide(live, [_signed(dataclasses.replace(proposal(1, [add("x")]), proposal_id=later.proposal_id), None,
+                                   as_writer="alice")])
+    for d in first:
+        window.remember(d)
+    assert window.get(TABLE_ID, later.proposal_id) is None
+    decisions, _ = decide_batch(live, [_signed(later, ALICE)], NOW, earlier=window.get)
+    assert _outcomes(decisions) == [2] and decisions[0].duplicate_of is None
