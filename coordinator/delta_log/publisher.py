@@ -205,21 +205,6 @@ class Publisher:
             return frozenset(tid for tid in table_ids if (t := self.tables.get(tid)) is not None and t.halted is None
                              and t.ratified - t.published >= by)
 
-    def wait_progress(self, table_ids: Iterable[str], timeout_s: float, by: int = 1) -> None:
-        """Block until one of the tables has fewer than `by` ratified versions unpublished (or is halted, or
-        unknown), or `timeout_s` passes."""
-        ids = list(table_ids)
-        deadline = time.monotonic() + timeout_s
-        with self._idle:
-            while True:
-                if any((t := self.tables.get(tid)) is None or t.halted is not None or t.ratified - t.published < by
-                       for tid in ids):
-                    return
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                self._idle.wait(remaining)
-
     def behind(self, versions: Mapping[str, int]) -> list[str]:
         """Tables (of `versions`, table id -> version) whose version is not published yet and not halted."""
         with self._lock:

@@ -46,6 +46,8 @@ EXIT_OK, EXIT_FENCED, EXIT_ERROR, EXIT_UNPUBLISHED = 0, 3, 5, 6
 LINGER_MAX_S = 0.2
 #: Unpublished versions of a table from which its next proposals wait (`_linger`): one in flight, one queued.
 LINGER_BEHIND = 2
+#: How often a lingering batch looks at the lanes (and takes what arrived) while it waits.
+LINGER_POLL_S = 0.005
 
 
 @dataclass
@@ -276,20 +278,26 @@ class Coordinator:
         deciding them now would only queue one more version. They wait (at most `LINGER_MAX_S`) for one of those
         lanes to publish, and what arrived meanwhile joins them, to share the next version
         (`coordinator.rules.coalesce`); the next version's Kafka transaction overlaps the PUT in flight. A lane
-        idle or short (light load), or a table that does not coalesce: decided at once, as always."""
+        idle or short (light load), or a table that does not coalesce: decided at once, as always; a proposal
+        of such a table arriving meanwhile ends the wait, so a slow store never delays another table."""
         s = self.settings
-        if len(msgs) >= s.max_batch:
-            return msgs
         tables: set[str] = set()
-        for m in msgs:
-            key = m.key() if m.error() is None else None
-            if not key:
+        waiting = msgs
+        deadline = time.monotonic() + LINGER_MAX_S
+        while len(msgs) < s.max_batch:
+            for m in waiting:
+                key = m.key() if m.error() is None else None
+                if not key:
+                    return msgs
+                tables.add(key.decode("utf-8", errors="replace"))
+            if self.publisher.lagging(tables, LINGER_BEHIND) != tables or not all(self._coalesces(t) for t in tables):
+                return msgs  # a lane has room (or a table does not coalesce): decide now
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return msgs
-            tables.add(key.decode("utf-8", errors="replace"))
-        if self.publisher.lagging(tables, LINGER_BEHIND) != tables or not all(self._coalesces(t) for t in tables):
-            return msgs
-        self.publisher.wait_progress(tables, LINGER_MAX_S, LINGER_BEHIND)
-        return [*msgs, *consumer.consume(s.max_batch - len(msgs), 0)]
+            waiting = consumer.consume(s.max_batch - len(msgs), min(remaining, LINGER_POLL_S))
+            msgs = [*msgs, *waiting]
+        return msgs
 
     def _coalesces(self, table_id: str) -> bool:
         for w in self._workers.values():
