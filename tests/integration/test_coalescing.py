@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Message
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from coordinator.delta_log.verify import assert_verified, verify_table
 from coordinator.kafka.daemon import Coordinator
@@ -298,3 +299,27 @@ def _wait(cond: Callable[[], bool], what: str) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.spark
+def test_delta_on_spark_reads_a_coalesced_version(kafka_bootstrap: str, tmp_path: Path, gather: _Gather,
+                                                  spark: SparkSession) -> None:
+    topics = fresh_topics(kafka_bootstrap)
+    held = HeldStability(kafka_bootstrap, topics.commits)
+    root = (tmp_path / "t").resolve()
+
+    def install(c: Coordinator) -> None:
+        c.publisher.stable = held
+
+    with coordinator_thread(kafka_bootstrap, topics, before_run=install) as coord:
+        threads, out = _stalled_then_four(coord, root, kafka_bootstrap, topics, held, gather)
+        held.holding.clear()
+        _join(threads)
+        assert coord.wait_published(WAIT_S)
+    assert [r.version for r in out] == [3, 3, 3, 3]
+    df = spark.read.format("delta").load(str(root))
+    assert sorted(r.id for r in df.collect()) == [0, 1, 2, 3, 100, 101]
+    at2 = spark.read.format("delta").option("versionAsOf", 2).load(str(root))
+    assert sorted(r.id for r in at2.collect()) == [100, 101]
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{root}`").select("version", "operation").collect()
+    assert sorted(r.version for r in history) == [0, 1, 2, 3]
