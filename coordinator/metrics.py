@@ -59,6 +59,8 @@ class Metrics:
         self.conflicts = Counter("deltacoord_conflicts_total", "Proposals rejected for a conflict, by Delta exception", ["type"], registry=r)
         self.rejections = Counter("deltacoord_rejections_total", "Proposals rejected as invalid, by reason code", ["reason"], registry=r)
         self.dead_letters = Counter("deltacoord_dead_letters_total", "Undecodable messages sent to the dead-letter topic", registry=r)
+        self.coalesced = Counter("deltacoord_coalesced_commits_total",
+                                 "Commits that share the version of an earlier commit of their batch (coalescing)", registry=r)
         self.duplicates = Counter("deltacoord_duplicate_proposals_total", "Redelivered proposals answered with their original decision", registry=r)
         self.decision_latency = Histogram(
             "deltacoord_decision_latency_seconds", "From proposal produce time to decision commit in Kafka", registry=r,

@@ -103,7 +103,7 @@ class RatifiedSource:
                 if value is None:
                     continue
                 d = decode_decision(value)
-                if d.committed and d.duplicate_of is None and d.version is not None:
+                if d.holds_version:  # not a redelivery's answer, nor a commit coalesced into the version
                     if d.staged is not None:
                         if storage is None:
                             raise StagedCommitError(f"version {d.version} was recorded by reference; give the table's "

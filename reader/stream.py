@@ -461,7 +461,7 @@ class CommitStream:
         except ValueError:
             return
         if version < self._next:
-            return  # a redelivery's answer (duplicate_of) or a version seen already
+            return  # a redelivery's answer (duplicate_of), a commit coalesced into it, or a version seen already
         if version > self._next:
             self._error = StreamGapError(
                 f"the commits topic {self.topics.commits}[{self.partition}] has version {version} of table {self.table_id} "
@@ -472,7 +472,7 @@ class CommitStream:
         if value is None:
             return
         d = decode_decision(value)
-        if not d.committed or d.duplicate_of is not None or d.version != version:
+        if not d.holds_version or d.version != version:
             return
         if d.staged is not None:
             try:

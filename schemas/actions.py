@@ -352,6 +352,10 @@ class DomainMetadata:
         return DomainMetadata(domain=d["domain"], configuration=d.get("configuration", ""), removed=d.get("removed", False))
 
 
+#: The commitInfo key listing the commits coalesced into one version, each its own commitInfo.
+COALESCED_KEY = "coalescedCommits"
+
+
 @dataclass(frozen=True, slots=True)
 class CommitInfo:
     """`commitInfo`: free-form provenance; a few keys matter to conflict checks.
@@ -371,6 +375,19 @@ class CommitInfo:
     def txn_id(self) -> str | None:
         t = self.values.get("txnId")
         return t if isinstance(t, str) else None
+
+    @property
+    def txn_ids(self) -> tuple[str, ...]:
+        """The proposal ids this commit records: its txnId, then those of the commits coalesced into its version
+        (`coalescedCommits`, see `coordinator.rules.coalesce`)."""
+        ids = [] if self.txn_id is None else [self.txn_id]
+        parts = self.values.get(COALESCED_KEY)
+        if isinstance(parts, list):
+            for part in parts:
+                t = part.get("txnId") if isinstance(part, Mapping) else None
+                if isinstance(t, str) and t not in ids:
+                    ids.append(t)
+        return tuple(ids)
 
     @property
     def is_blind_append(self) -> bool:

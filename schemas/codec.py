@@ -794,6 +794,7 @@ def _decision_from(r: Record) -> Decision:
         duplicate_of=r["duplicateOf"],
         decided_at_ms=r["decidedAtMs"],
         staged=_staged_from(r.get("stagedCommit")),
+        coalesced_into=r.get("coalescedInto"),
     )
 
 
@@ -979,6 +980,7 @@ def _decision_rec(d: Decision) -> Record:
         "duplicateOf": d.duplicate_of,
         "decidedAtMs": d.decided_at_ms,
         "stagedCommit": _staged_rec(d.staged),
+        "coalescedInto": d.coalesced_into,
     }
 
 

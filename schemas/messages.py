@@ -104,7 +104,17 @@ class Decision:
     #: Set for a committed version recorded by reference: on the wire `actions` then holds the commitInfo
     #: alone and the whole commit is in the staged file (`schemas.staged`); resolved, `actions` is complete.
     staged: StagedActions | None = None
+    #: Set for a commit coalesced into a version shared with other proposals: the proposal id whose decision
+    #: holds the version's whole commit (`actions` is then empty here). See `coordinator.rules.coalesce`.
+    coalesced_into: str | None = None
 
     @property
     def committed(self) -> bool:
         return self.outcome is Outcome.COMMITTED
+
+    @property
+    def holds_version(self) -> bool:
+        """A commit that records its version's actions: committed, not a redelivery's answer, not coalesced
+        into another decision of the same version (one such decision per version)."""
+        return (self.outcome is Outcome.COMMITTED and self.duplicate_of is None and self.coalesced_into is None
+                and self.version is not None)

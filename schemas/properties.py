@@ -41,6 +41,8 @@ class Property(StrEnum):
     VERIFY_ADDED_FILES = "deltacoord.verifyAddedFiles"
     #: Which transaction rules decide the table's commits: `delta` (default) or `maxcompute`.
     CONFLICT_PROFILE = "deltacoord.conflictProfile"
+    #: `false`: every commit keeps a Delta version of its own, even while the table's store lags (no coalescing).
+    COALESCE = "deltacoord.coalesce"
 
 
 #: Key in a schema field's metadata (not a table property) naming its physical column.
@@ -202,6 +204,13 @@ class TableProperties:
     @property
     def verify_added_files(self) -> bool:
         return _true(self.raw.get(Property.VERIFY_ADDED_FILES))
+
+    @property
+    def coalesce(self) -> bool:
+        """Whether compatible appends may share a version while the table's store lags (`deltacoord.coalesce`,
+        default true); see `coordinator.rules.coalesce`."""
+        raw = self.raw.get(Property.COALESCE)
+        return raw is None or raw.strip().lower() != "false"
 
     @property
     def conflict_profile(self) -> str:

@@ -55,6 +55,8 @@ class ReasonCode(StrEnum):
     COMMIT_INFO_TOO_LARGE = "COMMIT_INFO_TOO_LARGE"
     #: `deltacoord.conflictProfile` names no known profile (`delta`, `maxcompute`).
     BAD_CONFLICT_PROFILE = "BAD_CONFLICT_PROFILE"
+    #: A deltacoord table property holds a value it cannot take (`deltacoord.coalesce` is `true` or `false`).
+    BAD_TABLE_PROPERTY = "BAD_TABLE_PROPERTY"
     #: On a `maxcompute` table, a data change whose MaxCompute job type cannot be derived from its operation.
     UNKNOWN_JOB_TYPE = "UNKNOWN_JOB_TYPE"
     #: The commit writes an action whose table feature the table's protocol lacks (domainMetadata without

@@ -198,6 +198,13 @@ class Publisher:
             if error is not None:
                 t.last_error = f"{type(error).__name__}: {error}"
 
+    def lagging(self, table_ids: Iterable[str], by: int = 1) -> frozenset[str]:
+        """Tables (of `table_ids`, not halted) with at least `by` ratified versions their store has not taken yet:
+        a lane busy with them (what makes a table's next commits share versions, `coordinator.rules.coalesce`)."""
+        with self._lock:
+            return frozenset(tid for tid in table_ids if (t := self.tables.get(tid)) is not None and t.halted is None
+                             and t.ratified - t.published >= by)
+
     def behind(self, versions: Mapping[str, int]) -> list[str]:
         """Tables (of `versions`, table id -> version) whose version is not published yet and not halted."""
         with self._lock:

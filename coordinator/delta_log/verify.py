@@ -4,7 +4,9 @@
 
 * the commits topic: committed versions of the table contiguous from 0, each
   proposal decided once (answers to redeliveries, `duplicate_of`, are counted
-  apart and are not a second decision); an adoption record at version N
+  apart and are not a second decision); a commit coalesced into an earlier
+  decision's version (`coalesced_into`) follows that version, whose commitInfo
+  names it; an adoption record at version N
   (`deltacoord table adopt`) stands for the versions up to N, which another
   engine wrote and only `_delta_log` holds (`adopted_versions`);
 * `_delta_log` versions contiguous from 0, or from the oldest retained commit
@@ -63,6 +65,7 @@ from schemas.actions import (
     Action,
     AddCDCFile,
     AddFile,
+    CommitInfo,
     DomainMetadata,
     Metadata,
     Protocol,
@@ -94,6 +97,8 @@ class VerifyReport:
     adopted_versions: int = 0
     rejections: int = 0
     duplicate_answers: int = 0
+    #: Commits that share the version of an earlier decision (`coalesced_into`), each named by its commitInfo.
+    coalesced_commits: int = 0
     #: Oldest and newest `<v>.json` in `_delta_log` (None: no commit file).
     log_versions: tuple[int, int] | None = None
     checkpoints_checked: list[int] = field(default_factory=list)
@@ -117,6 +122,7 @@ class VerifyReport:
             "adopted_versions": self.adopted_versions,
             "rejections": self.rejections,
             "duplicate_answers": self.duplicate_answers,
+            "coalesced_commits": self.coalesced_commits,
             "log_versions": None if self.log_versions is None else list(self.log_versions),
             "checkpoints_checked": list(self.checkpoints_checked),
             "last_checkpoint": self.last_checkpoint,
@@ -185,6 +191,16 @@ def _read_topic(rep: VerifyReport, settings: CoordinatorSettings, table_id: str,
             rep.rejections += 1
             if d.reason_code != ReasonCode.WRITER_NOT_AUTHENTICATED:  # a message that proved nothing claims no id
                 rejected.add(d.proposal_id)
+            continue
+        if d.coalesced_into is not None:  # its version is the one just ratified, whose commitInfo names it
+            held = ratified.get(d.version) if d.version is not None else None
+            ci = held[0] if held else None
+            if d.version != expected - 1 or not isinstance(ci, CommitInfo) or d.proposal_id not in ci.txn_ids:
+                rep.problems.append(f"commits topic: proposal {d.proposal_id} is coalesced into version {d.version}, "
+                                    "whose commit does not record it")
+            else:
+                rep.coalesced_commits += 1
+            decided[d.proposal_id] += 1
             continue
         decided[d.proposal_id] += 1
         if d.version != expected:

@@ -42,6 +42,12 @@ CheckpointFn = Callable[[TableStorage, int], object]
 #: stopped on request with ratified versions not in `_delta_log` (the next owner publishes them).
 #: (4 is the watchdog's `os._exit`.)
 EXIT_OK, EXIT_FENCED, EXIT_ERROR, EXIT_UNPUBLISHED = 0, 3, 5, 6
+#: How long fetched proposals of tables whose stores lag wait for one of them to publish (see `_linger`).
+LINGER_MAX_S = 0.2
+#: Unpublished versions of a table from which its next proposals wait (`_linger`): one in flight, one queued.
+LINGER_BEHIND = 2
+#: How often a lingering batch looks at the lanes (and takes what arrived) while it waits.
+LINGER_POLL_S = 0.005
 
 
 @dataclass
@@ -266,6 +272,40 @@ class Coordinator:
             detail["reasons"] = reasons
         return not reasons, detail
 
+    def _linger(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
+        """Group commit at the store's pace: while every table the fetched proposals name (their keys) has a
+        version in flight and another queued behind it (`LINGER_BEHIND`), and coalesces (`deltacoord.coalesce`),
+        deciding them now would only queue one more version. They wait (at most `LINGER_MAX_S`) for one of those
+        lanes to publish, and what arrived meanwhile joins them, to share the next version
+        (`coordinator.rules.coalesce`); the next version's Kafka transaction overlaps the PUT in flight. A lane
+        idle or short (light load), or a table that does not coalesce: decided at once, as always; a proposal
+        of such a table arriving meanwhile ends the wait, so a slow store never delays another table."""
+        s = self.settings
+        tables: set[str] = set()
+        waiting = msgs
+        deadline = time.monotonic() + LINGER_MAX_S
+        while len(msgs) < s.max_batch:
+            for m in waiting:
+                key = m.key() if m.error() is None else None
+                if not key:
+                    return msgs
+                tables.add(key.decode("utf-8", errors="replace"))
+            if self.publisher.lagging(tables, LINGER_BEHIND) != tables or not all(self._coalesces(t) for t in tables):
+                return msgs  # a lane has room (or a table does not coalesce): decide now
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return msgs
+            waiting = consumer.consume(s.max_batch - len(msgs), min(remaining, LINGER_POLL_S))
+            msgs = [*msgs, *waiting]
+        return msgs
+
+    def _coalesces(self, table_id: str) -> bool:
+        for w in self._workers.values():
+            st = w.states.get(table_id)
+            if st is not None:
+                return TableProperties.of(st.metadata).coalesce and not TableProperties.of(st.metadata).maxcompute
+        return False
+
     def wait_published(self, timeout_s: float = 30.0) -> bool:
         """Block until every version this coordinator decided is in `_delta_log` (or its table is halted).
 
@@ -413,6 +453,7 @@ class Coordinator:
                         owned.maybe_snapshot()
                     continue
                 msgs = [first, *consumer.consume(s.max_batch - 1, 0)] if s.max_batch > 1 else [first]
+                msgs = self._linger(consumer, msgs)
                 by_partition: dict[int, list[Message]] = {}
                 for m in msgs:
                     err = m.error()

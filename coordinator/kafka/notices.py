@@ -92,7 +92,8 @@ class PublicationNotices:
         t = md.topics.get(topic)
         #: The replies topic's partition count (0: no replies topic; writers then get no routed answers).
         self.num_partitions = len(t.partitions) if t is not None and t.error is None and t.partitions else 0
-        self._waiting: OrderedDict[tuple[str, int], _Reply] = OrderedDict()
+        #: Per (table, version), the replies to send once it is published (several: a coalesced version).
+        self._waiting: OrderedDict[tuple[str, int], list[_Reply]] = OrderedDict()
         self._lock = threading.Lock()
         #: Replies held until their decision is readable: ((partition, offset), decision, reply partition, times).
         self._held: queue.Queue[tuple[tuple[int, int], Decision, int, dict[str, float]] | None] = queue.Queue()
@@ -144,10 +145,10 @@ class PublicationNotices:
                 return
 
     def expect(self, d: Decision, partition: int, times: dict[str, float]) -> None:
-        """Send `d` (committed as a new version) once its version is published."""
+        """Send `d` (committed as a new version, or coalesced into one) once its version is published."""
         assert d.version is not None
         with self._lock:
-            self._waiting[(d.table_id, d.version)] = _reply_of(d, partition, times)
+            self._waiting.setdefault((d.table_id, d.version), []).append(_reply_of(d, partition, times))
             if len(self._waiting) > MAX_WAITING:
                 self._waiting.popitem(last=False)
 
@@ -159,16 +160,15 @@ class PublicationNotices:
 
     def _send(self, table_id: str, version: int, kind: bytes, why: str | None) -> None:
         with self._lock:
-            r = self._waiting.pop((table_id, version), None)
-        if r is None:
-            return
-        headers = [*r.headers, (H_KIND, kind)]
-        if kind == KIND_PUBLISHED:
-            published = _times({"published": time.time()})
-            headers = [(k, v + b";" + published if k == H_TIMES and isinstance(v, bytes) else v) for k, v in headers]
-        if why is not None:
-            headers.append((H_ERROR, why.encode("utf-8", errors="replace")[:4096]))
-        self._produce(r.partition, r.value, headers, table_id, version)
+            rs = self._waiting.pop((table_id, version), None)
+        published = _times({"published": time.time()})
+        for r in rs or ():
+            headers = [*r.headers, (H_KIND, kind)]
+            if kind == KIND_PUBLISHED:
+                headers = [(k, v + b";" + published if k == H_TIMES and isinstance(v, bytes) else v) for k, v in headers]
+            if why is not None:
+                headers.append((H_ERROR, why.encode("utf-8", errors="replace")[:4096]))
+            self._produce(r.partition, r.value, headers, table_id, version)
 
     def _produce(self, partition: int, value: bytes, headers: _Headers, table_id: str, version: int | None) -> None:
         try:

@@ -18,7 +18,8 @@ stops.
 
 Nothing acknowledged is invisible: before a batch that ratifies version v of a
 table is recorded, `_delta_log/<v>.json` must be absent (one HEAD, or a stat,
-per table and batch). A file there was written around the coordinator: the
+per table and batch, asked only while the table's version v-1 is published:
+see `_probe`). A file there was written around the coordinator: the
 table halts and the batch is decided again without it, so no writer is told
 COMMITTED for a version readers would never see. A store that cannot answer
 rejects that table's proposals of the batch (STORAGE_UNAVAILABLE, retryable).
@@ -569,7 +570,8 @@ class PartitionCoordinator:
                 continue
             if self._last_record is None or offset > self._last_record[0]:
                 self._last_record = (offset, d.proposal_id)
-            if d.committed and d.duplicate_of is None and d.version is not None:
+            if d.holds_version:
+                assert d.version is not None
                 self._recorded_at.append((d.table_id, d.version, offset))
         self._delivered = []
 
@@ -713,10 +715,18 @@ class PartitionCoordinator:
 
     def _probe(self, overlay: Overlay, probed: dict[tuple[str, int], str | None]) -> tuple[dict[str, str], dict[str, str]]:
         """Tables the batch would ratify a version of whose `<v>.json` already exists (foreign, why), and those whose
-        store cannot say (unavailable, why). `probed` caches answers within the batch."""
+        store cannot say (unavailable, why). `probed` caches answers within the batch.
+
+        A table whose lane has not published its newest ratified version yet is not asked: a Delta writer writes
+        the version after the newest it lists, so `<v>.json` cannot appear around the coordinator before
+        `<v-1>.json`, which is ours and unpublished; one written there meets our publication, which halts the table
+        (and tells its writers the version is unpublished). Under load, when each question would cost the deciding
+        thread a store round trip per batch, the lanes are busy and nothing is asked."""
         foreign: dict[str, str] = {}
         unavailable: dict[str, str] = {}
-        keys = {tid: (tid, live.version + 1 if (live := self.states.get(tid)) is not None else 0) for tid in overlay.tables}
+        lagging = self.publisher.lagging(overlay.tables)
+        keys = {tid: (tid, live.version + 1 if (live := self.states.get(tid)) is not None else 0) for tid in overlay.tables
+                if tid not in lagging}
         # (table id, next version) -> table URI, for the keys not asked yet in this batch
         todo = {key: overlay.tables[tid].table_uri for tid, key in keys.items() if key not in probed}
 
@@ -842,8 +852,10 @@ class PartitionCoordinator:
         proposals = [x.submitted for x in decoded if x.submitted is not None]
         check_files = functools.partial(added_files_problem, self.publisher.locations)
         halted = self.publisher.halted_tables()
+        # Tables whose store has not taken every ratified version: their compatible appends share versions.
+        busy = self.publisher.lagging({x.proposal.table_id for x in proposals})
         decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
-                                        earlier=self._earlier_decision)
+                                        earlier=self._earlier_decision, busy=busy)
         # One location is one table: a creation the batch accepts claims its location (`reader.claim`); one whose
         # location another table id holds, or that holds an uncoordinated Delta table, is refused.
         # Nothing acknowledged is invisible: no version of the batch may already have a file in _delta_log.
@@ -857,7 +869,7 @@ class PartitionCoordinator:
             if taken:
                 refused.update(taken)
                 decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
-                                                earlier=self._earlier_decision, refused_creates=refused)
+                                                earlier=self._earlier_decision, refused_creates=refused, busy=busy)
                 continue
             foreign, cannot = self._probe(overlay, probed)
             foreign.update(self._confirm_claims(overlay))
@@ -877,7 +889,7 @@ class PartitionCoordinator:
             unavailable.update(cannot)
             halted = {**halted, **foreign, **cannot}
             decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
-                                            earlier=self._earlier_decision, refused_creates=refused)
+                                            earlier=self._earlier_decision, refused_creates=refused, busy=busy)
         if unavailable:
             decided = [dataclasses.replace(d, reason_code=ReasonCode.STORAGE_UNAVAILABLE.value)
                        if d.table_id in unavailable and d.reason_code == ReasonCode.TABLE_HALTED.value
@@ -941,10 +953,12 @@ class PartitionCoordinator:
         # coordinator.kafka.stability): the publisher waits for the last stable offset to pass this record.
         stable_at = None if self.txn_last_offset is None else (self.partition, self.txn_last_offset)
         for d, (reply, ratified_only) in zip(decisions, replies, strict=True):
-            new_version = d.committed and d.duplicate_of is None and d.version is not None
+            new_version = d.holds_version
+            # A commit coalesced into another decision's version: its writer hears when that version is published.
+            coalesced = d.committed and d.coalesced_into is not None
             if reply is not None and self.notices is not None:
                 # After the transaction, outside it (see coordinator.kafka.notices).
-                if new_version and not ratified_only:
+                if (new_version or coalesced) and not ratified_only:
                     self.notices.expect(d, reply, times)  # one reply, once published (registered before submit)
                 elif stable_at is None:
                     self.notices.decided(d, reply, times)
@@ -957,6 +971,8 @@ class PartitionCoordinator:
                 self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions, stable_at,
                                                   staged=(d.proposal_id, d.staged) if d.staged is not None else None,
                                                   data=self._staged_bytes.pop((d.table_id, d.proposal_id), None)))
+            elif coalesced:
+                self.metrics.coalesced.inc()
             elif d.committed:
                 self.metrics.duplicates.inc()
             elif d.error_type and d.reason_code is None:
@@ -985,7 +1001,7 @@ class PartitionCoordinator:
         out: list[Decision] = []
         cannot: dict[str, str] = {}
         for d in decided:
-            if (d.committed and d.duplicate_of is None and d.version is not None and d.staged is None
+            if (d.holds_version and d.staged is None
                     and ((d.table_id, d.proposal_id) in by_ref or len(d.actions) > DECISION_INLINE_MAX_ACTIONS)):
                 try:
                     d, self._staged_bytes[(d.table_id, d.proposal_id)] = stage_decision(

@@ -294,7 +294,7 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             heartbeat()  # a long recovery is progress, not a hang
         if offset < fold_from:  # already in the snapshot: only a version _delta_log may still lack
             tid = d.table_id
-            if (tid in again and offset >= again[tid] and d.committed and d.duplicate_of is None and d.version is not None
+            if (tid in again and offset >= again[tid] and d.holds_version and d.version is not None
                     and d.version >= compare_from[tid] and d.version <= states[tid].version):
                 try:
                     whole, data = resolve(d)
@@ -334,7 +334,7 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             rec.released[d.table_id] = (d.table_uri, d.winning_version if d.winning_version is not None else -1)
             continue
         rec.decided.remember(d)
-        if not d.committed or d.duplicate_of is not None or d.version is None:
+        if not d.holds_version or d.version is None:  # coalesced: the version is its leader's decision
             continue
         found = states.get(d.table_id)
         if found is None:

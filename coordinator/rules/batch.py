@@ -22,11 +22,12 @@ the other tables go on and the daemon does not crash-loop on the same record.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, MutableMapping, Sequence, Set
+from dataclasses import dataclass, field, replace
 
 from coordinator.rules.admission import admission_error
 from coordinator.rules.authentication import Signature, authentication_error
+from coordinator.rules.coalesce import Group, coalescable
 from coordinator.rules.conflicts import Accepted, Duplicate, Rejected
 from coordinator.rules.profiles import decide
 from coordinator.rules.state import TableState
@@ -92,6 +93,19 @@ class Overlay:
             self.tables[tid] = state
         self.tables[tid].apply(accepted.version, accepted.actions)
         self.commits.append(TentativeCommit(tid, accepted.version, accepted.actions))
+
+    def coalesce(self, live: Mapping[str, TableState], table_id: str, version: int, actions: tuple[Action, ...]) -> None:
+        """Make the table's last two commits of the batch (`version` and the one after) one commit at `version`
+        holding `actions` (`coordinator.rules.coalesce`): the table's fork is made again from its live state."""
+        mine = [i for i, c in enumerate(self.commits) if c.table_id == table_id]
+        assert len(mine) >= 2 and self.commits[mine[-2]].version == version and self.commits[mine[-1]].version == version + 1
+        del self.commits[mine[-1]]
+        self.commits[mine[-2]] = TentativeCommit(table_id, version, actions)
+        st = live[table_id].fork()
+        for i in mine[:-1]:
+            c = self.commits[i]
+            st.apply(c.version, c.actions)
+        self.tables[table_id] = st
 
     def apply_to(self, live: MutableMapping[str, TableState]) -> None:
         """Make the batch's commits live (after its transaction committed), in O(the batch's changes).
@@ -187,7 +201,8 @@ def decide_batch(states: Mapping[str, TableState], proposals: Sequence[Proposal 
                  halted: Mapping[str, str] = _NOTHING_HALTED,
                  check_files: FileCheck | None = None,
                  earlier: EarlierDecision | None = None,
-                 refused_creates: Mapping[str, InvalidProposalError] = _NOTHING_REFUSED) -> tuple[list[Decision], Overlay]:
+                 refused_creates: Mapping[str, InvalidProposalError] = _NOTHING_REFUSED,
+                 busy: Set[str] = frozenset()) -> tuple[list[Decision], Overlay]:
     """Decide `proposals` in order against `states` (never modified); one decision per proposal.
 
     A proposal is decided at its submission time when known (`Submitted.at_ms`),
@@ -196,12 +211,14 @@ def decide_batch(states: Mapping[str, TableState], proposals: Sequence[Proposal 
     `earlier` finds the first decision of a proposal id decided before the batch.
     `refused_creates` maps table ids whose creation (read version -1, table unknown) the storage edge refused
     to why (its location is another table id's, or holds an uncoordinated Delta table: `reader.claim`).
+    `busy` holds the tables whose store has not taken every ratified version yet: their compatible appends
+    share versions (`coordinator.rules.coalesce`).
     """
     halts: dict[str, str] = {}
     while True:
         try:
             decisions, overlay = _decide_all(states, proposals, now, {**halted, **halts}, check_files, earlier,
-                                             refused_creates)
+                                             refused_creates, busy)
         except _TableFault as f:
             why = (f"deciding a proposal of this table failed unexpectedly ({type(f.cause).__name__}: {f.cause}); the "
                    "table is halted so that the other tables go on. Report it with the coordinator's log")
@@ -215,10 +232,12 @@ def decide_batch(states: Mapping[str, TableState], proposals: Sequence[Proposal 
 def _decide_all(states: Mapping[str, TableState], proposals: Sequence[Proposal | Submitted], now: int,
                 halted: Mapping[str, str], check_files: FileCheck | None,
                 earlier: EarlierDecision | None,
-                refused_creates: Mapping[str, InvalidProposalError]) -> tuple[list[Decision], Overlay]:
+                refused_creates: Mapping[str, InvalidProposalError],
+                busy: Set[str] = frozenset()) -> tuple[list[Decision], Overlay]:
     overlay = Overlay()
     decisions: list[Decision] = []
     seen: dict[tuple[str, str], Decision] = {}
+    groups: dict[str, Group] = {}  # per busy table, the version being coalesced
     for item in proposals:
         if isinstance(item, Submitted):
             p, at, sig = item.proposal, item.at_ms or now, item.signature
@@ -233,10 +252,38 @@ def _decide_all(states: Mapping[str, TableState], proposals: Sequence[Proposal |
             d = decide_one(states, overlay, p, at, halted, sig, check_files, refused_creates)
         except Exception as e:
             raise _TableFault(p.table_id, p.table_uri, e) from e
+        if p.table_id in busy and d.committed and d.duplicate_of is None:
+            try:
+                d = _coalesce(states, overlay, groups, decisions, p, d)
+            except Exception as e:
+                raise _TableFault(p.table_id, p.table_uri, e) from e
         if claims_its_id(d):
             seen[key] = d
         decisions.append(d)
     return decisions, overlay
+
+
+def _coalesce(live: Mapping[str, TableState], overlay: Overlay, groups: dict[str, Group], decisions: list[Decision],
+              p: Proposal, d: Decision) -> Decision:
+    """Fold an accepted commit of a busy table into the version its batch is coalescing, when it may
+    (`coordinator.rules.coalesce`); the decision as it stands (`coalesced_into` the leader's when folded)."""
+    tid = p.table_id
+    assert d.version is not None
+    st = overlay.tables.get(tid)
+    props = TableProperties.of(st.metadata if st is not None else None)
+    if tid not in live or st is None or not props.coalesce or props.maxcompute or not coalescable(p, d.actions):
+        groups.pop(tid, None)
+        return d
+    g = groups.get(tid)
+    size = g.takes(d.actions) if g is not None and g.version == d.version - 1 else None
+    if g is None or size is None:
+        groups[tid] = Group.open(d.version, len(decisions), d.actions)
+        return d
+    merged = g.join(d.actions, size)
+    overlay.coalesce(live, tid, g.version, merged)
+    leader = decisions[g.leader]
+    decisions[g.leader] = replace(leader, actions=merged)
+    return replace(d, version=g.version, actions=(), coalesced_into=leader.proposal_id)
 
 
 __all__ = ["EarlierDecision", "FileCheck", "Overlay", "Submitted", "TentativeCommit", "claims_its_id", "decide_batch",

@@ -450,8 +450,7 @@ class TableState:
         if commit_info is not None:
             ict = commit_info.in_commit_timestamp
             blind = commit_info.is_blind_append
-            txn_id = commit_info.txn_id
-            if txn_id is not None:
+            for txn_id in commit_info.txn_ids:  # a coalesced version records every proposal it holds
                 self._txns.remember(txn_id, version)
             if ict is not None:
                 self.last_ict = ict

@@ -106,6 +106,7 @@ REASONS = frozenset(
         ReasonCode.BAD_DELETION_VECTOR,
         ReasonCode.BAD_ISOLATION_LEVEL,
         ReasonCode.BAD_CONFLICT_PROFILE,
+        ReasonCode.BAD_TABLE_PROPERTY,
         ReasonCode.BAD_SCHEMA,
         ReasonCode.APPEND_ONLY,
         ReasonCode.BAD_PREDICATE,
@@ -521,6 +522,10 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             ReasonCode.BAD_CONFLICT_PROFILE,
             f"{Property.CONFLICT_PROFILE}={profile!r}; must be one of {sorted(CONFLICT_PROFILES)}",
         )
+    coalesce = new_metadata.configuration.get(Property.COALESCE) if new_metadata is not None else None
+    if coalesce is not None and coalesce.strip().lower() not in ("true", "false"):
+        raise _err(ReasonCode.BAD_TABLE_PROPERTY,
+                   f"{Property.COALESCE}={coalesce[:100]!r}; must be true or false (false: one version per commit)")
     if effective is not None:
         schema = partition_schema(effective)  # raises BAD_SCHEMA
         if adds:

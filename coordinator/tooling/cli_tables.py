@@ -680,7 +680,8 @@ def lookup_cmd(path: str, proposal_id: str, bootstrap_servers: str, topic_prefix
         raise UnknownOutcome(f"no decision for proposal {proposal_id} on the commits topic (yet): it was not received, "
                              "or no coordinator serves the table's partition; run this again once a coordinator runs")
     _echo_json({"proposalId": proposal_id, "decided": True, "committed": d.committed, "version": d.version,
-                "duplicateOf": d.duplicate_of, "reason": d.reason_code or d.error_type, "message": d.error_message})
+                "duplicateOf": d.duplicate_of, "coalescedInto": d.coalesced_into, "reason": d.reason_code or d.error_type,
+                "message": d.error_message})
 
 
 @table_group.command("describe")

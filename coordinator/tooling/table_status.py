@@ -37,7 +37,7 @@ class TableStatus:
         """One more record of the table, in commits-topic order."""
         kind = control_kind(d)
         if kind is None:
-            if d.committed and d.duplicate_of is None and d.version is not None:
+            if d.holds_version:
                 if self.state in (UNKNOWN, DROPPED):
                     self.state, self.halted = COORDINATED, None
                 self.version, self.location = d.version, d.table_uri or self.location

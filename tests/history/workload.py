@@ -166,7 +166,10 @@ def create_table(spec: TableSpec, bootstrap: str, topic_prefix: str, out_path: s
     # writers' check for a coordinator cannot see them.
     with Table(spec.uri, bootstrap, topics=Topics.with_prefix(topic_prefix), writer_name="setup",
                decision_timeout_s=decision_timeout_s, coordinator_check=False, **(kafka or {})) as t:
-        props = {ISOLATION_KEY: spec.isolation, COUNTER_KEY: "0", "delta.checkpointInterval": "10"}
+        # One transaction per version, as the checker replays them (coalesced versions are checked in
+        # tests/integration/test_coalescing.py).
+        props = {ISOLATION_KEY: spec.isolation, COUNTER_KEY: "0", "delta.checkpointInterval": "10",
+                 "deltacoord.coalesce": "false"}
         tx = t.begin_create(SCHEMA, partition_by=[PARTITION_COLUMN], properties=props)
         rec.write({"type": "invoke", "writer": -1, "seq": 0, "table": spec.table_id, "proposal_id": tx.proposal_id,
                    "op": "create", "read_version": -1, "read_partitions": [], "read_predicates": [],

@@ -31,7 +31,9 @@ def test_sixteen_writers_fifty_blind_appends_each(kafka_bootstrap: str, tmp_path
     options = table_place.storage_options
     with coordinator_thread(kafka_bootstrap, topics, checkpoint_fn=create_checkpoint, **table_place.coordinator_settings) as coord:
         with Table(table_path, kafka_bootstrap, topics=topics, storage_options=options) as t:
-            t.create(SCHEMA, partition_by=["date"], properties={"delta.checkpointInterval": "10"})
+            t.create(SCHEMA, partition_by=["date"], properties={"delta.checkpointInterval": "10",
+                                                             # one version per commit: each version v holds v rows
+                                                             "deltacoord.coalesce": "false"})
         ctx = mp.get_context("spawn")
         outs = [tmp_path / f"w{i}.json" for i in range(WRITERS)]
         procs = [ctx.Process(target=append_worker,

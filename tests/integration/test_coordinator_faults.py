@@ -90,7 +90,7 @@ def test_sigkill_at_a_chosen_point_then_restart(kafka_bootstrap: str, tmp_path: 
     first = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", *place.coordinator_args,
                                       env={"DELTACOORD_FAULT": f"{point}:{n}"})
     with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120, storage_options=opts) as t:
-        t.create(SCHEMA, partition_by=["date"], properties={"delta.checkpointInterval": "5"})
+        t.create(SCHEMA, partition_by=["date"], properties={"delta.checkpointInterval": "5", "deltacoord.coalesce": "false"})
     _wait_until(lambda: log.exists(f"_delta_log/{0:020d}.json"), 60, "publication of version 0")
     results: list[int] = []
     errors: list[BaseException] = []
@@ -311,7 +311,7 @@ def test_restart_resumes_after_the_offset_the_records_carry_not_the_lagging_grou
     first = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", "--group-offset-seconds",
                                       "3600", env={"DELTACOORD_FAULT": "after_kafka_commit:6"})
     with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120) as t:
-        t.create(SCHEMA, partition_by=["date"])
+        t.create(SCHEMA, partition_by=["date"], properties={"deltacoord.coalesce": "false"})  # one version per commit
     results: list[int] = []
     errors: list[BaseException] = []
     threads = _appenders(kafka_bootstrap, topics, path, writers=2, per_writer=6, results=results, errors=errors,

@@ -82,7 +82,7 @@ def test_writers_through_a_relay_see_their_commits_and_only_their_answers(
     try:
         with coordinator_thread(kafka_bootstrap, topics, **table_place.coordinator_settings):
             assert tables[0].client._producer is None  # no Kafka producer in a relayed writer
-            assert tables[0].create(SCHEMA).version == 0
+            assert tables[0].create(SCHEMA, properties={"deltacoord.coalesce": "false"}).version == 0
             threads = [threading.Thread(target=write, args=(w,)) for w in range(len(tables))]
             for th in threads:
                 th.start()

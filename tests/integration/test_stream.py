@@ -86,7 +86,7 @@ def test_reader_started_first_sees_100_concurrent_commits_then_stops_at_add_colu
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         with Table(path, kafka_bootstrap, topics=topics, storage_options=opts) as creator:
-            creator.create(SCHEMA, partition_by=["date"])
+            creator.create(SCHEMA, partition_by=["date"], properties={"deltacoord.coalesce": "false"})  # a version per commit
 
         def write(w: int) -> None:
             with Table(path, kafka_bootstrap, topics=topics, writer_name=f"w{w}", storage_options=opts) as t:

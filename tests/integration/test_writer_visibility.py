@@ -162,7 +162,7 @@ def test_each_writer_fetches_only_its_own_decisions(kafka_bootstrap: str, topics
 def test_more_writer_processes_than_reply_partitions_all_get_their_decisions(
         kafka_bootstrap: str, topics: Topics, table_place: TablePlace, coordinator: Coordinator, tmp_path: Path) -> None:
     t = Table(tmp_path / "t", kafka_bootstrap, topics=topics)
-    t.create(SCHEMA)
+    t.create(SCHEMA, properties={"deltacoord.coalesce": "false"})  # one version per commit
     t.close()
     ctx = multiprocessing.get_context("spawn")
     n, k = 6, 8  # six processes on four reply partitions: some share one and skip the others' answers

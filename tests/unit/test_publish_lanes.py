@@ -157,3 +157,26 @@ def test_stop_publishes_what_the_lanes_hold(tmp_path: Path) -> None:
 def test_lanes_below_one_are_refused() -> None:
     with pytest.raises(ValueError, match="lanes"):
         Publisher(lanes=0).start()
+
+
+def test_a_stalled_table_is_lagging_until_its_versions_are_published(tmp_path: Path,
+                                                                    stalled: dict[str, threading.Event]) -> None:
+    """What commit coalescing reads: a table with ratified versions its store has not taken is lagging (by how
+    many), until they are published."""
+    slow, idle = tmp_path / "slow", tmp_path / "idle"
+    stalled["slow"] = threading.Event()
+    p = Publisher(fsync=False, lanes=2)
+    p.start()
+    try:
+        p.submit(_task(idle, 0))
+        assert p.wait_idle(10)
+        p.submit(_task(slow, 0))
+        assert p.lagging(["slow", "idle", "unknown"]) == {"slow"}
+        assert p.lagging(["slow"], by=2) == frozenset()  # one version in flight
+        p.submit(_task(slow, 1))
+        assert p.lagging(["slow"], by=2) == {"slow"}  # and one queued behind it
+        stalled["slow"].set()
+        assert p.wait_idle(10) and p.lagging(["slow"]) == frozenset()
+    finally:
+        stalled.get("slow", threading.Event()).set()
+        p.stop()

@@ -177,6 +177,8 @@ CASES = [
          lambda h: proposal(0, [metadata().__class__(id="m", schema_string=metadata().schema_string,
                                                      configuration={"deltacoord.conflictProfile": "oracle"})],
                             changes_data=False)),
+    Case("coalesce-bogus", "BAD_TABLE_PROPERTY",
+         lambda h: proposal(0, [metadata(config={"deltacoord.coalesce": "yes"})], changes_data=False)),
     Case("schema-not-json", "BAD_SCHEMA",
          lambda h: proposal(0, [metadata().__class__(id="m", schema_string="{not json", partition_columns=("a",))])),
     Case("partition-column-not-in-schema", "BAD_SCHEMA", lambda h: proposal(0, [metadata(("nope",))])),
