@@ -36,12 +36,14 @@ The table is any location `reader.log` accepts; pass `storage_options` (or a
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.kafka.control import ADOPT, DROP, control_kind
 from coordinator.kafka.recovery import decision_resolver, read_decisions
+from coordinator.rules.action_values import deletion_vector_problem, partition_value_problem
+from coordinator.rules.stats import stats_problem
 from coordinator.settings import CoordinatorSettings
 from reader.checkpoint import key_string, read_checkpoint_actions
 from reader.log import (
@@ -73,6 +75,7 @@ from schemas.actions import (
     SetTransaction,
     commit_to_json_lines,
 )
+from schemas.expressions.partitions import partition_schema
 from schemas.properties import TableProperties
 from schemas.reasons import ReasonCode
 from schemas.routing import partition_for
@@ -293,6 +296,7 @@ def _check_replay_and_checkpoints(rep: VerifyReport, listing: LogListing,
     Returns every data path (as written in the log) a retained commit or checkpoint references.
     """
     referenced: set[str] = set()
+    unreadable: list[str] = []
     commits = listing.commits
     latest = max(commits) if commits else -1
     state = LogReplayState()
@@ -314,13 +318,35 @@ def _check_replay_and_checkpoints(rep: VerifyReport, listing: LogListing,
             state.apply(acts)
             if path is not None:
                 referenced.update(_paths(acts))
+            unreadable.extend(f"version {v}: {p}" for p in _unreadable_values(acts, state.metadata))
         for ref in listing.checkpoints.get(v, ()):
             rep.checkpoints_checked.append(v)
             ckpt_paths: set[str] = set()
             problems = _checkpoint_problems(ref, state if replayable else None, ckpt_paths)
             rep.problems.extend(problems)
             referenced.update(ckpt_paths)
+    rep.problems.extend(f"{u} (Delta readers cannot read it)" for u in unreadable[:_EXAMPLES])
+    if len(unreadable) > _EXAMPLES:
+        rep.problems.append(f"... and {len(unreadable) - _EXAMPLES} more added files Delta readers cannot read")
     return referenced
+
+
+def _unreadable_values(actions: Iterable[Action], metadata: Metadata | None) -> Iterator[str]:
+    """What the coordinator's validation refuses, found in published adds: stats, partition values against their
+    columns' types, deletion-vector descriptors (`coordinator.rules.validate`)."""
+    schema = partition_schema(metadata)
+    for a in actions:
+        if not isinstance(a, AddFile):
+            continue
+        problem = stats_problem(a.stats)
+        if problem is None and a.deletion_vector is not None:
+            problem = deletion_vector_problem(a.deletion_vector)
+        for c in schema:
+            if problem is None:
+                why = partition_value_problem(a.partition_values.get(c.physical_name), c.type_name)
+                problem = None if why is None else f"partition value of {c.name!r} ({c.type_name}) is {why}"
+        if problem is not None:
+            yield f"add {a.path!r}: {problem}"
 
 
 def _describe(keys: Iterable[str]) -> str:

@@ -138,6 +138,19 @@ def test_tampered_commit_file_is_reported(built: Built, tmp_path: Path) -> None:
     assert _has(rep, "version 5 is ratified", "missing"), rep.problems
 
 
+def test_values_delta_readers_cannot_parse_are_reported(built: Built, tmp_path: Path) -> None:
+    """A commit holding what the coordinator's validation refuses (here stats no reader parses) is reported:
+    verify applies the same checks to what `_delta_log` holds."""
+    root = built.copy(tmp_path / "t")
+    path = root / "_delta_log" / f"{3:020d}.json"
+    lines = path.read_text().splitlines()
+    bad = [json.dumps({"add": {**json.loads(ln)["add"], "stats": "{{{{not json"}}) if '"add"' in ln else ln
+           for ln in lines]
+    path.write_text("\n".join(bad) + "\n")
+    rep = built.verify(root)
+    assert _has(rep, "version 3: add", "Delta readers cannot read it"), rep.problems
+
+
 def test_missing_data_file_is_reported(built: Built, tmp_path: Path) -> None:
     root = built.copy(tmp_path / "t")
     victim = Snapshot.load(root.as_uri()).files()[0]
