@@ -1712,7 +1712,8 @@ def _error_of(x: _Decoded, rejected: Decision | None) -> str:
 
 
 def _committed_with_retry(consumer: Consumer, tp: TopicPartition, timeout_s: float = 60.0) -> list[TopicPartition]:
-    """The group's committed offset; retried while the group coordinator is still loading."""
+    """The group's committed offset; retried while the group coordinator is still loading or moving (a local
+    timeout: the broker that led the group died and its successor has not answered yet)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -1720,6 +1721,7 @@ def _committed_with_retry(consumer: Consumer, tp: TopicPartition, timeout_s: flo
         except KafkaException as e:
             kerr = e.args[0]
             if time.monotonic() > deadline or not (isinstance(kerr, KafkaError) and (kerr.retriable() or kerr.code() in (
-                    KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE))):
+                    KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                    KafkaError._TIMED_OUT, KafkaError._TRANSPORT))):
                 raise
             time.sleep(0.2)

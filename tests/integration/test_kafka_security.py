@@ -176,7 +176,7 @@ def test_the_demo_flow_runs_with_only_the_planned_acls(secured: Secured, coordin
     s = secured
     path = s.work / "demo"
     table = _table(s, path)
-    table.create(SCHEMA, partition_by=["date"])
+    table.create(SCHEMA, partition_by=["date"], properties={"deltacoord.coalesce": "false"})  # a version per commit
     table.append(pa.table({"id": [0, 1, 2], "date": ["2024-01-01", "2024-01-02", "2024-01-03"], "amount": [10, 20, 30]}))
 
     errors: list[BaseException] = []

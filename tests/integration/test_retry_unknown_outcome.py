@@ -94,7 +94,8 @@ def table(kafka_bootstrap: str, tmp_path: Path) -> Iterator[tuple[Topics, Path]]
     topics = fresh_topics(kafka_bootstrap)
     path = tmp_path / "t"
     with coordinator_thread(kafka_bootstrap, topics), Table(path, kafka_bootstrap, topics=topics) as t:
-        t.create(SCHEMA)
+        # Files of at most 1 MB of rows: a chunk of JSON lines is staged as it arrives (what a Ctrl-C must delete).
+        t.create(SCHEMA, properties={"delta.targetFileSize": "1mb"})
         t.append(pa.table({"id": [1]}, schema=SCHEMA))
     yield topics, path
 

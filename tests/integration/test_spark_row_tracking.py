@@ -46,7 +46,8 @@ def identity(spark: SparkSession, path: Path, version: int) -> Identity:
 def test_row_ids_survive_every_operation(spark: SparkSession, env: Env, tmp_path: Path, vectors: bool) -> None:
     path = tmp_path / "t"
     t = env.table(path)
-    t.create(SCHEMA, properties={"delta.enableRowTracking": "true", **(DV if vectors else {})})
+    # One version per append (coalescing off): the four appends must get versions 1..4 and their own commit versions.
+    t.create(SCHEMA, properties={"delta.enableRowTracking": "true", "deltacoord.coalesce": "false", **(DV if vectors else {})})
     snap = t.snapshot()
     writers = [env.table(path) for _ in range(4)]
     errors: list[BaseException] = []

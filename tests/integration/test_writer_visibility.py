@@ -131,7 +131,7 @@ def test_each_writer_fetches_only_its_own_decisions(kafka_bootstrap: str, topics
         else:
             pytest.fail(f"readers still read partitions they do not hold: {[c._replies().reading() for c in clients]}")
         tables = [Table(tmp_path / "t", kafka_bootstrap, topics=topics, client=c) for c in clients]
-        tables[0].create(SCHEMA)
+        tables[0].create(SCHEMA, properties={"deltacoord.coalesce": "false"})  # one version per commit
         errors: list[BaseException] = []
 
         def write(t: Table, w: int) -> None:
