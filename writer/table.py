@@ -581,12 +581,17 @@ class Table:
             return self._control(CONTROL_RELEASE, "RELEASE TABLE", timeout_s)
         except DeltaCoordError:
             if dropped:
-                try:
-                    self._set_coordinated(True, timeout_s)
-                except DeltaCoordError as e:
-                    log.warning("%s: the release was refused and the %s writer feature could not be put back: %s",
-                                self.uri, COORDINATED, e)
+                self._put_coordinated_back("release", timeout_s)
             raise
+
+    def _put_coordinated_back(self, what: str, timeout_s: float | None) -> None:
+        """After a refused release or drop that had removed the `deltacoord-coordinated` feature: add it again
+        (a failure to is logged; the refusal is what the caller raises)."""
+        try:
+            self._set_coordinated(True, timeout_s)
+        except DeltaCoordError as e:
+            log.warning("%s: the %s was refused and the %s writer feature could not be put back: %s",
+                        self.uri, what, COORDINATED, e)
 
     def drop(self, *, delete_files: bool = False, timeout_s: float | None = None) -> CommitResult:
         """DROP TABLE for a path table: the coordinator forgets this table for good (recorded on the commits topic,
@@ -616,11 +621,7 @@ class Table:
                                    parameters={DROP_DELETE_FILES: "true" if delete_files else "false"})
         except DeltaCoordError:
             if dropped:
-                try:
-                    self._set_coordinated(True, timeout_s)
-                except DeltaCoordError as e:
-                    log.warning("%s: the drop was refused and the %s writer feature could not be put back: %s",
-                                self.uri, COORDINATED, e)
+                self._put_coordinated_back("drop", timeout_s)
             raise
         self._floor = -1
         return result
