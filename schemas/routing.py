@@ -130,8 +130,29 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+#: Separates a table group from the rest of a table id: `<group>::<name>` is routed by `<group>`, so every table of a
+#: group is serialised by one partition and a multi-table transaction can change them together (docs/transactions.md).
+GROUP_SEPARATOR = "::"
+
+
+def table_group(table_id: str) -> str | None:
+    """The group a table id names (`<group>::<name>`), or None for a table routed by its own id."""
+    group, sep, rest = table_id.partition(GROUP_SEPARATOR)
+    return group if sep and group and rest else None
+
+
+def grouped_table_id(group: str, name: str) -> str:
+    """The id of table `name` in table group `group`: routed by the group, so the group's tables share a partition."""
+    if not group or GROUP_SEPARATOR in group or not name:
+        raise ValueError(f"table group {group!r} / name {name!r}: give a non-empty group without {GROUP_SEPARATOR!r} "
+                         "and a non-empty name")
+    return f"{group}{GROUP_SEPARATOR}{name}"
+
+
 def partition_for(table_id: str, num_partitions: int) -> int:
-    """The proposals/commits partition serialising `table_id` (Java default partitioner)."""
+    """The proposals/commits partition serialising `table_id` (Java default partitioner on the routing key: the
+    table's group when its id names one, else the id itself)."""
     if num_partitions <= 0:
         raise ValueError(f"num_partitions must be positive, got {num_partitions}")
-    return (murmur2(table_id.encode("utf-8")) & 0x7FFFFFFF) % num_partitions
+    key = table_group(table_id) or table_id
+    return (murmur2(key.encode("utf-8")) & 0x7FFFFFFF) % num_partitions
