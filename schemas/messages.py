@@ -28,6 +28,8 @@ class StagedActions:
     size: int
 
 
+#: The commitInfo key recording a version's multi-table transaction: {"id": ..., "tables": [table ids]}.
+TRANSACTION_KEY = "deltacoord.transaction"
 #: How the rejection of a multi-table transaction's part begins when another part was the one refused.
 SIBLING_REJECTED = "rejected with multi-table transaction"
 

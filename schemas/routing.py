@@ -7,6 +7,7 @@ Java default partitioner, so clients in any language agree on it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -147,6 +148,14 @@ def grouped_table_id(group: str, name: str) -> str:
         raise ValueError(f"table group {group!r} / name {name!r}: give a non-empty group without {GROUP_SEPARATOR!r} "
                          "and a non-empty name")
     return f"{group}{GROUP_SEPARATOR}{name}"
+
+
+def spans_partitions_message(transaction_id: str, homes: Mapping[str, int], num_partitions: int) -> str:
+    """Why a multi-table transaction over tables of several partitions is refused, and how to group them."""
+    where = ", ".join(f"{t} -> {p}" for t, p in homes.items())
+    return (f"multi-table transaction {transaction_id} spans proposals partitions ({where}, of {num_partitions}); one "
+            f"coordinator partition must serialise every table of a transaction. Put the tables in one table group: "
+            f"table ids '<group>{GROUP_SEPARATOR}<name>' (deltacoord.grouped_table_id) route by the group")
 
 
 def partition_for(table_id: str, num_partitions: int) -> int:

@@ -389,5 +389,17 @@ def _coalesce(live: Mapping[str, TableState], overlay: Overlay, groups: dict[str
     return replace(d, version=g.version, actions=(), coalesced_into=leader.proposal_id)
 
 
-__all__ = ["EarlierDecision", "FileCheck", "Overlay", "part_rejection", "Submitted", "TentativeCommit", "claims_its_id", "decide_batch",
-           "decide_one", "rejection", "repeated", "verifies_added_files"]
+__all__ = [
+    "EarlierDecision",
+    "FileCheck",
+    "Overlay",
+    "Submitted",
+    "TentativeCommit",
+    "claims_its_id",
+    "decide_batch",
+    "decide_one",
+    "part_rejection",
+    "rejection",
+    "repeated",
+    "verifies_added_files",
+]
