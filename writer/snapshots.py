@@ -35,10 +35,21 @@ def snapshots(tables: Sequence[Table | str], bootstrap_servers: str | None = Non
     """Snapshots of `tables` (handles, or locations whose table id is their location) at one point of the order
     of commits: a multi-table transaction is in all of them or in none. Versions ratified but not yet published
     are included (read from the commits topic)."""
-    handles = [t if isinstance(t, Table) else Table(t, bootstrap_servers, client=client, storage_options=storage_options,
-                                                    coordinator_check=False, **kafka_config) for t in tables]
-    if not handles:
+    if not tables:
         return []
+    own = client is None and not all(isinstance(t, Table) for t in tables)
+    if own:
+        client = CoordinatorClient(bootstrap_servers, coordinator_check=False, **kafka_config)
+    try:
+        handles = [t if isinstance(t, Table) else Table(t, client=client, storage_options=storage_options)
+                   for t in tables]
+        return _snapshots(handles, client, timeout_s)
+    finally:
+        if own and client is not None:
+            client.close()
+
+
+def _snapshots(handles: Sequence[Table], client: CoordinatorClient | None, timeout_s: float) -> list[Snapshot]:
     if len({t.table_id for t in handles}) != len(handles):
         raise ValueError("snapshots(): a table is named twice")
     kc = client or handles[0].client

@@ -14,10 +14,12 @@ import pytest
 from deltalake import DeltaTable
 
 import deltacoord
+from coordinator.delta_log.verify import assert_verified, verify_table
+from coordinator.settings import CoordinatorSettings
 from schemas.errors import ConcurrentAppendException
 from schemas.messages import TRANSACTION_KEY, MultiTable
 from schemas.routing import partition_for
-from tests.integration.coord_harness import coordinator_thread, fresh_topics
+from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
 from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.int64())])
@@ -67,11 +69,12 @@ def test_a_conflicting_part_rejects_the_whole_transaction(kafka_bootstrap: str, 
     with coordinator_thread(kafka_bootstrap, topics):
         a = _create(tmp_path / "a", deltacoord.grouped_table_id("ledger", "a"), kafka_bootstrap, topics)
         b = _create(tmp_path / "b", deltacoord.grouped_table_id("ledger", "b"), kafka_bootstrap, topics)
-        with pytest.raises(ConcurrentAppendException) as caught:  # noqa: PT012 - the commit is the block's end
-            with deltacoord.transaction(kafka_bootstrap, topics=topics) as tx:
-                tx.table(a).append(_rows([3], [-40]))
-                tx.table(b).delete("id = 1")  # reads b at version 1
-                b.delete("id = 1")  # a concurrent winner on b: version 2
+        # The transaction commits as its block ends: the exception comes from there.
+        with pytest.raises(ConcurrentAppendException) as caught, deltacoord.transaction(kafka_bootstrap,
+                                                                                        topics=topics) as tx:
+            tx.table(a).append(_rows([3], [-40]))
+            tx.table(b).delete("id = 1")  # reads b at version 1
+            b.delete("id = 1")  # a concurrent winner on b: version 2
         assert caught.value.table == b.uri, "the exception names the table whose part failed"
         assert DeltaTable(str(tmp_path / "a")).version() == 1, "a's part was rejected with b's"
         assert _delta_rows(tmp_path / "a") == [(1, 100), (2, 100)]
@@ -105,10 +108,10 @@ def test_tables_on_different_partitions_are_refused_by_writer_and_coordinator(ka
     with coordinator_thread(kafka_bootstrap, topics):
         a = _create(tmp_path / "a", ida, kafka_bootstrap, topics)
         b = _create(tmp_path / "b", idb, kafka_bootstrap, topics)
-        with pytest.raises(deltacoord.TransactionSpansPartitionsError, match="table group") as caught:  # noqa: PT012
-            with deltacoord.transaction(kafka_bootstrap, topics=topics) as tx:
-                tx.table(a).append(_rows([3], [1]))
-                tx.table(b).append(_rows([3], [1]))
+        with pytest.raises(deltacoord.TransactionSpansPartitionsError, match="table group") as caught, \
+                deltacoord.transaction(kafka_bootstrap, topics=topics) as tx:
+            tx.table(a).append(_rows([3], [1]))
+            tx.table(b).append(_rows([3], [1]))
         assert "<group>::<name>" in str(caught.value) and "Nothing was sent" in str(caught.value)
         assert len(list((tmp_path / "a").glob("*.parquet"))) == 1, "the staged files are deleted"
         # A writer that skips the check: the coordinator refuses every part with the same advice.
@@ -166,5 +169,78 @@ def test_snapshots_see_every_part_or_none(kafka_bootstrap: str, tmp_path: Path) 
             b.wait_published(v)
             assert sum(x for _i, x in _delta_rows(tmp_path / "a", v)) + sum(
                 x for _i, x in _delta_rows(tmp_path / "b", v)) == 400
+        a.close()
+        b.close()
+
+
+def test_a_coordinator_killed_between_ratifying_and_publishing_republishes_every_part(
+        kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Coordinators here own partition 0 statically (no consumer group): the writers skip the coordinator check.
+    monkeypatch.setenv("DELTACOORD_COORDINATOR_CHECK", "0")
+    topics = fresh_topics(kafka_bootstrap)
+    setup = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0")
+    try:
+        a = _create(tmp_path / "a", deltacoord.grouped_table_id("bank", "a"), kafka_bootstrap, topics)
+        b = _create(tmp_path / "b", deltacoord.grouped_table_id("bank", "b"), kafka_bootstrap, topics)
+    finally:
+        setup.kill(15)
+    faulty = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0",
+                                       env={"DELTACOORD_FAULT": "after_kafka_commit:2"})
+    transfers = 4
+    errors: list[BaseException] = []
+
+    def move() -> None:
+        try:
+            for i in range(transfers):
+                with deltacoord.transaction(kafka_bootstrap, topics=topics, decision_timeout_s=120) as tx:
+                    tx.table(a).append(_rows([10 + i], [-(i + 1)]))
+                    tx.table(b).append(_rows([10 + i], [i + 1]))
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+
+    mover = threading.Thread(target=move)
+    mover.start()
+    faulty.proc.wait(120)
+    assert faulty.proc.returncode == -9, f"the fault point was not reached (exit {faulty.proc.returncode})"
+    # Killed right after a Kafka transaction ratified both parts of a transfer, before publishing either.
+    ratified = deltacoord.snapshots([a, b])
+    published = [DeltaTable(str(tmp_path / n)).version() for n in ("a", "b")]
+    assert [s.version for s in ratified] == [p + 1 for p in published], (ratified, published)
+    second = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0")
+    try:
+        mover.join(180)
+        assert not errors, errors
+        for t in (a, b):
+            t.wait_published(1 + transfers, timeout_s=60)
+    finally:
+        second.kill(15)
+    settings = CoordinatorSettings(bootstrap_servers=kafka_bootstrap, topics=topics, group_id="verify")
+    for t, n in ((a, "a"), (b, "b")):
+        assert_verified(verify_table(settings, str(tmp_path / n), t.table_id))
+        history = {h["version"]: h for h in DeltaTable(str(tmp_path / n)).history()}
+        ids = {history[v][TRANSACTION_KEY]["id"] for v in range(2, 2 + transfers)}
+        assert len(ids) == transfers, "each transfer is its own transaction, once"
+    for v in range(1, 2 + transfers):  # delta-rs: the total holds at every version
+        assert sum(x for _i, x in _delta_rows(tmp_path / "a", v)) + sum(
+            x for _i, x in _delta_rows(tmp_path / "b", v)) == 400
+    assert DeltaTable(str(tmp_path / "a")).version() == 1 + transfers
+    a.close()
+    b.close()
+
+
+def test_an_existing_table_moves_into_a_group_by_release_then_adopt(kafka_bootstrap: str, tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap, partitions=PARTITIONS)
+    with coordinator_thread(kafka_bootstrap, topics):
+        alone = _create(tmp_path / "a", f"solo-{uuid.uuid4().hex[:8]}", kafka_bootstrap, topics)
+        released = alone.release().version
+        alone.close()
+        a = Table(tmp_path / "a", kafka_bootstrap, topics=topics, table_id=deltacoord.grouped_table_id("g", "a"))
+        assert a.adopt().version == released
+        b = _create(tmp_path / "b", deltacoord.grouped_table_id("g", "b"), kafka_bootstrap, topics)
+        with deltacoord.transaction(kafka_bootstrap, topics=topics) as tx:
+            tx.table(a).append(_rows([3], [1]))
+            tx.table(b).append(_rows([3], [1]))
+        assert tx.commit_result is not None and tx.commit_result.versions[a.table_id] > released
+        assert _delta_rows(tmp_path / "a") == [(1, 100), (2, 100), (3, 1)]
         a.close()
         b.close()
