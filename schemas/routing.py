@@ -2,11 +2,14 @@
 
 A table's proposals and decisions live on the same partition index of the
 proposals and commits topics. The partition is murmur2(table id) like Kafka's
-Java default partitioner, so clients in any language agree on it.
+Java default partitioner, so clients in any language agree on it; a table id
+`<group>::<name>` is hashed by its group instead, so a table group shares one
+partition (multi-table transactions, docs/transactions.md).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -136,17 +139,22 @@ def murmur2(data: bytes) -> int:
 GROUP_SEPARATOR = "::"
 
 
+#: What a group name is made of: never a URI's scheme or host (`s3://[::1]/t` names no group).
+_GROUP_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
+
 def table_group(table_id: str) -> str | None:
-    """The group a table id names (`<group>::<name>`), or None for a table routed by its own id."""
+    """The group a table id names (`<group>::<name>`, the group of letters, digits, `_`, `.` and `-`), or None for a
+    table routed by its own id."""
     group, sep, rest = table_id.partition(GROUP_SEPARATOR)
-    return group if sep and group and rest else None
+    return group if sep and rest and _GROUP_NAME.fullmatch(group) else None
 
 
 def grouped_table_id(group: str, name: str) -> str:
     """The id of table `name` in table group `group`: routed by the group, so the group's tables share a partition."""
-    if not group or GROUP_SEPARATOR in group or not name:
-        raise ValueError(f"table group {group!r} / name {name!r}: give a non-empty group without {GROUP_SEPARATOR!r} "
-                         "and a non-empty name")
+    if not _GROUP_NAME.fullmatch(group) or not name:
+        raise ValueError(f"table group {group!r} / name {name!r}: a group is 1 to 200 letters, digits, '_', '.' or "
+                         "'-' (e.g. 'ledger'), and the name is not empty")
     return f"{group}{GROUP_SEPARATOR}{name}"
 
 
