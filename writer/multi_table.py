@@ -24,6 +24,8 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
+from schemas.actions import Metadata
+from schemas.actions import Protocol as ProtocolAction
 from schemas.errors import CommitOutcomeUnknownError, ProposalNotSentError
 from schemas.messages import SIBLING_REJECTED, TRANSACTION_KEY, Decision, MultiTable, Proposal
 from schemas.routing import spans_partitions_message
@@ -88,6 +90,18 @@ class _PartTable(Table):
 
     part: _PartTransaction | None = None
     transaction_id = ""
+    #: The caller's own handle when the table was given as one: it shares its snapshot cache and learns the commit.
+    origin: Table | None = None
+
+    def committed(self, version: int, *, changed_metadata: bool = False) -> None:
+        super().committed(version, changed_metadata=changed_metadata)
+        if self.origin is not None:
+            self.origin.committed(version, changed_metadata=changed_metadata)
+
+    def invalidate(self) -> None:
+        super().invalidate()
+        if self.origin is not None:
+            self.origin.invalidate()
 
     def _part(self, read_version: int) -> _PartTransaction:
         if self.part is not None:
@@ -138,14 +152,20 @@ class MultiTableTransaction:
         """The handle through which one table takes part: call one write operation on it (append, delete, ...)."""
         if self._done:
             raise ValueError(f"multi-table transaction {self.id} was already committed or abandoned")
+        origin = uri if isinstance(uri, Table) else None
+        location: str | Path
         if isinstance(uri, Table):
-            table_id, storage_options, uri = uri.table_id, storage_options or uri.storage_options, uri.uri
-        t = _PartTable(uri, table_id=table_id, client=self.client, storage_options=storage_options,
+            table_id, storage_options, location = uri.table_id, storage_options or uri.storage_options, uri.uri
+        else:
+            location = uri
+        t = _PartTable(location, table_id=table_id, client=self.client, storage_options=storage_options,
                        writer_key=self._writer_key, decision_timeout_s=self._decision_timeout_s,
                        publish_timeout_s=self._publish_timeout_s, wait=self.wait)
-        t.transaction_id = self.id
         if t.table_id in self._tables:
             return self._tables[t.table_id]
+        t.transaction_id = self.id
+        if origin is not None:
+            t.origin, t._snapshot, t._floor = origin, origin._snapshot, origin._floor
         self._tables[t.table_id] = t
         return t
 
@@ -236,7 +256,8 @@ class MultiTableTransaction:
             commits: dict[str, CommitResult] = {}
             for tx, d, pending in zip(parts, decisions, pendings, strict=True):
                 assert d.version is not None
-                tx.table.committed(d.version)
+                tx.table.committed(d.version, changed_metadata=any(isinstance(x, (Metadata, ProtocolAction))
+                                                                   for x in tx.actions))
                 timings = _timings(pending, (time.perf_counter() - t0) * 1000)
                 if self.wait == "published":
                     tx._await_publication(pending, d.version, notice=d.duplicate_of is None)
