@@ -120,6 +120,19 @@ class _PartTable(Table):
         self.client.ensure_coordinator(self.table_id)
         return tx
 
+    def _not_a_part(self, what: str) -> ValueError:
+        return ValueError(f"{what} is a request of its own and cannot be part of multi-table transaction "
+                          f"{self.transaction_id}: run it on the table outside the transaction")
+
+    def adopt(self, *, timeout_s: float | None = None) -> CommitResult:
+        raise self._not_a_part("adopt")
+
+    def release(self, *, timeout_s: float | None = None) -> CommitResult:
+        raise self._not_a_part("release")
+
+    def drop(self, *, delete_files: bool = False, timeout_s: float | None = None) -> CommitResult:
+        raise self._not_a_part("drop")
+
     def begin(self, snapshot: Any = None, *, proposal_id: str | None = None) -> Transaction:
         snap = snapshot or self.snapshot()
         return self._begin(snap.version, proposal_id)
@@ -263,6 +276,8 @@ class MultiTableTransaction:
                     tx._await_publication(pending, d.version, notice=d.duplicate_of is None)
                     timings["published_ms"] = (time.perf_counter() - t0) * 1000
                 tx._delete_staged_commit()
+                if d.duplicate_of is not None:  # a retry of a transaction that had committed: this attempt's files go
+                    tx._settle_repeat(d.version, True, publish_wait_s=5.0 if self.wait == "ratified" else 0.0)
                 held = tx.held
                 assert held is not None
                 commits[tx.table.table_id] = CommitResult(

@@ -244,3 +244,40 @@ def test_an_existing_table_moves_into_a_group_by_release_then_adopt(kafka_bootst
         assert _delta_rows(tmp_path / "a") == [(1, 100), (2, 100), (3, 1)]
         a.close()
         b.close()
+
+
+def test_an_exception_in_the_block_sends_nothing_and_a_retry_by_id_commits_once(kafka_bootstrap: str,
+                                                                                tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap, partitions=PARTITIONS)
+    with coordinator_thread(kafka_bootstrap, topics):
+        a = _create(tmp_path / "a", deltacoord.grouped_table_id("g", "a"), kafka_bootstrap, topics)
+        b = _create(tmp_path / "b", deltacoord.grouped_table_id("g", "b"), kafka_bootstrap, topics)
+        with pytest.raises(RuntimeError, match="changed my mind"), deltacoord.transaction(kafka_bootstrap,
+                                                                                          topics=topics) as tx:
+            tx.table(a).append(_rows([3], [1]))
+            tx.table(b).append(_rows([3], [1]))
+            raise RuntimeError("changed my mind")
+        assert [DeltaTable(str(tmp_path / n)).version() for n in ("a", "b")] == [1, 1]
+        assert [len(list((tmp_path / n).glob("*.parquet"))) for n in ("a", "b")] == [1, 1], "staged files deleted"
+        with pytest.raises(ValueError, match="one operation per table"), deltacoord.transaction(
+                kafka_bootstrap, topics=topics) as tx:
+            tx.table(a).append(_rows([3], [1]))
+            tx.table(a).append(_rows([4], [1]))
+        with pytest.raises(ValueError, match="request of its own"), deltacoord.transaction(
+                kafka_bootstrap, topics=topics) as tx:
+            tx.table(a).release()
+        assert DeltaTable(str(tmp_path / "a")).version() == 1
+        txid = str(uuid.uuid4())
+        for attempt in range(2):  # the second attempt is the retry of an outcome the caller did not learn
+            with deltacoord.transaction(kafka_bootstrap, topics=topics, transaction_id=txid) as tx:
+                tx.table(a).append(_rows([3], [-5]))
+                tx.table(b).append(_rows([3], [5]))
+            assert tx.commit_result is not None
+            assert tx.commit_result.versions == {a.table_id: 2, b.table_id: 2}
+            assert all(c.already_committed == (attempt == 1) for c in tx.commit_result.commits.values())
+        assert _delta_rows(tmp_path / "a") == [(1, 100), (2, 100), (3, -5)], "committed once"
+        assert [len(list((tmp_path / n).glob("*.parquet"))) for n in ("a", "b")] == [2, 2], \
+            "the retry's own staged files are deleted"
+        assert a.last_committed_version == 2, "a handle given to tx.table() learns the version"
+        a.close()
+        b.close()
