@@ -17,7 +17,7 @@ import deltacoord
 from coordinator.delta_log.verify import assert_verified, verify_table
 from coordinator.settings import CoordinatorSettings
 from schemas.errors import ConcurrentAppendException
-from schemas.messages import TRANSACTION_KEY, MultiTable
+from schemas.messages import TRANSACTION_KEY, MultiTable, Proposal
 from schemas.routing import partition_for
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
 from writer.table import Table
@@ -279,5 +279,40 @@ def test_an_exception_in_the_block_sends_nothing_and_a_retry_by_id_commits_once(
         assert [len(list((tmp_path / n).glob("*.parquet"))) for n in ("a", "b")] == [2, 2], \
             "the retry's own staged files are deleted"
         assert a.last_committed_version == 2, "a handle given to tx.table() learns the version"
+        a.close()
+        b.close()
+
+
+def test_a_large_part_travels_by_reference(kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import writer.transaction
+
+    monkeypatch.setattr(writer.transaction, "INLINE_MAX_BYTES", 2_000)  # any part of 64 actions or more is large
+    by_reference = writer.transaction.Transaction._by_reference
+    sent: list[bool] = []
+
+    def spy(self: writer.transaction.Transaction, p: Proposal) -> Proposal:
+        out = by_reference(self, p)
+        sent.append(out.staged is not None)
+        return out
+
+    monkeypatch.setattr(writer.transaction.Transaction, "_by_reference", spy)
+    topics = fresh_topics(kafka_bootstrap, partitions=PARTITIONS)
+    with coordinator_thread(kafka_bootstrap, topics):
+        a = _create(tmp_path / "a", deltacoord.grouped_table_id("g", "a"), kafka_bootstrap, topics)
+        b = _create(tmp_path / "b", deltacoord.grouped_table_id("g", "b"), kafka_bootstrap, topics)
+        a.set_properties({"delta.targetFileSize": "1"})  # one file per row
+        many = _rows(list(range(100, 180)), [1] * 80)
+        with deltacoord.transaction(kafka_bootstrap, topics=topics, wait="ratified") as tx:
+            tx.table(a).append(many)
+            tx.table(b).append(_rows([3], [-80]))
+        assert tx.commit_result is not None and tx.commit_result.versions == {a.table_id: 3, b.table_id: 2}
+        assert sent[-2:] == [True, False], "a's part went by reference, b's inline"
+        sa, sb = deltacoord.snapshots([a, b])
+        assert (sa.version, sb.version) == (3, 2) and sa.num_files == 81
+        assert sum(sa.to_pyarrow().column("amount").to_pylist()) + sum(sb.to_pyarrow().column("amount").to_pylist()) == 400
+        a.wait_published(3)
+        b.wait_published(2)
+        assert len(_delta_rows(tmp_path / "a", 3)) == 82 and _delta_rows(tmp_path / "b", 2)[-1] == (3, -80)
+        assert not list((tmp_path / "a" / "_delta_log" / "_staged_commits").glob("w-*")), "the writer's staged actions go"
         a.close()
         b.close()
