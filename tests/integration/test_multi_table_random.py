@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 import deltacoord
 from coordinator.delta_log.verify import assert_verified, verify_table
 from coordinator.settings import CoordinatorSettings
+from schemas.errors import DeltaConcurrentModificationException
 from schemas.messages import TRANSACTION_KEY
 from tests.integration.coord_harness import fresh_topics, start_coordinator_process
 from writer.table import Table
@@ -60,21 +61,38 @@ def test_random_transfers_survive_coordinator_kills(kafka_bootstrap: str, tmp_pa
         tx.table(tables["agg"]).append(_rows([0], [0]))
     coord.kill(15)
 
-    writers, per_writer = 3, 6
+    writers, per_writer = 4, 5
     committed: dict[str, dict[str, int]] = {}  # transaction id -> table id -> version
     errors: list[BaseException] = []
     lock = threading.Lock()
 
+    conflicts: list[str] = []
+
     def write(w: int, wrng: random.Random) -> None:
+        """Even writers append compensating rows; odd ones change the opening rows in place (UPDATE), so they
+        conflict with each other and retry: a refused transaction changes no table."""
         try:
             for i in range(per_writer):
                 x = wrng.randint(-20, 20)
                 row = w * 1000 + i + 1
-                with deltacoord.transaction(kafka_bootstrap, topics=topics, decision_timeout_s=180,
-                                            publish_timeout_s=180) as mtx:
-                    mtx.table(tables["a"]).append(_rows([row], [-x]))
-                    mtx.table(tables["b"]).append(_rows([row], [x]))
-                    mtx.table(tables["agg"]).append(_rows([row], [x]))
+                for _attempt in range(50):
+                    try:
+                        with deltacoord.transaction(kafka_bootstrap, topics=topics, decision_timeout_s=180,
+                                                    publish_timeout_s=180) as mtx:
+                            if w % 2 == 0:
+                                mtx.table(tables["a"]).append(_rows([row], [-x]))
+                                mtx.table(tables["b"]).append(_rows([row], [x]))
+                            else:
+                                mtx.table(tables["a"]).update("id = 0", {"amount": f"amount + ({-x})"})
+                                mtx.table(tables["b"]).update("id = 0", {"amount": f"amount + ({x})"})
+                            mtx.table(tables["agg"]).append(_rows([row], [x]))
+                        break
+                    except DeltaConcurrentModificationException as e:
+                        if not e.retryable:
+                            raise
+                        conflicts.append(type(e).__name__)
+                else:
+                    raise AssertionError(f"writer {w}: transfer {i} conflicted 50 times")
                 assert mtx.commit_result is not None
                 with lock:
                     committed[mtx.id] = mtx.commit_result.versions
@@ -124,6 +142,8 @@ def test_random_transfers_survive_coordinator_kills(kafka_bootstrap: str, tmp_pa
         if coord.alive():
             coord.kill(15)
     assert kills >= 1, "no coordinator was killed"
+    print(f"transfers: {len(committed)}, coordinator kills: {kills}, conflicts retried: {len(conflicts)}, "
+          f"consistent reads: {len(reads)}")
     assert len(committed) == writers * per_writer and len(reads) > 1
 
     settings = CoordinatorSettings(bootstrap_servers=kafka_bootstrap, topics=topics, group_id="verify")
