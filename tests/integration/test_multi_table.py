@@ -124,6 +124,14 @@ def test_tables_on_different_partitions_are_refused_by_writer_and_coordinator(ka
         decided = [a.client.decided(p, t, 60) for p, t in zip(pendings, (ida, idb), strict=True)]
         assert [d.reason_code for d in decided] == ["TRANSACTION_SPANS_PARTITIONS"] * 2, decided
         assert "table group" in (decided[0].error_message or "")
+        # One that is not well formed (its tables name the parts in another order): refused whole, and why.
+        pa_, pb = a.begin(), b.begin()
+        p1, p2 = pa_.proposal("WRITE", True), pb.proposal("WRITE", True)
+        mt = MultiTable("y-" + uuid.uuid4().hex, (idb, ida))
+        carrier = dataclasses.replace(p1, transaction=dataclasses.replace(mt, parts=(dataclasses.replace(p2, transaction=mt),)))
+        pendings = a.client.propose_transaction(carrier, wait="ratified")
+        decided = [a.client.decided(p, t, 60) for p, t in zip(pendings, (ida, idb), strict=True)]
+        assert [d.reason_code for d in decided] == ["BAD_TRANSACTION"] * 2, decided
         assert DeltaTable(str(tmp_path / "a")).version() == 1 and DeltaTable(str(tmp_path / "b")).version() == 1
         a.close()
         b.close()
