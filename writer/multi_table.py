@@ -141,6 +141,8 @@ class _PartTable(Table):
 class MultiTableTransaction:
     """Operations on several tables committed together (see the module's docstring); use `deltacoord.transaction`.
 
+    Its Kafka settings (`bootstrap_servers`, `topics=`, `topic_prefix=`, ...) are a client's; without them the
+    transaction uses the client of the first `Table` handle given to `table()`.
     `transaction_id` retries a transaction whose outcome was unknown: the parts' proposal ids derive from it, so
     the coordinator answers a repeat with the first decisions (each `CommitResult.already_committed`)."""
 
@@ -150,8 +152,10 @@ class MultiTableTransaction:
                  publish_timeout_s: float = 60.0, **kafka_config: Any) -> None:
         self.id = check_proposal_id(transaction_id)
         self.wait: WaitFor = check_wait(wait)
-        self._own_client = client is None
-        self.client = client or CoordinatorClient(bootstrap_servers, relay="", **kafka_config)
+        self._client = client
+        self._own_client = False
+        self._bootstrap_servers = bootstrap_servers
+        self._kafka_config = kafka_config
         self._writer_key = writer_key
         self._decision_timeout_s = decision_timeout_s
         self._publish_timeout_s = publish_timeout_s
@@ -160,12 +164,29 @@ class MultiTableTransaction:
         #: What `commit()` returned (set when the `with` block committed on exit).
         self.commit_result: TransactionResult | None = None
 
+    @property
+    def client(self) -> CoordinatorClient:
+        """The client the transaction is sent with: the one given, else (no Kafka settings given) that of the first
+        table handle given when it has no relay, else one of its own (closed with the transaction)."""
+        if self._client is None:
+            self._client = CoordinatorClient(self._bootstrap_servers, relay="", **self._kafka_config)
+            self._own_client = True
+        return self._client
+
     def table(self, uri: str | Path | Table, *, table_id: str | None = None,
               storage_options: Mapping[str, str] | None = None) -> Table:
         """The handle through which one table takes part: call one write operation on it (append, delete, ...)."""
         if self._done:
             raise ValueError(f"multi-table transaction {self.id} was already committed or abandoned")
         origin = uri if isinstance(uri, Table) else None
+        if origin is not None:
+            if self._client is None and not origin.client.relay and self._bootstrap_servers is None \
+                    and not self._kafka_config:
+                self._client = origin.client  # no settings of its own: the table's deployment
+            if origin.client.topics != self.client.topics:
+                raise ValueError(f"table {origin.table_id} is on topics {origin.client.topics.proposals}, the "
+                                 f"transaction on {self.client.topics.proposals}: every table of a transaction is "
+                                 "of one deployment")
         location: str | Path
         if isinstance(uri, Table):
             table_id, storage_options, location = uri.table_id, storage_options or uri.storage_options, uri.uri
@@ -202,8 +223,8 @@ class MultiTableTransaction:
         self._done = True
 
     def close(self) -> None:
-        if self._own_client:
-            self.client.close()
+        if self._own_client and self._client is not None:
+            self._client.close()
 
     def _parts(self) -> list[_PartTransaction]:
         return [t.part for t in self._tables.values() if t.part is not None and t.part.held is not None]

@@ -60,6 +60,12 @@ def test_a_transaction_commits_every_table_and_history_names_it(kafka_bootstrap:
             history = {h["version"]: h for h in DeltaTable(str(tmp_path / path)).history()}
             assert history[2][TRANSACTION_KEY] == {"id": tx.id, "tables": [a.table_id, b.table_id]}, history[2]
             assert TRANSACTION_KEY not in history[1]
+        # No Kafka settings of its own: the transaction goes through the handles' client.
+        with deltacoord.transaction() as tx2:
+            tx2.table(a).append(_rows([4], [-1]))
+            tx2.table(b).append(_rows([4], [1]))
+        assert tx2.client is a.client and tx2.commit_result is not None
+        assert tx2.commit_result.versions == {a.table_id: 3, b.table_id: 3}
         a.close()
         b.close()
 
