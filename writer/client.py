@@ -568,6 +568,29 @@ class CoordinatorClient:
                              "cannot be routed through the relay; use a client made with relay=''")
         return self._replies().expect(proposal_id, check_wait(wait))
 
+    def propose_transaction(self, proposal: Proposal, key: WriterKey | None = None,
+                            wait: str = "published") -> list[Pending]:
+        """Produce a multi-table transaction's one message (`proposal` carries every part); one pending per part,
+        in order, each resolving with its part's decision (and publication)."""
+        if self.relay:
+            raise ValueError("a multi-table transaction is answered part by part on this process's own reply "
+                             "partition: use a client made with relay=''")
+        others = proposal.parts[1:]
+        try:
+            replies = self._replies()
+            pendings = [replies.expect(q.proposal_id, check_wait(wait)) for q in others]
+        except KafkaException as e:
+            raise ProposalNotSentError(f"multi-table proposal {proposal.proposal_id} was not sent: Kafka did not answer "
+                                       f"({e.args[0] if e.args else e}); nothing can commit, a retry is safe") from e
+        try:
+            first = self.propose(proposal, key=key, wait=wait)
+        except BaseException as e:
+            if isinstance(e, ProposalNotSentError):
+                for q in others:
+                    replies.forget(q.proposal_id)
+            raise
+        return [first, *pendings]
+
     def propose(self, proposal: Proposal, key: WriterKey | None = None, wait: str = "published",
                 control: str | None = None) -> Pending:
         """Produce the proposal (signed with `key` when given); the result's futures resolve with its decision
