@@ -42,6 +42,11 @@ CheckpointFn = Callable[[TableStorage, int], object]
 #: stopped on request with ratified versions not in `_delta_log` (the next owner publishes them).
 #: (4 is the watchdog's `os._exit`.)
 EXIT_OK, EXIT_FENCED, EXIT_ERROR, EXIT_UNPUBLISHED = 0, 3, 5, 6
+#: Kafka errors of a cluster too slow or busy to answer a startup request in time: asked again.
+_SLOW_KAFKA = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                         KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_CONTROLLER, KafkaError.LEADER_NOT_AVAILABLE,
+                         KafkaError.UNKNOWN_TOPIC_OR_PART})
+
 #: How long fetched proposals of tables whose stores lag wait for one of them to publish (see `_linger`).
 LINGER_MAX_S = 0.2
 #: Unpublished versions of a table from which its next proposals wait (`_linger`): one in flight, one queued.
@@ -391,6 +396,37 @@ class Coordinator:
         log.info("released partitions %s; owning %s", sorted(tp.partition for tp in partitions), sorted(self._workers))
 
     # -- run -------------------------------------------------------------------------
+    def _ensure_topics(self) -> int | None:
+        """Check (or create) the topics and return the proposals topic's partition count, asking again while Kafka
+        does not answer in time (a cluster losing a node while this process starts, brokers still starting): a
+        configuration problem (`TopicConfigError`) is raised at once, a slow cluster only delays readiness.
+        None when stopped meanwhile."""
+        started = time.monotonic()
+        warned_at: float | None = None
+        delay = 0.5
+        while True:
+            admin = AdminClient(self.settings.client())
+            try:
+                return ensure_topics(admin, self.settings.topics, partitions=self.num_partitions,
+                                     dead_letter_bound=self.settings.dead_letter_record_bound(),
+                                     client_config=self.settings.client())
+            except (TimeoutError, KafkaException) as e:
+                err = e.args[0] if isinstance(e, KafkaException) and e.args else None
+                if isinstance(err, KafkaError) and (err.fatal() or not (err.retriable() or err.code() in _SLOW_KAFKA)):
+                    raise
+                now = time.monotonic()
+                if warned_at is None or now - warned_at >= 10.0:
+                    warned_at = now
+                    log.warning("checking the topics: Kafka did not answer in time (%s: %s) after %.0fs; asking "
+                                "again", type(e).__name__, e, now - started)
+            finally:
+                del admin  # an idle admin client would keep reconnecting for the life of the process
+            self.heartbeat()
+            if self.stop_event.wait(delay):
+                return None
+            self.heartbeat()
+            delay = min(delay * 2, 5.0)
+
     def run(self) -> int:
         """Run until `stop_event` is set (graceful) or this coordinator is fenced. Returns an exit code.
 
@@ -410,11 +446,10 @@ class Coordinator:
                         "it can write, and serves no object store; set table_roots in production")
         else:
             log.info("table roots: %s", self.locations.describe_roots())
-        admin = AdminClient(self.settings.client())
-        self._num_partitions = ensure_topics(admin, self.settings.topics, partitions=self.num_partitions,
-                                             dead_letter_bound=self.settings.dead_letter_record_bound(),
-                                             client_config=self.settings.client())
-        del admin  # an idle admin client would keep reconnecting for the life of the process
+        num_partitions = self._ensure_topics()
+        if num_partitions is None:  # stopped while Kafka did not answer
+            return EXIT_OK
+        self._num_partitions = num_partitions
         if self.publisher.stable is None:
             self.publisher.stable = StableOffsets(self.settings.client(), self.settings.topics.commits)
         self._notices = PublicationNotices(self.settings.client(), self.settings.topics.replies,

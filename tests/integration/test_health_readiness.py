@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,8 @@ import pyarrow as pa
 
 from coordinator.kafka.daemon import Coordinator
 from coordinator.tooling.broker import LocalBroker
-from tests.integration.coord_harness import coordinator_thread, fresh_topics
+from schemas.routing import Topics
+from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
 from tests.ports import free_port
 from writer.table import Table
 
@@ -117,3 +120,30 @@ def test_kafka_unreachable_makes_healthz_not_ready_until_the_broker_is_back(tmp_
             assert code == 200 and body["ready"] is True and "reasons" not in body, body
     finally:
         broker.stop()
+
+
+def test_a_coordinator_started_before_its_broker_waits_for_it_and_serves_once_it_is_up(tmp_path: Path) -> None:
+    """Started while no broker answers (a cluster still starting, or losing a node under a busy machine), the
+    coordinator keeps asking about its topics instead of exiting 1 on the first admin request that times out (seen
+    in the three-broker history run: `describe_configs(...).result(30)` raised TimeoutError at startup)."""
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    topics = Topics.with_prefix(f"t{uuid.uuid4().hex[:8]}")
+    coord = Coordinator(harness_settings(bootstrap, topics), publish_fsync=False)
+    result: dict[str, int] = {}
+    t = threading.Thread(target=lambda: result.setdefault("code", coord.run()), daemon=True)
+    t.start()
+    broker = LocalBroker(tmp_path / "broker")
+    try:
+        time.sleep(35)  # beyond the 30 s a first metadata request waits before it fails
+        assert t.is_alive() and not coord.ready, f"with no broker the coordinator stopped ({result}) or claimed ready"
+        broker.start(port=port)
+        _wait(lambda: coord.ready, "the coordinator ready once its broker is up", 120)
+        with Table(str(tmp_path / "t"), bootstrap, topic_prefix=topics.proposals.removesuffix(".proposals")) as table:
+            table.create(SCHEMA)
+            assert table.append(pa.table({"id": [1]})).version == 1
+    finally:
+        coord.stop_event.set()
+        t.join(60)
+        broker.stop()
+    assert result.get("code") == 0, result
