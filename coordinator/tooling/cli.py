@@ -540,9 +540,10 @@ def storage_create_bucket(kind: str, name: str) -> None:
 
 
 def _register_extensions() -> None:
-    from coordinator.tooling import cli_acls, cli_keys, cli_relay, cli_tables, cli_topics, cli_verify
+    from coordinator.tooling import cli_acls, cli_keys, cli_relay, cli_tables, cli_topics, cli_transaction, cli_verify
 
     cli_tables.register(main)
+    cli_tables.table_group.add_command(cli_transaction.transact_cmd)  # `table transact` (uses cli_tables' helpers)
     cli_relay.register(main)
     cli_keys.register(main)
     cli_topics.register(main)

@@ -876,9 +876,6 @@ def tail_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs:
 
 def register(main: click.Group) -> None:
     """Add the `table` group and the `tail` command to the `deltacoord` CLI."""
-    from coordinator.tooling.cli_transaction import transact_cmd
-
-    table_group.add_command(transact_cmd)
     main.add_command(table_group)
     main.add_command(tail_cmd)
 
