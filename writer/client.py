@@ -566,6 +566,7 @@ class CoordinatorClient:
         and (`wait="published"`) its publication. `control` (`adopt`, `release`) makes it that request instead
         of a commit (`schemas.routing.CONTROL_ADOPT`)."""
         try:
+            self._warmed.wait(WARM_WAIT_S)  # the start-up questions being asked answer this proposal's too
             partition = self.partition_of(proposal.table_id)
             self.coordinator_check.ensure(partition)  # NoCoordinatorError (nothing sent) when no coordinator holds it
             replies = self._replies()
