@@ -1,4 +1,4 @@
-"""Benchmark: the `deltacoord` Spark sink's commit overhead per micro-batch vs plain Delta Lake `foreachBatch`.
+"""Benchmark: the `deltacoord` Spark sink's commit time per micro-batch vs Delta Lake's own streaming writes.
 
     python bench/bench_spark_sink.py [--batches 20] [--rows 2000] [--bootstrap HOST:PORT] [--dir DIR]
 
@@ -14,6 +14,7 @@ directory, in the same Spark session:
   .option("txnAppId", app).option("txnVersion", id).mode("append").save(p))``;
   the time of that call is measured (it includes the Parquet write job, which
   Delta does not separate from its commit).
+* Delta's own sink: ``writeStream.format("delta")`` to a plain table.
 
 For both, Spark's `durationMs.addBatch` of each batch is printed too (the
 same measure for both: write job + commit). The broker is
@@ -108,6 +109,7 @@ def main() -> None:
         entries = [json.loads(line) for line in metrics.read_text().splitlines()]
         dc_propose = [e["propose_to_decision_ms"] for e in entries if "propose_to_decision_ms" in e]
         dc_commit = [e["commit_ms"] for e in entries if "commit_ms" in e]
+        dc_setup = [e["setup_ms"] for e in entries if "setup_ms" in e]
 
         delta_path = str(base / "delta-table")
         delta_ms: list[float] = []
@@ -125,6 +127,16 @@ def main() -> None:
         q.awaitTermination()
         delta_wall = time.monotonic() - t0
         delta_add = _add_batch_ms(q)
+
+        sink_path = str(base / "delta-sink-table")
+        t0 = time.monotonic()
+        df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(src))
+        q = (df.writeStream.format("delta").option("checkpointLocation", str(base / "ckpt-delta-sink"))
+             .trigger(availableNow=True).start(sink_path))
+        q.awaitTermination()
+        sink_wall = time.monotonic() - t0
+        sink_add = _add_batch_ms(q)
+        n_sink = spark.read.format("delta").load(sink_path).count()
         n_dc = spark.read.format("deltacoord").load(str(base / "deltacoord-table")).count()
         n_delta = spark.read.format("delta").load(delta_path).count()
         spark.stop()
@@ -133,13 +145,18 @@ def main() -> None:
             broker.stop()
 
     print(f"\n{args.batches} micro-batches of {args.rows} rows, one Spark session (local[2]), tables under {base}")
-    print(f"rows written: deltacoord {n_dc}, Delta {n_delta}\n")
-    print(f"{'ms per micro-batch (median / p95 / mean)':<44}{'deltacoord sink':>28}{'Delta foreachBatch':>28}")
-    print(f"{'commit: propose -> decision':<44}{_stats(dc_propose):>28}{'n/a':>28}")
-    print(f"{'driver commit (set-up + propose + decision)':<44}{_stats(dc_commit):>28}{'n/a':>28}")
-    print(f"{'foreachBatch df.write...save() (job + commit)':<44}{'n/a':>28}{_stats(delta_ms):>28}")
-    print(f"{'Spark addBatch (write job + commit)':<44}{_stats(dc_add):>28}{_stats(delta_add):>28}")
-    print(f"{'query wall time, s':<44}{dc_wall:>28.1f}{delta_wall:>28.1f}")
+    print(f"rows written: deltacoord {n_dc}, Delta foreachBatch {n_delta}, Delta sink {n_sink}\n")
+    print(f"{'ms per micro-batch (median / p95 / mean)':<44}{'deltacoord sink':>28}{'Delta foreachBatch':>28}"
+          f"{'Delta format(delta)':>28}")
+    print(f"{'commit: propose -> decision':<44}{_stats(dc_propose):>28}{'n/a':>28}{'n/a':>28}")
+    print(f"{'driver commit (set-up + propose + decision)':<44}{_stats(dc_commit):>28}{'n/a':>28}{'n/a':>28}")
+    print(f"{'foreachBatch df.write...save() (job + commit)':<44}{'n/a':>28}{_stats(delta_ms):>28}{'n/a':>28}")
+    print(f"{'Spark addBatch (write job + commit)':<44}{_stats(dc_add):>28}{_stats(delta_add):>28}{_stats(sink_add):>28}")
+    print(f"{'query wall time, s':<44}{dc_wall:>28.1f}{delta_wall:>28.1f}{sink_wall:>28.1f}")
+    print(json.dumps({"batches": args.batches, "rows": args.rows, "deltacoord_commit_ms": dc_commit,
+                      "deltacoord_setup_ms": dc_setup, "deltacoord_propose_to_decision_ms": dc_propose,
+                      "deltacoord_add_batch_ms": dc_add, "delta_foreach_batch_add_batch_ms": delta_add,
+                      "delta_sink_add_batch_ms": sink_add}))
 
 
 if __name__ == "__main__":

@@ -77,9 +77,9 @@ CLOCK_SKEW_MS = 60_000
 DELIVERY_WAIT_S = 30.0
 #: How long a first commit waits for the client's background questions (`_lease_early`) before asking itself.
 WARM_WAIT_S = 10.0
-#: How long after its last proposal on the shared reply partition a writer keeps using it while its lease's
-#: partition is not fetched yet.
-SHARED_KEPT_S = 1.0
+#: The longest one poll of the reply threads blocks: `close` waits for them, and so does every short-lived
+#: process's exit (at 0.1 s, a CLI write spent a tenth of its process there).
+POLL_S = 0.025
 #: A reply partition assigned this long ago counts as fetched even if its end was not reached yet.
 LIVE_AFTER_S = 0.5
 
@@ -223,7 +223,6 @@ class _Replies(Routing):
         self._to_assign: list[TopicPartition] = []  # applied by the reading thread (`_assign_new`)
         self._assigned_at: dict[int, float] = {}  # when the reading thread assigned each partition
         self._live: set[int] = set()  # partitions whose end the reader reached: an answer there is read at once
-        self._shared_used_at = 0.0  # when a proposal last named the shared partition (`_current`)
         self._shared = random.randrange(num_partitions)
         self._lease_seen = threading.Event()
         self._lease_moved = threading.Event()  # the reading thread releases idle partitions at once
@@ -310,7 +309,7 @@ class _Replies(Routing):
     def _hold_lease(self) -> None:
         while not self._stop.is_set():
             try:
-                self._lease.poll(0.1)  # delivers no records (paused); runs the group protocol (and `close` waits for it)
+                self._lease.poll(POLL_S)  # delivers no records (paused); runs the group protocol (and `close` waits for it)
             except (KafkaException, RuntimeError):
                 time.sleep(0.2)
 
@@ -333,20 +332,17 @@ class _Replies(Routing):
         with self._lock:
             partition = self._current()
             self._start_reading(partition)
-            if partition == self._shared:
-                self._shared_used_at = time.monotonic()
             return self.register(proposal_id, partition, wait)
 
     def _current(self) -> int:
         """The partition the next proposal names: the lowest leased one, or the shared one until a lease came.
-        A writer that was just using the shared one keeps it until its new lease's partition is fetched (a
-        fresh process's first commits: a partition assigned a moment ago is fetched only once the reader's
-        pending fetch returns). The caller holds `_lock`."""
+        While the shared one is fetched and the leased one not yet, the shared one: a partition assigned a moment
+        ago is fetched only once the reader's pending fetch (up to `fetch.wait.max.ms`) returns, which a fresh
+        process's first commit would wait for. The caller holds `_lock`."""
         if not self._leased:
             return self._shared
         leased = min(self._leased)
-        if (not self._is_live(leased) and self._is_live(self._shared)
-                and time.monotonic() - self._shared_used_at < SHARED_KEPT_S):
+        if not self._is_live(leased) and self._is_live(self._shared):
             return self._shared
         return leased
 
@@ -409,7 +405,7 @@ class _Replies(Routing):
                 with contextlib.suppress(KafkaException):
                     self._release_idle()
             try:
-                first = self._reader.poll(0.1)
+                first = self._reader.poll(POLL_S)
             except (KafkaException, RuntimeError):
                 time.sleep(0.1)
                 continue
@@ -486,19 +482,41 @@ class CoordinatorClient:
         threading.Thread(target=self._lease_early, name="deltacoord-reply-start", daemon=True).start()
 
     def _lease_early(self) -> None:
-        # What a first commit asks Kafka, asked now: the proposals topic's partitions and which of them live
-        # coordinators hold (`_warmed`, which the first commit waits for rather than asking again), then the
-        # reply partitions. No broker or topics yet: asked again (and reported) by the first proposal.
+        # What a first commit asks Kafka, asked now and side by side (each is mostly a wait on the broker, and a
+        # fresh process's first commit would otherwise wait for their sum): the proposals topic's partitions,
+        # which of them live coordinators hold (its child process starting meanwhile), and the reply partitions.
+        # `_warmed` (which the first commit waits for rather than asking again) is set once the first two are
+        # answered, or at once when no broker answers. No broker or topics yet: asked again (and reported) by the
+        # first proposal.
+        checked = threading.Event()
+
+        def check() -> None:
+            try:
+                with contextlib.suppress(Exception):
+                    self.coordinator_check.warm()
+            finally:
+                checked.set()
+
+        def replies() -> None:
+            with contextlib.suppress(Exception):
+                self._replies(timeout_s=10)
+
+        threading.Thread(target=check, name="deltacoord-check-start", daemon=True).start()
+        reachable = True
         try:
             with contextlib.suppress(Exception):
                 if not self.relay and self._num_partitions is None:
+                    reachable = False
                     kafka_logs.probe(self._conf)  # nothing answering: the first commit says so at once
+                    reachable = True
+                    threading.Thread(target=replies, name="deltacoord-reply-lease-start", daemon=True).start()
                     self._num_partitions = self._partition_count(self.topics.proposals, timeout_s=10)
-                self.coordinator_check.warm()
+            if reachable:
+                checked.wait(WARM_WAIT_S)
         finally:
             self._warmed.set()
-        with contextlib.suppress(Exception):
-            self._replies(timeout_s=10)
+        if self.relay:
+            replies()
 
     def _partition_count(self, topic: str, timeout_s: float = 30) -> int:
         assert self._producer is not None
@@ -597,6 +615,7 @@ class CoordinatorClient:
         and (`wait="published"`) its publication. `control` (`adopt`, `release`) makes it that request instead
         of a commit (`schemas.routing.CONTROL_ADOPT`)."""
         try:
+            self._warmed.wait(WARM_WAIT_S)  # the start-up questions being asked answer this proposal's too
             partition = self.partition_of(proposal.table_id)
             self.coordinator_check.ensure(partition)  # NoCoordinatorError (nothing sent) when no coordinator holds it
             replies = self._replies()

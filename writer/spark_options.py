@@ -13,11 +13,13 @@ the calling process's DELTACOORD_* defaults.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import difflib
 import json
 import os
 import re
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from schemas.errors import DeltaCoordError, KafkaAccessDeniedError
 from schemas.kafka_logs import KafkaCredentialsError, UnreachableKafkaError, kafka_config, probe
 from schemas.routing import Topics
 from schemas.signing import resolve_writer_key
+from writer.client import CoordinatorClient
 from writer.table import Table
 
 BOOTSTRAP_ENV = client_settings.BOOTSTRAP_SERVERS_ENV
@@ -71,6 +74,34 @@ _HOST_PORT = re.compile(r"^(?:[A-Za-z_]+://)?(?:\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+)
 
 class SinkConfigError(DeltaCoordError, ValueError):
     """An option the sink needs is missing or wrong, or names something that does not exist."""
+
+
+_CLIENTS: dict[tuple[str, Topics, tuple[tuple[str, str], ...]], CoordinatorClient] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def shared_client(servers: str, topics: Topics, kafka: Mapping[str, Any]) -> CoordinatorClient:
+    """One coordinator client per Kafka settings in this process, kept across commits: Spark runs every
+    micro-batch's driver-side commit in the same Python worker, and a new client spends its first commit on
+    start-up (its Kafka clients, reply partition lease and coordinator check, 150 to 300 ms) where a kept one
+    has a reply partition and a trusted check already. Closed when the process exits."""
+    key = (servers, topics, tuple(sorted((k, str(v)) for k, v in kafka.items())))
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            if not _CLIENTS:
+                atexit.register(_close_clients)
+            client = _CLIENTS[key] = CoordinatorClient(servers, topics=topics, **kafka)
+        return client
+
+
+def _close_clients() -> None:
+    with _CLIENTS_LOCK:
+        clients = list(_CLIENTS.values())
+        _CLIENTS.clear()
+    for client in clients:
+        with contextlib.suppress(Exception):
+            client.close()
 
 
 def _path_of(location: str) -> Path:
@@ -245,11 +276,11 @@ class SinkOptions:
                                   "(`deltacoord coordinator run` creates its topics)")
 
     def table(self) -> Table:
-        kafka: dict[str, Any] = dict(self.kafka)
+        """The table, with this Python worker's client of these Kafka settings (`shared_client`)."""
         key = resolve_writer_key(self.writer_key)
-        return Table(self.uri, self.servers(), topics=self.topics,
+        return Table(self.uri, client=shared_client(self.servers(), self.topics, dict(self.kafka)),
                      writer_name=self.writer_name or (None if key is not None else "spark"), writer_key=key,
-                     decision_timeout_s=self.decision_timeout_s, storage_options=dict(self.storage_options), **kafka)
+                     decision_timeout_s=self.decision_timeout_s, storage_options=dict(self.storage_options))
 
     def app_id(self) -> str:
         """The streaming query's app id: option, else Spark's query id from the checkpoint, else a hash of its path."""

@@ -59,14 +59,16 @@ Options (docs/settings.md names each setting across front doors): ``path``,
 ``replaceWhere``, ``txnAppId``/``txnVersion`` (idempotent batch writes, as in
 Delta), ``decisionTimeoutS`` (default ``DELTACOORD_TIMEOUT``, else 60), ``writerName``, ``writerKey`` (a writer key file
 that signs every proposal; default ``DELTACOORD_WRITER_KEY`` of the driver),
-``metricsPath`` (a JSON-lines file the driver appends per-commit timings to,
+``metricsPath`` (a JSON-lines file the driver appends per-commit timings and its worker's process id to,
 for benchmarks), ``kafka.<key>`` passed to the Kafka client and
 ``storage.<key>`` (the table's storage options, delta-rs's keys).
 
 Python workers (the executors' and the driver's planner and commit workers)
 run the driver's interpreter, `sys.executable`, unless `spark.pyspark.python` or
 `PYSPARK_PYTHON` names another: PySpark's default, `python3` from
-`PATH`, is not the virtual environment deltacoord is installed in.
+`PATH`, is not the virtual environment deltacoord is installed in. The driver's commit worker keeps one
+coordinator client per Kafka settings across commits (`writer.spark_options.shared_client`): Spark runs
+every micro-batch's commit in the same worker, and a new client would spend each commit on its start-up.
 """
 
 from __future__ import annotations
@@ -371,7 +373,7 @@ class DeltaCoordStreamWriter(_StagingWriter, DataSourceStreamArrowWriter):
                 _delete_unless_in_commit(opts.root, adds, result.version)
             _record_metrics(opts, {
                 **entry, "version": result.version, "duplicate": result.already_committed,
-                "setup_ms": (t_propose - t_start) * 1000, "propose_to_decision_ms": (t_decided - t_propose) * 1000,
+                "pid": os.getpid(), "setup_ms": (t_propose - t_start) * 1000, "propose_to_decision_ms": (t_decided - t_propose) * 1000,
                 "commit_ms": (time.monotonic() - t_start) * 1000,
             })
 
