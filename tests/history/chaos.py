@@ -443,6 +443,9 @@ class _Watchdog:
             return False
         return now - self._since > self.stall_s
 
+    def commits_end(self) -> int:
+        return int(self._c.get_watermark_offsets(self._commits, timeout=10)[1])
+
     def close(self) -> None:
         self._c.close()
 
@@ -842,17 +845,31 @@ class ChaosRun:
 
     def _store_outage(self) -> None:
         """Stop the S3 server for `store_outage_s`, start it on the same port and data; note how long after
-        the restart a new `_delta_log` version appears (publication resumed)."""
+        the restart a new `_delta_log` version appears (publication resumed).
+
+        Writers cannot plan without the store (they read the table and stage files there), so only proposals
+        already planned meet the outage. To make sure some do, the owning coordinator is paused for a moment
+        first (writers' proposals pile up) and resumed once the store is down: it decides them with no store
+        to publish to, and must hold their publication until the store is back."""
         assert self.store is not None
+        owner = self._owner()
+        self.fleet.sigstop(owner)
+        self._pause(self.rng.uniform(1.0, 3.0))
+        before = self._commit_records()
         self.store.stop()
-        self._dl_watch.scan(force=True)  # what it published before it stopped
+        self.fleet.sigcont(owner)
+        self._dl_watch.scan(force=True)  # what it published before the store stopped
         files = self._dl_watch.files
         self.faults.note(f"S3 server stopped for {self.cfg.store_outage_s:.0f}s")
         self._pause(self.cfg.store_outage_s)  # keeps the books; the watchdog waits (no store, no progress)
+        during = self._commit_records() - before
+        self._dl_watch.scan(force=True)
+        published_during = self._dl_watch.files - files
         self.store.restart()
         self.faults.store_outages += 1
         t_up = time.monotonic()
-        self.faults.note("S3 server restarted on the same port and data")
+        self.faults.note(f"S3 server restarted on the same port and data ({during} commit records written and "
+                         f"{published_during} versions published while it was down)")
         self._watchdog.reset()
         resumed: str = "none within 120s"
         while time.monotonic() - t_up < 120:
@@ -861,8 +878,17 @@ class ChaosRun:
                 resumed = f"{time.monotonic() - t_up:.1f}s after its restart"
                 break
             self._pause(0.2)
-        self.faults.store_outage_log.append(f"S3 down {self.cfg.store_outage_s:.1f}s; publication resumed {resumed}")
+        self.faults.store_outage_log.append(f"S3 down {self.cfg.store_outage_s:.1f}s: {during} commit records written, "
+                                            f"{published_during} versions published meanwhile; publication resumed "
+                                            f"{resumed}")
         self.faults.note(f"publication resumed {resumed}")
+
+    def _commit_records(self) -> int:
+        """The commits partition's end offset (-1 when the broker does not answer in time)."""
+        try:
+            return int(self._watchdog.commits_end())
+        except Exception:
+            return -1
 
     def _race(self) -> None:
         self.fleet.start()

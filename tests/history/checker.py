@@ -34,7 +34,13 @@ What is checked (per table):
   WriteSerializable and the SnapshotIsolation downgrade): a rejection whose
   winners (read version + 1 .. head at decision time) fire no check is a
   *false conflict*; one where another check or winner fires first is an
-  anomaly, and so is a commit that should have conflicted.
+  anomaly, and so is a commit that should have conflicted. A STORAGE_UNAVAILABLE
+  refusal (the store did not answer) is counted, not checked: nothing conflicted.
+* **Re-sent ids.** A writer retrying an unknown outcome re-sends its proposal
+  id; the coordinator answers each repeat with the id's first decision. Such
+  repeats are counted (``repeat_answers``); a repeat of an id sent once, or one
+  that differs from the first decision, is an anomaly. A proposal its writer was
+  told never reached Kafka (``not_sent``) must have no decision at all.
 * **Final state.** The row multiset of the replay at the head equals what each
   reader given in `final_rows` sees; row ids are unique.
 """
@@ -48,6 +54,10 @@ from typing import Any
 
 from schemas.actions import AddFile, Metadata, RemoveFile
 from schemas.messages import Decision
+
+#: Refusals that are not conflicts but a documented, retryable answer: the coordinator could not reach the table's
+#: store to check the version it would ratify (`coordinator.kafka.partition`), so it ratified nothing.
+RETRYABLE_REFUSALS = frozenset({"STORAGE_UNAVAILABLE"})
 
 SERIALIZABLE = "Serializable"
 WRITE_SERIALIZABLE = "WriteSerializable"
@@ -485,6 +495,9 @@ def check_history(txns: Sequence[Txn], decisions: Sequence[DecisionRec], isolati
             rep.anomalies.append(f"rejection of proposal {d.proposal_id[:8]} that no writer proposed")
             continue
         t = rejected
+        if d.reason_code in RETRYABLE_REFUSALS:
+            rep.rejected[d.reason_code] += 1
+            continue  # the store did not answer when the batch was decided: refused, to be retried with a new id
         rep.rejected[d.error_type or d.reason_code or "?"] += 1
         if d.error_type not in CONFLICT_TYPES:
             rep.anomalies.append(f"{t.describe()} rejected as invalid: {d.reason_code or d.error_type}")

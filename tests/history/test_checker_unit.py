@@ -412,3 +412,17 @@ def test_a_proposal_the_writer_was_told_never_reached_kafka_must_have_no_decisio
     rep = h.check()
     _only(rep, anomalies=1)
     assert "never reached Kafka" in rep.anomalies[0] and rep.unknown_resolved == Counter({"not sent": 1})
+
+
+def test_a_storage_unavailable_refusal_is_counted_not_an_anomaly() -> None:
+    """The coordinator refuses a table's proposals while the store does not answer (retryable); an
+    invalid-proposal rejection of another reason stays an anomaly."""
+    h = _base()
+    a, b = h.append(2, [(5, 50)]), h.append(3, [(6, 60)])
+    for t, reason in ((a, "STORAGE_UNAVAILABLE"), (b, "STAGED_COMMIT_INVALID")):
+        t.outcome, t.error_type = "rejected", "InvalidProposalError"
+        h.decisions.append(DecisionRec(t.proposal_id, False, error_type="InvalidProposalError", reason_code=reason))
+    rep = h.check()
+    _only(rep, anomalies=1)
+    assert "STAGED_COMMIT_INVALID" in rep.anomalies[0]
+    assert rep.rejected == Counter({"STORAGE_UNAVAILABLE": 1, "InvalidProposalError": 1})
