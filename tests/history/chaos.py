@@ -873,6 +873,9 @@ class ChaosRun:
         self._watchdog.reset()
         resumed: str = "none within 120s"
         while time.monotonic() - t_up < 120:
+            if not self.writers:
+                resumed = "not seen (the writers were done)"
+                break
             self._dl_watch.scan(force=True)
             if self._dl_watch.files > files:
                 resumed = f"{time.monotonic() - t_up:.1f}s after its restart"
