@@ -407,6 +407,7 @@ class _Workload:
                 errors.append(f"not_sent:{type(e).__name__}")
                 if attempts == 1:  # never reached Kafka: its staged files are gone, it cannot commit
                     out.update(outcome="not_sent", error=str(e))
+                    time.sleep(self.rng.uniform(0.5, 1.5))  # e.g. the relay restarting: back off a little
                     break
             except CommitOutcomeUnknownError as e:
                 errors.append(f"unknown:{type(e).__name__}")
