@@ -35,7 +35,21 @@ over the tables. While they run, a controller injects faults at random moments
 * **writer SIGKILL** after proposing and before hearing the decision (the
   writer records the delivered proposal, then kills itself): its proposal must
   still get exactly one decision, found on the commits topic. A replacement
-  writer process carries on with the remaining transactions.
+  writer process carries on with the remaining transactions;
+* **relay SIGKILL**: some writers (``--relay-writers``, by default half of
+  them) commit through a relay process (`services.RelayProcess`); it is
+  SIGKILLed and a new one started on the same socket. A commit call of theirs
+  either says the proposal never reached Kafka (``not_sent``: it must have no
+  decision) or that its outcome is unknown, and then the writer retries it with
+  the same proposal id until it has an answer (as writers are told to; the
+  checker accepts the coordinator's repeat of the id's first decision);
+* **store outage** (``--storage s3``: the tables live in a bucket of a local
+  S3 server, versitygw): the owner is paused a moment so proposals pile up,
+  the S3 server is stopped, the owner resumed (it decides with no store: it
+  must hold publication, or refuse with the retryable STORAGE_UNAVAILABLE),
+  and after ``--store-outage-seconds`` the server restarts on the same port
+  with the same data; ``store_outage_log`` says how many commit records were
+  written and versions published meanwhile, and when publication resumed.
 
 A liveness watchdog plays the part of the deployment's livenessProbe, faster:
 when proposals are pending and the commits partition has not grown for 20 s,
@@ -64,6 +78,15 @@ to 2 and leader kills and isolations are refused. Other options:
 short run spans the slow faults), ``--seed``, ``--workdir`` (kept for
 inspection: histories, coordinator logs, the broker or cluster, tables) and
 ``--bootstrap-servers`` (an external broker; then ``--broker-restarts 0``).
+
+With relay kills and store outages, on three brokers (about 6 minutes for 1,000 transactions)::
+
+    .venv/bin/python -m tests.history.chaos --brokers 3 --writers 8 --transactions 1000 \\
+        --coordinator-kills 30 --leader-kills 4 --isolations 2 --zombies 2 \\
+        --relay-kills 6 --storage s3 --store-outages 3 --store-outage-seconds 15
+
+The report's ``commit_calls`` counts what the writers' commit calls raised before an answer (by kind:
+``unknown``, ``not_sent``, ``other``; any ``other`` is a finding) and the calls retried with the same id.
 """
 
 from __future__ import annotations

@@ -19,8 +19,12 @@ Each transaction appends JSON lines to its writer's file: an ``invoke`` record
 before proposing (proposal id, read version, predicates, the files read with
 their rows, the files added and removed with their rows), then a ``complete``
 record with the outcome the writer saw: ``committed`` (version), ``rejected``
-(conflict class, winning version) or ``unknown`` (no decision in time, or a
-delivery error). A writer configured to crash writes a ``proposed`` record once
+(conflict class, winning version), ``not_sent`` (ProposalNotSentError: it never
+reached Kafka) or ``unknown``. An unknown outcome (CommitOutcomeUnknownError, or
+any other error after sending) is retried with the same proposal id, as writers
+are told to, for up to ``retry_unknown_s``; the record keeps the attempts and
+the errors seen, and ``unknown`` is left only when no retry got an answer. Tables
+live in a local directory or, with storage options, on an object store. A writer configured to crash writes a ``proposed`` record once
 its proposal is delivered and SIGKILLs itself before hearing the decision; that
 transaction has no ``complete`` record and is resolved from the commits topic.
 """
