@@ -727,6 +727,15 @@ class ChaosRun:
                 return
             time.sleep(min(0.2, left))
 
+    def _pause_running(self, seconds: float) -> None:
+        """`_pause`, starting a coordinator whenever none is alive (one crashed at its fault point meanwhile)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self._pause(min(0.2, max(0.0, deadline - time.monotonic())))
+            self.fleet.ensure_running()
+            if time.monotonic() >= deadline:
+                return
+
     def _await_takeover(self, cp: CoordinatorProcess, of: str) -> None:
         t0 = time.monotonic()
         while time.monotonic() - t0 < self.cfg.takeover_timeout_s:
@@ -884,7 +893,7 @@ class ChaosRun:
         self._dl_watch.scan(force=True)  # what it published before the store stopped
         files = self._dl_watch.files
         self.faults.note(f"S3 server stopped for {self.cfg.store_outage_s:.0f}s")
-        self._pause(self.cfg.store_outage_s)  # keeps the books; the watchdog waits (no store, no progress)
+        self._pause_running(self.cfg.store_outage_s)  # the watchdog waits: no store, no progress expected
         during = self._commit_records() - before
         self._dl_watch.scan(force=True)
         published_during = self._dl_watch.files - files
@@ -903,7 +912,8 @@ class ChaosRun:
             if self._dl_watch.files > files:
                 resumed = f"{time.monotonic() - t_up:.1f}s after its restart"
                 break
-            self._pause(0.2)
+            self._pause_running(0.2)
+            self._liveness()
         self.faults.store_outage_log.append(f"S3 down {self.cfg.store_outage_s:.1f}s: {during} commit records written, "
                                             f"{published_during} versions published meanwhile; publication resumed "
                                             f"{resumed}")
