@@ -30,7 +30,7 @@ servers: $(STAMP)
 TEST_WORKERS ?= 4
 
 test: jars servers
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS)
 
 # The inner loop between two changes: the tests that need no broker, Spark or storage server, plus one
 # integration test of each (`check` marker).

@@ -44,9 +44,11 @@ from schemas.errors import (
 )
 from schemas.kafka_logs import UnreachableKafkaError
 from schemas.reasons import ReasonCode
-from schemas.routing import Topics
+from schemas.routing import Topics, grouped_table_id
 from writer.client import CoordinatorClient
 from writer.constraints import ConstraintViolationError
+from writer.multi_table import MultiTableTransaction, TransactionResult, TransactionSpansPartitionsError, transaction
+from writer.snapshots import snapshots
 from writer.staging import SchemaError
 from writer.table import MergeError, PublicationLagError, Table, TableExistsError
 from writer.transaction import CommitResult, Transaction, retry
@@ -74,6 +76,7 @@ __all__ = [
     "InvalidProposalError",
     "MergeError",
     "MetadataChangedException",
+    "MultiTableTransaction",
     "NoCoordinatorError",
     "ProposalNotSentError",
     "Protocol",
@@ -88,10 +91,15 @@ __all__ = [
     "TopicNotFoundError",
     "Topics",
     "Transaction",
+    "TransactionResult",
+    "TransactionSpansPartitionsError",
     "UnreachableKafkaError",
     "UnsupportedTableFeatureError",
     "VersionNotFoundError",
     "__version__",
+    "grouped_table_id",
     "load_snapshot",
     "retry",
+    "snapshots",
+    "transaction",
 ]

@@ -27,6 +27,7 @@ from pyspark.sql import SparkSession
 
 from coordinator.tooling.jars import classpath
 from writer.spark_sink import register, worker_python
+from writer.spark_tables import MultiTableBatchWriter
 
 #: The settings Delta Lake on Spark needs besides its jars.
 DELTA_CONF = {
@@ -99,4 +100,4 @@ def session(app_name: str = "deltacoord", master: str = "local[*]", conf: Mappin
     return spark
 
 
-__all__ = ["DELTA_CONF", "delta_jars", "register", "s3a_jars", "s3a_settings", "session"]
+__all__ = ["DELTA_CONF", "MultiTableBatchWriter", "delta_jars", "register", "s3a_jars", "s3a_settings", "session"]

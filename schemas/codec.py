@@ -66,7 +66,7 @@ from schemas.actions import (
     SetTransaction,
 )
 from schemas.errors import DecodeError, EncodeError
-from schemas.messages import Decision, FileRead, Outcome, Proposal, StagedActions
+from schemas.messages import Decision, FileRead, MultiTable, Outcome, Proposal, StagedActions
 
 __all__ = [
     "DECISION_FINGERPRINT",
@@ -115,7 +115,7 @@ _ACTION_TYPES: Final = (
     "Action",
 )
 _SCHEMA_FILES: Final[dict[str, tuple[str, ...]]] = {
-    "CommitProposal": (*_ACTION_TYPES, "FileRead", "StagedActions", "CommitProposal"),
+    "CommitProposal": (*_ACTION_TYPES, "FileRead", "StagedActions", "MultiTableTransaction", "CommitProposal"),
     "CommitDecision": (*_ACTION_TYPES, "Outcome", "StagedActions", "CommitDecision"),
 }
 
@@ -754,7 +754,24 @@ def _proposal_from(r: Record) -> Proposal:
         writer=r["writer"],
         operation_parameters=r["operationParameters"],
         staged=_staged_from(r.get("stagedActions")),
+        transaction=_transaction_from(r.get("transaction")),
     )
+
+
+def _transaction_from(r: Record | None) -> MultiTable | None:
+    """A multi-table transaction; its parts are proposals of their own (each single-object encoded)."""
+    if r is None:
+        return None
+    parts = tuple(decode_proposal(raw) for raw in r["parts"])
+    if any(p.transaction is None or p.transaction.parts for p in parts):
+        raise DecodeError("a part of a multi-table transaction must name the transaction and carry no parts itself")
+    return MultiTable(r["id"], tuple(r["tables"]), parts)
+
+
+def _transaction_rec(t: MultiTable | None) -> Record | None:
+    if t is None:
+        return None
+    return {"id": t.id, "tables": list(t.tables), "parts": [encode_proposal(p) for p in t.parts]}
 
 
 _OUTCOMES: Final = {o.value: o for o in Outcome}
@@ -959,6 +976,7 @@ def _proposal_rec(p: Proposal) -> Record:
         "writer": p.writer,
         "operationParameters": dict(p.operation_parameters),
         "stagedActions": _staged_rec(p.staged),
+        "transaction": _transaction_rec(p.transaction),
     }
 
 

@@ -8,7 +8,12 @@ before sending, `writer.transaction`; the coordinator when it validates, `coordi
 
 from __future__ import annotations
 
+import re
 from urllib.parse import unquote
+
+#: One C-speed scan per name: a commit of 100,000 files checks 200,000 paths.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_C0_OR_DEL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def is_control(c: str) -> bool:
@@ -19,11 +24,12 @@ def is_control(c: str) -> bool:
 
 def control_character(text: str) -> str | None:
     """How the first control character of `text` is named ('U+000A (LF) at index 3'), or None when it has none."""
-    for i, c in enumerate(text):
-        if is_control(c):
-            name = _NAMES.get(ord(c))
-            return f"U+{ord(c):04X}{f' ({name})' if name else ''} at index {i}"
-    return None
+    m = _CONTROL.search(text)
+    if m is None:
+        return None
+    o = ord(m.group())
+    name = _NAMES.get(o)
+    return f"U+{o:04X}{f' ({name})' if name else ''} at index {m.start()}"
 
 
 def path_control_character(path: str) -> str | None:
@@ -35,12 +41,12 @@ def path_control_character(path: str) -> str | None:
     if found is not None:
         return f"holds a raw control character, {found}"
     if "%" in path:
-        decoded = unquote(path)
-        for i, c in enumerate(decoded):
-            if ord(c) < 0x20 or ord(c) == 0x7F:
-                name = _NAMES.get(ord(c))
-                return (f"holds a percent-encoded control character, U+{ord(c):04X}{f' ({name})' if name else ''} "
-                        f"at index {i} of the decoded path")
+        m = _C0_OR_DEL.search(unquote(path))
+        if m is not None:
+            o = ord(m.group())
+            name = _NAMES.get(o)
+            return (f"holds a percent-encoded control character, U+{o:04X}{f' ({name})' if name else ''} "
+                    f"at index {m.start()} of the decoded path")
     return None
 
 

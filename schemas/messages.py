@@ -28,6 +28,28 @@ class StagedActions:
     size: int
 
 
+#: The commitInfo key recording a version's multi-table transaction: {"id": ..., "tables": [table ids]}.
+TRANSACTION_KEY = "deltacoord.transaction"
+#: How the rejection of a multi-table transaction's part begins when another part was the one refused.
+SIBLING_REJECTED = "rejected with multi-table transaction"
+
+
+@dataclass(frozen=True, slots=True)
+class MultiTable:
+    """The multi-table transaction a proposal is part of: its id and its tables (the carrying proposal's first).
+
+    One message carries every part (`parts`, on the carrying proposal only), so the coordinator sees the whole
+    transaction at one point of its partition's order: nothing waits for a sibling message.
+    """
+
+    id: str
+    tables: tuple[str, ...]
+    parts: tuple[Proposal, ...] = ()
+
+    def without_parts(self) -> MultiTable:
+        return MultiTable(self.id, self.tables)
+
+
 @dataclass(frozen=True, slots=True)
 class FileRead:
     """A data file the transaction scanned, with its partition values."""
@@ -63,6 +85,15 @@ class Proposal:
     #: Set when the actions travel by reference (a large commit). On the wire `actions` is then empty; the
     #: coordinator loads them from the staged file (checking the digest) before deciding.
     staged: StagedActions | None = None
+    #: Set when the proposal is one part of a multi-table transaction (`MultiTable`).
+    transaction: MultiTable | None = None
+
+    @property
+    def parts(self) -> tuple[Proposal, ...]:
+        """Every part this message carries, itself first (itself alone for a single-table commit)."""
+        if self.transaction is None or not self.transaction.parts:
+            return (self,)
+        return (self, *self.transaction.parts)
 
     @property
     def is_blind_append(self) -> bool:

@@ -111,6 +111,10 @@ class ReasonCode(StrEnum):
     STAGED_COMMIT_INVALID = "STAGED_COMMIT_INVALID"
     #: The proposal arrived on a partition other than its table's (murmur2(table id) % partitions).
     WRONG_PARTITION = "WRONG_PARTITION"
+    #: A multi-table transaction's tables are not all on one proposals partition (group them: docs/transactions.md).
+    TRANSACTION_SPANS_PARTITIONS = "TRANSACTION_SPANS_PARTITIONS"
+    #: A multi-table transaction that is not well formed (its tables and parts disagree, a table twice, ...).
+    BAD_TRANSACTION = "BAD_TRANSACTION"
     #: Kafka refused to record the proposal's decision (e.g. larger than the commits topic's
     #: max.message.bytes); it was rejected with this code instead and skipped.
     UNRECORDABLE = "UNRECORDABLE"

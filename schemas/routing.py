@@ -2,11 +2,15 @@
 
 A table's proposals and decisions live on the same partition index of the
 proposals and commits topics. The partition is murmur2(table id) like Kafka's
-Java default partitioner, so clients in any language agree on it.
+Java default partitioner, so clients in any language agree on it; a table id
+`<group>::<name>` is hashed by its group instead, so a table group shares one
+partition (multi-table transactions, docs/transactions.md).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -130,8 +134,42 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+#: Separates a table group from the rest of a table id: `<group>::<name>` is routed by `<group>`, so every table of a
+#: group is serialised by one partition and a multi-table transaction can change them together (docs/transactions.md).
+GROUP_SEPARATOR = "::"
+
+
+#: What a group name is made of: never a URI's scheme or host (`s3://[::1]/t` names no group).
+_GROUP_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
+
+def table_group(table_id: str) -> str | None:
+    """The group a table id names (`<group>::<name>`, the group of letters, digits, `_`, `.` and `-`), or None for a
+    table routed by its own id."""
+    group, sep, rest = table_id.partition(GROUP_SEPARATOR)
+    return group if sep and rest and _GROUP_NAME.fullmatch(group) else None
+
+
+def grouped_table_id(group: str, name: str) -> str:
+    """The id of table `name` in table group `group`: routed by the group, so the group's tables share a partition."""
+    if not _GROUP_NAME.fullmatch(group) or not name:
+        raise ValueError(f"table group {group!r} / name {name!r}: a group is 1 to 200 letters, digits, '_', '.' or "
+                         "'-' (e.g. 'ledger'), and the name is not empty")
+    return f"{group}{GROUP_SEPARATOR}{name}"
+
+
+def spans_partitions_message(transaction_id: str, homes: Mapping[str, int], num_partitions: int) -> str:
+    """Why a multi-table transaction over tables of several partitions is refused, and how to group them."""
+    where = ", ".join(f"{t} -> {p}" for t, p in homes.items())
+    return (f"multi-table transaction {transaction_id} spans proposals partitions ({where}, of {num_partitions}); one "
+            f"coordinator partition must serialise every table of a transaction. Put the tables in one table group: "
+            f"table ids '<group>{GROUP_SEPARATOR}<name>' (deltacoord.grouped_table_id) route by the group")
+
+
 def partition_for(table_id: str, num_partitions: int) -> int:
-    """The proposals/commits partition serialising `table_id` (Java default partitioner)."""
+    """The proposals/commits partition serialising `table_id` (Java default partitioner on the routing key: the
+    table's group when its id names one, else the id itself)."""
     if num_partitions <= 0:
         raise ValueError(f"num_partitions must be positive, got {num_partitions}")
-    return (murmur2(table_id.encode("utf-8")) & 0x7FFFFFFF) % num_partitions
+    key = table_group(table_id) or table_id
+    return (murmur2(key.encode("utf-8")) & 0x7FFFFFFF) % num_partitions

@@ -38,6 +38,7 @@ from coordinator.tooling.storage_servers import (
     StorageServerError,
 )
 from tests import cpu_priority
+from tests.ports import free_port
 
 if TYPE_CHECKING:
     from reader.storage import TableStorage
@@ -130,7 +131,7 @@ def local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrok
         yield None
         return
     broker = LocalBroker(home=tmp_path_factory.mktemp("kafka-broker"))
-    broker.start()
+    broker.start(port=free_port())  # tests restart it: never on the default port (tests/ports.py)
     try:
         yield broker
     finally:

@@ -92,23 +92,49 @@ _LEADERSHIP_MOVING = frozenset({
 })
 
 
-def _end_offset(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> int:
-    """The partition's end offset, retried within `timeout_s` while leadership settles (a new topic, a
-    partition-leader failover): any retriable error or a leadership error is tried again."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            _low, high = consumer.get_watermark_offsets(tp, timeout=max(1.0, min(10.0, remaining)))
-            return int(high)
-        except KafkaException as e:
-            err = e.args[0]
-            retriable = isinstance(err, KafkaError) and not err.fatal() and (err.retriable() or err.code() in _LEADERSHIP_MOVING)
-            if time.monotonic() + delay > deadline or not retriable:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+#: Failures that mean a consumer's metadata cache is stale: after a broker's controlled shutdown and restart
+#: librdkafka kept the topic without its partitions and answered these until the entry aged out (15 minutes),
+#: without asking the broker again; a new consumer asks.
+_STALE_METADATA = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC})
+
+
+class _EndOffsets:
+    """End offsets from a consumer nothing polls, replaced when its metadata goes stale."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self._conf = conf
+        self.consumer = Consumer(conf)
+        self._replaced_at = 0.0
+
+    def end_offset(self, tp: TopicPartition, timeout_s: float = 30.0) -> int:
+        """The partition's end offset, retried within `timeout_s` while leadership settles (a new topic, a
+        partition-leader failover): any retriable error or a leadership error is tried again."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.05
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                _low, high = self.consumer.get_watermark_offsets(tp, timeout=max(1.0, min(10.0, remaining)))
+                return int(high)
+            except KafkaException as e:
+                err = e.args[0]
+                retriable = isinstance(err, KafkaError) and not err.fatal() and (
+                    err.retriable() or err.code() in _LEADERSHIP_MOVING)
+                if time.monotonic() + delay > deadline or not retriable:
+                    raise
+                if err.code() in _STALE_METADATA and time.monotonic() - self._replaced_at >= 1.0:
+                    self._replace()
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _replace(self) -> None:
+        old, self.consumer = self.consumer, Consumer(self._conf)
+        self._replaced_at = time.monotonic()
+        with contextlib.suppress(KafkaException, RuntimeError):
+            old.close()
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 _SILENT = logging.getLogger("deltacoord.kafka.keyword-check")
@@ -220,7 +246,7 @@ class _Replies(Routing):
         quiet = {k: v for k, v in conf.items() if k != "statistics.interval.ms"}
         # End offsets are asked of a consumer no thread polls: librdkafka answers a watermark query on a
         # consumer another thread is polling late (about 1 s for a writer's first commit, minutes under load).
-        self._offsets = Consumer({
+        self._offsets = _EndOffsets({
             **quiet,
             "group.id": f"deltacoord-writer-offsets-{uuid.uuid4().hex[:12]}",  # never joins
             "enable.auto.commit": False,
@@ -333,7 +359,7 @@ class _Replies(Routing):
     def _start_reading(self, partition: int, timeout_s: float = 30.0) -> None:
         """Have the reading thread read `partition` from its current end (the caller holds `_lock`)."""
         if partition not in self._reading:
-            high = _end_offset(self._offsets, TopicPartition(self.topic, partition), timeout_s)
+            high = self._offsets.end_offset(TopicPartition(self.topic, partition), timeout_s)
             # Every answer to a proposal produced from now on lies at a later offset, so the reader may
             # start there whenever its thread gets to it.
             self._to_assign.append(TopicPartition(self.topic, partition, high))
@@ -541,6 +567,29 @@ class CoordinatorClient:
             raise ValueError("expect() needs this process's own reply partition: a proposal produced outside the client "
                              "cannot be routed through the relay; use a client made with relay=''")
         return self._replies().expect(proposal_id, check_wait(wait))
+
+    def propose_transaction(self, proposal: Proposal, key: WriterKey | None = None,
+                            wait: str = "published") -> list[Pending]:
+        """Produce a multi-table transaction's one message (`proposal` carries every part); one pending per part,
+        in order, each resolving with its part's decision (and publication)."""
+        if self.relay:
+            raise ValueError("a multi-table transaction is answered part by part on this process's own reply "
+                             "partition: use a client made with relay=''")
+        others = proposal.parts[1:]
+        try:
+            replies = self._replies()
+            pendings = [replies.expect(q.proposal_id, check_wait(wait)) for q in others]
+        except KafkaException as e:
+            raise ProposalNotSentError(f"multi-table proposal {proposal.proposal_id} was not sent: Kafka did not answer "
+                                       f"({e.args[0] if e.args else e}); nothing can commit, a retry is safe") from e
+        try:
+            first = self.propose(proposal, key=key, wait=wait)
+        except BaseException as e:
+            if isinstance(e, ProposalNotSentError):
+                for q in others:
+                    replies.forget(q.proposal_id)
+            raise
+        return [first, *pendings]
 
     def propose(self, proposal: Proposal, key: WriterKey | None = None, wait: str = "published",
                 control: str | None = None) -> Pending:

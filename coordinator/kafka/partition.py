@@ -64,7 +64,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
@@ -105,7 +105,7 @@ from coordinator.locations import TableLocationError, TableLocations
 from coordinator.metrics import Metrics
 from coordinator.rules.admission import admission_error
 from coordinator.rules.authentication import Signature, authentication_error
-from coordinator.rules.batch import Overlay, Submitted, decide_batch, rejection, repeated
+from coordinator.rules.batch import Overlay, Submitted, decide_batch, part_rejection, rejection, repeated
 from coordinator.rules.decided import DecidedIds
 from coordinator.rules.state import TableState
 from coordinator.rules.validate import path_problem
@@ -120,10 +120,10 @@ from reader.staged_commits import (
     stage_decision,
 )
 from reader.storage import StorageError
-from schemas.actions import AddCDCFile, AddFile
+from schemas.actions import AddCDCFile, AddFile, CommitInfo
 from schemas.codec import decode_proposal, encode_decision
 from schemas.errors import DecodeError, InvalidProposalError
-from schemas.messages import Decision, Proposal
+from schemas.messages import TRANSACTION_KEY, Decision, MultiTable, Proposal
 from schemas.reasons import ReasonCode
 from schemas.routing import (
     DROP_DELETE_FILES,
@@ -144,6 +144,7 @@ from schemas.routing import (
     WAIT_RATIFIED,
     header,
     partition_for,
+    spans_partitions_message,
 )
 from schemas.staged import DECISION_INLINE_MAX_ACTIONS, StagedCommitError
 from schemas.writer_features import coordinated
@@ -221,6 +222,16 @@ class _Decoded:
     #: `adopt`, `release` or `drop`: `submitted` is that request (`deltacoord table adopt|release|drop`), answered on
     #: its own.
     request: str | None = None
+    #: A multi-table transaction's other parts (`submitted` is its first), decided together with it.
+    parts: list[Submitted] = field(default_factory=list)
+    #: Their rejections, when the message was refused at the edge (`rejected` is the first part's).
+    parts_rejected: list[Decision] = field(default_factory=list)
+
+    def all_submitted(self) -> list[Submitted]:
+        return [] if self.submitted is None else [self.submitted, *self.parts]
+
+    def all_rejected(self) -> list[Decision]:
+        return [] if self.rejected is None else [self.rejected, *self.parts_rejected]
 
 
 @dataclass(frozen=True)
@@ -844,12 +855,16 @@ class PartitionCoordinator:
         the partition was rebuilt (a resumption): the rest of the fetched batch is then consumed again."""
         now_ms = int(time.time() * 1000)
         for x in decoded:
-            if x.submitted is not None and x.submitted.proposal.table_id in self.released:
-                p = x.submitted.proposal
-                x.rejected = rejection(p.table_id, p.table_uri, p.proposal_id, self._released_error(p.table_id), None,
-                                       x.submitted.at_ms or now_ms)
-                x.submitted = None
-        proposals = [x.submitted for x in decoded if x.submitted is not None]
+            released = [s.proposal for s in x.all_submitted() if s.proposal.table_id in self.released]
+            if released and x.submitted is not None:
+                at = x.submitted.at_ms or now_ms
+                first = released[0]
+                failure = rejection(first.table_id, first.table_uri, first.proposal_id,
+                                    self._released_error(first.table_id), None, at)
+                x.rejected, *x.parts_rejected = [failure if s.proposal is first else part_rejection(s.proposal, failure, at)
+                                                 for s in x.all_submitted()]
+                x.submitted, x.parts = None, []
+        proposals = [s for x in decoded for s in x.all_submitted()]
         check_files = functools.partial(added_files_problem, self.publisher.locations)
         halted = self.publisher.halted_tables()
         # Tables whose store has not taken every ratified version: their compatible appends share versions.
@@ -908,8 +923,8 @@ class PartitionCoordinator:
         resumed: list[str] = []
         s = self.settings
         for x in decoded:
-            d = next(it) if x.submitted is not None else x.rejected
-            if d is not None:
+            answers = [next(it) for _ in x.all_submitted()] if x.submitted is not None else x.all_rejected()
+            for d in answers:
                 decisions.append(d)
                 replies.append((x.reply, x.ratified_only))
                 value = encoded.get(id(d))
@@ -1479,18 +1494,21 @@ class PartitionCoordinator:
         # Kafka refused to record this message's answer as it was: a rejection (a decodable proposal
         # is not decided) and at most a dead letter without bytes.
         rejected = x.rejected
+        parts_rejected = x.parts_rejected
         if x.submitted is not None:
             p = x.submitted.proposal
+            at = x.submitted.at_ms or int(time.time() * 1000)
             rejected = rejection(p.table_id, p.table_uri, p.proposal_id, InvalidProposalError(
                 ReasonCode.UNRECORDABLE, f"Kafka refused to record this proposal's decision ({why}); the proposal was "
-                "not decided: make it smaller"), None, x.submitted.at_ms or int(time.time() * 1000))
+                "not decided: make it smaller"), None, at)
+            parts_rejected = [part_rejection(q.proposal, rejected, at) for q in x.parts]
         if rejected is not None and max(len(rejected.table_id), len(rejected.proposal_id), len(rejected.table_uri)) > MAX_ECHOED_ID_CHARS:
             rejected = None
         dead = None
         if step == HEADERS_ONLY:
             error = f"{_error_of(x, rejected)}; not recorded with its bytes: {why}"
             dead = dead_letter(m.value(), None, error, _source(m), 0)
-        return _Decoded(offset, rejected=rejected, dead=dead)
+        return _Decoded(offset, rejected=rejected, dead=dead, parts_rejected=parts_rejected if rejected else [])
 
     def _load_staged(self, p: Proposal, at_ms: int) -> Proposal | Decision:
         """The proposal with its staged actions loaded (the Kafka edge: the rules only see whole proposals), or its
@@ -1552,6 +1570,12 @@ class PartitionCoordinator:
                 return _Decoded(offset, rejected=rejection(hdr_tid, "", hdr_pid, err, None, at_ms or int(time.time() * 1000)),
                                 dead=dead)
             return _Decoded(offset, dead=dead)
+        if p.transaction is not None and request is None:
+            signer, signature = header(m, H_SIGNER), header(m, H_SIGNATURE)
+            sig = None
+            if signer is not None and signature is not None:
+                sig = Signature(signer.decode("utf-8", errors="replace"), signature, raw)
+            return self._decode_transaction(p, offset, at_ms or int(time.time() * 1000), sig)
         if self.num_partitions > 0:
             home = partition_for(p.table_id, self.num_partitions)
             if home != self.partition:
@@ -1583,6 +1607,54 @@ class PartitionCoordinator:
         if request is not None:
             log.warning("partition %d: %s asks to %s table %s", self.partition, source, request, p.table_id[:200])
         return _Decoded(offset, submitted=Submitted(p, at_ms, sig), request=request)
+
+    def _decode_transaction(self, p: Proposal, offset: int, at_ms: int, sig: Signature | None) -> _Decoded:
+        """A multi-table transaction's message: its parts to decide together (each stamped with the transaction in
+        its commitInfo), or all of them refused with the reason one of them is."""
+        assert p.transaction is not None
+        tx = p.transaction
+        parts = [dataclasses.replace(q, transaction=tx.without_parts()) for q in p.parts]
+        err: InvalidProposalError | None = None
+        failing = parts[0]
+        ids = [q.table_id for q in parts]
+        if tuple(ids) != tx.tables or len(set(ids)) != len(ids) or any(
+                q.transaction is None or q.transaction.id != tx.id or q.transaction.tables != tx.tables for q in parts):
+            err = InvalidProposalError(ReasonCode.BAD_TRANSACTION, (
+                f"multi-table transaction {tx.id} is not well formed: its tables {list(tx.tables)} must be its parts' "
+                f"tables {ids}, each once, and every part must name the transaction; nothing was decided"))
+        homes = {q.table_id: partition_for(q.table_id, self.num_partitions) for q in parts} if self.num_partitions > 0 else {}
+        if err is None and any(h != self.partition for h in homes.values()):
+            failing = next(q for q in parts if homes[q.table_id] != self.partition)
+            err = InvalidProposalError(ReasonCode.TRANSACTION_SPANS_PARTITIONS, spans_partitions_message(
+                tx.id, homes, self.num_partitions) + "; nothing was decided")
+        if err is None:
+            for q in parts:
+                refused = self.publisher.locations.problem(q.table_uri)
+                if refused is not None:
+                    failing, err = q, refused
+                    break
+        loaded: list[Proposal] = []
+        if err is None:
+            for q in parts:
+                if q.staged is not None:
+                    got = self._load_staged(q, at_ms)
+                    if isinstance(got, Decision):
+                        return self._refused_transaction(parts, q, got, offset, at_ms)
+                    q = got
+                loaded.append(_stamped(q, tx))
+        if err is not None:
+            log.warning("partition %d: refused multi-table transaction %s: %s %s", self.partition, tx.id[:100],
+                        err.reason, str(err)[:500])
+            failure = rejection(failing.table_id, failing.table_uri, failing.proposal_id, err, None, at_ms)
+            return self._refused_transaction(parts, failing, failure, offset, at_ms)
+        first, *rest = [Submitted(q, at_ms, sig) for q in loaded]
+        return _Decoded(offset, submitted=first, parts=rest)
+
+    @staticmethod
+    def _refused_transaction(parts: Sequence[Proposal], failing: Proposal, failure: Decision, offset: int,
+                             at_ms: int) -> _Decoded:
+        first, *rest = [failure if q is failing else part_rejection(q, failure, at_ms) for q in parts]
+        return _Decoded(offset, rejected=first, parts_rejected=rest)
 
     def _transact(self, batch: Sequence[Message], outs: Sequence[_Out], refused: list[_Refusal], *,
                   offsets_to: int | None = None) -> None:
@@ -1694,6 +1766,13 @@ class PartitionCoordinator:
         # The states never held this batch (its overlay is dropped): consume it again from the offset the
         # last committed transaction consumed up to (the group's offset may lag it: `group_offset_interval_s`).
         self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.committed_to))
+
+
+def _stamped(p: Proposal, tx: MultiTable) -> Proposal:
+    """A part whose commitInfo records its transaction (`TRANSACTION_KEY`), so `history` shows which versions go
+    together: the coordinator's stamp, whatever the writer put there."""
+    values = {**p.commit_info.values, TRANSACTION_KEY: {"id": tx.id, "tables": list(tx.tables)}}
+    return dataclasses.replace(p, commit_info=CommitInfo(values))
 
 
 def _source(m: Message) -> str:

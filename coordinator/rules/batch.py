@@ -33,7 +33,7 @@ from coordinator.rules.profiles import decide
 from coordinator.rules.state import TableState
 from schemas.actions import Action, AddCDCFile, AddFile, Metadata
 from schemas.errors import DeltaCoordError, InvalidProposalError
-from schemas.messages import Decision, Outcome, Proposal
+from schemas.messages import SIBLING_REJECTED, Decision, Outcome, Proposal
 from schemas.properties import TableProperties
 from schemas.reasons import ReasonCode
 
@@ -46,6 +46,7 @@ EarlierDecision = Callable[[str, str], Decision | None]
 
 _NOTHING_HALTED: Mapping[str, str] = {}
 _NOTHING_REFUSED: Mapping[str, InvalidProposalError] = {}
+_NO_FAILED: Mapping[str, Decision] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,10 +216,14 @@ def decide_batch(states: Mapping[str, TableState], proposals: Sequence[Proposal 
     share versions (`coordinator.rules.coalesce`).
     """
     halts: dict[str, str] = {}
+    failed: dict[str, Decision] = {}
     while True:
         try:
             decisions, overlay = _decide_all(states, proposals, now, {**halted, **halts}, check_files, earlier,
-                                             refused_creates, busy)
+                                             refused_creates, busy, failed)
+        except _PartRefused as r:
+            failed[r.txid] = r.decision
+            continue
         except _TableFault as f:
             why = (f"deciding a proposal of this table failed unexpectedly ({type(f.cause).__name__}: {f.cause}); the "
                    "table is halted so that the other tables go on. Report it with the coordinator's log")
@@ -229,20 +234,37 @@ def decide_batch(states: Mapping[str, TableState], proposals: Sequence[Proposal 
         return decisions, overlay
 
 
+def _unpack(item: Proposal | Submitted, now: int) -> tuple[Proposal, int, Signature | None]:
+    if isinstance(item, Submitted):
+        return item.proposal, item.at_ms or now, item.signature
+    return item, now, None
+
+
 def _decide_all(states: Mapping[str, TableState], proposals: Sequence[Proposal | Submitted], now: int,
                 halted: Mapping[str, str], check_files: FileCheck | None,
                 earlier: EarlierDecision | None,
                 refused_creates: Mapping[str, InvalidProposalError],
-                busy: Set[str] = frozenset()) -> tuple[list[Decision], Overlay]:
+                busy: Set[str] = frozenset(),
+                failed: Mapping[str, Decision] = _NO_FAILED) -> tuple[list[Decision], Overlay]:
     overlay = Overlay()
     decisions: list[Decision] = []
     seen: dict[tuple[str, str], Decision] = {}
     groups: dict[str, Group] = {}  # per busy table, the version being coalesced
-    for item in proposals:
-        if isinstance(item, Submitted):
-            p, at, sig = item.proposal, item.at_ms or now, item.signature
-        else:
-            p, at, sig = item, now, None
+    i = 0
+    while i < len(proposals):
+        p, at, sig = _unpack(proposals[i], now)
+        if p.transaction is not None:
+            j = i + 1  # the edge hands a transaction's parts over together, in order
+            while j < len(proposals) and _same_transaction(_unpack(proposals[j], now)[0], p):
+                j += 1
+            parts = [_unpack(x, now) for x in proposals[i:j]]
+            for q, _at, _sig in parts:
+                groups.pop(q.table_id, None)  # a part is never coalesced, nor is anything folded into its version
+            decisions.extend(_decide_transaction(states, overlay, parts, seen, halted, check_files, earlier,
+                                                 refused_creates, failed))
+            i = j
+            continue
+        i += 1
         key = (p.table_id, p.proposal_id)
         first = seen.get(key) or (earlier(*key) if earlier is not None else None)
         if first is not None:
@@ -261,6 +283,87 @@ def _decide_all(states: Mapping[str, TableState], proposals: Sequence[Proposal |
             seen[key] = d
         decisions.append(d)
     return decisions, overlay
+
+
+def _same_transaction(q: Proposal, p: Proposal) -> bool:
+    return q.transaction is not None and p.transaction is not None and q.transaction.id == p.transaction.id
+
+
+def _decide_transaction(live: Mapping[str, TableState], overlay: Overlay,
+                        parts: Sequence[tuple[Proposal, int, Signature | None]], seen: dict[tuple[str, str], Decision],
+                        halted: Mapping[str, str], check_files: FileCheck | None, earlier: EarlierDecision | None,
+                        refused_creates: Mapping[str, InvalidProposalError],
+                        failed: Mapping[str, Decision]) -> list[Decision]:
+    """Every part of one multi-table transaction, each by its table's own rules at the same point of the order:
+    all accepted, or all rejected with the failing part's reason. A part refused after earlier parts were
+    accepted restarts the batch (`_PartRefused`) with the transaction known to fail, so no overlay is undone."""
+    p0 = parts[0][0]
+    assert p0.transaction is not None
+    txid = p0.transaction.id
+    firsts = [seen.get((p.table_id, p.proposal_id)) or (earlier(p.table_id, p.proposal_id) if earlier is not None else None)
+              for p, _at, _sig in parts]
+    if any(f is not None for f in firsts):  # a redelivery: every part was decided in one Kafka transaction
+        out = []
+        for (p, at, _sig), first in zip(parts, firsts, strict=True):
+            if first is None:
+                first = rejection(p.table_id, p.table_uri, p.proposal_id, InvalidProposalError(
+                    ReasonCode.BAD_TRANSACTION, f"multi-table transaction {txid} was decided before without this part"),
+                    None, at)
+            out.append(repeated(first, at))
+        return out
+    failure = failed.get(txid)
+    if failure is None:
+        decided: list[Decision] = []
+        for p, at, sig in parts:
+            try:
+                d = decide_one(live, overlay, p, at, halted, sig, check_files, refused_creates)
+            except Exception as e:
+                raise _TableFault(p.table_id, p.table_uri, e) from e
+            decided.append(d)
+            if not d.committed:
+                break
+        repeats = [d.duplicate_of is not None for d in decided]
+        if len(decided) == len(parts) and all(d.committed for d in decided) and (all(repeats) or not any(repeats)):
+            for (p, _at, _sig), d in zip(parts, decided, strict=True):
+                seen[(p.table_id, p.proposal_id)] = d
+            return decided  # all accepted, or all committed before (a redelivery)
+        failure = decided[-1] if not decided[-1].committed else next(d for d in decided if d.duplicate_of is not None)
+        if any(d.committed and d.duplicate_of is None for d in decided):
+            raise _PartRefused(txid, failure)  # the overlay holds accepted parts: decide the batch again
+    assert failure is not None
+    out = []
+    for p, at, _sig in parts:
+        d = failure if p.proposal_id == failure.proposal_id and p.table_id == failure.table_id else \
+            part_rejection(p, failure, at)
+        if claims_its_id(d):
+            seen[(p.table_id, p.proposal_id)] = d
+        out.append(d)
+    return out
+
+
+def part_rejection(p: Proposal, failure: Decision, at_ms: int) -> Decision:
+    """The rejection of a part whose sibling was refused: the sibling's reason, naming its table."""
+    assert p.transaction is not None
+    failing = failure.table_uri or failure.table_id
+    error_type: str | None
+    reason: str | None
+    if failure.committed:  # a part whose proposal id committed before, alone: the transaction cannot be whole
+        error_type, reason, why = InvalidProposalError.__name__, ReasonCode.BAD_TRANSACTION.value, (
+            f"its part on table {failing} reuses proposal id {failure.proposal_id}, committed before")
+    else:
+        error_type, reason, why = failure.error_type, failure.reason_code, (
+            f"its part on table {failing} was refused: {failure.error_message}")
+    return Decision(table_id=p.table_id, table_uri=p.table_uri, proposal_id=p.proposal_id, outcome=Outcome.REJECTED,
+                    error_type=error_type, error_message=f"{SIBLING_REJECTED} {p.transaction.id}: {why}",
+                    reason_code=reason, decided_at_ms=at_ms)
+
+
+class _PartRefused(Exception):
+    """A part of a multi-table transaction refused after its earlier parts were accepted into the overlay."""
+
+    def __init__(self, txid: str, decision: Decision) -> None:
+        super().__init__(txid)
+        self.txid, self.decision = txid, decision
 
 
 def _coalesce(live: Mapping[str, TableState], overlay: Overlay, groups: dict[str, Group], decisions: list[Decision],
@@ -286,5 +389,17 @@ def _coalesce(live: Mapping[str, TableState], overlay: Overlay, groups: dict[str
     return replace(d, version=g.version, actions=(), coalesced_into=leader.proposal_id)
 
 
-__all__ = ["EarlierDecision", "FileCheck", "Overlay", "Submitted", "TentativeCommit", "claims_its_id", "decide_batch",
-           "decide_one", "rejection", "repeated", "verifies_added_files"]
+__all__ = [
+    "EarlierDecision",
+    "FileCheck",
+    "Overlay",
+    "Submitted",
+    "TentativeCommit",
+    "claims_its_id",
+    "decide_batch",
+    "decide_one",
+    "part_rejection",
+    "rejection",
+    "repeated",
+    "verifies_added_files",
+]

@@ -4,6 +4,7 @@
     deltacoord table append PATH --json-rows rows.jsonl        (or --parquet file.parquet)
     deltacoord table delete PATH --where "date = '2024-01-01'"
     deltacoord table truncate PATH [--where "date = '2024-01-01'"]   (TRUNCATE TABLE [PARTITION])
+    deltacoord table transact FILE                             (several tables' operations, all or none)
     deltacoord table compact PATH --kind minor|major [--where ...] [--small-file-size BYTES]
     deltacoord writer-key generate NAME --out NAME.key         (a key pair; prints the table property entry)
     deltacoord table history PATH [--limit N]                  (JSON lines, newest first, from _delta_log)
@@ -875,6 +876,9 @@ def tail_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs:
 
 def register(main: click.Group) -> None:
     """Add the `table` group and the `tail` command to the `deltacoord` CLI."""
+    from coordinator.tooling.cli_transaction import transact_cmd
+
+    table_group.add_command(transact_cmd)
     main.add_command(table_group)
     main.add_command(tail_cmd)
 

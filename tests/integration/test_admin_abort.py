@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.tooling.broker import LocalBroker
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +42,7 @@ check.close()
 @pytest.mark.kafka
 def test_a_writer_outlives_the_admin_abort_while_its_broker_dies_and_returns(tmp_path: Path) -> None:
     broker = LocalBroker(tmp_path / "broker")
-    bootstrap = broker.start().bootstrap_servers
+    bootstrap = broker.start(port=free_port()).bootstrap_servers
     asker = subprocess.Popen([sys.executable, "-c", ASKER, bootstrap, "75"], cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:

@@ -26,6 +26,7 @@ import pyarrow as pa
 from coordinator.kafka.daemon import Coordinator
 from coordinator.tooling.broker import LocalBroker
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
+from tests.ports import free_port
 from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -91,7 +92,7 @@ def test_a_table_that_cannot_publish_makes_healthz_not_ready_naming_it_until_fix
 
 def test_kafka_unreachable_makes_healthz_not_ready_until_the_broker_is_back(tmp_path: Path) -> None:
     broker = LocalBroker(tmp_path / "broker")
-    info = broker.start()
+    info = broker.start(port=free_port())
     try:
         topics = fresh_topics(info.bootstrap_servers)
         with coordinator_thread(info.bootstrap_servers, topics, metrics_port=0,

@@ -35,6 +35,7 @@ from tests.integration.coord_harness import (
     fresh_topics,
     start_coordinator_process,
 )
+from tests.ports import free_port
 from writer.table import Table
 
 pytestmark = pytest.mark.kafka
@@ -232,7 +233,7 @@ def test_a_broker_that_freezes_after_the_proposal_went_out_gives_an_unknown_outc
     from writer import client as client_module
 
     broker = LocalBroker(tmp_path / "broker")
-    info = broker.start()
+    info = broker.start(port=free_port())
     bootstrap = info.bootstrap_servers
     try:
         topics = fresh_topics(bootstrap)

@@ -1,4 +1,5 @@
-"""Four writer processes commit through a host relay that is SIGKILLed three times.
+"""Four writer processes commit while their broker is stopped for 30 s, then SIGKILLed and restarted; and
+through a host relay that is SIGKILLed three times.
 
 Every failed commit call must say what it knows: `CommitOutcomeUnknownError` with the call's proposal id once
 anything may have been sent (or `ProposalNotSentError` before), never a raw Kafka, timeout or runtime error;
@@ -22,8 +23,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from coordinator.tooling.broker import LocalBroker
 from tests.integration.coord_harness import fresh_topics, start_coordinator_process
 from tests.integration.test_relay import _start_relay_process
+from tests.ports import free_port
 from writer.table import Table
 
 pytestmark = [pytest.mark.kafka]
@@ -92,6 +95,45 @@ def _assert_exactly_the_acknowledged_rows(path: str, results: list[dict[str, Any
     assert doubled == [], f"rows committed twice: {doubled[:10]}"
     assert sorted(ids) == sorted(acked), f"lost: {sorted(set(acked) - set(ids))[:10]}, " \
                                          f"never acknowledged: {sorted(set(ids) - set(acked))[:10]}"
+
+
+def test_four_writers_through_a_stopped_and_a_killed_broker_lose_and_double_nothing(tmp_path: Path) -> None:
+    broker = LocalBroker(tmp_path / "broker")
+    bootstrap = broker.start(port=free_port()).bootstrap_servers
+    topics = fresh_topics(bootstrap)
+    prefix = topics.proposals.removesuffix(".proposals")
+    coord = start_coordinator_process(bootstrap, topics, tmp_path)
+    path = str(tmp_path / "t")
+    stop_file = tmp_path / "stop"
+    writers: list[subprocess.Popen[str]] = []
+    try:
+        with Table(path, bootstrap, topic_prefix=prefix) as t:
+            t.create(pa.schema([("id", pa.int64()), ("writer", pa.int64())]))
+        writers = [_writer(path, bootstrap, prefix, w, stop_file, tmp_path / f"writer-{w}.log") for w in range(WRITERS)]
+        time.sleep(5)
+        broker.stop()  # stopped for 30 s under the four writers
+        time.sleep(30)
+        broker.start()
+        time.sleep(8)
+        broker.kill()  # SIGKILLed, then restarted
+        time.sleep(5)
+        broker.start()
+        time.sleep(8)
+        if coord.proc.poll() is not None:  # a supervisor restarts a coordinator that gave up (exit 4: watchdog)
+            coord = start_coordinator_process(bootstrap, topics, tmp_path)
+        time.sleep(5)
+        stop_file.touch()
+        results = _results(writers, tmp_path)
+    finally:
+        stop_file.touch()
+        for p in writers:
+            if p.poll() is None:
+                p.kill()
+        coord.proc.terminate()
+        coord.proc.wait(60)
+        broker.stop()
+
+    _assert_exactly_the_acknowledged_rows(path, results)
 
 
 def test_four_writers_through_a_relay_killed_three_times_lose_and_double_nothing(kafka_bootstrap: str,

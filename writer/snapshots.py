@@ -1,0 +1,135 @@
+"""A consistent read of several tables: every part of a multi-table transaction, or none of them.
+
+Plain Delta readers see each table's version once it is published, and the parts of one transaction are
+published table by table. Atomic visibility comes from the commits topic instead: one point of its partition
+(its read_committed end when the read starts) orders every ratified version, and a transaction's parts are
+consecutive records of one Kafka transaction there. Each table is read at its newest version ratified before
+that point: its newest published version (listed before the point is taken, so before it) moved forward by
+the ratified versions after it, read from the commits topic (`Snapshot.with_commits`), so nothing waits on
+publication. The point is moved past any transaction whose parts it would split.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from reader.ratified import SCAN_MARGIN_MS, RatifiedReadError
+from reader.snapshot import Snapshot
+from reader.staged_commits import resolve_decision
+from schemas.actions import Action, CommitInfo
+from schemas.codec import decode_decision
+from schemas.messages import TRANSACTION_KEY
+from schemas.routing import H_TABLE_ID, H_VERSION, header
+from writer.client import CoordinatorClient
+from writer.table import Table
+
+
+def snapshots(tables: Sequence[Table | str], bootstrap_servers: str | None = None, *,
+              storage_options: Mapping[str, str] | None = None, timeout_s: float = 30.0,
+              client: CoordinatorClient | None = None, **kafka_config: Any) -> list[Snapshot]:
+    """Snapshots of `tables` (handles, or locations whose table id is their location) at one point of the order
+    of commits: a multi-table transaction is in all of them or in none. Versions ratified but not yet published
+    are included (read from the commits topic)."""
+    if not tables:
+        return []
+    own = client is None and not all(isinstance(t, Table) for t in tables)
+    if own:
+        client = CoordinatorClient(bootstrap_servers, coordinator_check=False, **kafka_config)
+    try:
+        handles = [t if isinstance(t, Table) else Table(t, client=client, storage_options=storage_options)
+                   for t in tables]
+        return _snapshots(handles, client, timeout_s)
+    finally:
+        if own and client is not None:
+            client.close()
+
+
+def _snapshots(handles: Sequence[Table], client: CoordinatorClient | None, timeout_s: float) -> list[Snapshot]:
+    if len({t.table_id for t in handles}) != len(handles):
+        raise ValueError("snapshots(): a table is named twice")
+    kc = client or handles[0].client
+    published = {t.table_id: Snapshot.load(t.uri, storage_options=t.storage_options) for t in handles}
+    by_partition: dict[int, list[Table]] = {}
+    for t in handles:
+        by_partition.setdefault(kc.partition_of(t.table_id), []).append(t)
+    out: dict[str, Snapshot] = {}
+    for partition, group in by_partition.items():
+        ratified = _scan(kc, partition, {t.table_id: published[t.table_id] for t in group}, timeout_s)
+        for t in group:
+            commits = ratified.get(t.table_id, {})
+            snap = published[t.table_id]
+            after: list[tuple[int, tuple[Action, ...]]] = []
+            for v in sorted(commits):
+                if v != snap.version + 1 + len(after):
+                    break
+                after.append((v, commits[v]))
+            out[t.table_id] = snap.with_commits(after)
+    return [out[t.table_id] for t in handles]
+
+
+def _scan(kc: CoordinatorClient, partition: int, published: Mapping[str, Snapshot],
+          timeout_s: float) -> dict[str, dict[int, tuple[Action, ...]]]:
+    """Per table id, its versions after the published one that were ratified before this partition's point."""
+    topic = kc.topics.commits
+    conf = {k: v for k, v in kc._conf.items()}
+    c = Consumer({**conf, "group.id": f"deltacoord-snapshots-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False,
+                  "isolation.level": "read_committed"})
+    try:
+        tp = TopicPartition(topic, partition)
+        low, high = c.get_watermark_offsets(tp, timeout=timeout_s)
+        if high <= low:
+            return {}
+        stamps = [s._commit_info_ms() for s in published.values()]
+        start = low
+        if stamps and min(stamps) > 0:
+            (found,) = c.offsets_for_times([TopicPartition(topic, partition, max(0, min(stamps) - SCAN_MARGIN_MS))],
+                                           timeout=timeout_s)
+            if found.offset < 0:
+                return {}
+            start = max(low, found.offset)
+        c.assign([TopicPartition(topic, partition, start)])
+        wanted = {tid.encode(): tid for tid in published}
+        out: dict[str, dict[int, tuple[Action, ...]]] = {}
+        end = high  # the point: moved past a transaction it would split
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for m in c.consume(500, 0.1):
+                err = m.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise KafkaException(err)
+                    continue
+                offset = m.offset()
+                tid = wanted.get(header(m, H_TABLE_ID) or b"")
+                raw_version = header(m, H_VERSION)
+                value = m.value()
+                if offset is None or offset >= end or tid is None or raw_version is None or value is None:
+                    continue
+                if int(raw_version) <= published[tid].version:
+                    continue
+                d = decode_decision(value)
+                if not d.holds_version:
+                    continue
+                info = d.actions[0] if d.actions and isinstance(d.actions[0], CommitInfo) else None
+                tx = info.values.get(TRANSACTION_KEY) if info is not None else None
+                if isinstance(tx, dict) and isinstance(tx.get("tables"), list) and tid in tx["tables"]:
+                    # The parts are consecutive records: the point may not fall among them.
+                    end = max(end, offset - tx["tables"].index(tid) + len(tx["tables"]))
+                if d.staged is not None:
+                    d = resolve_decision(published[tid].storage, d)
+                out.setdefault(tid, {})[int(raw_version)] = d.actions
+            if c.position([tp])[0].offset >= end:
+                return out
+            if time.monotonic() > deadline:
+                raise RatifiedReadError(f"{topic} partition {partition} was not read to offset {end} within "
+                                        f"{timeout_s:.0f}s (an open transaction holds read_committed readers back)")
+    finally:
+        c.close()
+
+
+__all__ = ["snapshots"]
