@@ -246,11 +246,23 @@ class Transaction:
         return dataclasses.replace(p, actions=(), staged=ref)
 
     def _delete_staged(self) -> None:
-        delete_staged(self.table.storage, self.staged)
-        for key in self.staged_keys:
-            with contextlib.suppress(FileNotFoundError):
-                self.table.storage.delete(key)
+        self._delete_files(self.staged, self.staged_keys)
         self._delete_staged_commit()
+
+    def _delete_files(self, adds: Iterable[AddFile | AddCDCFile], keys: Iterable[str]) -> None:
+        """Best effort: a file left behind is referenced by no version and VACUUM removes it, while a store that
+        does not answer (an outage) must not turn the call's answer (a rejection, a refused send, a commit) into
+        a storage error."""
+        adds, keys = list(adds), list(keys)
+        try:
+            delete_staged(self.table.storage, adds)
+            for key in keys:
+                with contextlib.suppress(FileNotFoundError):
+                    self.table.storage.delete(key)
+        except (StorageError, OSError) as e:
+            log.warning("could not delete the %d file(s) staged for proposal %s under %s (%s); they are referenced "
+                        "by no version and VACUUM removes them", len(adds) + len(keys), self.proposal_id,
+                        self.table.uri, e)
 
     def _delete_staged_commit(self) -> None:
         """The staged actions are read by the coordinator before it decides: after a decision they go."""
@@ -402,11 +414,7 @@ class Transaction:
             duplicate = True  # committed by an earlier attempt, with files of its own
         if not duplicate:
             return False
-        delete_staged(self.table.storage, [a for a in self.staged if a.path not in paths])
-        for key in self.staged_keys:
-            if key not in dv_keys:
-                with contextlib.suppress(FileNotFoundError):
-                    self.table.storage.delete(key)
+        self._delete_files([a for a in self.staged if a.path not in paths], [k for k in self.staged_keys if k not in dv_keys])
         return True
 
     def _await_publication(self, pending: Pending, version: int, *, notice: bool) -> None:

@@ -35,7 +35,21 @@ over the tables. While they run, a controller injects faults at random moments
 * **writer SIGKILL** after proposing and before hearing the decision (the
   writer records the delivered proposal, then kills itself): its proposal must
   still get exactly one decision, found on the commits topic. A replacement
-  writer process carries on with the remaining transactions.
+  writer process carries on with the remaining transactions;
+* **relay SIGKILL**: some writers (``--relay-writers``, by default half of
+  them) commit through a relay process (`services.RelayProcess`); it is
+  SIGKILLed and a new one started on the same socket. A commit call of theirs
+  either says the proposal never reached Kafka (``not_sent``: it must have no
+  decision) or that its outcome is unknown, and then the writer retries it with
+  the same proposal id until it has an answer (as writers are told to; the
+  checker accepts the coordinator's repeat of the id's first decision);
+* **store outage** (``--storage s3``: the tables live in a bucket of a local
+  S3 server, versitygw): the owner is paused a moment so proposals pile up,
+  the S3 server is stopped, the owner resumed (it decides with no store: it
+  must hold publication, or refuse with the retryable STORAGE_UNAVAILABLE),
+  and after ``--store-outage-seconds`` the server restarts on the same port
+  with the same data; ``store_outage_log`` says how many commit records were
+  written and versions published meanwhile, and when publication resumed.
 
 A liveness watchdog plays the part of the deployment's livenessProbe, faster:
 when proposals are pending and the commits partition has not grown for 20 s,
@@ -64,6 +78,15 @@ to 2 and leader kills and isolations are refused. Other options:
 short run spans the slow faults), ``--seed``, ``--workdir`` (kept for
 inspection: histories, coordinator logs, the broker or cluster, tables) and
 ``--bootstrap-servers`` (an external broker; then ``--broker-restarts 0``).
+
+With relay kills and store outages, on three brokers (about 6 minutes for 1,000 transactions)::
+
+    .venv/bin/python -m tests.history.chaos --brokers 3 --writers 8 --transactions 1000 \\
+        --coordinator-kills 30 --leader-kills 4 --isolations 2 --zombies 2 \\
+        --relay-kills 6 --storage s3 --store-outages 3 --store-outage-seconds 15
+
+The report's ``commit_calls`` counts what the writers' commit calls raised before an answer (by kind:
+``unknown``, ``not_sent``, ``other``; any ``other`` is a finding) and the calls retried with the same id.
 """
 
 from __future__ import annotations
@@ -80,6 +103,7 @@ import signal
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,10 +119,14 @@ from coordinator.kafka.recovery import read_decisions
 from coordinator.kafka.topics import describe_topic_config
 from coordinator.settings import KAFKA_ENV_PREFIX, CoordinatorSettings
 from coordinator.tooling.broker import LocalBroker, LocalCluster
+from coordinator.tooling.storage_servers import S3Server
+from reader.storage import TableStorage
+from reader.storage_uri import StorageError
 from schemas.messages import Decision
 from schemas.routing import Topics
 from tests.history.checker import Report, Row, check_history, decision_record, decisions_for, txns_from_records
 from tests.history.netpath import MODES, NetPath, close_paths, start_cluster_with_paths
+from tests.history.services import RelayProcess, StoreOutage, relay_socket_path
 from tests.history.workload import TableSpec, WriterConfig, create_table, read_jsonl, writer_main
 from tests.integration.coord_harness import (
     CoordinatorProcess,
@@ -108,6 +136,7 @@ from tests.integration.coord_harness import (
 )
 
 ISOLATION_LEVELS = ("Serializable", "WriteSerializable")
+STORAGES = ("local", "s3")
 FAULT_POINTS = ("after_decide", "after_kafka_commit")
 
 
@@ -163,6 +192,22 @@ class ChaosConfig:
     takeover_timeout_s: float = 120.0
     #: Mean pause of a writer between its transactions (see `WriterConfig.think_s`).
     writer_think_s: float = 0.0
+    #: SIGKILLs of the writers' relay, each followed by a restart on the same socket.
+    relay_kills: int = 0
+    #: Writers that commit through the relay (the others reach Kafka directly); None: half of them when
+    #: the relay is killed, none otherwise.
+    relay_writers: int | None = None
+    #: Outages of the S3 server holding the tables (needs ``storage == "s3"``): stopped, restarted after
+    #: `store_outage_s` on the same port with the same data.
+    store_outages: int = 0
+    store_outage_s: float = 10.0
+    #: Where the tables live: "local" (a directory) or "s3" (a bucket of the run's local S3 server).
+    storage: str = "local"
+
+    def writers_through_relay(self) -> int:
+        if self.relay_writers is not None:
+            return min(self.relay_writers, self.writers)
+        return max(1, self.writers // 2) if self.relay_kills else 0
 
 
 @dataclass
@@ -188,6 +233,10 @@ class FaultLog:
     isolated_unresolved: list[str] = field(default_factory=list)
     racing_coordinators: int = 0
     writer_kills: int = 0
+    relay_kills: int = 0
+    store_outages: int = 0
+    #: "S3 down 10.0s; publication resumed 2.3s after its restart".
+    store_outage_log: list[str] = field(default_factory=list)
     #: Transactions of writers added because faults were still due when the planned ones were done.
     extra_transactions: int = 0
     fenced_exits: int = 0
@@ -212,8 +261,11 @@ class Fleet:
     """
 
     def __init__(self, bootstrap: str, topics: Topics, log_dir: Path, faults: FaultLog,
-                 paths: Mapping[str, NetPath] | None = None, clients: ChaosClients | None = None) -> None:
+                 paths: Mapping[str, NetPath] | None = None, clients: ChaosClients | None = None,
+                 args: Sequence[str] = ()) -> None:
         self.bootstrap = bootstrap
+        #: More `coordinator run` flags (the table roots and storage options of tables on S3).
+        self.args = list(args)
         self.clients = clients or ChaosClients()
         self.topics = topics
         self.log_dir = log_dir
@@ -234,7 +286,7 @@ class Fleet:
         if self.paths and path is None:
             raise ChaosError("every network path is cut: no coordinator can be started")
         bootstrap = self.paths[path].bootstrap if path is not None else self.bootstrap
-        cp = start_coordinator_process(bootstrap, self.topics, self.log_dir, "--partitions", "0",
+        cp = start_coordinator_process(bootstrap, self.topics, self.log_dir, "--partitions", "0", *self.args,
                                        env={**self.clients.coordinator_env(), **(env or {})})
         self.procs.append(cp)
         self._env[cp.proc.pid] = dict(env or {})
@@ -414,6 +466,9 @@ class _Watchdog:
             return False
         return now - self._since > self.stall_s
 
+    def commits_end(self) -> int:
+        return int(self._c.get_watermark_offsets(self._commits, timeout=10)[1])
+
     def close(self) -> None:
         self._c.close()
 
@@ -436,6 +491,8 @@ def _schedule(cfg: ChaosConfig, rng: random.Random, total: int) -> list[tuple[in
     # The slow faults are spread evenly, so each one meets a cluster that recovered from the previous.
     events += [((i + 1) / (cfg.leader_kills + 1) + rng.uniform(-0.03, 0.03), "leader") for i in range(cfg.leader_kills)]
     events += [((i + 1) / (cfg.isolations + 1) + rng.uniform(-0.05, 0.05), "isolate") for i in range(cfg.isolations)]
+    events += [(rng.uniform(0.05, 0.95), "relay") for _ in range(cfg.relay_kills)]
+    events += [((i + 1) / (cfg.store_outages + 1) + rng.uniform(-0.05, 0.05), "store") for i in range(cfg.store_outages)]
     return sorted((max(1, int(f * total)), kind) for f, kind in events)
 
 
@@ -483,11 +540,12 @@ def _wait_topics_ready(bootstrap: str, topics: Topics, kafka: Mapping[str, str],
 
 
 def _wait_published(spec: TableSpec, version: int, timeout_s: float) -> bool:
-    path = Path(spec.uri) / "_delta_log" / f"{version:020d}.json"
+    storage = TableStorage(spec.uri, spec.storage_options, fsync=False)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if path.exists():
-            return True
+        with contextlib.suppress(OSError, StorageError):
+            if storage.exists(f"_delta_log/{version:020d}.json"):
+                return True
         time.sleep(0.2)
     return False
 
@@ -550,9 +608,18 @@ class _DeltaLogWatch:
 class ChaosRun:
     def __init__(self, bootstrap: str, broker: LocalBroker | LocalCluster | None, cfg: ChaosConfig, workdir: Path,
                  paths: Mapping[str, NetPath] | None = None, clients: ChaosClients | None = None,
-                 on_topics: Callable[[Topics], None] | None = None) -> None:
+                 on_topics: Callable[[Topics], None] | None = None, store: StoreOutage | None = None) -> None:
         """`clients`: each role's Kafka settings (default: none, an open broker); `on_topics` is called with the
-        run's topics once they exist (a secured run applies its ACL plan for them there)."""
+        run's topics once they exist (a secured run applies its ACL plan for them there); `store`: the local S3
+        server for ``cfg.storage == "s3"``."""
+        if cfg.storage not in STORAGES:
+            raise ChaosError(f"storage {cfg.storage!r}: choose one of {', '.join(STORAGES)}")
+        if cfg.storage == "s3" and store is None:
+            raise ChaosError("tables on S3 asked for, but no local S3 server was given (the long form starts one "
+                             "with --storage s3)")
+        if cfg.store_outages and cfg.storage != "s3":
+            raise ChaosError(f"{cfg.store_outages} store outage(s) asked for, but the tables are not on the local S3 "
+                             "server: add --storage s3")
         if cfg.broker_restarts and broker is None:
             raise ChaosError(f"{cfg.broker_restarts} broker restart(s) asked for, but the broker is not a LocalBroker "
                              "this run can kill and restart")
@@ -578,9 +645,30 @@ class ChaosRun:
         if on_topics is not None:
             on_topics(self.topics)
         self.prefix = self.topics.proposals.removesuffix(".proposals")
-        self.specs = tuple(TableSpec(str((workdir / f"table-{lvl.lower()}").resolve()), lvl) for lvl in cfg.isolation_levels)
-        self.fleet = Fleet(bootstrap, self.topics, workdir / "coordinators", self.faults, self.paths, self.clients)
-        self._dl_watch = _DeltaLogWatch([spec.uri for spec in self.specs])
+        self.store = store
+        coordinator_args: list[str] = []
+        if store is not None and cfg.storage == "s3":
+            bucket = f"chaos-{uuid.uuid4().hex[:12]}"
+            store.server.create_bucket(bucket)
+            options = tuple(sorted(store.info.storage_options.items()))
+            self.specs = tuple(TableSpec(f"s3://{bucket}/table-{lvl.lower()}", lvl, options)
+                               for lvl in cfg.isolation_levels)
+            # versitygw keeps each object as a plain file under data/<bucket>/<key>: watched there.
+            log_dirs = [str(store.data_dir / bucket / f"table-{lvl.lower()}") for lvl in cfg.isolation_levels]
+            coordinator_args = ["--table-roots", f"s3://{bucket}"]
+            for k, v in options:
+                coordinator_args += ["--storage-option", f"{k}={v}"]
+        else:
+            self.specs = tuple(TableSpec(str((workdir / f"table-{lvl.lower()}").resolve()), lvl)
+                               for lvl in cfg.isolation_levels)
+            log_dirs = [spec.uri for spec in self.specs]
+        self.fleet = Fleet(bootstrap, self.topics, workdir / "coordinators", self.faults, self.paths, self.clients,
+                           coordinator_args)
+        self._dl_watch = _DeltaLogWatch(log_dirs)
+        self.relay: RelayProcess | None = None
+        if cfg.writers_through_relay() or cfg.relay_kills:
+            self.relay = RelayProcess(bootstrap, self.topics, relay_socket_path(), workdir / "relay.log",
+                                      kafka=self.clients.writer)
         self._watchdog = _Watchdog(bootstrap, self.topics, cfg.watchdog_s, self.clients.admin)
         self.ctx = multiprocessing.get_context("spawn")
         self.writers: dict[int, tuple[BaseProcess, WriterConfig]] = {}
@@ -593,11 +681,18 @@ class ChaosRun:
         wc = WriterConfig(writer_id=writer_id, bootstrap=self.bootstrap, topic_prefix=self.prefix, tables=self.specs,
                           transactions=transactions, seed=self.cfg.seed * 1000 + writer_id, out_path=str(out),
                           decision_timeout_s=self.cfg.decision_timeout_s, crash_after_propose_at=crash_at,
-                          think_s=self.cfg.writer_think_s, kafka=dict(self.clients.writer))
+                          think_s=self.cfg.writer_think_s, kafka=dict(self.clients.writer),
+                          relay=self._relay_for(writer_id))
         proc = self.ctx.Process(target=writer_main, args=(wc,), name=f"history-writer-{writer_id}", daemon=True)
         proc.start()
         self.writers[writer_id] = (proc, wc)
         self.history_files.append(out)
+
+    def _relay_for(self, writer_id: int) -> str | None:
+        """The relay socket of writers 0 .. relay_writers - 1 (and of their replacements), else None."""
+        if self.relay is None or writer_id % 100 >= self.cfg.writers_through_relay():
+            return None
+        return self.relay.socket_path
 
     def _check_writers(self) -> None:
         for wid, (proc, wc) in list(self.writers.items()):
@@ -631,6 +726,15 @@ class ChaosRun:
             if left <= 0:
                 return
             time.sleep(min(0.2, left))
+
+    def _pause_running(self, seconds: float) -> None:
+        """`_pause`, starting a coordinator whenever none is alive (one crashed at its fault point meanwhile)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self._pause(min(0.2, max(0.0, deadline - time.monotonic())))
+            self.fleet.ensure_running()
+            if time.monotonic() >= deadline:
+                return
 
     def _await_takeover(self, cp: CoordinatorProcess, of: str) -> None:
         t0 = time.monotonic()
@@ -759,6 +863,69 @@ class ChaosRun:
         self.faults.note("broker restarted")
         self._watchdog.reset()
 
+    def _relay_kill(self) -> None:
+        """SIGKILL the writers' relay and start a new one on the same socket: its writers see unknown outcomes
+        (retried with the same proposal id) or refused sends, and carry on through the new relay."""
+        assert self.relay is not None
+        time.sleep(self.rng.uniform(0, 0.3))
+        self.relay.kill()
+        self.faults.relay_kills += 1
+        self.faults.note("relay SIGKILLed")
+        self._pause(self.rng.uniform(0.2, 2.0))
+        self.relay.start()
+        self.faults.note(f"relay restarted on {self.relay.socket_path}")
+
+    def _store_outage(self) -> None:
+        """Stop the S3 server for `store_outage_s`, start it on the same port and data; note how long after
+        the restart a new `_delta_log` version appears (publication resumed).
+
+        Writers cannot plan without the store (they read the table and stage files there), so only proposals
+        already planned meet the outage. To make sure some do, the owning coordinator is paused for a moment
+        first (writers' proposals pile up) and resumed once the store is down: it decides them with no store
+        to publish to, and must hold their publication until the store is back."""
+        assert self.store is not None
+        owner = self._owner()
+        self.fleet.sigstop(owner)
+        self._pause(self.rng.uniform(1.0, 3.0))
+        before = self._commit_records()
+        self.store.stop()
+        self.fleet.sigcont(owner)
+        self._dl_watch.scan(force=True)  # what it published before the store stopped
+        files = self._dl_watch.files
+        self.faults.note(f"S3 server stopped for {self.cfg.store_outage_s:.0f}s")
+        self._pause_running(self.cfg.store_outage_s)  # the watchdog waits: no store, no progress expected
+        during = self._commit_records() - before
+        self._dl_watch.scan(force=True)
+        published_during = self._dl_watch.files - files
+        self.store.restart()
+        self.faults.store_outages += 1
+        t_up = time.monotonic()
+        self.faults.note(f"S3 server restarted on the same port and data ({during} commit records written and "
+                         f"{published_during} versions published while it was down)")
+        self._watchdog.reset()
+        resumed: str = "none within 120s"
+        while time.monotonic() - t_up < 120:
+            if not self.writers:
+                resumed = "not seen (the writers were done)"
+                break
+            self._dl_watch.scan(force=True)
+            if self._dl_watch.files > files:
+                resumed = f"{time.monotonic() - t_up:.1f}s after its restart"
+                break
+            self._pause_running(0.2)
+            self._liveness()
+        self.faults.store_outage_log.append(f"S3 down {self.cfg.store_outage_s:.1f}s: {during} commit records written, "
+                                            f"{published_during} versions published meanwhile; publication resumed "
+                                            f"{resumed}")
+        self.faults.note(f"publication resumed {resumed}")
+
+    def _commit_records(self) -> int:
+        """The commits partition's end offset (-1 when the broker does not answer in time)."""
+        try:
+            return int(self._watchdog.commits_end())
+        except Exception:
+            return -1
+
     def _race(self) -> None:
         self.fleet.start()
         self.faults.racing_coordinators += 1
@@ -775,7 +942,8 @@ class ChaosRun:
 
     def _fault(self, kind: str) -> None:
         {"kill": self._kill, "sigstop": self._sigstop, "broker": self._broker_restart, "race": self._race,
-         "zombie": self._zombie, "isolate": self._isolate, "leader": self._leader_kill}[kind]()
+         "zombie": self._zombie, "isolate": self._isolate, "leader": self._leader_kill, "relay": self._relay_kill,
+         "store": self._store_outage}[kind]()
         self._watchdog.reset()
 
     # -- the run ------------------------------------------------------------------------------
@@ -785,6 +953,8 @@ class ChaosRun:
         per_writer = math.ceil(cfg.transactions / cfg.writers)
         total = per_writer * cfg.writers
         try:
+            if self.relay is not None:
+                self.relay.start()
             self.fleet.start()
             for spec in self.specs:
                 create_table(spec, self.bootstrap, self.prefix, self.history_files[0], kafka=self.clients.writer)
@@ -835,6 +1005,8 @@ class ChaosRun:
                     proc.kill()
                     proc.join(10)
             self.fleet.stop_all()
+            if self.relay is not None:
+                self.relay.stop()
 
     def _finish(self, t0: float) -> dict[str, Any]:
         for c in self.fleet.alive():
@@ -853,7 +1025,8 @@ class ChaosRun:
         settings = CoordinatorSettings(bootstrap_servers=self.bootstrap, topics=self.topics, group_id=f"{self.prefix}-check",
                                        kafka=dict(self.clients.admin))
         decisions: list[Decision] = list(read_decisions(settings, 0))
-        txns = txns_from_records(read_jsonl([p for p in self.history_files if p.exists()]))
+        records = read_jsonl([p for p in self.history_files if p.exists()])
+        txns = txns_from_records(records)
         self._dl_watch.scan(force=True)
         report: dict[str, Any] = {"drained": drained, "tables": {}, "verify": {}, "cluster": self._replication()}
         reports: list[Report] = []
@@ -870,13 +1043,14 @@ class ChaosRun:
 
             from reader.snapshot import Snapshot
 
-            final = {"deltacoord reader": _rows(Snapshot.load(spec.uri).to_pyarrow()),
-                     "delta-rs": _rows(DeltaTable(spec.uri).to_pyarrow_table())}
+            opts = spec.storage_options
+            final = {"deltacoord reader": _rows(Snapshot.load(spec.uri, storage_options=opts).to_pyarrow()),
+                     "delta-rs": _rows(DeltaTable(spec.uri, storage_options=opts or None).to_pyarrow_table())}
             rep = check_history([t for t in txns if t.table == spec.table_id], decs, spec.isolation, table=spec.uri,
                                 final_rows=final)
             reports.append(rep)
             report["tables"][spec.isolation] = {**rep.summary(), "head": head, "published": published}
-            vr = verify_table(settings, spec.uri, spec.table_id, num_partitions=1)
+            vr = verify_table(settings, spec.uri, spec.table_id, num_partitions=1, storage_options=spec.storage_options)
             report["verify"][spec.isolation] = {"ok": vr.ok, "topic_versions": vr.topic_versions,
                                                 "published_versions": vr.published_versions,
                                                 "rejections": vr.rejections, "problems": vr.problems[:10]}
@@ -891,6 +1065,8 @@ class ChaosRun:
             rejected=dict(sorted(rejected.items())),
             unknown_resolved=dict(sorted(unknown.items())),
             reorderings=sum(r.reorderings for r in reports),
+            repeat_answers=sum(r.repeat_answers for r in reports),
+            commit_calls=_commit_calls(records),
             lost=sum(len(r.lost) for r in reports),
             duplicated=sum(len(r.duplicated) for r in reports),
             anomalies=sum(len(r.anomalies) for r in reports),
@@ -922,11 +1098,29 @@ class ChaosRun:
         return out
 
 
+def _commit_calls(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the writers' commit calls raised before their outcome was known: counts by error, the retries with
+    the same proposal id, and examples of anything else than the documented outcome errors (a finding)."""
+    errors: Counter[str] = Counter()
+    other: list[str] = []
+    retried = 0
+    for r in records:
+        if r.get("type") != "complete":
+            continue
+        retried += int(r.get("attempts", 1)) > 1
+        for e in r.get("errors", ()):
+            kind, _, what = str(e).partition(":")
+            errors[f"{kind}:{what.split(':', 1)[0]}"] += 1
+            if kind not in ("unknown", "not_sent") and len(other) < 10:
+                other.append(f"{r['proposal_id'][:8]}: {what}")
+    return {"errors": dict(sorted(errors.items())), "retried_with_same_id": retried, "other_errors": other}
+
+
 def run_chaos(bootstrap: str, broker: LocalBroker | LocalCluster | None, cfg: ChaosConfig, workdir: Path,
               paths: Mapping[str, NetPath] | None = None, clients: ChaosClients | None = None,
-              on_topics: Callable[[Topics], None] | None = None) -> dict[str, Any]:
+              on_topics: Callable[[Topics], None] | None = None, store: StoreOutage | None = None) -> dict[str, Any]:
     """Run the workload under faults and return the JSON-able report (`report["ok"]` is the verdict)."""
-    return ChaosRun(bootstrap, broker, cfg, workdir, paths, clients, on_topics).run()
+    return ChaosRun(bootstrap, broker, cfg, workdir, paths, clients, on_topics, store).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -945,6 +1139,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--racing", type=int, default=1, help="racing coordinators started on the same partition")
     ap.add_argument("--writer-kills", type=int, default=1)
     ap.add_argument("--writer-think-seconds", type=float, default=0.0, help="mean pause of a writer between transactions")
+    ap.add_argument("--relay-kills", type=int, default=0,
+                    help="SIGKILLs of the writers' relay, each restarted on the same socket")
+    ap.add_argument("--relay-writers", type=int, default=None,
+                    help="writers that commit through the relay (default: half of them with --relay-kills, else none)")
+    ap.add_argument("--storage", choices=STORAGES, default="local",
+                    help="where the tables live: a local directory, or a bucket of a local S3 server (versitygw)")
+    ap.add_argument("--store-outages", type=int, default=0, help="stops of the S3 server (needs --storage s3)")
+    ap.add_argument("--store-outage-seconds", type=float, default=10.0,
+                    help="how long each store outage lasts before the S3 server restarts on the same port and data")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--decision-timeout", type=float, default=30.0)
     ap.add_argument("--bootstrap-servers", default=None, help="an external broker (no broker restarts then)")
@@ -959,18 +1162,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--brokers must be at least 1, not {args.brokers}")
     if args.brokers == 1 and (args.leader_kills or args.isolations):
         ap.error("leader kills and isolations need a cluster: add --brokers 3")
+    if args.store_outages and args.storage != "s3":
+        ap.error("store outages stop the local S3 server holding the tables: add --storage s3")
+    if args.relay_writers is not None and not 0 <= args.relay_writers <= args.writers:
+        ap.error(f"--relay-writers must be between 0 and --writers ({args.writers}), not {args.relay_writers}")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     cfg = ChaosConfig(writers=args.writers, transactions=args.transactions, coordinator_kills=args.coordinator_kills,
                       sigstops=args.sigstops, zombies=args.zombies, broker_restarts=broker_restarts,
                       leader_kills=args.leader_kills, isolations=args.isolations, isolation_s=args.isolation_seconds,
                       racing_coordinators=args.racing, writer_kills=args.writer_kills, seed=seed,
-                      decision_timeout_s=args.decision_timeout, writer_think_s=args.writer_think_seconds)
+                      decision_timeout_s=args.decision_timeout, writer_think_s=args.writer_think_seconds,
+                      relay_kills=args.relay_kills, relay_writers=args.relay_writers, storage=args.storage,
+                      store_outages=args.store_outages, store_outage_s=args.store_outage_seconds)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="deltacoord-history-"))
     workdir.mkdir(parents=True, exist_ok=True)
     broker: LocalBroker | LocalCluster | None = None
     paths: dict[str, NetPath] = {}
     bootstrap = args.bootstrap_servers
+    s3: S3Server | None = None
     try:
+        store: StoreOutage | None = None
+        if args.storage == "s3":
+            s3 = S3Server(home=workdir / "s3-server")
+            s3.start(die_with_parent=True)
+            store = StoreOutage(s3)
         if bootstrap is None and args.brokers > 1:
             broker, paths = start_cluster_with_paths(workdir / "cluster", args.brokers)
             layout = broker.layout()
@@ -979,11 +1194,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif bootstrap is None:
             broker = LocalBroker(home=workdir / "broker")
             bootstrap = broker.start().bootstrap_servers
-        report = run_chaos(bootstrap, broker, cfg, workdir, paths)
+        report = run_chaos(bootstrap, broker, cfg, workdir, paths, store=store)
     finally:
         if broker is not None:
             broker.stop()
         close_paths(paths)
+        if s3 is not None:
+            s3.stop()
     report["seed"] = seed
     print(json.dumps(report, indent=2, sort_keys=True))
     return 0 if report["ok"] else 1

@@ -34,7 +34,13 @@ What is checked (per table):
   WriteSerializable and the SnapshotIsolation downgrade): a rejection whose
   winners (read version + 1 .. head at decision time) fire no check is a
   *false conflict*; one where another check or winner fires first is an
-  anomaly, and so is a commit that should have conflicted.
+  anomaly, and so is a commit that should have conflicted. A STORAGE_UNAVAILABLE
+  refusal (the store did not answer) is counted, not checked: nothing conflicted.
+* **Re-sent ids.** A writer retrying an unknown outcome re-sends its proposal
+  id; the coordinator answers each repeat with the id's first decision. Such
+  repeats are counted (``repeat_answers``); a repeat of an id sent once, or one
+  that differs from the first decision, is an anomaly. A proposal its writer was
+  told never reached Kafka (``not_sent``) must have no decision at all.
 * **Final state.** The row multiset of the replay at the head equals what each
   reader given in `final_rows` sees; row ids are unique.
 """
@@ -48,6 +54,10 @@ from typing import Any
 
 from schemas.actions import AddFile, Metadata, RemoveFile
 from schemas.messages import Decision
+
+#: Refusals that are not conflicts but a documented, retryable answer: the coordinator could not reach the table's
+#: store to check the version it would ratify (`coordinator.kafka.partition`), so it ratified nothing.
+RETRYABLE_REFUSALS = frozenset({"STORAGE_UNAVAILABLE"})
 
 SERIALIZABLE = "Serializable"
 WRITE_SERIALIZABLE = "WriteSerializable"
@@ -92,13 +102,15 @@ class Txn:
     changes_data: bool = True
     writer: int = 0
     seq: int = 0
-    #: committed / rejected / unknown, as the writer saw it.
+    #: committed / rejected / unknown / not_sent (ProposalNotSentError), as the writer saw it.
     outcome: str = "unknown"
     version: int | None = None
     error_type: str | None = None
     winning_version: int | None = None
     #: For unknown outcomes: True when Kafka acknowledged the proposal (it must get a decision).
     delivered: bool | None = None
+    #: Times the writer sent the proposal (a retry of an unknown outcome re-sends it with the same id).
+    attempts: int = 1
 
     @property
     def has_metadata(self) -> bool:
@@ -189,6 +201,7 @@ def txns_from_records(records: Iterable[Mapping[str, Any]]) -> list[Txn]:
             t.winning_version = r.get("winning_version")
             if r.get("delivered") is not None:
                 t.delivered = bool(r["delivered"])
+            t.attempts = int(r.get("attempts", 1))
     return list(txns.values())
 
 
@@ -206,6 +219,8 @@ class Report:
     committed_by_op: Counter[str] = field(default_factory=Counter)
     #: WriteSerializable: committed transactions serialized before a concurrent blind append.
     reorderings: int = 0
+    #: Answers to re-sent proposal ids that repeat the id's first decision (not second decisions).
+    repeat_answers: int = 0
     lost: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     false_conflicts: list[str] = field(default_factory=list)
@@ -220,7 +235,7 @@ class Report:
             "table": self.table, "isolation": self.isolation, "transactions": self.transactions,
             "committed": self.committed, "committed_by_op": dict(sorted(self.committed_by_op.items())),
             "rejected": dict(sorted(self.rejected.items())), "unknown_resolved": dict(sorted(self.unknown_resolved.items())),
-            "reorderings": self.reorderings,
+            "reorderings": self.reorderings, "repeat_answers": self.repeat_answers,
             "lost": len(self.lost), "duplicated": len(self.duplicated), "false_conflicts": len(self.false_conflicts),
             "anomalies": len(self.anomalies),
             "examples": (self.lost + self.duplicated + self.false_conflicts + self.anomalies)[:examples],
@@ -290,6 +305,15 @@ def _fmt_rows(rows: Counter[Row], n: int = 4) -> str:
     return ", ".join(f"(p={p},k={k},v={v})" for p, k, v in items[:n]) + more
 
 
+def _repeats(first: DecisionRec, again: DecisionRec) -> bool:
+    """Whether `again` answers a re-sent proposal id with its first decision: a commit as a duplicate of the
+    first commit's version, a rejection as the same rejection."""
+    if first.committed:
+        return again.committed and again.duplicate_of is not None and again.version == first.version
+    return (not again.committed and again.error_type == first.error_type and again.reason_code == first.reason_code
+            and again.winning_version == first.winning_version)
+
+
 def check_history(txns: Sequence[Txn], decisions: Sequence[DecisionRec], isolation: str, *, table: str = "",
                   final_rows: Mapping[str, Counter[Row]] | None = None) -> Report:
     """Check one table's history; `decisions` are that table's decisions in commits-topic order."""
@@ -315,12 +339,14 @@ def check_history(txns: Sequence[Txn], decisions: Sequence[DecisionRec], isolati
                 rep.duplicated.append(f"version {d.version} decided twice ({order[d.version].proposal_id[:8]} and {d.proposal_id[:8]})")
             order[d.version] = d
             head = max(head, d.version)
-        elif not d.committed:
-            rejections.append((d, head))
+        elif not d.committed and not per_pid[d.proposal_id][:-1]:
+            rejections.append((d, head))  # a re-sent id's later rejections repeat the first (checked below)
     for pid, ds in per_pid.items():
         versions = [d.version for d in ds if d.committed and d.duplicate_of is None]
         if len(versions) > 1:
             rep.duplicated.append(f"proposal {pid[:8]} committed {len(versions)} times (versions {versions})")
+        elif len(ds) > 1 and pid in by_id and by_id[pid].attempts > 1 and all(_repeats(ds[0], d) for d in ds[1:]):
+            rep.repeat_answers += len(ds) - 1  # the writer re-sent the id: each repeat got the first decision
         elif len(ds) > 1:
             kinds = ["committed" if d.committed and d.duplicate_of is None else "duplicate answer" if d.committed
                      else f"rejected ({d.error_type or d.reason_code})" for d in ds]
@@ -365,6 +391,12 @@ def check_history(txns: Sequence[Txn], decisions: Sequence[DecisionRec], isolati
                 rep.anomalies.append(f"{t.describe()}: the writer was told rejected, the topic committed it at v{first.version}")
             elif first.error_type != t.error_type:
                 rep.anomalies.append(f"{t.describe()}: the writer was told {t.error_type}, the topic says {first.error_type}")
+        elif t.outcome == "not_sent":
+            if first is not None:  # its staged files were deleted when the writer was told so
+                rep.anomalies.append(f"{t.describe()}: the writer was told the proposal never reached Kafka, the topic "
+                                     f"{'committed it at v' + str(first.version) if first.committed else 'rejected it'}")
+            else:
+                rep.unknown_resolved["not sent"] += 1
         else:
             if first is None:
                 if t.delivered:
@@ -463,6 +495,9 @@ def check_history(txns: Sequence[Txn], decisions: Sequence[DecisionRec], isolati
             rep.anomalies.append(f"rejection of proposal {d.proposal_id[:8]} that no writer proposed")
             continue
         t = rejected
+        if d.reason_code in RETRYABLE_REFUSALS:
+            rep.rejected[d.reason_code] += 1
+            continue  # the store did not answer when the batch was decided: refused, to be retried with a new id
         rep.rejected[d.error_type or d.reason_code or "?"] += 1
         if d.error_type not in CONFLICT_TYPES:
             rep.anomalies.append(f"{t.describe()} rejected as invalid: {d.reason_code or d.error_type}")

@@ -358,3 +358,71 @@ def test_records_fold_into_transactions() -> None:
     assert a.read_partitions == {1} and a.read_files == {"p=1/x": ((1, 2),)} and a.removed[0].rows == ((1, 2),)
     assert (a.outcome, a.error_type, a.winning_version) == ("rejected", "ConcurrentAppendException", 5)
     assert b.is_blind and not a.is_blind and b.outcome == "unknown" and b.delivered is True
+
+
+# -- re-sent proposal ids and proposals never sent ---------------------------------------------------------------
+
+
+def _repeat(d: DecisionRec) -> DecisionRec:
+    """The coordinator's answer to a proposal id decided before: its first decision again."""
+    if d.committed:
+        return DecisionRec(d.proposal_id, True, d.version, duplicate_of=d.version)
+    return DecisionRec(d.proposal_id, False, error_type=d.error_type, reason_code=d.reason_code,
+                       winning_version=d.winning_version)
+
+
+def test_a_re_sent_id_answered_with_its_first_decision_is_clean() -> None:
+    """A writer retrying an unknown outcome with the same proposal id gets the first decision again
+    (a commit as a duplicate of its version, a rejection as the same rejection): not a second decision."""
+    h = _base()
+    a = h.append(2, [(5, 50)])
+    h.commit(a)
+    h.decisions.append(_repeat(h.decisions[-1]))
+    stale = h.metadata(0, read_version=2)
+    h.commit(h.metadata(0))  # v4
+    h.reject(stale, "MetadataChangedException", 4)
+    h.decisions.append(_repeat(h.decisions[-1]))
+    a.attempts = stale.attempts = 2
+    rep = h.check()
+    _only(rep)
+    assert rep.repeat_answers == 2 and rep.rejected == Counter({"MetadataChangedException": 1})
+
+
+def test_repeats_the_writer_never_sent_or_that_differ_are_caught() -> None:
+    h = _base()
+    a = h.append(2, [(5, 50)])
+    h.commit(a)
+    h.decisions.append(_repeat(h.decisions[-1]))  # a repeat, but the writer sent the id once
+    b = h.append(3, [(6, 60)])
+    h.commit(b)
+    b.attempts = 2
+    h.decisions.append(DecisionRec(b.proposal_id, True, 3, duplicate_of=3))  # answered with another version
+    rep = h.check()
+    _only(rep, anomalies=2)
+    assert rep.repeat_answers == 0 and all("has 2 decisions" in x for x in rep.anomalies)
+
+
+def test_a_proposal_the_writer_was_told_never_reached_kafka_must_have_no_decision() -> None:
+    """ProposalNotSentError deletes the staged files: a decision for it would reference missing files."""
+    h = _base()
+    sent = h.append(2, [(5, 50)])
+    h.commit(sent, told=False)
+    never = h.append(3, [(6, 60)])
+    sent.outcome = never.outcome = "not_sent"
+    rep = h.check()
+    _only(rep, anomalies=1)
+    assert "never reached Kafka" in rep.anomalies[0] and rep.unknown_resolved == Counter({"not sent": 1})
+
+
+def test_a_storage_unavailable_refusal_is_counted_not_an_anomaly() -> None:
+    """The coordinator refuses a table's proposals while the store does not answer (retryable); an
+    invalid-proposal rejection of another reason stays an anomaly."""
+    h = _base()
+    a, b = h.append(2, [(5, 50)]), h.append(3, [(6, 60)])
+    for t, reason in ((a, "STORAGE_UNAVAILABLE"), (b, "STAGED_COMMIT_INVALID")):
+        t.outcome, t.error_type = "rejected", "InvalidProposalError"
+        h.decisions.append(DecisionRec(t.proposal_id, False, error_type="InvalidProposalError", reason_code=reason))
+    rep = h.check()
+    _only(rep, anomalies=1)
+    assert "STAGED_COMMIT_INVALID" in rep.anomalies[0]
+    assert rep.rejected == Counter({"STORAGE_UNAVAILABLE": 1, "InvalidProposalError": 1})

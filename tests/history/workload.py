@@ -19,8 +19,12 @@ Each transaction appends JSON lines to its writer's file: an ``invoke`` record
 before proposing (proposal id, read version, predicates, the files read with
 their rows, the files added and removed with their rows), then a ``complete``
 record with the outcome the writer saw: ``committed`` (version), ``rejected``
-(conflict class, winning version) or ``unknown`` (no decision in time, or a
-delivery error). A writer configured to crash writes a ``proposed`` record once
+(conflict class, winning version), ``not_sent`` (ProposalNotSentError: it never
+reached Kafka) or ``unknown``. An unknown outcome (CommitOutcomeUnknownError, or
+any other error after sending) is retried with the same proposal id, as writers
+are told to, for up to ``retry_unknown_s``; the record keeps the attempts and
+the errors seen, and ``unknown`` is left only when no retry got an answer. Tables
+live in a local directory or, with storage options, on an object store. A writer configured to crash writes a ``proposed`` record once
 its proposal is delivered and SIGKILLs itself before hearing the decision; that
 transaction has no ``complete`` record and is resolved from the commits topic.
 """
@@ -41,11 +45,18 @@ from typing import Any, TextIO
 from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from reader.snapshot import Snapshot
+from reader.storage import TableStorage
+from reader.storage_uri import normalize_table_uri
 from schemas.actions import AddFile
-from schemas.errors import CommitOutcomeUnknownError, DeltaConcurrentModificationException, InvalidProposalError
+from schemas.errors import (
+    CommitNotPublishedError,
+    CommitOutcomeUnknownError,
+    DeltaConcurrentModificationException,
+    InvalidProposalError,
+    ProposalNotSentError,
+)
 from schemas.routing import Topics
 from writer import staging
 from writer.table import Table
@@ -66,14 +77,24 @@ Rows = list[list[int]]  # [[k, v], ...]
 
 @dataclass(frozen=True)
 class TableSpec:
-    """One table of the run: where it lives and its isolation level."""
+    """One table of the run: where it lives (a local directory, or an object-store URI with its storage
+    options) and its isolation level."""
 
     uri: str
     isolation: str
+    storage: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        return dict(self.storage)
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.uri
 
     @property
     def table_id(self) -> str:
-        return Path(self.uri).resolve().as_uri()
+        return Path(self.uri).resolve().as_uri() if self.is_local else normalize_table_uri(self.uri)
 
 
 @dataclass(frozen=True)
@@ -99,6 +120,10 @@ class WriterConfig:
     weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     #: Other Kafka settings of the writers (on a secured cluster: SASL_SSL as the writers' principal).
     kafka: dict[str, str] = field(default_factory=dict)
+    #: The Unix socket of a relay (`deltacoord relay run`) this writer commits through, or None for Kafka direct.
+    relay: str | None = None
+    #: How long a writer keeps retrying a commit whose outcome is unknown, with the same proposal id.
+    retry_unknown_s: float = 90.0
 
 
 class Recorder:
@@ -124,9 +149,9 @@ def partition_of(add: AddFile) -> int:
     return int(raw)
 
 
-def read_rows(root: Path, add: AddFile) -> Rows:
+def read_rows(storage: TableStorage, add: AddFile) -> Rows:
     """The (k, v) rows of one data file, as stored."""
-    t = pq.read_table(root / unquote(add.path), columns=["k", "v"])
+    t = storage.read_parquet_file(unquote(add.path)).read(columns=["k", "v"])
     return [[int(k), int(v)] for k, v in zip(t.column("k").to_pylist(), t.column("v").to_pylist(), strict=True)]
 
 
@@ -136,7 +161,7 @@ def _file_record(add: AddFile, rows: Rows, data_change: bool | None = None) -> d
     return {"path": add.path, "p": partition_of(add), "rows": rows, "data_change": dc}
 
 
-def _write(root: Path, p: int, rows: Rows, data_change: bool = True) -> list[AddFile]:
+def _write(root: TableStorage, p: int, rows: Rows, data_change: bool = True) -> list[AddFile]:
     data = pa.table({"p": pa.array([p] * len(rows), pa.int32()),
                      "k": pa.array([r[0] for r in rows], pa.int64()),
                      "v": pa.array([r[1] for r in rows], pa.int64())})
@@ -165,7 +190,8 @@ def create_table(spec: TableSpec, bootstrap: str, topic_prefix: str, out_path: s
     # coordinator_check=False: the chaos coordinators own partition 0 statically and join no group, so the
     # writers' check for a coordinator cannot see them.
     with Table(spec.uri, bootstrap, topics=Topics.with_prefix(topic_prefix), writer_name="setup",
-               decision_timeout_s=decision_timeout_s, coordinator_check=False, **(kafka or {})) as t:
+               decision_timeout_s=decision_timeout_s, coordinator_check=False,
+               storage_options=spec.storage_options or None, **(kafka or {})) as t:
         # One transaction per version, as the checker replays them (coalesced versions are checked in
         # tests/integration/test_coalescing.py).
         props = {ISOLATION_KEY: spec.isolation, COUNTER_KEY: "0", "delta.checkpointInterval": "10",
@@ -191,7 +217,7 @@ class _Workload:
         self.tables = [
             Table(s.uri, cfg.bootstrap, topics=topics, writer_name=f"w{cfg.writer_id}",
                   decision_timeout_s=cfg.decision_timeout_s, publish_timeout_s=cfg.publish_timeout_s,
-                  coordinator_check=False, **cfg.kafka)  # static coordinators (see create_table)
+                  coordinator_check=False, storage_options=s.storage_options or None, relay=cfg.relay, **cfg.kafka)  # static coordinators (see create_table)
             for s in cfg.tables
         ]
         self.specs = list(cfg.tables)
@@ -206,7 +232,7 @@ class _Workload:
         snap = table.snapshot()
         if snap.version > 0 and self.rng.random() < self.cfg.stale_probability:
             back = self.rng.randint(1, 3)
-            snap = Snapshot.load(table.uri, version=max(0, snap.version - back))
+            snap = Snapshot.load(table.uri, version=max(0, snap.version - back), storage_options=table.storage_options)
         return snap
 
     # -- operations -------------------------------------------------------------------
@@ -221,7 +247,7 @@ class _Workload:
         rec = self._base(table, snap, tx, "append", seq)
         for p in self.rng.sample(range(NUM_PARTITIONS), self.rng.choice((1, 1, 2))):
             rows = [[self.new_key(), self.rng.randint(0, 999)] for _ in range(self.rng.randint(1, 3))]
-            adds = _write(table.root, p, rows)
+            adds = _write(table.storage, p, rows)
             tx.stage(adds)
             rec["added"] += [_file_record(a, rows) for a in adds]
         params = {"mode": "Append", "partitionBy": [PARTITION_COLUMN]}
@@ -231,7 +257,7 @@ class _Workload:
                          parts: Sequence[int]) -> list[tuple[AddFile, Rows]]:
         files = [a for a in snap.files() if partition_of(a) in parts]
         tx.read_files_from(files)
-        out = [(a, read_rows(table.root, a)) for a in files]
+        out = [(a, read_rows(table.storage, a)) for a in files]
         rec["read_partitions"] = sorted(parts)
         rec["read_files"] = {a.path: rows for a, rows in out}
         return out
@@ -250,7 +276,7 @@ class _Workload:
             new_rows = [[k, v + 1] for k, v in rows]
             tx.remove(add)
             rec["removed"].append(_file_record(add, rows, data_change=True))
-            adds = _write(table.root, partition_of(add), new_rows)
+            adds = _write(table.storage, partition_of(add), new_rows)
             tx.stage(adds)
             rec["added"] += [_file_record(a, new_rows) for a in adds]
         return Planned(tx, "UPDATE", True, {"predicate": json.dumps([pred])}, rec)
@@ -275,7 +301,7 @@ class _Workload:
             rec["removed"].append(_file_record(add, rows, data_change=True))
             kept = [[k, v] for k, v in rows if k not in victims]
             if kept:
-                adds = _write(table.root, part, kept)
+                adds = _write(table.storage, part, kept)
                 tx.stage(adds)
                 rec["added"] += [_file_record(a, kept) for a in adds]
         return Planned(tx, "DELETE", True, {"predicate": json.dumps([pred])}, rec)
@@ -296,7 +322,7 @@ class _Workload:
             tx.remove(add, data_change=False)
             rec["removed"].append(_file_record(add, rows, data_change=False))
             merged += rows
-        adds = _write(table.root, part, merged, data_change=False)
+        adds = _write(table.storage, part, merged, data_change=False)
         tx.stage(adds)
         rec["added"] += [_file_record(a, merged) for a in adds]
         rec["changes_data"] = False
@@ -357,23 +383,50 @@ class _Workload:
                 time.sleep(self.rng.uniform(0, 2 * self.cfg.think_s))
 
     def commit(self, table: Table, planned: Planned) -> dict[str, Any]:
+        """Commit, and while the outcome is unknown retry the same transaction (the same proposal id, which
+        commits at most once) for up to `retry_unknown_s`, as a writer is told to; record what it was told."""
         pid = planned.tx.proposal_id
         out: dict[str, Any] = {"type": "complete", "proposal_id": pid}
-        try:
-            res = planned.tx.commit(planned.operation, changes_data=planned.changes_data, parameters=planned.parameters)
-            out.update(outcome="committed", version=res.version, already_committed=res.already_committed)
-        except DeltaConcurrentModificationException as e:
-            out.update(outcome="rejected", error_type=type(e).__name__, winning_version=e.winning_version)
-        except InvalidProposalError as e:
-            out.update(outcome="rejected", error_type="InvalidProposalError", reason_code=e.reason, error=str(e))
-        except CommitOutcomeUnknownError as e:
-            # Delivered, but no decision in time: it may still commit.
-            out.update(outcome="unknown", delivered=True, error=str(e))
+        errors: list[str] = []
+        delivered = False
+        deadline = time.monotonic() + self.cfg.retry_unknown_s
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                res = planned.tx.commit(planned.operation, changes_data=planned.changes_data,
+                                        parameters=planned.parameters)
+                out.update(outcome="committed", version=res.version, already_committed=res.already_committed)
+                break
+            except DeltaConcurrentModificationException as e:
+                out.update(outcome="rejected", error_type=type(e).__name__, winning_version=e.winning_version)
+                break
+            except InvalidProposalError as e:
+                out.update(outcome="rejected", error_type="InvalidProposalError", reason_code=e.reason, error=str(e))
+                break
+            except CommitNotPublishedError as e:  # ratified, not visible yet: committed, never retried
+                out.update(outcome="committed", version=e.version, published=False, error=str(e))
+                break
+            except ProposalNotSentError as e:
+                errors.append(f"not_sent:{type(e).__name__}")
+                if attempts == 1:  # never reached Kafka: its staged files are gone, it cannot commit
+                    out.update(outcome="not_sent", error=str(e))
+                    time.sleep(self.rng.uniform(0.5, 1.5))  # e.g. the relay restarting: back off a little
+                    break
+            except CommitOutcomeUnknownError as e:
+                errors.append(f"unknown:{type(e).__name__}")
+                # Without a word on delivery, Kafka had acknowledged it: it must get a decision.
+                delivered = delivered or "deliver" not in e.summary
+                if e.proposal_id != pid:
+                    errors.append(f"other:CommitOutcomeUnknownError naming {e.proposal_id}, not {pid}")
+            except Exception as e:  # neither an outcome nor one of the documented errors: kept for the report
+                errors.append(f"other:{type(e).__name__}: {str(e)[:200]}")
             table.invalidate()
-        except Exception as e:  # delivery failure or timeout: the proposal may or may not be in Kafka
-            out.update(outcome="unknown", delivered=False, error=repr(e))
-            table.invalidate()
-        out["t"] = time.time()
+            if time.monotonic() >= deadline:
+                out.update(outcome="unknown", delivered=delivered, error=errors[-1])
+                break
+            time.sleep(self.rng.uniform(0.5, 1.5))
+        out.update(attempts=attempts, errors=errors, t=time.time())
         return out
 
     def crash(self, table: Table, planned: Planned) -> None:
