@@ -12,8 +12,9 @@ from click.testing import CliRunner
 from coordinator.tooling.cli import main
 from tests.doc_blocks import PAGES, REPO, RUN_HERE, block, shell_blocks
 
-#: At most this many blocks are illustrative only: a longer list means examples drifting from what runs.
-MAX_NOT_RUN = 6
+#: At most this many blocks are illustrative only: a longer list means examples drifting from what runs. Three
+#: of them are the long chaos forms (minutes to a quarter of an hour each).
+MAX_NOT_RUN = 7
 
 
 def test_every_shell_block_is_run_or_marked_with_a_reason() -> None:
