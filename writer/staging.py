@@ -16,7 +16,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -201,12 +201,13 @@ def write_data_files(
     returns their adds. With a column-mapping `layout` the files, stats and partition values carry
     physical names (`writer.column_mapping`)."""
     now_ms = int(time.time() * 1000)
-    return [
-        AddFile(path=path, partition_values=pvals, size=size, modification_time=now_ms, data_change=data_change,
-                stats=file_stats(chunk, chunk.column_names))
-        for path, pvals, size, chunk in _write_files(root, data, partition_by, layout, "", "part",
-                                                     target_file_size, max_rows_per_file)
-    ]
+    written = _write_files(root, data, partition_by, layout, "", "part", target_file_size, max_rows_per_file)
+    with _deleted_on_error(_storage(root), [unquote(path) for path, _p, _s, _c in written]):
+        return [
+            AddFile(path=path, partition_values=pvals, size=size, modification_time=now_ms, data_change=data_change,
+                    stats=file_stats(chunk, chunk.column_names))
+            for path, pvals, size, chunk in written
+        ]
 
 
 def write_cdc_files(root: Path | TableStorage, changes: pa.Table, partition_by: Sequence[str] = (), *,
@@ -243,20 +244,37 @@ def _write_files(root: Path | TableStorage, data: pa.Table, partition_by: Sequen
         groups = [({}, data)]
     storage = _storage(root)
     physical = layout.physical_name if layout is not None else (lambda c: c)
-    for key, part in groups:
-        pvals = {physical(c): serialize_partition_value(key[c]) for c in partition_by}
-        dirs = [f"{_hive_escape(physical(c))}={_dir_value(pvals[physical(c)])}" for c in partition_by]
-        rel_dir = "/".join([prefix, *dirs] if prefix else dirs)
-        rows_per_file = _rows_per_file(part, target_file_size, max_rows_per_file)
-        for start in range(0, part.num_rows, rows_per_file):
-            chunk = part.slice(start, rows_per_file).select(data_cols)
-            if layout is not None:
-                chunk = layout.to_physical(chunk)
-            name = f"{kind}-00000-{uuid.uuid4()}-c000.snappy.parquet"
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            size = storage.write_parquet(rel, chunk, compression="snappy")
-            out.append((quote(rel, safe="/=-_.~"), pvals, size, chunk))
+    # Each key is listed before its object is written, so an error or Ctrl-C at any moment (the object
+    # stored, its entry not yet made) deletes every file this call wrote: nobody else knows of them yet.
+    stored: list[str] = []
+    with _deleted_on_error(storage, stored):
+        for key, part in groups:
+            pvals = {physical(c): serialize_partition_value(key[c]) for c in partition_by}
+            dirs = [f"{_hive_escape(physical(c))}={_dir_value(pvals[physical(c)])}" for c in partition_by]
+            rel_dir = "/".join([prefix, *dirs] if prefix else dirs)
+            rows_per_file = _rows_per_file(part, target_file_size, max_rows_per_file)
+            for start in range(0, part.num_rows, rows_per_file):
+                chunk = part.slice(start, rows_per_file).select(data_cols)
+                if layout is not None:
+                    chunk = layout.to_physical(chunk)
+                name = f"{kind}-00000-{uuid.uuid4()}-c000.snappy.parquet"
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                stored.append(rel)
+                size = storage.write_parquet(rel, chunk, compression="snappy")
+                out.append((quote(rel, safe="/=-_.~"), pvals, size, chunk))
     return out
+
+
+@contextlib.contextmanager
+def _deleted_on_error(storage: TableStorage, keys: Sequence[str]) -> Iterator[None]:
+    """Delete `keys` (best effort; missing ones are fine) when the block raises anything, Ctrl-C included."""
+    try:
+        yield
+    except BaseException:
+        for k in keys:
+            with contextlib.suppress(Exception):
+                storage.delete(k)
+        raise
 
 
 def _rows_per_file(part: pa.Table, target_file_size: int, max_rows_per_file: int | None) -> int:
