@@ -20,7 +20,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -31,6 +30,7 @@ from typing import Any
 
 from coordinator.tooling import broker_security, jars
 from coordinator.tooling.broker_security import BrokerSecurity
+from coordinator.tooling.ports import free_port, port_free
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,10 @@ logger.state.level = WARN
 """
 
 
+#: How the JVM names a port it could not bind ("Socket server failed to bind to 127.0.0.1:42966: ...").
+_BIND_FAILED = re.compile(r"failed to bind to [^\s:]+:(\d+)")
+
+
 class BrokerError(RuntimeError):
     """The local broker could not be started, found or stopped."""
 
@@ -72,22 +76,6 @@ class BrokerInfo:
     log_path: str
     data_dir: str
     home: str
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pid_alive(pid: int) -> bool:
@@ -213,18 +201,18 @@ class LocalBroker:
     def _choose_ports(self, port: int | None) -> tuple[int, int]:
         previous = self._read_state()
         if port is not None:
-            if not _port_free(port):
+            if not port_free(port):
                 raise BrokerError(f"port {port} on 127.0.0.1 is already in use; choose another with --port or stop what holds it")
             want = port
-        elif previous is not None and _port_free(previous.port):
+        elif previous is not None and port_free(previous.port):
             want = previous.port
-        elif _port_free(DEFAULT_PORT):
+        elif port_free(DEFAULT_PORT):
             want = DEFAULT_PORT
         else:
-            want = _free_port()
+            want = free_port()
         cport = previous.controller_port if previous is not None else want + 1
-        if cport == want or not _port_free(cport):
-            cport = _free_port()
+        if cport == want or not port_free(cport):
+            cport = free_port()
         return want, cport
 
     def start(self, port: int | None = None, timeout_s: float = 120.0, fresh: bool = False,
@@ -247,8 +235,8 @@ class LocalBroker:
                 self.security = broker_security.prepare(self.home)
             requested = port
             server_log = self.home / "server.log"
+            port_, cport = self._choose_ports(requested)
             for attempt in range(3):
-                port_, cport = self._choose_ports(requested) if attempt == 0 else (_free_port(), _free_port())
                 self.data_dir.mkdir(parents=True, exist_ok=True)
                 self.config_path.write_text(server_properties(port_, cport, self.data_dir, self.security))
                 log_start = server_log.stat().st_size if server_log.exists() else 0
@@ -258,13 +246,17 @@ class LocalBroker:
                     return info
                 except BrokerError:
                     # Ports are chosen free, then bound seconds later by the JVM: another process may take one in
-                    # between (two test sessions starting together). Unless the port was asked for, take others.
+                    # between (two test sessions starting together). The port asked for is kept (its taker is
+                    # named in the error); any other is replaced.
                     with open(server_log, "rb") as f:
                         f.seek(log_start)
-                        bind_failed = b"Address already in use" in f.read()
-                    if requested is not None or not bind_failed or attempt == 2:
+                        taken = {int(p) for p in _BIND_FAILED.findall(f.read().decode(errors="replace"))}
+                    if not taken or attempt == 2 or (requested is not None and requested in taken):
                         raise
-                    log.info("a port of the broker was taken before it bound it; retrying on other ports")
+                    log.info("port(s) %s of the broker were taken before it bound them; retrying on others",
+                             sorted(taken))
+                    port_ = port_ if requested is not None else free_port()
+                    cport = free_port()
             raise AssertionError("unreachable")
 
     def _launch(self, port: int, cport: int, cluster_id: str | None = None,
@@ -605,11 +597,11 @@ class LocalCluster:
         taken: set[int] = set(p for ports in routes.values() for p in ports)
 
         def pick(want: int | None) -> int:
-            if want is not None and want not in taken and _port_free(want):
+            if want is not None and want not in taken and port_free(want):
                 taken.add(want)
                 return want
             while True:
-                port = _free_port()
+                port = free_port()
                 if port not in taken:
                     taken.add(port)
                     return port
@@ -687,7 +679,7 @@ class LocalCluster:
         return info
 
     def _ports_free(self, layout: ClusterLayout) -> bool:
-        return all(_port_free(p) for n in layout.nodes
+        return all(port_free(p) for n in layout.nodes
                    for p in (n.port, n.controller_port, *(r[0] for r in n.routes.values())))
 
     def start_node(self, node_id: int, timeout_s: float = 120.0) -> BrokerInfo:

@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
+
+from coordinator.tooling.ports import free_port, port_free
 
 VERSITYGW_MODULE = "github.com/versity/versitygw/cmd/versitygw"
 VERSITYGW_VERSION = "v1.8.0"
@@ -242,20 +243,6 @@ class ServerInfo:
     storage_options: dict[str, str]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _pid_alive(pid: int) -> bool:
@@ -353,13 +340,13 @@ class LocalStorageServer:
 
     def _choose_port(self, port: int | None) -> int:
         if port is not None:
-            if not _port_free(port):
+            if not port_free(port):
                 raise StorageServerError(f"port {port} on 127.0.0.1 is in use; choose another port or stop what holds it")
             return port
         previous = self._read_state()
-        if previous is not None and _port_free(previous.port):
+        if previous is not None and port_free(previous.port):
             return previous.port
-        return _free_port()
+        return free_port()
 
     # -- start / stop ---------------------------------------------------------------------------
     def start(self, port: int | None = None, *, timeout_s: float = 120.0, die_with_parent: bool = False) -> ServerInfo:
@@ -376,7 +363,7 @@ class LocalStorageServer:
                 return running
             self.data_dir.mkdir(parents=True, exist_ok=True)
             for attempt in range(_PORT_ATTEMPTS):
-                chosen = self._choose_port(port) if attempt == 0 else _free_port()
+                chosen = self._choose_port(port) if attempt == 0 else free_port()
                 try:
                     return self._start_on(executable, chosen, timeout_s, die_with_parent)
                 except _PortTaken:

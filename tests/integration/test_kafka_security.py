@@ -33,12 +33,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient
 
 from coordinator.settings import KAFKA_ENV_PREFIX
-from coordinator.tooling.broker import LocalBroker, _free_port
+from coordinator.tooling.broker import LocalBroker
 from coordinator.tooling.cli import main as cli_main
 from reader.stream import CommitStream
 from schemas.errors import DeltaConcurrentModificationException, KafkaAccessDeniedError
 from schemas.kafka_logs import KafkaCredentialsError
 from schemas.routing import Topics
+from tests.ports import free_port
 from writer.table import Table
 
 pytestmark = pytest.mark.kafka
@@ -83,7 +84,7 @@ def _cli(*args: str) -> str:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     home = tmp_path_factory.mktemp("secured-broker")
     broker = LocalBroker(home)
-    info = broker.start(port=_free_port(), secure=True)
+    info = broker.start(port=free_port(), secure=True)
     try:
         prefix = f"s{uuid.uuid4().hex[:8]}"
         topics = Topics.with_prefix(prefix)

@@ -22,7 +22,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ from reader.log import resolve_data_path
 from reader.snapshot import Snapshot
 from schemas.routing import Topics
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
+from tests.ports import free_port
 from writer.client import CoordinatorClient
 from writer.table import Table
 
@@ -118,12 +118,6 @@ def test_unwritable_delta_log_lags_then_catches_up(kafka_bootstrap: str, tmp_pat
     assert sorted(DeltaTable(str(root)).to_pyarrow_table().column("id").to_pylist()) == list(range(11))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
 
 def _publish_lag(port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -134,7 +128,7 @@ def _publish_lag(port: int) -> float:
 def test_disk_full_simulated_with_a_file_size_limit(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = fresh_topics(kafka_bootstrap)
     root = (tmp_path / "t").resolve()
-    port = _free_port()
+    port = free_port()
     proc = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", "--no-checkpoints",
                                      "--metrics-port", str(port))
     try:

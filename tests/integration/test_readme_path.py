@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
+
 pytestmark = [pytest.mark.kafka]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,19 +33,12 @@ def _blocks(kind: str) -> list[str]:
     return re.findall(rf"```{kind}\n(.*?)```", section, re.DOTALL)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_the_five_minute_path_runs_as_written(tmp_path: Path) -> None:
     (shell,) = _blocks("bash")
     python_blocks = _blocks("python")
     assert "deltacoord broker start" in shell and "DeltaTable" in shell
     readme_port = re.search(r"127\.0\.0\.1:(\d+)", shell).group(1)  # type: ignore[union-attr]
-    port = _free_port()
+    port = free_port()
     lines = [line for line in shell.splitlines() if not line.startswith(SETUP_LINES)]
     script = ("\n".join(lines).replace("/tmp/", f"{tmp_path}/").replace(f"127.0.0.1:{readme_port}", f"127.0.0.1:{port}")
               .replace("deltacoord broker start", f"deltacoord broker start --port {port}"))

@@ -15,6 +15,7 @@ from coordinator.delta_log.verify import assert_verified, verify_table
 from coordinator.settings import CoordinatorSettings
 from schemas.routing import partition_for
 from tests.integration.coord_harness import fresh_topics, start_coordinator_process
+from tests.ports import free_port
 from writer.table import Table
 
 TABLES = 8
@@ -32,17 +33,9 @@ def _health(port: int) -> dict[str, object]:
     return out
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_survivor_takes_over_the_partitions_of_a_killed_coordinator(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = fresh_topics(kafka_bootstrap, partitions=4)
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     coords = [start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--metrics-port", str(p)) for p in ports]
 
     # Both members of the group own part of the topic before the run starts.
