@@ -405,6 +405,7 @@ def bench_cmd(writers: str, commits_per_writer: str, memory_files: int, bootstra
     """
     from coordinator.tooling.bench import run
 
+    _require_bench_extra(chart=not no_chart)
     if s3_latency_ms and storage != "s3":
         raise click.BadParameter("only with --storage s3", param_hint="--s3-latency-ms")
 
@@ -425,6 +426,17 @@ def bench_cmd(writers: str, commits_per_writer: str, memory_files: int, bootstra
                               bootstrap_servers, warmup_commits_per_writer, storage=storage,
                               chart=None if no_chart else chart, relay=relay, tables=tables,
                               s3_latency_ms=s3_latency_ms)))
+
+
+def _require_bench_extra(*, chart: bool) -> None:
+    """The bench's peer (delta-rs) and its chart (matplotlib) are the `bench` extra, not the daemon's needs:
+    say so before a run of minutes rather than fail at its end."""
+    import importlib.util
+
+    missing = [m for m in ("deltalake", *(("matplotlib",) if chart else ())) if importlib.util.find_spec(m) is None]
+    if missing:
+        hint = " (or --no-chart for no chart)" if missing == ["matplotlib"] else ""
+        raise click.ClickException(f"deltacoord bench needs {' and '.join(missing)}: pip install 'deltacoord[bench]'{hint}")
 
 
 @main.command("demo")

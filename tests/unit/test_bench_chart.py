@@ -35,3 +35,32 @@ def test_png_by_suffix(tmp_path: Path) -> None:
 def test_nothing_to_draw_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no bench runs"):
         write_chart([], tmp_path / "b.svg")
+
+
+@pytest.mark.parametrize(("blocked", "flags", "says"), [
+    (("matplotlib",), [], "deltacoord bench needs matplotlib: pip install 'deltacoord[bench]' (or --no-chart for no chart)"),
+    (("deltalake", "matplotlib"), ["--no-chart"], "deltacoord bench needs deltalake: pip install 'deltacoord[bench]'"),
+])
+def test_the_bench_without_its_extra_says_how_to_install_it_before_running(
+        monkeypatch: pytest.MonkeyPatch, blocked: tuple[str, ...], flags: list[str], says: str) -> None:
+    # The daemon's install has neither delta-rs nor matplotlib (the `bench` extra): one line, before any broker starts.
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    from coordinator.tooling.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in blocked else real(name, *a))
+    result = CliRunner().invoke(main, ["bench", "--writers", "1", *flags])
+    assert result.exit_code == 1
+    assert result.output.strip() == f"Error: {says}"
+
+
+def test_the_daemon_does_not_depend_on_the_bench_extra() -> None:
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"])
+    assert "matplotlib" not in core and "deltalake" not in core
+    assert {"deltalake==1.6.6", "matplotlib>=3.8"} <= set(project["optional-dependencies"]["bench"])
