@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -23,12 +22,12 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.tooling import broker_security, jars
+from coordinator.tooling import broker_security, jars, processes
 from coordinator.tooling.broker_security import BrokerSecurity
 from coordinator.tooling.ports import free_port, port_free
 
@@ -76,21 +75,6 @@ class BrokerInfo:
     log_path: str
     data_dir: str
     home: str
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child counts as dead.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def broker_command(java_bin: str, classpath: str, log4j: Path | str, config_path: Path | str,
@@ -171,14 +155,8 @@ class LocalBroker:
             return None
 
     def _owns(self, pid: int) -> bool:
-        """True if pid is alive and is our JVM (guards against recycled pids)."""
-        if not _pid_alive(pid):
-            return False
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            return False
-        return str(self.config_path).encode() in cmdline
+        """True if pid is our JVM: its command line names this home's config."""
+        return processes.runs_with(pid, self.config_path)
 
     def status(self) -> BrokerInfo | None:
         """The running broker's info, or None if it is not running."""
@@ -187,15 +165,8 @@ class LocalBroker:
             return None
         return info
 
-    @contextlib.contextmanager
-    def _lock(self) -> Iterator[None]:
-        self.home.mkdir(parents=True, exist_ok=True)
-        with open(self.home / ".lock", "w") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def _lock(self) -> contextlib.AbstractContextManager[None]:
+        return processes.file_lock(self.home / ".lock")
 
     # -- start / stop -------------------------------------------------------
     def _choose_ports(self, port: int | None) -> tuple[int, int]:
@@ -295,7 +266,7 @@ class LocalBroker:
         try:
             self._wait_ready(info, proc, timeout_s)
         except BaseException:
-            self._terminate(proc.pid, 10.0)
+            processes.terminate(proc.pid, 10.0)
             self.state_file.unlink(missing_ok=True)
             raise
 
@@ -340,38 +311,20 @@ class LocalBroker:
                 lines += p.read_text(errors="replace").splitlines()[-n:]
         return "\n".join(lines[-n:])
 
-    @staticmethod
-    def _terminate(pid: int, timeout_s: float) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _pid_alive(pid):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            time.sleep(0.2)
-        if _pid_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop the broker and its JVM; False if it was not running."""
         with self._lock():
             info = self.status()
             if info is None:
                 return False
-            self._terminate(info.pid, timeout_s)
+            processes.terminate(info.pid, timeout_s)
             return True
 
     def kill(self) -> None:
         """SIGKILL the broker (fault injection); `start` restarts it on the same ports."""
         info = self.status()
         if info is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(info.pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(info.pid, 0)
+            processes.kill(info.pid)
 
 
 # -- a local cluster ---------------------------------------------------------------------------------
@@ -565,15 +518,8 @@ class LocalCluster:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    @contextlib.contextmanager
-    def _lock(self) -> Iterator[None]:
-        self.home.mkdir(parents=True, exist_ok=True)
-        with open(self.home / ".cluster.lock", "w") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def _lock(self) -> contextlib.AbstractContextManager[None]:
+        return processes.file_lock(self.home / ".cluster.lock")
 
     # -- state ----------------------------------------------------------------------------------------
     def status(self) -> ClusterInfo | None:
@@ -670,7 +616,7 @@ class LocalCluster:
                     node._await_ready(binfo, proc, max(1.0, deadline - time.monotonic()))
             except BaseException:
                 for node, proc, _info in started:
-                    node._terminate(proc.pid, 10.0)
+                    processes.terminate(proc.pid, 10.0)
                     node.state_file.unlink(missing_ok=True)
                 raise
         info = self.status()
@@ -721,7 +667,7 @@ class LocalCluster:
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for pid in pids:
-            LocalBroker._terminate(pid, max(0.1, deadline - time.monotonic()))
+            processes.terminate(pid, max(0.1, deadline - time.monotonic()))
         return bool(pids)
 
     # -- what clients see -----------------------------------------------------------------------------

@@ -11,9 +11,11 @@ from typing import Any
 import click
 
 from coordinator.settings import env_var
+from coordinator.tooling import broker as broker_module
 from coordinator.tooling import jars
 from coordinator.tooling.broker import BrokerError, LocalBroker, LocalCluster
 from coordinator.tooling.cli_options import KafkaUnreachable, load_settings
+from coordinator.tooling.ports import port_free
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -122,6 +124,10 @@ def broker_start(broker: LocalBroker, port: int | None, brokers: int, fresh: boo
         raise click.ClickException(str(e)) from e
     click.echo(f"broker running at {info.bootstrap_servers} (pid {info.pid}, log {info.log_path})"
                + (" with SASL_SSL and ACLs" if broker.security is not None else ""))
+    if port is None and info.port != broker_module.DEFAULT_PORT and not port_free(broker_module.DEFAULT_PORT):
+        # Clients that assume the default (the docs export 127.0.0.1:19092) would reach whatever holds it.
+        click.echo(f"note: 127.0.0.1:{broker_module.DEFAULT_PORT} is held by another process, so this broker listens on "
+                   f"{info.bootstrap_servers}: export DELTACOORD_BOOTSTRAP_SERVERS={info.bootstrap_servers}", err=True)
 
 
 @broker_group.command("stop")

@@ -21,25 +21,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import datetime
-import fcntl
 import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from coordinator.tooling import processes
 from coordinator.tooling.ports import free_port, port_free
 
 VERSITYGW_MODULE = "github.com/versity/versitygw/cmd/versitygw"
@@ -93,17 +91,6 @@ def deploy_dir() -> Path:
 # -- installing ---------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _content_key(*files: Path) -> str:
     digest = hashlib.sha256()
     for f in files:
@@ -150,7 +137,7 @@ class Artifact:
         """Install unless cached; atomic (built in a temp dir, then renamed) and safe across processes."""
         if self.is_installed():
             return self.path
-        with _file_lock(servers_cache() / f".{self.name}.lock"):
+        with processes.file_lock(servers_cache() / f".{self.name}.lock"):
             if self.is_installed():
                 return self.path
             if not quiet:
@@ -245,26 +232,6 @@ class ServerInfo:
 
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _die_with_parent() -> None:
-    """Run in the child before exec: SIGTERM when the starting process dies (Linux prctl)."""
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-
-
 def _http_status(url: str, timeout_s: float = 2.0) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
@@ -316,14 +283,8 @@ class LocalStorageServer:
             return None
 
     def _owns(self, pid: int) -> bool:
-        """pid is alive and runs from this home (guards against recycled pids)."""
-        if not _pid_alive(pid):
-            return False
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            return False
-        return str(self.data_dir).encode() in cmdline
+        """pid is our server: its command line names this home's data folder."""
+        return processes.runs_with(pid, self.data_dir)
 
     def status(self) -> ServerInfo | None:
         """The running server's info, or None when it does not run."""
@@ -357,7 +318,7 @@ class LocalStorageServer:
         """
         executable = self.artifact().ensure()
         self.home.mkdir(parents=True, exist_ok=True)
-        with _file_lock(self.home / ".lock"):
+        with processes.file_lock(self.home / ".lock"):
             running = self.status()
             if running is not None:
                 return running
@@ -377,7 +338,7 @@ class LocalStorageServer:
             proc = subprocess.Popen(
                 self.command(executable, port), cwd=self.home, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=_die_with_parent if die_with_parent else None,
+                preexec_fn=processes.die_with_parent if die_with_parent else None,
             )
         endpoint = self.endpoint(port)
         info = ServerInfo(
@@ -388,7 +349,7 @@ class LocalStorageServer:
         try:
             self._wait_ready(info, proc, timeout_s)
         except BaseException as e:
-            self._terminate(proc.pid, 10.0)
+            processes.terminate(proc.pid, 10.0)
             self.state_file.unlink(missing_ok=True)
             if isinstance(e, StorageServerError) and proc.poll() is not None and self._log_says_port_taken(log_start):
                 raise _PortTaken from e
@@ -423,29 +384,14 @@ class LocalStorageServer:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         return "(no log)"
 
-    @staticmethod
-    def _terminate(pid: int, timeout_s: float) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _pid_alive(pid):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            time.sleep(0.1)
-        if _pid_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop the server; False if it was not running."""
         self.home.mkdir(parents=True, exist_ok=True)
-        with _file_lock(self.home / ".lock"):
+        with processes.file_lock(self.home / ".lock"):
             info = self.status()
             if info is None:
                 return False
-            self._terminate(info.pid, timeout_s)
+            processes.terminate(info.pid, timeout_s)
             return True
 
 

@@ -122,3 +122,27 @@ def test_a_port_taken_between_choosing_and_binding_is_retried_on_other_ports(
             assert f"failed to bind to 127.0.0.1:{held}" in (tmp_path / "broker" / "server.log").read_text()
         finally:
             b.stop()
+
+
+def test_a_broker_that_cannot_have_the_default_port_says_where_it_listens(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # The docs export 127.0.0.1:19092; when something else holds it, the start says in one line where to point.
+    from click.testing import CliRunner
+
+    from coordinator.tooling import broker as broker_mod
+    from coordinator.tooling.cli import main
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", free_port()))
+        held.listen()
+        default = held.getsockname()[1]
+        monkeypatch.setattr(broker_mod, "DEFAULT_PORT", default)
+        result = CliRunner().invoke(main, ["broker", "--home", str(tmp_path / "b"), "start"])
+        try:
+            assert result.exit_code == 0, result.output
+            info = broker_mod.LocalBroker(tmp_path / "b").status()
+            assert info is not None and info.port != default
+            assert (f"note: 127.0.0.1:{default} is held by another process, so this broker listens on "
+                    f"{info.bootstrap_servers}: export DELTACOORD_BOOTSTRAP_SERVERS={info.bootstrap_servers}") in result.output
+        finally:
+            broker_mod.LocalBroker(tmp_path / "b").stop()
