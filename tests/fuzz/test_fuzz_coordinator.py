@@ -181,7 +181,6 @@ def test_hostile_barrage_is_answered_and_never_stops_the_coordinator(kafka_boots
         messages = _build(random.Random(SEED), ctx, HOSTILE_COUNT)
         build_s = time.monotonic() - t0
         assert len(messages) == HOSTILE_COUNT
-        assert build_s < 30, f"building {HOSTILE_COUNT} hostile messages took {build_s:.1f}s"
 
         # Valid appends interleaved with the barrage, from another thread.
         errors: list[BaseException] = []
@@ -265,8 +264,8 @@ def test_hostile_barrage_is_answered_and_never_stops_the_coordinator(kafka_boots
 
     assert sorted(DeltaTable(str(root)).to_pyarrow_table().column("id").to_pylist()) == expected_ids
     total_s = time.monotonic() - t_start
+    # Reported, never asserted: the machine's load sets these (a loaded CI took 36 s to build the messages).
     print(f"built {HOSTILE_COUNT} in {build_s:.1f}s, produced in {produce_s:.1f}s, whole test {total_s:.1f}s")
-    assert total_s < 120, f"the barrage test took {total_s:.0f}s"
 
 
 # --------------------------------------------------------------------------- commitInfo is bounded

@@ -108,7 +108,7 @@ def test_a_stop_leaves_an_unreadable_decision_unpublished(tmp_path: Path, monkey
     p.start()
     p.submit(_task(tmp_path, 0, 3))
     started = time.monotonic()
-    p.stop(timeout_s=10)
-    assert time.monotonic() - started < 5
+    p.stop(timeout_s=120)
+    assert time.monotonic() - started < 60  # it gave up after STOP_WAIT_S, far from waiting out its timeout
     assert not commit_path(tmp_path, 0).exists()
     assert p.published_version("t") == -1 and p.tables["t"].ratified == 0  # reported as unpublished at exit
