@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from reader.log import LogFile, data_object, parse_commit_lines
 from reader.storage import StorageError, StoredObject, stored_object
+from schemas import arrow_types
 from schemas.actions import (
     Action,
     AddFile,
@@ -137,36 +138,9 @@ class CheckpointReadError(ValueError):
 # --------------------------------------------------------------------------- Spark schema JSON
 
 
-def _spark_type(t: pa.DataType) -> Any:
-    if pa.types.is_struct(t):
-        return {
-            "type": "struct",
-            "fields": [
-                {"name": f.name, "type": _spark_type(f.type), "nullable": True, "metadata": {}} for f in t
-            ],
-        }
-    if pa.types.is_map(t):
-        return {"type": "map", "keyType": _spark_type(t.key_type), "valueType": _spark_type(t.item_type),
-                "valueContainsNull": True}
-    if pa.types.is_list(t):
-        return {"type": "array", "elementType": _spark_type(t.value_type), "containsNull": True}
-    simple = {
-        pa.string(): "string",
-        pa.int64(): "long",
-        pa.int32(): "integer",
-        pa.bool_(): "boolean",
-    }
-    if t in simple:
-        return simple[t]
-    raise TypeError(f"no Spark type for {t}")
-
-
 def checkpoint_schema_json(schema: pa.Schema = CHECKPOINT_SCHEMA) -> dict[str, Any]:
     """Spark StructType JSON of a checkpoint schema (`_last_checkpoint.checkpointSchema`)."""
-    return {
-        "type": "struct",
-        "fields": [{"name": f.name, "type": _spark_type(f.type), "nullable": True, "metadata": {}} for f in schema],
-    }
+    return arrow_types.arrow_schema_to_delta(schema, all_nullable=True)
 
 
 # --------------------------------------------------------------------------- conforming

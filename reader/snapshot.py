@@ -71,6 +71,7 @@ from reader.log import (
     table_storage,
 )
 from reader.storage import StorageError, StoredObject, TableStorage
+from schemas import arrow_types
 from schemas.actions import (
     Action,
     AddFile,
@@ -118,59 +119,26 @@ class UnsupportedTableFeatureError(DeltaCoordError, NotImplementedError):
 
 #: How a `variant` column reads: its binary encoding (Parquet's `metadata` and `value`), as delta-rs
 #: returns it; Arrow has no variant type of its own to decode it into.
-VARIANT_ARROW_TYPE = pa.struct([pa.field("metadata", pa.binary(), nullable=False),
-                                pa.field("value", pa.binary(), nullable=False)])
+VARIANT_ARROW_TYPE = arrow_types.VARIANT_ARROW_TYPE
 
 
 # --------------------------------------------------------------------------- Delta schema -> Arrow
 
 
 def delta_type_to_arrow(t: Any) -> pa.DataType:
-    """Arrow type of a Delta schema type (primitive name or complex JSON object)."""
-    if isinstance(t, str):
-        prim = {
-            "string": pa.string(),
-            "long": pa.int64(),
-            "integer": pa.int32(),
-            "short": pa.int16(),
-            "byte": pa.int8(),
-            "float": pa.float32(),
-            "double": pa.float64(),
-            "boolean": pa.bool_(),
-            "binary": pa.binary(),
-            "date": pa.date32(),
-            "timestamp": pa.timestamp("us", tz="UTC"),
-            "timestamp_ntz": pa.timestamp("us"),
-            "void": pa.null(),
-            "variant": VARIANT_ARROW_TYPE,
-        }
-        if t in prim:
-            return prim[t]
-        if t.startswith("decimal"):
-            inner = t[t.index("(") + 1 : t.index(")")]
-            p, s = (int(x) for x in inner.split(","))
-            return pa.decimal128(p, s)
-        raise UnsupportedTableFeatureError(f"unsupported Delta type {t!r}")
-    kind = t.get("type")
-    if kind == "struct":
-        return pa.struct([_delta_field_to_arrow(f) for f in t["fields"]])
-    if kind == "array":
-        return pa.list_(pa.field("element", delta_type_to_arrow(t["elementType"]), nullable=t.get("containsNull", True)))
-    if kind == "map":
-        return pa.map_(
-            delta_type_to_arrow(t["keyType"]),
-            pa.field("value", delta_type_to_arrow(t["valueType"]), nullable=t.get("valueContainsNull", True)),
-        )
-    raise UnsupportedTableFeatureError(f"unsupported Delta type {t!r}")
-
-
-def _delta_field_to_arrow(f: Mapping[str, Any]) -> pa.Field:
-    return pa.field(f["name"], delta_type_to_arrow(f["type"]), nullable=f.get("nullable", True))
+    """Arrow type of a Delta schema type (primitive name or complex JSON object), by `schemas.arrow_types`."""
+    try:
+        return arrow_types.delta_to_arrow(t)
+    except arrow_types.DeltaTypeError as e:
+        raise UnsupportedTableFeatureError(str(e)) from None
 
 
 def delta_schema_to_arrow(schema: Mapping[str, Any]) -> pa.Schema:
     """Arrow schema of a Delta struct type (logical column names)."""
-    return pa.schema([_delta_field_to_arrow(f) for f in schema["fields"]])
+    try:
+        return arrow_types.delta_schema_to_arrow(schema)
+    except arrow_types.DeltaTypeError as e:
+        raise UnsupportedTableFeatureError(str(e)) from None
 
 
 def _physical_name(f: Mapping[str, Any], mode: str) -> str:

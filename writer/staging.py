@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reader.storage import TableStorage
+from schemas import arrow_types
 from schemas.actions import AddCDCFile, AddFile
 from writer.column_mapping import Layout
 
@@ -48,57 +49,20 @@ class SchemaError(ValueError):
 
 # -- schema ---------------------------------------------------------------------------
 def delta_type(t: pa.DataType) -> Any:
-    """The Delta (Spark JSON) type of an Arrow type."""
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "string"
-    if pa.types.is_int64(t):
-        return "long"
-    if pa.types.is_int32(t):
-        return "integer"
-    if pa.types.is_int16(t):
-        return "short"
-    if pa.types.is_int8(t):
-        return "byte"
-    if pa.types.is_float32(t):
-        return "float"
-    if pa.types.is_float64(t):
-        return "double"
-    if pa.types.is_boolean(t):
-        return "boolean"
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return "binary"
-    if pa.types.is_date32(t):
-        return "date"
-    if pa.types.is_timestamp(t):
-        return "timestamp" if t.tz is not None else "timestamp_ntz"
-    if pa.types.is_decimal(t):
-        return f"decimal({t.precision},{t.scale})"
-    if pa.types.is_struct(t):
-        return {"type": "struct", "fields": [_field(t.field(i)) for i in range(t.num_fields)]}
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return {"type": "array", "elementType": delta_type(t.value_type), "containsNull": True}
-    if pa.types.is_map(t):
-        return {"type": "map", "keyType": delta_type(t.key_type), "valueType": delta_type(t.item_type), "valueContainsNull": True}
-    raise SchemaError(f"Arrow type {t} has no Delta equivalent")
-
-
-#: Arrow field metadata kept in the Delta schema: Delta's own column metadata (a generation expression,
-#: an invariant, ...) and a column comment.
-_KEPT_METADATA = ("delta.", "comment")
-
-
-def _field(f: pa.Field) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
-    for k, v in (f.metadata or {}).items():
-        key = k.decode() if isinstance(k, bytes) else str(k)
-        if key.startswith(_KEPT_METADATA):
-            meta[key] = v.decode() if isinstance(v, bytes) else str(v)
-    return {"name": f.name, "type": delta_type(f.type), "nullable": f.nullable, "metadata": meta}
+    """The Delta (Spark JSON) type of an Arrow type (`schemas.arrow_types`)."""
+    try:
+        return arrow_types.arrow_to_delta(t)
+    except arrow_types.DeltaTypeError as e:
+        raise SchemaError(str(e)) from None
 
 
 def schema_string(schema: pa.Schema) -> str:
     """Delta's `schemaString` for an Arrow schema."""
-    return json.dumps({"type": "struct", "fields": [_field(f) for f in schema]}, separators=(",", ":"))
+    try:
+        struct = arrow_types.arrow_schema_to_delta(schema)
+    except arrow_types.DeltaTypeError as e:
+        raise SchemaError(str(e)) from None
+    return json.dumps(struct, separators=(",", ":"))
 
 
 def normalize_arrow_type(t: pa.DataType) -> pa.DataType:

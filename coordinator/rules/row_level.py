@@ -200,6 +200,11 @@ def simple_conditions(predicates: Sequence[str], metadata: Metadata) -> bool:
     return True
 
 
+#: Delta types whose min/max statistics a row-level condition can compare (binary, decimal and nested are not).
+_STATS_TYPES = frozenset({"string", "long", "integer", "short", "byte", "float", "double", "boolean", "date",
+                          "timestamp", "timestamp_ntz"})
+
+
 def _stats_schema(metadata: Metadata) -> pa.Schema:
     """The top-level primitive columns (a condition on any other column cannot skip a file).
 
@@ -207,12 +212,11 @@ def _stats_schema(metadata: Metadata) -> pa.Schema:
     """
     import pyarrow as pa
 
-    primitives = {"string": pa.string(), "long": pa.int64(), "integer": pa.int32(), "short": pa.int16(),
-                  "byte": pa.int8(), "float": pa.float32(), "double": pa.float64(), "boolean": pa.bool_(),
-                  "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us")}
+    from schemas.arrow_types import delta_to_arrow
+
     fields = metadata.schema().get("fields", [])
-    return pa.schema([pa.field(f["name"], primitives[f["type"]]) for f in fields
-                      if isinstance(f.get("type"), str) and f["type"] in primitives])
+    return pa.schema([pa.field(f["name"], delta_to_arrow(f["type"])) for f in fields
+                      if isinstance(f.get("type"), str) and f["type"] in _STATS_TYPES])
 
 
 class NewRowMatcher:
