@@ -198,10 +198,10 @@ def _loop(w: int, ops: list[Op], max_attempts: int, attempt: Any, conflicts: tup
 
 
 def _run(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[list[dict[str, Any]], float]:
-    """`n` writer processes released together (the bench's `_run_processes`): their results and the timed phase's length."""
-    from coordinator.tooling.bench import _run_processes
+    """`n` writer processes released together (the bench's `run_processes`): their results and the timed phase's length."""
+    from coordinator.tooling.bench import run_processes
 
-    results, t0, end = _run_processes(target, args_for, n, workdir)
+    results, t0, end = run_processes(target, args_for, n, workdir)
     if len(results) < n:
         raise RuntimeError(f"{n - len(results)} of {n} writer processes ended without results")
     return results, end - t0

@@ -40,7 +40,7 @@ def run_once(bootstrap: str, n_tables: int, writers_per_table: int, k: int, work
     from confluent_kafka.admin import AdminClient
 
     from coordinator.kafka.topics import ensure_topics
-    from coordinator.tooling.bench import _dc_writer, _percentile, _run_processes, create_when_served
+    from coordinator.tooling.bench import create_when_served, dc_writer, percentile, run_processes
     from schemas.routing import Topics
     from writer.table import Table
 
@@ -63,8 +63,8 @@ def run_once(bootstrap: str, n_tables: int, writers_per_table: int, k: int, work
         while not all((t / "_delta_log" / f"{0:020d}.json").exists() for t in tables) and time.monotonic() < deadline:
             time.sleep(0.1)
         n = n_tables * writers_per_table
-        results, elapsed = _run_processes(
-            _dc_writer, lambda i: (bootstrap, prefix, str(tables[i % n_tables]), i, k), n, workdir
+        results, elapsed = run_processes(
+            dc_writer, lambda i: (bootstrap, prefix, str(tables[i % n_tables]), i, k), n, workdir
         )
     finally:
         for c in coords:
@@ -75,8 +75,8 @@ def run_once(bootstrap: str, n_tables: int, writers_per_table: int, k: int, work
     lat = [x for r in results for x in r["lat"]]
     return {
         "tables": n_tables, "writers": n, "commits": len(lat), "failed": sum(r["failed"] for r in results),
-        "commits_per_s": round(len(lat) / elapsed, 1), "p50_ms": round(_percentile(lat, 0.5), 1),
-        "p99_ms": round(_percentile(lat, 0.99), 1),
+        "commits_per_s": round(len(lat) / elapsed, 1), "p50_ms": round(percentile(lat, 0.5), 1),
+        "p99_ms": round(percentile(lat, 0.99), 1),
     }
 
 

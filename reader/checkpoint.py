@@ -563,7 +563,7 @@ def _field_list(arr: pa.Array, name: str) -> list[Any]:
 
 
 @contextlib.contextmanager
-def _without_cyclic_gc() -> Iterator[None]:
+def without_cyclic_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector while building many acyclic objects.
 
     Building 100k AddFiles (with their dicts) set off generation-2 collections
@@ -579,7 +579,7 @@ def _without_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-@_without_cyclic_gc()
+@without_cyclic_gc()
 def adds_from_struct(arr: pa.Array) -> list[AddFile]:
     """AddFiles of a non-null `add` StructArray, built column-wise (fast)."""
     n = len(arr)
@@ -600,7 +600,7 @@ def adds_from_struct(arr: pa.Array) -> list[AddFile]:
     return list(map(AddFile, paths, pvs, sizes, mtimes, map(bool, dcs), stats, tags, dvs, brid, drcv, cprov))
 
 
-@_without_cyclic_gc()
+@without_cyclic_gc()
 def removes_from_struct(arr: pa.Array) -> list[RemoveFile]:
     """RemoveFiles of a non-null `remove` StructArray."""
     n = len(arr)

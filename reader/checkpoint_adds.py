@@ -16,13 +16,13 @@ import pyarrow.compute as pc
 
 from reader.checkpoint import (
     CheckpointReadError,
-    _without_cyclic_gc,
     adds_from_struct,
     adds_to_struct,
     file_key_strings,
     iter_checkpoint_batches,
     key_string,
     string_array,
+    without_cyclic_gc,
 )
 from reader.storage import StorageError, StoredObject
 from schemas.actions import AddFile
@@ -86,7 +86,7 @@ class CheckpointAdds:
             if self._adds is None:
                 out: list[AddFile] = []
                 try:
-                    with _without_cyclic_gc():  # one pause for all chunks: no full collection between them
+                    with without_cyclic_gc():  # one pause for all chunks: no full collection between them
                         pool = pa.default_memory_pool()
                         while self._chunks:
                             out.extend(adds_from_struct(self._chunks[0]))

@@ -141,7 +141,7 @@ def delta_schema_to_arrow(schema: Mapping[str, Any]) -> pa.Schema:
         raise UnsupportedTableFeatureError(str(e)) from None
 
 
-def _physical_name(f: Mapping[str, Any], mode: str) -> str:
+def physical_name(f: Mapping[str, Any], mode: str) -> str:
     if mode in ("name", "id"):
         meta = f.get("metadata") or {}
         name = meta.get(PHYSICAL_NAME_KEY)
@@ -569,7 +569,7 @@ class Snapshot:
         pieces = []
         for a in adds:
             pv = {c: parse_partition_value(a.partition_values.get(c), schema.field(c).type) for c in part_cols}
-            pieces.append(_read_data_file(data_object(self.storage, a.path), data_fields, mode, schema, pv,
+            pieces.append(read_data_file(data_object(self.storage, a.path), data_fields, mode, schema, pv,
                                           a.deletion_vector, self.storage, a.size))
         return pa.concat_tables(pieces) if pieces else schema.empty_table()
 
@@ -610,7 +610,7 @@ class Snapshot:
         pv_map = adds.field("partitionValues") if n_files else None
         part_arrays: dict[str, pa.Array] = {}
         for c in part_cols:
-            phys = _physical_name(fields_json[c], mode) if c in fields_json else c
+            phys = physical_name(fields_json[c], mode) if c in fields_json else c
             t = full_schema.field(c).type if full_schema.get_field_index(c) >= 0 else pa.string()
             if n_files and pv_map is not None:
                 raw = pc.map_lookup(pv_map, pa.scalar(phys), "first")
@@ -637,7 +637,7 @@ class Snapshot:
 
         def read_one(i: int) -> pa.Table:
             dv = dv_list[i] if has_dvs else None
-            return _read_data_file(
+            return read_data_file(
                 data_object(self.storage, paths[i]),
                 data_fields,
                 mode,
@@ -693,7 +693,7 @@ def _file_child_index(fields: Sequence[pa.Field], f: Mapping[str, Any] | None, l
         for i, pf in enumerate(fields):
             if _parquet_field_id(pf) == fid:
                 return i
-    name = _physical_name(f, mode) if f else logical
+    name = physical_name(f, mode) if f else logical
     for i, pf in enumerate(fields):
         if pf.name == name:
             return i
@@ -713,7 +713,7 @@ def _variant_to_arrow(arr: pa.Array, column: str) -> pa.Array:
                                       mask=arr.is_null() if arr.null_count else None)
 
 
-def _to_logical(arr: pa.Array, type_json: Any, target: pa.DataType, mode: str, column: str = "") -> pa.Array:
+def to_logical(arr: pa.Array, type_json: Any, target: pa.DataType, mode: str, column: str = "") -> pa.Array:
     """Cast a file column to its logical type, renaming physical fields at every level (column mapping).
 
     `type_json` is the Delta type of the column; structs are matched field by field (by field id in
@@ -731,15 +731,15 @@ def _to_logical(arr: pa.Array, type_json: Any, target: pa.DataType, mode: str, c
             fj = nested.get(f.name)
             idx = _file_child_index(file_fields, fj, f.name, mode)
             children.append(pa.nulls(len(arr), f.type) if idx < 0
-                            else _to_logical(arr.field(idx), fj["type"] if fj else None, f.type, mode, f"{column}.{f.name}"))
+                            else to_logical(arr.field(idx), fj["type"] if fj else None, f.type, mode, f"{column}.{f.name}"))
         return pa.StructArray.from_arrays(children, fields=list(target), mask=arr.is_null() if arr.null_count else None)
     if kind == "array" and pa.types.is_list(target) and (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
-        values = _to_logical(arr.values, type_json.get("elementType"), target.value_type, mode, f"{column}.element")
+        values = to_logical(arr.values, type_json.get("elementType"), target.value_type, mode, f"{column}.element")
         offsets = arr.offsets.cast(pa.int32()) if pa.types.is_large_list(arr.type) else arr.offsets
         return pa.ListArray.from_arrays(offsets, values, type=target, mask=arr.is_null() if arr.null_count else None)
     if kind == "map" and pa.types.is_map(target) and pa.types.is_map(arr.type):
-        keys = _to_logical(arr.keys, type_json.get("keyType"), target.key_type, mode, f"{column}.key")
-        items = _to_logical(arr.items, type_json.get("valueType"), target.item_type, mode, f"{column}.value")
+        keys = to_logical(arr.keys, type_json.get("keyType"), target.key_type, mode, f"{column}.key")
+        items = to_logical(arr.items, type_json.get("valueType"), target.item_type, mode, f"{column}.value")
         return pa.MapArray.from_arrays(arr.offsets, keys, items, type=target, mask=arr.is_null() if arr.null_count else None)
     if arr.type == target:
         return arr
@@ -750,7 +750,7 @@ def _to_logical(arr: pa.Array, type_json: Any, target: pa.DataType, mode: str, c
     return arr.cast(target)
 
 
-def _read_data_file(
+def read_data_file(
     path: StoredObject,
     data_fields: Sequence[tuple[str, Mapping[str, Any]]],
     mode: str,
@@ -786,7 +786,7 @@ def _read_data_file(
         if file_col is not None:
             col = t.column(file_col)
             arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-            cols.append(_to_logical(arr, fields_json[f.name]["type"], f.type, mode, f.name))
+            cols.append(to_logical(arr, fields_json[f.name]["type"], f.type, mode, f.name))
         else:
             cols.append(pa.nulls(n, f.type))
     out = pa.Table.from_arrays(cols, schema=read_schema)

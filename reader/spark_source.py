@@ -54,7 +54,7 @@ from reader.log import (
     list_log_from_hint,
     read_commit,
 )
-from reader.snapshot import Snapshot, _physical_name, _read_data_file, delta_schema_to_arrow, parse_partition_value
+from reader.snapshot import Snapshot, delta_schema_to_arrow, parse_partition_value, physical_name, read_data_file
 from reader.storage import TableStorage
 from schemas import client_settings
 from schemas.actions import Action, AddFile, CommitInfo, DeletionVector, Metadata, RemoveFile
@@ -143,11 +143,11 @@ class ReadPlan:
             for c in self.partition_columns:
                 if c not in names:
                     continue
-                phys = _physical_name(fields_json[c], self.column_mapping_mode) if c in fields_json else c
+                phys = physical_name(fields_json[c], self.column_mapping_mode) if c in fields_json else c
                 pvals[c] = parse_partition_value(raw_pv.get(phys), full.field(c).type)
             dv_json = f.get("deletionVector")
             dv = DeletionVector.from_json(dv_json) if dv_json else None
-            t = _read_data_file(data_object(storage, f["path"]), data_fields, self.column_mapping_mode, read_schema, pvals, dv,
+            t = read_data_file(data_object(storage, f["path"]), data_fields, self.column_mapping_mode, read_schema, pvals, dv,
                                 storage, f.get("size"))
             if t.num_rows == 0:
                 continue

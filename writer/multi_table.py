@@ -36,11 +36,11 @@ from writer.transaction import (
     CommitResult,
     Transaction,
     WaitFor,
-    _metrics,
-    _timings,
+    action_metrics,
     check_proposal_id,
     check_wait,
     error_from_decision,
+    step_timings,
     table_location,
 )
 
@@ -82,7 +82,7 @@ class _PartTransaction(Transaction):
                wait: WaitFor | None = None) -> CommitResult:
         self.held = _Held(operation, changes_data, parameters, metrics)
         # The version is the transaction's: known once it commits (`TransactionResult`).
-        return CommitResult(-1, self.proposal_id, operation, metrics={**_metrics(self.actions), **(metrics or {})})
+        return CommitResult(-1, self.proposal_id, operation, metrics={**action_metrics(self.actions), **(metrics or {})})
 
 
 class _PartTable(Table):
@@ -254,7 +254,7 @@ class MultiTableTransaction:
                 h = tx.held
                 tx.info[TRANSACTION_KEY] = {"id": self.id, "tables": list(tables)}
                 p = tx._by_reference(tx.proposal(h.operation, h.changes_data, h.parameters,
-                                                 {**_metrics(tx.actions), **(h.metrics or {})}))
+                                                 {**action_metrics(tx.actions), **(h.metrics or {})}))
                 proposals.append(dataclasses.replace(p, transaction=mt))
         except BaseException:
             self.abandon()
@@ -292,7 +292,7 @@ class MultiTableTransaction:
                 assert d.version is not None
                 tx.table.committed(d.version, changed_metadata=any(isinstance(x, (Metadata, ProtocolAction))
                                                                    for x in tx.actions))
-                timings = _timings(pending, (time.perf_counter() - t0) * 1000)
+                timings = step_timings(pending, (time.perf_counter() - t0) * 1000)
                 if self.wait == "published":
                     tx._await_publication(pending, d.version, notice=d.duplicate_of is None)
                     timings["published_ms"] = (time.perf_counter() - t0) * 1000
@@ -303,7 +303,7 @@ class MultiTableTransaction:
                 assert held is not None
                 commits[tx.table.table_id] = CommitResult(
                     d.version, tx.proposal_id, held.operation, already_committed=d.duplicate_of is not None,
-                    metrics={**_metrics(tx.actions), **(held.metrics or {})}, timings=timings)
+                    metrics={**action_metrics(tx.actions), **(held.metrics or {})}, timings=timings)
             return TransactionResult(self.id, commits)
         for tx in parts:
             tx._delete_staged()

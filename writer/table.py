@@ -49,9 +49,9 @@ from reader.log import TableNotFoundError, commit_key, data_object, list_log_fro
 from reader.snapshot import (
     Snapshot,
     UnsupportedTableFeatureError,
-    _to_logical,
     delta_schema_to_arrow,
     parse_partition_value,
+    to_logical,
 )
 from reader.storage import StorageError, TableStorage
 from schemas import client_settings
@@ -778,7 +778,7 @@ class Table:
             elif phys in t.column_names:
                 col = t.column(phys)
                 field_json = layout.fields.get(f.name)
-                cols.append(_to_logical(col.combine_chunks() if col.num_chunks != 1 else col.chunk(0),
+                cols.append(to_logical(col.combine_chunks() if col.num_chunks != 1 else col.chunk(0),
                                         field_json.get("type") if field_json is not None else None, f.type, layout.mode,
                                         f.name))
             else:

@@ -332,7 +332,7 @@ class Transaction:
         version, and the files staged for this attempt that the commit does not reference are deleted.
         """
         mode = check_wait(wait or self.table.wait)
-        all_metrics = {**_metrics(self.actions), **(metrics or {})}
+        all_metrics = {**action_metrics(self.actions), **(metrics or {})}
         try:
             p = self._by_reference(self.proposal(operation, changes_data, parameters, all_metrics))
         except BaseException:
@@ -357,7 +357,7 @@ class Transaction:
             except (KafkaException, TimeoutError) as e:  # sent: whatever failed, the proposal may still commit
                 raise CommitOutcomeUnknownError(p.proposal_id, p.table_id, timeout_s or self.table.decision_timeout_s,
                                                 where, why=f"waiting for its decision failed ({e})") from e
-            timings = _timings(pending, (time.perf_counter() - t0) * 1000)
+            timings = step_timings(pending, (time.perf_counter() - t0) * 1000)
             if d.committed and d.version is not None:
                 changed_metadata = any(isinstance(a, (Metadata, ProtocolAction)) for a in self.actions)
                 self.table.committed(d.version, changed_metadata=changed_metadata)
@@ -453,7 +453,7 @@ class Transaction:
             delay = min(delay * 2, 0.5)
 
 
-def _timings(pending: Pending, elapsed_ms: float) -> dict[str, float]:
+def step_timings(pending: Pending, elapsed_ms: float) -> dict[str, float]:
     """Milliseconds since the proposal was handed to the producer: `produced` (broker acknowledged),
     the coordinator's `consumed` (its batch began), `ratified` (its transaction committed) and `put`
     (`<v>.json` written; wait="published"), `reply` (the reply reached this writer), `decided_ms` (the
@@ -489,7 +489,7 @@ def _json(v: Any) -> str:
     return json.dumps(v, separators=(",", ":"), default=str)
 
 
-def _metrics(actions: Iterable[Action]) -> dict[str, int]:
+def action_metrics(actions: Iterable[Action]) -> dict[str, int]:
     adds = [a for a in actions if isinstance(a, AddFile)]
     removes = [a for a in actions if isinstance(a, RemoveFile)]
     return {

@@ -194,7 +194,7 @@ def isolation_level_to_use(proposal: Proposal, metadata: Metadata | None) -> str
 # ---------------------------------------------------------------------------
 
 
-class _Conflict(Exception):
+class Conflict(Exception):
     def __init__(self, error: DeltaConcurrentModificationException, version: int | None) -> None:
         self.error = error
         self.version = version
@@ -219,8 +219,8 @@ def _new_protocol(proposal: Proposal) -> Protocol | None:
     return None
 
 
-class _Current:
-    """What the conflict checks need about the proposal, computed once."""
+class CheckedTransaction:
+    """The proposal being decided, as every conflict profile (Delta's, MaxCompute's) checks it: computed once."""
 
     __slots__ = (
         "_predicates",
@@ -327,23 +327,23 @@ class _Current:
         self.original_changes = frozenset(self.changes)
 
 
-def _check_table_level(cur: _Current, w: WinningCommit, table: str) -> None:
+def check_table_level(cur: CheckedTransaction, w: WinningCommit, table: str) -> None:
     """Checks 1-4 (protocol, metadata, domain metadata, app ids): the same under every conflict profile."""
     v = w.version
     op = w.operation
     # 1. protocol
     if w.protocol is not None:
-        raise _Conflict(ProtocolChangedException(winning_version=v, winning_operation=op, table=table), v)
+        raise Conflict(ProtocolChangedException(winning_version=v, winning_operation=op, table=table), v)
     # 2. metadata (a winner that only advanced identity high-water marks passes a transaction without metaData)
     if w.metadata is not None and (cur.has_metadata or not only_marks_changed(w.prior_metadata, w.metadata)):
-        raise _Conflict(MetadataChangedException(winning_version=v, winning_operation=op, table=table), v)
+        raise Conflict(MetadataChangedException(winning_version=v, winning_operation=op, table=table), v)
     # 3. domain metadata
     if cur.domains and w.domains:
         both = cur.domains & w.domains
         if both:
             domain = min(both)
             if domain == ROW_TRACKING_DOMAIN and len(both) == 1:
-                raise _Conflict(
+                raise Conflict(
                     ConcurrentWriteException(
                         f"ConcurrentWriteException: a concurrent update ({op or 'TRANSACTION'} committed at version "
                         f"{v}) also assigned row ids (domain {ROW_TRACKING_DOMAIN}); this coordinator does not "
@@ -355,7 +355,7 @@ def _check_table_level(cur: _Current, w: WinningCommit, table: str) -> None:
                     v,
                 )
             domain = min(both - {ROW_TRACKING_DOMAIN})
-            raise _Conflict(
+            raise Conflict(
                 ConcurrentTransactionException(
                     f"A conflicting metadata domain {domain} is added.",
                     winning_version=v,
@@ -366,28 +366,28 @@ def _check_table_level(cur: _Current, w: WinningCommit, table: str) -> None:
             )
     # 4. app ids the transaction read
     if cur.read_app_ids and not w.app_ids.isdisjoint(cur.read_app_ids):
-        raise _Conflict(ConcurrentTransactionException(winning_version=v, winning_operation=op, table=table), v)
+        raise Conflict(ConcurrentTransactionException(winning_version=v, winning_operation=op, table=table), v)
 
 
-def _check_new_rows(cur: _Current, w: WinningCommit, table: str) -> None:
+def _check_new_rows(cur: CheckedTransaction, w: WinningCommit, table: str) -> None:
     """Check 5 on a row-level table: the winner's files holding new rows, matched by their statistics."""
     if not w.new_files or not cur.checks_appends or (w.is_blind_append and not cur.checks_blind_appends):
         return
     hit = w.new_files[0] if cur.whole_table or cur.row_matcher is None else cur.row_matcher.first_match(w.new_files)
     if hit is not None:
-        raise _Conflict(ConcurrentAppendException(winning_version=w.version, winning_operation=w.operation, table=table),
+        raise Conflict(ConcurrentAppendException(winning_version=w.version, winning_operation=w.operation, table=table),
                         w.version)
 
 
-def _resolves_rows(cur: _Current) -> bool:
+def _resolves_rows(cur: CheckedTransaction) -> bool:
     if cur.row_rules is None:
         predicates, md = cur._predicates
         cur.row_rules = md is not None and simple_conditions(predicates, md)
     return cur.row_rules
 
 
-def _same_rows(cur: _Current, w: WinningCommit, path: str, both: Rows, table: str) -> _Conflict:
-    return _Conflict(
+def _same_rows(cur: CheckedTransaction, w: WinningCommit, path: str, both: Rows, table: str) -> Conflict:
+    return Conflict(
         ConcurrentDeleteDeleteException(
             f"ConcurrentDeleteDeleteException: This transaction attempted to delete or update {len(both)} row(s) "
             f"of file {path} (row {int(both[0])} first) that a concurrent update ({w.operation or 'TRANSACTION'} "
@@ -400,7 +400,7 @@ def _union(a: Rows | None, b: Rows) -> Rows:
     return b if a is None else np.union1d(a, b)
 
 
-def _move_rows(cur: _Current, output: AddFile, rows: Rows, removed_at: int | None) -> bool:
+def _move_rows(cur: CheckedTransaction, output: AddFile, rows: Rows, removed_at: int | None) -> bool:
     """Delete `rows` of a winner's compaction output in this transaction (merged with what it already deletes
     there): a remove of the output's live vector and an add with the union. False when that vector is not inline."""
     existing = cur.changes.get(output.path)
@@ -424,7 +424,7 @@ def _move_rows(cur: _Current, output: AddFile, rows: Rows, removed_at: int | Non
     return True
 
 
-def _follow_compaction(cur: _Current, w: WinningCommit, path: str, place: Placement, change: Change) -> bool:
+def follow_compaction(cur: CheckedTransaction, w: WinningCommit, path: str, place: Placement, change: Change) -> bool:
     """This transaction changed rows of a file the winner compacted: change the same rows of its outputs."""
     assert w.compaction is not None
     if not same_vector(change.remove.deletion_vector, w.removed_vectors.get(path)):
@@ -444,7 +444,7 @@ def _follow_compaction(cur: _Current, w: WinningCommit, path: str, place: Placem
     return True
 
 
-def _absorb_winner(cur: _Current, w: WinningCommit, path: str) -> bool:
+def absorb_winner(cur: CheckedTransaction, w: WinningCommit, path: str) -> bool:
     """This transaction compacts a file the winner changed: its outputs lose the rows the winner deleted, and
     its remove names the winner's vector (or goes, when the winner removed the whole file)."""
     assert cur.own is not None
@@ -468,13 +468,13 @@ def _absorb_winner(cur: _Current, w: WinningCommit, path: str) -> bool:
     return True
 
 
-def _resolve_rows(cur: _Current, w: WinningCommit, removed: frozenset[str], table: str) -> frozenset[str]:
+def _resolve_rows(cur: CheckedTransaction, w: WinningCommit, removed: frozenset[str], table: str) -> frozenset[str]:
     """The winner's removed paths that still conflict once row-level changes are resolved (deletion-vector tables).
 
     * This transaction compacts the file (row map, no ZORDER BY on either side): the winner's deleted rows are
-      deleted in its outputs (`_absorb_winner`).
+      deleted in its outputs (`absorb_winner`).
     * The winner compacted the file (row map): a file this transaction only read is unchanged; rows it changed
-      are changed in the winner's outputs (`_follow_compaction`).
+      are changed in the winner's outputs (`follow_compaction`).
     * Row-level tables, simple conditions: a file the winner changed (a new deletion vector, or removed) does
       not conflict with a transaction that only read it: that transaction selected none of its rows, so the
       rows the winner deleted are not ones it selected, and the rows the winner wrote are in its other files,
@@ -485,7 +485,7 @@ def _resolve_rows(cur: _Current, w: WinningCommit, removed: frozenset[str], tabl
     wc = w.compaction
     for p in removed:
         if cur.own is not None and p in cur.own.placements:
-            if w.zorder or not _absorb_winner(cur, w, p):
+            if w.zorder or not absorb_winner(cur, w, p):
                 remaining.add(p)
             continue
         change = cur.changes.get(p)
@@ -495,7 +495,7 @@ def _resolve_rows(cur: _Current, w: WinningCommit, removed: frozenset[str], tabl
         if place is not None:
             if change is None and p not in cur.remove_pvs:
                 continue  # read only: a compaction changes no row
-            if change is None or not _follow_compaction(cur, w, p, place, change):
+            if change is None or not follow_compaction(cur, w, p, place, change):
                 remaining.add(p)
             continue
         if cur.whole_table or not cur.row_level or not _resolves_rows(cur):
@@ -522,10 +522,10 @@ def _resolve_rows(cur: _Current, w: WinningCommit, removed: frozenset[str], tabl
     return frozenset(remaining)
 
 
-def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
+def _check_winner(cur: CheckedTransaction, w: WinningCommit, table: str) -> None:
     v = w.version
     op = w.operation
-    _check_table_level(cur, w, table)
+    check_table_level(cur, w, table)
     # 5. appends
     if cur.row_level and not w.partition_schema:
         _check_new_rows(cur, w, table)
@@ -536,7 +536,7 @@ def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
         if w.partition_schema != schema:
             # Unreachable: the partitioning changes only with a metaData action, which fails
             # check 2 on that winner first. Were it reached, a conflict is the safe answer.
-            raise _Conflict(ConcurrentAppendException(winning_version=v, winning_operation=op, table=table), v)
+            raise Conflict(ConcurrentAppendException(winning_version=v, winning_operation=op, table=table), v)
         if cur.whole_table or not schema:
             hit = rows[0]
         else:
@@ -547,7 +547,7 @@ def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
                         hit = row
                         break
         if hit is not None:
-            raise _Conflict(
+            raise Conflict(
                 ConcurrentAppendException(
                     winning_version=v, winning_operation=op, partition=_row_hint(hit, schema), table=table
                 ),
@@ -560,7 +560,7 @@ def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
         # 6. delete-read
         if cur.read_paths and not removed.isdisjoint(cur.read_paths):
             first = next(f for f in cur.read_files if f.path in removed)
-            raise _Conflict(
+            raise Conflict(
                 ConcurrentDeleteReadException(
                     winning_version=v,
                     winning_operation=op,
@@ -570,11 +570,11 @@ def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
                 v,
             )
         if cur.whole_table:
-            raise _Conflict(ConcurrentDeleteReadException(winning_version=v, winning_operation=op, table=table), v)
+            raise Conflict(ConcurrentDeleteReadException(winning_version=v, winning_operation=op, table=table), v)
         # 7. delete-delete
         if cur.remove_pvs and not removed.isdisjoint(cur.remove_pvs):
             path = next(p for p in cur.remove_pvs if p in removed)
-            raise _Conflict(
+            raise Conflict(
                 ConcurrentDeleteDeleteException(
                     winning_version=v,
                     winning_operation=op,
@@ -585,7 +585,7 @@ def _check_winner(cur: _Current, w: WinningCommit, table: str) -> None:
             )
 
 
-def _relevant(cur: _Current, winners: Sequence[WinningCommit]) -> Sequence[WinningCommit]:
+def _relevant(cur: CheckedTransaction, winners: Sequence[WinningCommit]) -> Sequence[WinningCommit]:
     """The winners that can fail `cur`, in version order.
 
     A quiet winner (see `WinningCommit.quiet`) passes checks 1-3, 6 and 7 by
@@ -614,17 +614,17 @@ def check(state: TableState, winners: Sequence[WinningCommit], proposal: Proposa
         err = ProtocolChangedException(winning_version=0, winning_operation=state.creation_operation, table=table)
         return Rejected(err, 0)
     try:
-        cur = _Current(state, winners, proposal)
+        cur = CheckedTransaction(state, winners, proposal)
         for w in _relevant(cur, winners):
             _check_winner(cur, w, table)
-    except _Conflict as c:
+    except Conflict as c:
         return Rejected(c.error, c.version)
     except InvalidProposalError as e:
         return Rejected(e, None)
     stale = check_txn_versions(state, proposal)
     if stale is not None:
         return Rejected(stale, None)
-    return Accepted(state.version + 1, _rebase(state, proposal, cur, now_ms))
+    return Accepted(state.version + 1, rebase(state, proposal, cur, now_ms))
 
 
 # ---------------------------------------------------------------------------
@@ -649,7 +649,7 @@ def _ict_enabled(metadata: Metadata | None) -> bool:
     return TableProperties.of(metadata).in_commit_timestamps
 
 
-def _rebased_actions(actions: Sequence[Action], cur: _Current) -> tuple[Action, ...]:
+def _rebased_actions(actions: Sequence[Action], cur: CheckedTransaction) -> tuple[Action, ...]:
     """The proposal's actions with its row-level changes as rebased (`_resolve_rows`).
 
     A compaction's removes of merged files are replaced (or dropped) and its outputs get the vectors of
@@ -687,7 +687,7 @@ def _rebased_actions(actions: Sequence[Action], cur: _Current) -> tuple[Action, 
     return tuple(out)
 
 
-def _rebase(state: TableState, proposal: Proposal, cur: _Current, now_ms: int) -> tuple[Action, ...]:
+def rebase(state: TableState, proposal: Proposal, cur: CheckedTransaction, now_ms: int) -> tuple[Action, ...]:
     version = state.version + 1
     new_md = cur.new_metadata
     effective_md = new_md if new_md is not None else state.metadata

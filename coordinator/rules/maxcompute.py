@@ -14,7 +14,7 @@ committed) against later-finishing job (the proposal being decided):
 
 `check` walks the winners in version order like Delta's checker: first the
 table-level checks every profile shares (protocol, metadata, domain metadata,
-app ids: `conflicts._check_table_level`), then, for a winner that is a data
+app ids: `conflicts.check_table_level`), then, for a winner that is a data
 job touching the same partition (or the same non-partitioned table), the
 cell's rule. A failed cell is `ConcurrentJobException`. A succeeding cell
 may rebase the proposal at the metadata level, never by rewriting data:
@@ -55,13 +55,13 @@ from typing import Any
 
 from coordinator.rules.conflicts import (
     Accepted,
+    CheckedTransaction,
+    Conflict,
     Rejected,
-    _absorb_winner,
-    _check_table_level,
-    _Conflict,
-    _Current,
-    _follow_compaction,
-    _rebase,
+    absorb_winner,
+    check_table_level,
+    follow_compaction,
+    rebase,
 )
 from coordinator.rules.conflicts import (
     check as delta_check,
@@ -137,8 +137,8 @@ class Job:
     dropped: int = 0
     rebased_over: list[int] = field(default_factory=list)
     #: On a table with deletion vectors, Delta's checker state, which moves changed rows through row maps
-    #: (`conflicts._Current`); None without deletion vectors.
-    mover: _Current | None = None
+    #: (`conflicts.CheckedTransaction`); None without deletion vectors.
+    mover: CheckedTransaction | None = None
     #: The winners whose row maps moved rows of this job (`mover`).
     moved_over: list[int] = field(default_factory=list)
 
@@ -185,14 +185,14 @@ def _params(proposal: Proposal) -> Mapping[str, Any]:
 # ---------------------------------------------------------------------------
 
 
-def _fail(job: Job, w: WinningCommit, earlier: JobType | None, row: Row | None, why: str) -> _Conflict:
+def _fail(job: Job, w: WinningCommit, earlier: JobType | None, row: Row | None, why: str) -> Conflict:
     where = job.hint(row)
     msg = (
         f"ConcurrentJobException: this {job.type} job finished after a concurrent "
         f"{earlier or 'unclassified'} job ({w.operation or 'TRANSACTION'} committed at version {w.version})"
         f"{' in the partition ' + where if where else ''} of table {job.table}: {why}. Please try the operation again."
     )
-    return _Conflict(
+    return Conflict(
         ConcurrentJobException(msg, winning_version=w.version, winning_operation=w.operation, partition=where,
                                table=job.table),
         w.version,
@@ -235,7 +235,7 @@ def new_data(job: Job, w: WinningCommit, earlier: JobType, row: Row) -> None:
     for p in moved:
         place = wc.placements.get(p) if wc is not None else None
         change = cur.changes.get(p)
-        if place is None or change is None or not _follow_compaction(cur, w, p, place, change):
+        if place is None or change is None or not follow_compaction(cur, w, p, place, change):
             raise _fail(job, w, earlier, row, f"the compaction rewrote {p}, which this job rewrites, and its rows "
                                               "cannot be followed into the compaction's output (no row map recorded, "
                                               "or a deletion vector stored in a file)")
@@ -279,7 +279,7 @@ def _absorb(job: Job, w: WinningCommit, earlier: JobType, row: Row, lost: set[st
         raise _fail(job, w, earlier, row, f"the earlier job removed {min(lost)}, an input of this compaction; its output "
                                           f"would bring back rows the earlier job changed: {ENABLE_DVS}")
     for p in sorted(lost):
-        if cur.own is None or p not in cur.own.placements or w.zorder or not _absorb_winner(cur, w, p):
+        if cur.own is None or p not in cur.own.placements or w.zorder or not absorb_winner(cur, w, p):
             raise _fail(job, w, earlier, row, f"the earlier job removed {p}, an input of this compaction, and the rows "
                                               "it changed cannot be marked in the compaction's output (no row map "
                                               "recorded, or a deletion vector stored in a file)")
@@ -342,7 +342,7 @@ def check(state: TableState, winners: Sequence[WinningCommit], proposal: Proposa
         err = ProtocolChangedException(winning_version=0, winning_operation=state.creation_operation, table=table)
         return Rejected(err, 0)
     try:
-        cur = _Current(state, winners, proposal)
+        cur = CheckedTransaction(state, winners, proposal)
         job = job_of(proposal, cur.read_schema, table, now_ms)
         if job is None:
             # No data job (metadata, properties, ...): Delta's checker decides it.
@@ -350,9 +350,9 @@ def check(state: TableState, winners: Sequence[WinningCommit], proposal: Proposa
         if cur.dv_table:
             job.mover = cur
         for w in winners:
-            _check_table_level(cur, w, table)
+            check_table_level(cur, w, table)
             check_winner(job, w)
-    except _Conflict as c:
+    except Conflict as c:
         return Rejected(c.error, c.version)
     except InvalidProposalError as e:
         return Rejected(e, None)
@@ -367,7 +367,7 @@ def check(state: TableState, winners: Sequence[WinningCommit], proposal: Proposa
     if job.rebased_over or job.moved_over:
         extra[REBASE_KEY] = {"over": sorted({*job.rebased_over, *job.moved_over}), "removesAdded": job.gained,
                              "removesDropped": job.dropped, "rowsMovedOver": job.moved_over}
-    return _with_time_version(Accepted(state.version + 1, _rebase(state, rebased, cur, now_ms)), extra)
+    return _with_time_version(Accepted(state.version + 1, rebase(state, rebased, cur, now_ms)), extra)
 
 
 def _with_time_version(result: Accepted | Rejected, extra: Mapping[str, Any]) -> Accepted | Rejected:

@@ -87,7 +87,7 @@ def _say(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _percentile(xs: list[float], q: float) -> float:
+def percentile(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
     s = sorted(xs)
@@ -107,18 +107,18 @@ def _summary(writers: int, results: list[dict[str, Any]], k: int, elapsed: float
     out: dict[str, Any] = {
         "writers": writers, "commits": commits, "failed": failed,
         "commits_per_s": round(commits / elapsed, 1) if elapsed > 0 else 0.0,
-        "p50_ms": round(_percentile(latencies, 0.5), 2), "p99_ms": round(_percentile(latencies, 0.99), 2),
-        "first_commit_p50_ms": round(_percentile([x for r in results for x in r.get("warm", [])], 0.5), 2),
+        "p50_ms": round(percentile(latencies, 0.5), 2), "p99_ms": round(percentile(latencies, 0.99), 2),
+        "first_commit_p50_ms": round(percentile([x for r in results for x in r.get("warm", [])], 0.5), 2),
     }
     for name in ("decided", "visible"):  # deltacoord's propose -> decision and propose -> publication
         xs = [x for r in results for x in r.get(name, [])]
         if xs:
-            out[f"{name}_p50_ms"] = round(_percentile(xs, 0.5), 2)
-            out[f"{name}_p99_ms"] = round(_percentile(xs, 0.99), 2)
+            out[f"{name}_p50_ms"] = round(percentile(xs, 0.5), 2)
+            out[f"{name}_p99_ms"] = round(percentile(xs, 0.99), 2)
     steps = [s for r in results for s in r.get("steps", [])]
     if steps:  # where a commit's time goes: p50 of each step's time since proposing (CommitResult.timings)
-        names = sorted({k for s in steps for k in s}, key=lambda k: _percentile([s[k] for s in steps if k in s], 0.5))
-        out["steps_p50_ms"] = {k: round(_percentile([s[k] for s in steps if k in s], 0.5), 2) for k in names}
+        names = sorted({k for s in steps for k in s}, key=lambda k: percentile([s[k] for s in steps if k in s], 0.5))
+        out["steps_p50_ms"] = {k: round(percentile([s[k] for s in steps if k in s], 0.5), 2) for k in names}
     if commits and all("cpu_s" in r for r in results):
         out["cpu_ms_per_commit"] = {"writers": round(sum(r["cpu_s"] for r in results) * 1000 / commits, 2)}
     out[SAMPLES] = latencies  # for the chart; `run` takes it out of the printed figures
@@ -129,7 +129,7 @@ def _summary(writers: int, results: list[dict[str, Any]], k: int, elapsed: float
 
 
 # -- deltacoord writers ---------------------------------------------------------------
-def _dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_options: dict[str, str],
+def dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_options: dict[str, str],
                relay: str, barrier: Any, out: str) -> None:
     import pyarrow as pa
 
@@ -220,7 +220,7 @@ def _rs_writer(table: str, w: int, k: int, storage_options: dict[str, str], barr
                                      "cpu_s": time.process_time() - cpu0}))
 
 
-def _run_processes(target: Any, args_for: Any, n: int, workdir: Path, services: ServiceCpu | None = None,
+def run_processes(target: Any, args_for: Any, n: int, workdir: Path, services: ServiceCpu | None = None,
                    on_release: Callable[[], None] | None = None) -> tuple[list[dict[str, Any]], float, float]:
     """Run `n` writer processes released together; their results, and when the timed phase began and ended
     (`services`: their CPU is read as the writers are released and once every writer has ended; `on_release`
@@ -308,7 +308,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
             pids["relay"] = relay_proc.pid
         services = ServiceCpu(pids)
         before: dict[str, int] = {}
-        results, t0, end = _run_processes(_dc_writer, lambda i: (bootstrap, prefix, locations[i % tables], i, k, options, sock),
+        results, t0, end = run_processes(dc_writer, lambda i: (bootstrap, prefix, locations[i % tables], i, k, options, sock),
                                           writers, workdir, services,
                                           (lambda: before.update(relay_counts(sock, topics))) if relay else None)
         elapsed = end - t0
@@ -336,7 +336,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
         out["foreign_records"] = relayed["foreign"]
         # How many writers' proposals the relay gathered into one batch of Produce calls.
         out["relay_proposals_per_batch"] = round(relayed["proposals"] / max(1, relayed["batches"]), 2)
-    out["stage_p50_ms"] = round(_percentile([x for r in results for x in r["stage"]], 0.5), 2)
+    out["stage_p50_ms"] = round(percentile([x for r in results for x in r["stage"]], 0.5), 2)
     if "cpu_ms_per_commit" in out:  # the coordinator (with its checkpoint process) and the broker, when local
         cpu = out["cpu_ms_per_commit"]
         for name, used in services.used.items():
@@ -356,7 +356,7 @@ def bench_delta_rs(writers: int, k: int, workdir: Path, *, table: str | None = N
         write_deltalake(where, pa.table({n: pa.array([], getattr(pa, ty)()) for n, ty in SCHEMA_FIELDS}), mode="overwrite",
                         storage_options=options or None)
     _say(f"delta-rs: {writers} processes x {k} write_deltalake appends on {on} ...")
-    results, t0, end = _run_processes(_rs_writer, lambda i: (locations[i % tables], i, k, options), writers, workdir)
+    results, t0, end = run_processes(_rs_writer, lambda i: (locations[i % tables], i, k, options), writers, workdir)
     return _summary(writers, results, k, end - t0)
 
 

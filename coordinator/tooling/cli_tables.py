@@ -97,7 +97,7 @@ def _writing(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: 
              writer_key: str | None, storage_pairs: tuple[str, ...]) -> Iterator[Any]:
     """The table of a write command, its errors as CLI errors (an unknown outcome names the lookup command)."""
     try:
-        with _errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
+        with cli_errors(_lookup_args(path, bootstrap_servers, topic_prefix, table_id)), \
                 _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, writer_key, storage_pairs) as t:
             yield t
     except KeyboardInterrupt:
@@ -119,7 +119,7 @@ def _lookup_hint(proposal_id: str, lookup: Sequence[str] | None) -> str:
 
 
 @contextmanager
-def _errors(lookup: Sequence[str] | None = None) -> Iterator[None]:
+def cli_errors(lookup: Sequence[str] | None = None) -> Iterator[None]:
     """Project errors as clean CLI errors (no traceback)."""
     from writer.staging import SchemaError
 
@@ -144,7 +144,7 @@ def _table(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tu
 
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
     reach_kafka(bootstrap_servers, kafka)
-    with _errors():
+    with cli_errors():
         try:
             ctx = click.get_current_context(silent=True)
             timeout = {} if ctx is None or _TIMEOUT_KEY not in ctx.meta else {"decision_timeout_s": ctx.meta[_TIMEOUT_KEY]}
@@ -640,7 +640,7 @@ def compact_cmd(path: str, kind: str, where: str | None, small_file_size: int, b
 
 
 def _load(path: str, version: int | None = None, storage_pairs: tuple[str, ...] = ()) -> Snapshot:
-    with _errors():
+    with cli_errors():
         return Snapshot.load(path, version=version, storage_options=parse_pairs(storage_pairs, "--storage-option"))
 
 
@@ -655,7 +655,7 @@ def history_cmd(path: str, limit: int | None, storage_pairs: tuple[str, ...]) ->
     Example:
       deltacoord table history /data/sales --limit 5
     """
-    with _errors():
+    with cli_errors():
         for entry in _load(path, None, storage_pairs).history(limit):
             _echo_json(entry)
 
@@ -679,7 +679,7 @@ def lookup_cmd(path: str, proposal_id: str, bootstrap_servers: str, topic_prefix
     Example:
       deltacoord table lookup /data/sales 0b6f5c1e-9a43-4f57-8d0e-2f1a6f0c9b1d
     """
-    with _errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, None, storage_pairs) as t:
+    with cli_errors(), _table(path, bootstrap_servers, topic_prefix, kafka_pairs, table_id, None, storage_pairs) as t:
         d = t.lookup_decision(proposal_id, timeout_s=timeout)
     if d is None:
         _echo_json({"proposalId": proposal_id, "decided": False})
@@ -743,7 +743,7 @@ def vacuum_cmd(path: str, retention_hours: float | None, dry_run: bool, no_reten
     from writer.vacuum import VacuumRetentionError, vacuum
 
     try:
-        with _errors():
+        with cli_errors():
             result = vacuum(path, retention_hours=retention_hours, dry_run=dry_run, enforce_retention=not no_retention_check,
                             storage_options=parse_pairs(storage_pairs, "--storage-option"))
     except click.ClickException as e:
@@ -852,14 +852,14 @@ def tail_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs:
     start = _from_version(from_version)
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
     reach_kafka(bootstrap_servers, kafka)
-    with _errors():
+    with cli_errors():
         stream = CommitStream(table, bootstrap_servers, topics=Topics.with_prefix(topic_prefix),
                               starting_version=start,
                               include_all_commits=True, **kafka)
     announced = False
     last_seen = time.monotonic()
     try:
-        with _errors(), stream:
+        with cli_errors(), stream:
             while True:
                 events = stream.poll(0.5)
                 if not announced and stream.position is not None:

@@ -74,7 +74,7 @@ def transact_cmd(source: str, transaction_id: str | None, writer_key: str | None
     """
     import pyarrow as pa
 
-    from coordinator.tooling.cli_tables import UnknownOutcome, _errors
+    from coordinator.tooling.cli_tables import UnknownOutcome, cli_errors
     from schemas.errors import CommitOutcomeUnknownError
     from writer.multi_table import MultiTableTransaction
 
@@ -84,7 +84,7 @@ def transact_cmd(source: str, transaction_id: str | None, writer_key: str | None
     opts = parse_pairs(storage_pairs, "--storage-option")
     txid = transaction_id or doc.get("transactionId")
     try:
-        with _errors():
+        with cli_errors():
             tx = MultiTableTransaction(bootstrap_servers, transaction_id=txid, topic_prefix=topic_prefix,
                                        writer_key=writer_key, **kafka)
             with tx:

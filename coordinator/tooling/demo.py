@@ -129,10 +129,10 @@ def _writer(system: str, uri: str, w: int, k: int, bootstrap: str, prefix: str, 
 def _appends(system: str, uri: str, writers: int, k: int, bootstrap: str, prefix: str, options: dict[str, str],
              workdir: Path) -> Appends:
     """`writers` processes (each its own interpreter, as real writers are) appending `k` one-row batches each."""
-    from coordinator.tooling.bench import _run_processes
+    from coordinator.tooling.bench import run_processes
 
     workdir.mkdir(parents=True, exist_ok=True)
-    results, t0, end = _run_processes(_writer, lambda w: (system, uri, w, k, bootstrap, prefix, options), writers, workdir)
+    results, t0, end = run_processes(_writer, lambda w: (system, uri, w, k, bootstrap, prefix, options), writers, workdir)
     per_writer = [WriterStats(len(r["lat"]), r["failed"], r["lat"]) for r in results]
     per_writer += [WriterStats(0, k) for _ in range(writers - len(results))]  # a process that died: all its appends failed
     return Appends(per_writer, end - t0)

@@ -5,6 +5,7 @@
 * the coordinator's rules (`coordinator.rules`) import only `schemas`;
 * in `coordinator`, only the tooling (`coordinator.tooling`) imports `writer`;
 * nothing imports the `deltacoord` facade;
+* no module imports another module's private (`_`-prefixed) name: what two modules share is public;
 * the batch client and the coordinator import without pyspark (an optional extra); the
   coordinator's deciding process without Arrow, and its checkpoint process without the SQL
   engine (both count against the coordinator's memory budget).
@@ -178,3 +179,22 @@ import coordinator.delta_log.checkpoint_worker, coordinator.delta_log.checkpoint
 assert "sqlglot" not in sys.modules and "pyarrow.dataset" not in sys.modules, "the checkpoint process imports the SQL engine"
 print("ok")
 """)
+
+
+#: Private names still shared, to be made public where they are moved (the writer's client and its relay).
+_KNOWN_PRIVATE = {("writer.relay", "writer.client", "_NOT_WRITTEN"), ("writer.relay", "writer.client", "_Replies")}
+
+
+def _private_imports() -> set[tuple[str, str, str]]:
+    out = set()
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _ours(node.module):
+                out.update((module, node.module, a.name) for a in node.names
+                           if a.name.startswith("_") and not a.name.startswith("__"))
+    return out
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    assert _private_imports() - _KNOWN_PRIVATE == set()
+

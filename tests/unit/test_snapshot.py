@@ -192,13 +192,13 @@ def test_columns_and_filters(histories: dict[str, tuple[Path, int]], monkeypatch
 
     # partition-only conjuncts prune files before they are opened
     opened: list[Path] = []
-    real = snapmod._read_data_file
+    real = snapmod.read_data_file
 
     def spy(path_: Path, *a: Any, **k: Any) -> pa.Table:
         opened.append(path_)
         return real(path_, *a, **k)
 
-    monkeypatch.setattr(snapmod, "_read_data_file", spy)
+    monkeypatch.setattr(snapmod, "read_data_file", spy)
     s.to_pyarrow(filter="p = 'v1' AND q = 1 AND id > 0")
     assert opened and all("p=v1" in str(p) and "q=1" in str(p) for p in opened)
     opened.clear()
@@ -509,14 +509,14 @@ def test_building_actions_pauses_the_cyclic_gc_and_restores_its_state() -> None:
 
     import pyarrow as pa
 
-    from reader.checkpoint import _without_cyclic_gc, adds_from_struct
+    from reader.checkpoint import adds_from_struct, without_cyclic_gc
 
-    with _without_cyclic_gc():
+    with without_cyclic_gc():
         assert not gc.isenabled()
     assert gc.isenabled()
     gc.disable()
     try:
-        with _without_cyclic_gc():
+        with without_cyclic_gc():
             pass
         assert not gc.isenabled(), "a collector the caller disabled stays disabled"
     finally:
