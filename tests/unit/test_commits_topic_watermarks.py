@@ -9,6 +9,7 @@ real broker restart is the writer fault test's and the three-broker chaos test's
 from __future__ import annotations
 
 from typing import Any
+from unittest.mock import Mock
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -19,24 +20,10 @@ from schemas.commits_topic import RETRIED, Watermarks, retriable, watermarks
 TP = TopicPartition("t.commits", 0)
 
 
-class _Answers:
-    """A consumer that answers watermark queries from a list (a KafkaError is raised)."""
-
-    def __init__(self, *answers: object) -> None:
-        self.answers = list(answers)
-        self.calls = 0
-        self.closed = False
-
-    def get_watermark_offsets(self, tp: TopicPartition, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
-        self.calls += 1
-        a = self.answers.pop(0)
-        if isinstance(a, KafkaError):
-            raise KafkaException(a)
-        assert isinstance(a, tuple)
-        return a
-
-    def close(self) -> None:
-        self.closed = True
+def _answers(*answers: object) -> Mock:
+    """A consumer whose watermark queries answer `answers` in order (a KafkaError is raised)."""
+    side = [KafkaException(a) if isinstance(a, KafkaError) else a for a in answers]
+    return Mock(spec=["get_watermark_offsets", "close"], get_watermark_offsets=Mock(side_effect=side))
 
 
 @pytest.mark.parametrize("code", [
@@ -63,28 +50,28 @@ def test_refusals_and_fatal_errors_are_not_retried() -> None:
 
 
 def test_a_moving_leader_and_a_new_topic_are_asked_again() -> None:
-    c = _Answers(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION), KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), (3, 9))
+    c = _answers(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION), KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), (3, 9))
     assert watermarks(c, TP, budget_s=30) == (3, 9)
-    assert c.calls == 3
+    assert c.get_watermark_offsets.call_count == 3
 
 
 def test_a_refusal_raises_at_once_and_an_exhausted_budget_raises() -> None:
-    denied = _Answers(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), (0, 1))
+    denied = _answers(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), (0, 1))
     with pytest.raises(KafkaException):
         watermarks(denied, TP)
-    assert denied.calls == 1
-    never = _Answers(*[KafkaError(KafkaError._TRANSPORT)] * 50)
+    assert denied.get_watermark_offsets.call_count == 1
+    never = _answers(*[KafkaError(KafkaError._TRANSPORT)] * 50)
     with pytest.raises(KafkaException):
         watermarks(never, TP, budget_s=0.5)
-    assert 1 < never.calls < 50
+    assert 1 < never.get_watermark_offsets.call_count < 50
 
 
-def _consumers(monkeypatch: pytest.MonkeyPatch, *made: _Answers) -> list[dict[str, Any]]:
+def _consumers(monkeypatch: pytest.MonkeyPatch, *made: Mock) -> list[dict[str, Any]]:
     """`Watermarks` gets its consumers from `made`, in order; the configs it made them with are returned."""
     configs: list[dict[str, Any]] = []
     queue = list(made)
 
-    def make(config: dict[str, Any]) -> _Answers:
+    def make(config: dict[str, Any]) -> Mock:
         configs.append(config)
         return queue.pop(0)
 
@@ -93,17 +80,17 @@ def _consumers(monkeypatch: pytest.MonkeyPatch, *made: _Answers) -> list[dict[st
 
 
 def test_stale_metadata_replaces_the_consumer_and_the_new_one_answers(monkeypatch: pytest.MonkeyPatch) -> None:
-    stale = _Answers(KafkaError(KafkaError._UNKNOWN_PARTITION, "Failed to get watermark offsets"))
-    fresh = _Answers((0, 42))
+    stale = _answers(KafkaError(KafkaError._UNKNOWN_PARTITION, "Failed to get watermark offsets"))
+    fresh = _answers((0, 42))
     configs = _consumers(monkeypatch, stale, fresh)
     w = Watermarks({"bootstrap.servers": "127.0.0.1:9", "group.id": "g"})
     assert w.offsets(TP, budget_s=30) == (0, 42)
-    assert w.rebuilds == 1 and stale.closed and w.consumer is fresh
+    assert w.rebuilds == 1 and stale.close.called and w.consumer is fresh
     assert configs[0] == configs[1], "the new consumer has the old one's settings"
 
 
 def test_a_broker_away_for_a_moment_keeps_the_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
-    c = _Answers(KafkaError(KafkaError._TRANSPORT), KafkaError(KafkaError.LEADER_NOT_AVAILABLE), (5, 6))
+    c = _answers(KafkaError(KafkaError._TRANSPORT), KafkaError(KafkaError.LEADER_NOT_AVAILABLE), (5, 6))
     _consumers(monkeypatch, c)
     w = Watermarks({"bootstrap.servers": "127.0.0.1:9"})
     assert w.offsets(TP, budget_s=30) == (5, 6)
@@ -111,10 +98,10 @@ def test_a_broker_away_for_a_moment_keeps_the_consumer(monkeypatch: pytest.Monke
 
 
 def test_a_closed_client_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    c = _Answers((0, 1))
+    c = _answers((0, 1))
     _consumers(monkeypatch, c)
     w = Watermarks({"bootstrap.servers": "127.0.0.1:9"})
     w.close()
-    assert c.closed
+    assert c.close.called
     with pytest.raises(KafkaException):
         w.get_watermark_offsets(TP)
