@@ -13,20 +13,26 @@ partition's end. Only records whose table-id header matches are decoded.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
 
 from reader.staged_commits import resolve_decision
 from reader.storage import TableStorage
 from schemas.actions import Action
 from schemas.codec import decode_decision
+from schemas.commits_topic import (
+    CommitsTopicNotFoundError,
+    PartitionScan,
+    ScanIncompleteError,
+    commits_partition,
+    read_committed,
+)
 from schemas.errors import DeltaCoordError
-from schemas.routing import H_TABLE_ID, H_VERSION, Topics, header, partition_for
+from schemas.routing import H_TABLE_ID, H_VERSION, Topics, header
 from schemas.staged import StagedCommitError
 
 #: How far before the newest published version's commitInfo timestamp the scan starts.
@@ -52,50 +58,29 @@ class RatifiedSource:
         """The table's ratified versions after `version`, in order, each with its actions (the commit exactly as it
         will be published); `since_ms` is `version`'s commitInfo timestamp (0: scan the whole partition).
         `storage` (the table's) resolves versions recorded by reference (`reader.staged_commits`)."""
-        c = Consumer({"bootstrap.servers": self.bootstrap_servers, **self.kafka_config,
-                      "group.id": f"deltacoord-stream-ratified-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False,
-                      "isolation.level": "read_committed"})
         try:
-            return self._scan(c, version, since_ms, storage)
+            return self._scan(version, since_ms, storage)
         except StagedCommitError as e:
             raise RatifiedReadError(f"a ratified version of {self.table_id} cannot be read: {e}") from e
+        except (CommitsTopicNotFoundError, ScanIncompleteError) as e:
+            raise RatifiedReadError(str(e)) from e
         except KafkaException as e:
             raise RatifiedReadError(f"cannot read the ratified versions of {self.table_id} from "
                                     f"{self.topics.commits}: {e}") from e
-        finally:
-            c.close()
 
-    def _scan(self, c: Consumer, version: int, since_ms: int,
-              storage: TableStorage | None) -> list[tuple[int, tuple[Action, ...]]]:
+    def _scan(self, version: int, since_ms: int, storage: TableStorage | None) -> list[tuple[int, tuple[Action, ...]]]:
+        conf = read_committed({"bootstrap.servers": self.bootstrap_servers, **self.kafka_config},
+                              f"deltacoord-stream-ratified-{uuid.uuid4().hex[:12]}")
         topic = self.topics.commits
-        md = c.list_topics(topic, timeout=self.timeout_s)
-        t = md.topics.get(topic)
-        if t is None or t.error is not None or not t.partitions:
-            raise RatifiedReadError(f"commits topic {topic} not found on {self.bootstrap_servers}")
-        tp = TopicPartition(topic, partition_for(self.table_id, len(t.partitions)))
-        low, high = c.get_watermark_offsets(tp, timeout=self.timeout_s)
-        if high <= low:
-            return []
-        start = low
-        if since_ms > 0:
-            (found,) = c.offsets_for_times([TopicPartition(topic, tp.partition, max(0, since_ms - SCAN_MARGIN_MS))],
-                                           timeout=self.timeout_s)
-            if found.offset < 0:
-                return []  # every record is older: nothing was ratified after `version`
-            start = max(low, found.offset)
-        c.assign([TopicPartition(topic, tp.partition, start)])
-        want = self.table_id.encode()
+
+        def partition(c: Consumer) -> int:
+            return commits_partition(c, topic, self.table_id, self.bootstrap_servers, self.timeout_s)
+
         out: dict[int, tuple[Action, ...]] = {}
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            for m in c.consume(500, 0.1):
-                err = m.error()
-                if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        raise KafkaException(err)
-                    continue
-                if header(m, H_TABLE_ID) != want:
-                    continue
+        with PartitionScan(conf, topic, partition, since_ms=max(0, since_ms - SCAN_MARGIN_MS) if since_ms > 0 else None,
+                           headers={H_TABLE_ID: {self.table_id.encode()}}, budget_s=self.timeout_s,
+                           deadline_s=self.timeout_s) as scan:
+            for m in scan:
                 raw_version = header(m, H_VERSION)
                 if raw_version is None or int(raw_version) <= version:
                     continue
@@ -110,12 +95,6 @@ class RatifiedSource:
                                                     "storage to read it")
                         d = resolve_decision(storage, d)
                     out[int(raw_version)] = d.actions
-            # The position, not the last offset: transaction markers are never delivered.
-            if c.position([tp])[0].offset >= high:
-                break
-            if time.monotonic() > deadline:
-                raise RatifiedReadError(f"{topic} partition {tp.partition} was not read to offset {high} within "
-                                        f"{self.timeout_s:.0f}s (an open transaction holds read_committed readers back)")
         commits: list[tuple[int, tuple[Action, ...]]] = []
         for n in sorted(out):
             if n != version + 1 + len(commits):

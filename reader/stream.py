@@ -80,6 +80,7 @@ from reader.storage_uri import StorageUriError, normalize_table_uri
 from schemas import client_settings, kafka_logs
 from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
 from schemas.codec import decode_decision
+from schemas.commits_topic import commits_partition, read_committed
 from schemas.errors import DeltaCoordError, MetadataChangedException
 from schemas.messages import Decision, Outcome
 from schemas.routing import (
@@ -93,7 +94,6 @@ from schemas.routing import (
     H_VERSION,
     Topics,
     header,
-    partition_for,
 )
 from schemas.staged import StagedCommitError
 
@@ -305,24 +305,14 @@ class CommitStream:
 
         conf: dict[str, Any] = {
             "fetch.wait.max.ms": 10,
-            "bootstrap.servers": bootstrap_servers,
-            **kafka_config,
-            "group.id": f"deltacoord-stream-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
+            **read_committed({"bootstrap.servers": bootstrap_servers, **kafka_config},
+                             f"deltacoord-stream-{uuid.uuid4().hex}"),
             "enable.auto.offset.store": False,
-            "isolation.level": "read_committed",
             "enable.partition.eof": True,
         }
         self._consumer = Consumer(kafka_logs.kafka_config(conf))
         try:
-            md = self._consumer.list_topics(self.topics.commits, timeout=30)
-            t = md.topics.get(self.topics.commits)
-            if t is None or t.error is not None or not t.partitions:
-                raise DeltaCoordError(
-                    f"commits topic {self.topics.commits} not found on {bootstrap_servers}"
-                    f"{'' if t is None or t.error is None else f' ({t.error})'}: is a coordinator running?"
-                )
-            self.partition = partition_for(self.table_id, len(t.partitions))
+            self.partition = commits_partition(self._consumer, self.topics.commits, self.table_id, bootstrap_servers)
             self._consumer.assign([TopicPartition(self.topics.commits, self.partition, OFFSET_BEGINNING)])
         except BaseException:
             self._consumer.close()

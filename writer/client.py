@@ -42,6 +42,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from reader.ratified import RatifiedSource
 from schemas import client_settings, kafka_logs
 from schemas.codec import decode_decision, encode_proposal
+from schemas.commits_topic import PartitionScan, ScanIncompleteError, Watermarks, read_committed
 from schemas.errors import (
     CommitOutcomeUnknownError,
     EncodeError,
@@ -57,7 +58,6 @@ from schemas.routing import (
     H_SIGNER,
     H_TABLE_ID,
     Topics,
-    header,
     partition_for,
 )
 from schemas.signing import WriterKey
@@ -82,60 +82,6 @@ WARM_WAIT_S = 10.0
 POLL_S = 0.025
 #: A reply partition assigned this long ago counts as fetched even if its end was not reached yet.
 LIVE_AFTER_S = 0.5
-
-#: Retriable reasons a broker call fails while a partition's leadership moves (a failover, a new topic).
-_LEADERSHIP_MOVING = frozenset({
-    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._WAIT_COORD,
-    KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS, KafkaError._UNKNOWN_PARTITION,
-    KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE,
-})
-
-
-#: Failures that mean a consumer's metadata cache is stale: after a broker's controlled shutdown and restart
-#: librdkafka kept the topic without its partitions and answered these until the entry aged out (15 minutes),
-#: without asking the broker again; a new consumer asks.
-_STALE_METADATA = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC})
-
-
-class _EndOffsets:
-    """End offsets from a consumer nothing polls, replaced when its metadata goes stale."""
-
-    def __init__(self, conf: dict[str, Any]) -> None:
-        self._conf = conf
-        self.consumer = Consumer(conf)
-        self._replaced_at = 0.0
-
-    def end_offset(self, tp: TopicPartition, timeout_s: float = 30.0) -> int:
-        """The partition's end offset, retried within `timeout_s` while leadership settles (a new topic, a
-        partition-leader failover): any retriable error or a leadership error is tried again."""
-        deadline = time.monotonic() + timeout_s
-        delay = 0.05
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                _low, high = self.consumer.get_watermark_offsets(tp, timeout=max(1.0, min(10.0, remaining)))
-                return int(high)
-            except KafkaException as e:
-                err = e.args[0]
-                retriable = isinstance(err, KafkaError) and not err.fatal() and (
-                    err.retriable() or err.code() in _LEADERSHIP_MOVING)
-                if time.monotonic() + delay > deadline or not retriable:
-                    raise
-                if err.code() in _STALE_METADATA and time.monotonic() - self._replaced_at >= 1.0:
-                    self._replace()
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-
-    def _replace(self) -> None:
-        old, self.consumer = self.consumer, Consumer(self._conf)
-        self._replaced_at = time.monotonic()
-        with contextlib.suppress(KafkaException, RuntimeError):
-            old.close()
-
-    def close(self) -> None:
-        self.consumer.close()
-
 
 _SILENT = logging.getLogger("deltacoord.kafka.keyword-check")
 _SILENT.addHandler(logging.NullHandler())
@@ -245,12 +191,7 @@ class _Replies(Routing):
         quiet = {k: v for k, v in conf.items() if k != "statistics.interval.ms"}
         # End offsets are asked of a consumer no thread polls: librdkafka answers a watermark query on a
         # consumer another thread is polling late (about 1 s for a writer's first commit, minutes under load).
-        self._offsets = _EndOffsets({
-            **quiet,
-            "group.id": f"deltacoord-writer-offsets-{uuid.uuid4().hex[:12]}",  # never joins
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        })
+        self._offsets = Watermarks(read_committed(quiet, f"deltacoord-writer-offsets-{uuid.uuid4().hex[:12]}"))
         self._lease = Consumer({
             **quiet,
             "group.id": group_id,
@@ -355,7 +296,7 @@ class _Replies(Routing):
     def _start_reading(self, partition: int, timeout_s: float = 30.0) -> None:
         """Have the reading thread read `partition` from its current end (the caller holds `_lock`)."""
         if partition not in self._reading:
-            high = self._offsets.end_offset(TopicPartition(self.topic, partition), timeout_s)
+            _low, high = self._offsets.offsets(TopicPartition(self.topic, partition), timeout_s)
             # Every answer to a proposal produced from now on lies at a later offset, so the reader may
             # start there whenever its thread gets to it.
             self._to_assign.append(TopicPartition(self.topic, partition, high))
@@ -751,35 +692,19 @@ class CoordinatorClient:
                         since_ms: int | None = None) -> Decision | None:
         """Scan the table's commits partition for a proposal's decision (after an unknown outcome), from its
         start or from the first record at or after `since_ms` (ms since the epoch)."""
-        partition = self.partition_of(table_id)
         conf = {k: v for k, v in self._conf.items() if k != "statistics.interval.ms"}
-        c = Consumer({**conf, "group.id": "deltacoord-lookup", "enable.auto.commit": False, "isolation.level": "read_committed"})
+        want = {proposal_id.encode()}
         try:
-            tp = TopicPartition(self.topics.commits, partition)
-            low, high = c.get_watermark_offsets(tp, timeout=timeout_s)
-            if high <= low:
-                return None  # nothing decided on this partition yet
-            start = low
-            if since_ms is not None and since_ms > 0:
-                found = c.offsets_for_times([TopicPartition(self.topics.commits, partition, since_ms)], timeout=timeout_s)
-                if found and found[0].offset < 0:
-                    return None  # no record as recent as that
-                if found and found[0].offset > low:
-                    start = found[0].offset
-            c.assign([TopicPartition(self.topics.commits, partition, start)])
-            want = proposal_id.encode()
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline:
-                for m in c.consume(500, 0.2):
+            with PartitionScan(read_committed(conf, "deltacoord-lookup"), self.topics.commits,
+                               self.partition_of(table_id), since_ms=since_ms, headers={H_PROPOSAL_ID: want},
+                               budget_s=timeout_s, deadline_s=timeout_s) as scan:
+                for m in scan:
                     value = m.value()
-                    if m.error() is None and value is not None and header(m, H_PROPOSAL_ID) == want:
+                    if value is not None:
                         return decode_decision(value)
-                # The position, not the last message offset: transaction markers are never delivered.
-                if c.position([tp])[0].offset >= high:
-                    return None
-            return None
-        finally:
-            c.close()
+        except ScanIncompleteError:
+            pass  # not read to its end in time: not found yet
+        return None
 
     def close(self) -> None:
         with self._lock:

@@ -11,18 +11,16 @@ publication. The point is moved past any transaction whose parts it would split.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from reader.ratified import SCAN_MARGIN_MS, RatifiedReadError
 from reader.snapshot import Snapshot
 from reader.staged_commits import resolve_decision
 from schemas.actions import Action, CommitInfo
 from schemas.codec import decode_decision
+from schemas.commits_topic import PartitionScan, ScanIncompleteError, read_committed
 from schemas.messages import TRANSACTION_KEY
 from schemas.routing import H_TABLE_ID, H_VERSION, header
 from writer.client import CoordinatorClient
@@ -75,40 +73,20 @@ def _snapshots(handles: Sequence[Table], client: CoordinatorClient | None, timeo
 def _scan(kc: CoordinatorClient, partition: int, published: Mapping[str, Snapshot],
           timeout_s: float) -> dict[str, dict[int, tuple[Action, ...]]]:
     """Per table id, its versions after the published one that were ratified before this partition's point."""
-    topic = kc.topics.commits
-    conf = {k: v for k, v in kc._conf.items()}
-    c = Consumer({**conf, "group.id": f"deltacoord-snapshots-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False,
-                  "isolation.level": "read_committed"})
+    stamps = [s._commit_info_ms() for s in published.values()]
+    since = max(0, min(stamps) - SCAN_MARGIN_MS) if stamps and min(stamps) > 0 else None
+    wanted = {tid.encode(): tid for tid in published}
+    out: dict[str, dict[int, tuple[Action, ...]]] = {}
     try:
-        tp = TopicPartition(topic, partition)
-        low, high = c.get_watermark_offsets(tp, timeout=timeout_s)
-        if high <= low:
-            return {}
-        stamps = [s._commit_info_ms() for s in published.values()]
-        start = low
-        if stamps and min(stamps) > 0:
-            (found,) = c.offsets_for_times([TopicPartition(topic, partition, max(0, min(stamps) - SCAN_MARGIN_MS))],
-                                           timeout=timeout_s)
-            if found.offset < 0:
-                return {}
-            start = max(low, found.offset)
-        c.assign([TopicPartition(topic, partition, start)])
-        wanted = {tid.encode(): tid for tid in published}
-        out: dict[str, dict[int, tuple[Action, ...]]] = {}
-        end = high  # the point: moved past a transaction it would split
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for m in c.consume(500, 0.1):
-                err = m.error()
-                if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        raise KafkaException(err)
-                    continue
+        with PartitionScan(read_committed(kc._conf, f"deltacoord-snapshots-{uuid.uuid4().hex[:12]}"), kc.topics.commits,
+                           partition, since_ms=since, headers={H_TABLE_ID: wanted.keys()}, budget_s=timeout_s,
+                           deadline_s=timeout_s) as scan:
+            for m in scan:  # the scan's end is the point: moved past a transaction it would split
                 offset = m.offset()
-                tid = wanted.get(header(m, H_TABLE_ID) or b"")
+                tid = wanted[header(m, H_TABLE_ID) or b""]
                 raw_version = header(m, H_VERSION)
                 value = m.value()
-                if offset is None or offset >= end or tid is None or raw_version is None or value is None:
+                if offset is None or raw_version is None or value is None:
                     continue
                 if int(raw_version) <= published[tid].version:
                     continue
@@ -119,17 +97,13 @@ def _scan(kc: CoordinatorClient, partition: int, published: Mapping[str, Snapsho
                 tx = info.values.get(TRANSACTION_KEY) if info is not None else None
                 if isinstance(tx, dict) and isinstance(tx.get("tables"), list) and tid in tx["tables"]:
                     # The parts are consecutive records: the point may not fall among them.
-                    end = max(end, offset - tx["tables"].index(tid) + len(tx["tables"]))
+                    scan.end = max(scan.end, offset - tx["tables"].index(tid) + len(tx["tables"]))
                 if d.staged is not None:
                     d = resolve_decision(published[tid].storage, d)
                 out.setdefault(tid, {})[int(raw_version)] = d.actions
-            if c.position([tp])[0].offset >= end:
-                return out
-            if time.monotonic() > deadline:
-                raise RatifiedReadError(f"{topic} partition {partition} was not read to offset {end} within "
-                                        f"{timeout_s:.0f}s (an open transaction holds read_committed readers back)")
-    finally:
-        c.close()
+    except ScanIncompleteError as e:
+        raise RatifiedReadError(str(e)) from e
+    return out
 
 
 __all__ = ["snapshots"]

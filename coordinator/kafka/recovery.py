@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Message
 
 from coordinator.delta_log.adoption import PublishedState, StateLoadError, load_published_state
 from coordinator.delta_log.table_files import deleted_problem, location_claimed
@@ -30,6 +30,8 @@ from reader.log import newest_commit_version
 from reader.staged_commits import resolve_decision_bytes
 from reader.storage import StorageError, TableStorage
 from schemas.codec import decode_decision
+from schemas.commits_topic import PartitionScan, ScanIncompleteError, read_committed
+from schemas.commits_topic import watermarks as watermarks  # asked for here by the recovery tests
 from schemas.messages import Decision
 from schemas.routing import H_NEXT_OFFSET, H_TABLE_ID, H_VERSION, header
 from schemas.staged import StagedCommitError
@@ -41,31 +43,9 @@ class RecoveryError(RuntimeError):
     """The commits topic could not be read to its end; state must not be rebuilt from part of it."""
 
 
-#: Errors a partition-leader election answers with for a while; asking again later is correct.
-_LEADER_MOVING = frozenset({
-    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH,
-    KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
-    KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS,
-})
-
-
-def watermarks(c: Consumer, tp: TopicPartition, budget_s: float = 90.0) -> tuple[int, int]:
-    """The partition's low and high offsets, asked again (backing off) while its leader moves, for up to
-    `budget_s`: a leader election takes seconds, and recovery must not fail the daemon for it."""
-    deadline = time.monotonic() + budget_s
-    delay = 0.2
-    while True:
-        try:
-            low, high = c.get_watermark_offsets(tp, timeout=min(30.0, max(1.0, deadline - time.monotonic())))
-            return int(low), int(high)
-        except KafkaException as e:
-            err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
-            moving = err is not None and (err.retriable() or err.code() in _LEADER_MOVING)
-            if not moving or time.monotonic() + delay > deadline:
-                raise
-            log.info("offsets of %s[%d] not available yet (%s); asking again", tp.topic, tp.partition, err)
-            time.sleep(delay)
-            delay = min(delay * 2, 3.0)
+#: How long recovery asks for a commits partition's offsets while its leader moves (a leader election takes
+#: seconds, and recovery must not fail the daemon for it).
+WATERMARKS_BUDGET_S = 90.0
 
 
 class SnapshotUnusableError(RecoveryError):
@@ -100,44 +80,26 @@ def read_decisions_at(
 
     `on_end` is called first with the offset the read ends at (the high watermark); `on_next_offset` with the
     `deltacoord.next_offset` of every record that carries one (before any table filter)."""
-    c = Consumer(
-        settings.client(
-            {"fetch.message.max.bytes": max(settings.max_proposal_bytes * 2, 1_048_576)},
-            **{"group.id": f"{settings.group_id}-recovery", "enable.auto.commit": False, "isolation.level": "read_committed",
-               "enable.partition.eof": True},
-        )
+    conf = settings.client(
+        {"fetch.message.max.bytes": max(settings.max_proposal_bytes * 2, 1_048_576)},
+        **read_committed({}, f"{settings.group_id}-recovery"),
     )
-    try:
-        tp = TopicPartition(settings.topics.commits, partition)
-        low, high = watermarks(c, tp)
+
+    def fetched(m: Message) -> None:
+        if on_record is not None:
+            on_record()
+        if on_next_offset is not None and (nxt := _header(m, H_NEXT_OFFSET)) is not None:
+            on_next_offset(int(nxt))
+
+    wanted: dict[str, set[bytes]] = {} if table_id is None else {H_TABLE_ID: {table_id.encode()}}
+    # Read up to the high watermark, however long the broker takes: a partial history would rebuild wrong table
+    # states. Only lack of progress is an error.
+    with PartitionScan(conf, settings.topics.commits, partition, from_offset=from_offset, headers=wanted,
+                       on_record=fetched, budget_s=WATERMARKS_BUDGET_S, stall_s=stall_timeout_s) as scan:
         if on_end is not None:
-            on_end(high)
-        if from_offset is not None:
-            low = max(low, from_offset)
-        if high <= low:
-            return
-        c.assign([TopicPartition(settings.topics.commits, partition, low)])
-        # Read up to the high watermark, however long the broker takes: a partial
-        # history would rebuild wrong table states. Only lack of progress is an error.
-        last_progress = last_report = time.monotonic()
-        last_pos = low
-        at_end = False
-        while not at_end:
-            msgs = c.consume(1000, 0.2)
-            for m in msgs:
-                merr = m.error()
-                if merr is not None:
-                    if merr.code() == KafkaError._PARTITION_EOF:
-                        # The fetcher reached the end, control records and aborted batches included.
-                        at_end = (m.offset() or 0) >= high
-                        continue
-                    raise KafkaException(merr)
-                if on_record is not None:
-                    on_record()
-                if on_next_offset is not None and (nxt := _header(m, H_NEXT_OFFSET)) is not None:
-                    on_next_offset(int(nxt))
-                if table_id is not None and _header(m, H_TABLE_ID) != table_id:
-                    continue
+            on_end(scan.end)
+        try:
+            for m in scan:
                 if min_version > 0:
                     v = _header(m, H_VERSION)
                     if v is None or int(v) < min_version:
@@ -145,22 +107,8 @@ def read_decisions_at(
                 value = m.value()
                 if value is not None:
                     yield decode_decision(value), m.offset() or 0
-            pos = c.position([tp])[0].offset
-            if pos >= high:
-                break
-            if msgs or pos > last_pos:
-                last_progress = time.monotonic()
-                last_pos = max(last_pos, pos)
-            elif time.monotonic() - last_report > 10:
-                last_report = time.monotonic()
-                log.warning("reading %s[%d]: waiting at offset %d of %d", settings.topics.commits, partition, pos, high)
-            if not at_end and time.monotonic() - last_progress > stall_timeout_s:
-                raise RecoveryError(
-                    f"reading {settings.topics.commits}[{partition}] stalled at offset {pos} of {high} for "
-                    f"{stall_timeout_s:.0f}s; refusing to continue with a partial history"
-                )
-    finally:
-        c.close()
+        except ScanIncompleteError as e:
+            raise RecoveryError(str(e)) from e
 
 
 @dataclass

@@ -15,47 +15,28 @@ offset (ListOffsets with `read_committed`) is past the decision's record.
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
-log = logging.getLogger(__name__)
+from schemas.commits_topic import Watermarks, read_committed
 
 
-class StableOffsets:
+class StableOffsets(Watermarks):
     """`stable(partition, offset)`: whether `read_committed` readers of the commits topic see that record.
 
     Asked with a `read_committed` consumer that joins no group and reads nothing: its watermark query
     (ListOffsets) answers the last stable offset, synchronously within `request_timeout_s`, and it
     follows leadership moves and broker restarts itself (librdkafka's admin ListOffsets kept a cached
-    leader epoch after a restart and was refused for as long as the client lived).
-
-    Except in one case, seen after a broker's controlled shutdown and restart: the consumer's metadata
-    cache kept the topic without the partition, and every query failed with `_UNKNOWN_PARTITION` until
-    the entry aged out (15 minutes by default) without asking the broker again. A query failing that
-    way, or failing in any way for `REBUILD_AFTER_S`, replaces the consumer, whose fresh cache asks."""
-
-    #: Replace the consumer when queries have failed this long (seconds), and at most this often.
-    REBUILD_AFTER_S = 10.0
-    #: Failures that mean the metadata cache is stale, not that the broker is away: replace at once.
-    STALE_METADATA = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC})
+    leader epoch after a restart and was refused for as long as the client lived). A consumer whose
+    metadata went stale is replaced (`schemas.commits_topic.Watermarks`). One query per call: the
+    publisher asks again on its own schedule."""
 
     def __init__(self, client_config: dict[str, Any], topic: str, request_timeout_s: float = 10.0) -> None:
+        super().__init__(read_committed(client_config, f"deltacoord-stable-{topic}"))
         self.topic = topic
         self.request_timeout_s = request_timeout_s
-        self._config = {**client_config, "group.id": f"deltacoord-stable-{topic}", "enable.auto.commit": False,
-                        "isolation.level": "read_committed"}
-        self._consumer: Consumer | None = Consumer(self._config)
         self._known: dict[int, int] = {}
-        self._lock = threading.Lock()
-        #: When queries started failing (monotonic), and when the consumer was last replaced.
-        self._failing_since: float | None = None
-        self._rebuilt_at = 0.0
-        #: How many times the consumer was replaced (for tests and the log).
-        self.rebuilds = 0
 
     def __call__(self, partition: int, offset: int) -> bool:
         with self._lock:
@@ -68,41 +49,7 @@ class StableOffsets:
 
     def last_stable_offset(self, partition: int) -> int:
         """Ask the partition's leader; raises KafkaException when it does not answer in time (or after `close`)."""
-        with self._lock:  # one query at a time, and never one on a closed consumer
-            if self._consumer is None:
-                raise KafkaException(KafkaError(KafkaError._DESTROY, "closed"))
-            try:
-                _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
-                                                                  timeout=self.request_timeout_s, cached=False)
-            except KafkaException as e:
-                self._after_failure(e)
-                raise
-            self._failing_since = None
-            return int(high)
-
-    def _after_failure(self, e: KafkaException) -> None:
-        """Replace the consumer (under the lock) when its metadata looks stale or failures have lasted."""
-        now = time.monotonic()
-        if self._failing_since is None:
-            self._failing_since = now
-        err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
-        stale = err is not None and err.code() in self.STALE_METADATA
-        lasting = now - self._failing_since >= self.REBUILD_AFTER_S
-        if not (stale or lasting) or now - self._rebuilt_at < (1.0 if stale else self.REBUILD_AFTER_S):
-            return
-        old, self._consumer = self._consumer, Consumer(self._config)
-        self._rebuilt_at = now
-        self.rebuilds += 1
-        log.info("asking for the last stable offset of %s fails (%s); asking with a new client", self.topic, e)
-        if old is not None:
-            old.close()
-
-    def close(self) -> None:
-        """Free the consumer (a query in flight ends first; later ones raise)."""
-        with self._lock:
-            c, self._consumer = self._consumer, None
-        if c is not None:
-            c.close()
+        return self.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=self.request_timeout_s)[1]
 
 
 __all__ = ["StableOffsets"]
