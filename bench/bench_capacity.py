@@ -74,6 +74,8 @@ class Loop:
     t0: float = 0.0
     stopped_sending: float = 0.0
     exhausted: bool = False
+    #: What the system's own counters grew by during the timed part (the coordinator's /metrics).
+    counters: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -297,19 +299,38 @@ def _cpu(pid: int | None) -> float | None:
 
 def _timed(conf: dict[str, Any], topics: Any, warm: list[deque[Emulated]], queues: list[deque[Emulated]],
            seconds: float | None, expect: Callable[[str], Any] | None,
-           pids: dict[str, int | None]) -> tuple[Loop, Loop, dict[str, float | None]]:
-    """An untimed warm-up through the same loop, then the timed loop with the CPU each process spent in it."""
+           pids: dict[str, int | None],
+           counters: Callable[[], dict[str, float]] | None = None) -> tuple[Loop, Loop, dict[str, float | None]]:
+    """An untimed warm-up through the same loop, then the timed loop with the CPU each process spent in it (and
+    how much `counters` grew meanwhile)."""
     warm_loop = Loop()
     drive(conf, topics.proposals, topics.commits, warm, None, expect, warm_loop)
+    at_start = counters() if counters is not None else {}
     before = {k: _cpu(p) for k, p in pids.items()}
     g0 = time.process_time()
     loop = Loop()
     drive(conf, topics.proposals, topics.commits, queues, seconds, expect, loop)
+    if counters is not None:
+        loop.counters = {k: v - at_start.get(k, 0.0) for k, v in counters().items()}
     used: dict[str, float | None] = {"generator": time.process_time() - g0}
     for k, p in pids.items():
         after, b = _cpu(p), before[k]
         used[k] = None if after is None or b is None else after - b
     return warm_loop, loop, used
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """The coordinator's batch and coalescing counters from its /metrics (summed over label sets)."""
+    import urllib.request
+
+    want = ("deltacoord_batch_size_sum", "deltacoord_batch_size_count", "deltacoord_coalesced_commits_total")
+    out = dict.fromkeys(want, 0.0)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in out:
+                out[name] += float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _split(total: int, writers: int) -> list[int]:
@@ -322,6 +343,7 @@ def run(bootstrap: str, writers: int, n_tables: int, seconds: float | None, comm
     import pyarrow as pa
 
     from coordinator.tooling.cpu_usage import broker_pid
+    from coordinator.tooling.ports import free_port
     from writer.client import CoordinatorClient
     from writer.table import Table
 
@@ -332,8 +354,10 @@ def run(bootstrap: str, writers: int, n_tables: int, seconds: float | None, comm
     prefix = f"cap-{uuid.uuid4().hex[:6]}"
     topics = _ensure(bootstrap, prefix)
     log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - closed below
+    metrics_port = free_port()
     coord = subprocess.Popen([sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers",
-                              bootstrap, "--topic-prefix", prefix, "--partitions", "0", "--log-level", "WARNING"],
+                              bootstrap, "--topic-prefix", prefix, "--partitions", "0", "--log-level", "WARNING",
+                              "--metrics-port", str(metrics_port)],
                              stdout=log, stderr=subprocess.STDOUT)
     client = CoordinatorClient(bootstrap, topics=topics, relay="")
     lines: list[dict[str, Any]] = []
@@ -363,7 +387,8 @@ def run(bootstrap: str, writers: int, n_tables: int, seconds: float | None, comm
         print(f"[capacity] coordinator: {writers} emulated writers ...", file=sys.stderr, flush=True)
         load = os.getloadavg()[0]
         warm_loop, loop, used = _timed(conf, topics, warm, queues, seconds, expect,
-                                       {"coordinator": coord.pid, "broker": broker})
+                                       {"coordinator": coord.pid, "broker": broker},
+                                       lambda: _scrape(metrics_port))
         every = [warm_loop, loop]
         committed = [p for x in every for p in x.decided if x.outcome.get(p) == "COMMITTED"]
         deadline = time.monotonic() + DRAIN_S
@@ -371,6 +396,11 @@ def run(bootstrap: str, writers: int, n_tables: int, seconds: float | None, comm
             time.sleep(0.05)
         loop.visible = warm_loop.visible = dict(visible)
         lines.append(summarise("coordinator", loop, set(loop.sent), used, writers, n_tables, load))
+        if loop.counters:
+            batches = loop.counters["deltacoord_batch_size_count"]
+            lines[-1]["transactions"] = int(batches)
+            lines[-1]["proposals_per_transaction"] = round(loop.counters["deltacoord_batch_size_sum"] / max(batches, 1), 1)
+            lines[-1]["coalesced"] = int(loop.counters["deltacoord_coalesced_commits_total"])
         print(json.dumps(lines[-1]), flush=True)
         details["coordinator"] = {
             "tables": [str(t.root) for t in tables], "rows_per_file": rows.num_rows,
