@@ -76,6 +76,8 @@ class Loop:
     exhausted: bool = False
     #: What the system's own counters grew by during the timed part (the coordinator's /metrics).
     counters: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: CPU seconds of each measured process's threads during the timed part, by kind (`thread_cpu_s`).
+    threads: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -216,7 +218,10 @@ def summarise(system: str, loop: Loop, timed: set[str], cpu: dict[str, float | N
         out |= {"visible": len(seen), "visible_per_s": round(len(seen) / max(vis_end - loop.t0, 1e-9), 1),
                 "visible_p50_ms": _pct(vlat, 0.5), "visible_p99_ms": _pct(vlat, 0.99),
                 "versions": len({loop.version[p] for p in committed if p in loop.version})}
-    out["cpu_ms_per_commit"] = {k: None if v is None else round(v * 1000 / max(len(decided), 1), 3) for k, v in cpu.items()}
+    n = max(len(decided), 1)
+    out["cpu_ms_per_commit"] = {k: None if v is None else round(v * 1000 / n, 3) for k, v in cpu.items()}
+    out["cpu_ms_per_commit_by_thread"] = {k: {kind: round(v * 1000 / n, 3) for kind, v in t.items()}
+                                          for k, t in loop.threads.items()}
     if loop.exhausted:
         out["pool_exhausted"] = True  # --seconds ended early: raise --max-commits
     return out
@@ -306,12 +311,16 @@ def _timed(conf: dict[str, Any], topics: Any, warm: list[deque[Emulated]], queue
     warm_loop = Loop()
     drive(conf, topics.proposals, topics.commits, warm, None, expect, warm_loop)
     at_start = counters() if counters is not None else {}
+    threads0 = {k: thread_cpu_s(p) for k, p in pids.items() if p is not None and k != "broker"}
     before = {k: _cpu(p) for k, p in pids.items()}
     g0 = time.process_time()
     loop = Loop()
     drive(conf, topics.proposals, topics.commits, queues, seconds, expect, loop)
     if counters is not None:
         loop.counters = {k: v - at_start.get(k, 0.0) for k, v in counters().items()}
+    for k, t0 in threads0.items():
+        t1 = thread_cpu_s(pids[k] or 0)
+        loop.threads[k] = {kind: t1.get(kind, 0.0) - v for kind, v in t0.items()}
     used: dict[str, float | None] = {"generator": time.process_time() - g0}
     for k, p in pids.items():
         after, b = _cpu(p), before[k]
@@ -330,6 +339,37 @@ def _scrape(port: int) -> dict[str, float]:
             name = line.split("{", 1)[0].split(" ", 1)[0]
             if name in out:
                 out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads by kind: `main` (a coordinator decides there), `python` (its other
+    Python threads: publication, replies, checkpoint requests), `librdkafka` (the Kafka clients' own threads),
+    and `children` (the checkpoint process, alive or reaped). Linux only: empty elsewhere."""
+    import re
+
+    from coordinator.tooling.cpu_usage import process_tree_cpu_s
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {"main": 0.0, "python": 0.0, "librdkafka": 0.0}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    own = 0.0
+    for tid in tids:
+        try:
+            comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # a thread that just ended
+        used = (int(fields[11]) + int(fields[12])) / ticks
+        own += used
+        kind = "main" if tid == str(pid) else "librdkafka" if re.match(r"rdk:", comm) else "python"
+        out[kind] += used
+    tree = process_tree_cpu_s(pid)
+    # The whole tree less the live threads: children, and threads that ended (counted as python).
+    out["children"] = max(0.0, (tree or own) - own)
     return out
 
 
@@ -472,7 +512,7 @@ def main() -> None:
     how = ap.add_mutually_exclusive_group()
     how.add_argument("--seconds", type=float, default=None, help="timed part per system (default 10 s)")
     how.add_argument("--commits", type=int, default=None, help="timed proposals per system, instead of --seconds")
-    ap.add_argument("--max-commits", type=int, default=30_000,
+    ap.add_argument("--max-commits", type=int, default=60_000,
                     help="proposals staged for a --seconds run (it ends early, saying so, if they run out)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed proposals first (default 4 per writer)")
     ap.add_argument("--no-coalesce", action="store_true", help="tables with deltacoord.coalesce=false")
