@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 #: One record of each batch per proposal, as the coordinator's own loop takes them (`CoordinatorSettings.max_batch`).
 MAX_BATCH = 500
-#: How long the drain after the timed part waits for decisions and publications still due.
+#: How long the loop waits without any decision (and the drain after it for publications) before giving up.
 DRAIN_S = 120.0
 
 
@@ -74,6 +74,8 @@ class Loop:
     t0: float = 0.0
     stopped_sending: float = 0.0
     exhausted: bool = False
+    #: No decision arrived for DRAIN_S while proposals were in flight: the loop gave up on them.
+    stalled: bool = False
     #: What the system's own counters grew by during the timed part (the coordinator's /metrics).
     counters: dict[str, float] = dataclasses.field(default_factory=dict)
     #: CPU seconds of each measured process's threads during the timed part, by kind (`thread_cpu_s`).
@@ -152,14 +154,13 @@ def drive(conf: dict[str, Any], proposals_topic: str, commits_topic: str, queues
     for w in range(len(queues)):
         if queues[w]:
             send(w)
-    give_up = None
+    progress = loop.t0  # when the last decision arrived: a loop that hears none for DRAIN_S stops, and says so
     while in_flight:
         now = time.time()
         if sending and deadline is not None and now >= deadline:
             sending, loop.stopped_sending = False, now
-        if not sending and give_up is None:
-            give_up = now + DRAIN_S
-        if give_up is not None and now > give_up:
+        if now - progress > DRAIN_S:
+            loop.stalled = True
             break
         first = decisions.poll(0.05)  # `consume(n, t)` would wait for n records or all of t
         for m in [] if first is None else [first, *decisions.consume(MAX_BATCH - 1, 0)]:
@@ -175,7 +176,7 @@ def drive(conf: dict[str, Any], proposals_topic: str, commits_topic: str, queues
             w_of = in_flight.pop(raw, None)
             if w_of is None:
                 continue  # a second decision of a proposal: counted above, and the test says so
-            at = time.time()
+            progress = at = time.time()
             loop.decided[pid] = at
             loop.outcome[pid] = (header(m, H_OUTCOME) or b"?").decode()
             version = header(m, H_VERSION)
@@ -186,7 +187,7 @@ def drive(conf: dict[str, Any], proposals_topic: str, commits_topic: str, queues
         producer.poll(0)
     if sending:
         loop.stopped_sending = time.time()
-    loop.exhausted = seconds is not None and sending
+    loop.exhausted = seconds is not None and sending and not loop.stalled
     # Decision records that arrive late (a doubled decision) are still counted for a short while.
     for m in decisions.consume(MAX_BATCH, 0.5):
         raw = header(m, H_PROPOSAL_ID) if m.error() is None else None
@@ -224,6 +225,8 @@ def summarise(system: str, loop: Loop, timed: set[str], cpu: dict[str, float | N
                                           for k, t in loop.threads.items()}
     if loop.exhausted:
         out["pool_exhausted"] = True  # --seconds ended early: raise --max-commits
+    if loop.stalled:
+        out["stalled"] = f"no decision for {DRAIN_S:.0f} s with {out['undecided']} proposals in flight"
     return out
 
 
