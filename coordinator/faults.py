@@ -20,6 +20,7 @@ version; `:fail` makes publishing it fail on an unexpected error, which halts th
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -80,6 +81,7 @@ def fault_point(name: str) -> bool:
         return False
     if _counts[name] == _SPEC[1]:
         if _SPEC[2] == "hang":
+            logging.getLogger(__name__).warning("fault point %s: this thread hangs here from now on", name)
             threading.Event().wait()
         if _parent is not None:
             os.kill(_parent, signal.SIGKILL)

@@ -1753,7 +1753,25 @@ class PartitionCoordinator:
         never held the batch (its overlay is dropped); consume again from the last committed offset."""
         log.error("%s; replacing the transactional producer and retrying the batch", cause)
         self.producer = None  # never closed: a thread is still inside one of its calls
+        self._leave_if_superseded(cause)
         self.consumer.seek(TopicPartition(self.settings.topics.proposals, self.partition, self.start()))
+
+    def _leave_if_superseded(self, cause: ProducerStuckError) -> None:
+        """A new producer's init_transactions fences whoever holds the partition now. While this one was stuck
+        (cut off from the brokers, say), another coordinator may have taken the partition and decided on: the
+        group's offset then lies beyond what this one ever committed, since only a committed transaction moves
+        it. Fencing that owner back would only make it exit in turn; this one leaves instead, as a fenced
+        coordinator does. (An owner that has not yet committed a group offset is not seen: it is fenced, and
+        recovery from the commits topic keeps every decision exact either way.)"""
+        try:
+            group = self.committed_offset()
+        except KafkaException as e:
+            log.warning("partition %d: cannot read the group's offset (%s); taking the partition back", self.partition, e)
+            return
+        if group > self.committed_to:
+            raise FencedError(f"partition {self.partition}: another coordinator decided proposals up to offset {group} "
+                              f"while this one's producer was stuck (it had committed up to {self.committed_to}); "
+                              f"leaving the partition to it") from cause
 
     def _abort_and_rewind(self, cause: KafkaException) -> None:
         assert self.producer is not None

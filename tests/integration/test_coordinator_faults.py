@@ -282,6 +282,46 @@ def test_a_stuck_send_offsets_call_gets_its_producer_replaced(kafka_bootstrap: s
     assert rep.topic_versions == 5
 
 
+@pytest.mark.slow
+def test_a_stuck_coordinator_whose_partition_was_taken_meanwhile_leaves_it_to_the_new_owner(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A coordinator cut off from the brokers gets stuck in send_offsets_to_transaction while a replacement takes
+    its partition and decides on. When the stuck call gives up, a new producer's init_transactions would fence the
+    replacement back (seen in the secured chaos test: the isolated coordinator took the partition again and the
+    replacement exited 3). The group's offset shows that someone else committed beyond what this one did: it
+    exits 3 as a fenced coordinator, and the replacement keeps serving."""
+    topics = fresh_topics(kafka_bootstrap)
+    path = tmp_path / "t"
+    stuck = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", "--watchdog-seconds", "120",
+                                      "--group-offset-seconds", "0", env={"DELTACOORD_FAULT": "send_offsets:2:hang"})
+    new_owner: CoordinatorProcess | None = None
+    try:
+        with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120) as t:
+            t.create(SCHEMA)
+            first: dict[str, int] = {}
+            appender = threading.Thread(target=lambda: first.setdefault(
+                "v", t.append(pa.table({"id": [1], "date": ["d"]})).version), daemon=True)
+            appender.start()  # its transaction is where the first coordinator gets stuck
+            _wait_until(lambda: "fault point send_offsets: this thread hangs" in stuck.log.read_text(errors="replace"), 60,
+                        "the first coordinator to reach its stuck call")
+            new_owner = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0",
+                                                  "--group-offset-seconds", "0")
+            appender.join(120)
+            assert first.get("v") == 1, new_owner.log.read_text(errors="replace")[-3000:]
+            _wait_until(lambda: not stuck.alive(), 90, "the stuck coordinator to leave")
+            assert stuck.proc.returncode == 3, stuck.log.read_text(errors="replace")[-3000:]
+            assert "leaving the partition to it" in stuck.log.read_text(errors="replace")
+            assert t.append(pa.table({"id": [2], "date": ["d"]})).version == 2
+        assert new_owner.alive(), new_owner.log.read_text(errors="replace")[-3000:]
+    finally:
+        for c in (stuck, new_owner):
+            if c is not None and c.alive():
+                c.kill(15)
+    rep = verify_table(_settings(kafka_bootstrap, topics), path.as_uri(), path.resolve().as_uri())
+    assert_verified(rep)
+    assert rep.topic_versions == 3
+
+
 def _group_offset(bootstrap: str, topics: Topics) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
