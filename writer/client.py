@@ -82,6 +82,12 @@ WARM_WAIT_S = 10.0
 POLL_S = 0.025
 #: A reply partition assigned this long ago counts as fetched even if its end was not reached yet.
 LIVE_AFTER_S = 0.5
+#: The writer's clients' `reconnect.backoff.ms` unless given (librdkafka's default is 100). A new client drops
+#: its bootstrap connection once it learns the brokers, and a request sent on it meanwhile fails over to a new
+#: connection only after `reconnect.backoff.ms / 2` (at least 11 ms): 50 ms of a fresh process's first commit,
+#: once per client it opens. Reconnects after a failure still back off exponentially to
+#: `reconnect.backoff.max.ms` (10 s).
+RECONNECT_BACKOFF_MS = 20
 
 #: Retriable reasons a broker call fails while a partition's leadership moves (a failover, a new topic).
 _LEADERSHIP_MOVING = frozenset({
@@ -464,7 +470,9 @@ class CoordinatorClient:
         check_kafka_keywords(CoordinatorClient.__init__, kafka_config)
         self.topics = client_settings.topics_of(topic_prefix, topics)
         servers = client_settings.bootstrap_servers(bootstrap_servers)
-        self._conf: dict[str, Any] = kafka_logs.kafka_config({"bootstrap.servers": servers, **kafka_config})
+        self._conf: dict[str, Any] = kafka_logs.kafka_config({"bootstrap.servers": servers,
+                                                             "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
+                                                             **kafka_config})
         self.coordinator_check = CoordinatorCheck(self._conf, self.topics,
                                                   client_settings.coordinator_group(coordinator_group, self.topics),
                                                   enabled=client_settings.coordinator_check(coordinator_check))
@@ -483,12 +491,13 @@ class CoordinatorClient:
 
     def _lease_early(self) -> None:
         # What a first commit asks Kafka, asked now and side by side (each is mostly a wait on the broker, and a
-        # fresh process's first commit would otherwise wait for their sum): the proposals topic's partitions,
-        # which of them live coordinators hold (its child process starting meanwhile), and the reply partitions.
-        # `_warmed` (which the first commit waits for rather than asking again) is set once the first two are
-        # answered, or at once when no broker answers. No broker or topics yet: asked again (and reported) by the
-        # first proposal.
+        # fresh process's first commit would otherwise wait for their sum): whether a broker answers at all, the
+        # proposals topic's partitions, whether live coordinators hold them, and the reply partitions (three
+        # Kafka clients and a lease). `_warmed` (which the first commit waits for rather than asking again) is
+        # set once the first three are answered, or as soon as no broker answers. No broker or topics yet: asked
+        # again (and reported) by the first proposal.
         checked = threading.Event()
+        counted = threading.Event()
 
         def check() -> None:
             try:
@@ -497,6 +506,13 @@ class CoordinatorClient:
             finally:
                 checked.set()
 
+        def count() -> None:
+            try:
+                with contextlib.suppress(Exception):
+                    self._num_partitions = self._partition_count(self.topics.proposals, timeout_s=10)
+            finally:
+                counted.set()
+
         def replies() -> None:
             with contextlib.suppress(Exception):
                 self._replies(timeout_s=10)
@@ -504,13 +520,15 @@ class CoordinatorClient:
         threading.Thread(target=check, name="deltacoord-check-start", daemon=True).start()
         reachable = True
         try:
-            with contextlib.suppress(Exception):
-                if not self.relay and self._num_partitions is None:
-                    reachable = False
+            if not self.relay and self._num_partitions is None:
+                threading.Thread(target=count, name="deltacoord-count-start", daemon=True).start()
+                threading.Thread(target=replies, name="deltacoord-reply-lease-start", daemon=True).start()
+                try:
                     kafka_logs.probe(self._conf)  # nothing answering: the first commit says so at once
-                    reachable = True
-                    threading.Thread(target=replies, name="deltacoord-reply-lease-start", daemon=True).start()
-                    self._num_partitions = self._partition_count(self.topics.proposals, timeout_s=10)
+                except Exception:
+                    reachable = False
+                if reachable:
+                    counted.wait(WARM_WAIT_S)
             if reachable:
                 checked.wait(WARM_WAIT_S)
         finally:
