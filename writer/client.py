@@ -427,6 +427,10 @@ class _Replies(Routing):
                     elif err.code() != KafkaError._PARTITION_EOF:
                         time.sleep(0.1)
                     continue
+                partition = m.partition()
+                if partition is not None and partition not in self._live:
+                    with self._lock:  # a record fetched from it: answers there are read at once, as after its end
+                        self._live.add(partition)
                 self.route(m)
 
     def close(self) -> None:
