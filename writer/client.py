@@ -498,8 +498,8 @@ class CoordinatorClient:
         # fresh process's first commit would otherwise wait for their sum): whether a broker answers at all, the
         # proposals topic's partitions, whether live coordinators hold them, and the reply partitions (three
         # Kafka clients and a lease). `_warmed` (which the first commit waits for rather than asking again) is
-        # set once the first three are answered, or as soon as no broker answers. No broker or topics yet: asked
-        # again (and reported) by the first proposal.
+        # set once the partitions and the coordinator question are answered, or as soon as the probe finds no
+        # broker answering. No broker or topics yet: asked again (and reported) by the first proposal.
         checked = threading.Event()
         counted = threading.Event()
 
@@ -509,6 +509,7 @@ class CoordinatorClient:
                     self.coordinator_check.warm()
             finally:
                 checked.set()
+                answered.set()
 
         def count() -> None:
             try:
@@ -516,25 +517,37 @@ class CoordinatorClient:
                     self._num_partitions = self._partition_count(self.topics.proposals, timeout_s=10)
             finally:
                 counted.set()
+                answered.set()
 
         def replies() -> None:
             with contextlib.suppress(Exception):
                 self._replies(timeout_s=10)
 
+        def probe() -> None:
+            try:
+                kafka_logs.probe(self._conf)  # nothing answering: the first commit says so at once
+            except Exception:
+                unreachable.set()
+                answered.set()
+
+        unreachable = threading.Event()
+        answered = threading.Event()  # set by each question as it is answered
         threading.Thread(target=check, name="deltacoord-check-start", daemon=True).start()
-        reachable = True
         try:
             if not self.relay and self._num_partitions is None:
                 threading.Thread(target=count, name="deltacoord-count-start", daemon=True).start()
                 threading.Thread(target=replies, name="deltacoord-reply-lease-start", daemon=True).start()
-                try:
-                    kafka_logs.probe(self._conf)  # nothing answering: the first commit says so at once
-                except Exception:
-                    reachable = False
-                if reachable:
-                    counted.wait(WARM_WAIT_S)
-            if reachable:
-                checked.wait(WARM_WAIT_S)
+                threading.Thread(target=probe, name="deltacoord-probe-start", daemon=True).start()
+            else:
+                counted.set()
+            # The count and the check answered say that Kafka answers: the probe's own answer is not awaited.
+            deadline = time.monotonic() + WARM_WAIT_S
+            while not unreachable.is_set() and not (counted.is_set() and checked.is_set()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                answered.wait(left)
+                answered.clear()
         finally:
             self._warmed.set()
         if self.relay:
