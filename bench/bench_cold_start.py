@@ -52,6 +52,8 @@ for i in range(n):
     s = time.perf_counter()
     t.append(batches[i])
     out["commits_ms"].append((time.perf_counter() - s) * 1000)
+# The exact coordinator question runs in a child process only when the quick look did not find the group Stable.
+out["check_children"] = t.client.coordinator_check.kafka.started
 t.close()
 print(json.dumps(out))
 """
@@ -135,6 +137,7 @@ def run(bootstrap: str, runs: int, commits: int, workdir: Path) -> list[dict[str
                    "python_at_once_commits_ms": [round(x, 1) for x in now["commits_ms"]],
                    "delta_rs_commits_ms": [round(x, 1) for x in rs["commits_ms"]],
                    "python_import_ms": round(py["import_ms"], 1), "delta_rs_import_ms": round(rs["import_ms"], 1),
+                   "check_children": py["check_children"] + now["check_children"],
                    "cli_process_ms": round(cli, 1), "cli_imports_only_ms": round(imports, 1)}
             print(json.dumps(row), flush=True)
             rows.append(row)

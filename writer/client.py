@@ -82,6 +82,9 @@ WARM_WAIT_S = 10.0
 POLL_S = 0.025
 #: A reply partition assigned this long ago counts as fetched even if its end was not reached yet.
 LIVE_AFTER_S = 0.5
+#: How long a new client's partition count may go unanswered before a probe asks whether any broker answers
+#: (an unreachable broker is reported in seconds, not after the count's metadata timeout).
+PROBE_AFTER_S = 0.5
 #: The writer's clients' `reconnect.backoff.ms` unless given (librdkafka's default is 100). A new client drops
 #: its bootstrap connection once it learns the brokers, and a request sent on it meanwhile fails over to a new
 #: connection only after `reconnect.backoff.ms / 2` (at least 11 ms): 50 ms of a fresh process's first commit,
@@ -524,6 +527,8 @@ class CoordinatorClient:
                 self._replies(timeout_s=10)
 
         def probe() -> None:
+            if counted.wait(PROBE_AFTER_S):
+                return  # the partition count answered: so does Kafka, and no probe client need start
             try:
                 kafka_logs.probe(self._conf)  # nothing answering: the first commit says so at once
             except Exception:
@@ -540,7 +545,7 @@ class CoordinatorClient:
                 threading.Thread(target=probe, name="deltacoord-probe-start", daemon=True).start()
             else:
                 counted.set()
-            # The count and the check answered say that Kafka answers: the probe's own answer is not awaited.
+            # The count and the check answered say that Kafka answers: the probe is for when they do not.
             deadline = time.monotonic() + WARM_WAIT_S
             while not unreachable.is_set() and not (counted.is_set() and checked.is_set()):
                 left = deadline - time.monotonic()
