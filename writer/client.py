@@ -82,6 +82,15 @@ WARM_WAIT_S = 10.0
 POLL_S = 0.025
 #: A reply partition assigned this long ago counts as fetched even if its end was not reached yet.
 LIVE_AFTER_S = 0.5
+#: How long a new client's partition count may go unanswered before a probe asks whether any broker answers
+#: (an unreachable broker is reported in seconds, not after the count's metadata timeout).
+PROBE_AFTER_S = 0.5
+#: The writer's clients' `reconnect.backoff.ms` unless given (librdkafka's default is 100). A new client drops
+#: its bootstrap connection once it learns the brokers, and a request sent on it meanwhile fails over to a new
+#: connection only after `reconnect.backoff.ms / 2` (at least 11 ms): 50 ms of a fresh process's first commit,
+#: once per client it opens. Reconnects after a failure still back off exponentially to
+#: `reconnect.backoff.max.ms` (10 s).
+RECONNECT_BACKOFF_MS = 20
 
 _SILENT = logging.getLogger("deltacoord.kafka.keyword-check")
 _SILENT.addHandler(logging.NullHandler())
@@ -362,6 +371,10 @@ class _Replies(Routing):
                     elif err.code() != KafkaError._PARTITION_EOF:
                         time.sleep(0.1)
                     continue
+                partition = m.partition()
+                if partition is not None and partition not in self._live:
+                    with self._lock:  # a record fetched from it: answers there are read at once, as after its end
+                        self._live.add(partition)
                 self.route(m)
 
     def close(self) -> None:
@@ -405,7 +418,9 @@ class CoordinatorClient:
         check_kafka_keywords(CoordinatorClient.__init__, kafka_config)
         self.topics = client_settings.topics_of(topic_prefix, topics)
         servers = client_settings.bootstrap_servers(bootstrap_servers)
-        self._conf: dict[str, Any] = kafka_logs.kafka_config({"bootstrap.servers": servers, **kafka_config})
+        self._conf: dict[str, Any] = kafka_logs.kafka_config({"bootstrap.servers": servers,
+                                                             "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
+                                                             **kafka_config})
         self.coordinator_check = CoordinatorCheck(self._conf, self.topics,
                                                   client_settings.coordinator_group(coordinator_group, self.topics),
                                                   enabled=client_settings.coordinator_check(coordinator_check))
@@ -424,12 +439,13 @@ class CoordinatorClient:
 
     def _lease_early(self) -> None:
         # What a first commit asks Kafka, asked now and side by side (each is mostly a wait on the broker, and a
-        # fresh process's first commit would otherwise wait for their sum): the proposals topic's partitions,
-        # which of them live coordinators hold (its child process starting meanwhile), and the reply partitions.
-        # `_warmed` (which the first commit waits for rather than asking again) is set once the first two are
-        # answered, or at once when no broker answers. No broker or topics yet: asked again (and reported) by the
-        # first proposal.
+        # fresh process's first commit would otherwise wait for their sum): whether a broker answers at all, the
+        # proposals topic's partitions, whether live coordinators hold them, and the reply partitions (three
+        # Kafka clients and a lease). `_warmed` (which the first commit waits for rather than asking again) is
+        # set once the partitions and the coordinator question are answered, or as soon as the probe finds no
+        # broker answering. No broker or topics yet: asked again (and reported) by the first proposal.
         checked = threading.Event()
+        counted = threading.Event()
 
         def check() -> None:
             try:
@@ -437,23 +453,47 @@ class CoordinatorClient:
                     self.coordinator_check.warm()
             finally:
                 checked.set()
+                answered.set()
+
+        def count() -> None:
+            try:
+                with contextlib.suppress(Exception):
+                    self._num_partitions = self._partition_count(self.topics.proposals, timeout_s=10)
+            finally:
+                counted.set()
+                answered.set()
 
         def replies() -> None:
             with contextlib.suppress(Exception):
                 self._replies(timeout_s=10)
 
+        def probe() -> None:
+            if counted.wait(PROBE_AFTER_S):
+                return  # the partition count answered: so does Kafka, and no probe client need start
+            try:
+                kafka_logs.probe(self._conf)  # nothing answering: the first commit says so at once
+            except Exception:
+                unreachable.set()
+                answered.set()
+
+        unreachable = threading.Event()
+        answered = threading.Event()  # set by each question as it is answered
         threading.Thread(target=check, name="deltacoord-check-start", daemon=True).start()
-        reachable = True
         try:
-            with contextlib.suppress(Exception):
-                if not self.relay and self._num_partitions is None:
-                    reachable = False
-                    kafka_logs.probe(self._conf)  # nothing answering: the first commit says so at once
-                    reachable = True
-                    threading.Thread(target=replies, name="deltacoord-reply-lease-start", daemon=True).start()
-                    self._num_partitions = self._partition_count(self.topics.proposals, timeout_s=10)
-            if reachable:
-                checked.wait(WARM_WAIT_S)
+            if not self.relay and self._num_partitions is None:
+                threading.Thread(target=count, name="deltacoord-count-start", daemon=True).start()
+                threading.Thread(target=replies, name="deltacoord-reply-lease-start", daemon=True).start()
+                threading.Thread(target=probe, name="deltacoord-probe-start", daemon=True).start()
+            else:
+                counted.set()
+            # The count and the check answered say that Kafka answers: the probe is for when they do not.
+            deadline = time.monotonic() + WARM_WAIT_S
+            while not unreachable.is_set() and not (counted.is_set() and checked.is_set()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                answered.wait(left)
+                answered.clear()
         finally:
             self._warmed.set()
         if self.relay:

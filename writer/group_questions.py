@@ -7,7 +7,8 @@ broker connection drops: exactly when a broker dies or restarts under running wr
 here in two broker restarts out of two. So a writer asks through `GroupQuestions`: a small child
 process (this module's `main`) holds the admin client and answers one question per line on its
 pipes. If librdkafka aborts, only the child ends; the question is answered "cannot tell" and the
-next one starts a new child.
+next one starts a new child. Listing groups (ListGroups, sent to each broker, not through the group
+coordinator) is not affected and is asked in the writer's own process (`writer.group_states`).
 """
 
 from __future__ import annotations
@@ -44,11 +45,6 @@ class GroupQuestions:
         """Per group: {"error": text} or {"state": name, "members": [[[topic, partition], ...], ...]}."""
         answer = self._ask({"op": "describe", "groups": group_ids, "timeout": timeout_s}, timeout_s)
         return dict(answer["groups"])
-
-    def list_active(self, states: list[str], timeout_s: float) -> list[str]:
-        """Ids of the groups in one of `states`."""
-        answer = self._ask({"op": "list", "states": states, "timeout": timeout_s}, timeout_s)
-        return list(answer["groups"])
 
     def close(self) -> None:
         with self._lock:
@@ -133,14 +129,6 @@ def _describe(admin: Any, q: dict[str, Any]) -> dict[str, Any]:
     return {"groups": out}
 
 
-def _list(admin: Any, q: dict[str, Any]) -> dict[str, Any]:
-    from confluent_kafka import ConsumerGroupState
-
-    states = {ConsumerGroupState[s] for s in q["states"]}
-    listed = admin.list_consumer_groups(states=states, request_timeout=q["timeout"]).result()
-    return {"groups": [g.group_id for g in listed.valid]}
-
-
 def main() -> None:
     """The child: read the client configuration, then answer one JSON question per line until stdin closes."""
     from confluent_kafka import KafkaException
@@ -151,7 +139,7 @@ def main() -> None:
         q = json.loads(line)
         admin = AdminClient(conf)  # one per question: an idle admin client would reconnect for ever
         try:
-            answer = _describe(admin, q) if q["op"] == "describe" else _list(admin, q)
+            answer = _describe(admin, q)
         except (KafkaException, KeyError, ValueError) as e:
             answer = {"error": str(e.args[0] if e.args else e)}
         sys.stdout.write(json.dumps(answer) + "\n")

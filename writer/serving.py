@@ -2,23 +2,29 @@
 
 Without a coordinator a proposal waits for a decision nobody makes and ends as an
 unknown outcome that may commit later (when one starts), so a retry could commit
-the rows twice. A writer therefore asks Kafka first (`describe_consumer_groups`
-on the coordinators' group) whether a live member is assigned the table's
-proposals partition, and refuses to propose when none is: `NoCoordinatorError`,
-nothing sent.
+the rows twice. A writer therefore asks Kafka first and refuses to propose when no
+coordinator serves the table's partition: `NoCoordinatorError`, nothing sent.
 
-The answer is kept per partition for `TRUSTED_S`, and every reply from a
-coordinator renews it, so a busy writer never asks again; an idle one asks at
-most once per `TRUSTED_S`. A group whose members do not hold the partition yet
-(a rebalance: a coordinator joining or leaving) is asked again for up to
-`REBALANCE_WAIT_S`; with no member at all, for `SETTLE_S` (a coordinator started
-a moment ago joins within about a second or two). When the named group has no
-member, the writer looks through the cluster's active groups once for
-coordinators under another group id (and asks that group from then on). When
-Kafka cannot answer (no permission to describe the group, a timeout), the
-writer proposes as before. Coordinators given a static partition list join no
-group, so this check cannot see them: writers of such a deployment turn it off
-(`coordinator_check=False`, `DELTACOORD_COORDINATOR_CHECK=0`).
+First a quick look, in this process (`writer.group_states`): is the coordinators'
+group Stable? Coordinators subscribe the whole proposals topic, and a Stable group
+has every partition of its subscription assigned to a live member, so the answer
+holds for every partition. Only when the group is not Stable (no coordinator, one
+starting, a rebalance, coordinators under another group id) does the writer ask the
+exact question (`describe_consumer_groups`: is a live member assigned this
+partition?) in a child process (`writer.group_questions`: that admin call can abort
+its process), waiting as below before it says no.
+
+Either answer is kept for `TRUSTED_S`, and every reply from a coordinator renews
+it, so a busy writer never asks again; an idle one asks at most once per
+`TRUSTED_S`. A group whose members do not hold the partition yet (a rebalance: a
+coordinator joining or leaving) is asked again for up to `REBALANCE_WAIT_S`; with
+no member at all, for `SETTLE_S` (a coordinator started a moment ago joins within
+about a second or two). When the named group has no member, the writer looks
+through the cluster's active groups once for coordinators under another group id
+(and asks that group from then on). When Kafka cannot answer (no permission to
+describe the group, a timeout), the writer proposes as before. Coordinators given a
+static partition list join no group, so this check cannot see them: writers of such
+a deployment turn it off (`coordinator_check=False`, `DELTACOORD_COORDINATOR_CHECK=0`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from schemas.client_settings import prefix_of
 from schemas.errors import NoCoordinatorError
 from schemas.routing import Topics
 from writer.group_questions import GroupQuestions, QuestionFailed
+from writer.group_states import ListingFailed, groups_in_states
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,8 @@ REQUEST_TIMEOUT_S = 5.0
 MAX_GROUPS_SCANNED = 500
 
 _ACTIVE = ("STABLE", "PREPARING_REBALANCING", "COMPLETING_REBALANCING")
+#: The state in which every partition the members subscribe is assigned to one of them (the quick look's yes).
+_ASSIGNED = "STABLE"
 
 
 class _CannotTell(Exception):
@@ -65,9 +74,13 @@ class CoordinatorCheck:
         self.enabled = enabled
         self._lock = threading.Lock()
         self._trusted_until: dict[int, float] = {}
+        #: Until when the quick look's "the group is Stable" stands for every partition.
+        self._group_trusted_until = 0.0
         self._warned = False
-        #: Broker questions asked so far (describe or list calls), for tests and diagnostics.
+        #: Broker questions asked so far (describe or list calls, quick looks included), for tests and diagnostics.
         self.questions = 0
+        #: Quick looks asked so far (in this process, `writer.group_states`), for tests and diagnostics.
+        self.quick_looks = 0
         #: Asked in a child process: a librdkafka abort of the admin API must not end the writer
         #: (`writer.group_questions`).
         self.kafka = GroupQuestions(self._conf)
@@ -86,10 +99,11 @@ class CoordinatorCheck:
         if not self.enabled:
             return
         with self._lock:
-            if time.monotonic() < self._trusted_until.get(partition, 0.0):
+            now = time.monotonic()
+            if now < self._trusted_until.get(partition, 0.0) or now < self._group_trusted_until:
                 return
         try:
-            found = self._ask(partition)
+            found = self._look() or self._ask(partition)
         except _CannotTell as e:
             if not self._warned:
                 self._warned = True
@@ -102,14 +116,29 @@ class CoordinatorCheck:
         self.served(partition)
 
     def warm(self) -> None:
-        """Ask once which proposals partitions the coordinators hold, and trust each for TRUSTED_S: a new
+        """Ask once which proposals partitions the coordinators hold, and trust them for TRUSTED_S: a new
         client asks in the background, so its first commit need not (a fresh admin client's round trips)."""
         if not self.enabled:
             return
         with contextlib.suppress(_CannotTell):
-            self._describe([self.group_id], -1, trust=True)
+            if not self._look():
+                self._describe([self.group_id], -1, trust=True)
 
     # -- asking Kafka ----------------------------------------------------------------------
+    def _look(self) -> bool:
+        """The quick look: True (and every partition trusted for TRUSTED_S) when the named group is Stable."""
+        self.questions += 1
+        self.quick_looks += 1
+        try:
+            listing = groups_in_states(self._conf, [_ASSIGNED], REQUEST_TIMEOUT_S)
+        except ListingFailed as e:
+            raise _CannotTell(str(e)) from None
+        if listing.states.get(self.group_id) != _ASSIGNED:
+            return False
+        with self._lock:
+            self._group_trusted_until = time.monotonic() + TRUSTED_S
+        return True
+
     def _ask(self, partition: int) -> bool:
         start = time.monotonic()
         scans = 0
@@ -162,11 +191,12 @@ class CoordinatorCheck:
         return None, active
 
     def _search(self, partition: int) -> str | None:
-        """An active group (other than the named one) whose members hold the partition, if any."""
+        """An active group (other than the named one) whose members hold the partition, if any (listed in this
+        process, `writer.group_states`; the members asked of the child)."""
         self.questions += 1
         try:
-            listed = self.kafka.list_active(list(_ACTIVE), REQUEST_TIMEOUT_S)
-        except QuestionFailed as e:
+            listed = groups_in_states(self._conf, list(_ACTIVE), REQUEST_TIMEOUT_S).states
+        except ListingFailed as e:
             log.debug("cannot list consumer groups: %s", e)
             return None
         ids = sorted(g for g in listed if g != self.group_id)[:MAX_GROUPS_SCANNED]

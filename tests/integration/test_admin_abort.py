@@ -3,7 +3,9 @@
 librdkafka aborts its process (`rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0`, librdkafka
 issue #4605) when DescribeConsumerGroups fails as its broker connection drops. The writer's coordinator check asks
 that question in a child process (`writer.group_questions`); here a writer process keeps asking while its broker is
-SIGKILLed and restarted, and must outlive every abort.
+SIGKILLed and restarted, and must outlive every abort. Its quick look (ListGroups, `writer.group_states`) is asked
+in the writer's own process: it does not take the group-coordinator path that aborts, and a second process asks it
+from four threads at once through the same kills, so that questions are in flight when the connection drops.
 """
 
 from __future__ import annotations
@@ -34,8 +36,29 @@ while time.monotonic() < until:
     except NoCoordinatorError:
         pass
     asked += 1
-print(json.dumps({"asked": asked, "children": check.kafka.started}), flush=True)
+print(json.dumps({"asked": asked, "children": check.kafka.started, "quick_looks": check.quick_looks}), flush=True)
 check.close()
+"""
+
+LISTER = r"""
+import json, sys, threading, time
+from writer.group_states import ListingFailed, groups_in_states
+conf, until = {"bootstrap.servers": sys.argv[1]}, time.monotonic() + float(sys.argv[2])
+counts, lock = {"answered": 0, "failed": 0}, threading.Lock()
+def ask():
+    while time.monotonic() < until:
+        try:
+            key = "answered" if groups_in_states(conf, ["STABLE"], 1.0).complete else "failed"
+        except ListingFailed:
+            key = "failed"
+        with lock:
+            counts[key] += 1
+threads = [threading.Thread(target=ask) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps(counts), flush=True)
 """
 
 
@@ -45,6 +68,8 @@ def test_a_writer_outlives_the_admin_abort_while_its_broker_dies_and_returns(tmp
     bootstrap = broker.start(port=free_port()).bootstrap_servers
     asker = subprocess.Popen([sys.executable, "-c", ASKER, bootstrap, "75"], cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
+    lister = subprocess.Popen([sys.executable, "-c", LISTER, bootstrap, "75"], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(3):
             time.sleep(6)
@@ -52,13 +77,20 @@ def test_a_writer_outlives_the_admin_abort_while_its_broker_dies_and_returns(tmp
             time.sleep(10)
             broker.start()
         out, err = asker.communicate(timeout=180)
+        listed, list_err = lister.communicate(timeout=180)
     finally:
-        if asker.poll() is None:
-            asker.kill()
+        for proc in (asker, lister):
+            if proc.poll() is None:
+                proc.kill()
         broker.stop()
     assert asker.returncode == 0, f"the writer process ended with {asker.returncode}: {err[-2000:]}"
+    assert lister.returncode == 0, f"the listing process ended with {lister.returncode}: {list_err[-2000:]}"
     import json
 
     result = json.loads(out.strip().splitlines()[-1])
     assert result["asked"] > 3
     assert result["children"] >= 1
+    assert result["quick_looks"] >= result["asked"]  # each question began with a quick look in the writer's process
+    counts = json.loads(listed.strip().splitlines()[-1])
+    assert counts["failed"] >= 3, counts  # questions failed while the broker was down (each of the three kills)
+    assert counts["answered"] >= 3, counts

@@ -70,6 +70,7 @@ def test_no_coordinator_fails_within_seconds_and_proposes_nothing(kafka_bootstra
     assert "nothing was proposed" in text and "DELTACOORD_COORDINATOR_CHECK=0" in text, text
     assert _parquet_files(path) == files, "the check comes before staging: no file was written"
     assert _proposals_end(kafka_bootstrap, topics) == end, "no proposal was produced"
+    assert t.client.coordinator_check.kafka.started >= 1  # the group is not Stable: the exact question was asked
 
     # The CLI says the same in one line (no traceback), exit 1.
     cli = click.Group("deltacoord")
@@ -110,3 +111,16 @@ def test_coordinators_under_another_group_id_are_found(kafka_bootstrap: str, tmp
             Table(tmp_path / "t", kafka_bootstrap, topics=topics) as t:
         assert t.create(SCHEMA).version == 0
         assert t.client.coordinator_check.group_id == other  # asked directly from now on
+
+
+def test_a_stable_coordinator_group_is_seen_in_process_without_the_child(kafka_bootstrap: str, tmp_path: Path) -> None:
+    # The quick look (ListGroups, in the writer's process) finds the coordinators' group Stable: every proposals
+    # partition is held, so a fresh writer's first commits never start the child that asks the exact question.
+    topics = fresh_topics(kafka_bootstrap)
+    with coordinator_thread(kafka_bootstrap, topics), Table(tmp_path / "t", kafka_bootstrap, topics=topics) as t:
+        assert t.create(SCHEMA).version == 0
+        assert t.append(pa.table({"id": [1]}, schema=SCHEMA)).version == 1
+        check = t.client.coordinator_check
+        assert check.quick_looks >= 1
+        assert check.kafka.started == 0, "the exact question (a child process) was asked of a Stable group"
+    assert DeltaTable(str(tmp_path / "t")).to_pyarrow_table().column("id").to_pylist() == [1]
