@@ -166,7 +166,7 @@ def partition_count(client: Producer | Consumer, topic: str, servers: str, timeo
         time.sleep(0.25)
 
 
-class _Replies(Routing):
+class ReplyPartitions(Routing):
     """This process's reply partitions: the lease (group consumer, paused) and the reader (manual assignment)."""
 
     def __init__(self, conf: dict[str, Any], topic: str, group_id: str, num_partitions: int) -> None:
@@ -388,7 +388,7 @@ class _Replies(Routing):
 
 #: Delivery errors that mean the broker never wrote the proposal (not a timeout, whose message may
 #: still be written): the proposal cannot commit.
-_NOT_WRITTEN = frozenset({
+NOT_WRITTEN = frozenset({
     KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION, KafkaError.INVALID_RECORD, KafkaError.RECORD_LIST_TOO_LARGE,
     KafkaError._INVALID_ARG,
@@ -430,7 +430,7 @@ class CoordinatorClient:
         self._lock = threading.Lock()
         self._num_partitions: int | None = None
         self._reply_group = reply_group or f"deltacoord-writer-{self.topics.replies}"
-        self._replies_: _Replies | RelayLink | None = None
+        self._replies_: ReplyPartitions | RelayLink | None = None
         self._closed = False
         self._warmed = threading.Event()
         # Start leasing a reply partition now, in the background: the lease takes about a second,
@@ -526,7 +526,7 @@ class CoordinatorClient:
             self._replies_ = link = RelayLink(self.relay, self.topics)
             return link
 
-    def _replies(self, timeout_s: float = 30) -> _Replies | RelayLink:
+    def _replies(self, timeout_s: float = 30) -> ReplyPartitions | RelayLink:
         if self.relay:
             return self._link()
         with self._lock:
@@ -537,7 +537,7 @@ class CoordinatorClient:
             if self._closed:
                 raise RuntimeError("the coordinator client is closed")
             if self._replies_ is None:
-                self._replies_ = _Replies(self._conf, self.topics.replies, self._reply_group, n)
+                self._replies_ = ReplyPartitions(self._conf, self.topics.replies, self._reply_group, n)
             return self._replies_
 
     @property
@@ -615,7 +615,7 @@ class CoordinatorClient:
                 delivery.set_result(None)
             elif err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                 delivery.set_exception(KafkaAccessDeniedError(self._conf, "WRITE", f"topic {self.topics.proposals}"))
-            elif err.code() in _NOT_WRITTEN:
+            elif err.code() in NOT_WRITTEN:
                 delivery.set_exception(ProposalNotSentError(f"proposal {proposal.proposal_id} was refused by Kafka: {err}"))
             else:
                 delivery.set_exception(RuntimeError(f"proposal {proposal.proposal_id} was not delivered: {err}"))

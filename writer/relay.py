@@ -50,7 +50,7 @@ from confluent_kafka import KafkaError
 from schemas import client_settings, kafka_logs
 from schemas.routing import H_PROPOSAL_ID, H_REPLY_PARTITION, H_WAIT, Topics, header
 from writer import relay_wire
-from writer.client import _NOT_WRITTEN, _Replies, partition_count, proposal_producer
+from writer.client import NOT_WRITTEN, ReplyPartitions, partition_count, proposal_producer
 from writer.relay_limits import RelayLimits
 from writer.replies import check_wait
 
@@ -221,7 +221,7 @@ def expected_soon(conns: Iterable[_Connection], now: float) -> int:
     return sum(1 for c in conns if not c.unanswered and now - c.last_proposed < ACTIVE_S)
 
 
-class _ForwardingReplies(_Replies):
+class _ForwardingReplies(ReplyPartitions):
     """The relay's reply partition: each record goes to the connection whose proposal it answers."""
 
     def __init__(self, conf: dict[str, Any], topic: str, group_id: str, num_partitions: int) -> None:
@@ -548,7 +548,7 @@ class Relay:
                 conn.send({"op": "delivered", "pid": pid, "reply_partition": reply_partition})
             else:
                 self.replies.disown(pid.encode(), conn)
-                conn.send({"op": "delivered", "pid": pid, "error": str(err), "not_written": err.code() in _NOT_WRITTEN})
+                conn.send({"op": "delivered", "pid": pid, "error": str(err), "not_written": err.code() in NOT_WRITTEN})
 
         try:
             self._producer.produce(self.topics.proposals, value=q.value, key=q.key, partition=q.partition,
