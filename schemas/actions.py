@@ -7,12 +7,15 @@ commit re-published from the commits topic is byte-identical to the first copy.
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 PartitionValues = Mapping[str, "str | None"]
+#: `json.loads` without its per-call argument checks.
+_DECODE = json.JSONDecoder().decode
 
 
 def _compact(d: dict[str, Any]) -> dict[str, Any]:
@@ -460,10 +463,33 @@ def action_from_json(d: Mapping[str, Any]) -> Action | None:
         raise ActionParseError(f"malformed {key!r} action: missing or bad field {e}") from e
 
 
+#: One encoder for every line: `json.dumps` with separators builds a new encoder per call.
+_LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+#: Lines encoded together before their bytes join the file: a commit of a million actions never holds its
+#: text as lines, one string and bytes at once (three copies), only the bytes and one chunk.
+_CHUNK_LINES = 4096
+
+
+def iter_json_lines(actions: Iterable[Action]) -> Iterator[bytes]:
+    """A commit file's bytes in chunks of newline-terminated lines (`commit_to_json_lines` is their join)."""
+    chunk: list[str] = []
+    for a in actions:
+        chunk.append(_LINE(a.to_json()))
+        if len(chunk) == _CHUNK_LINES:
+            chunk.append("")
+            yield "\n".join(chunk).encode("utf-8")
+            chunk = []
+    if chunk:
+        chunk.append("")
+        yield "\n".join(chunk).encode("utf-8")
+
+
 def commit_to_json_lines(actions: Iterable[Action]) -> bytes:
     """Serialise a commit file: one compact JSON object per line, newline-terminated."""
-    lines = [json.dumps(a.to_json(), separators=(",", ":"), ensure_ascii=False) for a in actions]
-    return ("\n".join(lines) + "\n").encode("utf-8")
+    out = io.BytesIO()
+    for part in iter_json_lines(actions):
+        out.write(part)
+    return out.getvalue()
 
 
 def json_lines(text: str) -> list[str]:
@@ -477,18 +503,42 @@ def json_lines(text: str) -> list[str]:
     return text.split("\n")
 
 
+#: Bytes of a commit file decoded at a time by `parse_commit`: a large file is never held as one string.
+_PARSE_CHUNK_BYTES = 1 << 20
+
+
+def _text_chunks(data: bytes | str) -> Iterator[str]:
+    """`data` as text in pieces that each end at a newline (or the end): decoded a piece at a time."""
+    if isinstance(data, str):
+        yield data
+        return
+    view = memoryview(data)
+    start, n = 0, len(data)
+    while start < n:
+        end = data.find(b"\n", min(start + _PARSE_CHUNK_BYTES, n) - 1)
+        end = n if end < 0 else end + 1
+        yield str(view[start:end], "utf-8")
+        start = end
+
+
 def parse_commit(data: bytes | str) -> list[Action]:
     """Parse a commit file's lines into actions (blank lines ignored)."""
-    text = data.decode("utf-8") if isinstance(data, bytes) else data
     out: list[Action] = []
-    for lineno, line in enumerate(json_lines(text), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ActionParseError(f"line {lineno} is not JSON: {e}") from e
-        action = action_from_json(obj)
-        if action is not None:
-            out.append(action)
+    loads = _DECODE
+    lineno = 0
+    for text in _text_chunks(data):
+        lines = json_lines(text)
+        if text.endswith("\n"):
+            lines.pop()  # the piece's last newline ends its last line, it starts none
+        for line in lines:
+            lineno += 1
+            if not line or line.isspace():
+                continue
+            try:
+                obj = loads(line)
+            except json.JSONDecodeError as e:
+                raise ActionParseError(f"line {lineno} is not JSON: {e}") from e
+            action = action_from_json(obj)
+            if action is not None:
+                out.append(action)
     return out
