@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 PartitionValues = Mapping[str, "str | None"]
+#: The partition values of every unpartitioned file read from JSON: one shared empty dict rather than one each
+#: (64 bytes a file, 64 MB for a commit of a million). Never changed: `PartitionValues` is a read-only Mapping.
+_NO_PARTITION_VALUES: dict[str, str | None] = {}
 #: `json.loads` without its per-call argument checks.
 _DECODE = json.JSONDecoder().decode
 
@@ -98,29 +101,31 @@ class AddFile:
         return (self.path, self.deletion_vector.unique_id() if self.deletion_vector else None)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "add": _compact(
-                {
-                    "path": self.path,
-                    "partitionValues": dict(self.partition_values),
-                    "size": self.size,
-                    "modificationTime": self.modification_time,
-                    "dataChange": self.data_change,
-                    "stats": self.stats,
-                    "tags": None if self.tags is None else dict(self.tags),
-                    "deletionVector": None if self.deletion_vector is None else self.deletion_vector.to_json(),
-                    "baseRowId": self.base_row_id,
-                    "defaultRowCommitVersion": self.default_row_commit_version,
-                    "clusteringProvider": self.clustering_provider,
-                }
-            )
-        }
+        # The optional keys are added when present (a commit of a million files: no dict of Nones to compact).
+        body: dict[str, Any] = {"path": self.path, "partitionValues": dict(self.partition_values), "size": self.size,
+                                "modificationTime": self.modification_time, "dataChange": self.data_change}
+        if None in (self.path, self.size, self.modification_time, self.data_change):
+            body = _compact(body)
+        if self.stats is not None:
+            body["stats"] = self.stats
+        if self.tags is not None:
+            body["tags"] = dict(self.tags)
+        if self.deletion_vector is not None:
+            body["deletionVector"] = self.deletion_vector.to_json()
+        if self.base_row_id is not None:
+            body["baseRowId"] = self.base_row_id
+        if self.default_row_commit_version is not None:
+            body["defaultRowCommitVersion"] = self.default_row_commit_version
+        if self.clustering_provider is not None:
+            body["clusteringProvider"] = self.clustering_provider
+        return {"add": body}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> AddFile:
+        pv = d.get("partitionValues")
         return AddFile(
             path=d["path"],
-            partition_values=dict(d.get("partitionValues") or {}),
+            partition_values=dict(pv) if pv else _NO_PARTITION_VALUES,
             size=d["size"],
             modification_time=d["modificationTime"],
             data_change=d["dataChange"],
@@ -507,17 +512,25 @@ def json_lines(text: str) -> list[str]:
 _PARSE_CHUNK_BYTES = 1 << 20
 
 
-def _text_chunks(data: bytes | str) -> Iterator[str]:
-    """`data` as text in pieces that each end at a newline (or the end): decoded a piece at a time."""
+def commit_lines(data: bytes | str) -> Iterator[str]:
+    """The lines of a commit file (`json_lines`, less the empty one after its last newline), decoded a piece at a
+    time: a large file is never held as one string and a list of its lines beside its bytes."""
     if isinstance(data, str):
-        yield data
+        lines = json_lines(data)
+        if data.endswith("\n"):
+            lines.pop()
+        yield from lines
         return
     view = memoryview(data)
     start, n = 0, len(data)
     while start < n:
+        # A piece ends at a newline: one byte of a UTF-8 character is never a newline, so no character is cut.
         end = data.find(b"\n", min(start + _PARSE_CHUNK_BYTES, n) - 1)
         end = n if end < 0 else end + 1
-        yield str(view[start:end], "utf-8")
+        lines = json_lines(str(view[start:end], "utf-8"))
+        if end > start and data[end - 1] == 0x0A:
+            lines.pop()  # the piece's last newline ends its last line, it starts none
+        yield from lines
         start = end
 
 
@@ -525,20 +538,14 @@ def parse_commit(data: bytes | str) -> list[Action]:
     """Parse a commit file's lines into actions (blank lines ignored)."""
     out: list[Action] = []
     loads = _DECODE
-    lineno = 0
-    for text in _text_chunks(data):
-        lines = json_lines(text)
-        if text.endswith("\n"):
-            lines.pop()  # the piece's last newline ends its last line, it starts none
-        for line in lines:
-            lineno += 1
-            if not line or line.isspace():
-                continue
-            try:
-                obj = loads(line)
-            except json.JSONDecodeError as e:
-                raise ActionParseError(f"line {lineno} is not JSON: {e}") from e
-            action = action_from_json(obj)
-            if action is not None:
-                out.append(action)
+    for lineno, line in enumerate(commit_lines(data), 1):
+        if not line or line.isspace():
+            continue
+        try:
+            obj = loads(line)
+        except json.JSONDecodeError as e:
+            raise ActionParseError(f"line {lineno} is not JSON: {e}") from e
+        action = action_from_json(obj)
+        if action is not None:
+            out.append(action)
     return out

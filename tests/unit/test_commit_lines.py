@@ -4,11 +4,23 @@ edges change nothing, whatever falls on them."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import schemas.actions as actions_module
-from schemas.actions import ActionParseError, AddFile, CommitInfo, RemoveFile, commit_to_json_lines, parse_commit
+from reader.log import CorruptLogError, iter_commit_actions, parse_commit_lines
+from schemas.actions import (
+    ActionParseError,
+    AddFile,
+    CommitInfo,
+    DeletionVector,
+    RemoveFile,
+    commit_to_json_lines,
+    parse_commit,
+)
 
 
 def _actions(n: int) -> list[AddFile | RemoveFile | CommitInfo]:
@@ -49,6 +61,9 @@ def test_a_commit_read_in_pieces_of_any_size_gives_the_same_actions(monkeypatch:
     spaced = b"\n\n".join(data.split(b"\n")).replace(b"\n", b"\r\n", 3) + b"  \n\n"
     assert parse_commit(spaced) == acts
     assert parse_commit(data.decode("utf-8")) == acts
+    # Readers of the log read the same way, and number lines the same way.
+    assert parse_commit_lines(spaced) == acts
+    assert [n for n, _a in iter_commit_actions(spaced)] == [2 * i + 1 for i in range(len(acts))]
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 5, 1 << 20])
@@ -58,5 +73,31 @@ def test_a_bad_line_is_named_by_its_number_in_the_whole_file(monkeypatch: pytest
     lines.insert(4, b"{not json")
     with pytest.raises(ActionParseError, match=r"^line 5 is not JSON"):
         parse_commit(b"\n".join(lines))
+    with pytest.raises(CorruptLogError, match=r"^c: line 5 is not JSON"):
+        parse_commit_lines(b"\n".join(lines), source="c")
     with pytest.raises(UnicodeDecodeError):
         parse_commit(b'{"commitInfo":{"a":"\xff"}}\n')
+
+
+_maybe_text = st.none() | st.text(max_size=5)
+_maybe_int = st.none() | st.integers(-5, 2**40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(path=_maybe_text, size=_maybe_int, mtime=_maybe_int, change=st.none() | st.booleans(), stats=_maybe_text,
+       tags=st.none() | st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+       dv=st.none() | st.just(DeletionVector("u", "ab", 1, 2)), row=_maybe_int, crv=_maybe_int,
+       clustering=_maybe_text, values=st.dictionaries(st.text(max_size=3), _maybe_text, max_size=2))
+def test_an_add_is_written_as_all_its_fields_less_the_absent_ones(
+        path: Any, size: Any, mtime: Any, change: Any, stats: str | None, tags: dict[str, str] | None,
+        dv: DeletionVector | None, row: int | None, crv: int | None, clustering: str | None,
+        values: dict[str, str | None]) -> None:
+    a = AddFile(path, values, size, mtime, change, stats, tags, dv, row, crv, clustering)
+    every = {"path": path, "partitionValues": values, "size": size, "modificationTime": mtime, "dataChange": change,
+             "stats": stats, "tags": tags, "deletionVector": None if dv is None else dv.to_json(), "baseRowId": row,
+             "defaultRowCommitVersion": crv, "clusteringProvider": clustering}
+    written = a.to_json()
+    assert written == {"add": {k: v for k, v in every.items() if v is not None}}
+    assert list(written["add"]) == [k for k, v in every.items() if v is not None], "in the protocol's key order"
+    if path is not None and size is not None and mtime is not None and change is not None:
+        assert parse_commit(commit_to_json_lines([a])) == [a]
