@@ -174,23 +174,28 @@ class RemoveFile:
         return (self.path, self.deletion_vector.unique_id() if self.deletion_vector else None)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "remove": _compact(
-                {
-                    "path": self.path,
-                    "deletionTimestamp": self.deletion_timestamp,
-                    "dataChange": self.data_change,
-                    "extendedFileMetadata": self.extended_file_metadata,
-                    "partitionValues": None if self.partition_values is None else dict(self.partition_values),
-                    "size": self.size,
-                    "stats": self.stats,
-                    "tags": None if self.tags is None else dict(self.tags),
-                    "deletionVector": None if self.deletion_vector is None else self.deletion_vector.to_json(),
-                    "baseRowId": self.base_row_id,
-                    "defaultRowCommitVersion": self.default_row_commit_version,
-                }
-            )
-        }
+        # As `AddFile.to_json`: the optional keys are added when present, in the same order.
+        body: dict[str, Any] = {"path": self.path, "deletionTimestamp": self.deletion_timestamp,
+                                "dataChange": self.data_change}
+        if None in (self.path, self.deletion_timestamp, self.data_change):
+            body = _compact(body)
+        if self.extended_file_metadata is not None:
+            body["extendedFileMetadata"] = self.extended_file_metadata
+        if self.partition_values is not None:
+            body["partitionValues"] = dict(self.partition_values)
+        if self.size is not None:
+            body["size"] = self.size
+        if self.stats is not None:
+            body["stats"] = self.stats
+        if self.tags is not None:
+            body["tags"] = dict(self.tags)
+        if self.deletion_vector is not None:
+            body["deletionVector"] = self.deletion_vector.to_json()
+        if self.base_row_id is not None:
+            body["baseRowId"] = self.base_row_id
+        if self.default_row_commit_version is not None:
+            body["defaultRowCommitVersion"] = self.default_row_commit_version
+        return {"remove": body}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> RemoveFile:
@@ -200,7 +205,7 @@ class RemoveFile:
             deletion_timestamp=d.get("deletionTimestamp"),
             data_change=d["dataChange"],
             extended_file_metadata=d.get("extendedFileMetadata"),
-            partition_values=None if pv is None else dict(pv),
+            partition_values=dict(pv) if pv else (None if pv is None else _NO_PARTITION_VALUES),
             size=d.get("size"),
             stats=d.get("stats"),
             tags=d.get("tags"),

@@ -101,3 +101,23 @@ def test_an_add_is_written_as_all_its_fields_less_the_absent_ones(
     assert list(written["add"]) == [k for k, v in every.items() if v is not None], "in the protocol's key order"
     if path is not None and size is not None and mtime is not None and change is not None:
         assert parse_commit(commit_to_json_lines([a])) == [a]
+
+
+@settings(max_examples=200, deadline=None)
+@given(path=_maybe_text, ts=_maybe_int, change=st.none() | st.booleans(), extended=st.none() | st.booleans(),
+       values=st.none() | st.dictionaries(st.text(max_size=3), _maybe_text, max_size=2), size=_maybe_int,
+       stats=_maybe_text, tags=st.none() | st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+       dv=st.none() | st.just(DeletionVector("u", "ab", 1, 2)), row=_maybe_int, crv=_maybe_int)
+def test_a_remove_is_written_as_all_its_fields_less_the_absent_ones(
+        path: Any, ts: int | None, change: Any, extended: bool | None, values: dict[str, str | None] | None,
+        size: int | None, stats: str | None, tags: dict[str, str] | None, dv: DeletionVector | None, row: int | None,
+        crv: int | None) -> None:
+    r = RemoveFile(path, ts, change, extended, values, size, stats, tags, dv, row, crv)
+    every = {"path": path, "deletionTimestamp": ts, "dataChange": change, "extendedFileMetadata": extended,
+             "partitionValues": values, "size": size, "stats": stats, "tags": tags,
+             "deletionVector": None if dv is None else dv.to_json(), "baseRowId": row, "defaultRowCommitVersion": crv}
+    written = r.to_json()
+    assert written == {"remove": {k: v for k, v in every.items() if v is not None}}
+    assert list(written["remove"]) == [k for k, v in every.items() if v is not None], "in the protocol's key order"
+    if path is not None and change is not None:
+        assert parse_commit(commit_to_json_lines([r])) == [r]
