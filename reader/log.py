@@ -35,13 +35,15 @@ from urllib.parse import unquote, urlparse
 
 from reader.storage import StoredObject, TableStorage, parse_table_uri, stored_object
 from reader.storage_uri import check_key
-from schemas.actions import Action, ActionParseError, CommitInfo, Metadata, action_from_json, json_lines
+from schemas.actions import Action, ActionParseError, CommitInfo, Metadata, action_from_json, commit_lines
 from schemas.errors import DeltaCoordError
 
 LOG_DIR_NAME = "_delta_log"
 LAST_CHECKPOINT_NAME = "_last_checkpoint"
 LAST_CHECKPOINT_KEY = f"{LOG_DIR_NAME}/{LAST_CHECKPOINT_NAME}"
 
+#: `json.loads` without its per-call argument checks (one call per line of a commit of any size).
+_DECODE = json.JSONDecoder().decode
 _COMMIT_RE = re.compile(r"^(\d{20})\.json$")
 _CLASSIC_CKPT_RE = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
 _MULTIPART_CKPT_RE = re.compile(r"^(\d{20})\.checkpoint\.(\d{10})\.(\d{10})\.parquet$")
@@ -450,12 +452,11 @@ def parse_commit_lines(data: bytes | str, *, source: str = "<commit>") -> list[A
 
 def iter_commit_actions(data: bytes | str, *, source: str = "<commit>") -> Iterator[tuple[int, Action]]:
     """(line number, action) of each action of a commit file, as `parse_commit_lines` reads them."""
-    text = data.decode("utf-8") if isinstance(data, bytes) else data
-    for lineno, line in enumerate(json_lines(text), 1):
-        if not line.strip():
+    for lineno, line in enumerate(commit_lines(data), 1):
+        if not line or line.isspace():
             continue
         try:
-            obj = json.loads(line)
+            obj = _DECODE(line)
         except json.JSONDecodeError as e:
             raise CorruptLogError(f"{source}: line {lineno} is not JSON: {e}") from e
         if not isinstance(obj, dict) or len(obj) != 1:

@@ -155,7 +155,25 @@ def _suspect_count(arr: pa.Array) -> np.ndarray:
     return np.ones(len(arr), dtype=bool)
 
 
+#: Documents read by one Arrow pass: a commit of a million files is read a slice at a time, so that its stats are
+#: never held twice more (as one text and as Arrow columns) beside its actions.
+BULK_SLICE = 65_536
+
+
 def _suspects(stats: list[str]) -> np.ndarray | None:
+    """Rows the per-file check must look at, read as Arrow a slice at a time (`_slice_suspects`); every row of a
+    slice the pass cannot tell about is checked one by one."""
+    import numpy as np
+
+    out = np.ones(len(stats), dtype=bool)
+    for lo in range(0, len(stats), BULK_SLICE):
+        got = _slice_suspects(stats[lo:lo + BULK_SLICE])
+        if got is not None:
+            out[lo:lo + len(got)] = got
+    return out
+
+
+def _slice_suspects(stats: list[str]) -> np.ndarray | None:
     """Rows the per-file check must look at, read as Arrow in one pass; None when the pass cannot tell (then every
     row is checked one by one). Each document is wrapped with its index, so a string holding two documents, or
     none, breaks the pass rather than shifting the rows. Arrow is imported here, by the first commit this large:
@@ -202,15 +220,18 @@ def stats_problems(stats: list[object], bulk_from: int = BULK_MIN_FILES) -> dict
     in one pass; only the rows it cannot vouch for are checked one by one."""
     import numpy as np
 
-    texts = [(i, s) for i, s in enumerate(stats) if isinstance(s, str)]
+    texts = [s for s in stats if isinstance(s, str)]
     suspects: np.ndarray | None = None
     if len(texts) >= bulk_from:
-        suspects = _suspects([s for _i, s in texts])
+        suspects = _suspects(texts)
+    del texts
     check: Iterable[int]
     if suspects is None:
         check = range(len(stats))
     else:
-        flagged = {texts[j][0] for j in np.flatnonzero(suspects)}
+        # The index in `stats` of each text (no tuple per file: a million of them would outweigh the texts).
+        at = np.fromiter((i for i, s in enumerate(stats) if isinstance(s, str)), dtype=np.int64, count=len(suspects))
+        flagged = {int(i) for i in at[np.flatnonzero(suspects)]}
         check = sorted(flagged | {i for i, s in enumerate(stats) if not isinstance(s, str)})
     out: dict[int, str] = {}
     for i in check:

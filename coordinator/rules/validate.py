@@ -385,8 +385,9 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
     root = state.table_uri or p.table_uri  # the coordinator's record of the table root is authoritative
     new_metadata: Metadata | None = None
     new_protocol: Protocol | None = None
-    add_keys: set[tuple[str, str | None]] = set()
-    remove_keys: set[tuple[str, str | None]] = set()
+    # A file's key is its path when it has no deletion vector (no tuple per file: a commit of a million files).
+    add_keys: set[str | tuple[str, str]] = set()
+    remove_keys: set[str | tuple[str, str]] = set()
     app_versions: dict[str, int] = {}
     domains: set[str] = set()
     data_removes = False
@@ -398,7 +399,7 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
     for a in p.actions:
         if isinstance(a, AddFile):
             dv = a.deletion_vector
-            key = (a.path, dv.unique_id() if dv is not None else None)
+            key = a.path if dv is None else (a.path, dv.unique_id())
             if key in add_keys:
                 raise _err(ReasonCode.DUPLICATE_FILE_ACTION, f"file {a.path!r} is added twice in one commit")
             add_keys.add(key)
@@ -420,7 +421,7 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             adds.append(a)
         elif isinstance(a, RemoveFile):
             dv = a.deletion_vector
-            key = (a.path, dv.unique_id() if dv is not None else None)
+            key = a.path if dv is None else (a.path, dv.unique_id())
             if key in remove_keys:
                 raise _err(ReasonCode.DUPLICATE_FILE_ACTION, f"file {a.path!r} is removed twice in one commit")
             remove_keys.add(key)
@@ -465,7 +466,7 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
 
     both = add_keys & remove_keys
     if both:
-        path, dv_id = sorted(both, key=lambda k: (k[0], k[1] or ""))[0]
+        path, dv_id = min(((k, None) if isinstance(k, str) else k for k in both), key=lambda k: (k[0], k[1] or ""))
         raise _err(ReasonCode.ADD_AND_REMOVE_SAME_FILE, f"file {path!r} (dv {dv_id}) is both added and removed")
 
     if rv == -1:

@@ -61,3 +61,33 @@ def test_a_clean_commit_checks_no_file_one_by_one(monkeypatch: Any) -> None:
     assert calls == ['{"numRecords": -1}'], "only the suspect row is asked again"
     stats[500] = '{"numRecords": 1},"z":1'
     assert mod.stats_problems(stats, BULK_FROM) == {500: mod.stats_problem(stats[500])} != {}, "a document that goes on is refused"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=BULK_FROM + 40), stats_text), max_size=6),
+       st.sampled_from([1, 7, 64]))
+def test_bulk_answers_as_the_per_file_check_slice_by_slice(inserted: list[tuple[int, str]], slice_rows: int) -> None:
+    import coordinator.rules.stats as mod
+
+    stats: list[Any] = [BASE if i % 2 else json.dumps({"numRecords": i}) for i in range(BULK_FROM + 40)]
+    for at, s in inserted:
+        stats.insert(at, s)
+    saved = mod.BULK_SLICE
+    mod.BULK_SLICE = slice_rows
+    try:
+        assert stats_problems(stats, BULK_FROM) == _expected(stats)
+    finally:
+        mod.BULK_SLICE = saved
+
+
+def test_a_clean_commit_read_in_slices_checks_no_file_one_by_one(monkeypatch: Any) -> None:
+    import coordinator.rules.stats as mod
+
+    monkeypatch.setattr(mod, "BULK_SLICE", 300)
+    calls: list[object] = []
+    real = mod.stats_problem
+    monkeypatch.setattr(mod, "stats_problem", lambda s: calls.append(s) or real(s))
+    stats = [json.dumps({"numRecords": i, "minValues": {"id": i}, "maxValues": {"id": i}}) for i in range(1000)]
+    stats[950] = '{"numRecords": -1}'
+    assert mod.stats_problems(stats, BULK_FROM) == {950: "stats.numRecords is negative"}
+    assert calls == ['{"numRecords": -1}'], "only the suspect row of the last slice is asked again"

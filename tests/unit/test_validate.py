@@ -305,6 +305,16 @@ def test_dv_update_of_one_file_is_not_add_and_remove_of_the_same_key() -> None:
     assert proposal_error(h.state, p) is None
 
 
+def test_a_file_added_and_removed_is_named_first_by_path_whether_or_not_it_has_a_deletion_vector() -> None:
+    h = Harness(files=[add("a.parquet"), add("b.parquet", dv="d1"), add("c.parquet")])
+    p = proposal(1, [remove("c.parquet"), add("c.parquet"), remove("b.parquet", dv="d1"), add("b.parquet", dv="d1"),
+                     remove("a.parquet"), add("a.parquet", dv="d2")])
+    assert str(proposal_error(h.state, p)) == (
+        f"ADD_AND_REMOVE_SAME_FILE: file 'b.parquet' (dv u{dv_id('d1')}) is both added and removed")
+    p = proposal(1, [remove("c.parquet"), add("c.parquet"), remove("a.parquet"), add("a.parquet", dv="d2")])
+    assert str(proposal_error(h.state, p)) == "ADD_AND_REMOVE_SAME_FILE: file 'c.parquet' (dv None) is both added and removed"
+
+
 def test_append_only_allows_data_change_false_removes() -> None:
     h = _append_only()
     p = proposal(1, [remove("a.parquet", data_change=False), add("b.parquet", data_change=False)],

@@ -1,0 +1,123 @@
+"""A commit file is read and written in pieces (never held as lines, one string and bytes at once): the pieces'
+edges change nothing, whatever falls on them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import schemas.actions as actions_module
+from reader.log import CorruptLogError, iter_commit_actions, parse_commit_lines
+from schemas.actions import (
+    ActionParseError,
+    AddFile,
+    CommitInfo,
+    DeletionVector,
+    RemoveFile,
+    commit_to_json_lines,
+    parse_commit,
+)
+
+
+def _actions(n: int) -> list[AddFile | RemoveFile | CommitInfo]:
+    out: list[AddFile | RemoveFile | CommitInfo] = [CommitInfo({"operation": "WRITE", "note": "héllo \u2028 wörld"})]
+    for i in range(n):
+        # Non-ASCII paths: a piece's edge must never cut a character in two.
+        out.append(AddFile(f"dé/part-{i:05d}-\u00e9\u4e2d.parquet", {"p": str(i % 3)}, i, 7, True,
+                           stats=json.dumps({"numRecords": i})))
+        if i % 5 == 0:
+            out.append(RemoveFile(f"old-{i}.parquet", 9, True))
+    return out
+
+
+def _one_string(acts: list[AddFile | RemoveFile | CommitInfo]) -> bytes:
+    """The file as one join of lines (what the pieces must add up to)."""
+    lines = [json.dumps(a.to_json(), separators=(",", ":"), ensure_ascii=False) for a in acts]
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+@pytest.mark.parametrize("chunk_lines", [1, 3, 4096])
+def test_the_pieces_of_a_written_commit_join_into_the_one_string_form(monkeypatch: pytest.MonkeyPatch,
+                                                                      chunk_lines: int) -> None:
+    monkeypatch.setattr(actions_module, "_CHUNK_LINES", chunk_lines)
+    acts = _actions(50)
+    assert commit_to_json_lines(acts) == _one_string(acts)
+    assert commit_to_json_lines([]) == b""
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 2, 7, 64, 1 << 20])
+def test_a_commit_read_in_pieces_of_any_size_gives_the_same_actions(monkeypatch: pytest.MonkeyPatch,
+                                                                     chunk_bytes: int) -> None:
+    monkeypatch.setattr(actions_module, "_PARSE_CHUNK_BYTES", chunk_bytes)
+    acts = _actions(40)
+    data = _one_string(acts)
+    assert parse_commit(data) == acts
+    assert parse_commit(data.rstrip(b"\n")) == acts  # no final newline
+    # Blank and whitespace lines are skipped; "\r\n" line ends are JSON whitespace.
+    spaced = b"\n\n".join(data.split(b"\n")).replace(b"\n", b"\r\n", 3) + b"  \n\n"
+    assert parse_commit(spaced) == acts
+    assert parse_commit(data.decode("utf-8")) == acts
+    # Readers of the log read the same way, and number lines the same way.
+    assert parse_commit_lines(spaced) == acts
+    assert [n for n, _a in iter_commit_actions(spaced)] == [2 * i + 1 for i in range(len(acts))]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 5, 1 << 20])
+def test_a_bad_line_is_named_by_its_number_in_the_whole_file(monkeypatch: pytest.MonkeyPatch, chunk_bytes: int) -> None:
+    monkeypatch.setattr(actions_module, "_PARSE_CHUNK_BYTES", chunk_bytes)
+    lines = _one_string(_actions(3)).split(b"\n")
+    lines.insert(4, b"{not json")
+    with pytest.raises(ActionParseError, match=r"^line 5 is not JSON"):
+        parse_commit(b"\n".join(lines))
+    with pytest.raises(CorruptLogError, match=r"^c: line 5 is not JSON"):
+        parse_commit_lines(b"\n".join(lines), source="c")
+    with pytest.raises(UnicodeDecodeError):
+        parse_commit(b'{"commitInfo":{"a":"\xff"}}\n')
+
+
+_maybe_text = st.none() | st.text(max_size=5)
+_maybe_int = st.none() | st.integers(-5, 2**40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(path=_maybe_text, size=_maybe_int, mtime=_maybe_int, change=st.none() | st.booleans(), stats=_maybe_text,
+       tags=st.none() | st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+       dv=st.none() | st.just(DeletionVector("u", "ab", 1, 2)), row=_maybe_int, crv=_maybe_int,
+       clustering=_maybe_text, values=st.dictionaries(st.text(max_size=3), _maybe_text, max_size=2))
+def test_an_add_is_written_as_all_its_fields_less_the_absent_ones(
+        path: Any, size: Any, mtime: Any, change: Any, stats: str | None, tags: dict[str, str] | None,
+        dv: DeletionVector | None, row: int | None, crv: int | None, clustering: str | None,
+        values: dict[str, str | None]) -> None:
+    a = AddFile(path, values, size, mtime, change, stats, tags, dv, row, crv, clustering)
+    every = {"path": path, "partitionValues": values, "size": size, "modificationTime": mtime, "dataChange": change,
+             "stats": stats, "tags": tags, "deletionVector": None if dv is None else dv.to_json(), "baseRowId": row,
+             "defaultRowCommitVersion": crv, "clusteringProvider": clustering}
+    written = a.to_json()
+    assert written == {"add": {k: v for k, v in every.items() if v is not None}}
+    assert list(written["add"]) == [k for k, v in every.items() if v is not None], "in the protocol's key order"
+    if path is not None and size is not None and mtime is not None and change is not None:
+        assert parse_commit(commit_to_json_lines([a])) == [a]
+
+
+@settings(max_examples=200, deadline=None)
+@given(path=_maybe_text, ts=_maybe_int, change=st.none() | st.booleans(), extended=st.none() | st.booleans(),
+       values=st.none() | st.dictionaries(st.text(max_size=3), _maybe_text, max_size=2), size=_maybe_int,
+       stats=_maybe_text, tags=st.none() | st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+       dv=st.none() | st.just(DeletionVector("u", "ab", 1, 2)), row=_maybe_int, crv=_maybe_int)
+def test_a_remove_is_written_as_all_its_fields_less_the_absent_ones(
+        path: Any, ts: int | None, change: Any, extended: bool | None, values: dict[str, str | None] | None,
+        size: int | None, stats: str | None, tags: dict[str, str] | None, dv: DeletionVector | None, row: int | None,
+        crv: int | None) -> None:
+    r = RemoveFile(path, ts, change, extended, values, size, stats, tags, dv, row, crv)
+    every = {"path": path, "deletionTimestamp": ts, "dataChange": change, "extendedFileMetadata": extended,
+             "partitionValues": values, "size": size, "stats": stats, "tags": tags,
+             "deletionVector": None if dv is None else dv.to_json(), "baseRowId": row, "defaultRowCommitVersion": crv}
+    written = r.to_json()
+    assert written == {"remove": {k: v for k, v in every.items() if v is not None}}
+    assert list(written["remove"]) == [k for k, v in every.items() if v is not None], "in the protocol's key order"
+    if path is not None and change is not None:
+        assert parse_commit(commit_to_json_lines([r])) == [r]
