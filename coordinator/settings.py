@@ -153,7 +153,7 @@ FILE_KEYS = (
     "max_batch", "metrics_port", "fsync", "checkpoints", "watchdog_seconds", "log_level", "dead_letter_max_bytes",
     "stall_seconds", "table_roots", "state_root", "snapshot_every_records", "decided_ids_limit", "decided_ids_max_age_hours",
     "group_offset_seconds", "checkpoint_min_seconds", "publish_lanes",
-    "publish_failing_seconds", "kafka_unreachable_seconds",
+    "publish_failing_seconds", "kafka_unreachable_seconds", "send_offsets_timeout_seconds",
 )
 #: Keys that a `DELTACOORD_<KEY>` variable sets (fsync and checkpoints only have their --no-... flags).
 ENV_VARS = {k: f"DELTACOORD_{k.upper()}" for k in FILE_KEYS if k not in ("fsync", "checkpoints")}
@@ -367,6 +367,7 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         stall_timeout_s=number("stall_seconds", 60.0),
         publish_failing_s=number("publish_failing_seconds", 10.0),
         kafka_unreachable_s=number("kafka_unreachable_seconds", 10.0),
+        send_offsets_timeout_s=number("send_offsets_timeout_seconds", 20.0),
         group_offset_interval_s=number("group_offset_seconds", 1.0),
         checkpoint_min_interval_s=number("checkpoint_min_seconds", 1.0),
         publish_lanes=integer("publish_lanes", 16),
@@ -383,7 +384,8 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
     if coordinator.stall_timeout_s <= 0:
         raise SettingsError(f"stall_seconds must be above 0, got {coordinator.stall_timeout_s}")
     for key, value in (("publish_failing_seconds", coordinator.publish_failing_s),
-                       ("kafka_unreachable_seconds", coordinator.kafka_unreachable_s)):
+                       ("kafka_unreachable_seconds", coordinator.kafka_unreachable_s),
+                       ("send_offsets_timeout_seconds", coordinator.send_offsets_timeout_s)):
         if value <= 0:
             raise SettingsError(f"{key} must be above 0, got {value}")
     if coordinator.group_offset_interval_s < 0:

@@ -286,6 +286,9 @@ def coordinator_group() -> None:
 @click.option("--kafka-unreachable-seconds", type=float, envvar=env_var("kafka_unreachable_seconds"), default=None,
               help="/healthz answers 503 (not ready) when no Kafka broker was reachable this long (default 10); "
                    "/livez stays 200.")
+@click.option("--send-offsets-timeout-seconds", type=float, envvar=env_var("send_offsets_timeout_seconds"), default=None,
+              help="A Kafka producer blocked this long (plus 5 s) adding offsets to a transaction is replaced, as after "
+                   "a restart (default 20).")
 @click.option("--table-roots", envvar=env_var("table_roots"), default=None,
               help="Comma-separated URI prefixes under which tables may be created and published (s3://bucket/tables,"
                    "/data/tables); proposals for other locations are refused. Unset: local tables anywhere, no object store.")
@@ -319,7 +322,8 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
                     state_root: str | None, snapshot_every_records: int | None, decided_ids_limit: int | None,
                     decided_ids_max_age_hours: float | None, group_offset_seconds: float | None,
                     checkpoint_min_seconds: float | None, publish_lanes: int | None,
-                    publish_failing_seconds: float | None, kafka_unreachable_seconds: float | None) -> None:
+                    publish_failing_seconds: float | None, kafka_unreachable_seconds: float | None,
+                    send_offsets_timeout_seconds: float | None) -> None:
     """Consume proposals, decide them, record decisions in Kafka, publish _delta_log.
 
     \b
@@ -340,6 +344,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         "decided_ids_max_age_hours": decided_ids_max_age_hours, "group_offset_seconds": group_offset_seconds,
         "checkpoint_min_seconds": checkpoint_min_seconds, "publish_lanes": publish_lanes,
         "publish_failing_seconds": publish_failing_seconds, "kafka_unreachable_seconds": kafka_unreachable_seconds,
+        "send_offsets_timeout_seconds": send_offsets_timeout_seconds,
     }
     run = load_settings(config_file, flags, kafka_pairs, storage_pairs)
     logs.setup_logging(run.log_level)

@@ -292,8 +292,11 @@ def test_a_stuck_coordinator_whose_partition_was_taken_meanwhile_leaves_it_to_th
     exits 3 as a fenced coordinator, and the replacement keeps serving."""
     topics = fresh_topics(kafka_bootstrap)
     path = tmp_path / "t"
-    stuck = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", "--watchdog-seconds", "120",
-                                      "--group-offset-seconds", "0", env={"DELTACOORD_FAULT": "send_offsets:2:hang"})
+    # The stuck call gives up after 100 + 5 s: time enough for the replacement to start and commit on a loaded
+    # machine (at the default 20 s, a CI run's replacement had not even started when the stuck one gave up).
+    stuck = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", "--watchdog-seconds", "300",
+                                      "--send-offsets-timeout-seconds", "100", "--group-offset-seconds", "0",
+                                      env={"DELTACOORD_FAULT": "send_offsets:2:hang"})
     new_owner: CoordinatorProcess | None = None
     try:
         with Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=120) as t:
@@ -308,7 +311,8 @@ def test_a_stuck_coordinator_whose_partition_was_taken_meanwhile_leaves_it_to_th
                                                   "--group-offset-seconds", "0")
             appender.join(120)
             assert first.get("v") == 1, new_owner.log.read_text(errors="replace")[-3000:]
-            _wait_until(lambda: not stuck.alive(), 90, "the stuck coordinator to leave")
+            assert "still blocked" not in stuck.log.read_text(errors="replace"), "the stuck call gave up too early"
+            _wait_until(lambda: not stuck.alive(), 180, "the stuck coordinator to leave")
             assert stuck.proc.returncode == 3, stuck.log.read_text(errors="replace")[-3000:]
             assert "leaving the partition to it" in stuck.log.read_text(errors="replace")
             assert t.append(pa.table({"id": [2], "date": ["d"]})).version == 2

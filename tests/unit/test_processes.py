@@ -17,8 +17,11 @@ def _child(code: str, *args: str) -> subprocess.Popen[bytes]:
 
 
 def test_a_pid_counts_as_ours_only_while_its_command_line_names_the_marker(tmp_path: Path) -> None:
-    proc = _child("import time; time.sleep(60)", str(tmp_path / "home-a"))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)",
+                             str(tmp_path / "home-a")], stdout=subprocess.PIPE)
     try:
+        # Until the child runs its own program, /proc shows the parent's command line (between fork and exec).
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         assert processes.runs_with(proc.pid, tmp_path / "home-a")
         assert not processes.runs_with(proc.pid, tmp_path / "home-b")
     finally:
