@@ -146,7 +146,10 @@ def test_a_batch_and_a_streaming_writer_share_a_version_while_the_store_lags(
         gather.arm(4)
         threads, out = _in_threads(_mixed(ts, 0))
         assert gather.done.wait(WAIT_S), "the four proposals were decided in one batch"
-        # Read-your-writes through the commits topic sees the shared version before it is published.
+        # Read-your-writes through the commits topic sees the shared version before it is published. The batch's
+        # transaction has committed; read_committed readers see it once its markers are written, which Kafka does
+        # after commit_transaction returns: a read a moment later may still end before it.
+        _wait(lambda: t.snapshot(ratified=True).version == 3, "the shared version readable in the commits topic")
         ratified = t.snapshot(ratified=True)
         assert ratified.version == 3 and sorted(ratified.to_pyarrow().column("id").to_pylist()) == [0, 1, 2, 3, 100, 101]
         assert not (root / "_delta_log" / f"{3:020d}.json").exists()
