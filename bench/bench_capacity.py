@@ -83,8 +83,9 @@ class Loop:
 
 
 def _pct(xs: list[float], q: float) -> float | None:
-    s = sorted(xs)
-    return round(s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))], 1) if s else None
+    from coordinator.tooling.bench import percentile
+
+    return round(percentile(xs, q), 1) if xs else None
 
 
 # -- staging (before the timed part) -------------------------------------------------------------

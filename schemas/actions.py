@@ -26,6 +26,22 @@ def _compact(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
+def _put_file_extras(body: dict[str, Any], stats: str | None, tags: Mapping[str, str] | None,
+                     dv: DeletionVector | None, base_row_id: int | None, default_row_commit_version: int | None) -> None:
+    """The optional fields `add` and `remove` share, added to `body` when present, in Delta's order (no dict of
+    Nones to compact: a commit may hold a million of them)."""
+    if stats is not None:
+        body["stats"] = stats
+    if tags is not None:
+        body["tags"] = dict(tags)
+    if dv is not None:
+        body["deletionVector"] = dv.to_json()
+    if base_row_id is not None:
+        body["baseRowId"] = base_row_id
+    if default_row_commit_version is not None:
+        body["defaultRowCommitVersion"] = default_row_commit_version
+
+
 @dataclass(frozen=True, slots=True)
 class DeletionVector:
     """Descriptor of a deletion vector attached to a data file."""
@@ -106,16 +122,8 @@ class AddFile:
                                 "modificationTime": self.modification_time, "dataChange": self.data_change}
         if None in (self.path, self.size, self.modification_time, self.data_change):
             body = _compact(body)
-        if self.stats is not None:
-            body["stats"] = self.stats
-        if self.tags is not None:
-            body["tags"] = dict(self.tags)
-        if self.deletion_vector is not None:
-            body["deletionVector"] = self.deletion_vector.to_json()
-        if self.base_row_id is not None:
-            body["baseRowId"] = self.base_row_id
-        if self.default_row_commit_version is not None:
-            body["defaultRowCommitVersion"] = self.default_row_commit_version
+        _put_file_extras(body, self.stats, self.tags, self.deletion_vector, self.base_row_id,
+                         self.default_row_commit_version)
         if self.clustering_provider is not None:
             body["clusteringProvider"] = self.clustering_provider
         return {"add": body}
@@ -185,16 +193,8 @@ class RemoveFile:
             body["partitionValues"] = dict(self.partition_values)
         if self.size is not None:
             body["size"] = self.size
-        if self.stats is not None:
-            body["stats"] = self.stats
-        if self.tags is not None:
-            body["tags"] = dict(self.tags)
-        if self.deletion_vector is not None:
-            body["deletionVector"] = self.deletion_vector.to_json()
-        if self.base_row_id is not None:
-            body["baseRowId"] = self.base_row_id
-        if self.default_row_commit_version is not None:
-            body["defaultRowCommitVersion"] = self.default_row_commit_version
+        _put_file_extras(body, self.stats, self.tags, self.deletion_vector, self.base_row_id,
+                         self.default_row_commit_version)
         return {"remove": body}
 
     @staticmethod

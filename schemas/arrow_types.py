@@ -34,6 +34,9 @@ PRIMITIVES: dict[str, pa.DataType] = {
     "variant": VARIANT_ARROW_TYPE,
 }
 
+#: The Delta name of each primitive Arrow type this project writes (variant and void are never written as such).
+_PRIMITIVE_NAMES = {arrow: name for name, arrow in PRIMITIVES.items() if name not in ("variant", "void")}
+
 #: Arrow field metadata kept in a Delta schema: Delta's own column metadata (a generation expression, an
 #: invariant, ...) and a column comment.
 _KEPT_METADATA = ("delta.", "comment")
@@ -86,9 +89,8 @@ def arrow_to_delta(t: pa.DataType, *, all_nullable: bool = False) -> Any:
         return "timestamp" if t.tz is not None else "timestamp_ntz"
     if pa.types.is_decimal(t):
         return f"decimal({t.precision},{t.scale})"
-    for name, arrow in PRIMITIVES.items():
-        if name not in ("variant", "void") and t == arrow:
-            return name
+    if t in _PRIMITIVE_NAMES:
+        return _PRIMITIVE_NAMES[t]
     if pa.types.is_struct(t):
         return {"type": "struct",
                 "fields": [arrow_field_to_delta(t.field(i), all_nullable=all_nullable) for i in range(t.num_fields)]}

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from coordinator.tooling.broker import LocalBroker
+from coordinator.tooling.ports import free_port
 from coordinator.tooling.storage_servers import (
     AzuriteServer,
     GcsServer,
@@ -38,7 +39,6 @@ from coordinator.tooling.storage_servers import (
     StorageServerError,
 )
 from tests import cpu_priority
-from tests.ports import free_port
 
 if TYPE_CHECKING:
     from reader.storage import TableStorage
@@ -131,7 +131,9 @@ def local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrok
         yield None
         return
     broker = LocalBroker(home=tmp_path_factory.mktemp("kafka-broker"))
-    broker.start(port=free_port())  # tests restart it: never on the default port (tests/ports.py)
+    # Tests restart it: on a port nothing asks for by number, never 19092, which another test's broker may take
+    # while it is down (its clients would then reach that other cluster: "reports different ClusterId").
+    broker.start(port=free_port())
     try:
         yield broker
     finally:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.tooling.broker import LocalBroker
-from tests.ports import free_port
+from coordinator.tooling.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ports import free_port
+from coordinator.tooling.ports import free_port
 
 pytestmark = pytest.mark.kafka  # each test starts brokers of its own
 

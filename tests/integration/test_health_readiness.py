@@ -27,9 +27,9 @@ import pyarrow as pa
 
 from coordinator.kafka.daemon import Coordinator
 from coordinator.tooling.broker import LocalBroker
+from coordinator.tooling.ports import free_port
 from schemas.routing import Topics
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
-from tests.ports import free_port
 from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64())])

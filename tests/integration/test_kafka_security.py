@@ -35,11 +35,11 @@ from confluent_kafka.admin import AdminClient
 from coordinator.settings import KAFKA_ENV_PREFIX
 from coordinator.tooling.broker import LocalBroker
 from coordinator.tooling.cli import main as cli_main
+from coordinator.tooling.ports import free_port
 from reader.stream import CommitStream
 from schemas.errors import DeltaConcurrentModificationException, KafkaAccessDeniedError
 from schemas.kafka_logs import KafkaCredentialsError
 from schemas.routing import Topics
-from tests.ports import free_port
 from writer.table import Table
 
 pytestmark = pytest.mark.kafka

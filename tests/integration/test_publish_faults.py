@@ -37,11 +37,11 @@ from coordinator.delta_log.checkpointer import create_checkpoint
 from coordinator.delta_log.verify import assert_verified, verify_table
 from coordinator.kafka.recovery import read_decisions
 from coordinator.settings import CoordinatorSettings
+from coordinator.tooling.ports import free_port
 from reader.log import resolve_data_path
 from reader.snapshot import Snapshot
 from schemas.routing import Topics
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
-from tests.ports import free_port
 from writer.client import CoordinatorClient
 from writer.table import Table
 

@@ -27,6 +27,7 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 
 from coordinator.tooling.cli_tables import register
+from coordinator.tooling.ports import free_port
 from schemas.errors import CommitOutcomeUnknownError, NoCoordinatorError
 from schemas.routing import Topics
 from tests.integration.coord_harness import (
@@ -35,7 +36,6 @@ from tests.integration.coord_harness import (
     fresh_topics,
     start_coordinator_process,
 )
-from tests.ports import free_port
 from writer.table import Table
 
 pytestmark = pytest.mark.kafka

@@ -13,9 +13,9 @@ import pyarrow as pa
 
 from coordinator.delta_log.verify import assert_verified, verify_table
 from coordinator.settings import CoordinatorSettings
+from coordinator.tooling.ports import free_port
 from schemas.routing import partition_for
 from tests.integration.coord_harness import fresh_topics, start_coordinator_process
-from tests.ports import free_port
 from writer.table import Table
 
 TABLES = 8

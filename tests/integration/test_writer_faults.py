@@ -24,9 +24,9 @@ import pytest
 from deltalake import DeltaTable
 
 from coordinator.tooling.broker import LocalBroker
+from coordinator.tooling.ports import free_port
 from tests.integration.coord_harness import fresh_topics, start_coordinator_process
 from tests.integration.test_relay import _start_relay_process
-from tests.ports import free_port
 from writer.table import Table
 
 pytestmark = [pytest.mark.kafka]
