@@ -57,7 +57,7 @@ def _peak_rss_mb(pid: int) -> float:
 def _start_coordinator(bootstrap: str, prefix: str, log: Path) -> subprocess.Popen[bytes]:
     out = open(log, "ab")  # noqa: SIM115 - lives as long as the child
     return subprocess.Popen(
-        [sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+        [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
          "--topic-prefix", prefix, "--log-level", "WARNING"], stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -67,8 +67,8 @@ def _small_writer(bootstrap: str, prefix: str, path: str, stop: str, out: str) -
 
     import pyarrow as pa
 
-    from schemas.routing import Topics
-    from writer.table import Table
+    from deltacoord.schemas.routing import Topics
+    from deltacoord.writer.table import Table
 
     got: list[tuple[float, float]] = []
     lock = threading.Lock()
@@ -101,10 +101,10 @@ def _pct(xs: list[float], q: float) -> float:
 def _deltacoord(bootstrap: str, prefix: str, workdir: Path, n: int) -> dict[str, Any]:
     import pyarrow as pa
 
-    from coordinator.tooling.bench import create_when_served
-    from schemas.actions import AddFile
-    from schemas.routing import Topics
-    from writer.table import Table
+    from deltacoord.coordinator.tooling.bench import create_when_served
+    from deltacoord.schemas.actions import AddFile
+    from deltacoord.schemas.routing import Topics
+    from deltacoord.writer.table import Table
 
     schema = pa.schema([("id", pa.int64()), ("value", pa.string())])
     coordinator = _start_coordinator(bootstrap, prefix, workdir / "coordinator.log")
@@ -192,8 +192,8 @@ print(json.dumps({"append_s": round(append_s, 2), "overwrite_s": round(overwrite
 def run(bootstrap: str, sizes: list[int], workdir: Path) -> list[dict[str, Any]]:
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.kafka.topics import ensure_topics
-    from schemas.routing import Topics
+    from deltacoord.coordinator.kafka.topics import ensure_topics
+    from deltacoord.schemas.routing import Topics
 
     rows = []
     for n in sizes:
@@ -229,7 +229,7 @@ def main() -> None:
     ap.add_argument("--bootstrap-servers", default=None)
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x]
-    from coordinator.tooling.broker import LocalBroker
+    from deltacoord.coordinator.tooling.broker import LocalBroker
 
     workdir = Path(tempfile.mkdtemp(prefix="deltacoord-big-"))
     broker = None if args.bootstrap_servers else LocalBroker(workdir / "broker")

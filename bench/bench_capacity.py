@@ -83,7 +83,7 @@ class Loop:
 
 
 def _pct(xs: list[float], q: float) -> float | None:
-    from coordinator.tooling.bench import percentile
+    from deltacoord.coordinator.tooling.bench import percentile
 
     return round(percentile(xs, q), 1) if xs else None
 
@@ -92,9 +92,9 @@ def _pct(xs: list[float], q: float) -> float | None:
 def stage(tables: list[Any], per_writer: list[int], writers: int, rows: Any) -> list[deque[Emulated]]:
     """Each emulated writer's proposals: one-row blind appends, built and encoded as `Table.append` does, of a
     file hard-linked under a distinct name per proposal (staged here, before anything is timed)."""
-    from schemas.codec import encode_proposal
-    from writer import staging
-    from writer.transaction import Transaction
+    from deltacoord.schemas.codec import encode_proposal
+    from deltacoord.writer import staging
+    from deltacoord.writer.transaction import Transaction
 
     firsts = []
     for t in tables:
@@ -127,8 +127,8 @@ def drive(conf: dict[str, Any], proposals_topic: str, commits_topic: str, queues
     proposal on the writer's reply path and returns its routing headers (None: no replies, the floor)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from schemas.routing import H_OUTCOME, H_PROPOSAL_ID, H_TABLE_ID, H_VERSION, header
-    from writer.client import proposal_producer
+    from deltacoord.schemas.routing import H_OUTCOME, H_PROPOSAL_ID, H_TABLE_ID, H_VERSION, header
+    from deltacoord.writer.client import proposal_producer
 
     producer = proposal_producer(conf)
     decisions = Consumer({**conf, "group.id": f"cap-decisions-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
@@ -239,7 +239,7 @@ def serve_floor(bootstrap: str, prefix: str, out: str, offsets_every_batch: bool
     the next offset and the group's offset joins a transaction once a second. Writes its counts to `out` on SIGTERM."""
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    from schemas.routing import H_NEXT_OFFSET, H_OUTCOME, H_PROPOSAL_ID, Topics, header
+    from deltacoord.schemas.routing import H_NEXT_OFFSET, H_OUTCOME, H_PROPOSAL_ID, Topics, header
 
     topics = Topics.with_prefix(prefix)
     stop = False
@@ -249,7 +249,7 @@ def serve_floor(bootstrap: str, prefix: str, out: str, offsets_every_batch: bool
         stop = True
 
     signal.signal(signal.SIGTERM, on_term)
-    # The coordinator's proposals consumer and transactional producer settings (`coordinator.kafka.partition`).
+    # The coordinator's proposals consumer and transactional producer settings (`deltacoord.coordinator.kafka.partition`).
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}-floor", "enable.auto.commit": False,
                          "enable.auto.offset.store": False, "isolation.level": "read_committed",
                          "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
@@ -292,8 +292,8 @@ def serve_floor(bootstrap: str, prefix: str, out: str, offsets_every_batch: bool
 def _ensure(bootstrap: str, prefix: str) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.kafka.topics import ensure_topics
-    from schemas.routing import Topics
+    from deltacoord.coordinator.kafka.topics import ensure_topics
+    from deltacoord.schemas.routing import Topics
 
     topics = Topics.with_prefix(prefix)
     ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), topics, partitions=1)
@@ -301,7 +301,7 @@ def _ensure(bootstrap: str, prefix: str) -> Any:
 
 
 def _cpu(pid: int | None) -> float | None:
-    from coordinator.tooling.cpu_usage import process_tree_cpu_s
+    from deltacoord.coordinator.tooling.cpu_usage import process_tree_cpu_s
 
     return None if pid is None else process_tree_cpu_s(pid)
 
@@ -352,7 +352,7 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     and `children` (the checkpoint process, alive or reaped). Linux only: empty elsewhere."""
     import re
 
-    from coordinator.tooling.cpu_usage import process_tree_cpu_s
+    from deltacoord.coordinator.tooling.cpu_usage import process_tree_cpu_s
 
     ticks = os.sysconf("SC_CLK_TCK")
     out = {"main": 0.0, "python": 0.0, "librdkafka": 0.0}
@@ -386,10 +386,10 @@ def run(bootstrap: str, writers: int, n_tables: int, seconds: float | None, comm
     """Both systems, one after the other; their JSON lines and the details of every proposal."""
     import pyarrow as pa
 
-    from coordinator.tooling.cpu_usage import broker_pid
-    from coordinator.tooling.ports import free_port
-    from writer.client import CoordinatorClient
-    from writer.table import Table
+    from deltacoord.coordinator.tooling.cpu_usage import broker_pid
+    from deltacoord.coordinator.tooling.ports import free_port
+    from deltacoord.writer.client import CoordinatorClient
+    from deltacoord.writer.table import Table
 
     os.environ["DELTACOORD_COORDINATOR_CHECK"] = "0"  # the coordinator is given its partition statically
     conf = {"bootstrap.servers": bootstrap}
@@ -399,7 +399,7 @@ def run(bootstrap: str, writers: int, n_tables: int, seconds: float | None, comm
     topics = _ensure(bootstrap, prefix)
     log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - closed below
     metrics_port = free_port()
-    coord = subprocess.Popen([sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers",
+    coord = subprocess.Popen([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers",
                               bootstrap, "--topic-prefix", prefix, "--partitions", "0", "--log-level", "WARNING",
                               "--metrics-port", str(metrics_port)],
                              stdout=log, stderr=subprocess.STDOUT)
@@ -473,9 +473,9 @@ def _floor_name(every_batch: bool) -> str:
 def run_floor(bootstrap: str, workdir: Path, writers: int, n_tables: int, seconds: float | None, commits: int,
               warmup: int, rows: Any, every_batch: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The floor loop's process on topics of its own, fed by the same generator; its line and details."""
-    from coordinator.tooling.cpu_usage import broker_pid
-    from writer.client import CoordinatorClient
-    from writer.table import Table
+    from deltacoord.coordinator.tooling.cpu_usage import broker_pid
+    from deltacoord.writer.client import CoordinatorClient
+    from deltacoord.writer.table import Table
 
     name = _floor_name(every_batch)
     fprefix = f"capfloor-{uuid.uuid4().hex[:6]}"
@@ -547,7 +547,7 @@ def main() -> None:
     seconds = None if args.commits is not None else (args.seconds or 10.0)
     commits = args.commits if args.commits is not None else args.max_commits
     warmup = args.warmup if args.warmup is not None else 4 * args.writers
-    from coordinator.tooling.broker import LocalBroker
+    from deltacoord.coordinator.tooling.broker import LocalBroker
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="deltacoord-capacity-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -37,9 +37,9 @@ _PY_WRITER = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import pyarrow as pa
-from schemas.routing import Topics
-from writer import staging
-from writer.table import Table
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer import staging
+from deltacoord.writer.table import Table
 imported = time.perf_counter()
 bootstrap, prefix, path, n, at_once = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
 if at_once:  # the rows first: the first append is issued the moment Table() returns
@@ -94,16 +94,16 @@ def _timed(argv: list[str], env: dict[str, str] | None = None) -> float:
 def _start_coordinator(bootstrap: str, prefix: str, workdir: Path) -> subprocess.Popen[bytes]:
     log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - lives as long as the child
     return subprocess.Popen(
-        [sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+        [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
          "--topic-prefix", prefix, "--log-level", "WARNING"], stdout=log, stderr=subprocess.STDOUT)
 
 
 def _create(bootstrap: str, prefix: str, path: str, coordinator: subprocess.Popen[bytes]) -> None:
     import pyarrow as pa
 
-    from coordinator.tooling.bench import create_when_served
-    from schemas.routing import Topics
-    from writer.table import Table
+    from deltacoord.coordinator.tooling.bench import create_when_served
+    from deltacoord.schemas.routing import Topics
+    from deltacoord.writer.table import Table
 
     with Table(path, bootstrap, topics=Topics.with_prefix(prefix)) as t:
         create_when_served(t, pa.schema([("id", pa.int64()), ("value", pa.string())]), [coordinator])
@@ -112,8 +112,8 @@ def _create(bootstrap: str, prefix: str, path: str, coordinator: subprocess.Pope
 def run(bootstrap: str, runs: int, commits: int, workdir: Path) -> list[dict[str, Any]]:
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.kafka.topics import ensure_topics
-    from schemas.routing import Topics
+    from deltacoord.coordinator.kafka.topics import ensure_topics
+    from deltacoord.schemas.routing import Topics
 
     prefix = f"cold-{uuid.uuid4().hex[:6]}"
     ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics.with_prefix(prefix))
@@ -129,7 +129,7 @@ def run(bootstrap: str, runs: int, commits: int, workdir: Path) -> list[dict[str
             py = _run_json([sys.executable, "-c", _PY_WRITER, bootstrap, prefix, dc_table, str(commits), "0"])
             now = _run_json([sys.executable, "-c", _PY_WRITER, bootstrap, prefix, dc_table, str(commits), "1"])
             rs = _run_json([sys.executable, "-c", _RS_WRITER, str(workdir / f"delta-rs-{r}"), str(commits)])
-            cli = _timed([sys.executable, "-m", "coordinator.tooling.cli", "table", "append", cli_table,
+            cli = _timed([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "table", "append", cli_table,
                           "--bootstrap-servers", bootstrap, "--topic-prefix", prefix,
                           "--json-rows", json.dumps([{"id": r, "value": "cli"}])])
             imports = _timed([sys.executable, "-c", "import coordinator.tooling.cli, writer.table, pyarrow"])
@@ -177,7 +177,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.commits < 3:
         ap.error("--commits must be at least 3: two cold commits and a warm one")
-    from coordinator.tooling.broker import LocalBroker
+    from deltacoord.coordinator.tooling.broker import LocalBroker
 
     workdir = Path(tempfile.mkdtemp(prefix="deltacoord-cold-"))
     broker = None if args.bootstrap_servers else LocalBroker(workdir / "broker")

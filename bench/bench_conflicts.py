@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from coordinator.rules.conflicts import Accepted, decide
-from coordinator.rules.state import TableState
-from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
-from schemas.messages import FileRead, Proposal
+from deltacoord.coordinator.rules.conflicts import Accepted, decide
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
+from deltacoord.schemas.messages import FileRead, Proposal
 
 TABLE_ID = "bench"
 TABLE_URI = "s3://bench-bucket/tables/events"

@@ -35,9 +35,9 @@ def _writer(bootstrap: str, prefix: str, root: str, w: int, width: int, k: int, 
     import pyarrow as pa
 
     import deltacoord
-    from schemas.routing import Topics
-    from writer.client import CoordinatorClient
-    from writer.table import Table
+    from deltacoord.schemas.routing import Topics
+    from deltacoord.writer.client import CoordinatorClient
+    from deltacoord.writer.table import Table
 
     topics = Topics.with_prefix(prefix)
     client = CoordinatorClient(bootstrap, topics=topics, relay="")
@@ -108,10 +108,10 @@ def main() -> None:
     from confluent_kafka.admin import AdminClient
 
     import deltacoord
-    from coordinator.kafka.topics import ensure_topics
-    from coordinator.tooling.broker import LocalBroker
-    from schemas.routing import Topics
-    from writer.table import Table
+    from deltacoord.coordinator.kafka.topics import ensure_topics
+    from deltacoord.coordinator.tooling.broker import LocalBroker
+    from deltacoord.schemas.routing import Topics
+    from deltacoord.writer.table import Table
 
     os.environ["DELTACOORD_COORDINATOR_CHECK"] = "0"
     root = Path(tempfile.mkdtemp(prefix="deltacoord-mtx-"))
@@ -121,7 +121,7 @@ def main() -> None:
     prefix = f"mtx-{uuid.uuid4().hex[:6]}"
     ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics.with_prefix(prefix), partitions=1)
     log = open(root / "coordinator.log", "wb")  # noqa: SIM115 - closed below
-    coord = subprocess.Popen([sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers",
+    coord = subprocess.Popen([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers",
                               bootstrap, "--topic-prefix", prefix, "--partitions", "0", "--log-level", "WARNING"],
                              stdout=log, stderr=subprocess.STDOUT)
     rows = []

@@ -16,7 +16,7 @@ without a snapshot). Then:
 
 A second series keeps H fixed (the middle history length) and varies the live files
 the snapshot holds, to show the snapshot path follows the state's size.
-Recovery is `coordinator.kafka.recovery.recover_partition`, what
+Recovery is `deltacoord.coordinator.kafka.recovery.recover_partition`, what
 `PartitionCoordinator.start` runs after fencing (a constant, not measured here).
 The figures are printed as JSON lines, then a table. A local broker is started in a
 temporary directory unless `--bootstrap-servers` is given.
@@ -42,10 +42,10 @@ def _produce_history(bootstrap: str, commits_topic: str, start: int, n: int, hea
     """Append `n` decision records (half commits, half rejections) to partition 0 of `commits_topic`."""
     from confluent_kafka import Producer
 
-    from coordinator.kafka.partition import decision_headers
-    from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, RemoveFile
-    from schemas.codec import encode_decision
-    from schemas.messages import Decision, Outcome
+    from deltacoord.coordinator.kafka.partition import decision_headers
+    from deltacoord.schemas.actions import AddFile, CommitInfo, Metadata, Protocol, RemoveFile
+    from deltacoord.schemas.codec import encode_decision
+    from deltacoord.schemas.messages import Decision, Outcome
 
     # Idempotence keeps the records in order when the broker is slow and batches are retried.
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 50, "batch.size": 1_000_000,
@@ -92,7 +92,7 @@ def _bulk_live(heads: dict[str, int], live: dict[str, list[str]], live_per_table
 
 
 def _recover(settings: Any, heads: dict[str, int]) -> tuple[float, Any]:
-    from coordinator.kafka.recovery import recover_partition
+    from deltacoord.coordinator.kafka.recovery import recover_partition
 
     t0 = time.monotonic()
     rec = recover_partition(settings, 0, published_version=lambda uri: heads.get(uri, -1))
@@ -102,11 +102,11 @@ def _recover(settings: Any, heads: dict[str, int]) -> tuple[float, Any]:
 def run(bootstrap: str, history: int, live_files: int, tail: int, workdir: Path, bulk: bool = False) -> dict[str, Any]:
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.kafka.snapshot import PartitionSnapshot, SnapshotStore
-    from coordinator.kafka.topics import ensure_topics
-    from coordinator.rules.state import key_hash
-    from coordinator.settings import CoordinatorSettings
-    from schemas.routing import Topics
+    from deltacoord.coordinator.kafka.snapshot import PartitionSnapshot, SnapshotStore
+    from deltacoord.coordinator.kafka.topics import ensure_topics
+    from deltacoord.coordinator.rules.state import key_hash
+    from deltacoord.coordinator.settings import CoordinatorSettings
+    from deltacoord.schemas.routing import Topics
 
     topics = Topics.with_prefix(f"restart{uuid.uuid4().hex[:8]}")
     ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), topics, partitions=1)
@@ -124,7 +124,7 @@ def run(bootstrap: str, history: int, live_files: int, tail: int, workdir: Path,
 
         _bulk_live(heads, live, per_table)
         for tid, st in rec.states.items():
-            from coordinator.rules.live_files import LiveFileSet
+            from deltacoord.coordinator.rules.live_files import LiveFileSet
 
             st._live = LiveFileSet.of_array(np.unique(np.array([key_hash(f, None) for f in live[tid]], dtype=np.int64)))
     root = workdir / topics.commits
@@ -156,7 +156,7 @@ def main() -> None:
     args = ap.parse_args()
     histories = [int(x) for x in args.histories.split(",")]
     lives = [int(x) for x in args.live_files.split(",")]
-    from coordinator.tooling.broker import LocalBroker
+    from deltacoord.coordinator.tooling.broker import LocalBroker
 
     workdir = Path(tempfile.mkdtemp(prefix="deltacoord-restart-"))
     broker = None

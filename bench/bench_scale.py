@@ -24,7 +24,7 @@ PARTITIONS = 4
 
 
 def _tables_on_distinct_partitions(root: Path, n: int) -> list[Path]:
-    from schemas.routing import partition_for
+    from deltacoord.schemas.routing import partition_for
 
     chosen: dict[int, Path] = {}
     i = 0
@@ -39,17 +39,17 @@ def run_once(bootstrap: str, n_tables: int, writers_per_table: int, k: int, work
     import pyarrow as pa
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.kafka.topics import ensure_topics
-    from coordinator.tooling.bench import create_when_served, dc_writer, percentile, run_processes
-    from schemas.routing import Topics
-    from writer.table import Table
+    from deltacoord.coordinator.kafka.topics import ensure_topics
+    from deltacoord.coordinator.tooling.bench import create_when_served, dc_writer, percentile, run_processes
+    from deltacoord.schemas.routing import Topics
+    from deltacoord.writer.table import Table
 
     prefix = f"scale-{uuid.uuid4().hex[:6]}"
     topics = Topics.with_prefix(prefix)
     ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), topics, partitions=PARTITIONS)
     logs = [open(workdir / f"coord-{prefix}-{i}.log", "wb") for i in range(2)]  # noqa: SIM115
     coords = [
-        subprocess.Popen([sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+        subprocess.Popen([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
                           "--topic-prefix", prefix, "--log-level", "WARNING"], stdout=lg, stderr=subprocess.STDOUT)
         for lg in logs
     ]
@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--commits-per-writer", type=int, default=40)
     ap.add_argument("--bootstrap-servers", default=None)
     args = ap.parse_args()
-    from coordinator.tooling.broker import LocalBroker
+    from deltacoord.coordinator.tooling.broker import LocalBroker
 
     broker = LocalBroker()
     started = broker.status() is None

@@ -1,11 +1,11 @@
-"""Benchmark: loading a 100,000-file table, `reader.snapshot.Snapshot` vs delta-rs (not a test).
+"""Benchmark: loading a 100,000-file table, `deltacoord.reader.snapshot.Snapshot` vs delta-rs (not a test).
 
     python bench/bench_snapshot.py [--files 100000] [--commits 10] [--tail-commits 5] [--runs 5] [--dir DIR]
 
 1. Builds a synthetic table (no data files; only the log): version 0 creates it
    (partitioned by `date`, 100 partitions), versions 1..N add `--files` files
    with per-file stats in JSON commits, then a classic checkpoint is written
-   at version N with `coordinator.delta_log.checkpointer.create_checkpoint`, and
+   at version N with `deltacoord.coordinator.delta_log.checkpointer.create_checkpoint`, and
    `--tail-commits` more commits (each adding 100 files and removing 50) follow
    it, so a load reads the checkpoint and replays JSON commits on top.
 2. Times, in this process, `Snapshot.load(path)` + `files()` (live `AddFile`
@@ -58,7 +58,7 @@ SCHEMA = {
 
 
 def _add(i: int, rng: random.Random) -> Any:
-    from schemas.actions import AddFile
+    from deltacoord.schemas.actions import AddFile
 
     date = f"2024-{1 + i % 12:02d}-{1 + (i // 12) % 28:02d}" if i % 100 else "2024-01-01"
     n = rng.randint(1_000, 100_000)
@@ -77,8 +77,8 @@ def _add(i: int, rng: random.Random) -> Any:
 
 def build_table(root: Path, files: int, commits: int, tail_commits: int) -> dict[str, Any]:
     """Write the synthetic log; returns what was built."""
-    from coordinator.delta_log.checkpointer import create_checkpoint
-    from schemas.actions import CommitInfo, Metadata, Protocol, commit_to_json_lines
+    from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
+    from deltacoord.schemas.actions import CommitInfo, Metadata, Protocol, commit_to_json_lines
 
     log = root / "_delta_log"
     log.mkdir(parents=True)
@@ -118,13 +118,13 @@ def build_table(root: Path, files: int, commits: int, tail_commits: int) -> dict
 
 
 def load_ours(path: str) -> int:
-    from reader.snapshot import Snapshot
+    from deltacoord.reader.snapshot import Snapshot
 
     return len(Snapshot.load(path).files())
 
 
 def load_ours_arrow(path: str) -> int:
-    from reader.snapshot import Snapshot
+    from deltacoord.reader.snapshot import Snapshot
 
     return len(Snapshot.load(path).add_files_struct())
 
@@ -150,7 +150,7 @@ LABELS = {
 def measure_memory(name: str, path: str) -> dict[str, Any]:
     """Run in a fresh interpreter: peak RSS after the imports and after one load."""
     if name.startswith("ours"):
-        import reader.snapshot  # noqa: F401
+        import deltacoord.reader.snapshot  # noqa: F401
     else:
         import deltalake  # noqa: F401
     import pyarrow  # noqa: F401

@@ -36,9 +36,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from deltacoord.writer.spark_sink import register
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.spark_harness import build_session
-from writer.spark_sink import register
 
 
 def _files(d: Path, batches: int, rows: int) -> None:
@@ -79,7 +79,7 @@ def main() -> None:
     broker = None
     bootstrap = args.bootstrap
     if not bootstrap:
-        from coordinator.tooling.broker import LocalBroker
+        from deltacoord.coordinator.tooling.broker import LocalBroker
 
         broker = LocalBroker(home=base / "broker")
         broker.start()

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.locations import TableLocations
-from reader.storage_uri import StorageUriError, check_table_uri
-from schemas.kafka_logs import kafka_config
-from schemas.routing import Topics
+from deltacoord.coordinator.locations import TableLocations
+from deltacoord.reader.storage_uri import StorageUriError, check_table_uri
+from deltacoord.schemas.kafka_logs import kafka_config
+from deltacoord.schemas.routing import Topics
 
 DEFAULT_TOPIC_PREFIX = "deltacoord"
 #: A dead letter's key is cut to this many bytes and its error header to this many characters.
@@ -65,7 +65,7 @@ class CoordinatorSettings:
     max_batch: int = 500
     poll_timeout_s: float = 0.1
     max_proposal_bytes: int = 4 * 1024 * 1024
-    #: The largest commit carried by reference (`schemas.staged`) this coordinator loads: about 3 million files of
+    #: The largest commit carried by reference (`deltacoord.schemas.staged`) this coordinator loads: about 3 million files of
     #: two columns' stats, a few GB of memory while it is decided. A larger one is refused unread (OVERSIZE).
     max_staged_bytes: int = 1 << 30
     transaction_timeout_ms: int = 60_000
@@ -83,7 +83,7 @@ class CoordinatorSettings:
     #: this many seconds: at hundreds of commits a second, a checkpoint every 10 versions would rewrite the
     #: table's whole file list dozens of times a second. Requests met meanwhile are coalesced to the newest.
     checkpoint_min_interval_s: float = 1.0
-    #: Tables publishing `_delta_log` at once (`coordinator.delta_log.publisher`): each table's versions in
+    #: Tables publishing `_delta_log` at once (`deltacoord.coordinator.delta_log.publisher`): each table's versions in
     #: order, one table's slow store holding back only its own.
     publish_lanes: int = 16
     #: At most this many bytes of an undecodable message are copied into its dead letter (its full
@@ -97,11 +97,11 @@ class CoordinatorSettings:
     #: `/healthz` turns not ready (503) when no Kafka broker has been reachable for this long.
     kafka_unreachable_s: float = 10.0
     #: A repeated proposal id is answered with its first decision while it is among the newest this many
-    #: decisions of its partition and younger than `decided_ids_max_age_ms` (`coordinator.rules.decided`).
+    #: decisions of its partition and younger than `decided_ids_max_age_ms` (`deltacoord.coordinator.rules.decided`).
     decided_ids_limit: int = 50_000
     decided_ids_max_age_ms: int = 7 * 24 * 3600 * 1000
     #: Where partition state snapshots go (a local directory or an object-store prefix, with `storage_options`);
-    #: None: no snapshots, a restart reads the whole commits partition (`coordinator.kafka.snapshot`).
+    #: None: no snapshots, a restart reads the whole commits partition (`deltacoord.coordinator.kafka.snapshot`).
     state_root: str | None = None
     #: A snapshot is written after this many commits-topic records since the last one.
     snapshot_every_records: int = 10_000
@@ -258,8 +258,8 @@ def storage_tables(table: Mapping[str, Any], source: str) -> tuple[dict[str, str
 def _check_store_options(coordinator: CoordinatorSettings, config_file: Path | None) -> None:
     """Each object-store root's client is made now (no request is sent), so a misspelt `[storage]` key or
     `--storage-option` is a configuration error at start, not a halted table at its first commit."""
-    from reader.storage import StorageConfigError, StorageUriError, TableStorage
-    from reader.storage_options import UnknownStorageOptionError
+    from deltacoord.reader.storage import StorageConfigError, StorageUriError, TableStorage
+    from deltacoord.reader.storage_options import UnknownStorageOptionError
 
     try:
         locations = coordinator.locations()

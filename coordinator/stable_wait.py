@@ -1,4 +1,4 @@
-"""Waiting until Kafka's read_committed readers see a decision (see `coordinator.kafka.stability`).
+"""Waiting until Kafka's read_committed readers see a decision (see `deltacoord.coordinator.kafka.stability`).
 
 The publisher and the replies both wait this way before showing anything of a
 decision this process recorded; the check itself (a ListOffsets request) is the

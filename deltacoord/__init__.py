@@ -19,44 +19,113 @@ an invalid proposal is `deltacoord.InvalidProposalError` with a
 
 from __future__ import annotations
 
+from importlib import import_module as _import_module
 from importlib import metadata as _metadata
+from typing import TYPE_CHECKING, Any
 
-from reader.log import TableNotFoundError, VersionNotFoundError
-from reader.snapshot import Snapshot, UnsupportedTableFeatureError, load_snapshot
-from reader.stream import CommitEvent, CommitStream
-from schemas.actions import Protocol
-from schemas.errors import (
-    CommitOutcomeUnknownError,
-    ConcurrentAppendException,
-    ConcurrentDeleteDeleteException,
-    ConcurrentDeleteReadException,
-    ConcurrentJobException,
-    ConcurrentTransactionException,
-    ConcurrentWriteException,
-    DeltaConcurrentModificationException,
-    DeltaCoordError,
-    InvalidProposalError,
-    MetadataChangedException,
-    NoCoordinatorError,
-    ProposalNotSentError,
-    ProtocolChangedException,
-    TopicNotFoundError,
-)
-from schemas.kafka_logs import UnreachableKafkaError
-from schemas.reasons import ReasonCode
-from schemas.routing import Topics, grouped_table_id
-from writer.client import CoordinatorClient
-from writer.constraints import ConstraintViolationError
-from writer.multi_table import MultiTableTransaction, TransactionResult, TransactionSpansPartitionsError, transaction
-from writer.snapshots import snapshots
-from writer.staging import SchemaError
-from writer.table import MergeError, PublicationLagError, Table, TableExistsError
-from writer.transaction import CommitResult, Transaction, retry
+if TYPE_CHECKING:
+    from deltacoord.reader.log import TableNotFoundError, VersionNotFoundError
+    from deltacoord.reader.snapshot import Snapshot, UnsupportedTableFeatureError, load_snapshot
+    from deltacoord.reader.stream import CommitEvent, CommitStream
+    from deltacoord.schemas.actions import Protocol
+    from deltacoord.schemas.errors import (
+        CommitOutcomeUnknownError,
+        ConcurrentAppendException,
+        ConcurrentDeleteDeleteException,
+        ConcurrentDeleteReadException,
+        ConcurrentJobException,
+        ConcurrentTransactionException,
+        ConcurrentWriteException,
+        DeltaConcurrentModificationException,
+        DeltaCoordError,
+        InvalidProposalError,
+        MetadataChangedException,
+        NoCoordinatorError,
+        ProposalNotSentError,
+        ProtocolChangedException,
+        TopicNotFoundError,
+    )
+    from deltacoord.schemas.kafka_logs import UnreachableKafkaError
+    from deltacoord.schemas.reasons import ReasonCode
+    from deltacoord.schemas.routing import Topics, grouped_table_id
+    from deltacoord.writer.client import CoordinatorClient
+    from deltacoord.writer.constraints import ConstraintViolationError
+    from deltacoord.writer.multi_table import (
+        MultiTableTransaction,
+        TransactionResult,
+        TransactionSpansPartitionsError,
+        transaction,
+    )
+    from deltacoord.writer.snapshots import snapshots
+    from deltacoord.writer.staging import SchemaError
+    from deltacoord.writer.table import MergeError, PublicationLagError, Table, TableExistsError
+    from deltacoord.writer.transaction import CommitResult, Transaction, retry
 
 try:
     __version__ = _metadata.version("deltacoord")
 except _metadata.PackageNotFoundError:  # running from a checkout that is not installed
     __version__ = "0+unknown"
+
+# The front door's names load when first used: every module of the project lives under this package, so its
+# `__init__` runs before any of them, and the coordinator's processes must not pay for the writer and Arrow.
+_LAZY: dict[str, str] = {
+    "CommitEvent": "deltacoord.reader.stream",
+    "CommitOutcomeUnknownError": "deltacoord.schemas.errors",
+    "CommitResult": "deltacoord.writer.transaction",
+    "CommitStream": "deltacoord.reader.stream",
+    "ConcurrentAppendException": "deltacoord.schemas.errors",
+    "ConcurrentDeleteDeleteException": "deltacoord.schemas.errors",
+    "ConcurrentDeleteReadException": "deltacoord.schemas.errors",
+    "ConcurrentJobException": "deltacoord.schemas.errors",
+    "ConcurrentTransactionException": "deltacoord.schemas.errors",
+    "ConcurrentWriteException": "deltacoord.schemas.errors",
+    "ConstraintViolationError": "deltacoord.writer.constraints",
+    "CoordinatorClient": "deltacoord.writer.client",
+    "DeltaConcurrentModificationException": "deltacoord.schemas.errors",
+    "DeltaCoordError": "deltacoord.schemas.errors",
+    "InvalidProposalError": "deltacoord.schemas.errors",
+    "MergeError": "deltacoord.writer.table",
+    "MetadataChangedException": "deltacoord.schemas.errors",
+    "MultiTableTransaction": "deltacoord.writer.multi_table",
+    "NoCoordinatorError": "deltacoord.schemas.errors",
+    "ProposalNotSentError": "deltacoord.schemas.errors",
+    "Protocol": "deltacoord.schemas.actions",
+    "ProtocolChangedException": "deltacoord.schemas.errors",
+    "PublicationLagError": "deltacoord.writer.table",
+    "ReasonCode": "deltacoord.schemas.reasons",
+    "SchemaError": "deltacoord.writer.staging",
+    "Snapshot": "deltacoord.reader.snapshot",
+    "Table": "deltacoord.writer.table",
+    "TableExistsError": "deltacoord.writer.table",
+    "TableNotFoundError": "deltacoord.reader.log",
+    "TopicNotFoundError": "deltacoord.schemas.errors",
+    "Topics": "deltacoord.schemas.routing",
+    "Transaction": "deltacoord.writer.transaction",
+    "TransactionResult": "deltacoord.writer.multi_table",
+    "TransactionSpansPartitionsError": "deltacoord.writer.multi_table",
+    "UnreachableKafkaError": "deltacoord.schemas.kafka_logs",
+    "UnsupportedTableFeatureError": "deltacoord.reader.snapshot",
+    "VersionNotFoundError": "deltacoord.reader.log",
+    "grouped_table_id": "deltacoord.schemas.routing",
+    "load_snapshot": "deltacoord.reader.snapshot",
+    "retry": "deltacoord.writer.transaction",
+    "snapshots": "deltacoord.writer.snapshots",
+    "transaction": "deltacoord.writer.multi_table",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'deltacoord' has no attribute {name!r}")
+    value = getattr(_import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "CommitEvent",

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from coordinator.tooling.jars import classpath
-from writer.spark_sink import register, worker_python
-from writer.spark_tables import MultiTableBatchWriter
+from deltacoord.coordinator.tooling.jars import classpath
+from deltacoord.writer.spark_sink import register, worker_python
+from deltacoord.writer.spark_tables import MultiTableBatchWriter
 
 #: The settings Delta Lake on Spark needs besides its jars.
 DELTA_CONF = {

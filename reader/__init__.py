@@ -1,10 +1,10 @@
 """Readers: snapshots from _delta_log and the live change feed on the commits topic.
 
-    from reader import Snapshot, CommitStream
+    from deltacoord.reader import Snapshot, CommitStream
 
 The names are loaded on first use, so `import reader.log` (what the
 coordinator reads `_delta_log` with) stays free of Arrow and Kafka imports.
-The Spark source (`reader.spark_source`) needs the `spark` extra and is
+The Spark source (`deltacoord.reader.spark_source`) needs the `spark` extra and is
 never imported from here.
 """
 
@@ -14,20 +14,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from reader.snapshot import Snapshot, UnsupportedTableFeatureError, load_snapshot
-    from reader.stream import CommitEvent, CommitStream
-    from reader.time_versions import IncrementalRead, TimeVersion, incremental_read, time_versions
+    from deltacoord.reader.snapshot import Snapshot, UnsupportedTableFeatureError, load_snapshot
+    from deltacoord.reader.stream import CommitEvent, CommitStream
+    from deltacoord.reader.time_versions import IncrementalRead, TimeVersion, incremental_read, time_versions
 
 _PUBLIC = {
-    "Snapshot": "reader.snapshot",
-    "UnsupportedTableFeatureError": "reader.snapshot",
-    "load_snapshot": "reader.snapshot",
-    "CommitEvent": "reader.stream",
-    "CommitStream": "reader.stream",
-    "IncrementalRead": "reader.time_versions",
-    "TimeVersion": "reader.time_versions",
-    "incremental_read": "reader.time_versions",
-    "time_versions": "reader.time_versions",
+    "Snapshot": "deltacoord.reader.snapshot",
+    "UnsupportedTableFeatureError": "deltacoord.reader.snapshot",
+    "load_snapshot": "deltacoord.reader.snapshot",
+    "CommitEvent": "deltacoord.reader.stream",
+    "CommitStream": "deltacoord.reader.stream",
+    "IncrementalRead": "deltacoord.reader.time_versions",
+    "TimeVersion": "deltacoord.reader.time_versions",
+    "incremental_read": "deltacoord.reader.time_versions",
+    "time_versions": "deltacoord.reader.time_versions",
 }
 
 __all__ = ["CommitEvent", "CommitStream", "IncrementalRead", "Snapshot", "TimeVersion", "UnsupportedTableFeatureError",

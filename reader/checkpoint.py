@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from reader.log import LogFile, data_object, parse_commit_lines
-from reader.storage import StorageError, StoredObject, stored_object
-from schemas import arrow_types
-from schemas.actions import (
+from deltacoord.reader.log import LogFile, data_object, parse_commit_lines
+from deltacoord.reader.storage import StorageError, StoredObject, stored_object
+from deltacoord.schemas import arrow_types
+from deltacoord.schemas.actions import (
     Action,
     AddFile,
     DeletionVector,

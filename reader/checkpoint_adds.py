@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reader.checkpoint import (
+from deltacoord.reader.checkpoint import (
     CheckpointReadError,
     adds_from_struct,
     adds_to_struct,
@@ -24,8 +24,8 @@ from reader.checkpoint import (
     string_array,
     without_cyclic_gc,
 )
-from reader.storage import StorageError, StoredObject
-from schemas.actions import AddFile
+from deltacoord.reader.storage import StorageError, StoredObject
+from deltacoord.schemas.actions import AddFile
 
 #: Rows of the checkpoint's `add` column decoded at a time.
 ADD_BATCH_ROWS = 16_384

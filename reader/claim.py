@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from reader.storage import StorageError, TableStorage
-from reader.storage_local import ObjectNotFoundError
+from deltacoord.reader.storage import StorageError, TableStorage
+from deltacoord.reader.storage_local import ObjectNotFoundError
 
 #: Where a location's claim lives, relative to the table root.
 CLAIM_KEY = "_deltacoord/table.json"

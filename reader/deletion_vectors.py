@@ -1,4 +1,4 @@
-"""Deletion vectors in storage: reading any DV, writing DV files (the bitmap codec is `schemas.deletion_vectors`).
+"""Deletion vectors in storage: reading any DV, writing DV files (the bitmap codec is `deltacoord.schemas.deletion_vectors`).
 
 * inline DVs (`storageType = 'i'`): Z85 of `magic || portable-roaring64`;
 * on-disk DVs (`'u'`: `<random prefix><z85 uuid>` relative to the table root,
@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from reader.log import data_object, resolve_data_path
-from reader.storage import StoredObject, TableStorage
-from schemas.actions import DeletionVector
-from schemas.deletion_vectors import (
+from deltacoord.reader.log import data_object, resolve_data_path
+from deltacoord.reader.storage import StoredObject, TableStorage
+from deltacoord.schemas.actions import DeletionVector
+from deltacoord.schemas.deletion_vectors import (
     DEFAULT_INLINE_MAX_BYTES,
     DV_MAGIC,
     DV_MAGIC_NATIVE,

@@ -2,9 +2,9 @@
 
 The functions of the "reading files" section and `list_log` are the only ones
 that touch the log; everything else in this project reads `_delta_log`
-through them. (Writes are in `coordinator.delta_log.files`.)
+through them. (Writes are in `deltacoord.coordinator.delta_log.files`.)
 
-A table is named by a location: a plain path, any URI `reader.storage` accepts
+A table is named by a location: a plain path, any URI `deltacoord.reader.storage` accepts
 (`file://`, `s3://`, `az://`, `abfss://`, `gs://`, ...), or a `TableStorage`
 already built with its `storage_options`. Files in the log are `StoredObject`s
 (storage + key); a local `pathlib.Path` is accepted wherever one is read.
@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, TypeAlias
 from urllib.parse import unquote, urlparse
 
-from reader.storage import StoredObject, TableStorage, parse_table_uri, stored_object
-from reader.storage_uri import check_key
-from schemas.actions import Action, ActionParseError, CommitInfo, Metadata, action_from_json, commit_lines
-from schemas.errors import DeltaCoordError
+from deltacoord.reader.storage import StoredObject, TableStorage, parse_table_uri, stored_object
+from deltacoord.reader.storage_uri import check_key
+from deltacoord.schemas.actions import Action, ActionParseError, CommitInfo, Metadata, action_from_json, commit_lines
+from deltacoord.schemas.errors import DeltaCoordError
 
 LOG_DIR_NAME = "_delta_log"
 LAST_CHECKPOINT_NAME = "_last_checkpoint"
@@ -443,7 +443,7 @@ def read_last_checkpoint(location: TableLocation) -> LastCheckpoint | None:
 def parse_commit_lines(data: bytes | str, *, source: str = "<commit>") -> list[Action]:
     """Parse a commit file into actions; unknown action kinds are skipped.
 
-    Unlike `schemas.actions.parse_commit` this tolerates actions added to the
+    Unlike `deltacoord.schemas.actions.parse_commit` this tolerates actions added to the
     protocol after this reader was written, as Delta readers must. A malformed
     known action is an error.
     """

@@ -20,20 +20,20 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException
 
-from reader.staged_commits import resolve_decision
-from reader.storage import TableStorage
-from schemas.actions import Action
-from schemas.codec import decode_decision
-from schemas.commits_topic import (
+from deltacoord.reader.staged_commits import resolve_decision
+from deltacoord.reader.storage import TableStorage
+from deltacoord.schemas.actions import Action
+from deltacoord.schemas.codec import decode_decision
+from deltacoord.schemas.commits_topic import (
     CommitsTopicNotFoundError,
     PartitionScan,
     ScanIncompleteError,
     commits_partition,
     read_committed,
 )
-from schemas.errors import DeltaCoordError
-from schemas.routing import H_TABLE_ID, H_VERSION, Topics, header
-from schemas.staged import StagedCommitError
+from deltacoord.schemas.errors import DeltaCoordError
+from deltacoord.schemas.routing import H_TABLE_ID, H_VERSION, Topics, header
+from deltacoord.schemas.staged import StagedCommitError
 
 #: How far before the newest published version's commitInfo timestamp the scan starts.
 SCAN_MARGIN_MS = 5_000
@@ -57,7 +57,7 @@ class RatifiedSource:
               storage: TableStorage | None = None) -> list[tuple[int, tuple[Action, ...]]]:
         """The table's ratified versions after `version`, in order, each with its actions (the commit exactly as it
         will be published); `since_ms` is `version`'s commitInfo timestamp (0: scan the whole partition).
-        `storage` (the table's) resolves versions recorded by reference (`reader.staged_commits`)."""
+        `storage` (the table's) resolves versions recorded by reference (`deltacoord.reader.staged_commits`)."""
         try:
             return self._scan(version, since_ms, storage)
         except StagedCommitError as e:

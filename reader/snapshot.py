@@ -11,7 +11,7 @@ per PROTOCOL.md "Action Reconciliation":
 * files are keyed by (path, deletion-vector unique id); the newest action for
   a key decides whether it is live (`add`) or a tombstone (`remove`).
 
-Live files from the checkpoint stay Arrow (`reader.checkpoint_adds`) until
+Live files from the checkpoint stay Arrow (`deltacoord.reader.checkpoint_adds`) until
 `files()` asks for Python `AddFile` objects, which then replace them. `to_pyarrow()`
 reads the data with partition pruning, partition columns restored with their
 Delta types, deletion vectors applied, and column mapping (name or id mode)
@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reader.checkpoint import (
+from deltacoord.reader.checkpoint import (
     ADD_TYPE,
     SMALL_ACTION_COLUMNS,
     CheckpointReadError,
@@ -50,9 +50,9 @@ from reader.checkpoint import (
     small_actions_from_table,
     string_array,
 )
-from reader.checkpoint_adds import CheckpointAdds, read_live_adds
-from reader.deletion_vectors import keep_mask, read_deletion_vector
-from reader.log import (
+from deltacoord.reader.checkpoint_adds import CheckpointAdds, read_live_adds
+from deltacoord.reader.deletion_vectors import keep_mask, read_deletion_vector
+from deltacoord.reader.log import (
     CorruptLogError,
     LogListing,
     LogSegment,
@@ -70,9 +70,9 @@ from reader.log import (
     read_commit_info,
     table_storage,
 )
-from reader.storage import StorageError, StoredObject, TableStorage
-from schemas import arrow_types
-from schemas.actions import (
+from deltacoord.reader.storage import StorageError, StoredObject, TableStorage
+from deltacoord.schemas import arrow_types
+from deltacoord.schemas.actions import (
     Action,
     AddFile,
     CommitInfo,
@@ -83,14 +83,14 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
-from schemas.errors import DeltaCoordError
-from schemas.expressions.types import parse_text, to_bool, to_date, to_timestamp
-from schemas.jobs import is_time_version
-from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
+from deltacoord.schemas.errors import DeltaCoordError
+from deltacoord.schemas.expressions.types import parse_text, to_bool, to_date, to_timestamp
+from deltacoord.schemas.jobs import is_time_version
+from deltacoord.schemas.properties import PHYSICAL_NAME_KEY, TableProperties
 
 if TYPE_CHECKING:
-    from reader.ratified import RatifiedSource
-    from schemas.expressions.arrow import Filter
+    from deltacoord.reader.ratified import RatifiedSource
+    from deltacoord.schemas.expressions.arrow import Filter
 
 FileAction: TypeAlias = AddFile | RemoveFile
 TimestampLike: TypeAlias = dt.datetime | dt.date | int | float | str
@@ -126,7 +126,7 @@ VARIANT_ARROW_TYPE = arrow_types.VARIANT_ARROW_TYPE
 
 
 def delta_type_to_arrow(t: Any) -> pa.DataType:
-    """Arrow type of a Delta schema type (primitive name or complex JSON object), by `schemas.arrow_types`."""
+    """Arrow type of a Delta schema type (primitive name or complex JSON object), by `deltacoord.schemas.arrow_types`."""
     try:
         return arrow_types.delta_to_arrow(t)
     except arrow_types.DeltaTypeError as e:
@@ -311,7 +311,7 @@ class Snapshot:
         """Reconstruct the table at `version` (default latest) or as of `timestamp`.
 
         `time_version=True` (with a timestamp) resolves it to the newest *time version*
-        at or before it: compaction and clustering commits make none (`schemas.jobs`),
+        at or before it: compaction and clustering commits make none (`deltacoord.schemas.jobs`),
         so the snapshot is the last commit that changed data, as MaxCompute reads by time.
 
         `table_uri` is a path, a URI (`s3://...`, `abfss://...`, `gs://...`) or a
@@ -591,8 +591,15 @@ class Snapshot:
 
         # The SQL engine is imported here, not with the module: the checkpoint process reads
         # snapshots without filters and should not carry sqlglot.
-        from schemas.expressions.arrow import evaluating, filter_text, filter_tree, implied, resolve_column, to_arrow
-        from schemas.expressions.syntax import columns_of
+        from deltacoord.schemas.expressions.arrow import (
+            evaluating,
+            filter_text,
+            filter_tree,
+            implied,
+            resolve_column,
+            to_arrow,
+        )
+        from deltacoord.schemas.expressions.syntax import columns_of
 
         tree = filter_tree(filter) if filter is not None else None
         text = filter_text(filter) if filter is not None else ""

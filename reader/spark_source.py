@@ -18,11 +18,11 @@
   new schema and continues from that version.
 
 Versions come from `_delta_log` (what the coordinator has published), not from
-the Kafka commits topic: `reader.stream.CommitStream` did not exist when this
+the Kafka commits topic: `deltacoord.reader.stream.CommitStream` did not exist when this
 was written. A stream therefore sees a commit once it is published.
 
-`writer.spark_sink.DeltaCoordDataSource` extends this class with the write
-side; register that one (``writer.spark_sink.register(spark)``) to get both.
+`deltacoord.writer.spark_sink.DeltaCoordDataSource` extends this class with the write
+side; register that one (``deltacoord.writer.spark_sink.register(spark)``) to get both.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxFiles, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from reader.log import (
+from deltacoord.reader.log import (
     TableNotFoundError,
     VersionNotFoundError,
     commit_object,
@@ -54,12 +54,18 @@ from reader.log import (
     list_log_from_hint,
     read_commit,
 )
-from reader.snapshot import Snapshot, delta_schema_to_arrow, parse_partition_value, physical_name, read_data_file
-from reader.storage import TableStorage
-from schemas import client_settings
-from schemas.actions import Action, AddFile, CommitInfo, DeletionVector, Metadata, RemoveFile
-from schemas.errors import DeltaCoordError, MetadataChangedException
-from schemas.properties import TableProperties
+from deltacoord.reader.snapshot import (
+    Snapshot,
+    delta_schema_to_arrow,
+    parse_partition_value,
+    physical_name,
+    read_data_file,
+)
+from deltacoord.reader.storage import TableStorage
+from deltacoord.schemas import client_settings
+from deltacoord.schemas.actions import Action, AddFile, CommitInfo, DeletionVector, Metadata, RemoveFile
+from deltacoord.schemas.errors import DeltaCoordError, MetadataChangedException
+from deltacoord.schemas.properties import TableProperties
 
 SOURCE_NAME = "deltacoord"
 DEFAULT_MAX_FILES_PER_TRIGGER = 1000
@@ -260,7 +266,7 @@ class _LogFeed:
 
 
 class _KafkaFeed:
-    """Committed versions read from the coordinator's commits topic (`reader.stream.CommitStream`).
+    """Committed versions read from the coordinator's commits topic (`deltacoord.reader.stream.CommitStream`).
 
     Sees a version as soon as the coordinator ratified it, before `_delta_log`
     publication (the data files already exist: writers stage them before proposing).
@@ -280,8 +286,8 @@ class _KafkaFeed:
         self._seen = -1
 
     def _open(self, version: int) -> None:
-        from reader.stream import CommitStream
-        from schemas.routing import Topics
+        from deltacoord.reader.stream import CommitStream
+        from deltacoord.schemas.routing import Topics
 
         self.close()
         self._stream = CommitStream(self.uri, self.bootstrap_servers, topics=Topics.with_prefix(self.topic_prefix),
@@ -474,7 +480,7 @@ class DeltaCoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     # ---- offsets
     def _starting_version_from_timestamp(self, ts: str) -> int:
-        from reader.snapshot import to_epoch_ms
+        from deltacoord.reader.snapshot import to_epoch_ms
 
         want = to_epoch_ms(ts)
         latest = self.feed.latest()

@@ -1,6 +1,6 @@
 """Commits carried by reference, at the storage edge: stage, load, resolve and delete staged files.
 
-What a staged file is and how it is named and checked is `schemas.staged` (pure). Here: the writer stages
+What a staged file is and how it is named and checked is `deltacoord.schemas.staged` (pure). Here: the writer stages
 its actions before proposing, the coordinator loads them before deciding and stages its decided commit
 before ratifying, and whoever reads a decision from the commits topic (recovery, the change feed, ratified
 reads) resolves it to its whole commit: from `_delta_log/<version>.json` once published (same bytes, same
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from reader.log import commit_key
-from reader.storage import TableStorage
-from reader.storage_uri import StorageError
-from schemas.messages import Decision, Proposal, StagedActions
-from schemas.staged import (
+from deltacoord.reader.log import commit_key
+from deltacoord.reader.storage import TableStorage
+from deltacoord.reader.storage_uri import StorageError
+from deltacoord.schemas.messages import Decision, Proposal, StagedActions
+from deltacoord.schemas.staged import (
     STAGED_DIR,
     StagedCommitError,
     check_staged,

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from schemas.control_chars import control_character
+from deltacoord.schemas.control_chars import control_character
 
 StoreKind = Literal["file", "s3", "az", "gs"]
 

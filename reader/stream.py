@@ -72,18 +72,18 @@ from typing import Any, ClassVar, Literal, TypeAlias
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from reader.log import table_root
-from reader.snapshot import TimestampLike, to_epoch_ms
-from reader.staged_commits import resolve_decision
-from reader.storage import StorageError, TableStorage
-from reader.storage_uri import StorageUriError, normalize_table_uri
-from schemas import client_settings, kafka_logs
-from schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
-from schemas.codec import decode_decision
-from schemas.commits_topic import commits_partition, read_committed
-from schemas.errors import DeltaCoordError, MetadataChangedException
-from schemas.messages import Decision, Outcome
-from schemas.routing import (
+from deltacoord.reader.log import table_root
+from deltacoord.reader.snapshot import TimestampLike, to_epoch_ms
+from deltacoord.reader.staged_commits import resolve_decision
+from deltacoord.reader.storage import StorageError, TableStorage
+from deltacoord.reader.storage_uri import StorageUriError, normalize_table_uri
+from deltacoord.schemas import client_settings, kafka_logs
+from deltacoord.schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
+from deltacoord.schemas.codec import decode_decision
+from deltacoord.schemas.commits_topic import commits_partition, read_committed
+from deltacoord.schemas.errors import DeltaCoordError, MetadataChangedException
+from deltacoord.schemas.messages import Decision, Outcome
+from deltacoord.schemas.routing import (
     ADOPTED_ERROR_TYPE,
     CONTROL_ADOPT,
     CONTROL_DROP,
@@ -95,7 +95,7 @@ from schemas.routing import (
     Topics,
     header,
 )
-from schemas.staged import StagedCommitError
+from deltacoord.schemas.staged import StagedCommitError
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def normalize_table_id(table_uri_or_id: str | os.PathLike[str]) -> str:
     """The wire table id of a table given by path, `file://` URI or id.
 
     Paths and `file://` URIs become the absolute `file://` URI that
-    `writer.table.Table` uses by default; object-store URIs (`s3://...`,
+    `deltacoord.writer.table.Table` uses by default; object-store URIs (`s3://...`,
     `s3a://...`, `abfss://...`) their normal form, which `Table` uses too; a URI
     of another scheme is used as it is. A string that is neither a URI nor an
     existing path nor starts with `/`, `.` or `~` is taken as an explicit table id.
@@ -267,7 +267,7 @@ class CommitStream:
         deletes nor metadata changes raise. `bootstrap_servers` defaults to DELTACOORD_BOOTSTRAP_SERVERS and
         `topic_prefix` to DELTACOORD_TOPIC_PREFIX (else `deltacoord`), as for writers (docs/settings.md).
         `storage_options` (delta-rs's keys) open the table's store for large commits, which the commits topic
-        records by reference (`reader.staged_commits`)."""
+        records by reference (`deltacoord.reader.staged_commits`)."""
         if starting_version is not None and starting_timestamp is not None:
             raise ValueError("Please either provide 'starting_version' or 'starting_timestamp', not both")
         if isinstance(starting_version, bool) or not (

@@ -1,7 +1,7 @@
 """Time versions and incremental reads by them, as MaxCompute offers them.
 
 Every Delta version is an *ID version*; only commits that change logical data
-make a *time version* (`schemas.jobs`): compaction and clustering rewrite
+make a *time version* (`deltacoord.schemas.jobs`): compaction and clustering rewrite
 files without changing a row, so an incremental read by time never returns
 their files (it would return every compacted row a second time).
 
@@ -12,7 +12,7 @@ their files (it would return every compacted row a second time).
 Timestamps are those `Snapshot.load(timestamp=...)` resolves (in-commit
 timestamps when enabled, else the commit files' modification times);
 `Snapshot.load(uri, timestamp=t, time_version=True)` is the snapshot of the
-time version at t. The change feed (`reader.stream.CommitStream`) skips
+time version at t. The change feed (`deltacoord.reader.stream.CommitStream`) skips
 commits without a data change, so it delivers time versions only.
 """
 
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from reader.log import TableLocation, list_log, read_commit, table_storage
-from reader.snapshot import Snapshot, TimestampLike
-from schemas.actions import AddFile, CommitInfo, RemoveFile
-from schemas.jobs import is_time_version
+from deltacoord.reader.log import TableLocation, list_log, read_commit, table_storage
+from deltacoord.reader.snapshot import Snapshot, TimestampLike
+from deltacoord.schemas.actions import AddFile, CommitInfo, RemoveFile
+from deltacoord.schemas.jobs import is_time_version
 
 
 @dataclass(frozen=True, slots=True)

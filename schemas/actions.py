@@ -392,7 +392,7 @@ class CommitInfo:
     @property
     def txn_ids(self) -> tuple[str, ...]:
         """The proposal ids this commit records: its txnId, then those of the commits coalesced into its version
-        (`coalescedCommits`, see `coordinator.rules.coalesce`)."""
+        (`coalescedCommits`, see `deltacoord.coordinator.rules.coalesce`)."""
         ids = [] if self.txn_id is None else [self.txn_id]
         parts = self.values.get(COALESCED_KEY)
         if isinstance(parts, list):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-from schemas.errors import DeltaCoordError
-from schemas.routing import Topics
+from deltacoord.schemas.errors import DeltaCoordError
+from deltacoord.schemas.routing import Topics
 
 BOOTSTRAP_SERVERS_ENV = "DELTACOORD_BOOTSTRAP_SERVERS"
 TOPIC_PREFIX_ENV = "DELTACOORD_TOPIC_PREFIX"

@@ -21,7 +21,7 @@ it is registered; a message from a writer schema the reader cannot resolve
 a message that names the field.
 
 Everything that goes wrong while decoding raises
-:class:`schemas.errors.DecodeError` with a message naming the problem (bad
+:class:`deltacoord.schemas.errors.DecodeError` with a message naming the problem (bad
 marker, too short, unknown fingerprint, truncated or garbage body and where,
 unresolvable writer schema, trailing bytes, a decoded value that is not a valid
 action or message); nothing from fastavro, ``struct``, ``json`` or the codecs
@@ -53,7 +53,7 @@ from fastavro import schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, load_schema_ordered, parse_schema, to_parsing_canonical_form
 from fastavro.validation import validate
 
-from schemas.actions import (
+from deltacoord.schemas.actions import (
     Action,
     AddCDCFile,
     AddFile,
@@ -65,8 +65,8 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
-from schemas.errors import DecodeError, EncodeError
-from schemas.messages import Decision, FileRead, MultiTable, Outcome, Proposal, StagedActions
+from deltacoord.schemas.errors import DecodeError, EncodeError
+from deltacoord.schemas.messages import Decision, FileRead, MultiTable, Outcome, Proposal, StagedActions
 
 __all__ = [
     "DECISION_FINGERPRINT",

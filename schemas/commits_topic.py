@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from schemas.errors import DeltaCoordError
-from schemas.routing import header, partition_for
+from deltacoord.schemas.errors import DeltaCoordError
+from deltacoord.schemas.routing import header, partition_for
 
 log = logging.getLogger(__name__)
 

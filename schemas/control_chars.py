@@ -2,8 +2,8 @@
 
 URL parsers drop some of them (`urllib.parse.urlsplit` removes tab, CR and LF), terminals and logs act on others,
 and none belongs in a table location or a data file's path: a name holding one can name another object than the
-one it reads as. Table URIs (`reader.storage_uri`) and the file paths of add, remove and cdc actions (the writer
-before sending, `writer.transaction`; the coordinator when it validates, `coordinator.rules.validate`) refuse them.
+one it reads as. Table URIs (`deltacoord.reader.storage_uri`) and the file paths of add, remove and cdc actions (the writer
+before sending, `deltacoord.writer.transaction`; the coordinator when it validates, `deltacoord.coordinator.rules.validate`) refuse them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Implements PROTOCOL.md "Deletion Vector Format" without a roaring library. An
 inline DV (`storageType = 'i'`) is Z85 of `magic || portable-roaring64`; the
 coordinator's pure rules decode and build inline vectors with this module, and
-`reader.deletion_vectors` adds DV files. The magic number and the bitmap are
+`deltacoord.reader.deletion_vectors` adds DV files. The magic number and the bitmap are
 little endian; row indexes are sorted `numpy.uint64` arrays.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import numpy as np
 import numpy.typing as npt
 
-from schemas.actions import DeletionVector
+from deltacoord.schemas.actions import DeletionVector
 
 DV_MAGIC = 1681511377
 DV_MAGIC_NATIVE = 1681511376

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from schemas.reasons import ReasonCode
+from deltacoord.schemas.reasons import ReasonCode
 
 
 def format_partition(partition_values: Mapping[str, str | None] | None, partition_columns: tuple[str, ...] | list[str]) -> str | None:
@@ -195,7 +195,7 @@ CONFLICT_CLASSES: dict[str, type[DeltaConcurrentModificationException]] = {
 class InvalidProposalError(DeltaCoordError):
     """A proposal that can never commit: malformed, unsafe or against the protocol.
 
-    `reason` is a stable machine-readable code (`schemas.reasons.ReasonCode`;
+    `reason` is a stable machine-readable code (`deltacoord.schemas.reasons.ReasonCode`;
     a code this version does not know, read from a newer coordinator's
     decision, stays text).
     """

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
-from schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
+from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
 
 #: commitInfo key holding whether the commit created a new time version (true/false).
 TIME_VERSION_KEY = "deltacoord.timeVersion"

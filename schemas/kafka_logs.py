@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.errors import ProposalNotSentError
+from deltacoord.schemas.errors import ProposalNotSentError
 
 LOGGER_NAME = "deltacoord.kafka"
 #: A message already logged is dropped for this long, then logged again with the count of its repeats.
@@ -123,7 +123,7 @@ _AUTH_FAILED = re.compile(r"SASL authentication error|Authentication failed|SSL 
 
 
 def _credentials_message(conf: Mapping[str, Any], bootstrap: str, why: str) -> str:
-    from schemas.errors import kafka_principal
+    from deltacoord.schemas.errors import kafka_principal
 
     principal = kafka_principal(conf)
     low = why.lower()

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, PartitionValues, RemoveFile
+from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, PartitionValues, RemoveFile
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +19,7 @@ class StagedActions:
     """Actions carried by reference: a file of newline-delimited Delta JSON in the table's store.
 
     Kafka is made for small messages; a commit of 100,000 files is not one. Its actions are staged as a
-    file (`schemas.staged`) and the message carries this: the file's digest, which names the file and is
+    file (`deltacoord.schemas.staged`) and the message carries this: the file's digest, which names the file and is
     checked before its content is used, its action count and its size.
     """
 
@@ -133,10 +133,10 @@ class Decision:
     duplicate_of: int | None = None
     decided_at_ms: int = 0
     #: Set for a committed version recorded by reference: on the wire `actions` then holds the commitInfo
-    #: alone and the whole commit is in the staged file (`schemas.staged`); resolved, `actions` is complete.
+    #: alone and the whole commit is in the staged file (`deltacoord.schemas.staged`); resolved, `actions` is complete.
     staged: StagedActions | None = None
     #: Set for a commit coalesced into a version shared with other proposals: the proposal id whose decision
-    #: holds the version's whole commit (`actions` is then empty here). See `coordinator.rules.coalesce`.
+    #: holds the version's whole commit (`actions` is then empty here). See `deltacoord.coordinator.rules.coalesce`.
     coalesced_into: str | None = None
 
     @property

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from enum import StrEnum
 
-from schemas.actions import Metadata
+from deltacoord.schemas.actions import Metadata
 
 
 class Property(StrEnum):
@@ -34,7 +34,7 @@ class Property(StrEnum):
     SET_TRANSACTION_RETENTION = "delta.setTransactionRetentionDuration"
     #: The writers allowed to propose commits to the table (comma-separated names).
     ALLOWED_WRITERS = "deltacoord.allowedWriters"
-    #: Public keys of the writers (`name:base64key, ...`, see `schemas.signing`); when set, every
+    #: Public keys of the writers (`name:base64key, ...`, see `deltacoord.schemas.signing`); when set, every
     #: proposal must be signed by one of them and its writer name is the key's name.
     WRITER_KEYS = "deltacoord.writerKeys"
     #: `true`: the coordinator checks that every added file exists with its declared size before ratifying.
@@ -56,7 +56,7 @@ TABLE_ISOLATION_LEVELS = frozenset({SERIALIZABLE, WRITE_SERIALIZABLE})
 DEFAULT_CHECKPOINT_INTERVAL = 10
 #: Delta Lake's ConflictChecker (the default profile).
 DELTA_PROFILE = "delta"
-#: MaxCompute's job-by-job conflict table (`coordinator.rules.maxcompute`).
+#: MaxCompute's job-by-job conflict table (`deltacoord.coordinator.rules.maxcompute`).
 MAXCOMPUTE_PROFILE = "maxcompute"
 CONFLICT_PROFILES = frozenset({DELTA_PROFILE, MAXCOMPUTE_PROFILE})
 DEFAULT_TOMBSTONE_RETENTION = "interval 1 week"
@@ -197,7 +197,7 @@ class TableProperties:
 
     @property
     def writer_keys(self) -> str | None:
-        """`deltacoord.writerKeys` as written (parsed by `schemas.signing.parse_writer_keys`), None when unset or blank."""
+        """`deltacoord.writerKeys` as written (parsed by `deltacoord.schemas.signing.parse_writer_keys`), None when unset or blank."""
         raw = self.raw.get(Property.WRITER_KEYS)
         return raw if raw is not None and raw.strip() else None
 
@@ -208,7 +208,7 @@ class TableProperties:
     @property
     def coalesce(self) -> bool:
         """Whether compatible appends may share a version while the table's store lags (`deltacoord.coalesce`,
-        default true); see `coordinator.rules.coalesce`."""
+        default true); see `deltacoord.coordinator.rules.coalesce`."""
         raw = self.raw.get(Property.COALESCE)
         return raw is None or raw.strip().lower() != "false"
 

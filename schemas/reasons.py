@@ -33,7 +33,7 @@ class ReasonCode(StrEnum):
     ADD_AND_REMOVE_SAME_FILE = "ADD_AND_REMOVE_SAME_FILE"
     NEGATIVE_SIZE = "NEGATIVE_SIZE"
     #: An added file's stats would break Delta readers: not a JSON object, a count that is not a 64-bit
-    #: integer, a number that is not finite (`coordinator.rules.stats`).
+    #: integer, a number that is not finite (`deltacoord.coordinator.rules.stats`).
     BAD_STATS = "BAD_STATS"
     PATH_ESCAPES_TABLE = "PATH_ESCAPES_TABLE"
     #: A file path of an action (add, remove, cdc) holds a control character (C0, DEL or C1), raw or
@@ -60,12 +60,12 @@ class ReasonCode(StrEnum):
     #: On a `maxcompute` table, a data change whose MaxCompute job type cannot be derived from its operation.
     UNKNOWN_JOB_TYPE = "UNKNOWN_JOB_TYPE"
     #: The commit writes an action whose table feature the table's protocol lacks (domainMetadata without
-    #: the `domainMetadata` writer feature; `coordinator.rules.table_features`).
+    #: the `domainMetadata` writer feature; `deltacoord.coordinator.rules.table_features`).
     MISSING_TABLE_FEATURE = "MISSING_TABLE_FEATURE"
     #: On a row-tracking table, an added file whose stats give no numRecords: its rows cannot get row ids.
     MISSING_ROW_COUNT = "MISSING_ROW_COUNT"
     #: A commit that would hand out an identity column's value twice (a mark moved back, or appended values at
-    #: or behind the mark, or beyond the mark the commit declares; `coordinator.rules.identity`).
+    #: or behind the mark, or beyond the mark the commit declares; `deltacoord.coordinator.rules.identity`).
     IDENTITY_VALUE_REUSED = "IDENTITY_VALUE_REUSED"
     # -- the door: the table's location, checked before anything is decided (coordinator.locations) --
     #: The table URI is not an absolute, normal location (empty, relative, `..`, encoded separators, NUL, ...).
@@ -96,7 +96,7 @@ class ReasonCode(StrEnum):
     #: An adopt or drop request naming another version than the table's current one: older than the table's latest commits
     #: (delayed, or a captured request replayed), or read from another view of the store. Send a new request.
     STALE_CONTROL_REQUEST = "STALE_CONTROL_REQUEST"
-    # -- one location, one table (`reader.claim`, checked by coordinator.kafka.partition at a creation or adoption) --
+    # -- one location, one table (`deltacoord.reader.claim`, checked by coordinator.kafka.partition at a creation or adoption) --
     #: Creating or adopting a table at a location another table id holds (its claim, `_deltacoord/table.json`,
     #: names that id): two ids over one `_delta_log` would both ratify the same versions.
     TABLE_LOCATION_TAKEN = "TABLE_LOCATION_TAKEN"
@@ -107,7 +107,7 @@ class ReasonCode(StrEnum):
     UNDECODABLE = "UNDECODABLE"
     OVERSIZE = "OVERSIZE"
     #: A proposal carrying its actions by reference whose staged file is missing, altered (another digest or
-    #: size) or not Delta JSON actions (`schemas.staged`).
+    #: size) or not Delta JSON actions (`deltacoord.schemas.staged`).
     STAGED_COMMIT_INVALID = "STAGED_COMMIT_INVALID"
     #: The proposal arrived on a partition other than its table's (murmur2(table id) % partitions).
     WRONG_PARTITION = "WRONG_PARTITION"

@@ -7,7 +7,7 @@ the `rank(r)`-th live row of that file, which is one known position of one
 output file. With it the coordinator lets OPTIMIZE and DELETE/UPDATE/MERGE on
 a deletion-vector table commit in either order (the seed documents: "OPTIMIZE
 cannot conflict unless ZORDER BY is used"), moving the rows the other side
-deleted onto the right file (`coordinator.rules.compaction`). A ZORDER BY
+deleted onto the right file (`deltacoord.coordinator.rules.compaction`). A ZORDER BY
 reorders rows, so it records no map and keeps the file-level rules.
 
 The map is `commitInfo["deltacoord.rowMap"]`, a list of groups::
@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.actions import DeletionVector
+from deltacoord.schemas.actions import DeletionVector
 
 #: commitInfo key of a compaction's row map.
 ROW_MAP_KEY = "deltacoord.rowMap"

@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from schemas.actions import DomainMetadata, Metadata, Protocol
-from schemas.properties import Property
+from deltacoord.schemas.actions import DomainMetadata, Metadata, Protocol
+from deltacoord.schemas.properties import Property
 
 FEATURE = "rowTracking"
 #: Row tracking needs domain metadata for its high-water mark.

@@ -1,4 +1,4 @@
-"""Commits carried by reference: the staged file's name, bytes and check (pure; the I/O is `reader.staged_commits`).
+"""Commits carried by reference: the staged file's name, bytes and check (pure; the I/O is `deltacoord.reader.staged_commits`).
 
 A Kafka message is made for kilobytes; a Spark job that writes 100,000 files, or an overwrite that removes
 every file of a big table, proposes hundreds of megabytes of actions. Such a commit travels as Delta's
@@ -21,8 +21,8 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-from schemas.actions import Action, CommitInfo, commit_to_json_lines, parse_commit
-from schemas.messages import StagedActions
+from deltacoord.schemas.actions import Action, CommitInfo, commit_to_json_lines, parse_commit
+from deltacoord.schemas.messages import StagedActions
 
 #: The directory of staged commits, as Delta's catalog-managed tables name it.
 STAGED_DIR = "_delta_log/_staged_commits/"

@@ -11,7 +11,7 @@ Outcomes (`FEATURES` documents each):
   inCommitTimestamp, rowTracking (the coordinator assigns row ids; copied rows keep theirs), timestampNtz,
   typeWidening (this writer never widens a type), vacuumProtocolCheck, clustering (appends; OPTIMIZE does
   not recluster), identityColumns (values generated from the high-water mark; not by the Spark data
-  source), invariants and checkConstraints (every written row is checked, `writer.constraints`),
+  source), invariants and checkConstraints (every written row is checked, `deltacoord.writer.constraints`),
   generatedColumns (computed when the data omits them, verified when it supplies them), changeDataFeed
   (DELETE, UPDATE and MERGE write `_change_data` files; the other operations rewrite no file partially, so
   readers infer their changes), columnMapping (name and id modes: physical names and field ids in files,
@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.actions import Metadata, Protocol
+from deltacoord.schemas.actions import Metadata, Protocol
 
 #: Writer features each legacy writer version implies (cumulative), per PROTOCOL.md.
 _LEGACY: tuple[tuple[int, tuple[str, ...]], ...] = (

@@ -1,12 +1,12 @@
 """Shared fixtures: a real Kafka broker and real object-storage servers for integration tests.
 
 `kafka_bootstrap` resolves, in order: `KAFKA_BOOTSTRAP_SERVERS`; a local JVM
-broker from Maven Central jars (`coordinator.tooling.broker.LocalBroker`); a
+broker from Maven Central jars (`deltacoord.coordinator.tooling.broker.LocalBroker`); a
 testcontainers Kafka container when a Docker engine answers. With none of
 them the run fails loudly: Kafka tests are never skipped.
 
 `s3_server`, `azurite_server` and `gcs_server` start the project's local storage
-servers (`coordinator.tooling.storage_servers`) once per session; `s3_bucket`,
+servers (`deltacoord.coordinator.tooling.storage_servers`) once per session; `s3_bucket`,
 `azure_container` and `gcs_bucket` give each test a fresh bucket, and
 `object_store_bucket` runs a test once per store. A server that cannot be
 installed or started fails the test with how to fix it.
@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from coordinator.tooling.broker import LocalBroker
-from coordinator.tooling.ports import free_port
-from coordinator.tooling.storage_servers import (
+from deltacoord.coordinator.tooling.broker import LocalBroker
+from deltacoord.coordinator.tooling.ports import free_port
+from deltacoord.coordinator.tooling.storage_servers import (
     AzuriteServer,
     GcsServer,
     LocalStorageServer,
@@ -41,7 +41,7 @@ from coordinator.tooling.storage_servers import (
 from tests import cpu_priority
 
 if TYPE_CHECKING:
-    from reader.storage import TableStorage
+    from deltacoord.reader.storage import TableStorage
 
 HOW_TO_GET_A_BROKER = (
     "no Kafka broker for the tests. Either set KAFKA_BOOTSTRAP_SERVERS to a broker with transactions enabled, "
@@ -300,13 +300,13 @@ class TablePlace:
         return str(path) if self.is_local else f"{self.root}/{path.parent.name}/{path.name}"
 
     def table_id(self, uri: str) -> str:
-        """What `writer.table.Table` uses as the table's id by default."""
-        from reader.storage import normalize_table_uri
+        """What `deltacoord.writer.table.Table` uses as the table's id by default."""
+        from deltacoord.reader.storage import normalize_table_uri
 
         return Path(uri).resolve().as_uri() if self.is_local else normalize_table_uri(uri)
 
     def storage(self, uri: str) -> TableStorage:
-        from reader.storage import TableStorage
+        from deltacoord.reader.storage import TableStorage
 
         return TableStorage(uri, self.storage_options, fsync=False)
 

@@ -1,9 +1,9 @@
 """Writers: the batch client that stages data and proposes commits.
 
-    from writer import Table, retry
+    from deltacoord.writer import Table, retry
 
 The names are loaded on first use, so `import writer.staging` stays light.
-The Spark sink (`writer.spark_sink`) needs the `spark` extra and is never
+The Spark sink (`deltacoord.writer.spark_sink`) needs the `spark` extra and is never
 imported from here.
 """
 
@@ -13,19 +13,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from writer.client import CoordinatorClient
-    from writer.table import MergeError, PublicationLagError, Table, TableExistsError
-    from writer.transaction import CommitResult, Transaction, retry
+    from deltacoord.writer.client import CoordinatorClient
+    from deltacoord.writer.table import MergeError, PublicationLagError, Table, TableExistsError
+    from deltacoord.writer.transaction import CommitResult, Transaction, retry
 
 _PUBLIC = {
-    "Table": "writer.table",
-    "TableExistsError": "writer.table",
-    "MergeError": "writer.table",
-    "PublicationLagError": "writer.table",
-    "Transaction": "writer.transaction",
-    "CommitResult": "writer.transaction",
-    "retry": "writer.transaction",
-    "CoordinatorClient": "writer.client",
+    "Table": "deltacoord.writer.table",
+    "TableExistsError": "deltacoord.writer.table",
+    "MergeError": "deltacoord.writer.table",
+    "PublicationLagError": "deltacoord.writer.table",
+    "Transaction": "deltacoord.writer.transaction",
+    "CommitResult": "deltacoord.writer.transaction",
+    "retry": "deltacoord.writer.transaction",
+    "CoordinatorClient": "deltacoord.writer.client",
 }
 
 __all__ = ["CommitResult", "CoordinatorClient", "MergeError", "PublicationLagError", "Table", "TableExistsError",

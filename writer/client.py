@@ -4,7 +4,7 @@ Decisions are routed, not broadcast: each proposal names a partition of the
 replies topic (header `deltacoord.reply_partition`), and once the Kafka
 transaction recording the decision has committed, the coordinator sends the
 writer one reply there: the decision, and for a new version by default only
-once `_delta_log/<v>.json` exists (`coordinator.kafka.notices`). A writer process
+once `_delta_log/<v>.json` exists (`deltacoord.coordinator.kafka.notices`). A writer process
 leases reply partitions through a consumer group on the replies topic
 (`group.protocol=consumer`): Kafka gives each partition to one live member, so
 a writer fetches only its own answers and the broker's fetch work per commit
@@ -39,19 +39,19 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from reader.ratified import RatifiedSource
-from schemas import client_settings, kafka_logs
-from schemas.codec import decode_decision, encode_proposal
-from schemas.commits_topic import PartitionScan, ScanIncompleteError, Watermarks, read_committed
-from schemas.errors import (
+from deltacoord.reader.ratified import RatifiedSource
+from deltacoord.schemas import client_settings, kafka_logs
+from deltacoord.schemas.codec import decode_decision, encode_proposal
+from deltacoord.schemas.commits_topic import PartitionScan, ScanIncompleteError, Watermarks, read_committed
+from deltacoord.schemas.errors import (
     CommitOutcomeUnknownError,
     EncodeError,
     KafkaAccessDeniedError,
     ProposalNotSentError,
     TopicNotFoundError,
 )
-from schemas.messages import Decision, Proposal
-from schemas.routing import (
+from deltacoord.schemas.messages import Decision, Proposal
+from deltacoord.schemas.routing import (
     H_CONTROL,
     H_PROPOSAL_ID,
     H_SIGNATURE,
@@ -60,10 +60,10 @@ from schemas.routing import (
     Topics,
     partition_for,
 )
-from schemas.signing import WriterKey
-from writer.relay_link import RelayLink
-from writer.replies import Pending, ReplyCounts, Routing, check_wait
-from writer.serving import CoordinatorCheck
+from deltacoord.schemas.signing import WriterKey
+from deltacoord.writer.relay_link import RelayLink
+from deltacoord.writer.replies import Pending, ReplyCounts, Routing, check_wait
+from deltacoord.writer.serving import CoordinatorCheck
 
 log = logging.getLogger(__name__)
 
@@ -405,10 +405,10 @@ class CoordinatorClient:
     `bootstrap_servers` defaults to DELTACOORD_BOOTSTRAP_SERVERS and `topic_prefix` to DELTACOORD_TOPIC_PREFIX
     (else `deltacoord`); `topics=` names the topics one by one instead. Before proposing, the client checks that a
     live coordinator of the consumer group `coordinator_group` (default DELTACOORD_GROUP_ID, else
-    `<prefix>-coordinator`) holds the table's partition (`writer.serving`); `coordinator_check=False` (or
+    `<prefix>-coordinator`) holds the table's partition (`deltacoord.writer.serving`); `coordinator_check=False` (or
     DELTACOORD_COORDINATOR_CHECK=0) turns that off, for coordinators given a static partition list.
 
-    `relay` (default DELTACOORD_RELAY; `""` for none) is the Unix socket of the host's relay (`writer.relay`):
+    `relay` (default DELTACOORD_RELAY; `""` for none) is the Unix socket of the host's relay (`deltacoord.writer.relay`):
     proposals go to it and it forwards this client's answers, so the client runs no producer or reply consumer.
     """
 
@@ -424,7 +424,7 @@ class CoordinatorClient:
         self.coordinator_check = CoordinatorCheck(self._conf, self.topics,
                                                   client_settings.coordinator_group(coordinator_group, self.topics),
                                                   enabled=client_settings.coordinator_check(coordinator_check))
-        #: The host relay's socket (`writer.relay`): proposals and answers go through it, not this process's clients.
+        #: The host relay's socket (`deltacoord.writer.relay`): proposals and answers go through it, not this process's clients.
         self.relay = client_settings.relay(relay)
         self._producer = None if self.relay else proposal_producer(self._conf)
         self._lock = threading.Lock()
@@ -551,7 +551,7 @@ class CoordinatorClient:
 
     def ensure_coordinator(self, table_id: str) -> None:
         """Raise NoCoordinatorError unless a live coordinator holds `table_id`'s proposals partition (cached, see
-        `writer.serving`); writers call it before staging, so a commit without a coordinator fails before any work."""
+        `deltacoord.writer.serving`); writers call it before staging, so a commit without a coordinator fails before any work."""
         self._warmed.wait(WARM_WAIT_S)
         self.coordinator_check.ensure(self.partition_of(table_id))
 
@@ -594,7 +594,7 @@ class CoordinatorClient:
                 control: str | None = None) -> Pending:
         """Produce the proposal (signed with `key` when given); the result's futures resolve with its decision
         and (`wait="published"`) its publication. `control` (`adopt`, `release`) makes it that request instead
-        of a commit (`schemas.routing.CONTROL_ADOPT`)."""
+        of a commit (`deltacoord.schemas.routing.CONTROL_ADOPT`)."""
         try:
             self._warmed.wait(WARM_WAIT_S)  # the start-up questions being asked answer this proposal's too
             partition = self.partition_of(proposal.table_id)

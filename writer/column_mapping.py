@@ -20,9 +20,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from schemas.actions import Metadata, Protocol
-from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
-from writer import protocols
+from deltacoord.schemas.actions import Metadata, Protocol
+from deltacoord.schemas.properties import PHYSICAL_NAME_KEY, TableProperties
+from deltacoord.writer import protocols
 
 ID_KEY = "delta.columnMapping.id"
 MAX_ID_PROPERTY = "delta.columnMapping.maxColumnId"

@@ -14,7 +14,7 @@ that break it from us. `WriteRules.of` reads them from the table's protocol and 
   Delta's `Generated Column` constraint, `col <=> expr`).
 
 As in Delta's `CheckDeltaInvariant`, a row violates a CHECK constraint when its expression is false OR
-NULL (stricter than SQL's WHERE). Expressions are evaluated by `schemas.expressions` over Arrow; one it
+NULL (stricter than SQL's WHERE). Expressions are evaluated by `deltacoord.schemas.expressions` over Arrow; one it
 cannot evaluate fails the write with an error naming the constraint, before anything is staged.
 """
 
@@ -28,12 +28,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.actions import Metadata, Protocol
-from schemas.errors import InvalidProposalError
-from schemas.expressions.arrow import evaluate, resolve_column
-from schemas.expressions.syntax import ExpressionError, columns_of, parse
-from schemas.reasons import ReasonCode
-from schemas.writer_features import writer_features
+from deltacoord.schemas.actions import Metadata, Protocol
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.expressions.arrow import evaluate, resolve_column
+from deltacoord.schemas.expressions.syntax import ExpressionError, columns_of, parse
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.writer_features import writer_features
 
 INVARIANTS_KEY = "delta.invariants"
 GENERATION_KEY = "delta.generationExpression"

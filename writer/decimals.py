@@ -13,7 +13,7 @@ import decimal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from writer.staging import SchemaError
+from deltacoord.writer.staging import SchemaError
 
 #: Arrow's widest 128-bit decimal; integers and floats pass through it on their way to the column's type.
 _WIDE_PRECISION = 38

@@ -8,7 +8,7 @@ here in two broker restarts out of two. So a writer asks through `GroupQuestions
 process (this module's `main`) holds the admin client and answers one question per line on its
 pipes. If librdkafka aborts, only the child ends; the question is answered "cannot tell" and the
 next one starts a new child. Listing groups (ListGroups, sent to each broker, not through the group
-coordinator) is not affected and is asked in the writer's own process (`writer.group_states`).
+coordinator) is not affected and is asked in the writer's own process (`deltacoord.writer.group_states`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ListGroups goes to each broker in turn (librdkafka's fan-out path), not through the
 group-coordinator path (FindCoordinator, then the request) whose error handling aborts the
-process when a broker connection drops (librdkafka issue #4605, see `writer.group_questions`).
+process when a broker connection drops (librdkafka issue #4605, see `deltacoord.writer.group_questions`).
 So it is asked here, without a child process to start: a fresh writer learns in one round trip
 per broker that its coordinators' group is Stable, where the child's interpreter and imports
 alone take a few hundred milliseconds. `tests/integration/test_admin_abort.py` asks it while

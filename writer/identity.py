@@ -3,7 +3,7 @@
 The commit carries the new high-water mark in a metaData action, so a concurrent transaction that also
 read the old mark loses with MetadataChangedException (the seeds: an identity column disables concurrent
 writes) and no value is handed out twice; the coordinator refuses a commit whose values or mark would
-reuse one (`coordinator.rules.validate`).
+reuse one (`deltacoord.coordinator.rules.validate`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import MutableMapping, Sequence
 
 import pyarrow as pa
 
-from schemas.identity import IdentityColumn
+from deltacoord.schemas.identity import IdentityColumn
 
 
 class IdentityColumnError(ValueError):

@@ -6,10 +6,10 @@
     # here every table's version is published, or nothing was committed
 
 Each operation runs as usual (reads its snapshot, stages its files) but its commit is held; on leaving the block
-one proposals-topic message carries every part (`schemas.messages.MultiTable`), so the coordinator decides all
+one proposals-topic message carries every part (`deltacoord.schemas.messages.MultiTable`), so the coordinator decides all
 parts at one point of its order and ratifies all or none in one Kafka transaction. An exception inside the
 block sends nothing and deletes the staged files. The tables must share a proposals partition: a table group
-(`schemas.routing.grouped_table_id`) makes them.
+(`deltacoord.schemas.routing.grouped_table_id`) makes them.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from schemas.actions import Metadata
-from schemas.actions import Protocol as ProtocolAction
-from schemas.errors import CommitOutcomeUnknownError, ProposalNotSentError
-from schemas.messages import SIBLING_REJECTED, TRANSACTION_KEY, Decision, MultiTable, Proposal
-from schemas.routing import spans_partitions_message
-from schemas.signing import WriterKey
-from writer.client import CoordinatorClient
-from writer.table import Table
-from writer.transaction import (
+from deltacoord.schemas.actions import Metadata
+from deltacoord.schemas.actions import Protocol as ProtocolAction
+from deltacoord.schemas.errors import CommitOutcomeUnknownError, ProposalNotSentError
+from deltacoord.schemas.messages import SIBLING_REJECTED, TRANSACTION_KEY, Decision, MultiTable, Proposal
+from deltacoord.schemas.routing import spans_partitions_message
+from deltacoord.schemas.signing import WriterKey
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import (
     CommitResult,
     Transaction,
     WaitFor,

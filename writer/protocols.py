@@ -8,7 +8,7 @@ by listing it.
 
 from __future__ import annotations
 
-from schemas.actions import Protocol
+from deltacoord.schemas.actions import Protocol
 
 
 def with_feature(p: Protocol, feature: str, writer_version: int, reader_version: int = 1) -> Protocol:

@@ -47,12 +47,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from schemas import client_settings, kafka_logs
-from schemas.routing import H_PROPOSAL_ID, H_REPLY_PARTITION, H_WAIT, Topics, header
-from writer import relay_wire
-from writer.client import NOT_WRITTEN, ReplyPartitions, partition_count, proposal_producer
-from writer.relay_limits import RelayLimits
-from writer.replies import check_wait
+from deltacoord.schemas import client_settings, kafka_logs
+from deltacoord.schemas.routing import H_PROPOSAL_ID, H_REPLY_PARTITION, H_WAIT, Topics, header
+from deltacoord.writer import relay_wire
+from deltacoord.writer.client import NOT_WRITTEN, ReplyPartitions, partition_count, proposal_producer
+from deltacoord.writer.relay_limits import RelayLimits
+from deltacoord.writer.replies import check_wait
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The limits of a relay (`writer.relay`): light, so the command line can show their defaults without Kafka."""
+"""The limits of a relay (`deltacoord.writer.relay`): light, so the command line can show their defaults without Kafka."""
 
 from __future__ import annotations
 

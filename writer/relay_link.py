@@ -1,4 +1,4 @@
-"""A writer's connection to its host's relay (`writer.relay`): proposals out, this writer's answers in.
+"""A writer's connection to its host's relay (`deltacoord.writer.relay`): proposals out, this writer's answers in.
 
 The relay produces each proposal with its own reply partition and forwards this
 connection the replies to the proposals it sent, so the writer process holds no
@@ -17,10 +17,10 @@ import threading
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-from schemas.errors import ProposalNotSentError
-from schemas.routing import Topics
-from writer import relay_wire
-from writer.replies import Pending, Routing
+from deltacoord.schemas.errors import ProposalNotSentError
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer import relay_wire
+from deltacoord.writer.replies import Pending, Routing
 
 #: How long connecting and the relay's greeting may take (it waits for its reply lease on its first client).
 CONNECT_TIMEOUT_S = 15.0

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.routing import Topics
+from deltacoord.schemas.routing import Topics
 
 _LENGTHS = struct.Struct(">II")
 #: Bytes of a frame before its head: the two lengths.
@@ -105,7 +105,7 @@ def greet(sock: socket.socket, topics: Topics) -> dict[str, Any]:
 
 @dataclass
 class Record:
-    """A reply record as the relay forwarded it: what `writer.replies.Routing.route` reads."""
+    """A reply record as the relay forwarded it: what `deltacoord.writer.replies.Routing.route` reads."""
 
     _headers: Headers
     _value: bytes | None

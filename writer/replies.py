@@ -1,9 +1,9 @@
 """A writer's proposals in flight and the answers routed to them.
 
 Kept apart from how the answers arrive: a writer process reads its own reply
-partition (`writer.client`), or a per-host relay reads one for every writer on
+partition (`deltacoord.writer.client`), or a per-host relay reads one for every writer on
 the machine and forwards each writer its answers over a Unix socket
-(`writer.relay`). Both hand each reply record to `Routing.route`.
+(`deltacoord.writer.relay`). Both hand each reply record to `Routing.route`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.codec import decode_decision
-from schemas.messages import Decision
-from schemas.routing import (
+from deltacoord.schemas.codec import decode_decision
+from deltacoord.schemas.messages import Decision
+from deltacoord.schemas.routing import (
     H_ERROR,
     H_KIND,
     H_PROPOSAL_ID,

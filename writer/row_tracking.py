@@ -3,7 +3,7 @@
 A row keeps its id and commit version when UPDATE, MERGE, a file-rewriting DELETE or OPTIMIZE moves it to
 a new file: the new file carries them in the table's two hidden (materialized) columns. A row changed by
 UPDATE or MERGE keeps its id but gets a null commit version, so readers see the version that changed it;
-inserted rows carry nulls in both, and the coordinator gives them fresh ids (`coordinator.rules.row_ids`).
+inserted rows carry nulls in both, and the coordinator gives them fresh ids (`deltacoord.coordinator.rules.row_ids`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reader.snapshot import Snapshot
-from schemas.actions import AddFile
-from schemas.row_tracking import MaterializedColumns, materialized_columns, supported
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.actions import AddFile
+from deltacoord.schemas.row_tracking import MaterializedColumns, materialized_columns, supported
 
 
 def hidden_columns(snap: Snapshot) -> MaterializedColumns | None:

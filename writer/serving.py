@@ -5,13 +5,13 @@ unknown outcome that may commit later (when one starts), so a retry could commit
 the rows twice. A writer therefore asks Kafka first and refuses to propose when no
 coordinator serves the table's partition: `NoCoordinatorError`, nothing sent.
 
-First a quick look, in this process (`writer.group_states`): is the coordinators'
+First a quick look, in this process (`deltacoord.writer.group_states`): is the coordinators'
 group Stable? Coordinators subscribe the whole proposals topic, and a Stable group
 has every partition of its subscription assigned to a live member, so the answer
 holds for every partition. Only when the group is not Stable (no coordinator, one
 starting, a rebalance, coordinators under another group id) does the writer ask the
 exact question (`describe_consumer_groups`: is a live member assigned this
-partition?) in a child process (`writer.group_questions`: that admin call can abort
+partition?) in a child process (`deltacoord.writer.group_questions`: that admin call can abort
 its process), waiting as below before it says no.
 
 Either answer is kept for `TRUSTED_S`, and every reply from a coordinator renews
@@ -35,11 +35,11 @@ import threading
 import time
 from typing import Any
 
-from schemas.client_settings import prefix_of
-from schemas.errors import NoCoordinatorError
-from schemas.routing import Topics
-from writer.group_questions import GroupQuestions, QuestionFailed
-from writer.group_states import ListingFailed, groups_in_states
+from deltacoord.schemas.client_settings import prefix_of
+from deltacoord.schemas.errors import NoCoordinatorError
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer.group_questions import GroupQuestions, QuestionFailed
+from deltacoord.writer.group_states import ListingFailed, groups_in_states
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +79,10 @@ class CoordinatorCheck:
         self._warned = False
         #: Broker questions asked so far (describe or list calls, quick looks included), for tests and diagnostics.
         self.questions = 0
-        #: Quick looks asked so far (in this process, `writer.group_states`), for tests and diagnostics.
+        #: Quick looks asked so far (in this process, `deltacoord.writer.group_states`), for tests and diagnostics.
         self.quick_looks = 0
         #: Asked in a child process: a librdkafka abort of the admin API must not end the writer
-        #: (`writer.group_questions`).
+        #: (`deltacoord.writer.group_questions`).
         self.kafka = GroupQuestions(self._conf)
 
     def close(self) -> None:
@@ -192,7 +192,7 @@ class CoordinatorCheck:
 
     def _search(self, partition: int) -> str | None:
         """An active group (other than the named one) whose members hold the partition, if any (listed in this
-        process, `writer.group_states`; the members asked of the child)."""
+        process, `deltacoord.writer.group_states`; the members asked of the child)."""
         self.questions += 1
         try:
             listed = groups_in_states(self._conf, list(_ACTIVE), REQUEST_TIMEOUT_S).states

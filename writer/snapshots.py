@@ -15,16 +15,16 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from reader.ratified import SCAN_MARGIN_MS, RatifiedReadError
-from reader.snapshot import Snapshot
-from reader.staged_commits import resolve_decision
-from schemas.actions import Action, CommitInfo
-from schemas.codec import decode_decision
-from schemas.commits_topic import PartitionScan, ScanIncompleteError, read_committed
-from schemas.messages import TRANSACTION_KEY
-from schemas.routing import H_TABLE_ID, H_VERSION, header
-from writer.client import CoordinatorClient
-from writer.table import Table
+from deltacoord.reader.ratified import SCAN_MARGIN_MS, RatifiedReadError
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.reader.staged_commits import resolve_decision
+from deltacoord.schemas.actions import Action, CommitInfo
+from deltacoord.schemas.codec import decode_decision
+from deltacoord.schemas.commits_topic import PartitionScan, ScanIncompleteError, read_committed
+from deltacoord.schemas.messages import TRANSACTION_KEY
+from deltacoord.schemas.routing import H_TABLE_ID, H_VERSION, header
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.table import Table
 
 
 def snapshots(tables: Sequence[Table | str], bootstrap_servers: str | None = None, *,

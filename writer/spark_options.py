@@ -5,7 +5,7 @@ when a required one is missing or malformed, or when Kafka or the coordinator's 
 not after the executors staged the data. `bootstrap.servers` and `topic.prefix` default to the driver's
 `DELTACOORD_BOOTSTRAP_SERVERS` and `DELTACOORD_TOPIC_PREFIX`, as for the CLI.
 
-Options starting with ``__`` are internal, set by `writer.spark_save_modes` from what PySpark's writers hold
+Options starting with ``__`` are internal, set by `deltacoord.writer.spark_save_modes` from what PySpark's writers hold
 and do not hand to a Python data source: ``__partition_columns`` (`.partitionBy(...)`, a JSON list, the name
 Spark's file sources use), ``__save_mode`` (`errorifexists` or `ignore`, which Spark refuses to pass on) and
 the calling process's DELTACOORD_* defaults.
@@ -27,15 +27,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from reader.spark_source import storage_options_of
-from reader.storage import TableStorage
-from schemas import client_settings
-from schemas.errors import DeltaCoordError, KafkaAccessDeniedError
-from schemas.kafka_logs import KafkaCredentialsError, UnreachableKafkaError, kafka_config, probe
-from schemas.routing import Topics
-from schemas.signing import resolve_writer_key
-from writer.client import CoordinatorClient
-from writer.table import Table
+from deltacoord.reader.spark_source import storage_options_of
+from deltacoord.reader.storage import TableStorage
+from deltacoord.schemas import client_settings
+from deltacoord.schemas.errors import DeltaCoordError, KafkaAccessDeniedError
+from deltacoord.schemas.kafka_logs import KafkaCredentialsError, UnreachableKafkaError, kafka_config, probe
+from deltacoord.schemas.routing import Topics
+from deltacoord.schemas.signing import resolve_writer_key
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.table import Table
 
 BOOTSTRAP_ENV = client_settings.BOOTSTRAP_SERVERS_ENV
 TOPIC_PREFIX_ENV = client_settings.TOPIC_PREFIX_ENV

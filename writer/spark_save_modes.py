@@ -31,11 +31,11 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from reader.log import TableNotFoundError
-from reader.snapshot import Snapshot
-from reader.spark_source import SOURCE_NAME
-from schemas.errors import DeltaCoordError
-from writer.spark_options import (
+from deltacoord.reader.log import TableNotFoundError
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.reader.spark_source import SOURCE_NAME
+from deltacoord.schemas.errors import DeltaCoordError
+from deltacoord.writer.spark_options import (
     ENV_DEFAULT_KEYS,
     PARTITION_COLUMNS_KEY,
     SAVE_MODE_KEY,

@@ -5,7 +5,7 @@ Register once per session with `register(spark)` (or start one with `deltacoord.
 * batch, as with Delta: ``df.write.format("deltacoord")[.partitionBy("date")]
   [.mode("errorifexists" | "append" | "overwrite" | "ignore")][.option("replaceWhere", ...)].save(uri)``;
 * streaming: ``df.writeStream.format("deltacoord").option("checkpointLocation", ...).start(uri)``;
-* reads: everything `reader.spark_source.DeltaCoordSource` does.
+* reads: everything `deltacoord.reader.spark_source.DeltaCoordSource` does.
 
 Save modes mean what they mean for Delta: `errorifexists` (the default) fails with DELTA_PATH_EXISTS when the
 table exists, `ignore` then writes nothing (and computes nothing), `append` adds, `overwrite` replaces the
@@ -13,10 +13,10 @@ content (only the rows matching `replaceWhere` when given). `.partitionBy(...)` 
 existing one, columns other than the table's fail with DELTA_METADATA_MISMATCH. Spark's Python data source
 API hands a source only an overwrite flag and drops `.partitionBy`: `register` therefore also teaches classic
 PySpark's DataFrameWriter and DataStreamWriter to pass both on for this format
-(`writer.spark_save_modes`). Spark Connect clients are not taught: there Spark refuses `errorifexists`
+(`deltacoord.writer.spark_save_modes`). Spark Connect clients are not taught: there Spark refuses `errorifexists`
 and `ignore` with UNSUPPORTED_DATA_SOURCE_SAVE_MODE, and `.option("partitionBy", "a,b")` names the columns.
 
-Options are checked on the driver before any task stages a file (`writer.spark_options`): an unknown name
+Options are checked on the driver before any task stages a file (`deltacoord.writer.spark_options`): an unknown name
 (with the closest known one), a missing or malformed `bootstrap.servers`, Kafka that does not answer, or no
 proposals topic under `topic.prefix` fail the write at once.
 
@@ -67,7 +67,7 @@ Python workers (the executors' and the driver's planner and commit workers)
 run the driver's interpreter, `sys.executable`, unless `spark.pyspark.python` or
 `PYSPARK_PYTHON` names another: PySpark's default, `python3` from
 `PATH`, is not the virtual environment deltacoord is installed in. The driver's commit worker keeps one
-coordinator client per Kafka settings across commits (`writer.spark_options.shared_client`): Spark runs
+coordinator client per Kafka settings across commits (`deltacoord.writer.spark_options.shared_client`): Spark runs
 every micro-batch's commit in the same worker, and a new client would spend each commit on its start-up.
 """
 
@@ -95,21 +95,21 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from reader.log import TableNotFoundError, commit_object, read_commit
-from reader.snapshot import Snapshot, delta_schema_to_arrow
-from reader.spark_source import SOURCE_NAME, DeltaCoordSource
-from reader.storage import TableStorage
-from schemas.actions import AddFile, SetTransaction
-from schemas.errors import CommitOutcomeUnknownError, ProtocolChangedException
-from schemas.expressions import arrow as expressions
-from schemas.expressions.syntax import columns_of, parse
-from schemas.writer_features import SPARK_SINK
-from writer import spark_save_modes, staging
-from writer.column_mapping import Layout
-from writer.constraints import WriteRules, fill_and_check
-from writer.spark_options import SinkConfigError, SinkOptions, check_option_names
-from writer.spark_save_modes import PartitioningMismatchError, PathExistsError, load_table, write_to_existing
-from writer.table import check_writable, conform_column
+from deltacoord.reader.log import TableNotFoundError, commit_object, read_commit
+from deltacoord.reader.snapshot import Snapshot, delta_schema_to_arrow
+from deltacoord.reader.spark_source import SOURCE_NAME, DeltaCoordSource
+from deltacoord.reader.storage import TableStorage
+from deltacoord.schemas.actions import AddFile, SetTransaction
+from deltacoord.schemas.errors import CommitOutcomeUnknownError, ProtocolChangedException
+from deltacoord.schemas.expressions import arrow as expressions
+from deltacoord.schemas.expressions.syntax import columns_of, parse
+from deltacoord.schemas.writer_features import SPARK_SINK
+from deltacoord.writer import spark_save_modes, staging
+from deltacoord.writer.column_mapping import Layout
+from deltacoord.writer.constraints import WriteRules, fill_and_check
+from deltacoord.writer.spark_options import SinkConfigError, SinkOptions, check_option_names
+from deltacoord.writer.spark_save_modes import PartitioningMismatchError, PathExistsError, load_table, write_to_existing
+from deltacoord.writer.table import check_writable, conform_column
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class StagePlan:
     storage_options: tuple[tuple[str, str], ...] = ()
     #: How a column-mapping table stores its columns (physical names, field ids); None without column mapping.
     layout: Layout | None = None
-    #: The table's NOT NULL columns, invariants, CHECK constraints and generated columns (`writer.constraints`).
+    #: The table's NOT NULL columns, invariants, CHECK constraints and generated columns (`deltacoord.writer.constraints`).
     rules: WriteRules = field(default_factory=WriteRules)
 
     def conform(self, batch: pa.RecordBatch | pa.Table) -> pa.Table:
@@ -541,7 +541,7 @@ def worker_python(spark: Any) -> str:
 
 def register(spark: Any, source: type[DeltaCoordDataSource] = DeltaCoordDataSource) -> None:
     """Register the `deltacoord` data source with a SparkSession, its Python workers running `worker_python(spark)`,
-    and teach PySpark's writers Delta's save modes and `.partitionBy` for it (`writer.spark_save_modes`).
+    and teach PySpark's writers Delta's save modes and `.partitionBy` for it (`deltacoord.writer.spark_save_modes`).
 
     On Spark Connect the server registers and runs the workers; only the registration happens here."""
     spark_save_modes.install(source.extra_write_options)

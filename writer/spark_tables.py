@@ -5,7 +5,7 @@
         app_id="orders-pipeline", bootstrap_servers="127.0.0.1:19092")
     stream.writeStream.foreachBatch(writer).option("checkpointLocation", ...).start()
 
-Each micro-batch is one multi-table transaction (`writer.multi_table`): every table's rows, each part with
+Each micro-batch is one multi-table transaction (`deltacoord.writer.multi_table`): every table's rows, each part with
 Delta's `txn(appId, batchId)`, so all tables take the batch or none. A batch Spark replays after a restart (it
 committed, but the query died before Spark's commit log recorded it) finds its app version recorded in the
 tables and writes nothing; the transaction id derives from the app id and batch id, so a replay of a batch
@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from schemas.routing import Topics
-from writer.client import CoordinatorClient
-from writer.multi_table import MultiTableTransaction, TransactionResult
-from writer.table import Table
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.multi_table import MultiTableTransaction, TransactionResult
+from deltacoord.writer.table import Table
 
 #: Namespace of the transaction ids derived from (app id, batch id).
 _BATCH_IDS = uuid.UUID("0e6c3d52-8d7b-4a57-bb1e-5a1f0c9d2e73")

@@ -1,7 +1,7 @@
 """Stage data as Parquet files under the table root, with Delta's per-file statistics.
 
 Files land in Hive-style partition directories with unique names, on whatever
-store the table lives (`reader.storage.TableStorage`: a local directory, S3,
+store the table lives (`deltacoord.reader.storage.TableStorage`: a local directory, S3,
 Azure, GCS); each yields an `add` action carrying partition values serialised
 as Delta specifies and a stats JSON (numRecords, minValues, maxValues, nullCount).
 """
@@ -24,10 +24,10 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reader.storage import TableStorage
-from schemas import arrow_types
-from schemas.actions import AddCDCFile, AddFile
-from writer.column_mapping import Layout
+from deltacoord.reader.storage import TableStorage
+from deltacoord.schemas import arrow_types
+from deltacoord.schemas.actions import AddCDCFile, AddFile
+from deltacoord.writer.column_mapping import Layout
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 #: Where change data files live (PROTOCOL.md "Change Data Files").
@@ -49,7 +49,7 @@ class SchemaError(ValueError):
 
 # -- schema ---------------------------------------------------------------------------
 def delta_type(t: pa.DataType) -> Any:
-    """The Delta (Spark JSON) type of an Arrow type (`schemas.arrow_types`)."""
+    """The Delta (Spark JSON) type of an Arrow type (`deltacoord.schemas.arrow_types`)."""
     try:
         return arrow_types.arrow_to_delta(t)
     except arrow_types.DeltaTypeError as e:
@@ -163,7 +163,7 @@ def write_data_files(
     """Write `data` as Parquet under the table `root` (a local path or its `TableStorage`): per partition,
     as few files of about equal size as keep each within `target_file_size` (and `max_rows_per_file`);
     returns their adds. With a column-mapping `layout` the files, stats and partition values carry
-    physical names (`writer.column_mapping`)."""
+    physical names (`deltacoord.writer.column_mapping`)."""
     now_ms = int(time.time() * 1000)
     written = _write_files(root, data, partition_by, layout, "", "part", target_file_size, max_rows_per_file)
     with _deleted_on_error(_storage(root), [unquote(path) for path, _p, _s, _c in written]):

@@ -7,7 +7,7 @@ coordinator can only be as permissive as the declarations are narrow:
 * a blind append reads nothing (it conflicts only with metadata changes);
 * DELETE/UPDATE declare their condition and the files they scanned after
   partition pruning (with the coordinator's own matcher) and min/max data
-  skipping (files skipped were never read): `schemas.expressions.files_read`;
+  skipping (files skipped were never read): `deltacoord.schemas.expressions.files_read`;
 * MERGE declares its target-only conjuncts and the target files it scanned
   (pruned and skipped the same way);
 * OVERWRITE with `replace_where` declares that predicate and the files it
@@ -37,36 +37,36 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reader.claim import CLAIM_KEY, read_claim
-from reader.deletion_vectors import (
+from deltacoord.reader.claim import CLAIM_KEY, read_claim
+from deltacoord.reader.deletion_vectors import (
     DEFAULT_INLINE_MAX_BYTES,
     dv_object,
     keep_mask,
     read_deletion_vector,
     write_deletion_vector,
 )
-from reader.log import TableNotFoundError, commit_key, data_object, list_log_from_hint, newest_commit_version
-from reader.snapshot import (
+from deltacoord.reader.log import TableNotFoundError, commit_key, data_object, list_log_from_hint, newest_commit_version
+from deltacoord.reader.snapshot import (
     Snapshot,
     UnsupportedTableFeatureError,
     delta_schema_to_arrow,
     parse_partition_value,
     to_logical,
 )
-from reader.storage import StorageError, TableStorage
-from schemas import client_settings
-from schemas.actions import AddFile, Metadata, Protocol, SetTransaction
-from schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
-from schemas.expressions import arrow as expressions
-from schemas.expressions.partitions import prune
-from schemas.expressions.scan import files_read
-from schemas.expressions.syntax import ExpressionError, columns_of, parse, split_merge_condition
-from schemas.identity import identity_columns, with_high_water_marks
-from schemas.jobs import COMPACTION_PARAMETER
-from schemas.messages import Decision
-from schemas.properties import Property, TableProperties
-from schemas.reasons import ReasonCode
-from schemas.routing import (
+from deltacoord.reader.storage import StorageError, TableStorage
+from deltacoord.schemas import client_settings
+from deltacoord.schemas.actions import AddFile, Metadata, Protocol, SetTransaction
+from deltacoord.schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
+from deltacoord.schemas.expressions import arrow as expressions
+from deltacoord.schemas.expressions.partitions import prune
+from deltacoord.schemas.expressions.scan import files_read
+from deltacoord.schemas.expressions.syntax import ExpressionError, columns_of, parse, split_merge_condition
+from deltacoord.schemas.identity import identity_columns, with_high_water_marks
+from deltacoord.schemas.jobs import COMPACTION_PARAMETER
+from deltacoord.schemas.messages import Decision
+from deltacoord.schemas.properties import Property, TableProperties
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.routing import (
     ADOPTED_ERROR_TYPE,
     CONTROL_ADOPT,
     CONTROL_DROP,
@@ -77,23 +77,29 @@ from schemas.routing import (
     RELEASED_ERROR_TYPE,
     Topics,
 )
-from schemas.row_map import ROW_MAP_KEY, RowGroup, Source, Target, encode_row_map
-from schemas.row_tracking import MaterializedColumns, new_materialized_columns
-from schemas.row_tracking import supported as row_tracking_supported
-from schemas.signing import WriterKey, resolve_writer_key
-from schemas.writer_features import COORDINATED, coordinated, with_coordinated, without_coordinated, writer_problems
-from writer import column_mapping, identity, protocols, row_tracking, staging
-from writer.client import CoordinatorClient, check_kafka_keywords
-from writer.column_mapping import Layout
-from writer.constraints import CONSTRAINT_PREFIX, WriteRules, fill_and_check
-from writer.decimals import is_decimal_source, to_decimal
-from writer.table_protocol import ProtocolRequestError, new_table, with_column_mapping
-from writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
-from writer.vacuum import VacuumResult, vacuum
-from writer.zorder import zorder
+from deltacoord.schemas.row_map import ROW_MAP_KEY, RowGroup, Source, Target, encode_row_map
+from deltacoord.schemas.row_tracking import MaterializedColumns, new_materialized_columns
+from deltacoord.schemas.row_tracking import supported as row_tracking_supported
+from deltacoord.schemas.signing import WriterKey, resolve_writer_key
+from deltacoord.schemas.writer_features import (
+    COORDINATED,
+    coordinated,
+    with_coordinated,
+    without_coordinated,
+    writer_problems,
+)
+from deltacoord.writer import column_mapping, identity, protocols, row_tracking, staging
+from deltacoord.writer.client import CoordinatorClient, check_kafka_keywords
+from deltacoord.writer.column_mapping import Layout
+from deltacoord.writer.constraints import CONSTRAINT_PREFIX, WriteRules, fill_and_check
+from deltacoord.writer.decimals import is_decimal_source, to_decimal
+from deltacoord.writer.table_protocol import ProtocolRequestError, new_table, with_column_mapping
+from deltacoord.writer.transaction import CommitResult, Transaction, WaitFor, check_wait, error_from_decision
+from deltacoord.writer.vacuum import VacuumResult, vacuum
+from deltacoord.writer.zorder import zorder
 
 #: A larger row map (a compaction of very many files, or of files with large inline vectors) is not recorded:
-#: that OPTIMIZE then keeps the file-level rules (commitInfo is bounded; `coordinator.rules.validate`).
+#: that OPTIMIZE then keeps the file-level rules (commitInfo is bounded; `deltacoord.coordinator.rules.validate`).
 ROW_MAP_MAX_CHARS = 32 * 1024
 
 #: A MERGE clause: "*" (all columns from the source) or target column -> SQL expression over `s.`/`t.` columns.
@@ -159,7 +165,7 @@ def _with_dv_feature(p: Protocol) -> Protocol | None:
 
 def check_writable(snap: Snapshot, operation: str = "WRITE") -> None:
     """Refuse tables whose declared writer features this writer cannot honour for `operation`
-    (`schemas.writer_features`): writing them anyway would break the table for every other engine."""
+    (`deltacoord.schemas.writer_features`): writing them anyway would break the table for every other engine."""
     problems = writer_problems(snap.protocol, snap.metadata, operation)
     if problems:
         feature, why = problems[0]
@@ -250,7 +256,7 @@ def _check_assignable(column: str, given: pa.DataType, target: pa.DataType) -> N
 
 
 def conform_column(name: str, values: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
-    """`values` as the column's type `target`: decimals exactly (`writer.decimals`), others by Arrow's safe cast
+    """`values` as the column's type `target`: decimals exactly (`deltacoord.writer.decimals`), others by Arrow's safe cast
     within a family of types (`_check_assignable`); SchemaError naming the column otherwise."""
     if values.type == target:
         return values
@@ -301,7 +307,7 @@ class Table:
     coordinator holds the table's proposals partition and raises
     `NoCoordinatorError` at once when none does (`coordinator_group`,
     `coordinator_check`: see `CoordinatorClient`). `relay` (default DELTACOORD_RELAY)
-    is the Unix socket of the host's relay (`deltacoord relay run`, `writer.relay`):
+    is the Unix socket of the host's relay (`deltacoord relay run`, `deltacoord.writer.relay`):
     proposals and their answers then go through it, not Kafka clients of this process.
 
     Every write operation takes `proposal_id`: after an unknown outcome
@@ -427,7 +433,7 @@ class Table:
 
     def _begin(self, read_version: int, proposal_id: str | None) -> Transaction:
         """A write operation's transaction, once a coordinator is known to serve the table (NoCoordinatorError
-        before anything is staged otherwise; the answer is cached, see `writer.serving`)."""
+        before anything is staged otherwise; the answer is cached, see `deltacoord.writer.serving`)."""
         tx = Transaction(self, read_version, proposal_id)
         self.client.ensure_coordinator(self.table_id)
         return tx
@@ -445,8 +451,8 @@ class Table:
         """A transaction creating the table (read version -1); `create` = existence check + this + commit.
 
         The protocol is the least one that has `features`, the features the properties and the schema
-        need, and `protocol`'s (`writer.table_protocol`), plus the project's own writer feature
-        `deltacoord-coordinated` (`schemas.writer_features.COORDINATED`, so at writer version 7: Delta writers
+        need, and `protocol`'s (`deltacoord.writer.table_protocol`), plus the project's own writer feature
+        `deltacoord-coordinated` (`deltacoord.schemas.writer_features.COORDINATED`, so at writer version 7: Delta writers
         that follow the protocol refuse to write the table around the coordinator); a feature this writer cannot honour is refused
         here, naming it (UnsupportedTableFeatureError). `constraints` are CHECK constraints {name: SQL}
         (the properties `delta.constraints.<name>`). The schema's fields carry NOT NULL (`nullable=False`)
@@ -543,7 +549,7 @@ class Table:
         coordinator is at). Adopting again after a failed upgrade commit retries the upgrade. Refusals are
         `InvalidProposalError`s: UNKNOWN_TABLE (no table there), UNSUPPORTED_TABLE_FEATURE (a writer feature
         deltacoord cannot honour), TABLE_OUTSIDE_ROOTS, TABLE_ALREADY_COORDINATED, UNREADABLE_TABLE, TABLE_LOCATION_TAKEN
-        (another table id holds the location, `reader.claim`: checked here before sending, and by the coordinator).
+        (another table id holds the location, `deltacoord.reader.claim`: checked here before sending, and by the coordinator).
         """
         self._check_location_free("adopt")
         adopted = self._control(CONTROL_ADOPT, "ADOPT TABLE", timeout_s)
@@ -552,7 +558,7 @@ class Table:
 
     def _check_location_free(self, doing: str) -> None:
         """Before a create or adopt is sent: refuse at once (TABLE_LOCATION_TAKEN) a location whose claim
-        (`reader.claim`) names another table id. The coordinator checks it again when it decides; a claim this
+        (`deltacoord.reader.claim`) names another table id. The coordinator checks it again when it decides; a claim this
         writer cannot read is left to it."""
         try:
             holder = read_claim(self.storage)
@@ -644,7 +650,7 @@ class Table:
 
     def _control(self, kind: str, operation: str, timeout_s: float | None,
                  parameters: Mapping[str, str] | None = None) -> CommitResult:
-        """An adopt, release or drop request (a proposal without actions, `schemas.routing.CONTROL_ADOPT`) and its
+        """An adopt, release or drop request (a proposal without actions, `deltacoord.schemas.routing.CONTROL_ADOPT`) and its
         answer."""
         tx = Transaction(self, newest_commit_version(self.storage))
         tx.proposal_id = f"{CONTROL_PREFIX}{kind}:{uuid.uuid4()}"
@@ -737,7 +743,7 @@ class Table:
     def _conform(self, data: Any, snap: Snapshot, identity_marks: dict[str, int] | None = None) -> pa.Table:
         """Data cast to the table schema (missing columns as nulls, extra columns refused), the identity values
         it lacks generated (`identity_marks`: the marks this transaction advanced so far), generated columns it
-        omits computed, and every row checked against the table's constraints (`writer.constraints`)."""
+        omits computed, and every row checked against the table's constraints (`deltacoord.writer.constraints`)."""
         t = staging.to_arrow(data)
         columns = identity_columns(snap.metadata.schema())
         if columns:
@@ -799,7 +805,7 @@ class Table:
 
     def _write(self, snap: Snapshot, data: pa.Table, *, data_change: bool = True,
                target_file_size: int | None = None) -> list[AddFile]:
-        """Stage `data` (logical names, the table schema) as the table stores it (`writer.column_mapping`), in
+        """Stage `data` (logical names, the table schema) as the table stores it (`deltacoord.writer.column_mapping`), in
         files of at most `target_file_size` (else the table's target size)."""
         layout = self._layout(snap, data.schema)
         if target_file_size is None:
@@ -1028,7 +1034,7 @@ class Table:
         """UPDATE table SET col = <SQL expression> ... [WHERE `where`], reading `snapshot` (default: latest).
 
         Generated columns the SET omits are recomputed for the updated rows; the updated rows are checked
-        against the table's constraints before anything is staged (`writer.constraints`)."""
+        against the table's constraints before anything is staged (`deltacoord.writer.constraints`)."""
         snap = snapshot or self.snapshot()
         rules = WriteRules.of(snap.protocol, snap.metadata)
 
@@ -1277,10 +1283,10 @@ class Table:
         even alone, as Delta's OPTIMIZE does (`purge` rewrites every file with a vector).
 
         Declares only the compacted files as read. Without `zorder_by` it keeps the rows' order and
-        records where each row went (`schemas.row_map`), so on a deletion-vector table it does not
+        records where each row went (`deltacoord.schemas.row_map`), so on a deletion-vector table it does not
         conflict with DELETE/UPDATE/MERGE; otherwise it loses (ConcurrentDeleteReadException) only to a
         concurrent removal of a file it read. `zorder_by` (OPTIMIZE ... ZORDER BY) rewrites every file
-        of each partition in Z-order of those columns (`writer.zorder`) and keeps the file-level rules.
+        of each partition in Z-order of those columns (`deltacoord.writer.zorder`) and keeps the file-level rules.
         It is a minor compaction (`compact`).
         """
         zorder_by = list(zorder_by)
@@ -1315,7 +1321,7 @@ class Table:
         least two); `major` merges every file of the partition into one (when it has
         more than one, or files with deletion vectors). Both are `OPTIMIZE` commits
         with parameter `compaction` naming the kind, which the `maxcompute` conflict
-        profile reads (`schemas.jobs`); neither makes a new time version.
+        profile reads (`deltacoord.schemas.jobs`); neither makes a new time version.
         """
         if kind == "minor":
             return self._compact(where, lambda files: [a for a in files if a.size < small_file_size], 2, kind, snapshot,
@@ -1409,7 +1415,7 @@ class Table:
 
     def vacuum(self, retention_hours: float | None = None, *, dry_run: bool = False,
                enforce_retention: bool = True) -> VacuumResult:
-        """VACUUM: delete files no retained version references and older than the retention (see `writer.vacuum`)."""
+        """VACUUM: delete files no retained version references and older than the retention (see `deltacoord.writer.vacuum`)."""
         return vacuum(self.storage, retention_hours=retention_hours, dry_run=dry_run, enforce_retention=enforce_retention)
 
     # -- reads ----------------------------------------------------------------------

@@ -17,9 +17,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.actions import Protocol
-from schemas.writer_features import writer_features
-from writer import column_mapping
+from deltacoord.schemas.actions import Protocol
+from deltacoord.schemas.writer_features import writer_features
+from deltacoord.writer import column_mapping
 
 #: Features that readers must know too (they go in readerFeatures at reader version 3).
 READER_WRITER_FEATURES = frozenset({"columnMapping", "deletionVectors", "timestampNtz", "v2Checkpoint",

@@ -21,13 +21,13 @@ from urllib.parse import unquote
 
 from confluent_kafka import KafkaException
 
-from reader.deletion_vectors import dv_object
-from reader.log import commit_key, commit_object, read_commit, read_commit_info
-from reader.storage import StorageError, TableStorage
-from schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata, RemoveFile
-from schemas.actions import Protocol as ProtocolAction
-from schemas.control_chars import path_control_character
-from schemas.errors import (
+from deltacoord.reader.deletion_vectors import dv_object
+from deltacoord.reader.log import commit_key, commit_object, read_commit, read_commit_info
+from deltacoord.reader.storage import StorageError, TableStorage
+from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata, RemoveFile
+from deltacoord.schemas.actions import Protocol as ProtocolAction
+from deltacoord.schemas.control_chars import path_control_character
+from deltacoord.schemas.errors import (
     CONFLICT_CLASSES,
     BadFilePathError,
     CommitNotPublishedError,
@@ -38,13 +38,13 @@ from schemas.errors import (
     ProposalNotSentError,
     unknown_outcome_hint,
 )
-from schemas.messages import Decision, FileRead, Proposal
-from schemas.reasons import ReasonCode
-from schemas.signing import WriterKey
-from schemas.staged import INLINE_MAX_BYTES, staged_bytes, writer_key
-from writer.client import CoordinatorClient
-from writer.replies import Pending, ProposalNotPublishedError
-from writer.staging import delete_staged
+from deltacoord.schemas.messages import Decision, FileRead, Proposal
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.signing import WriterKey
+from deltacoord.schemas.staged import INLINE_MAX_BYTES, staged_bytes, writer_key
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.replies import Pending, ProposalNotPublishedError
+from deltacoord.writer.staging import delete_staged
 
 ENGINE_INFO = "deltacoord-writer/0.1"
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class CommitResult:
 
 
 class TableHandle(Protocol):
-    """What a transaction needs of its table (`writer.table.Table` is one)."""
+    """What a transaction needs of its table (`deltacoord.writer.table.Table` is one)."""
 
     table_id: str
     uri: str
@@ -177,7 +177,7 @@ class Transaction:
         self.staged_commit: str | None = None
         #: Set once the proposal went to Kafka: from then on only its decision may delete staged files.
         self.proposed = False
-        #: More commitInfo fields (a compaction's row map, `schemas.row_map`); the coordinator copies them.
+        #: More commitInfo fields (a compaction's row map, `deltacoord.schemas.row_map`); the coordinator copies them.
         self.info: dict[str, Any] = {}
 
     # -- reads ----------------------------------------------------------------------
@@ -232,7 +232,7 @@ class Transaction:
 
     def _by_reference(self, p: Proposal) -> Proposal:
         """`p`, carrying its actions by reference when they are too large for a Kafka message
-        (`schemas.staged`): they are staged under `_delta_log/_staged_commits/` first."""
+        (`deltacoord.schemas.staged`): they are staged under `_delta_log/_staged_commits/` first."""
         if len(p.actions) < 64:  # far below the limit: not worth serialising twice
             return p
         data, ref = staged_bytes(p.actions)
@@ -276,7 +276,7 @@ class Transaction:
                  metrics: Mapping[str, int] | None = None) -> Proposal:
         """The wire proposal; `metrics` become commitInfo.operationMetrics (strings, as Delta writes them).
 
-        A file path holding a control character (`schemas.control_chars`) raises BadFilePathError, a ValueError:
+        A file path holding a control character (`deltacoord.schemas.control_chars`) raises BadFilePathError, a ValueError:
         nothing is sent (the coordinator would refuse it with BAD_FILE_PATH)."""
         for a in self.actions:
             if isinstance(a, (AddFile, RemoveFile, AddCDCFile)):
@@ -318,7 +318,7 @@ class Transaction:
                wait: WaitFor | None = None) -> CommitResult:
         """Propose and wait: by default (`wait="published"`, or the table's `wait`) until the version is ratified
         in Kafka and published in `_delta_log`, so any Delta reader sees it; with `wait="ratified"` until
-        ratified only. Conflicts raise `schemas.errors` classes; staged files of a rejection are deleted,
+        ratified only. Conflicts raise `deltacoord.schemas.errors` classes; staged files of a rejection are deleted,
         and so are those of a proposal that never reached Kafka (`ProposalNotSentError`).
 
         An unknown outcome (CommitOutcomeUnknownError, or a delivery that cannot be

@@ -19,7 +19,7 @@ Delta's `VacuumCommand` decides, and so does this:
   Emptied directories of a local table are removed.
 
 One exception in `_delta_log`: a writer's staged actions of a large commit
-(`_delta_log/_staged_commits/w-*.json`, `schemas.staged`) older than the
+(`_delta_log/_staged_commits/w-*.json`, `deltacoord.schemas.staged`) older than the
 retention. The coordinator deletes them once it decided; one is left only by a
 crash, and a proposal still undecided after the retention is refused without it
 (nothing commits). The coordinator's own staged commits (`d-<version>-*.json`)
@@ -38,14 +38,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from reader.deletion_vectors import dv_object
-from reader.log import TableLocation, data_object, table_storage
-from reader.snapshot import Snapshot
-from reader.storage import StoredObject, TableStorage
-from schemas.actions import DeletionVector
-from schemas.errors import DeltaCoordError
-from schemas.properties import TableProperties
-from schemas.staged import STAGED_DIR, WRITER, decided_version, is_staged_key
+from deltacoord.reader.deletion_vectors import dv_object
+from deltacoord.reader.log import TableLocation, data_object, table_storage
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.reader.storage import StoredObject, TableStorage
+from deltacoord.schemas.actions import DeletionVector
+from deltacoord.schemas.errors import DeltaCoordError
+from deltacoord.schemas.properties import TableProperties
+from deltacoord.schemas.staged import STAGED_DIR, WRITER, decided_version, is_staged_key
 
 _HOUR_MS = 3_600_000
 

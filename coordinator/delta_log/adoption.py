@@ -3,7 +3,7 @@
 Adoption (`deltacoord table adopt`) puts a table written by Spark, delta-rs or
 any Delta writer under coordination at its current version N. The coordinator
 trusts only what it reads itself, through its own storage edge: the newest
-checkpoint at or before N and the commits after it (`reader.snapshot`), folded
+checkpoint at or before N and the commits after it (`deltacoord.reader.snapshot`), folded
 into what the rules need (`TableState`): protocol, metadata, app-id versions,
 domains, the last commit's timestamps and one 64-bit hash per live file. The
 commits topic then records the adoption as a small control record (table, N),
@@ -19,7 +19,7 @@ metadata and the hash array, a few bytes per file. Without a worker (a
 coordinator run in-process) `load_published_state` runs here.
 
 `adoption_problems` says why a table cannot be coordinated: a writer feature
-the coordinator and its writers cannot honour (`schemas.writer_features`), or
+the coordinator and its writers cannot honour (`deltacoord.schemas.writer_features`), or
 protocol versions beyond what the rules know.
 """
 
@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coordinator.rules.state import TableState, TableStateExport, key_text_hash
-from coordinator.rules.validate import MAX_READER_VERSION
-from reader.storage import TableStorage
-from schemas.actions import DomainMetadata, Metadata, Protocol
-from schemas.writer_features import writer_problems
+from deltacoord.coordinator.rules.state import TableState, TableStateExport, key_text_hash
+from deltacoord.coordinator.rules.validate import MAX_READER_VERSION
+from deltacoord.reader.storage import TableStorage
+from deltacoord.schemas.actions import DomainMetadata, Metadata, Protocol
+from deltacoord.schemas.writer_features import writer_problems
 
 #: Live-file keys hashed per slice of the snapshot's Arrow array (bounds the Python strings alive at once).
 HASH_CHUNK = 65_536
@@ -87,9 +87,9 @@ class StateLoadError(RuntimeError):
 
 def load_published_state(storage: TableStorage, version: int | None = None) -> PublishedState:
     """The table at `version` (default: its latest) as its `_delta_log` publishes it; `StateLoadError` when not."""
-    from reader.log import TableNotFoundError
-    from reader.storage import StorageError
-    from schemas.errors import DeltaCoordError
+    from deltacoord.reader.log import TableNotFoundError
+    from deltacoord.reader.storage import StorageError
+    from deltacoord.schemas.errors import DeltaCoordError
 
     try:
         return _load(storage, version)
@@ -103,10 +103,10 @@ def load_published_state(storage: TableStorage, version: int | None = None) -> P
 
 
 def _load(storage: TableStorage, version: int | None) -> PublishedState:
-    from reader.checkpoint import file_key_strings  # Arrow: see the module docstring
-    from reader.log import CorruptLogError, commit_key, read_commit_info
-    from reader.snapshot import Snapshot
-    from reader.storage import StorageError, StoredObject
+    from deltacoord.reader.checkpoint import file_key_strings  # Arrow: see the module docstring
+    from deltacoord.reader.log import CorruptLogError, commit_key, read_commit_info
+    from deltacoord.reader.snapshot import Snapshot
+    from deltacoord.reader.storage import StorageError, StoredObject
 
     snap = Snapshot.load(storage, version=version)
     keys = file_key_strings(snap.add_files_struct())

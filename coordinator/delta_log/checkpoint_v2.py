@@ -20,11 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from coordinator.delta_log.files import Put, put_if_absent, temp_file_for
-from reader.checkpoint import CHECKPOINT_SCHEMA, DEFAULT_BATCH_ROWS
-from reader.log import LOG_DIR_NAME
-from reader.storage import StoredObject, TableStorage
-from schemas.actions import Metadata, Protocol
+from deltacoord.coordinator.delta_log.files import Put, put_if_absent, temp_file_for
+from deltacoord.reader.checkpoint import CHECKPOINT_SCHEMA, DEFAULT_BATCH_ROWS
+from deltacoord.reader.log import LOG_DIR_NAME
+from deltacoord.reader.storage import StoredObject, TableStorage
+from deltacoord.schemas.actions import Metadata, Protocol
 
 FEATURE = "v2Checkpoint"
 POLICY = "delta.checkpointPolicy"

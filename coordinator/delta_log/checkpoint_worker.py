@@ -31,11 +31,11 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from coordinator import faults
-from reader.storage import TableStorage
+from deltacoord.coordinator import faults
+from deltacoord.reader.storage import TableStorage
 
 if TYPE_CHECKING:
-    from coordinator.delta_log.adoption import PublishedState
+    from deltacoord.coordinator.delta_log.adoption import PublishedState
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,10 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
     # A busy worker does not read its pipe, so it would not notice its parent's death by EOF.
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="deltacoord-parent-watch", daemon=True).start()
     _lean_arrow()
-    from coordinator.delta_log.checkpointer import create_checkpoint  # seconds of imports: pyarrow, the reader
-    from reader.storage import StorageError, TableStorage
+    from deltacoord.coordinator.delta_log.checkpointer import (
+        create_checkpoint,  # seconds of imports: pyarrow, the reader
+    )
+    from deltacoord.reader.storage import StorageError, TableStorage
 
     while True:
         try:
@@ -94,7 +96,7 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
 def _load_state(uri: str, options: dict[str, str], version: int) -> tuple[str, Any]:
     """An adopted table's state, or its StateLoadError as the adopter's answer. Imported on the first
     adoption: its rules (SQL parsing among them) are ~10 MB a worker that only checkpoints never needs."""
-    from coordinator.delta_log.adoption import StateLoadError, load_published_state
+    from deltacoord.coordinator.delta_log.adoption import StateLoadError, load_published_state
 
     try:
         return ("ok", load_published_state(TableStorage(uri, options), version))
@@ -188,7 +190,7 @@ class CheckpointWorker:
                     log.warning("the checkpoint worker died; retrying %s on a new one", what)
         kind, value = reply
         if kind == "state-error":
-            from coordinator.delta_log.adoption import StateLoadError
+            from deltacoord.coordinator.delta_log.adoption import StateLoadError
 
             raise StateLoadError(*value)
         if kind == "error":
@@ -213,7 +215,7 @@ class CheckpointWorker:
     def load_state(self, table: TableStorage, version: int | None) -> PublishedState:
         """`adoption.load_published_state` in the worker (Arrow stays out of the deciding process); a worker that
         fails is `StateLoadError` `unavailable`. Waits for a checkpoint being written first."""
-        from coordinator.delta_log.adoption import PublishedState, StateLoadError
+        from deltacoord.coordinator.delta_log.adoption import PublishedState, StateLoadError
 
         what = f"loading {table.location} at version {'latest' if version is None else version}"
         try:

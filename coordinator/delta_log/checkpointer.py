@@ -9,7 +9,7 @@
   is discarded). Then `_last_checkpoint` is updated unless it
   already points at a newer version.
 
-A table is any location `reader.log` accepts: a path, a URI, or a
+A table is any location `deltacoord.reader.log` accepts: a path, a URI, or a
 `TableStorage` built with the coordinator's storage options.
 * `checkpoint_actions(table_uri, version)` builds the checkpoint's contents from
   the previous checkpoint (streamed in batches, filtered with Arrow) plus the
@@ -37,10 +37,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from coordinator.delta_log.checkpoint_v2 import DEFAULT_SIDECAR_ROWS, wants_v2, write_v2_checkpoint
-from coordinator.delta_log.files import Put, put_if_absent, replace_file, temp_file_for
-from coordinator.faults import fault_point
-from reader.checkpoint import (
+from deltacoord.coordinator.delta_log.checkpoint_v2 import DEFAULT_SIDECAR_ROWS, wants_v2, write_v2_checkpoint
+from deltacoord.coordinator.delta_log.files import Put, put_if_absent, replace_file, temp_file_for
+from deltacoord.coordinator.faults import fault_point
+from deltacoord.reader.checkpoint import (
     CHECKPOINT_SCHEMA,
     DEFAULT_BATCH_ROWS,
     SMALL_ACTION_COLUMNS,
@@ -52,7 +52,7 @@ from reader.checkpoint import (
     key_string,
     small_actions_from_table,
 )
-from reader.log import (
+from deltacoord.reader.log import (
     LAST_CHECKPOINT_KEY,
     LastCheckpoint,
     TableLocation,
@@ -67,9 +67,9 @@ from reader.log import (
     segment_from_last_checkpoint,
     table_storage,
 )
-from reader.snapshot import LogReplayState, Snapshot
-from reader.storage import StoredObject, TableStorage
-from schemas.actions import (
+from deltacoord.reader.snapshot import LogReplayState, Snapshot
+from deltacoord.reader.storage import StoredObject, TableStorage
+from deltacoord.schemas.actions import (
     Action,
     AddFile,
     DomainMetadata,
@@ -78,7 +78,7 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
-from schemas.properties import TableProperties, parse_interval_ms
+from deltacoord.schemas.properties import TableProperties, parse_interval_ms
 
 DEFAULT_ROW_GROUP_ROWS = 10_000  # bounds peak memory: ~270 MB checkpointing 1M files
 #: Python actions are converted to Arrow in small chunks (Arrow rows are far smaller than dicts).
@@ -174,7 +174,7 @@ def write_checkpoint(
 ) -> CheckpointResult:
     """Write `<version>.checkpoint.parquet` from reconciled actions (and/or checkpoint-schema batches), or, on a
     table that asks for V2 checkpoints (`delta.checkpointPolicy=v2`), a UUID-named one with sidecar files of
-    at most `sidecar_rows` file actions (`coordinator.delta_log.checkpoint_v2`).
+    at most `sidecar_rows` file actions (`deltacoord.coordinator.delta_log.checkpoint_v2`).
 
     Items may be schema actions (commitInfo/cdc and removed domainMetadata are
     dropped; adds/removes get dataChange=false) or `pyarrow.RecordBatch`es with

@@ -2,14 +2,14 @@
 
 Delta's log is only safe if a version file is never overwritten. `put_if_absent`
 creates a file only if its name is free, through the storage edge
-(`reader.storage.TableStorage`): a conditional write on object stores (S3 and
+(`deltacoord.reader.storage.TableStorage`): a conditional write on object stores (S3 and
 Azure `If-None-Match: *`, GCS `ifGenerationMatch=0`), a hard link of a temp file
 (or `renameat2(RENAME_NOREPLACE)`) on local filesystems. When the name is taken
 it compares bytes: the same content is a re-publication (`Put.IDENTICAL`),
 other content was written around the coordinator (`Put.DIFFERENT`). Both the
 publisher (`<v>.json`) and the checkpointer (`<v>.checkpoint.parquet`) go
 through it. `_last_checkpoint`, a hint that may be rewritten, is replaced
-atomically (`replace_file`). Reads of `_delta_log` are in `reader.log`.
+atomically (`replace_file`). Reads of `_delta_log` are in `deltacoord.reader.log`.
 
 A local filesystem that offers neither hard links nor RENAME_NOREPLACE cannot
 give put-if-absent; `put_if_absent` then raises `HardLinksRefusedError` at once
@@ -31,10 +31,10 @@ from enum import Enum
 from pathlib import Path
 from typing import TypeAlias
 
-from reader.log import LOG_DIR_NAME, TableLocation, table_storage
-from reader.storage import AtomicPutUnsupportedError, StoredObject, TableStorage
-from reader.storage_local import TMP_PREFIX
-from schemas.errors import DeltaCoordError
+from deltacoord.reader.log import LOG_DIR_NAME, TableLocation, table_storage
+from deltacoord.reader.storage import AtomicPutUnsupportedError, StoredObject, TableStorage
+from deltacoord.reader.storage_local import TMP_PREFIX
+from deltacoord.schemas.errors import DeltaCoordError
 
 #: Where `put_if_absent` and `replace_file` write.
 Target: TypeAlias = StoredObject | Path

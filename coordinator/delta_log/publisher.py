@@ -11,11 +11,11 @@ cannot create a name atomically. Other I/O errors (a full disk, a read-only
 mount, a store that does not answer) are retried until they clear. An
 unexpected error publishing one table halts that table only; the thread goes
 on with the others. Every halt is reported to `on_halted`, which persists it
-(`coordinator.kafka.control`).
+(`deltacoord.coordinator.kafka.control`).
 
 A version decided by this process carries its decision's place on the commits
 topic (`stable_at`); it is published only once `stable` says Kafka's
-`read_committed` readers see that record (see `coordinator.kafka.stability`), so
+`read_committed` readers see that record (see `deltacoord.coordinator.kafka.stability`), so
 `_delta_log` never runs ahead of the commits topic.
 
 Each table publishes in a lane of its own: its versions strictly in order, one
@@ -35,16 +35,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent, put_many_if_absent
-from coordinator.faults import fault_armed, fault_point
-from coordinator.locations import TableLocationError, TableLocations
-from coordinator.metrics import TableGauges
-from coordinator.stable_wait import StableCheck, StableWait
-from reader.log import commit_key
-from reader.staged_commits import sweep_decided
-from reader.storage import StorageConfigError, StorageError, StoredObject, TableStorage
-from schemas.actions import Action, commit_to_json_lines
-from schemas.messages import StagedActions
+from deltacoord.coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent, put_many_if_absent
+from deltacoord.coordinator.faults import fault_armed, fault_point
+from deltacoord.coordinator.locations import TableLocationError, TableLocations
+from deltacoord.coordinator.metrics import TableGauges
+from deltacoord.coordinator.stable_wait import StableCheck, StableWait
+from deltacoord.reader.log import commit_key
+from deltacoord.reader.staged_commits import sweep_decided
+from deltacoord.reader.storage import StorageConfigError, StorageError, StoredObject, TableStorage
+from deltacoord.schemas.actions import Action, commit_to_json_lines
+from deltacoord.schemas.messages import StagedActions
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class Publisher:
 
     def lagging(self, table_ids: Iterable[str], by: int = 1) -> frozenset[str]:
         """Tables (of `table_ids`, not halted) with at least `by` ratified versions their store has not taken yet:
-        a lane busy with them (what makes a table's next commits share versions, `coordinator.rules.coalesce`)."""
+        a lane busy with them (what makes a table's next commits share versions, `deltacoord.coordinator.rules.coalesce`)."""
         with self._lock:
             return frozenset(tid for tid in table_ids if (t := self.tables.get(tid)) is not None and t.halted is None
                              and t.ratified - t.published >= by)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import shutil
 
-from reader.claim import CLAIM_KEY
-from reader.storage import StorageError, TableStorage
-from reader.storage_local import ObjectNotFoundError
+from deltacoord.reader.claim import CLAIM_KEY
+from deltacoord.reader.storage import StorageError, TableStorage
+from deltacoord.reader.storage_local import ObjectNotFoundError
 
 #: Where a table's log lives, relative to its root.
 LOG_PREFIX = "_delta_log/"

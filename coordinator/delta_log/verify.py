@@ -29,7 +29,7 @@ Data files no retained commit or checkpoint references (a writer killed after
 staging, a rejected proposal whose writer could not clean up, files waiting
 for VACUUM) are listed in `orphan_files`: they are not problems.
 
-The table is any location `reader.log` accepts; pass `storage_options` (or a
+The table is any location `deltacoord.reader.log` accepts; pass `storage_options` (or a
 `TableStorage`) for an object store.
 """
 
@@ -40,13 +40,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.kafka.control import ADOPT, DROP, control_kind
-from coordinator.kafka.recovery import decision_resolver, read_decisions
-from coordinator.rules.action_values import deletion_vector_problem, partition_value_problem
-from coordinator.rules.stats import stats_problem
-from coordinator.settings import CoordinatorSettings
-from reader.checkpoint import key_string, read_checkpoint_actions
-from reader.log import (
+from deltacoord.coordinator.kafka.control import ADOPT, DROP, control_kind
+from deltacoord.coordinator.kafka.recovery import decision_resolver, read_decisions
+from deltacoord.coordinator.rules.action_values import deletion_vector_problem, partition_value_problem
+from deltacoord.coordinator.rules.stats import stats_problem
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.reader.checkpoint import key_string, read_checkpoint_actions
+from deltacoord.reader.log import (
     LAST_CHECKPOINT_KEY,
     LAST_CHECKPOINT_NAME,
     CheckpointRef,
@@ -61,9 +61,9 @@ from reader.log import (
     read_last_checkpoint,
     table_storage,
 )
-from reader.snapshot import LogReplayState
-from reader.storage import StorageError, TableStorage
-from schemas.actions import (
+from deltacoord.reader.snapshot import LogReplayState
+from deltacoord.reader.storage import StorageError, TableStorage
+from deltacoord.schemas.actions import (
     Action,
     AddCDCFile,
     AddFile,
@@ -75,11 +75,11 @@ from schemas.actions import (
     SetTransaction,
     commit_to_json_lines,
 )
-from schemas.expressions.partitions import partition_schema
-from schemas.properties import TableProperties
-from schemas.reasons import ReasonCode
-from schemas.routing import partition_for
-from schemas.staged import StagedCommitError
+from deltacoord.schemas.expressions.partitions import partition_schema
+from deltacoord.schemas.properties import TableProperties
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.routing import partition_for
+from deltacoord.schemas.staged import StagedCommitError
 
 #: At most this many examples per kind of mismatch go into a problem message.
 _EXAMPLES = 5
@@ -333,7 +333,7 @@ def _check_replay_and_checkpoints(rep: VerifyReport, listing: LogListing,
 
 def _unreadable_values(actions: Iterable[Action], metadata: Metadata | None) -> Iterator[str]:
     """What the coordinator's validation refuses, found in published adds: stats, partition values against their
-    columns' types, deletion-vector descriptors (`coordinator.rules.validate`)."""
+    columns' types, deletion-vector descriptors (`deltacoord.coordinator.rules.validate`)."""
     schema = partition_schema(metadata)
     for a in actions:
         if not isinstance(a, AddFile):
@@ -448,7 +448,7 @@ def _check_last_checkpoint(rep: VerifyReport, root: TableStorage, listing: LogLi
 
 
 def _check_data_files(rep: VerifyReport, root: TableStorage) -> None:
-    from reader.snapshot import Snapshot
+    from deltacoord.reader.snapshot import Snapshot
 
     try:
         files = Snapshot.load(root).files()

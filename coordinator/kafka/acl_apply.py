@@ -1,4 +1,4 @@
-"""Apply an ACL plan (`coordinator.kafka.acls`) to a broker through the admin API (CreateAcls).
+"""Apply an ACL plan (`deltacoord.coordinator.kafka.acls`) to a broker through the admin API (CreateAcls).
 
 Creating an ACL that exists already is a no-op in Kafka, so applying a plan twice is safe.
 The admin client's principal needs ALTER on the cluster (a super user does).
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from coordinator.kafka.acls import AclEntry
+from deltacoord.coordinator.kafka.acls import AclEntry
 
 
 class AclApplyError(RuntimeError):

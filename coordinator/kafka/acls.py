@@ -20,7 +20,7 @@ The coordinator:
 
 * proposals topic: READ, DESCRIBE
 * commits topic: WRITE, READ, DESCRIBE, and DESCRIBE_CONFIGS (at start it checks
-  that the commits topic is not compacted, `coordinator.kafka.topics.validate_topics`)
+  that the commits topic is not compacted, `deltacoord.coordinator.kafka.topics.validate_topics`)
 * dead-letter topic: WRITE, DESCRIBE, DESCRIBE_CONFIGS (at start it checks that
   a dead letter fits the topic's max.message.bytes)
 * its consumer group and the `<group>-recovery` group that rebuilds state from the
@@ -33,7 +33,7 @@ The coordinator:
   producers get it too when it is on.
 * no CREATE: create the topics beforehand as an administrator (`deltacoord topics create`).
 
-Readers of the change feed (`reader.stream`, optional): READ, DESCRIBE on commits
+Readers of the change feed (`deltacoord.reader.stream`, optional): READ, DESCRIBE on commits
 and READ on their group prefix.
 """
 
@@ -43,7 +43,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from schemas.routing import Topics
+from deltacoord.schemas.routing import Topics
 
 TOPIC = "TOPIC"
 GROUP = "GROUP"

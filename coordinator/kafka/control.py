@@ -24,14 +24,14 @@ same kind, sent as proposals without actions (header `deltacoord.control` =
 writer's reply machinery waits for them like for any proposal). The answer is
 a control record with that proposal id: `TableAdopted` with `winning_version`
 the adopted version N (recovery reloads the table's published log at N:
-`coordinator.delta_log.adoption`), or `TableReleased` with the head the
+`deltacoord.coordinator.delta_log.adoption`), or `TableReleased` with the head the
 coordinator hands back; or an ordinary rejection saying why not. A drop (`deltacoord table drop`, Delta's DROP TABLE for a path table) is a request of the same kind
 (`drop`): the answer `TableDropped` (with `winning_version` the head the table was dropped at) makes the
 coordinator forget the table for good, recovery and state snapshots included, so a table created later at the
 same location, even under the same table id, starts from nothing; with the operation parameter
 `deleteFiles` = `true` the coordinator deleted the table's files before recording it.
 The answer is remembered with the partition's
-decided ids (`coordinator.rules.decided`), so a request id that comes again, a resend or a captured request
+decided ids (`deltacoord.coordinator.rules.decided`), so a request id that comes again, a resend or a captured request
 replayed later, gets it again as a record marked `duplicate_of`, which recovery folds as nothing.
 """
 
@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import uuid
 
-from schemas.messages import Decision, Outcome
-from schemas.reasons import ReasonCode
-from schemas.routing import (
+from deltacoord.schemas.messages import Decision, Outcome
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.routing import (
     ADOPTED_ERROR_TYPE,
     CONTROL_ADOPT,
     CONTROL_DROP,
@@ -115,7 +115,7 @@ def request_resume(settings_client: dict[str, object], proposals_topic: str, tab
     """
     from confluent_kafka import KafkaException, Producer
 
-    from schemas.routing import H_CONTROL, H_TABLE_ID, partition_for
+    from deltacoord.schemas.routing import H_CONTROL, H_TABLE_ID, partition_for
 
     producer = Producer({**settings_client, "enable.idempotence": True, "acks": "all"})
     md = producer.list_topics(proposals_topic, timeout=timeout_s)

@@ -16,22 +16,26 @@ from types import FrameType
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from coordinator.delta_log.adoption import StateLoader
-from coordinator.delta_log.checkpoint_worker import CheckpointFailedError, CheckpointWorker, CheckpointWorkerError
-from coordinator.delta_log.publisher import Publisher, PublishTask
-from coordinator.kafka.notices import PublicationNotices
-from coordinator.kafka.partition import FencedError, PartitionCoordinator, make_consumer
-from coordinator.kafka.reachability import KafkaReachability
-from coordinator.kafka.stability import StableOffsets
-from coordinator.kafka.topics import ensure_topics
-from coordinator.locations import TableLocationError
-from coordinator.metrics import Metrics, MetricsServer
-from coordinator.settings import CoordinatorSettings
-from reader.log import checkpoint_exists, newest_commit_version
-from reader.storage import StorageError, TableStorage
-from schemas.actions import Action, Metadata
-from schemas.properties import TableProperties
-from schemas.routing import partition_for
+from deltacoord.coordinator.delta_log.adoption import StateLoader
+from deltacoord.coordinator.delta_log.checkpoint_worker import (
+    CheckpointFailedError,
+    CheckpointWorker,
+    CheckpointWorkerError,
+)
+from deltacoord.coordinator.delta_log.publisher import Publisher, PublishTask
+from deltacoord.coordinator.kafka.notices import PublicationNotices
+from deltacoord.coordinator.kafka.partition import FencedError, PartitionCoordinator, make_consumer
+from deltacoord.coordinator.kafka.reachability import KafkaReachability
+from deltacoord.coordinator.kafka.stability import StableOffsets
+from deltacoord.coordinator.kafka.topics import ensure_topics
+from deltacoord.coordinator.locations import TableLocationError
+from deltacoord.coordinator.metrics import Metrics, MetricsServer
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.reader.log import checkpoint_exists, newest_commit_version
+from deltacoord.reader.storage import StorageError, TableStorage
+from deltacoord.schemas.actions import Action, Metadata
+from deltacoord.schemas.properties import TableProperties
+from deltacoord.schemas.routing import partition_for
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +286,7 @@ class Coordinator:
         version in flight and another queued behind it (`LINGER_BEHIND`), and coalesces (`deltacoord.coalesce`),
         deciding them now would only queue one more version. They wait (at most `LINGER_MAX_S`) for one of those
         lanes to publish, and what arrived meanwhile joins them, to share the next version
-        (`coordinator.rules.coalesce`); the next version's Kafka transaction overlaps the PUT in flight. A lane
+        (`deltacoord.coordinator.rules.coalesce`); the next version's Kafka transaction overlaps the PUT in flight. A lane
         idle or short (light load), or a table that does not coalesce: decided at once, as always; a proposal
         of such a table arriving meanwhile ends the wait, so a slow store never delays another table."""
         s = self.settings

@@ -14,7 +14,7 @@ What a proposal gets (its header `deltacoord.wait` says which):
 - `ratified`: the decision (kind `decision`) right after the transaction, nothing more.
 
 Nothing is sent before Kafka's `read_committed` readers see the decision's record (see
-`coordinator.kafka.stability`): `published` replies follow publication, which waits for it; the
+`deltacoord.coordinator.kafka.stability`): `published` replies follow publication, which waits for it; the
 others (`decided_when_stable`) wait on this module's own thread, so a slow store never delays them.
 
 A reply can be lost (the coordinator dies between its transaction and the reply): a writer that
@@ -34,10 +34,10 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
-from coordinator.stable_wait import StableCheck, StableWait
-from schemas.codec import encode_decision
-from schemas.messages import Decision
-from schemas.routing import (
+from deltacoord.coordinator.stable_wait import StableCheck, StableWait
+from deltacoord.schemas.codec import encode_decision
+from deltacoord.schemas.messages import Decision
+from deltacoord.schemas.routing import (
     H_ERROR,
     H_KIND,
     H_OUTCOME,

@@ -8,7 +8,7 @@ change feeds, writers looking up a decision) see nothing from it on, and the fir
 this producer id writes there later commits it, whatever was decided meanwhile.
 
 The decisions of such a transaction were never shown (publication and replies wait until Kafka
-shows a decision, `coordinator.kafka.stability`), and the producer that wrote them took them for
+shows a decision, `deltacoord.coordinator.kafka.stability`), and the producer that wrote them took them for
 committed. So a coordinator taking the partition commits them on purpose, before it reads: one
 transaction with one empty record (no key, no value, header `deltacoord.seal`; every reader skips
 records without a value), whose commit marker closes the open transaction of the same producer id.
@@ -23,8 +23,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from coordinator.kafka.stability import StableOffsets
-from coordinator.stable_wait import StableWait
+from deltacoord.coordinator.kafka.stability import StableOffsets
+from deltacoord.coordinator.stable_wait import StableWait
 
 log = logging.getLogger(__name__)
 

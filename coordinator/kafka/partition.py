@@ -12,7 +12,7 @@ re-read from the commits topic.
 The transactional id is fixed per partition, so a newer coordinator for the
 partition fences this one; a fenced coordinator stops without publishing
 anything. An exception deciding one proposal halts that proposal's table (see
-`coordinator.rules.batch`); any other exception from the decision path is a
+`deltacoord.coordinator.rules.batch`); any other exception from the decision path is a
 bug: it propagates with the batch undecided and uncommitted, and the daemon
 stops.
 
@@ -24,14 +24,14 @@ table halts and the batch is decided again without it, so no writer is told
 COMMITTED for a version readers would never see. A store that cannot answer
 rejects that table's proposals of the batch (STORAGE_UNAVAILABLE, retryable).
 
-Halts are persisted: a halt record (`coordinator.kafka.control`) goes into
+Halts are persisted: a halt record (`deltacoord.coordinator.kafka.control`) goes into
 the next transaction of the table's partition (the batch's, or one of its own
 when the halt came from the publisher or the checkpointer), so recovery
 restores it. A repeated proposal id is answered with its first decision
-(`coordinator.rules.decided`).
+(`deltacoord.coordinator.rules.decided`).
 
 One location, one table: a creation the batch accepts, and an adoption, claim the table's location in its own
-store (`reader.claim`, `claim_problem`) before they are recorded; a location another table id holds refuses them
+store (`deltacoord.reader.claim`, `claim_problem`) before they are recorded; a location another table id holds refuses them
 (TABLE_LOCATION_TAKEN), as a creation over a Delta table the coordinator does not decide is refused
 (TABLE_EXISTS_UNCOORDINATED). A release drops the claim. A table's first commit in this process checks its claim
 (`_confirm_claims`): a table from before claims claims its location then, one whose location another id holds halts.
@@ -70,18 +70,18 @@ from urllib.parse import unquote
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from coordinator.delta_log.adoption import (
+from deltacoord.coordinator.delta_log.adoption import (
     PublishedState,
     StateLoader,
     StateLoadError,
     adoption_problems,
     load_published_state,
 )
-from coordinator.delta_log.files import sweep_temp_files
-from coordinator.delta_log.publisher import Publisher, PublishTask
-from coordinator.delta_log.table_files import delete_table_files, location_claimed
-from coordinator.faults import fault_point
-from coordinator.kafka.control import (
+from deltacoord.coordinator.delta_log.files import sweep_temp_files
+from deltacoord.coordinator.delta_log.publisher import Publisher, PublishTask
+from deltacoord.coordinator.delta_log.table_files import delete_table_files, location_claimed
+from deltacoord.coordinator.faults import fault_point
+from deltacoord.coordinator.kafka.control import (
     ADOPT,
     CONTROL_PREFIX,
     DROP,
@@ -96,36 +96,36 @@ from coordinator.kafka.control import (
     release_record,
     resume_record,
 )
-from coordinator.kafka.notices import PublicationNotices
-from coordinator.kafka.orphans import commit_with_retry, open_transaction, seal
-from coordinator.kafka.reachability import STATS_INTERVAL_MS, KafkaReachability
-from coordinator.kafka.recovery import Recovered, recover_partition
-from coordinator.kafka.snapshot import PartitionSnapshot, SnapshotStore
-from coordinator.locations import TableLocationError, TableLocations
-from coordinator.metrics import Metrics
-from coordinator.rules.admission import admission_error
-from coordinator.rules.authentication import Signature, authentication_error
-from coordinator.rules.batch import Overlay, Submitted, decide_batch, part_rejection, rejection, repeated
-from coordinator.rules.decided import DecidedIds
-from coordinator.rules.state import TableState
-from coordinator.rules.validate import path_problem
-from coordinator.settings import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_KEY_BYTES, CoordinatorSettings
-from reader.claim import CLAIM_KEY, Claim, ClaimError, claim, drop_claim, read_claim
-from reader.log import TableNotFoundError, commit_key, list_log_from_hint, newest_commit_version
-from reader.staged_commits import (
+from deltacoord.coordinator.kafka.notices import PublicationNotices
+from deltacoord.coordinator.kafka.orphans import commit_with_retry, open_transaction, seal
+from deltacoord.coordinator.kafka.reachability import STATS_INTERVAL_MS, KafkaReachability
+from deltacoord.coordinator.kafka.recovery import Recovered, recover_partition
+from deltacoord.coordinator.kafka.snapshot import PartitionSnapshot, SnapshotStore
+from deltacoord.coordinator.locations import TableLocationError, TableLocations
+from deltacoord.coordinator.metrics import Metrics
+from deltacoord.coordinator.rules.admission import admission_error
+from deltacoord.coordinator.rules.authentication import Signature, authentication_error
+from deltacoord.coordinator.rules.batch import Overlay, Submitted, decide_batch, part_rejection, rejection, repeated
+from deltacoord.coordinator.rules.decided import DecidedIds
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.coordinator.rules.validate import path_problem
+from deltacoord.coordinator.settings import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_KEY_BYTES, CoordinatorSettings
+from deltacoord.reader.claim import CLAIM_KEY, Claim, ClaimError, claim, drop_claim, read_claim
+from deltacoord.reader.log import TableNotFoundError, commit_key, list_log_from_hint, newest_commit_version
+from deltacoord.reader.staged_commits import (
     StagedCommitTooLargeError,
     delete_writer_staged,
     load_proposal,
     on_the_wire,
     stage_decision,
 )
-from reader.storage import StorageError
-from schemas.actions import AddCDCFile, AddFile, CommitInfo
-from schemas.codec import decode_proposal, encode_decision
-from schemas.errors import DecodeError, InvalidProposalError
-from schemas.messages import TRANSACTION_KEY, Decision, MultiTable, Proposal
-from schemas.reasons import ReasonCode
-from schemas.routing import (
+from deltacoord.reader.storage import StorageError
+from deltacoord.schemas.actions import AddCDCFile, AddFile, CommitInfo
+from deltacoord.schemas.codec import decode_proposal, encode_decision
+from deltacoord.schemas.errors import DecodeError, InvalidProposalError
+from deltacoord.schemas.messages import TRANSACTION_KEY, Decision, MultiTable, Proposal
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.routing import (
     DROP_DELETE_FILES,
     H_CONTROL,
     H_ERROR,
@@ -146,8 +146,8 @@ from schemas.routing import (
     partition_for,
     spans_partitions_message,
 )
-from schemas.staged import DECISION_INLINE_MAX_ACTIONS, StagedCommitError
-from schemas.writer_features import coordinated
+from deltacoord.schemas.staged import DECISION_INLINE_MAX_ACTIONS, StagedCommitError
+from deltacoord.schemas.writer_features import coordinated
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ def added_files_problem(locations: TableLocations, table_uri: str, files: Sequen
 
     Paths validation will refuse (outside the table, into `_delta_log`) are left to it.
     """
-    from reader.storage import ObjectNotFoundError
+    from deltacoord.reader.storage import ObjectNotFoundError
 
     try:
         storage = locations.storage(table_uri)
@@ -302,7 +302,7 @@ def added_files_problem(locations: TableLocations, table_uri: str, files: Sequen
 def claim_problem(locations: TableLocations, table_id: str, table_uri: str, request_id: str, at_ms: int, *,
                   creating: bool) -> InvalidProposalError | None:
     """Claim the table's location for `table_id` as it is created (`creating`) or adopted, or say why not
-    (`reader.claim`): another table id holds the location (TABLE_LOCATION_TAKEN), a creation would land on a
+    (`deltacoord.reader.claim`): another table id holds the location (TABLE_LOCATION_TAKEN), a creation would land on a
     Delta table the coordinator does not decide (TABLE_EXISTS_UNCOORDINATED), the store did not answer
     (STORAGE_UNAVAILABLE). The storage edge of a creation's or an adoption's decision; None once claimed."""
     doing = "create" if creating else "adopt"
@@ -398,11 +398,11 @@ class PartitionCoordinator:
         self.states: dict[str, TableState] = {}
         #: Tables released to uncoordinated writers -> (table uri, version released at); their proposals are refused.
         self.released: dict[str, tuple[str, int]] = {}
-        #: Tables whose location's claim (`reader.claim`) names them, as this process saw: the claim is checked once
+        #: Tables whose location's claim (`deltacoord.reader.claim`) names them, as this process saw: the claim is checked once
         #: per table and process, so a table created or adopted before claims existed gets one at its next commit.
         self._claimed: set[str] = set()
         self.decided = DecidedIds(settings.decided_ids_limit, settings.decided_ids_max_age_ms)
-        # -- state snapshots (`coordinator.kafka.snapshot`): the commits-topic offset the states cover, the
+        # -- state snapshots (`deltacoord.coordinator.kafka.snapshot`): the commits-topic offset the states cover, the
         # last record folded, records since the last snapshot, and where recent versions were recorded.
         self._snapshots = (SnapshotStore(settings.state_root, settings.storage_options, settings.topics.commits, partition)
                            if settings.state_root else None)
@@ -871,7 +871,7 @@ class PartitionCoordinator:
         busy = self.publisher.lagging({x.proposal.table_id for x in proposals})
         decided, overlay = decide_batch(self.states, proposals, now_ms, halted=halted, check_files=check_files,
                                         earlier=self._earlier_decision, busy=busy)
-        # One location is one table: a creation the batch accepts claims its location (`reader.claim`); one whose
+        # One location is one table: a creation the batch accepts claims its location (`deltacoord.reader.claim`); one whose
         # location another table id holds, or that holds an uncoordinated Delta table, is refused.
         # Nothing acknowledged is invisible: no version of the batch may already have a file in _delta_log.
         # A decision that cannot be encoded is a fault of this code on its table: the table halts.
@@ -1007,7 +1007,7 @@ class PartitionCoordinator:
 
     def _by_reference(self, decided: Sequence[Decision],
                       proposals: Sequence[Submitted]) -> tuple[list[Decision], dict[str, str]]:
-        """Large commits are recorded by reference (`schemas.staged`): the whole commit is staged in the table's
+        """Large commits are recorded by reference (`deltacoord.schemas.staged`): the whole commit is staged in the table's
         store before the transaction that ratifies it, and the decision names it by digest. Versions of proposals
         that came by reference, and any with more actions than a message should hold. Tables whose store did not
         take the file are returned with why (their batch is decided again without them: nothing is ratified)."""
@@ -1086,7 +1086,7 @@ class PartitionCoordinator:
         first = self.decided.get(table_id, proposal_id)
         return None if first is None or control_kind(first) is not None else first
 
-    # -- adoption and release (`coordinator.kafka.control`) ---------------------------------
+    # -- adoption and release (`deltacoord.coordinator.kafka.control`) ---------------------------------
     def _answer_request(self, m: Message, x: _Decoded, consumed_at: float) -> bool:
         """Answer an adopt or release request in a transaction of its own; then apply it. False when the
         transaction failed (the request is consumed again).

@@ -6,7 +6,7 @@ short of the high watermark: a partial history would rebuild wrong states.
 `rebuild_states` folds them into `TableState`s (event sourcing) and reports,
 per table, which versions are ratified but missing from `_delta_log`.
 A coordinator reads its partitions once, when it takes them over; an aborted
-batch never needs them again (see `coordinator.rules.batch`).
+batch never needs them again (see `deltacoord.coordinator.rules.batch`).
 """
 
 from __future__ import annotations
@@ -19,22 +19,22 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from coordinator.delta_log.adoption import PublishedState, StateLoadError, load_published_state
-from coordinator.delta_log.table_files import deleted_problem, location_claimed
-from coordinator.kafka.control import ADOPT, DROP, HALT, RELEASE, RESUME, control_kind
-from coordinator.locations import TableLocationError, TableLocations
-from coordinator.rules.decided import DecidedIds
-from coordinator.rules.state import TableState
-from coordinator.settings import CoordinatorSettings
-from reader.log import newest_commit_version
-from reader.staged_commits import resolve_decision_bytes
-from reader.storage import StorageError, TableStorage
-from schemas.codec import decode_decision
-from schemas.commits_topic import PartitionScan, ScanIncompleteError, read_committed
-from schemas.commits_topic import watermarks as watermarks  # asked for here by the recovery tests
-from schemas.messages import Decision
-from schemas.routing import H_NEXT_OFFSET, H_TABLE_ID, H_VERSION, header
-from schemas.staged import StagedCommitError
+from deltacoord.coordinator.delta_log.adoption import PublishedState, StateLoadError, load_published_state
+from deltacoord.coordinator.delta_log.table_files import deleted_problem, location_claimed
+from deltacoord.coordinator.kafka.control import ADOPT, DROP, HALT, RELEASE, RESUME, control_kind
+from deltacoord.coordinator.locations import TableLocationError, TableLocations
+from deltacoord.coordinator.rules.decided import DecidedIds
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.reader.log import newest_commit_version
+from deltacoord.reader.staged_commits import resolve_decision_bytes
+from deltacoord.reader.storage import StorageError, TableStorage
+from deltacoord.schemas.codec import decode_decision
+from deltacoord.schemas.commits_topic import PartitionScan, ScanIncompleteError, read_committed
+from deltacoord.schemas.commits_topic import watermarks as watermarks  # asked for here by the recovery tests
+from deltacoord.schemas.messages import Decision
+from deltacoord.schemas.routing import H_NEXT_OFFSET, H_TABLE_ID, H_VERSION, header
+from deltacoord.schemas.staged import StagedCommitError
 
 log = logging.getLogger(__name__)
 
@@ -176,17 +176,17 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
     does not follow its predecessor, an error applying it, and a `_delta_log`
     holding versions beyond the newest one Kafka ratified (written around the
     coordinator: the next commit would be acknowledged but invisible). Control
-    records (`coordinator.kafka.control`) halt and resume tables, adopt and release them: an adoption at
+    records (`deltacoord.coordinator.kafka.control`) halt and resume tables, adopt and release them: an adoption at
     version N replaces the table's state by its published log at N (`load_state(table_uri, N)`, default
     `adoption.load_published_state` with the settings' storage options), whose failure halts that table; a
     release drops the table's state (it is listed in `released`). A version recorded by reference is
-    resolved to its whole commit (`resolve`, default `reader.staged_commits.resolve_decision` through the
+    resolved to its whole commit (`resolve`, default `deltacoord.reader.staged_commits.resolve_decision` through the
     settings' locations); one that cannot be halts its table.
 
     A drop record ends a table: everything folded of it so far is forgotten (state, halt, release, versions to
     republish), so a table created later under the same id starts from nothing. A table whose location has neither
     a log nor a claim (`claimed(table_uri)`, default: the claim object through the settings' storage options) was
-    deleted around the coordinator: it is halted (`coordinator.delta_log.table_files.deleted_problem`, naming
+    deleted around the coordinator: it is halted (`deltacoord.coordinator.delta_log.table_files.deleted_problem`, naming
     `deltacoord table drop`) rather than republished over data files that are gone.
     """
     rec = base if base is not None else Recovered(decided=DecidedIds(settings.decided_ids_limit,
@@ -390,9 +390,9 @@ def _fold_adoption(rec: Recovered, d: Decision, load_state: Callable[[str, int],
 
 
 def recover_partition(settings: CoordinatorSettings, partition: int, **kwargs: Any) -> Recovered:
-    """`rebuild_states` from the newest usable state snapshot (`coordinator.kafka.snapshot`), or from the start."""
+    """`rebuild_states` from the newest usable state snapshot (`deltacoord.coordinator.kafka.snapshot`), or from the start."""
     if settings.state_root:
-        from coordinator.kafka.snapshot import SnapshotStore
+        from deltacoord.coordinator.kafka.snapshot import SnapshotStore
 
         store = SnapshotStore(settings.state_root, settings.storage_options, settings.topics.commits, partition)
         try:

@@ -37,11 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.rules.state import TableStateExport
-from reader.log import parse_commit_lines
-from reader.storage import StorageError, TableStorage
-from schemas.actions import DomainMetadata, Metadata, Protocol, commit_to_json_lines
-from schemas.messages import Decision, Outcome
+from deltacoord.coordinator.rules.state import TableStateExport
+from deltacoord.reader.log import parse_commit_lines
+from deltacoord.reader.storage import StorageError, TableStorage
+from deltacoord.schemas.actions import DomainMetadata, Metadata, Protocol, commit_to_json_lines
+from deltacoord.schemas.messages import Decision, Outcome
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from schemas.commits_topic import Watermarks, read_committed
+from deltacoord.schemas.commits_topic import Watermarks, read_committed
 
 
 class StableOffsets(Watermarks):
@@ -29,7 +29,7 @@ class StableOffsets(Watermarks):
     (ListOffsets) answers the last stable offset, synchronously within `request_timeout_s`, and it
     follows leadership moves and broker restarts itself (librdkafka's admin ListOffsets kept a cached
     leader epoch after a restart and was refused for as long as the client lived). A consumer whose
-    metadata went stale is replaced (`schemas.commits_topic.Watermarks`). One query per call: the
+    metadata went stale is replaced (`deltacoord.schemas.commits_topic.Watermarks`). One query per call: the
     publisher asks again on its own schedule."""
 
     def __init__(self, client_config: dict[str, Any], topic: str, request_timeout_s: float = 10.0) -> None:

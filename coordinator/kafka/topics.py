@@ -12,7 +12,7 @@ so a flood of undecodable messages can neither block the coordinator nor fill
 the brokers' disks.
 
 The replies topic carries each writer's own decisions and publication notices
-(`writer.client`); its partition count bounds how many writer processes get a
+(`deltacoord.writer.client`); its partition count bounds how many writer processes get a
 partition of their own (`DEFAULT_REPLY_PARTITIONS`), and its records expire after a day.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
-from schemas.routing import Topics
+from deltacoord.schemas.routing import Topics
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def ensure_topics(admin: AdminClient, topics: Topics, partitions: int = 1, repli
 def _not_authorized(topic: str, conf: Mapping[str, Any]) -> str:
     """Why a topic is neither visible nor creatable: with an authorizer, a principal sees only the topics an ACL lets
     it describe, and creating one needs CREATE, which the plan gives nobody but the administrator."""
-    from schemas.errors import kafka_principal
+    from deltacoord.schemas.errors import kafka_principal
 
     principal = kafka_principal(conf)
     return (f"Kafka refused {principal} DESCRIBE on topic {topic} (no ACL grants it) and then CREATE: create the topics "

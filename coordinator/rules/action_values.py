@@ -13,8 +13,8 @@ import decimal
 import functools
 import re
 
-from schemas.actions import DeletionVector
-from schemas.deletion_vectors import DeletionVectorError, z85_decode
+from deltacoord.schemas.actions import DeletionVector
+from deltacoord.schemas.deletion_vectors import DeletionVectorError, z85_decode
 
 #: The range of each integral Delta type.
 _INT_BITS = {"byte": 8, "tinyint": 8, "short": 16, "smallint": 16, "integer": 32, "int": 32, "long": 64, "bigint": 64}

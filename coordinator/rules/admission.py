@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from coordinator.rules.state import TableState
-from schemas.errors import InvalidProposalError
-from schemas.messages import Proposal
-from schemas.properties import Property, TableProperties
-from schemas.reasons import ReasonCode
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.messages import Proposal
+from deltacoord.schemas.properties import Property, TableProperties
+from deltacoord.schemas.reasons import ReasonCode
 
 
 def allowed_writers(state: TableState) -> frozenset[str] | None:

@@ -1,7 +1,7 @@
 """Authentication: is the proposal signed by a writer key the table registers?
 
 A table with `deltacoord.writerKeys` accepts only proposals whose exact bytes
-are signed by one of those keys (`schemas.signing`), and the proposal's
+are signed by one of those keys (`deltacoord.schemas.signing`), and the proposal's
 declared writer must be the signing key's name, so the allow-list
 (`deltacoord.allowedWriters`, checked by admission afterwards) sees a name the
 producer proved, not one it typed. Refusals are `WRITER_NOT_AUTHENTICATED`.
@@ -20,13 +20,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from coordinator.rules.state import TableState
-from schemas.actions import Metadata
-from schemas.errors import InvalidProposalError
-from schemas.messages import Proposal
-from schemas.properties import Property, TableProperties
-from schemas.reasons import ReasonCode
-from schemas.signing import WriterKeyError, parse_writer_keys, verify
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.schemas.actions import Metadata
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.messages import Proposal
+from deltacoord.schemas.properties import Property, TableProperties
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.signing import WriterKeyError, parse_writer_keys, verify
 
 
 @dataclass(frozen=True, slots=True)

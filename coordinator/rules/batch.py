@@ -10,7 +10,7 @@ the live states (`Overlay.apply_to`, after the transaction committed) or drops
 it (the transaction aborted: nothing to undo, nothing to re-read).
 
 Per proposal: a proposal id decided before is answered with its first
-decision (`earlier`, see `coordinator.rules.decided`); then authentication
+decision (`earlier`, see `deltacoord.coordinator.rules.decided`); then authentication
 (`authentication.py`), admission (`admission.py`), then `profiles.decide`
 (redelivery, validation, the conflict checks of the table's profile, the rebase). An exception raised
 while deciding one proposal is a bug of this code, not bad input; it is
@@ -25,17 +25,17 @@ import logging
 from collections.abc import Callable, Mapping, MutableMapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 
-from coordinator.rules.admission import admission_error
-from coordinator.rules.authentication import Signature, authentication_error
-from coordinator.rules.coalesce import Group, coalescable
-from coordinator.rules.conflicts import Accepted, Duplicate, Rejected
-from coordinator.rules.profiles import decide
-from coordinator.rules.state import TableState
-from schemas.actions import Action, AddCDCFile, AddFile, Metadata
-from schemas.errors import DeltaCoordError, InvalidProposalError
-from schemas.messages import SIBLING_REJECTED, Decision, Outcome, Proposal
-from schemas.properties import TableProperties
-from schemas.reasons import ReasonCode
+from deltacoord.coordinator.rules.admission import admission_error
+from deltacoord.coordinator.rules.authentication import Signature, authentication_error
+from deltacoord.coordinator.rules.coalesce import Group, coalescable
+from deltacoord.coordinator.rules.conflicts import Accepted, Duplicate, Rejected
+from deltacoord.coordinator.rules.profiles import decide
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, Metadata
+from deltacoord.schemas.errors import DeltaCoordError, InvalidProposalError
+from deltacoord.schemas.messages import SIBLING_REJECTED, Decision, Outcome, Proposal
+from deltacoord.schemas.properties import TableProperties
+from deltacoord.schemas.reasons import ReasonCode
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class Overlay:
 
     def coalesce(self, live: Mapping[str, TableState], table_id: str, version: int, actions: tuple[Action, ...]) -> None:
         """Make the table's last two commits of the batch (`version` and the one after) one commit at `version`
-        holding `actions` (`coordinator.rules.coalesce`): the table's fork is made again from its live state."""
+        holding `actions` (`deltacoord.coordinator.rules.coalesce`): the table's fork is made again from its live state."""
         mine = [i for i, c in enumerate(self.commits) if c.table_id == table_id]
         assert len(mine) >= 2 and self.commits[mine[-2]].version == version and self.commits[mine[-1]].version == version + 1
         del self.commits[mine[-1]]
@@ -211,9 +211,9 @@ def decide_batch(states: Mapping[str, TableState], proposals: Sequence[Proposal 
     `check_files` verifies added files for tables with `deltacoord.verifyAddedFiles`.
     `earlier` finds the first decision of a proposal id decided before the batch.
     `refused_creates` maps table ids whose creation (read version -1, table unknown) the storage edge refused
-    to why (its location is another table id's, or holds an uncoordinated Delta table: `reader.claim`).
+    to why (its location is another table id's, or holds an uncoordinated Delta table: `deltacoord.reader.claim`).
     `busy` holds the tables whose store has not taken every ratified version yet: their compatible appends
-    share versions (`coordinator.rules.coalesce`).
+    share versions (`deltacoord.coordinator.rules.coalesce`).
     """
     halts: dict[str, str] = {}
     failed: dict[str, Decision] = {}
@@ -369,7 +369,7 @@ class _PartRefused(Exception):
 def _coalesce(live: Mapping[str, TableState], overlay: Overlay, groups: dict[str, Group], decisions: list[Decision],
               p: Proposal, d: Decision) -> Decision:
     """Fold an accepted commit of a busy table into the version its batch is coalescing, when it may
-    (`coordinator.rules.coalesce`); the decision as it stands (`coalesced_into` the leader's when folded)."""
+    (`deltacoord.coordinator.rules.coalesce`); the decision as it stands (`coalesced_into` the leader's when folded)."""
     tid = p.table_id
     assert d.version is not None
     st = overlay.tables.get(tid)

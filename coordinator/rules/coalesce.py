@@ -16,7 +16,7 @@ What may share a version (everything else ends the group and keeps its own versi
   domainMetadata, deletion vector. A blind append's isolation promise holds at any version after its read
   version: it read nothing another commit could change.
 * a `txn` app id and a file path at most once per version (Delta's rules: one `txn` per app id, one action
-  per path), and the version's commit stays under `schemas.staged.INLINE_MAX_BYTES` and `MAX_COALESCED`
+  per path), and the version's commit stays under `deltacoord.schemas.staged.INLINE_MAX_BYTES` and `MAX_COALESCED`
   proposals, so its decision is one modest Kafka record.
 * on a table that does not set `deltacoord.coalesce=false`.
 
@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from schemas.actions import (
+from deltacoord.schemas.actions import (
     COALESCED_KEY,
     Action,
     AddFile,
@@ -46,9 +46,9 @@ from schemas.actions import (
     SetTransaction,
     commit_to_json_lines,
 )
-from schemas.messages import Proposal
-from schemas.row_tracking import DOMAIN as ROW_TRACKING_DOMAIN
-from schemas.staged import INLINE_MAX_BYTES
+from deltacoord.schemas.messages import Proposal
+from deltacoord.schemas.row_tracking import DOMAIN as ROW_TRACKING_DOMAIN
+from deltacoord.schemas.staged import INLINE_MAX_BYTES
 
 #: Proposals sharing one version at most.
 MAX_COALESCED = 64

@@ -3,7 +3,7 @@
 The seed documents: on a table with deletion vectors, OPTIMIZE cannot conflict
 with DELETE, UPDATE or MERGE (nor with another OPTIMIZE) unless ZORDER BY is
 used. Committing both must still lose no update and resurrect no row, so a
-compaction records where each merged row went (`schemas.row_map`) and the
+compaction records where each merged row went (`deltacoord.schemas.row_map`) and the
 coordinator moves the other side's deleted rows through that map:
 
 * the compaction committed first (the *winner*), a DELETE/UPDATE/MERGE second:
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.rules.row_level import Rows, decoded, same_vector
-from schemas.actions import Action, AddFile, RemoveFile
-from schemas.row_map import ROW_MAP_KEY, decode_row_map, zorder_columns
+from deltacoord.coordinator.rules.row_level import Rows, decoded, same_vector
+from deltacoord.schemas.actions import Action, AddFile, RemoveFile
+from deltacoord.schemas.row_map import ROW_MAP_KEY, decode_row_map, zorder_columns
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ documents state that metadata and protocol changes fail concurrent writes):
   except, as in Spark, a winner that only advanced identity columns'
   high-water marks, against a transaction that changes no metadata itself;
 * on a row-level table (deletion vectors enabled, no partition columns;
-  `coordinator.rules.row_level`) the append check ignores files a winner only
+  `deltacoord.coordinator.rules.row_level`) the append check ignores files a winner only
   re-added with a new deletion vector and matches its other new files against
   the read predicates by their statistics; a file the transaction only read
   may be changed or removed by a winner; and two deletion-vector updates of
@@ -36,9 +36,9 @@ documents state that metadata and protocol changes fail concurrent writes):
   rules;
 * on any deletion-vector table an OPTIMIZE without ZORDER BY records a row map
   and does not conflict with row changes of the files it merged: the deleted
-  rows are moved through the map (`coordinator.rules.compaction`);
+  rows are moved through the map (`deltacoord.coordinator.rules.compaction`);
 * on a table whose protocol supports row tracking the coordinator assigns row
-  ids itself when it accepts a commit (`coordinator.rules.row_ids`), so the
+  ids itself when it accepts a commit (`deltacoord.coordinator.rules.row_ids`), so the
   `delta.rowTracking` domain never conflicts; on any other table a winner and
   the current transaction both writing it is a retryable
   ConcurrentWriteException.
@@ -59,10 +59,10 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.rules.compaction import Compaction, Placement, compaction_of
-from coordinator.rules.identity import only_marks_changed
-from coordinator.rules.row_ids import assign_row_ids
-from coordinator.rules.row_level import (
+from deltacoord.coordinator.rules.compaction import Compaction, Placement, compaction_of
+from deltacoord.coordinator.rules.identity import only_marks_changed
+from deltacoord.coordinator.rules.row_ids import assign_row_ids
+from deltacoord.coordinator.rules.row_level import (
     Change,
     NewRowMatcher,
     Rows,
@@ -75,9 +75,9 @@ from coordinator.rules.row_level import (
     same_vector,
     simple_conditions,
 )
-from coordinator.rules.state import TableState, WindowExceededError, WinningCommit
-from coordinator.rules.validate import check_txn_versions, table_isolation_level, validate_proposal
-from schemas.actions import (
+from deltacoord.coordinator.rules.state import TableState, WindowExceededError, WinningCommit
+from deltacoord.coordinator.rules.validate import check_txn_versions, table_isolation_level, validate_proposal
+from deltacoord.schemas.actions import (
     Action,
     AddCDCFile,
     AddFile,
@@ -88,8 +88,8 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
-from schemas.deletion_vectors import inline_descriptor
-from schemas.errors import (
+from deltacoord.schemas.deletion_vectors import inline_descriptor
+from deltacoord.schemas.errors import (
     ConcurrentAppendException,
     ConcurrentDeleteDeleteException,
     ConcurrentDeleteReadException,
@@ -102,7 +102,7 @@ from schemas.errors import (
     ProtocolChangedException,
     format_partition,
 )
-from schemas.expressions.partitions import (
+from deltacoord.schemas.expressions.partitions import (
     PartitionSchema,
     Row,
     compile_read_predicates,
@@ -110,10 +110,16 @@ from schemas.expressions.partitions import (
     row_of,
     row_to_mapping,
 )
-from schemas.messages import Proposal
-from schemas.properties import SERIALIZABLE, SNAPSHOT_ISOLATION, WRITE_SERIALIZABLE, Property, TableProperties
-from schemas.row_tracking import DOMAIN, high_water_mark
-from schemas.row_tracking import supported as row_tracking_supported
+from deltacoord.schemas.messages import Proposal
+from deltacoord.schemas.properties import (
+    SERIALIZABLE,
+    SNAPSHOT_ISOLATION,
+    WRITE_SERIALIZABLE,
+    Property,
+    TableProperties,
+)
+from deltacoord.schemas.row_tracking import DOMAIN, high_water_mark
+from deltacoord.schemas.row_tracking import supported as row_tracking_supported
 
 #: The domain whose metadata assigns row ids (row tracking).
 ROW_TRACKING_DOMAIN = DOMAIN

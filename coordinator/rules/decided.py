@@ -20,7 +20,7 @@ index (`TableState`), so a replay outside this window can at worst be
 rejected again, or be answered with its original commit. Each entry keeps the
 decision without its actions (about 200 bytes), so the default 50,000 ids cost
 about 10 MB per partition. The window is part of the state snapshot
-(`coordinator.kafka.snapshot`) and rebuilt from the commits topic after it.
+(`deltacoord.coordinator.kafka.snapshot`) and rebuilt from the commits topic after it.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
-from schemas.messages import Decision, Outcome
-from schemas.reasons import ReasonCode
+from deltacoord.schemas.messages import Decision, Outcome
+from deltacoord.schemas.reasons import ReasonCode
 
 DEFAULT_DECIDED_IDS_LIMIT = 50_000
 DEFAULT_DECIDED_IDS_MAX_AGE_MS = 7 * 24 * 3600 * 1000
@@ -69,7 +69,7 @@ class DecidedIds:
 
     def remember(self, d: Decision, now_ms: int | None = None) -> None:
         """Keep `d` as the first decision of its proposal id (a later one for the same id is ignored); a refusal
-        for failed authentication claims no id (`coordinator.rules.batch.claims_its_id`)."""
+        for failed authentication claims no id (`deltacoord.coordinator.rules.batch.claims_its_id`)."""
         if self.limit == 0 or d.reason_code == ReasonCode.WRITER_NOT_AUTHENTICATED:
             return
         key = (d.table_id, d.proposal_id)

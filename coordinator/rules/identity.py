@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from schemas.actions import Action, AddFile, Metadata, RemoveFile
-from schemas.errors import InvalidProposalError
-from schemas.identity import HIGH_WATER_MARK, IdentityColumn, identity_columns
-from schemas.reasons import ReasonCode
+from deltacoord.schemas.actions import Action, AddFile, Metadata, RemoveFile
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.identity import HIGH_WATER_MARK, IdentityColumn, identity_columns
+from deltacoord.schemas.reasons import ReasonCode
 
 
 def _columns(md: Metadata | None) -> dict[str, IdentityColumn]:

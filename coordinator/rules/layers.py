@@ -12,7 +12,7 @@ the table's size. The base must not change while a fork of it is in use;
 * `WinnersWindow` / `ForkedWindow` -- the bounded window of recent commits;
 * `TxnIndex` / `ForkedTxnIndex` -- the bounded proposal-id -> version index.
 
-The live-file set's layer is `coordinator.rules.live_files.LiveFileLayer`.
+The live-file set's layer is `deltacoord.coordinator.rules.live_files.LiveFileLayer`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ outnumber 1/16 of it (at least `MERGE_MIN`), so the sets stay small and the
 merge cost per change stays constant.
 
 `fork()` gives a `LiveFileLayer`: the set as seen by a batch's tentative
-commits, holding only their changes (see `coordinator.rules.layers`).
+commits, holding only their changes (see `deltacoord.coordinator.rules.layers`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 MaxCompute's MetaService decides two concurrent jobs on the same
 non-partitioned table or the same partition by their job types
-(`schemas.jobs.JobType`), earlier-finishing job (the winner, already
+(`deltacoord.schemas.jobs.JobType`), earlier-finishing job (the winner, already
 committed) against later-finishing job (the proposal being decided):
 
     earlier \\ later   INSERT OVERWRITE  INSERT INTO  UPDATE/DELETE  MINOR COMPACT  MAJOR COMPACT
@@ -41,7 +41,7 @@ may rebase the proposal at the metadata level, never by rewriting data:
   without deletion vectors it fails: its output would bring the old rows back.
 
 Every accepted commit on such a table records `deltacoord.timeVersion`
-(`schemas.jobs`), and a rebased one `deltacoord.rebase` (the winners it was
+(`deltacoord.schemas.jobs`), and a rebased one `deltacoord.rebase` (the winners it was
 rebased over and the removes it gained and dropped; `rowsMovedOver`: the
 winners whose row maps moved its changed rows or marked its output's rows).
 """
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from coordinator.rules.conflicts import (
+from deltacoord.coordinator.rules.conflicts import (
     Accepted,
     CheckedTransaction,
     Conflict,
@@ -63,14 +63,19 @@ from coordinator.rules.conflicts import (
     follow_compaction,
     rebase,
 )
-from coordinator.rules.conflicts import (
+from deltacoord.coordinator.rules.conflicts import (
     check as delta_check,
 )
-from coordinator.rules.state import TableState, WinningCommit
-from coordinator.rules.validate import check_txn_versions
-from schemas.actions import Action, AddCDCFile, AddFile, RemoveFile
-from schemas.errors import ConcurrentJobException, InvalidProposalError, ProtocolChangedException, format_partition
-from schemas.expressions.partitions import (
+from deltacoord.coordinator.rules.state import TableState, WinningCommit
+from deltacoord.coordinator.rules.validate import check_txn_versions
+from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, RemoveFile
+from deltacoord.schemas.errors import (
+    ConcurrentJobException,
+    InvalidProposalError,
+    ProtocolChangedException,
+    format_partition,
+)
+from deltacoord.schemas.expressions.partitions import (
     PartitionMatcher,
     PartitionSchema,
     Row,
@@ -78,9 +83,9 @@ from schemas.expressions.partitions import (
     row_of,
     row_to_mapping,
 )
-from schemas.jobs import TIME_VERSION_KEY, JobType, commit_job_type, creates_time_version, job_type
-from schemas.messages import Proposal
-from schemas.reasons import ReasonCode
+from deltacoord.schemas.jobs import TIME_VERSION_KEY, JobType, commit_job_type, creates_time_version, job_type
+from deltacoord.schemas.messages import Proposal
+from deltacoord.schemas.reasons import ReasonCode
 
 #: commitInfo key of a rebased commit: the winners it was rebased over, removes gained and dropped.
 REBASE_KEY = "deltacoord.rebase"

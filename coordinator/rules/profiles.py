@@ -8,12 +8,12 @@ wins or loses by the table-level checks both profiles share.
 
 from __future__ import annotations
 
-from coordinator.rules import conflicts, maxcompute
-from coordinator.rules.conflicts import Accepted, Checker, Duplicate, Rejected
-from coordinator.rules.state import TableState
-from schemas.actions import Metadata
-from schemas.messages import Proposal
-from schemas.properties import TableProperties
+from deltacoord.coordinator.rules import conflicts, maxcompute
+from deltacoord.coordinator.rules.conflicts import Accepted, Checker, Duplicate, Rejected
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.schemas.actions import Metadata
+from deltacoord.schemas.messages import Proposal
+from deltacoord.schemas.properties import TableProperties
 
 
 def checker_for(state: TableState, proposal: Proposal) -> Checker:

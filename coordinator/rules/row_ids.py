@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from schemas.actions import Action, AddFile, DomainMetadata, RemoveFile
-from schemas.row_tracking import DOMAIN, high_water_mark_action
+from deltacoord.schemas.actions import Action, AddFile, DomainMetadata, RemoveFile
+from deltacoord.schemas.row_tracking import DOMAIN, high_water_mark_action
 
 
 def num_records(add: AddFile) -> int | None:

@@ -10,14 +10,14 @@ vector the writer read and the add the new one; the rows it newly deleted
 (deleted or updated rows: an UPDATE rewrites its rows to new files) are the
 new vector minus the old. Inline vectors (`i`) are decoded here; a vector in a
 file would need I/O, so such an update falls back to the file-level rules.
-The writer keeps vectors inline up to `schemas.deletion_vectors.DEFAULT_INLINE_MAX_BYTES`.
+The writer keeps vectors inline up to `deltacoord.schemas.deletion_vectors.DEFAULT_INLINE_MAX_BYTES`.
 
 When a winner and the current transaction both replaced the vector of one
 file and their changed rows are disjoint, the current transaction is rebased:
 its remove names the winner's vector and its add carries the union, inline.
 Rows the winner's UPDATE or MERGE wrote to new files are matched against the
 current transaction's read predicates by the files' min/max statistics
-(`schemas.expressions.stats`), so a concurrent change of other rows does not
+(`deltacoord.schemas.expressions.stats`), so a concurrent change of other rows does not
 conflict while one whose new rows the current transaction would have read does.
 A file the current transaction only read selected none of its rows, so a
 winner changing or removing it does not conflict either.
@@ -40,10 +40,10 @@ import numpy as np
 import numpy.typing as npt
 from sqlglot import exp
 
-from schemas.actions import Action, AddFile, DeletionVector, Metadata, RemoveFile
-from schemas.deletion_vectors import DeletionVectorError, inline_rows
-from schemas.expressions.syntax import ExpressionError, parse
-from schemas.properties import TableProperties
+from deltacoord.schemas.actions import Action, AddFile, DeletionVector, Metadata, RemoveFile
+from deltacoord.schemas.deletion_vectors import DeletionVectorError, inline_rows
+from deltacoord.schemas.expressions.syntax import ExpressionError, parse
+from deltacoord.schemas.properties import TableProperties
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -73,7 +73,7 @@ class DvUpdate:
 
 
 def deletion_vector_table(metadata: Metadata | None) -> bool:
-    """Deletion vectors are enabled: compactions do not conflict with row changes (`coordinator.rules.compaction`)."""
+    """Deletion vectors are enabled: compactions do not conflict with row changes (`deltacoord.coordinator.rules.compaction`)."""
     return metadata is not None and TableProperties.of(metadata).deletion_vectors
 
 
@@ -212,7 +212,7 @@ def _stats_schema(metadata: Metadata) -> pa.Schema:
     """
     import pyarrow as pa
 
-    from schemas.arrow_types import delta_to_arrow
+    from deltacoord.schemas.arrow_types import delta_to_arrow
 
     fields = metadata.schema().get("fields", [])
     return pa.schema([pa.field(f["name"], delta_to_arrow(f["type"])) for f in fields
@@ -227,7 +227,7 @@ class NewRowMatcher:
         self.everything = not predicates
         if self.everything:
             return
-        from schemas.expressions.stats import file_filter, stats_keys  # Arrow, only for row-level tables
+        from deltacoord.schemas.expressions.stats import file_filter, stats_keys  # Arrow, only for row-level tables
 
         try:
             schema = _stats_schema(metadata)

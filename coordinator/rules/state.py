@@ -29,7 +29,7 @@ their distinct partition rows, which is all the append check reads.
 `fork()` gives a state that sees this one and takes commits of its own
 without changing it, in O(1) whatever the table's size: a batch decides
 against forks, and its commits reach the live state only once the batch is
-recorded in Kafka (`coordinator.rules.batch`).
+recorded in Kafka (`deltacoord.coordinator.rules.batch`).
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from hashlib import blake2b
 
 import numpy as np
 
-from coordinator.rules.compaction import ROW_MAPPED_OPERATIONS, Compaction, compaction_of, is_zorder
-from coordinator.rules.layers import ForkedTxnIndex, ForkedWindow, LayeredDict, TxnIndex, WinnersWindow
-from coordinator.rules.live_files import LiveFileLayer, LiveFileSet
-from coordinator.rules.row_level import DvUpdate, deletion_vector_table, dv_updates, row_level_table
-from schemas.actions import (
+from deltacoord.coordinator.rules.compaction import ROW_MAPPED_OPERATIONS, Compaction, compaction_of, is_zorder
+from deltacoord.coordinator.rules.layers import ForkedTxnIndex, ForkedWindow, LayeredDict, TxnIndex, WinnersWindow
+from deltacoord.coordinator.rules.live_files import LiveFileLayer, LiveFileSet
+from deltacoord.coordinator.rules.row_level import DvUpdate, deletion_vector_table, dv_updates, row_level_table
+from deltacoord.schemas.actions import (
     Action,
     AddCDCFile,
     AddFile,
@@ -56,10 +56,10 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
-from schemas.expressions.partitions import PartitionSchema, Row, partition_schema, row_of
-from schemas.properties import TableProperties
-from schemas.row_tracking import DOMAIN as ROW_TRACKING_DOMAIN
-from schemas.row_tracking import supported as row_tracking_supported
+from deltacoord.schemas.expressions.partitions import PartitionSchema, Row, partition_schema, row_of
+from deltacoord.schemas.properties import TableProperties
+from deltacoord.schemas.row_tracking import DOMAIN as ROW_TRACKING_DOMAIN
+from deltacoord.schemas.row_tracking import supported as row_tracking_supported
 
 DEFAULT_MAX_WINDOW_COMMITS = 50_000
 DEFAULT_MAX_WINDOW_FILES = 100_000
@@ -115,7 +115,7 @@ class WinningCommit:
     #: a re-added file, nor a compaction's dataChange=false output).
     dv_updates: Mapping[str, DvUpdate] = field(default_factory=dict)
     new_files: tuple[AddFile, ...] = ()
-    #: On deletion-vector tables, an OPTIMIZE's row map (`coordinator.rules.compaction`); None otherwise.
+    #: On deletion-vector tables, an OPTIMIZE's row map (`deltacoord.coordinator.rules.compaction`); None otherwise.
     compaction: Compaction | None = None
     #: An OPTIMIZE ... ZORDER BY.
     zorder: bool = False
@@ -131,7 +131,7 @@ def key_hash(path: str, dv_id: str | None) -> int:
 
 def key_text_hash(key: str) -> int:
     """`key_hash` of a key given as one string: the path, then NUL and the deletion vector id when it has one
-    (`reader.checkpoint.key_string`, which a snapshot computes for all its files at once)."""
+    (`deltacoord.reader.checkpoint.key_string`, which a snapshot computes for all its files at once)."""
     return int.from_bytes(blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little", signed=True)
 
 
@@ -143,7 +143,7 @@ def file_key_hash(action: AddFile | RemoveFile) -> int:
 
 @dataclass(frozen=True, slots=True)
 class TableStateExport:
-    """A table's state without its winners window, for a state snapshot (`coordinator.kafka.snapshot`)."""
+    """A table's state without its winners window, for a state snapshot (`deltacoord.coordinator.kafka.snapshot`)."""
 
     table_id: str
     table_uri: str

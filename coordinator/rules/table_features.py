@@ -9,11 +9,11 @@ the proposal itself sets, so a commit that adds a feature may use it at once.
 
 from __future__ import annotations
 
-from schemas.actions import DomainMetadata, Metadata, Protocol
-from schemas.errors import InvalidProposalError
-from schemas.messages import Proposal
-from schemas.reasons import ReasonCode
-from schemas.writer_features import COORDINATED, coordinated, writer_features
+from deltacoord.schemas.actions import DomainMetadata, Metadata, Protocol
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.messages import Proposal
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.writer_features import COORDINATED, coordinated, writer_features
 
 DOMAIN_METADATA = "domainMetadata"
 CHECK_CONSTRAINTS = "checkConstraints"

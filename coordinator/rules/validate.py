@@ -45,13 +45,17 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from coordinator.rules.action_values import deletion_vector_problem, partition_value_problem
-from coordinator.rules.identity import identity_error
-from coordinator.rules.row_ids import missing_num_records
-from coordinator.rules.state import TableState
-from coordinator.rules.stats import BULK_MIN_FILES, stats_problem, stats_problems
-from coordinator.rules.table_features import check_constraints_error, coordinated_feature_error, domain_metadata_error
-from schemas.actions import (
+from deltacoord.coordinator.rules.action_values import deletion_vector_problem, partition_value_problem
+from deltacoord.coordinator.rules.identity import identity_error
+from deltacoord.coordinator.rules.row_ids import missing_num_records
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.coordinator.rules.stats import BULK_MIN_FILES, stats_problem, stats_problems
+from deltacoord.coordinator.rules.table_features import (
+    check_constraints_error,
+    coordinated_feature_error,
+    domain_metadata_error,
+)
+from deltacoord.schemas.actions import (
     AddCDCFile,
     AddFile,
     CommitInfo,
@@ -62,18 +66,18 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
-from schemas.control_chars import path_control_character
-from schemas.errors import InvalidProposalError
-from schemas.expressions.partitions import (
+from deltacoord.schemas.control_chars import path_control_character
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.expressions.partitions import (
     MAX_PREDICATES,
     MAX_TOTAL_PREDICATE_CHARS,
     compile_predicate,
     partition_schema,
 )
-from schemas.messages import FileRead, Proposal
-from schemas.properties import CONFLICT_PROFILES, TABLE_ISOLATION_LEVELS, Property, TableProperties
-from schemas.reasons import ReasonCode
-from schemas.row_tracking import supported as row_tracking_supported
+from deltacoord.schemas.messages import FileRead, Proposal
+from deltacoord.schemas.properties import CONFLICT_PROFILES, TABLE_ISOLATION_LEVELS, Property, TableProperties
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.row_tracking import supported as row_tracking_supported
 
 MAX_READER_VERSION = 3
 MAX_WRITER_VERSION = 7
@@ -365,7 +369,7 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
     if not p.proposal_id:
         raise _err(ReasonCode.BAD_PROPOSAL_ID, "proposal_id is empty")
     if p.staged is not None and len(p.actions) != p.staged.count:
-        # Loaded at the Kafka edge (`reader.staged_commits`); one that was not must never commit as it stands.
+        # Loaded at the Kafka edge (`deltacoord.reader.staged_commits`); one that was not must never commit as it stands.
         raise _err(ReasonCode.STAGED_COMMIT_INVALID, f"the proposal's {p.staged.count} staged actions were not loaded")
     rv = p.read_version
     if rv < -1:

@@ -25,7 +25,7 @@ measures) has done so long ago. delta-rs has no service to warm.
 Each phase also reports the CPU a commit costs (`cpu_ms_per_commit`): the writer
 processes' own (`time.process_time` from the barrier to their last commit, every
 thread), and for deltacoord the coordinator's process tree and the broker's
-(`coordinator.tooling.cpu_usage`, when the broker runs on this machine); with
+(`deltacoord.coordinator.tooling.cpu_usage`, when the broker runs on this machine); with
 every core busy, commits/s cannot pass cores * 1000 / that total.
 The memory part writes a table of 1,000,000 live files, then, in a fresh
 process with the daemon's imports, holds its `TableState` and has the daemon's
@@ -50,9 +50,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from coordinator.tooling.cpu_usage import ServiceCpu, broker_pid
-from coordinator.tooling.latency_proxy import LatencyProxy
-from schemas.kafka_logs import kafka_config
+from deltacoord.coordinator.tooling.cpu_usage import ServiceCpu, broker_pid
+from deltacoord.coordinator.tooling.latency_proxy import LatencyProxy
+from deltacoord.schemas.kafka_logs import kafka_config
 
 SCHEMA_FIELDS = [("id", "int64"), ("writer", "int64"), ("value", "string")]
 #: statistics.interval.ms of the deltacoord writers' Kafka clients (their reply consumers' received bytes).
@@ -64,7 +64,7 @@ def create_when_served(table: Any, schema: Any, coordinators: Sequence[subproces
     """`table.create(schema, **create)` once a coordinator the bench just started serves the table's partition:
     until it joined its group the writer's check says NoCoordinatorError (nothing proposed), asked again here
     while the processes live."""
-    from schemas.errors import NoCoordinatorError
+    from deltacoord.schemas.errors import NoCoordinatorError
 
     started = time.monotonic()
     while True:
@@ -133,10 +133,10 @@ def dc_writer(bootstrap: str, prefix: str, table: str, w: int, k: int, storage_o
                relay: str, barrier: Any, out: str) -> None:
     import pyarrow as pa
 
-    from schemas.errors import DeltaCoordError
-    from schemas.routing import Topics
-    from writer import staging
-    from writer.table import Table
+    from deltacoord.schemas.errors import DeltaCoordError
+    from deltacoord.schemas.routing import Topics
+    from deltacoord.writer import staging
+    from deltacoord.writer.table import Table
 
     # Client statistics every STATS_MS: the reply consumers' received bytes (`rxbytes`) give the fetch bytes.
     stats: dict[str, Any] = {"statistics.interval.ms": STATS_MS}
@@ -260,10 +260,10 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     import pyarrow as pa
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, ensure_topics
-    from schemas.routing import Topics
-    from writer.relay import relay_counts
-    from writer.table import Table
+    from deltacoord.coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, ensure_topics
+    from deltacoord.schemas.routing import Topics
+    from deltacoord.writer.relay import relay_counts
+    from deltacoord.writer.table import Table
 
     workdir.mkdir(parents=True, exist_ok=True)
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
@@ -277,7 +277,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     roots_args = ["--table-roots", table_roots] if table_roots else []
     log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - lives as long as the child
     coord = subprocess.Popen(
-        [sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+        [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
          "--topic-prefix", prefix, "--log-level", "WARNING", *roots_args, *storage_args],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **{k.upper(): v for k, v in secret.items()}},
     )
@@ -290,7 +290,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
             # A short path: a Unix socket's path is limited to about 100 bytes.
             sock = os.path.join(tempfile.gettempdir(), f"deltacoord-bench-relay-{uuid.uuid4().hex[:8]}.sock")
             relay_proc = subprocess.Popen(
-                [sys.executable, "-m", "coordinator.tooling.cli", "relay", "run", "--socket", sock, "--bootstrap-servers",
+                [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "relay", "run", "--socket", sock, "--bootstrap-servers",
                  bootstrap, "--topic-prefix", prefix, "--log-level", "WARNING", "--kafka", f"statistics.interval.ms={STATS_MS}"],
                 stdout=log, stderr=subprocess.STDOUT)
             started = time.monotonic()
@@ -380,11 +380,11 @@ def _peak_rss_mb_of(pid: int) -> float:
 
 def memory_table(files: int, workdir: Path | str) -> dict[str, Any]:
     """Write a table of `files` live files: 100 commits of files/100 adds, checkpoints at 10, 20, ..., 90."""
-    from coordinator.delta_log.checkpointer import create_checkpoint
-    from coordinator.delta_log.files import put_if_absent
-    from reader.log import commit_path
-    from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, commit_to_json_lines
-    from schemas.properties import Property
+    from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
+    from deltacoord.coordinator.delta_log.files import put_if_absent
+    from deltacoord.reader.log import commit_path
+    from deltacoord.schemas.actions import AddFile, CommitInfo, Metadata, Protocol, commit_to_json_lines
+    from deltacoord.schemas.properties import Property
 
     root = Path(workdir) / "memory-table"
     md = Metadata(id="bench", schema_string='{"type":"struct","fields":[{"name":"d","type":"string","nullable":true,"metadata":{}}]}',
@@ -411,10 +411,10 @@ def memory_coordinator(table: str, version: int) -> dict[str, Any]:
     checkpoint plus 10 commits make up. Both processes exist at once in a
     running coordinator, so their sum is the coordinator's footprint.
     """
-    import coordinator.kafka.daemon  # noqa: F401  (the deciding process's imports)
-    from coordinator.delta_log.checkpoint_worker import CheckpointWorker
-    from coordinator.rules.state import TableState
-    from reader.log import commit_file_name, log_dir, read_commit
+    import deltacoord.coordinator.kafka.daemon  # noqa: F401  (the deciding process's imports)
+    from deltacoord.coordinator.delta_log.checkpoint_worker import CheckpointWorker
+    from deltacoord.coordinator.rules.state import TableState
+    from deltacoord.reader.log import commit_file_name, log_dir, read_commit
 
     ld = log_dir(Path(table))
     st = TableState.empty("bench", table)
@@ -463,7 +463,7 @@ def _compare(dc: dict[str, Any], rs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _chart(runs: list[dict[str, Any]], samples: list[tuple[list[float], list[float]]], path: Path) -> None:
-    from coordinator.tooling.bench_chart import ChartRun, SystemRun, write_chart
+    from deltacoord.coordinator.tooling.bench_chart import ChartRun, SystemRun, write_chart
 
     def system(name: str, summary: dict[str, Any], latencies: list[float]) -> SystemRun:
         return SystemRun(name, summary["commits_per_s"], summary["failed"], latencies)
@@ -484,8 +484,8 @@ def run(writers: int | list[int], commits_per_writer: int | list[int], memory_fi
     With one writer count the result is {"deltacoord", "delta_rs", ...}; with several, {"runs": [...], ...}.
     `chart`: also draw commits/s and latency distributions of both systems there (SVG or PNG by suffix).
     """
-    from coordinator.tooling.broker import LocalBroker
-    from coordinator.tooling.storage_servers import S3Server
+    from deltacoord.coordinator.tooling.broker import LocalBroker
+    from deltacoord.coordinator.tooling.storage_servers import S3Server
 
     if storage not in ("local", "s3"):
         raise ValueError(f"storage must be 'local' or 's3', not {storage!r}")

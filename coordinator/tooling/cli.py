@@ -10,12 +10,12 @@ from typing import Any
 
 import click
 
-from coordinator.settings import env_var
-from coordinator.tooling import broker as broker_module
-from coordinator.tooling import jars
-from coordinator.tooling.broker import BrokerError, LocalBroker, LocalCluster
-from coordinator.tooling.cli_options import KafkaUnreachable, load_settings
-from coordinator.tooling.ports import port_free
+from deltacoord.coordinator.settings import env_var
+from deltacoord.coordinator.tooling import broker as broker_module
+from deltacoord.coordinator.tooling import jars
+from deltacoord.coordinator.tooling.broker import BrokerError, LocalBroker, LocalCluster
+from deltacoord.coordinator.tooling.cli_options import KafkaUnreachable, load_settings
+from deltacoord.coordinator.tooling.ports import port_free
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -192,7 +192,7 @@ def _print_settings(bootstrap: str, settings: dict[str, str], fmt: str) -> None:
     elif fmt == "env":
         from shlex import quote
 
-        from coordinator.settings import KAFKA_ENV_PREFIX
+        from deltacoord.coordinator.settings import KAFKA_ENV_PREFIX
 
         click.echo(f"export DELTACOORD_BOOTSTRAP_SERVERS={quote(bootstrap)}")
         for k, v in settings.items():
@@ -223,7 +223,7 @@ def broker_user(broker: LocalBroker, name: str, password: str | None, fmt: str) 
     Example:
       deltacoord broker user ingest --format flags
     """
-    from coordinator.tooling import broker_security
+    from deltacoord.coordinator.tooling import broker_security
 
     bootstrap, security = _secured(broker)
     password = password or broker_security.new_password()
@@ -331,8 +331,8 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
       deltacoord coordinator run --bootstrap-servers localhost:19092 --metrics-port 9464
       deltacoord coordinator run --config coordinator.toml --table-roots s3://lake/tables
     """
-    from coordinator import logs
-    from coordinator.kafka import daemon
+    from deltacoord.coordinator import logs
+    from deltacoord.coordinator.kafka import daemon
 
     flags: dict[str, object] = {
         "bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix, "partitions": partitions,
@@ -350,7 +350,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
     logs.setup_logging(run.log_level)
     if not run.coordinator.bootstrap_servers:
         raise click.UsageError("no Kafka bootstrap servers: pass --bootstrap-servers, DELTACOORD_BOOTSTRAP_SERVERS or the config file")
-    from schemas.kafka_logs import KafkaCredentialsError, UnreachableKafkaError, probe
+    from deltacoord.schemas.kafka_logs import KafkaCredentialsError, UnreachableKafkaError, probe
 
     try:  # refused credentials fail at once, in one line; brokers not up yet are the coordinator's own to wait for
         probe(run.coordinator.client())
@@ -360,7 +360,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         pass
     checkpoint_fn = None
     if run.checkpoints:
-        from coordinator.delta_log.checkpoint_worker import CheckpointWorker
+        from deltacoord.coordinator.delta_log.checkpoint_worker import CheckpointWorker
 
         checkpoint_fn = CheckpointWorker()
     coord = daemon.Coordinator(
@@ -368,8 +368,8 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         publish_fsync=run.fsync, checkpoint_fn=checkpoint_fn, watchdog_s=run.watchdog_s,
     )
     coord.install_signal_handlers()
-    from coordinator.kafka.topics import TopicConfigError
-    from coordinator.metrics import MetricsPortError
+    from deltacoord.coordinator.kafka.topics import TopicConfigError
+    from deltacoord.coordinator.metrics import MetricsPortError
 
     try:
         code = coord.run()
@@ -414,7 +414,7 @@ def bench_cmd(writers: str, commits_per_writer: str, memory_files: int, bootstra
       deltacoord bench --writers 1,16,64 --commits-per-writer 100,50,10 --chart bench.svg
       deltacoord bench --storage s3 --s3-latency-ms 60 --writers 2,16 --tables 8
     """
-    from coordinator.tooling.bench import run
+    from deltacoord.coordinator.tooling.bench import run
 
     _require_bench_extra(chart=not no_chart)
     if s3_latency_ms and storage != "s3":
@@ -460,7 +460,7 @@ def demo_cmd(storage: str) -> None:
     Example:
       deltacoord demo
     """
-    from coordinator.tooling.demo import main as demo_main
+    from deltacoord.coordinator.tooling.demo import main as demo_main
 
     demo_main(storage=storage)
 
@@ -475,7 +475,7 @@ _STORAGE_KINDS = click.Choice(["s3", "azure", "gcs", "all"])
 
 
 def _servers(kind: str) -> list[Any]:
-    from coordinator.tooling import storage_servers
+    from deltacoord.coordinator.tooling import storage_servers
 
     return [storage_servers.server(k) for k in (storage_servers.KINDS if kind == "all" else [kind])]
 
@@ -490,7 +490,7 @@ def storage_start(kind: str, port: int | None) -> None:
     Example:
       deltacoord storage start s3
     """
-    from coordinator.tooling.storage_servers import StorageServerError
+    from deltacoord.coordinator.tooling.storage_servers import StorageServerError
 
     if port is not None and kind == "all":
         raise click.UsageError("--port names one server's port; choose s3, azure or gcs")
@@ -547,7 +547,7 @@ def storage_create_bucket(kind: str, name: str) -> None:
     Example:
       deltacoord storage create-bucket s3 lake
     """
-    from coordinator.tooling.storage_servers import StorageServerError
+    from deltacoord.coordinator.tooling.storage_servers import StorageServerError
 
     (srv,) = _servers(kind)
     if srv.status() is None:
@@ -563,7 +563,15 @@ def storage_create_bucket(kind: str, name: str) -> None:
 
 
 def _register_extensions() -> None:
-    from coordinator.tooling import cli_acls, cli_keys, cli_relay, cli_tables, cli_topics, cli_transaction, cli_verify
+    from deltacoord.coordinator.tooling import (
+        cli_acls,
+        cli_keys,
+        cli_relay,
+        cli_tables,
+        cli_topics,
+        cli_transaction,
+        cli_verify,
+    )
 
     cli_tables.register(main)
     cli_tables.table_group.add_command(cli_transaction.transact_cmd)  # `table transact` (uses cli_tables' helpers)

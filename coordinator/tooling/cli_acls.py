@@ -1,4 +1,4 @@
-"""`deltacoord acls`: print the kafka-acls.sh commands of a deployment (the plan is `coordinator.kafka.acls`),
+"""`deltacoord acls`: print the kafka-acls.sh commands of a deployment (the plan is `deltacoord.coordinator.kafka.acls`),
 or with --apply create the ACLs on the cluster through the admin API as the administrator."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from coordinator.kafka.acls import (
+from deltacoord.coordinator.kafka.acls import (
     DEFAULT_READER_GROUP_PREFIXES,
     DEFAULT_WRITER_GROUP_PREFIXES,
     AclEntry,
@@ -94,8 +94,8 @@ def register(main: click.Group) -> None:
 
 def _apply(entries: list[AclEntry], config_file: Path | None, bootstrap_servers: str, topic_prefix: str,
            kafka_pairs: tuple[str, ...]) -> None:
-    from coordinator.kafka.acl_apply import AclApplyError, apply_acls
-    from coordinator.tooling.cli_options import load_settings
+    from deltacoord.coordinator.kafka.acl_apply import AclApplyError, apply_acls
+    from deltacoord.coordinator.tooling.cli_options import load_settings
 
     run = load_settings(config_file, {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}, kafka_pairs)
     try:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import click
 
-from schemas.properties import Property
-from schemas.signing import WriterKey, WriterKeyError
+from deltacoord.schemas.properties import Property
+from deltacoord.schemas.signing import WriterKey, WriterKeyError
 
 
 def _describe(key: WriterKey, path: Path | None) -> str:

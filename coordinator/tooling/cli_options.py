@@ -9,16 +9,16 @@ from typing import Any, TypeVar
 
 import click
 
-from coordinator import settings
-from reader.storage import StorageUriError, parse_table_uri
-from schemas import client_settings
+from deltacoord.coordinator import settings
+from deltacoord.reader.storage import StorageUriError, parse_table_uri
+from deltacoord.schemas import client_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def load_settings(config_file: Path | None, flags: Mapping[str, object] | None = None,
                   kafka_pairs: tuple[str, ...] = (), storage_pairs: tuple[str, ...] = ()) -> settings.RunSettings:
-    """`coordinator.settings.load` (file, environment, flags), its errors as usage errors."""
+    """`deltacoord.coordinator.settings.load` (file, environment, flags), its errors as usage errors."""
     try:
         return settings.load(config_file, flags, kafka_pairs=kafka_pairs, storage_pairs=storage_pairs)
     except settings.SettingsError as e:
@@ -90,7 +90,7 @@ class KafkaUnreachable(click.ClickException):
 
 def reach_kafka(bootstrap_servers: str, kafka: dict[str, Any]) -> None:
     """Fail fast (exit 2, one line) when no broker of `bootstrap_servers` answers."""
-    from schemas.kafka_logs import UnreachableKafkaError, probe
+    from deltacoord.schemas.kafka_logs import UnreachableKafkaError, probe
 
     try:
         probe({**kafka, "bootstrap.servers": bootstrap_servers})

@@ -1,4 +1,4 @@
-"""`deltacoord relay run`: the per-host relay for writer processes (see `writer.relay`)."""
+"""`deltacoord relay run`: the per-host relay for writer processes (see `deltacoord.writer.relay`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from coordinator.tooling.cli_options import kafka_options, parse_pairs, reach_kafka
-from schemas import client_settings
-from writer.relay_limits import RelayLimits
+from deltacoord.coordinator.tooling.cli_options import kafka_options, parse_pairs, reach_kafka
+from deltacoord.schemas import client_settings
+from deltacoord.writer.relay_limits import RelayLimits
 
 #: The relay's default limits (shown in --help).
 _LIMITS = RelayLimits()
@@ -55,8 +55,8 @@ def register(main: click.Group) -> None:
         then start the writers of this host with DELTACOORD_RELAY=/run/deltacoord/relay.sock
         (or relay= in Python).
         """
-        from coordinator.logs import setup_logging
-        from writer.relay import Relay
+        from deltacoord.coordinator.logs import setup_logging
+        from deltacoord.writer.relay import Relay
 
         try:
             limits = RelayLimits(max_frame_bytes=max_frame_bytes, max_buffered_bytes=max_buffered_bytes,

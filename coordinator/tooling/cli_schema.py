@@ -13,8 +13,8 @@ import re
 import click
 import pyarrow as pa
 
-from reader.snapshot import delta_type_to_arrow
-from schemas.errors import DeltaCoordError
+from deltacoord.reader.snapshot import delta_type_to_arrow
+from deltacoord.schemas.errors import DeltaCoordError
 
 #: Type names accepted besides Delta's own (long, integer, ..., decimal(p,s)): Spark SQL's and a few common ones.
 _TYPE_ALIASES = {
@@ -35,7 +35,7 @@ _TYPE_ALIASES = {
 #: Spark's other spellings of decimal(p,s).
 _DECIMAL_PREFIXES = ("dec(", "numeric(")
 
-#: Delta's column metadata key of a generated column (`writer.constraints.GENERATION_KEY`).
+#: Delta's column metadata key of a generated column (`deltacoord.writer.constraints.GENERATION_KEY`).
 GENERATION_KEY = "delta.generationExpression"
 #: `<type> [not null] generated always as (<SQL>)`: a generated column (Spark's DDL words).
 _GENERATED = re.compile(r"^(?P<type>.*?)\s+generated\s+always\s+as\s*\((?P<expr>.*)\)\s*$", re.IGNORECASE | re.DOTALL)

@@ -21,11 +21,11 @@ PATH is a local directory or an object-store URI (`s3://bucket/t`, `abfss://...`
 `gs://...`); `--storage-option KEY=VALUE` (repeatable) gives its storage options as
 delta-rs names them, else each cloud's environment chain is used.
 
-Writes go through the coordinator (`writer.table.Table`), so they need
+Writes go through the coordinator (`deltacoord.writer.table.Table`), so they need
 `--bootstrap-servers` (or DELTACOORD_BOOTSTRAP_SERVERS) and the deployment's
 `--topic-prefix` (or DELTACOORD_TOPIC_PREFIX, default `deltacoord`). Reads of
 `history`/`describe` and `vacuum` only need the table's storage. `tail` reads the commits
-topic (`reader.stream.CommitStream`), so it shows a version as soon as it is
+topic (`deltacoord.reader.stream.CommitStream`), so it shows a version as soon as it is
 decided, before it is published to `_delta_log`. Writes sign their proposal with
 `--writer-key FILE` (or DELTACOORD_WRITER_KEY) when given.
 
@@ -57,7 +57,7 @@ from typing import Any, Literal
 import click
 import pyarrow as pa
 
-from coordinator.tooling.cli_options import (
+from deltacoord.coordinator.tooling.cli_options import (
     F,
     TableLocationParam,
     kafka_options,
@@ -66,14 +66,14 @@ from coordinator.tooling.cli_options import (
     reach_kafka,
     storage_options,
 )
-from coordinator.tooling.cli_schema import parse_schema
-from reader.snapshot import Snapshot
-from reader.storage import StorageError
-from schemas import client_settings
-from schemas.actions import Protocol, json_lines
-from schemas.errors import CommitOutcomeUnknownError, DeltaCoordError
-from schemas.routing import Topics
-from schemas.signing import WRITER_KEY_ENV
+from deltacoord.coordinator.tooling.cli_schema import parse_schema
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.reader.storage import StorageError
+from deltacoord.schemas import client_settings
+from deltacoord.schemas.actions import Protocol, json_lines
+from deltacoord.schemas.errors import CommitOutcomeUnknownError, DeltaCoordError
+from deltacoord.schemas.routing import Topics
+from deltacoord.schemas.signing import WRITER_KEY_ENV
 
 EXIT_UNKNOWN_OUTCOME = 3
 
@@ -121,7 +121,7 @@ def _lookup_hint(proposal_id: str, lookup: Sequence[str] | None) -> str:
 @contextmanager
 def cli_errors(lookup: Sequence[str] | None = None) -> Iterator[None]:
     """Project errors as clean CLI errors (no traceback)."""
-    from writer.staging import SchemaError
+    from deltacoord.writer.staging import SchemaError
 
     try:
         yield
@@ -139,8 +139,8 @@ def cli_errors(lookup: Sequence[str] | None = None) -> Iterator[None]:
 
 def _table(path: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs: tuple[str, ...], table_id: str | None,
            writer_key: str | None, storage_pairs: tuple[str, ...] = ()) -> Any:
-    from schemas.signing import WriterKeyError
-    from writer.table import Table
+    from deltacoord.schemas.signing import WriterKeyError
+    from deltacoord.writer.table import Table
 
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
     reach_kafka(bootstrap_servers, kafka)
@@ -740,7 +740,7 @@ def vacuum_cmd(path: str, retention_hours: float | None, dry_run: bool, no_reten
     Example:
       deltacoord table vacuum /data/sales --dry-run
     """
-    from writer.vacuum import VacuumRetentionError, vacuum
+    from deltacoord.writer.vacuum import VacuumRetentionError, vacuum
 
     try:
         with cli_errors():
@@ -779,8 +779,8 @@ def resume_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pair
     Example:
       deltacoord table resume /data/sales --bootstrap-servers kafka-1:9092
     """
-    from coordinator.kafka.control import request_resume
-    from reader.stream import normalize_table_id
+    from deltacoord.coordinator.kafka.control import request_resume
+    from deltacoord.reader.stream import normalize_table_id
 
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
     table_id = normalize_table_id(table)
@@ -809,11 +809,11 @@ def status_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pair
     """
     import dataclasses
 
-    from coordinator.kafka.recovery import read_decisions
-    from coordinator.tooling.cli_verify import proposals_partitions
-    from coordinator.tooling.table_status import table_status
-    from reader.stream import normalize_table_id
-    from schemas.routing import partition_for
+    from deltacoord.coordinator.kafka.recovery import read_decisions
+    from deltacoord.coordinator.tooling.cli_verify import proposals_partitions
+    from deltacoord.coordinator.tooling.table_status import table_status
+    from deltacoord.reader.stream import normalize_table_id
+    from deltacoord.schemas.routing import partition_for
 
     reach_kafka(bootstrap_servers, parse_pairs(kafka_pairs, "--kafka"))
     run = load_settings(None, {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}, kafka_pairs)
@@ -847,7 +847,7 @@ def tail_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pairs:
     Example:
       deltacoord tail /data/sales --from-version latest
     """
-    from reader.stream import CommitStream
+    from deltacoord.reader.stream import CommitStream
 
     start = _from_version(from_version)
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")

@@ -35,8 +35,13 @@ from typing import Any
 
 import click
 
-from coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, TopicSpec, dead_letter_limit_problem, topic_specs
-from schemas.routing import Topics
+from deltacoord.coordinator.kafka.topics import (
+    DEFAULT_REPLY_PARTITIONS,
+    TopicSpec,
+    dead_letter_limit_problem,
+    topic_specs,
+)
+from deltacoord.schemas.routing import Topics
 
 SAFE_REPLICATION_FACTOR = 3
 SAFE_MIN_INSYNC_REPLICAS = 2
@@ -129,7 +134,7 @@ def check_replication(partitions: int, replication_factor: int, min_insync_repli
 def create_specs(topics: Topics, partitions: int, replication_factor: int, min_insync_replicas: int,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  reply_partitions: int = DEFAULT_REPLY_PARTITIONS) -> list[TopicSpec]:
-    """`coordinator.kafka.topics.topic_specs` with the chosen min ISR and message size limit."""
+    """`deltacoord.coordinator.kafka.topics.topic_specs` with the chosen min ISR and message size limit."""
     out = []
     for s in topic_specs(topics, partitions, replication_factor, reply_partitions):
         cfg = {**s.config, "min.insync.replicas": str(min_insync_replicas), "unclean.leader.election.enable": "false"}
@@ -267,7 +272,7 @@ def _deployment(config_file: Path | None, bootstrap_servers: str | None, topic_p
     """An admin client, the bootstrap servers, the topics and the largest dead letter, as `coordinator run` reads them."""
     from confluent_kafka.admin import AdminClient
 
-    from coordinator.tooling.cli_options import load_settings
+    from deltacoord.coordinator.tooling.cli_options import load_settings
 
     run = load_settings(config_file, {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}, kafka_pairs)
     bootstrap = run.coordinator.bootstrap_servers

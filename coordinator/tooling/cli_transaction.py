@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from coordinator.tooling.cli_options import kafka_options, parse_pairs, reach_kafka, storage_options
+from deltacoord.coordinator.tooling.cli_options import kafka_options, parse_pairs, reach_kafka, storage_options
 
 _OPS = ("append", "delete", "update")
 
@@ -74,9 +74,9 @@ def transact_cmd(source: str, transaction_id: str | None, writer_key: str | None
     """
     import pyarrow as pa
 
-    from coordinator.tooling.cli_tables import UnknownOutcome, cli_errors
-    from schemas.errors import CommitOutcomeUnknownError
-    from writer.multi_table import MultiTableTransaction
+    from deltacoord.coordinator.tooling.cli_tables import UnknownOutcome, cli_errors
+    from deltacoord.schemas.errors import CommitOutcomeUnknownError
+    from deltacoord.writer.multi_table import MultiTableTransaction
 
     doc = _load(source)
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")

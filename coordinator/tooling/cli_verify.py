@@ -1,4 +1,4 @@
-"""`deltacoord verify TABLE`: check a table against the commits topic (see `coordinator.delta_log.verify`).
+"""`deltacoord verify TABLE`: check a table against the commits topic (see `deltacoord.coordinator.delta_log.verify`).
 
     deltacoord verify /data/events --bootstrap-servers kafka:9092 --topic-prefix prod
 
@@ -6,7 +6,7 @@ Prints one JSON report on stdout. Exit codes: 0 the table verifies, 1 it has
 problems (listed in the report's `problems`), 2 bad arguments or no proposals
 topic. TABLE is a local path or an object-store URI (with `--storage-option
 KEY=VALUE`, or credentials from the environment). `--table-id` defaults to the
-table's location as `writer.table.Table` names it (the absolute `file://` URI of
+table's location as `deltacoord.writer.table.Table` names it (the absolute `file://` URI of
 a local table, the normal form of an object-store URI) and `--num-partitions`
 to the partition count of `<prefix>.proposals`.
 
@@ -22,10 +22,16 @@ from pathlib import Path
 
 import click
 
-from coordinator.settings import CoordinatorSettings
-from coordinator.tooling.cli_options import kafka_options, load_settings, parse_pairs, reach_kafka, storage_options
-from reader.log import table_root
-from reader.storage import StorageUriError, parse_table_uri
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.coordinator.tooling.cli_options import (
+    kafka_options,
+    load_settings,
+    parse_pairs,
+    reach_kafka,
+    storage_options,
+)
+from deltacoord.reader.log import table_root
+from deltacoord.reader.storage import StorageUriError, parse_table_uri
 
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
@@ -46,7 +52,7 @@ def proposals_partitions(settings: CoordinatorSettings, timeout_s: float = 30.0)
 
 
 def table_location(table: str) -> str:
-    """The table's location as `writer.table.Table` names it: the absolute `file://` URI of a local
+    """The table's location as `deltacoord.writer.table.Table` names it: the absolute `file://` URI of a local
     directory, the normal form of an object-store URI."""
     try:
         uri = parse_table_uri(table)
@@ -74,7 +80,7 @@ def verify_cmd(table: str, bootstrap_servers: str, topic_prefix: str, table_id: 
     Example:
       deltacoord verify /data/sales --bootstrap-servers localhost:19092
     """
-    from coordinator.delta_log.verify import verify_table
+    from deltacoord.coordinator.delta_log.verify import verify_table
 
     uri = table_location(table)
     reach_kafka(bootstrap_servers, parse_pairs(kafka_pairs, "--kafka"))

@@ -23,15 +23,15 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka.admin import AdminClient
 
-from coordinator.delta_log.checkpointer import create_checkpoint
-from coordinator.kafka.daemon import Coordinator
-from coordinator.kafka.topics import ensure_topics
-from coordinator.settings import CoordinatorSettings
-from coordinator.tooling.broker import LocalBroker
-from schemas.errors import DeltaConcurrentModificationException
-from schemas.kafka_logs import kafka_config
-from schemas.properties import Property
-from schemas.routing import Topics
+from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.coordinator.kafka.topics import ensure_topics
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.coordinator.tooling.broker import LocalBroker
+from deltacoord.schemas.errors import DeltaConcurrentModificationException
+from deltacoord.schemas.kafka_logs import kafka_config
+from deltacoord.schemas.properties import Property
+from deltacoord.schemas.routing import Topics
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("amount", pa.int64())])
 DATES = ["2024-01-01", "2024-01-02", "2024-01-03"]
@@ -97,8 +97,8 @@ def _writer(system: str, uri: str, w: int, k: int, bootstrap: str, prefix: str, 
     """One writer process: `k` one-row appends through deltacoord or delta-rs alone; latencies to `out`."""
     from deltalake import write_deltalake
 
-    from schemas.routing import Topics
-    from writer.table import Table
+    from deltacoord.schemas.routing import Topics
+    from deltacoord.writer.table import Table
 
     table = None
     if system == "deltacoord":
@@ -129,7 +129,7 @@ def _writer(system: str, uri: str, w: int, k: int, bootstrap: str, prefix: str, 
 def _appends(system: str, uri: str, writers: int, k: int, bootstrap: str, prefix: str, options: dict[str, str],
              workdir: Path) -> Appends:
     """`writers` processes (each its own interpreter, as real writers are) appending `k` one-row batches each."""
-    from coordinator.tooling.bench import run_processes
+    from deltacoord.coordinator.tooling.bench import run_processes
 
     workdir.mkdir(parents=True, exist_ok=True)
     results, t0, end = run_processes(_writer, lambda w: (system, uri, w, k, bootstrap, prefix, options), writers, workdir)
@@ -201,9 +201,9 @@ def run_demo(table_dir: Path | None = None, writers: int = 16, appends_per_write
     from deltalake import DeltaTable, write_deltalake
     from deltalake import __version__ as deltalake_version
 
-    from coordinator.tooling.storage_servers import S3Server
-    from reader.snapshot import Snapshot
-    from writer.table import Table
+    from deltacoord.coordinator.tooling.storage_servers import S3Server
+    from deltacoord.reader.snapshot import Snapshot
+    from deltacoord.writer.table import Table
 
     _say(INTRO)
     _step(1, "start Kafka and the coordinator, create a table")

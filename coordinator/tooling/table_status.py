@@ -1,7 +1,7 @@
 """`deltacoord table status`: where a table stands with the coordinators, read from the commits topic (the
 source of truth), so it answers whichever coordinator owns the table, or none.
 
-The table's records on its commits partition are folded as recovery folds them (`coordinator.kafka.recovery`):
+The table's records on its commits partition are folded as recovery folds them (`deltacoord.coordinator.kafka.recovery`):
 committed versions move the head; control records halt, resume, adopt, release or drop the table; a drop ends
 the table, and versions after it belong to the table created afterwards at that location.
 """
@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.kafka.control import ADOPT, DROP, HALT, RELEASE, RESUME, control_kind
-from schemas.messages import Decision
+from deltacoord.coordinator.kafka.control import ADOPT, DROP, HALT, RELEASE, RESUME, control_kind
+from deltacoord.schemas.messages import Decision
 
 #: What the coordinators do with a table.
 COORDINATED, HALTED, RELEASED, DROPPED, UNKNOWN = "coordinated", "halted", "released", "dropped", "unknown"

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from schemas.expressions.syntax import (
+from deltacoord.schemas.expressions.syntax import (
     ExpressionError,
     NotALiteral,
     cast_type,
@@ -34,7 +34,7 @@ from schemas.expressions.syntax import (
     parse,
     unparen,
 )
-from schemas.expressions.types import BOOL, DATE, NUM, STR, TS, category_of_value, coerce_literal
+from deltacoord.schemas.expressions.types import BOOL, DATE, NUM, STR, TS, category_of_value, coerce_literal
 
 FilterTuple: TypeAlias = tuple[str, str, Any]
 #: A SQL condition, or DNF tuples: one list ANDed, or a list of such lists ORed.

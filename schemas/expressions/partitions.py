@@ -44,9 +44,9 @@ from typing import Any, TypeVar
 
 from sqlglot import exp
 
-from schemas.actions import Metadata
-from schemas.errors import InvalidProposalError
-from schemas.expressions.syntax import (
+from deltacoord.schemas.actions import Metadata
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.expressions.syntax import (
     MAX_PREDICATE_CHARS,
     MAX_PREDICATES,
     MAX_TOTAL_PREDICATE_CHARS,
@@ -58,7 +58,7 @@ from schemas.expressions.syntax import (
     literal,
     parse,
 )
-from schemas.expressions.types import (
+from deltacoord.schemas.expressions.types import (
     BOOL,
     DATE,
     FROM_TEXT,
@@ -69,8 +69,8 @@ from schemas.expressions.types import (
     coerce_literal,
     parse_text,
 )
-from schemas.properties import PHYSICAL_NAME_KEY, Property, TableProperties
-from schemas.reasons import ReasonCode
+from deltacoord.schemas.properties import PHYSICAL_NAME_KEY, Property, TableProperties
+from deltacoord.schemas.reasons import ReasonCode
 
 Row = tuple["str | None", ...]
 _Eval = Callable[[Row], Any]

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from schemas.actions import AddFile, Metadata
-from schemas.expressions.partitions import prune
-from schemas.expressions.stats import skip_files, stats_keys
+from deltacoord.schemas.actions import AddFile, Metadata
+from deltacoord.schemas.expressions.partitions import prune
+from deltacoord.schemas.expressions.stats import skip_files, stats_keys
 
 
 def files_read(files: Sequence[AddFile], where: str | None, metadata: Metadata, schema: pa.Schema) -> list[AddFile]:

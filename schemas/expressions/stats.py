@@ -23,10 +23,10 @@ from typing import Any
 import pyarrow as pa
 from sqlglot import exp
 
-from schemas.actions import AddFile, Metadata
-from schemas.expressions.syntax import NotALiteral, literal, parse
-from schemas.expressions.types import DATE, coerce_literal
-from schemas.properties import PHYSICAL_NAME_KEY, TableProperties
+from deltacoord.schemas.actions import AddFile, Metadata
+from deltacoord.schemas.expressions.syntax import NotALiteral, literal, parse
+from deltacoord.schemas.expressions.types import DATE, coerce_literal
+from deltacoord.schemas.properties import PHYSICAL_NAME_KEY, TableProperties
 
 #: Writers cut string stats to a 32-unit prefix (characters, UTF-16 units or bytes, with or
 #: without a tie-breaker). A prefix is still a valid minimum; a maximum is trusted only when it

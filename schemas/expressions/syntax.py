@@ -19,9 +19,9 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 
-from schemas.errors import InvalidProposalError
-from schemas.expressions.types import number
-from schemas.reasons import ReasonCode
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.expressions.types import number
+from deltacoord.schemas.reasons import ReasonCode
 
 #: Longest expression text accepted (a guard against pathological input).
 #: Compiling is linear in the text (~0.1 s per 16 KB with sqlglot) and runs on the

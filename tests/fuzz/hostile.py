@@ -30,7 +30,7 @@ from typing import Any
 
 from fastavro import schemaless_writer
 
-from schemas.actions import (
+from deltacoord.schemas.actions import (
     Action,
     AddCDCFile,
     AddFile,
@@ -41,7 +41,7 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
-from schemas.codec import (
+from deltacoord.schemas.codec import (
     DECISION_FINGERPRINT,
     PROPOSAL_FINGERPRINT,
     PROPOSAL_SCHEMA,
@@ -49,7 +49,7 @@ from schemas.codec import (
     encode_decision,
     encode_proposal,
 )
-from schemas.messages import Decision, FileRead, Outcome, Proposal
+from deltacoord.schemas.messages import Decision, FileRead, Outcome, Proposal
 
 SCHEMA_STRING = json.dumps(
     {

@@ -40,21 +40,21 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.rules.batch import rejection
-from coordinator.rules.conflicts import Rejected, decide
-from coordinator.rules.state import TableState
-from coordinator.settings import CoordinatorSettings
-from schemas.actions import CommitInfo, Metadata, Protocol
-from schemas.codec import decode_decision, decode_proposal, encode_decision, encode_proposal
-from schemas.errors import DecodeError
-from schemas.messages import Decision, Outcome
-from schemas.routing import H_ERROR, H_PROPOSAL_ID, H_RAW_SHA256, H_RAW_SIZE, H_SOURCE, H_TABLE_ID, Topics
+from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
+from deltacoord.coordinator.rules.batch import rejection
+from deltacoord.coordinator.rules.conflicts import Rejected, decide
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.actions import CommitInfo, Metadata, Protocol
+from deltacoord.schemas.codec import decode_decision, decode_proposal, encode_decision, encode_proposal
+from deltacoord.schemas.errors import DecodeError
+from deltacoord.schemas.messages import Decision, Outcome
+from deltacoord.schemas.routing import H_ERROR, H_PROPOSAL_ID, H_RAW_SHA256, H_RAW_SIZE, H_SOURCE, H_TABLE_ID, Topics
+from deltacoord.writer import staging
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import Transaction
 from tests.fuzz.hostile import SCHEMA_STRING, TableCtx, hostile_bytes, hostile_proposal
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer import staging
-from writer.table import Table
-from writer.transaction import Transaction
 
 HOSTILE_COUNT = 10_000
 SEED = 0xDE17A

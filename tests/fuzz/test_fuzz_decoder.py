@@ -21,8 +21,8 @@ from fastavro.schema import to_parsing_canonical_form
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, RemoveFile, SetTransaction
-from schemas.codec import (
+from deltacoord.schemas.actions import AddFile, CommitInfo, Metadata, Protocol, RemoveFile, SetTransaction
+from deltacoord.schemas.codec import (
     DECISION_FINGERPRINT,
     HEADER_SIZE,
     PROPOSAL_FINGERPRINT,
@@ -34,8 +34,8 @@ from schemas.codec import (
     register_writer_schema,
     unregister_writer_schema,
 )
-from schemas.errors import DecodeError
-from schemas.messages import FileRead, Proposal
+from deltacoord.schemas.errors import DecodeError
+from deltacoord.schemas.messages import FileRead, Proposal
 from tests.fuzz.hostile import TableCtx, hostile_bytes, hostile_proposal
 
 CTX = TableCtx("file:///tmp/fuzz-table", "file:///tmp/fuzz-table", 3)

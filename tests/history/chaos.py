@@ -61,7 +61,7 @@ rewritten or removed later is reported in ``delta_log_rewrites`` and fails the r
 Afterwards the controller waits until the coordinator consumed every proposal
 and published every version, reads the decisions from the commits topic, and
 checks each table with `checker.check_history` (reading the final table with
-deltacoord's reader and with delta-rs) and `coordinator.delta_log.verify.verify_table`.
+deltacoord's reader and with delta-rs) and `deltacoord.coordinator.delta_log.verify.verify_table`.
 
 Long form on a three-broker cluster (starts its own cluster on free ports;
 prints a JSON report and exits 1 if anything is lost, duplicated, anomalous,
@@ -114,16 +114,16 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from coordinator.delta_log.verify import verify_table
-from coordinator.kafka.recovery import read_decisions
-from coordinator.kafka.topics import describe_topic_config
-from coordinator.settings import KAFKA_ENV_PREFIX, CoordinatorSettings
-from coordinator.tooling.broker import LocalBroker, LocalCluster
-from coordinator.tooling.storage_servers import S3Server
-from reader.storage import TableStorage
-from reader.storage_uri import StorageError
-from schemas.messages import Decision
-from schemas.routing import Topics
+from deltacoord.coordinator.delta_log.verify import verify_table
+from deltacoord.coordinator.kafka.recovery import read_decisions
+from deltacoord.coordinator.kafka.topics import describe_topic_config
+from deltacoord.coordinator.settings import KAFKA_ENV_PREFIX, CoordinatorSettings
+from deltacoord.coordinator.tooling.broker import LocalBroker, LocalCluster
+from deltacoord.coordinator.tooling.storage_servers import S3Server
+from deltacoord.reader.storage import TableStorage
+from deltacoord.reader.storage_uri import StorageError
+from deltacoord.schemas.messages import Decision
+from deltacoord.schemas.routing import Topics
 from tests.history.checker import Report, Row, check_history, decision_record, decisions_for, txns_from_records
 from tests.history.netpath import MODES, NetPath, close_paths, start_cluster_with_paths
 from tests.history.services import RelayProcess, StoreOutage, relay_socket_path
@@ -1041,7 +1041,7 @@ class ChaosRun:
             published = _wait_published(spec, head, 120)
             from deltalake import DeltaTable
 
-            from reader.snapshot import Snapshot
+            from deltacoord.reader.snapshot import Snapshot
 
             opts = spec.storage_options
             final = {"deltacoord reader": _rows(Snapshot.load(spec.uri, storage_options=opts).to_pyarrow()),

@@ -52,11 +52,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.actions import AddFile, Metadata, RemoveFile
-from schemas.messages import Decision
+from deltacoord.schemas.actions import AddFile, Metadata, RemoveFile
+from deltacoord.schemas.messages import Decision
 
 #: Refusals that are not conflicts but a documented, retryable answer: the coordinator could not reach the table's
-#: store to check the version it would ratify (`coordinator.kafka.partition`), so it ratified nothing.
+#: store to check the version it would ratify (`deltacoord.coordinator.kafka.partition`), so it ratified nothing.
 RETRYABLE_REFUSALS = frozenset({"STORAGE_UNAVAILABLE"})
 
 SERIALIZABLE = "Serializable"

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from coordinator.tooling.broker import LocalCluster
+from deltacoord.coordinator.tooling.broker import LocalCluster
 
 MODES = ("blackhole", "reset")
 

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from coordinator.kafka.topics import ensure_topics
-from coordinator.tooling.broker import LocalCluster
-from schemas.routing import Topics
+from deltacoord.coordinator.kafka.topics import ensure_topics
+from deltacoord.coordinator.tooling.broker import LocalCluster
+from deltacoord.schemas.routing import Topics
 from tests.history.chaos import ChaosConfig, run_chaos
 from tests.history.netpath import NetPath, close_paths, start_cluster_with_paths
 

@@ -16,16 +16,16 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.tooling.storage_servers import S3Server
-from reader.storage import TableStorage
-from schemas.errors import InvalidProposalError
-from schemas.reasons import ReasonCode
-from schemas.routing import Topics
+from deltacoord.coordinator.tooling.storage_servers import S3Server
+from deltacoord.reader.storage import TableStorage
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer import staging
+from deltacoord.writer.relay import relay_counts
+from deltacoord.writer.table import Table
 from tests.history.services import RelayProcess, StoreOutage, relay_socket_path
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer import staging
-from writer.relay import relay_counts
-from writer.table import Table
 
 pytestmark = [pytest.mark.kafka, pytest.mark.storage]
 

@@ -46,21 +46,21 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 
-from reader.snapshot import Snapshot
-from reader.storage import TableStorage
-from reader.storage_uri import normalize_table_uri
-from schemas.actions import AddFile
-from schemas.errors import (
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.reader.storage import TableStorage
+from deltacoord.reader.storage_uri import normalize_table_uri
+from deltacoord.schemas.actions import AddFile
+from deltacoord.schemas.errors import (
     CommitNotPublishedError,
     CommitOutcomeUnknownError,
     DeltaConcurrentModificationException,
     InvalidProposalError,
     ProposalNotSentError,
 )
-from schemas.routing import Topics
-from writer import staging
-from writer.table import Table
-from writer.transaction import Transaction
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer import staging
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import Transaction
 
 SCHEMA = pa.schema([("p", pa.int32()), ("k", pa.int64()), ("v", pa.int64())])
 PARTITION_COLUMN = "p"

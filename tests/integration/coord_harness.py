@@ -18,10 +18,10 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from coordinator.kafka.daemon import Coordinator
-from coordinator.kafka.topics import ensure_topics
-from coordinator.settings import CoordinatorSettings
-from schemas.routing import Topics
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.coordinator.kafka.topics import ensure_topics
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.routing import Topics
 
 
 def fresh_topics(bootstrap: str, partitions: int = 1, reply_partitions: int = 4,
@@ -105,7 +105,7 @@ def start_coordinator_process(bootstrap: str, topics: Topics, log_dir: Path, *ex
     """`deltacoord coordinator run` as a child process (for SIGKILL and fencing tests)."""
     log = log_dir / f"coordinator-{uuid.uuid4().hex[:6]}.log"
     prefix = topics.proposals.removesuffix(".proposals")
-    cmd = [sys.executable, "-m", "coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+    cmd = [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
            "--topic-prefix", prefix, "--group-id", coordinator_group(topics),
            "--transactional-id-prefix", f"{topics.proposals}-tx", "--no-fsync", *extra]
     with open(log, "wb") as fh:
@@ -138,7 +138,7 @@ def append_worker(bootstrap: str, prefix: str, table_path: str, writer: int, cou
 
     import pyarrow as pa
 
-    from writer.table import Table
+    from deltacoord.writer.table import Table
 
     t = Table(table_path, bootstrap, topics=Topics.with_prefix(prefix), writer_name=f"w{writer}",
               storage_options=storage_options)

@@ -28,10 +28,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from coordinator.tooling.jars import classpath
+from deltacoord.coordinator.tooling.jars import classpath
 from deltacoord.spark import s3a_settings
-from tests import cpu_priority
-from writer.spark_sink import (
+from deltacoord.writer.spark_sink import (
     DeltaCoordDataSource,
     DeltaCoordStreamWriter,
     SinkOptions,
@@ -39,6 +38,7 @@ from writer.spark_sink import (
     ensure_table,
     register,
 )
+from tests import cpu_priority
 
 REPO = Path(__file__).resolve().parents[2]
 

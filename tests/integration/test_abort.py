@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from coordinator import faults
-from coordinator.kafka.daemon import Coordinator
-from coordinator.kafka.recovery import read_decisions
-from coordinator.rules import batch
-from coordinator.settings import CoordinatorSettings
-from schemas.codec import decode_decision, encode_proposal
-from schemas.messages import Decision, Proposal
-from schemas.routing import H_PROPOSAL_ID, H_TABLE_ID, Topics
+from deltacoord.coordinator import faults
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.coordinator.kafka.recovery import read_decisions
+from deltacoord.coordinator.rules import batch
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.codec import decode_decision, encode_proposal
+from deltacoord.schemas.messages import Decision, Proposal
+from deltacoord.schemas.routing import H_PROPOSAL_ID, H_TABLE_ID, Topics
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.unit.builders import add, metadata, proposal, protocol, txn
 

@@ -2,8 +2,8 @@
 
 librdkafka aborts its process (`rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0`, librdkafka
 issue #4605) when DescribeConsumerGroups fails as its broker connection drops. The writer's coordinator check asks
-that question in a child process (`writer.group_questions`); here a writer process keeps asking while its broker is
-SIGKILLed and restarted, and must outlive every abort. Its quick look (ListGroups, `writer.group_states`) is asked
+that question in a child process (`deltacoord.writer.group_questions`); here a writer process keeps asking while its broker is
+SIGKILLed and restarted, and must outlive every abort. Its quick look (ListGroups, `deltacoord.writer.group_states`) is asked
 in the writer's own process: it does not take the group-coordinator path that aborts, and a second process asks it
 from four threads at once through the same kills, so that questions are in flight when the connection drops.
 """
@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.tooling.broker import LocalBroker
-from coordinator.tooling.ports import free_port
+from deltacoord.coordinator.tooling.broker import LocalBroker
+from deltacoord.coordinator.tooling.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 ASKER = r"""
 import json, sys, time
-from schemas.errors import NoCoordinatorError
-from schemas.routing import Topics
-import writer.serving as serving
+from deltacoord.schemas.errors import NoCoordinatorError
+from deltacoord.schemas.routing import Topics
+import deltacoord.writer.serving as serving
 serving.TRUSTED_S = 0.0  # ask Kafka every time
 check = serving.CoordinatorCheck({"bootstrap.servers": sys.argv[1]}, Topics.with_prefix("abort"), "abort-coordinator")
 asked, until = 0, time.monotonic() + float(sys.argv[2])
@@ -42,7 +42,7 @@ check.close()
 
 LISTER = r"""
 import json, sys, threading, time
-from writer.group_states import ListingFailed, groups_in_states
+from deltacoord.writer.group_states import ListingFailed, groups_in_states
 conf, until = {"bootstrap.servers": sys.argv[1]}, time.monotonic() + float(sys.argv[2])
 counts, lock = {"answered": 0, "failed": 0}, threading.Lock()
 def ask():

@@ -18,20 +18,20 @@ import pytest
 from click.testing import CliRunner
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from coordinator.delta_log.checkpoint_worker import CheckpointWorker
-from coordinator.delta_log.checkpointer import create_checkpoint
-from coordinator.delta_log.verify import verify_table
-from coordinator.kafka.daemon import Coordinator
-from coordinator.tooling.cli_tables import register
-from reader.claim import CLAIM_KEY, read_claim
-from reader.log import checkpoint_exists
-from reader.snapshot import Snapshot
-from reader.storage import TableStorage
-from reader.stream import CommitStream, StreamGapError
-from schemas.actions import DomainMetadata, SetTransaction
-from schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
-from schemas.reasons import ReasonCode
-from schemas.routing import (
+from deltacoord.coordinator.delta_log.checkpoint_worker import CheckpointWorker
+from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
+from deltacoord.coordinator.delta_log.verify import verify_table
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.coordinator.tooling.cli_tables import register
+from deltacoord.reader.claim import CLAIM_KEY, read_claim
+from deltacoord.reader.log import checkpoint_exists
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.reader.storage import TableStorage
+from deltacoord.reader.stream import CommitStream, StreamGapError
+from deltacoord.schemas.actions import DomainMetadata, SetTransaction
+from deltacoord.schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.routing import (
     ADOPTED_ERROR_TYPE,
     CONTROL_ADOPT,
     CONTROL_PREFIX,
@@ -40,12 +40,12 @@ from schemas.routing import (
     Topics,
     partition_for,
 )
-from schemas.writer_features import COORDINATED
+from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import Transaction as WriterTransaction
+from deltacoord.writer.transaction import error_from_decision
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
 from tests.integration.test_writer_operations import SCHEMA, assert_delta_rs_agrees, data, rows
-from writer.table import Table
-from writer.transaction import Transaction as WriterTransaction
-from writer.transaction import error_from_decision
 
 pytestmark = pytest.mark.kafka
 

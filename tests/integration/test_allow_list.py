@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from schemas.errors import InvalidProposalError
-from schemas.properties import Property
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.properties import Property
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64())])
 

@@ -1,4 +1,4 @@
-"""Commits of any size: actions too large for a Kafka message travel by reference (`schemas.staged`).
+"""Commits of any size: actions too large for a Kafka message travel by reference (`deltacoord.schemas.staged`).
 
 Real files throughout (copies of one written Parquet file under new names, so that writing tens of thousands
 costs seconds), read back by delta-rs and by Delta on Spark.
@@ -18,16 +18,16 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
-from coordinator.kafka.recovery import read_decisions
-from coordinator.settings import CoordinatorSettings
-from schemas.actions import AddFile, parse_commit
-from schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
-from schemas.routing import Topics
-from schemas.staged import STAGED_DIR
+from deltacoord.coordinator.kafka.recovery import read_decisions
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.actions import AddFile, parse_commit
+from deltacoord.schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
+from deltacoord.schemas.routing import Topics
+from deltacoord.schemas.staged import STAGED_DIR
+from deltacoord.writer import staging
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import Transaction
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
-from writer import staging
-from writer.table import Table
-from writer.transaction import Transaction
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -212,7 +212,7 @@ def test_a_spark_batch_write_of_5000_files_commits_through_the_sink(
         kafka_bootstrap: str, topics: Topics, served: None, tmp_path: Path, spark: SparkSession) -> None:
     from pyspark.sql import functions as F
 
-    from writer import spark_sink
+    from deltacoord.writer import spark_sink
 
     spark_sink.register(spark)
     root = tmp_path / "spark"
@@ -256,8 +256,8 @@ def test_an_optimize_rewriting_20000_files_commits(kafka_bootstrap: str, topics:
 
 def test_the_change_feed_verify_and_ratified_reads_resolve_a_commit_by_reference(
         kafka_bootstrap: str, topics: Topics, served: None, tmp_path: Path) -> None:
-    from coordinator.delta_log.verify import verify_table
-    from reader.stream import CommitStream
+    from deltacoord.coordinator.delta_log.verify import verify_table
+    from deltacoord.reader.stream import CommitStream
 
     root = tmp_path / "feed"
     with Table(root, kafka_bootstrap, topics=topics) as t:

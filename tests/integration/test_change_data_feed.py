@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from reader.snapshot import Snapshot
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
 from tests.integration.test_writer_operations import SCHEMA, Env, data, running_env
-from writer.table import Table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -16,12 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
-from coordinator.delta_log.checkpointer import checkpoint_actions, create_checkpoint, write_checkpoint
-from reader.log import checkpoint_exists, list_log
-from reader.snapshot import Snapshot
+from deltacoord.coordinator.delta_log.checkpointer import checkpoint_actions, create_checkpoint, write_checkpoint
+from deltacoord.reader.log import checkpoint_exists, list_log
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.test_adopt import _wait_for
-from writer.table import Table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

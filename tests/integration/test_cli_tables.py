@@ -26,12 +26,12 @@ import pytest
 from click.testing import CliRunner, Result
 from deltalake import DeltaTable, QueryBuilder
 
-from coordinator.tooling.cli_tables import parse_schema, register
-from reader.snapshot import Snapshot
-from schemas.routing import Topics
+from deltacoord.coordinator.tooling.cli_tables import parse_schema, register
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer.table import Table
 from tests.conftest import StoreBucket
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer.table import Table
 
 pytestmark = pytest.mark.kafka
 
@@ -137,8 +137,8 @@ def _data_files(root: Path) -> set[str]:
 
 def test_append_streams_json_lines_in_chunks_and_leaves_nothing_on_a_bad_line(
         cli: click.Group, kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from coordinator.tooling import cli_tables
-    from writer import staging
+    from deltacoord.coordinator.tooling import cli_tables
+    from deltacoord.writer import staging
 
     monkeypatch.setattr(cli_tables, "JSON_CHUNK_ROWS", 3)
     monkeypatch.setattr(staging, "TARGET_FILE_SIZE", 1)  # a file per row: what is staged before a bad line shows
@@ -264,7 +264,7 @@ def test_tail_follows_new_versions_until_ctrl_c(kafka_bootstrap: str, tmp_path: 
 
 def test_table_commands_and_verify_on_s3_with_storage_options(cli: click.Group, kafka_bootstrap: str,
                                                               s3_bucket: StoreBucket) -> None:
-    from coordinator.tooling import cli_verify
+    from deltacoord.coordinator.tooling import cli_verify
 
     cli_verify.register(cli)
     topics = fresh_topics(kafka_bootstrap)

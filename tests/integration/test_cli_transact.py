@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable
 
-from coordinator.tooling.cli import main as cli
+from deltacoord.coordinator.tooling.cli import main as cli
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.test_multi_table import _create, _delta_rows
 

@@ -20,18 +20,25 @@ from confluent_kafka import Message
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.kafka.daemon import Coordinator
-from coordinator.kafka.partition import PartitionCoordinator
-from coordinator.kafka.recovery import read_decisions
-from coordinator.settings import CoordinatorSettings
-from reader.stream import CommitStream
-from schemas.actions import COALESCED_KEY, AddFile, CommitInfo, SetTransaction, commit_to_json_lines, parse_commit
-from schemas.routing import Topics
+from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.coordinator.kafka.partition import PartitionCoordinator
+from deltacoord.coordinator.kafka.recovery import read_decisions
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.reader.stream import CommitStream
+from deltacoord.schemas.actions import (
+    COALESCED_KEY,
+    AddFile,
+    CommitInfo,
+    SetTransaction,
+    commit_to_json_lines,
+    parse_commit,
+)
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import CommitResult
 from tests.integration.coord_harness import coordinator_group, coordinator_thread, fresh_topics
 from tests.integration.test_shown_when_stable import HeldStability
-from writer.table import Table
-from writer.transaction import CommitResult
 
 SCHEMA = pa.schema([("id", pa.int64())])
 WAIT_S = 60.0

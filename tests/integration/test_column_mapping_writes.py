@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
-from reader.snapshot import Snapshot
-from schemas.writer_features import COORDINATED
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
 from tests.integration.test_writer_operations import Env, running_env
-from writer.table import Table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -137,7 +137,7 @@ def test_a_table_created_with_column_mapping_is_written_with_physical_names_and_
 
 @pytest.mark.spark
 def test_delta_spark_reads_column_mapping_tables_deltacoord_wrote(spark: SparkSession, env: Env, tmp_path: Path) -> None:
-    from writer import spark_sink
+    from deltacoord.writer import spark_sink
 
     ours = {}
     for mode in ("name", "id"):

@@ -1,4 +1,4 @@
-"""The one scan of the commits topic (`schemas.commits_topic.PartitionScan`), against the real broker.
+"""The one scan of the commits topic (`deltacoord.schemas.commits_topic.PartitionScan`), against the real broker.
 
 A scan reads committed records only, keeps those whose headers match, ends at the partition's end as it was when
 the scan began (past an aborted transaction's markers too), starts from an offset or a time, and says so when it
@@ -14,14 +14,14 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from schemas.commits_topic import (
+from deltacoord.schemas.commits_topic import (
     CommitsTopicNotFoundError,
     PartitionScan,
     ScanIncompleteError,
     commits_partition,
     read_committed,
 )
-from schemas.routing import H_TABLE_ID, partition_for
+from deltacoord.schemas.routing import H_TABLE_ID, partition_for
 
 
 def _topic(bootstrap: str, name: str, partitions: int = 1) -> None:

@@ -18,13 +18,13 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from reader.snapshot import Snapshot
-from schemas.actions import Metadata, Protocol
-from schemas.writer_features import COORDINATED
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.actions import Metadata, Protocol
+from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.writer import staging
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import Transaction as WriterTransaction
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer import staging
-from writer.table import Table
-from writer.transaction import Transaction as WriterTransaction
 
 pytestmark = pytest.mark.kafka
 

@@ -9,14 +9,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from coordinator.delta_log.checkpointer import create_checkpoint
-from coordinator.kafka.recovery import read_decisions
-from coordinator.settings import CoordinatorSettings
-from schemas.actions import parse_commit
-from schemas.messages import Outcome
+from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
+from deltacoord.coordinator.kafka.recovery import read_decisions
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.actions import parse_commit
+from deltacoord.schemas.messages import Outcome
+from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
 from tests.integration.coord_harness import append_worker, coordinator_thread, fresh_topics
-from writer.table import Table
 
 WRITERS = 16
 PER_WRITER = 50
@@ -64,7 +64,7 @@ def test_sixteen_writers_fifty_blind_appends_each(kafka_bootstrap: str, tmp_path
     assert all(n == 1 for n in by_proposal.values())
 
     # _delta_log equals the commits topic, byte for byte.
-    from schemas.actions import commit_to_json_lines
+    from deltacoord.schemas.actions import commit_to_json_lines
 
     log = table_place.storage(table_path)
     for d in decisions:

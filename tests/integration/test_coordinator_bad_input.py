@@ -15,16 +15,16 @@ from pathlib import Path
 import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from coordinator.kafka.recovery import read_decisions
-from coordinator.settings import CoordinatorSettings
-from schemas.actions import AddFile, CommitInfo, Metadata, Protocol
-from schemas.codec import encode_proposal
-from schemas.messages import Decision, Proposal
-from schemas.routing import H_ERROR, H_PROPOSAL_ID, H_TABLE_ID
+from deltacoord.coordinator.kafka.recovery import read_decisions
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.actions import AddFile, CommitInfo, Metadata, Protocol
+from deltacoord.schemas.codec import encode_proposal
+from deltacoord.schemas.messages import Decision, Proposal
+from deltacoord.schemas.routing import H_ERROR, H_PROPOSAL_ID, H_TABLE_ID
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer.client import CoordinatorClient
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string())])
 

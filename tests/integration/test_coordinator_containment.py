@@ -26,22 +26,22 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from coordinator import faults
-from coordinator.kafka.control import HALT, RESUME, control_kind
-from coordinator.kafka.daemon import Coordinator
-from coordinator.kafka.recovery import read_decisions
-from coordinator.rules import batch as batch_module
-from coordinator.settings import CoordinatorSettings
-from coordinator.tooling.cli import main as cli_main
-from reader.snapshot import Snapshot
-from schemas.actions import AddFile, CommitInfo, commit_to_json_lines
-from schemas.errors import CommitNotPublishedError
-from schemas.messages import Decision, Proposal
-from schemas.routing import Topics
-from schemas.writer_features import COORDINATED
+from deltacoord.coordinator import faults
+from deltacoord.coordinator.kafka.control import HALT, RESUME, control_kind
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.coordinator.kafka.recovery import read_decisions
+from deltacoord.coordinator.rules import batch as batch_module
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.coordinator.tooling.cli import main as cli_main
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.actions import AddFile, CommitInfo, commit_to_json_lines
+from deltacoord.schemas.errors import CommitNotPublishedError
+from deltacoord.schemas.messages import Decision, Proposal
+from deltacoord.schemas.routing import Topics
+from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer.client import CoordinatorClient
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
@@ -333,7 +333,7 @@ def test_a_restart_reads_the_newest_snapshot_plus_the_records_after_it(kafka_boo
 
 def test_a_decision_that_cannot_be_encoded_halts_only_its_table(kafka_bootstrap: str, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from coordinator.kafka import partition as partition_module
+    from deltacoord.coordinator.kafka import partition as partition_module
 
     topics = fresh_topics(kafka_bootstrap)
     good, bad = (tmp_path / "good").resolve(), (tmp_path / "bad").resolve()

@@ -22,12 +22,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.settings import CoordinatorSettings
-from schemas.routing import Topics
+from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer.table import Table
 from tests.conftest import StoreServer, TablePlace, make_place
 from tests.integration.coord_harness import CoordinatorProcess, fresh_topics, start_coordinator_process
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string())])
 
@@ -223,7 +223,7 @@ def test_a_fenced_zombie_never_replaces_a_published_version_on_s3(kafka_bootstra
             b.kill(15)
     prefix = topics.proposals.removesuffix(".proposals")
     storage_args = [x for k, v in place.storage_options.items() for x in ("--storage-option", f"{k}={v}")]
-    verify = subprocess.run([sys.executable, "-m", "coordinator.tooling.cli", "verify", path, "--bootstrap-servers",
+    verify = subprocess.run([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "verify", path, "--bootstrap-servers",
                              kafka_bootstrap, "--topic-prefix", prefix, *storage_args], capture_output=True, text=True,
                             timeout=300)
     assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-2000:]
@@ -347,7 +347,7 @@ def test_restart_resumes_after_the_offset_the_records_carry_not_the_lagging_grou
     the group's offset catches up with the proposals topic."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from coordinator.kafka.recovery import read_decisions_at
+    from deltacoord.coordinator.kafka.recovery import read_decisions_at
 
     topics = fresh_topics(kafka_bootstrap)
     path = str(tmp_path / "t")

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from schemas.errors import ConcurrentAppendException
+from deltacoord.schemas.errors import ConcurrentAppendException
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.string())])
 
@@ -29,10 +29,10 @@ def test_create_append_conflict_and_delta_rs_reads(kafka_bootstrap: str, tmp_pat
         # ... loses against a non-blind write that added a file in that partition.
         other = t.begin()
         other.read_predicate("date = '2024-01-01'")
-        other.stage(__import__("writer.staging", fromlist=["x"]).write_data_files(
+        other.stage(__import__("deltacoord.writer.staging", fromlist=["x"]).write_data_files(
             t.root, pa.table({"id": [3], "date": ["2024-01-01"], "value": ["c"]}), ["date"]))
         assert other.commit("MERGE").version == 2
-        tx.stage(__import__("writer.staging", fromlist=["x"]).write_data_files(
+        tx.stage(__import__("deltacoord.writer.staging", fromlist=["x"]).write_data_files(
             t.root, pa.table({"id": [4], "date": ["2024-01-01"], "value": ["d"]}), ["date"]))
         with pytest.raises(ConcurrentAppendException) as ei:
             tx.commit("UPDATE")

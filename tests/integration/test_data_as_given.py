@@ -21,11 +21,11 @@ import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable
 
-from coordinator.tooling.cli_tables import register
-from reader.snapshot import Snapshot
+from deltacoord.coordinator.tooling.cli_tables import register
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.writer.staging import SchemaError
 from tests.conftest import TablePlace
 from tests.integration.test_writer_operations import Env, running_env
-from writer.staging import SchemaError
 
 pytestmark = [pytest.mark.kafka]
 

@@ -20,18 +20,18 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
-from reader.deletion_vectors import read_deletion_vector
-from reader.log import commit_key
-from reader.snapshot import Snapshot
-from schemas.actions import AddFile, RemoveFile, parse_commit
-from schemas.errors import (
+from deltacoord.reader.deletion_vectors import read_deletion_vector
+from deltacoord.reader.log import commit_key
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.actions import AddFile, RemoveFile, parse_commit
+from deltacoord.schemas.errors import (
     ConcurrentAppendException,
     ConcurrentDeleteDeleteException,
     DeltaConcurrentModificationException,
 )
+from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
 from tests.integration.test_writer_operations import SCHEMA, Env, data, parquet_count, rows, running_env
-from writer.table import Table
 
 pytestmark = pytest.mark.kafka
 

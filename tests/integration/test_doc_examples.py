@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.tooling.broker import LocalBroker
+from deltacoord.coordinator.tooling.broker import LocalBroker
 from tests.doc_blocks import block, substituted
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 
@@ -73,7 +73,7 @@ def _sales(kafka_bootstrap: str, topics: object, path: Path) -> None:
     """The table the operations guide's blocks act on, with one row."""
     import pyarrow as pa
 
-    from writer.table import Table
+    from deltacoord.writer.table import Table
 
     with Table(str(path), kafka_bootstrap, topics=topics) as t:  # type: ignore[arg-type]
         t.create(pa.schema([("id", pa.int64()), ("amount", pa.float64())]))

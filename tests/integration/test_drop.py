@@ -23,18 +23,21 @@ import pytest
 from click.testing import CliRunner, Result
 from deltalake import DeltaTable, write_deltalake
 
-from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.kafka.daemon import Coordinator
-from coordinator.tooling.cli_tables import register
-from reader.claim import CLAIM_KEY, read_claim
-from reader.log import TableNotFoundError
-from reader.snapshot import Snapshot
-from reader.storage import TableStorage
-from reader.stream import CommitStream, StreamGapError
-from schemas.errors import CommitOutcomeUnknownError, InvalidProposalError
-from schemas.reasons import ReasonCode
-from schemas.routing import CONTROL_DROP, CONTROL_PREFIX, DROP_DELETE_FILES, DROPPED_ERROR_TYPE, Topics
-from schemas.writer_features import COORDINATED
+from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.coordinator.tooling.cli_tables import register
+from deltacoord.reader.claim import CLAIM_KEY, read_claim
+from deltacoord.reader.log import TableNotFoundError
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.reader.storage import TableStorage
+from deltacoord.reader.stream import CommitStream, StreamGapError
+from deltacoord.schemas.errors import CommitOutcomeUnknownError, InvalidProposalError
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.routing import CONTROL_DROP, CONTROL_PREFIX, DROP_DELETE_FILES, DROPPED_ERROR_TYPE, Topics
+from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.writer.table import Table, TableExistsError
+from deltacoord.writer.transaction import Transaction as WriterTransaction
+from deltacoord.writer.transaction import error_from_decision
 from tests.integration.coord_harness import (
     coordinator_thread,
     fresh_topics,
@@ -42,9 +45,6 @@ from tests.integration.coord_harness import (
     start_coordinator_process,
 )
 from tests.integration.test_writer_operations import SCHEMA, data
-from writer.table import Table, TableExistsError
-from writer.transaction import Transaction as WriterTransaction
-from writer.transaction import error_from_decision
 
 pytestmark = pytest.mark.kafka
 

@@ -24,18 +24,18 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from coordinator import faults
-from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.kafka import partition as partition_module
-from coordinator.kafka.daemon import EXIT_OK, EXIT_UNPUBLISHED, Coordinator
-from coordinator.settings import CoordinatorSettings
+from deltacoord.coordinator import faults
+from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
+from deltacoord.coordinator.kafka import partition as partition_module
+from deltacoord.coordinator.kafka.daemon import EXIT_OK, EXIT_UNPUBLISHED, Coordinator
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import (
     coordinator_thread,
     fresh_topics,
     harness_settings,
     start_coordinator_process,
 )
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
@@ -157,7 +157,7 @@ def test_sigterm_with_unpublished_versions_exits_6(kafka_bootstrap: str, tmp_pat
         _wait(lambda: "coordinator ready" in second.log.read_text(errors="replace"), "the second coordinator")
         assert not log1.exists(), "the halt survives the restart"
         prefix = topics.proposals.removesuffix(".proposals")
-        resumed = subprocess.run([sys.executable, "-m", "coordinator.tooling.cli", "table", "resume", str(path),
+        resumed = subprocess.run([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "table", "resume", str(path),
                                   "--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix],
                                  capture_output=True, text=True, timeout=120)
         assert resumed.returncode == 0, resumed.stderr

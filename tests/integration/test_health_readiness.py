@@ -25,12 +25,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from coordinator.kafka.daemon import Coordinator
-from coordinator.tooling.broker import LocalBroker
-from coordinator.tooling.ports import free_port
-from schemas.routing import Topics
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.coordinator.tooling.broker import LocalBroker
+from deltacoord.coordinator.tooling.ports import free_port
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64())])
 

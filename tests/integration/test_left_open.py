@@ -19,10 +19,10 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from coordinator.kafka.orphans import H_SEAL
-from schemas.routing import header
+from deltacoord.coordinator.kafka.orphans import H_SEAL
+from deltacoord.schemas.routing import header
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer.table import Table
 
 
 @pytest.mark.slow
@@ -49,7 +49,7 @@ def test_a_transaction_left_open_is_sealed_before_recovery(kafka_bootstrap: str,
     rogue.flush(30)
     assert delivered == [None], f"the open transaction's record was not written: {delivered}"
 
-    caplog.set_level(logging.WARNING, logger="coordinator.kafka.partition")
+    caplog.set_level(logging.WARNING, logger="deltacoord.coordinator.kafka.partition")
     started = time.monotonic()
     with coordinator_thread(kafka_bootstrap, topics):
         took = time.monotonic() - started

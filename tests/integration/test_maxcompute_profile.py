@@ -31,15 +31,15 @@ from pathlib import Path
 
 import pytest
 
-from reader.snapshot import Snapshot
-from reader.stream import CommitStream
-from reader.time_versions import incremental_read, time_versions
-from schemas.errors import ConcurrentJobException, InvalidProposalError
-from schemas.jobs import TIME_VERSION_KEY
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.reader.stream import CommitStream
+from deltacoord.reader.time_versions import incremental_read, time_versions
+from deltacoord.schemas.errors import ConcurrentJobException, InvalidProposalError
+from deltacoord.schemas.jobs import TIME_VERSION_KEY
+from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
 from tests.integration.test_deletion_vectors import delta_rs_agrees
 from tests.integration.test_writer_operations import SCHEMA, Env, data, rows, running_env
-from writer.table import Table
 
 MC = {"deltacoord.conflictProfile": "maxcompute"}
 MC_DV = {**MC, "delta.enableDeletionVectors": "true"}

@@ -14,13 +14,13 @@ import pytest
 from deltalake import DeltaTable
 
 import deltacoord
-from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.settings import CoordinatorSettings
-from schemas.errors import ConcurrentAppendException
-from schemas.messages import TRANSACTION_KEY, MultiTable, Proposal
-from schemas.routing import partition_for
+from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.errors import ConcurrentAppendException
+from deltacoord.schemas.messages import TRANSACTION_KEY, MultiTable, Proposal
+from deltacoord.schemas.routing import partition_for
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.int64())])
 PARTITIONS = 4
@@ -298,18 +298,18 @@ def test_an_exception_in_the_block_sends_nothing_and_a_retry_by_id_commits_once(
 
 
 def test_a_large_part_travels_by_reference(kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import writer.transaction
+    from deltacoord.writer import transaction as transaction_module
 
-    monkeypatch.setattr(writer.transaction, "INLINE_MAX_BYTES", 2_000)  # any part of 64 actions or more is large
-    by_reference = writer.transaction.Transaction._by_reference
+    monkeypatch.setattr(transaction_module, "INLINE_MAX_BYTES", 2_000)  # any part of 64 actions or more is large
+    by_reference = transaction_module.Transaction._by_reference
     sent: list[bool] = []
 
-    def spy(self: writer.transaction.Transaction, p: Proposal) -> Proposal:
+    def spy(self: transaction_module.Transaction, p: Proposal) -> Proposal:
         out = by_reference(self, p)
         sent.append(out.staged is not None)
         return out
 
-    monkeypatch.setattr(writer.transaction.Transaction, "_by_reference", spy)
+    monkeypatch.setattr(transaction_module.Transaction, "_by_reference", spy)
     topics = fresh_topics(kafka_bootstrap, partitions=PARTITIONS)
     with coordinator_thread(kafka_bootstrap, topics):
         a = _create(tmp_path / "a", deltacoord.grouped_table_id("g", "a"), kafka_bootstrap, topics)

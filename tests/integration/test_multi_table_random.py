@@ -16,12 +16,12 @@ import pytest
 from deltalake import DeltaTable
 
 import deltacoord
-from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.settings import CoordinatorSettings
-from schemas.errors import DeltaConcurrentModificationException
-from schemas.messages import TRANSACTION_KEY
+from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.errors import DeltaConcurrentModificationException
+from deltacoord.schemas.messages import TRANSACTION_KEY
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import fresh_topics, start_coordinator_process
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.int64())])
 TOTAL = 1_000  # a's and b's amounts together, always

@@ -18,12 +18,12 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
 
-from coordinator.tooling.cli_tables import register
-from schemas.errors import NoCoordinatorError, ProposalNotSentError
-from schemas.routing import Topics
+from deltacoord.coordinator.tooling.cli_tables import register
+from deltacoord.schemas.errors import NoCoordinatorError, ProposalNotSentError
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer import serving
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer import serving
-from writer.table import Table
 
 pytestmark = pytest.mark.kafka
 

@@ -25,22 +25,22 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from coordinator.delta_log.checkpointer import create_checkpoint
-from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.settings import CoordinatorSettings
-from reader.log import list_log_from_hint, newest_commit_version
-from reader.snapshot import Snapshot
-from reader.storage import TableStorage
-from schemas.actions import AddFile, CommitInfo, Metadata, Protocol
-from schemas.errors import ProposalNotSentError
-from schemas.messages import Proposal
+from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
+from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.reader.log import list_log_from_hint, newest_commit_version
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.reader.storage import TableStorage
+from deltacoord.schemas.actions import AddFile, CommitInfo, Metadata, Protocol
+from deltacoord.schemas.errors import ProposalNotSentError
+from deltacoord.schemas.messages import Proposal
+from deltacoord.writer import staging
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import Transaction
+from deltacoord.writer.vacuum import VacuumRetentionError, vacuum
 from tests.conftest import StoreBucket, StoreServer, TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer import staging
-from writer.client import CoordinatorClient
-from writer.table import Table
-from writer.transaction import Transaction
-from writer.vacuum import VacuumRetentionError, vacuum
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.string())])
 HOUR_MS = 3_600_000
@@ -51,7 +51,7 @@ def rows(ids: list[int], date: str, value: str = "v") -> pa.Table:
 
 
 def _data_keys(place: TablePlace, uri: str) -> set[str]:
-    """The table's data files: not its log, nor the location's claim (`_deltacoord/table.json`, `reader.claim`)."""
+    """The table's data files: not its log, nor the location's claim (`_deltacoord/table.json`, `deltacoord.reader.claim`)."""
     return {o.key for o in place.storage(uri).list() if not o.key.startswith(("_delta_log/", "_deltacoord/"))}
 
 
@@ -296,9 +296,9 @@ def test_vacuum_on_each_store(kafka_bootstrap: str, any_table_place: TablePlace)
 
 def test_vacuum_keeps_a_file_a_retained_version_references_even_when_old(tmp_path: Path) -> None:
     """The rule apart from file age: a tombstone younger than the retention keeps its file, however old the file."""
-    from coordinator.delta_log.files import put_if_absent
-    from reader.log import commit_path
-    from schemas.actions import RemoveFile, commit_to_json_lines
+    from deltacoord.coordinator.delta_log.files import put_if_absent
+    from deltacoord.reader.log import commit_path
+    from deltacoord.schemas.actions import RemoveFile, commit_to_json_lines
 
     root = tmp_path / "t"
     md = Metadata(id="v", schema_string=staging.schema_string(SCHEMA), partition_columns=("date",),
@@ -330,10 +330,10 @@ def test_vacuum_keeps_a_file_a_retained_version_references_even_when_old(tmp_pat
 
 
 def test_publication_on_each_store_never_replaces_a_version(object_store_bucket: StoreBucket) -> None:
-    from coordinator.delta_log.publisher import Publisher, PublishTask
-    from coordinator.locations import TableLocations
-    from reader.log import commit_key
-    from schemas.actions import commit_to_json_lines
+    from deltacoord.coordinator.delta_log.publisher import Publisher, PublishTask
+    from deltacoord.coordinator.locations import TableLocations
+    from deltacoord.reader.log import commit_key
+    from deltacoord.schemas.actions import commit_to_json_lines
 
     bucket = object_store_bucket
     create = (CommitInfo({"operation": "CREATE TABLE"}), Protocol(1, 2))

@@ -27,19 +27,19 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from coordinator.kafka.daemon import Coordinator
-from coordinator.kafka.recovery import read_decisions
-from coordinator.kafka.topics import DEAD_LETTER_MAX_MESSAGE_BYTES, describe_topic_config
-from coordinator.settings import CoordinatorSettings
-from coordinator.tooling.cli import main as cli
-from schemas.errors import InvalidProposalError
-from schemas.messages import Decision
-from schemas.routing import H_ERROR, H_PROPOSAL_ID, H_RAW_SHA256, H_RAW_SIZE, H_TABLE_ID, Topics
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.coordinator.kafka.recovery import read_decisions
+from deltacoord.coordinator.kafka.topics import DEAD_LETTER_MAX_MESSAGE_BYTES, describe_topic_config
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.coordinator.tooling.cli import main as cli
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.messages import Decision
+from deltacoord.schemas.routing import H_ERROR, H_PROPOSAL_ID, H_RAW_SHA256, H_RAW_SIZE, H_TABLE_ID, Topics
+from deltacoord.writer import staging
+from deltacoord.writer.client import CoordinatorClient, Pending
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import Transaction
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer import staging
-from writer.client import CoordinatorClient, Pending
-from writer.table import Table
-from writer.transaction import Transaction
 
 SCHEMA = pa.schema([("id", pa.int64())])
 KEEP = 64 * 1024  # the coordinator's default dead_letter_max_bytes

@@ -33,17 +33,17 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from coordinator.delta_log.checkpointer import create_checkpoint
-from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.kafka.recovery import read_decisions
-from coordinator.settings import CoordinatorSettings
-from coordinator.tooling.ports import free_port
-from reader.log import resolve_data_path
-from reader.snapshot import Snapshot
-from schemas.routing import Topics
+from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
+from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
+from deltacoord.coordinator.kafka.recovery import read_decisions
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.coordinator.tooling.ports import free_port
+from deltacoord.reader.log import resolve_data_path
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
-from writer.client import CoordinatorClient
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string())])
 ROOT_DIR = Path(__file__).resolve().parents[2]
@@ -160,10 +160,10 @@ def test_disk_full_simulated_with_a_file_size_limit(kafka_bootstrap: str, tmp_pa
 _WRITER = """
 import json, sys, time
 import pyarrow as pa
-from schemas.routing import Topics
-from writer import staging
-from writer.table import Table
-from writer.transaction import Transaction
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer import staging
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import Transaction
 
 root, bootstrap, prefix, mode, row = sys.argv[1:6]
 t = Table(root, bootstrap, topics=Topics.with_prefix(prefix))

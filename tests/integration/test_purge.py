@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reader.snapshot import Snapshot
+from deltacoord.reader.snapshot import Snapshot
 from tests.conftest import TablePlace
 from tests.integration.test_deletion_vectors import delta_rs_agrees, one_file
 from tests.integration.test_writer_operations import Env, rows, running_env

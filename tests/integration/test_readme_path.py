@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.tooling.ports import free_port
+from deltacoord.coordinator.tooling.ports import free_port
 
 pytestmark = [pytest.mark.kafka]
 

@@ -24,15 +24,15 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from schemas.errors import ProposalNotSentError
-from schemas.routing import Topics
+from deltacoord.schemas.errors import ProposalNotSentError
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer import relay_wire
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.relay import Relay, relay_counts
+from deltacoord.writer.relay_link import FORGET_BATCH, RelayLink, RelayUnavailableError
+from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer import relay_wire
-from writer.client import CoordinatorClient
-from writer.relay import Relay, relay_counts
-from writer.relay_link import FORGET_BATCH, RelayLink, RelayUnavailableError
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("value", pa.string())])
 
@@ -146,7 +146,7 @@ def test_a_relay_refuses_writers_of_other_topics_and_a_second_relay_on_its_socke
 def _start_relay_process(bootstrap: str, topics: Topics, path: str, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "coordinator.tooling.cli", "relay", "run", "--socket", path, "--bootstrap-servers",
+            [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "relay", "run", "--socket", path, "--bootstrap-servers",
              bootstrap, "--topic-prefix", topics.proposals.removesuffix(".proposals")], stdout=fh, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while True:  # until it answers (a dead relay's socket file may still be there)

@@ -2,7 +2,7 @@
 
 Before: the relay read frames up to 256 MiB per connection and served any number of connections: 4 connections
 streaming partial frames took it from 152 to 954 MiB, 500 idle connections made 1,021 threads. Now
-(`writer.relay_limits.RelayLimits`, `deltacoord relay run --max-...`): a frame over `max_frame_bytes` is refused
+(`deltacoord.writer.relay_limits.RelayLimits`, `deltacoord relay run --max-...`): a frame over `max_frame_bytes` is refused
 unread and its connection closed; frames held over every connection stay under `max_buffered_bytes`; connections
 beyond `max_connections` are refused with an error the writer raises while the others keep working; a connection
 that sends part of a frame (or no greeting) and stalls is closed after `frame_timeout_s`; an idle writer costs one
@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from schemas.errors import ProposalNotSentError
-from schemas.routing import Topics
+from deltacoord.schemas.errors import ProposalNotSentError
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer import relay_wire
+from deltacoord.writer.relay import Relay
+from deltacoord.writer.relay_limits import RelayLimits
+from deltacoord.writer.relay_link import RelayLink, RelayUnavailableError
 from tests.integration.coord_harness import fresh_topics
-from writer import relay_wire
-from writer.relay import Relay
-from writer.relay_limits import RelayLimits
-from writer.relay_link import RelayLink, RelayUnavailableError
 
 LIMITS = RelayLimits(max_frame_bytes=64 * 1024, max_buffered_bytes=128 * 1024, max_connections=4, frame_timeout_s=1.5)
 
@@ -108,7 +108,7 @@ def test_an_oversize_frame_is_refused_unread_and_its_connection_closed(relay: Re
 
 def test_connections_beyond_the_limit_are_refused_while_the_others_keep_working(
         relay: Relay, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="writer.relay")
+    caplog.set_level(logging.WARNING, logger="deltacoord.writer.relay")
     served = [_greeted(relay) for _ in range(LIMITS.max_connections)]
     try:
         extra = _connect(relay)

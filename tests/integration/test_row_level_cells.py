@@ -39,14 +39,14 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
-from reader.deletion_vectors import keep_mask, read_deletion_vector, write_deletion_vector
-from reader.log import data_object
-from reader.snapshot import Snapshot
-from schemas.errors import DeltaConcurrentModificationException
-from schemas.row_map import ROW_MAP_KEY
+from deltacoord.reader.deletion_vectors import keep_mask, read_deletion_vector, write_deletion_vector
+from deltacoord.reader.log import data_object
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.errors import DeltaConcurrentModificationException
+from deltacoord.schemas.row_map import ROW_MAP_KEY
+from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
 from tests.integration.test_writer_operations import SCHEMA, Env, data, running_env
-from writer.table import Table
 
 pytestmark = pytest.mark.kafka
 

@@ -25,11 +25,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
-from reader.snapshot import Snapshot
-from schemas.errors import DeltaConcurrentModificationException
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.errors import DeltaConcurrentModificationException
+from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
 from tests.integration.test_writer_operations import SCHEMA, Env, data, running_env
-from writer.table import Table
 
 pytestmark = pytest.mark.kafka
 

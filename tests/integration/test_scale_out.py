@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.settings import CoordinatorSettings
-from coordinator.tooling.ports import free_port
-from schemas.routing import partition_for
+from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.coordinator.tooling.ports import free_port
+from deltacoord.schemas.routing import partition_for
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import fresh_topics, start_coordinator_process
-from writer.table import Table
 
 TABLES = 8
 PER_TABLE = 12

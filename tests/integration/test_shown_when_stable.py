@@ -19,10 +19,10 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from coordinator.kafka.daemon import Coordinator
-from coordinator.kafka.stability import StableOffsets
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.coordinator.kafka.stability import StableOffsets
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64())])
 

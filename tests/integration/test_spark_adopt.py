@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from coordinator.delta_log.checkpointer import create_checkpoint
-from reader.log import checkpoint_exists
-from reader.snapshot import Snapshot
+from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
+from deltacoord.reader.log import checkpoint_exists
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.test_adopt import _wait_for
 from tests.integration.test_writer_operations import assert_delta_rs_agrees, data, rows
-from writer.table import Table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

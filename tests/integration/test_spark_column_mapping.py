@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from reader.snapshot import Snapshot
+from deltacoord.reader.snapshot import Snapshot
 
 pytestmark = [pytest.mark.spark]
 

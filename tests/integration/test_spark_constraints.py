@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pytest
 
+from deltacoord.writer.constraints import ConstraintViolationError
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer.constraints import ConstraintViolationError
-from writer.table import Table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

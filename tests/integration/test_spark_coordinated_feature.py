@@ -17,13 +17,13 @@ import pytest
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
-from reader.snapshot import Snapshot
-from schemas.actions import Protocol
-from schemas.writer_features import COORDINATED
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.actions import Protocol
+from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.writer import spark_sink
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.spark_harness import shared_session
-from writer import spark_sink
-from writer.table import Table
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from reader.snapshot import Snapshot
+from deltacoord.reader.snapshot import Snapshot
 from tests.conftest import TablePlace
 from tests.integration.test_deletion_vectors import DV, delta_rs_agrees
 from tests.integration.test_writer_operations import SCHEMA, Env, data, rows, running_env

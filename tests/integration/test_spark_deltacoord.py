@@ -26,16 +26,16 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from coordinator.kafka.daemon import Coordinator
-from reader.snapshot import Snapshot
-from schemas.errors import ConcurrentTransactionException
-from schemas.routing import Topics
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.errors import ConcurrentTransactionException
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer import spark_sink
+from deltacoord.writer.spark_sink import DeltaCoordStreamWriter, SinkOptions, StagePlan, ensure_table
+from deltacoord.writer.table import Table
 from tests.conftest import StoreServer, TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.spark_harness import REPO, shared_session, spark_env
-from writer import spark_sink
-from writer.spark_sink import DeltaCoordStreamWriter, SinkOptions, StagePlan, ensure_table
-from writer.table import Table
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from reader.snapshot import Snapshot
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.writer.spark_options import BOOTSTRAP_ENV, TOPIC_PREFIX_ENV
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer.spark_options import BOOTSTRAP_ENV, TOPIC_PREFIX_ENV
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pytest
 
-from reader.snapshot import Snapshot
-from schemas.errors import MetadataChangedException
-from schemas.identity import identity_columns
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.errors import MetadataChangedException
+from deltacoord.schemas.identity import identity_columns
+from deltacoord.writer.identity import IdentityColumnError
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer.identity import IdentityColumnError
-from writer.table import Table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

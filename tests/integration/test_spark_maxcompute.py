@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from reader.snapshot import Snapshot
+from deltacoord.reader.snapshot import Snapshot
 from tests.conftest import TablePlace
 from tests.integration.test_maxcompute_profile import MA, MI, SHARED, UD, run_cell
 from tests.integration.test_writer_operations import Env, rows, running_env

@@ -11,12 +11,12 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.messages import TRANSACTION_KEY
 from deltacoord.spark import MultiTableBatchWriter
-from reader.snapshot import Snapshot
-from schemas.messages import TRANSACTION_KEY
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.spark_harness import shared_session
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.int64())])
 

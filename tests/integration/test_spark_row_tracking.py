@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from reader.snapshot import Snapshot
-from schemas.row_tracking import high_water_mark
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.row_tracking import high_water_mark
 from tests.conftest import TablePlace
 from tests.integration.test_deletion_vectors import DV, delta_rs_agrees
 from tests.integration.test_writer_operations import SCHEMA, Env, data, rows, running_env

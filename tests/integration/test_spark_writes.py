@@ -23,16 +23,16 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from coordinator.kafka.daemon import Coordinator
-from reader.snapshot import Snapshot
-from schemas.errors import CommitOutcomeUnknownError
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.errors import CommitOutcomeUnknownError
+from deltacoord.writer import spark_sink
+from deltacoord.writer.spark_options import BOOTSTRAP_ENV, TOPIC_PREFIX_ENV, SinkConfigError
+from deltacoord.writer.spark_save_modes import CatalogTableError, PartitioningMismatchError, PathExistsError
+from deltacoord.writer.spark_sink import DeltaCoordBatchWriter, DeltaCoordCommitMessage, DeltaCoordDataSource
+from deltacoord.writer.transaction import Transaction
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.spark_harness import shared_session
-from writer import spark_sink
-from writer.spark_options import BOOTSTRAP_ENV, TOPIC_PREFIX_ENV, SinkConfigError
-from writer.spark_save_modes import CatalogTableError, PartitioningMismatchError, PathExistsError
-from writer.spark_sink import DeltaCoordBatchWriter, DeltaCoordCommitMessage, DeltaCoordDataSource
-from writer.transaction import Transaction
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -321,7 +321,7 @@ def test_an_unknown_outcome_keeps_its_files_and_names_lookup_and_the_coordinated
     assert f"`deltacoord table vacuum {path}`" in note and "kept because it may still commit" in note
     assert _parquet(path) == staged  # it may still commit: the files stay
 
-    with caplog.at_level(logging.WARNING, logger="writer.spark_sink"):
+    with caplog.at_level(logging.WARNING, logger="deltacoord.writer.spark_sink"):
         w.abort([msg])  # Spark's abort after the failed commit
     text = caplog.text
     assert f"{len(staged)} staged file(s) of {path} are kept" in text and f"`deltacoord table vacuum {path}`" in text
@@ -336,7 +336,7 @@ def test_a_commit_that_cannot_be_proposed_deletes_its_files_and_abort_reports_no
     w.opts = dataclasses.replace(w.opts, bootstrap_servers="no-port")  # the commit cannot even reach Kafka
     with pytest.raises(SinkConfigError, match="not host:port"):
         w.commit([msg])
-    with caplog.at_level(logging.WARNING, logger="writer.spark_sink"):
+    with caplog.at_level(logging.WARNING, logger="deltacoord.writer.spark_sink"):
         w.abort([msg])
     assert _parquet(path) == set() and "vacuum" not in caplog.text
 
@@ -355,7 +355,7 @@ def test_register_runs_the_workers_on_the_drivers_python_without_pyspark_python(
     path = tmp_path / "events"
     code = f"""
 from pyspark.sql import SparkSession
-from writer.spark_sink import register
+from deltacoord.writer.spark_sink import register
 spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
 register(spark)
 spark.range(5).selectExpr("id", "'2024-01-01' AS date", "'r' AS kind").write.format("deltacoord").save({str(path)!r})

@@ -16,8 +16,8 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from coordinator.kafka.stability import StableOffsets
-from coordinator.tooling.broker import LocalBroker
+from deltacoord.coordinator.kafka.stability import StableOffsets
+from deltacoord.coordinator.tooling.broker import LocalBroker
 
 
 def _topic(bootstrap: str, name: str) -> None:

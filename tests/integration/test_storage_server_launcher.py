@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.tooling import storage_servers
-from coordinator.tooling.storage_servers import GcsServer, S3Server, StorageServerError
-from reader.storage import BucketNotFoundError, TableStorage
+from deltacoord.coordinator.tooling import storage_servers
+from deltacoord.coordinator.tooling.storage_servers import GcsServer, S3Server, StorageServerError
+from deltacoord.reader.storage import BucketNotFoundError, TableStorage
 
 pytestmark = pytest.mark.storage
 
@@ -86,7 +86,7 @@ def test_deltacoord_storage_start_status_stop(tmp_path: Path, monkeypatch: pytes
     """`deltacoord storage ...`: the servers behind the CLI, with the storage options to reach them."""
     from click.testing import CliRunner
 
-    from coordinator.tooling.cli import main
+    from deltacoord.coordinator.tooling.cli import main
 
     monkeypatch.setenv("DELTACOORD_S3_SERVER_HOME", str(tmp_path / "s3"))
     runner = CliRunner()

@@ -1,4 +1,4 @@
-"""`reader.stream.CommitStream` against the real broker and coordinator.
+"""`deltacoord.reader.stream.CommitStream` against the real broker and coordinator.
 
 The stream reads decisions from the commits topic, so it sees a version as soon
 as it is ratified; `test_sees_a_version_before_it_is_published` holds the
@@ -19,17 +19,31 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
-from coordinator.delta_log.publisher import PublishTask
-from coordinator.kafka.partition import decision_headers
-from reader.stream import CommitEvent, CommitStream, StreamGapError, UnsupportedSourceChangeError, normalize_table_id
-from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, RemoveFile, commit_to_json_lines, parse_commit
-from schemas.codec import encode_decision
-from schemas.errors import MetadataChangedException
-from schemas.messages import Decision, Outcome
-from schemas.routing import Topics
+from deltacoord.coordinator.delta_log.publisher import PublishTask
+from deltacoord.coordinator.kafka.partition import decision_headers
+from deltacoord.reader.stream import (
+    CommitEvent,
+    CommitStream,
+    StreamGapError,
+    UnsupportedSourceChangeError,
+    normalize_table_id,
+)
+from deltacoord.schemas.actions import (
+    AddFile,
+    CommitInfo,
+    Metadata,
+    Protocol,
+    RemoveFile,
+    commit_to_json_lines,
+    parse_commit,
+)
+from deltacoord.schemas.codec import encode_decision
+from deltacoord.schemas.errors import MetadataChangedException
+from deltacoord.schemas.messages import Decision, Outcome
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.string())])
 

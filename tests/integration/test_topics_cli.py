@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner, Result
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from coordinator.tooling import cli_topics
-from coordinator.tooling.cli import main as cli_main
-from schemas.routing import Topics
+from deltacoord.coordinator.tooling import cli_topics
+from deltacoord.coordinator.tooling.cli import main as cli_main
+from deltacoord.schemas.routing import Topics
 
 pytestmark = pytest.mark.kafka
 

@@ -18,16 +18,16 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from coordinator.delta_log.checkpointer import checkpoint_actions, create_checkpoint, write_checkpoint
-from coordinator.delta_log.verify import VerifyReport, verify_table
-from coordinator.settings import CoordinatorSettings
-from coordinator.tooling.cli_verify import register
-from reader.log import list_log, read_last_checkpoint, resolve_data_path
-from reader.snapshot import Snapshot
-from schemas.actions import AddFile
-from schemas.routing import Topics
+from deltacoord.coordinator.delta_log.checkpointer import checkpoint_actions, create_checkpoint, write_checkpoint
+from deltacoord.coordinator.delta_log.verify import VerifyReport, verify_table
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.coordinator.tooling.cli_verify import register
+from deltacoord.reader.log import list_log, read_last_checkpoint, resolve_data_path
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.actions import AddFile
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer.table import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string())])
 APPENDS = 7  # versions 1..7; checkpoints at 3 and 6

@@ -24,15 +24,15 @@ from click.testing import CliRunner, Result
 from deltalake import DeltaTable, Field, Schema, write_deltalake
 from deltalake.exceptions import DeltaError
 
-from coordinator.tooling.cli_tables import register
-from reader.snapshot import Snapshot, UnsupportedTableFeatureError
-from schemas.actions import Protocol
-from schemas.expressions.syntax import ExpressionError
-from schemas.writer_features import COORDINATED
+from deltacoord.coordinator.tooling.cli_tables import register
+from deltacoord.reader.snapshot import Snapshot, UnsupportedTableFeatureError
+from deltacoord.schemas.actions import Protocol
+from deltacoord.schemas.expressions.syntax import ExpressionError
+from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.writer.constraints import ConstraintViolationError
+from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.test_writer_operations import assert_delta_rs_agrees
-from writer.constraints import ConstraintViolationError
-from writer.table import Table
 
 pytestmark = pytest.mark.kafka
 

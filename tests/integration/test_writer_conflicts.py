@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from schemas.errors import (
+from deltacoord.schemas.errors import (
     ConcurrentAppendException,
     ConcurrentDeleteDeleteException,
     ConcurrentDeleteReadException,
@@ -26,10 +26,10 @@ from schemas.errors import (
     MetadataChangedException,
     ProtocolChangedException,
 )
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import retry
 from tests.conftest import TablePlace, make_place
 from tests.integration.test_writer_operations import SCHEMA, Env, data, rows, running_env
-from writer.table import Table
-from writer.transaction import retry
 
 
 @pytest.fixture(scope="module", params=["local", "s3"])

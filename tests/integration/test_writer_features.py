@@ -20,13 +20,13 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder, TableFeatures, write_deltalake
 
-from reader.snapshot import Snapshot, UnsupportedTableFeatureError
-from schemas.writer_features import COORDINATED, FEATURES, writer_problems
+from deltacoord.reader.snapshot import Snapshot, UnsupportedTableFeatureError
+from deltacoord.schemas.writer_features import COORDINATED, FEATURES, writer_problems
+from deltacoord.writer.constraints import ConstraintViolationError
+from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.test_writer_operations import Env, running_env
-from writer.constraints import ConstraintViolationError
-from writer.table import Table
 
 Make = Callable[[Path], None]
 

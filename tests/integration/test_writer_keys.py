@@ -16,16 +16,16 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from coordinator.tooling.cli import main as cli
-from schemas.actions import AddFile
-from schemas.errors import InvalidProposalError
-from schemas.properties import Property
-from schemas.signing import WRITER_KEY_ENV, WriterKey
+from deltacoord.coordinator.tooling.cli import main as cli
+from deltacoord.schemas.actions import AddFile
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.properties import Property
+from deltacoord.schemas.signing import WRITER_KEY_ENV, WriterKey
+from deltacoord.writer import staging
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import Transaction
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer import staging
-from writer.client import CoordinatorClient
-from writer.table import Table
-from writer.transaction import Transaction
 
 SCHEMA = pa.schema([("id", pa.int64())])
 

@@ -21,15 +21,15 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.kafka.daemon import Coordinator
-from reader.snapshot import Snapshot
-from schemas.errors import CommitOutcomeUnknownError, InvalidProposalError
-from schemas.routing import Topics
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.errors import CommitOutcomeUnknownError, InvalidProposalError
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer import staging
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.table import MergeError, Table, TableExistsError
 from tests.conftest import TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer import staging
-from writer.client import CoordinatorClient
-from writer.table import MergeError, Table, TableExistsError
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.string())])
 

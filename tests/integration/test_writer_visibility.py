@@ -23,17 +23,17 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
 
-from coordinator import faults
-from coordinator.kafka.daemon import Coordinator
-from reader.snapshot import Snapshot
-from schemas.errors import CommitNotPublishedError, InvalidProposalError
-from schemas.reasons import ReasonCode
-from schemas.routing import Topics
+from deltacoord.coordinator import faults
+from deltacoord.coordinator.kafka.daemon import Coordinator
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.errors import CommitNotPublishedError, InvalidProposalError
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import WaitFor
 from tests.conftest import TablePlace
 from tests.integration.coord_harness import append_worker, coordinator_thread, fresh_topics, start_coordinator_process
-from writer.client import CoordinatorClient
-from writer.table import Table
-from writer.transaction import WaitFor
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.string())])
 

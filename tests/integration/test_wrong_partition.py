@@ -16,17 +16,17 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
-from coordinator.delta_log.verify import assert_verified, verify_table
-from coordinator.kafka.recovery import read_decisions
-from coordinator.settings import CoordinatorSettings
-from schemas.codec import encode_proposal
-from schemas.messages import Proposal
-from schemas.routing import H_PROPOSAL_ID, H_TABLE_ID, partition_for
+from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
+from deltacoord.coordinator.kafka.recovery import read_decisions
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.codec import encode_proposal
+from deltacoord.schemas.messages import Proposal
+from deltacoord.schemas.routing import H_PROPOSAL_ID, H_TABLE_ID, partition_for
+from deltacoord.writer import staging
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.table import Table
+from deltacoord.writer.transaction import Transaction
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from writer import staging
-from writer.client import CoordinatorClient
-from writer.table import Table
-from writer.transaction import Transaction
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
@@ -39,7 +39,7 @@ def _append(t: Table, read_version: int, row: int) -> Proposal:
 
 def test_a_history_resent_to_the_other_partition_is_rejected(kafka_bootstrap: str, tmp_path: Path,
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="coordinator.kafka.partition")
+    caplog.set_level(logging.WARNING, logger="deltacoord.coordinator.kafka.partition")
     topics = fresh_topics(kafka_bootstrap, partitions=2)
     path = tmp_path / "t"
     with coordinator_thread(kafka_bootstrap, topics, partitions=[0, 1], num_partitions=2) as coord:

@@ -15,9 +15,9 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from coordinator.rules.conflicts import Accepted, Duplicate, Rejected, decide
-from coordinator.rules.state import TableState
-from schemas.actions import (
+from deltacoord.coordinator.rules.conflicts import Accepted, Duplicate, Rejected, decide
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.schemas.actions import (
     Action,
     AddCDCFile,
     AddFile,
@@ -29,8 +29,8 @@ from schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
-from schemas.deletion_vectors import z85_encode
-from schemas.messages import FileRead, Proposal
+from deltacoord.schemas.deletion_vectors import z85_encode
+from deltacoord.schemas.messages import FileRead, Proposal
 
 TABLE_ID = "tbl-orders"
 TABLE_URI = "s3://lake/warehouse/orders"

@@ -9,16 +9,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.delta_log.adoption import PublishedState, StateLoadError, adoption_problems, load_published_state
-from coordinator.delta_log.checkpoint_worker import CheckpointWorker
-from coordinator.delta_log.checkpointer import create_checkpoint
-from coordinator.kafka.control import ADOPT, RELEASE, adoption_record, control_kind, is_request_id, release_record
-from coordinator.kafka.recovery import Recovered, _fold_adoption
-from coordinator.kafka.snapshot import PartitionSnapshot, decode_snapshot, encode_snapshot
-from coordinator.rules.conflicts import Accepted, decide
-from coordinator.rules.state import TableState
-from reader.storage import TableStorage
-from schemas.actions import (
+from deltacoord.coordinator.delta_log.adoption import (
+    PublishedState,
+    StateLoadError,
+    adoption_problems,
+    load_published_state,
+)
+from deltacoord.coordinator.delta_log.checkpoint_worker import CheckpointWorker
+from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
+from deltacoord.coordinator.kafka.control import (
+    ADOPT,
+    RELEASE,
+    adoption_record,
+    control_kind,
+    is_request_id,
+    release_record,
+)
+from deltacoord.coordinator.kafka.recovery import Recovered, _fold_adoption
+from deltacoord.coordinator.kafka.snapshot import PartitionSnapshot, decode_snapshot, encode_snapshot
+from deltacoord.coordinator.rules.conflicts import Accepted, decide
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.reader.storage import TableStorage
+from deltacoord.schemas.actions import (
     Action,
     AddFile,
     CommitInfo,
@@ -30,7 +42,7 @@ from schemas.actions import (
     SetTransaction,
     commit_to_json_lines,
 )
-from schemas.routing import CONTROL_PREFIX
+from deltacoord.schemas.routing import CONTROL_PREFIX
 from tests.unit.builders import DOMAINS_PROTOCOL, NOW, TABLE_ID, TABLE_URI, proposal
 
 SCHEMA = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'

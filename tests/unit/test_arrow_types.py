@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from schemas.arrow_types import (
+from deltacoord.schemas.arrow_types import (
     PRIMITIVES,
     DeltaTypeError,
     arrow_schema_to_delta,

@@ -9,12 +9,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.rules.batch import Submitted, decide_batch
-from coordinator.rules.conflicts import Accepted, decide
-from coordinator.rules.state import TableState
-from schemas.actions import Action, CommitInfo
-from schemas.messages import Decision, Proposal
-from schemas.reasons import ReasonCode
+from deltacoord.coordinator.rules.batch import Submitted, decide_batch
+from deltacoord.coordinator.rules.conflicts import Accepted, decide
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.schemas.actions import Action, CommitInfo
+from deltacoord.schemas.messages import Decision, Proposal
+from deltacoord.schemas.reasons import ReasonCode
 from tests.unit.builders import (
     NOW,
     TABLE_ID,

@@ -19,11 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from coordinator.delta_log.checkpoint_worker import CheckpointWorker, CheckpointWorkerError
-from coordinator.delta_log.checkpointer import create_checkpoint
-from coordinator.kafka.daemon import Coordinator, _CheckpointRequest
-from coordinator.settings import CoordinatorSettings
-from reader.log import commit_file_name, list_log, log_segment, segment_from_last_checkpoint
+from deltacoord.coordinator.delta_log.checkpoint_worker import CheckpointWorker, CheckpointWorkerError
+from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
+from deltacoord.coordinator.kafka.daemon import Coordinator, _CheckpointRequest
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.reader.log import commit_file_name, list_log, log_segment, segment_from_last_checkpoint
 
 
 def _table(path: Path, commits: int) -> None:
@@ -174,7 +174,7 @@ def test_a_hung_worker_does_not_block_shutdown(tmp_path: Path) -> None:
     _table(path, 11)
     code = textwrap.dedent(f"""
         import threading, time
-        from coordinator.delta_log.checkpoint_worker import CheckpointWorker, CheckpointWorkerError
+        from deltacoord.coordinator.delta_log.checkpoint_worker import CheckpointWorker, CheckpointWorkerError
         w = CheckpointWorker()
         w.start()
         threading.Thread(target=lambda: w({str(path)!r}, 10), daemon=True).start()
@@ -250,7 +250,7 @@ def test_the_worker_ends_when_its_coordinator_is_killed(tmp_path: Path) -> None:
     _table(path, 11)
     code = textwrap.dedent(f"""
         import multiprocessing, sys, time
-        from coordinator.delta_log.checkpoint_worker import CheckpointWorker, CheckpointWorkerError
+        from deltacoord.coordinator.delta_log.checkpoint_worker import CheckpointWorker, CheckpointWorkerError
         w = CheckpointWorker()
         w({str(path)!r}, 10)
         print(multiprocessing.active_children()[0].pid, flush=True)

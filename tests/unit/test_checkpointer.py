@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from coordinator.delta_log.checkpointer import (
+from deltacoord.coordinator.delta_log.checkpointer import (
     checkpoint_actions,
     checkpoint_actions_from_snapshot,
     create_checkpoint,
@@ -24,11 +24,11 @@ from coordinator.delta_log.checkpointer import (
     write_checkpoint,
     write_last_checkpoint,
 )
-from reader.checkpoint import CHECKPOINT_SCHEMA
-from reader.deletion_vectors import encode_roaring64, z85_encode
-from reader.log import LastCheckpoint, list_log, read_last_checkpoint, resolve_data_path
-from reader.snapshot import Snapshot
-from schemas.actions import (
+from deltacoord.reader.checkpoint import CHECKPOINT_SCHEMA
+from deltacoord.reader.deletion_vectors import encode_roaring64, z85_encode
+from deltacoord.reader.log import LastCheckpoint, list_log, read_last_checkpoint, resolve_data_path
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.actions import (
     AddFile,
     CommitInfo,
     DeletionVector,
@@ -284,8 +284,8 @@ BIG_SCRIPT = textwrap.dedent(
     """
     import itertools, json, resource, sys
     from pathlib import Path
-    from coordinator.delta_log.checkpointer import create_checkpoint, write_checkpoint
-    from schemas.actions import AddFile, CommitInfo, Metadata, Protocol, commit_to_json_lines
+    from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint, write_checkpoint
+    from deltacoord.schemas.actions import AddFile, CommitInfo, Metadata, Protocol, commit_to_json_lines
 
     N = int(sys.argv[2])
     root = Path(sys.argv[1])
@@ -341,7 +341,7 @@ def test_bounded_memory_200k_files(tmp_path: Path) -> None:
 
 def test_small_actions_are_read_from_the_row_groups_that_hold_them(tmp_path: Path) -> None:
     """Row-group statistics let the checkpoint's protocol/metaData/txn rows be found without reading every add."""
-    from reader.checkpoint import SMALL_ACTION_COLUMNS, iter_checkpoint_batches
+    from deltacoord.reader.checkpoint import SMALL_ACTION_COLUMNS, iter_checkpoint_batches
 
     log = tmp_path / "_delta_log"
     log.mkdir()
@@ -372,8 +372,8 @@ def test_small_actions_are_read_from_the_row_groups_that_hold_them(tmp_path: Pat
 def test_checkpoint_kind_is_chosen_from_protocol_and_metadata_given_as_arrow_batches(tmp_path: Path, policy: str) -> None:
     """The V2-or-classic choice comes from the streamed protocol and metaData, also when they arrive inside
     a checkpoint-schema batch (the written file is not read back for them)."""
-    from coordinator.delta_log.checkpoint_v2 import FEATURE
-    from reader.checkpoint import actions_to_record_batch
+    from deltacoord.coordinator.delta_log.checkpoint_v2 import FEATURE
+    from deltacoord.reader.checkpoint import actions_to_record_batch
 
     path = tmp_path / "t"
     log = path / "_delta_log"

@@ -17,12 +17,12 @@ from pathlib import Path
 import click
 import pytest
 
-from coordinator.tooling.cli import main as cli_main
-from schemas import client_settings
-from schemas.routing import Topics
-from schemas.signing import WRITER_KEY_ENV
-from writer.client import CoordinatorClient
-from writer.table import Table
+from deltacoord.coordinator.tooling.cli import main as cli_main
+from deltacoord.schemas import client_settings
+from deltacoord.schemas.routing import Topics
+from deltacoord.schemas.signing import WRITER_KEY_ENV
+from deltacoord.writer.client import CoordinatorClient
+from deltacoord.writer.table import Table
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 NONE = "—"
@@ -120,7 +120,7 @@ def test_each_variable_is_one_the_clients_read(row: dict[str, str]) -> None:
 
 @pytest.mark.parametrize("row", [r for r in ROWS if r["Spark option"] != NONE], ids=lambda r: r["setting"])
 def test_each_spark_option_is_one_the_sink_parses(row: dict[str, str], tmp_path: Path) -> None:
-    from writer.spark_sink import SinkOptions
+    from deltacoord.writer.spark_sink import SinkOptions
 
     option = row["Spark option"].replace("<KEY>", "AWS_REGION").replace("<key>", "client.id")
     value = "7.5" if row["setting"].startswith("decision timeout") else "a-value"
@@ -166,7 +166,7 @@ def test_a_missing_bootstrap_server_names_the_keyword_and_the_variable(monkeypat
         Table(tmp_path / "t")
     with pytest.raises(client_settings.ClientSettingError, match=expected):
         CoordinatorClient()
-    from reader.stream import CommitStream
+    from deltacoord.reader.stream import CommitStream
 
     with pytest.raises(client_settings.ClientSettingError, match=expected):
         CommitStream(str(tmp_path / "t"))

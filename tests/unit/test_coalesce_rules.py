@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from coordinator.rules.batch import decide_batch
-from coordinator.rules.coalesce import MAX_COALESCED, merge
-from coordinator.rules.state import TableState
-from schemas.actions import (
+from deltacoord.coordinator.rules.batch import decide_batch
+from deltacoord.coordinator.rules.coalesce import MAX_COALESCED, merge
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.schemas.actions import (
     COALESCED_KEY,
     Action,
     AddFile,
@@ -16,9 +16,9 @@ from schemas.actions import (
     SetTransaction,
     commit_to_json_lines,
 )
-from schemas.messages import Decision, Outcome, Proposal
-from schemas.reasons import ReasonCode
-from schemas.row_tracking import DOMAIN
+from deltacoord.schemas.messages import Decision, Outcome, Proposal
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.row_tracking import DOMAIN
 from tests.unit.builders import NOW, TABLE_ID, Harness, add, metadata, proposal, protocol, remove, txn
 
 
@@ -166,7 +166,7 @@ def test_decisions_written_before_coalesced_into_still_decode() -> None:
     """Records on the commits topic from before coalescing decode with `coalesced_into` null."""
     from fastavro.schema import parse_schema
 
-    from schemas.codec import DECISION_SCHEMA, decode_decision, encode_decision
+    from deltacoord.schemas.codec import DECISION_SCHEMA, decode_decision, encode_decision
     from tests.unit.test_codec import COMMITTED, body_record, single_object
     from tests.unit.test_staged_commits import HISTORY
 

@@ -16,8 +16,8 @@ from fastavro.schema import fingerprint, load_schema, parse_schema, to_parsing_c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import codec
-from schemas.actions import (
+from deltacoord.schemas import codec
+from deltacoord.schemas.actions import (
     Action,
     AddCDCFile,
     AddFile,
@@ -30,7 +30,7 @@ from schemas.actions import (
     SetTransaction,
     commit_to_json_lines,
 )
-from schemas.codec import (
+from deltacoord.schemas.codec import (
     DECISION_FINGERPRINT,
     DECISION_SCHEMA,
     PROPOSAL_FINGERPRINT,
@@ -43,8 +43,8 @@ from schemas.codec import (
     register_writer_schema,
     unregister_writer_schema,
 )
-from schemas.errors import DecodeError
-from schemas.messages import Decision, FileRead, Outcome, Proposal, StagedActions
+from deltacoord.schemas.errors import DecodeError
+from deltacoord.schemas.messages import Decision, FileRead, Outcome, Proposal, StagedActions
 
 AVRO_DIR = Path(codec.__file__).with_name("avro")
 FIXTURES = Path(__file__).with_name("fixtures")

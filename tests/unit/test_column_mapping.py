@@ -1,4 +1,4 @@
-"""Column mapping on write (`writer.column_mapping`) and protocol raising (`writer.protocols`), without a table."""
+"""Column mapping on write (`deltacoord.writer.column_mapping`) and protocol raising (`deltacoord.writer.protocols`), without a table."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from schemas.actions import Metadata, Protocol
-from writer import column_mapping, protocols, staging
-from writer.column_mapping import ID_KEY, Layout
+from deltacoord.schemas.actions import Metadata, Protocol
+from deltacoord.writer import column_mapping, protocols, staging
+from deltacoord.writer.column_mapping import ID_KEY, Layout
 
 PHYSICAL = "delta.columnMapping.physicalName"
 NESTED = pa.schema([
@@ -103,7 +103,7 @@ def test_an_unknown_mode_is_refused_by_name() -> None:
 
 
 def test_data_skipping_reads_physically_keyed_stats(tmp_path: Path) -> None:
-    from schemas.expressions.scan import files_read
+    from deltacoord.schemas.expressions.scan import files_read
 
     md, _schema = mapped("name")
     data = pa.table({"id": [1, 2], "p": ["a", "a"], "items": [None, None], "m": [None, None]}, schema=NESTED)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import schemas.actions as actions_module
-from reader.log import CorruptLogError, iter_commit_actions, parse_commit_lines
-from schemas.actions import (
+import deltacoord.schemas.actions as actions_module
+from deltacoord.reader.log import CorruptLogError, iter_commit_actions, parse_commit_lines
+from deltacoord.schemas.actions import (
     ActionParseError,
     AddFile,
     CommitInfo,

@@ -1,4 +1,4 @@
-"""The one retry policy for watermark queries (`schemas.commits_topic`).
+"""The one retry policy for watermark queries (`deltacoord.schemas.commits_topic`).
 
 Every reader of the commits topic asks a partition's offsets through `watermarks`: errors a leadership move or
 a stale metadata cache answers are asked again within a budget, others raise at once; a `Watermarks` client
@@ -14,8 +14,8 @@ from unittest.mock import Mock
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-import schemas.commits_topic as commits_topic
-from schemas.commits_topic import RETRIED, Watermarks, retriable, watermarks
+import deltacoord.schemas.commits_topic as commits_topic
+from deltacoord.schemas.commits_topic import RETRIED, Watermarks, retriable, watermarks
 
 TP = TopicPartition("t.commits", 0)
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from coordinator.rules.compaction import compaction_of
-from coordinator.rules.conflicts import Accepted, Rejected
-from schemas.actions import Action, AddFile, DeletionVector, RemoveFile
-from schemas.deletion_vectors import inline_descriptor, inline_rows
-from schemas.errors import ConcurrentDeleteDeleteException, DeltaConcurrentModificationException
-from schemas.messages import Proposal
-from schemas.row_map import ROW_MAP_KEY, RowGroup, Source, Target, decode_row_map, encode_row_map
+from deltacoord.coordinator.rules.compaction import compaction_of
+from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.schemas.actions import Action, AddFile, DeletionVector, RemoveFile
+from deltacoord.schemas.deletion_vectors import inline_descriptor, inline_rows
+from deltacoord.schemas.errors import ConcurrentDeleteDeleteException, DeltaConcurrentModificationException
+from deltacoord.schemas.messages import Proposal
+from deltacoord.schemas.row_map import ROW_MAP_KEY, RowGroup, Source, Target, decode_row_map, encode_row_map
 from tests.unit.builders import NOW, Harness, proposal
 
 S, WS = "Serializable", "WriteSerializable"

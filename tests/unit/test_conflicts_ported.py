@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.rules.conflicts import (
+from deltacoord.coordinator.rules.conflicts import (
     SNAPSHOT_ISOLATION,
     Accepted,
     Duplicate,
@@ -30,9 +30,9 @@ from coordinator.rules.conflicts import (
     check,
     decide,
 )
-from coordinator.rules.state import TableState
-from schemas.actions import Action, AddFile, CommitInfo, DomainMetadata, Metadata, Protocol, SetTransaction
-from schemas.errors import (
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.schemas.actions import Action, AddFile, CommitInfo, DomainMetadata, Metadata, Protocol, SetTransaction
+from deltacoord.schemas.errors import (
     ConcurrentAppendException,
     ConcurrentDeleteDeleteException,
     ConcurrentDeleteReadException,
@@ -43,7 +43,7 @@ from schemas.errors import (
     MetadataChangedException,
     ProtocolChangedException,
 )
-from schemas.messages import FileRead
+from deltacoord.schemas.messages import FileRead
 from tests.unit.builders import (
     DOMAINS_PROTOCOL,
     NOW,

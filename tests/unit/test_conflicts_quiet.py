@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.rules import conflicts
-from coordinator.rules.conflicts import Accepted, Rejected
-from schemas.actions import DomainMetadata, SetTransaction
-from schemas.messages import Proposal
+from deltacoord.coordinator.rules import conflicts
+from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.schemas.actions import DomainMetadata, SetTransaction
+from deltacoord.schemas.messages import Proposal
 from tests.unit.builders import Harness, add, insert_op, metadata, proposal, protocol, removal_of
 
 SEED = [add(f"seed-{i}.parquet", part=i % 2) for i in range(4)]

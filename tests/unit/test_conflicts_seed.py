@@ -22,14 +22,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from coordinator.rules.conflicts import Accepted, Rejected
-from schemas.actions import AddFile
-from schemas.errors import (
+from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.schemas.actions import AddFile
+from deltacoord.schemas.errors import (
     ConcurrentAppendException,
     ConcurrentDeleteReadException,
     DeltaConcurrentModificationException,
 )
-from schemas.messages import Proposal
+from deltacoord.schemas.messages import Proposal
 from tests.unit.builders import Harness, add, dml_op, insert_op, optimize_op, removal_of
 
 S, WS = "Serializable", "WriteSerializable"

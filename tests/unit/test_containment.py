@@ -9,15 +9,21 @@ from typing import Any
 
 import pytest
 
-from coordinator.kafka.control import HALT, RESUME, control_kind, halt_record, resume_record
-from coordinator.kafka.snapshot import PartitionSnapshot, SnapshotError, SnapshotStore, decode_snapshot, encode_snapshot
-from coordinator.rules import batch as batch_module
-from coordinator.rules.batch import decide_batch
-from coordinator.rules.decided import DecidedIds
-from coordinator.rules.state import TableState, key_hash
-from schemas.actions import CommitInfo
-from schemas.messages import Decision, Outcome
-from schemas.reasons import ReasonCode
+from deltacoord.coordinator.kafka.control import HALT, RESUME, control_kind, halt_record, resume_record
+from deltacoord.coordinator.kafka.snapshot import (
+    PartitionSnapshot,
+    SnapshotError,
+    SnapshotStore,
+    decode_snapshot,
+    encode_snapshot,
+)
+from deltacoord.coordinator.rules import batch as batch_module
+from deltacoord.coordinator.rules.batch import decide_batch
+from deltacoord.coordinator.rules.decided import DecidedIds
+from deltacoord.coordinator.rules.state import TableState, key_hash
+from deltacoord.schemas.actions import CommitInfo
+from deltacoord.schemas.messages import Decision, Outcome
+from deltacoord.schemas.reasons import ReasonCode
 from tests.unit.builders import (
     DOMAINS_PROTOCOL,
     NOW,
@@ -88,7 +94,7 @@ def test_a_snapshot_written_before_proposal_offsets_were_recorded_reads_as_offse
     import json
     import struct
 
-    from coordinator.kafka.snapshot import MAGIC
+    from deltacoord.coordinator.kafka.snapshot import MAGIC
 
     data = encode_snapshot(_snapshot(_state(), []))
     (n,) = struct.unpack_from("<Q", data, len(MAGIC))

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.delta_log.adoption import adoption_problems
-from coordinator.rules.conflicts import Accepted, Rejected
-from coordinator.rules.validate import proposal_error
-from schemas.actions import Metadata, Protocol
-from schemas.errors import ProtocolChangedException
-from schemas.writer_features import COORDINATED, coordinated, with_coordinated, without_coordinated, writer_problems
+from deltacoord.coordinator.delta_log.adoption import adoption_problems
+from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.coordinator.rules.validate import proposal_error
+from deltacoord.schemas.actions import Metadata, Protocol
+from deltacoord.schemas.errors import ProtocolChangedException
+from deltacoord.schemas.writer_features import (
+    COORDINATED,
+    coordinated,
+    with_coordinated,
+    without_coordinated,
+    writer_problems,
+)
 from tests.unit.builders import Harness, proposal
 
 SCHEMA = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'

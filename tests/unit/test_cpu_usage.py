@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from coordinator.tooling.cpu_usage import ServiceCpu, broker_pid, listener_pid, process_tree_cpu_s
+from deltacoord.coordinator.tooling.cpu_usage import ServiceCpu, broker_pid, listener_pid, process_tree_cpu_s
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
 
@@ -37,17 +37,21 @@ def test_a_process_tree_counts_its_live_children_and_the_ones_it_reaped() -> Non
 
 
 def test_service_cpu_is_what_a_process_spent_between_start_and_stop() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()\n" + BURN.format(s=0.3)],
-                             stdin=subprocess.PIPE, text=True)
+    # The child burns 0.3 s of CPU between two lines, and says when it is done: a loaded machine only stretches it.
+    child = subprocess.Popen([sys.executable, "-c", "import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n" + BURN.format(s=0.3)
+                              + "print('done', flush=True)\nsys.stdin.readline()\n"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdin is not None and child.stdout is not None
         services = ServiceCpu({"busy": child.pid, "elsewhere": None})
-        time.sleep(0.5)  # its start-up (the interpreter's imports) happens before start()
+        assert child.stdout.readline().strip() == "ready"  # its start-up (the interpreter's imports) is not counted
         services.start()
-        assert child.stdin is not None
         child.stdin.write("go\n")
         child.stdin.flush()
-        time.sleep(1.5)
+        assert child.stdout.readline().strip() == "done"
         services.stop()
+        child.stdin.write("exit\n")
+        child.stdin.flush()
     finally:
         child.wait(30)
     busy = services.used["busy"]

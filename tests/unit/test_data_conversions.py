@@ -8,10 +8,10 @@ import click
 import pyarrow as pa
 import pytest
 
-from coordinator.tooling.cli_schema import arrow_type_of, parse_schema
-from writer import staging
-from writer.decimals import to_decimal
-from writer.staging import SchemaError
+from deltacoord.coordinator.tooling.cli_schema import arrow_type_of, parse_schema
+from deltacoord.writer import staging
+from deltacoord.writer.decimals import to_decimal
+from deltacoord.writer.staging import SchemaError
 
 D10_2 = pa.decimal128(10, 2)
 

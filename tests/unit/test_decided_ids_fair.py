@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import random
 
-from coordinator.rules.decided import DecidedIds
-from schemas.messages import Decision, Outcome
-from schemas.reasons import ReasonCode
+from deltacoord.coordinator.rules.decided import DecidedIds
+from deltacoord.schemas.messages import Decision, Outcome
+from deltacoord.schemas.reasons import ReasonCode
 
 
 def _d(table: str, pid: str, at: int = 1_000, outcome: Outcome = Outcome.REJECTED,

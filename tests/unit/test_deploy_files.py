@@ -27,9 +27,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from coordinator import settings
-from coordinator.kafka import acls
-from coordinator.kafka.acls import (
+from deltacoord.coordinator import settings
+from deltacoord.coordinator.kafka import acls
+from deltacoord.coordinator.kafka.acls import (
     CLUSTER,
     GROUP,
     LITERAL,
@@ -43,13 +43,13 @@ from coordinator.kafka.acls import (
     plan_acls,
     render_commands,
 )
-from coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, TopicSpec
-from coordinator.metrics import Metrics, MetricsServer, TableGauges
-from coordinator.settings import CoordinatorSettings
-from coordinator.tooling import cli_acls, cli_topics
-from coordinator.tooling.cli import coordinator_run
-from coordinator.tooling.cli import main as cli_main
-from coordinator.tooling.cli_topics import (
+from deltacoord.coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, TopicSpec
+from deltacoord.coordinator.metrics import Metrics, MetricsServer, TableGauges
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.coordinator.tooling import cli_acls, cli_topics
+from deltacoord.coordinator.tooling.cli import coordinator_run
+from deltacoord.coordinator.tooling.cli import main as cli_main
+from deltacoord.coordinator.tooling.cli_topics import (
     UnsafeTopicSettingsError,
     check_replication,
     create_specs,
@@ -57,7 +57,7 @@ from coordinator.tooling.cli_topics import (
     spec_differences,
     topic_problems,
 )
-from schemas.routing import Topics
+from deltacoord.schemas.routing import Topics
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -220,7 +220,7 @@ def test_dockerfile_entrypoint_is_coordinator_run() -> None:
     entry = [json.loads(v) for k, v in stage if k == "ENTRYPOINT"]
     assert entry == [["deltacoord", "coordinator", "run"]]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["deltacoord"] == "coordinator.tooling.cli:main"
+    assert scripts["deltacoord"] == "deltacoord.coordinator.tooling.cli:main"
     assert command("coordinator", "run") is coordinator_run
 
 
@@ -514,7 +514,7 @@ def test_systemd_unit_has_the_required_keys() -> None:
 
 
 def test_relay_unit_runs_the_relay_on_the_socket_writers_are_told() -> None:
-    from coordinator.tooling.cli import main
+    from deltacoord.coordinator.tooling.cli import main
 
     unit = configparser.ConfigParser(interpolation=None, strict=True)
     unit.optionxform = str  # type: ignore[assignment,method-assign]
@@ -561,8 +561,8 @@ def test_example_toml_documents_every_key_coordinator_run_reads() -> None:
 @pytest.fixture
 def fake_coordinator(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Replace the daemon so `coordinator run` only records what it would run."""
-    import coordinator.kafka.daemon
-    import coordinator.logs
+    from deltacoord.coordinator import logs
+    from deltacoord.coordinator.kafka import daemon
 
     calls: list[dict[str, Any]] = []
 
@@ -576,8 +576,8 @@ def fake_coordinator(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         def run(self) -> int:
             return 0
 
-    monkeypatch.setattr(coordinator.kafka.daemon, "Coordinator", FakeCoordinator)
-    monkeypatch.setattr(coordinator.logs, "setup_logging", lambda level="INFO": None)
+    monkeypatch.setattr(daemon, "Coordinator", FakeCoordinator)
+    monkeypatch.setattr(logs, "setup_logging", lambda level="INFO": None)
     for k in list(os.environ):
         if k.startswith("DELTACOORD_"):
             monkeypatch.delenv(k)
@@ -686,17 +686,17 @@ def test_transactional_id_prefix_covers_every_partition_and_nothing_of_other_dep
 
 
 def test_acl_groups_match_the_group_ids_the_code_uses() -> None:
-    import coordinator.kafka.recovery
-    import reader.stream
-    import writer.client
+    from deltacoord.coordinator.kafka import recovery
+    from deltacoord.reader import stream
+    from deltacoord.writer import client
 
-    assert '{settings.group_id}-recovery' in inspect.getsource(coordinator.kafka.recovery.read_decisions_at)
+    assert '{settings.group_id}-recovery' in inspect.getsource(recovery.read_decisions_at)
     assert acls.coordinator_groups("g") == ("g", "g-recovery")
-    writer_groups = re.findall(r'"group\.id":\s*f?"([^"{]+)', inspect.getsource(writer.client))
+    writer_groups = re.findall(r'"group\.id":\s*f?"([^"{]+)', inspect.getsource(client))
     assert writer_groups
     for g in writer_groups:
         assert any(g.startswith(p) for p in acls.DEFAULT_WRITER_GROUP_PREFIXES), g
-    reader_groups = re.findall(r'"group\.id":\s*f?"([^"{]+)', inspect.getsource(reader.stream))
+    reader_groups = re.findall(r'"group\.id":\s*f?"([^"{]+)', inspect.getsource(stream))
     for g in reader_groups:
         assert any(g.startswith(p) for p in acls.DEFAULT_READER_GROUP_PREFIXES), g
 
@@ -871,7 +871,7 @@ def test_topics_create_refuses_unsafe_settings_before_connecting() -> None:
 
 
 def test_dead_letter_and_stall_settings_come_from_file_environment_and_flags(tmp_path: Path) -> None:
-    from coordinator import settings as settings_module
+    from deltacoord.coordinator import settings as settings_module
 
     cfg = tmp_path / "c.toml"
     cfg.write_text("[coordinator]\ndead_letter_max_bytes = 1000\nstall_seconds = 5\n")

@@ -3,7 +3,7 @@
 For random WHERE conditions over partition and data columns, and random files
 with partition values, rows and min/max stats:
 
-* the files a DELETE/UPDATE declares as read (`schemas.expressions.files_read`,
+* the files a DELETE/UPDATE declares as read (`deltacoord.schemas.expressions.files_read`,
   what `Table._rewrite` declares) include every file holding a row the
   condition selects: a concurrent removal of such a file is always a
   ConcurrentDeleteReadException;
@@ -24,12 +24,12 @@ import pyarrow.dataset as ds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reader.snapshot import delta_schema_to_arrow
-from schemas.actions import AddFile, Metadata
-from schemas.expressions.arrow import compile_filter
-from schemas.expressions.partitions import compile_read_predicates, partition_schema, row_of
-from schemas.expressions.scan import files_read
-from writer import staging
+from deltacoord.reader.snapshot import delta_schema_to_arrow
+from deltacoord.schemas.actions import AddFile, Metadata
+from deltacoord.schemas.expressions.arrow import compile_filter
+from deltacoord.schemas.expressions.partitions import compile_read_predicates, partition_schema, row_of
+from deltacoord.schemas.expressions.scan import files_read
+from deltacoord.writer import staging
 
 FIELDS = [("p", "integer"), ("q", "string"), ("id", "long"), ("name", "string")]
 METADATA = Metadata(

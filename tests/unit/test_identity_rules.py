@@ -1,4 +1,4 @@
-"""The coordinator never lets a commit hand out an identity value twice (`coordinator.rules.identity`).
+"""The coordinator never lets a commit hand out an identity value twice (`deltacoord.coordinator.rules.identity`).
 
 Our writer generates values from the mark it read and advances it; these proposals are what a buggy or
 hostile writer could send instead, and one that raced (a MetadataChangedException, not invalid).
@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from coordinator.rules.conflicts import Accepted, Rejected
-from schemas.actions import AddFile, Metadata
-from schemas.errors import InvalidProposalError, MetadataChangedException
-from schemas.identity import with_high_water_marks
-from schemas.reasons import ReasonCode
+from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.schemas.actions import AddFile, Metadata
+from deltacoord.schemas.errors import InvalidProposalError, MetadataChangedException
+from deltacoord.schemas.identity import with_high_water_marks
+from deltacoord.schemas.reasons import ReasonCode
 from tests.unit.builders import Harness, proposal, removal_of
 
 

@@ -2,8 +2,8 @@
 
 * no cycle between modules;
 * `schemas` imports nothing of ours; `reader` only `schemas`; `writer` only `schemas` and `reader`;
-* the coordinator's rules (`coordinator.rules`) import only `schemas`;
-* in `coordinator`, only the tooling (`coordinator.tooling`) imports `writer`;
+* the coordinator's rules (`deltacoord.coordinator.rules`) import only `schemas`;
+* in `coordinator`, only the tooling (`deltacoord.coordinator.tooling`) imports `writer`;
 * nothing imports the `deltacoord` facade;
 * no module imports another module's private (`_`-prefixed) name: what two modules share is public;
 * the batch client and the coordinator import without pyspark (an optional extra); the
@@ -21,25 +21,31 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("schemas", "reader", "writer", "coordinator", "deltacoord")
+ROLES = ("schemas", "reader", "writer", "coordinator")
+FRONT_DOOR = "deltacoord"
 
 
 def _module_name(path: Path) -> str:
+    """The installed name: the role folders are subpackages of the one import name."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in ROLES:
+        parts.insert(0, FRONT_DOOR)
     return ".".join(parts)
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+    """Every module once: the role folders, then the front door's own files (its role entries are links to them)."""
+    files = [p for role in ROLES for p in sorted((ROOT / role).rglob("*.py"))] + sorted((ROOT / FRONT_DOOR).glob("*.py"))
+    return {_module_name(p): p for p in files}
 
 
 MODULES = _modules()
 
 
 def _ours(name: str) -> bool:
-    return name.split(".")[0] in PACKAGES
+    return name.split(".")[0] == FRONT_DOOR
 
 
 def _imports(module: str, path: Path) -> set[str]:
@@ -69,13 +75,15 @@ GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
 
 
 def _top(name: str) -> str:
-    return name.split(".")[0]
+    """The role a module belongs to (`schemas`, `reader`, `writer`, `coordinator`), or the front door."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ROLES else FRONT_DOOR
 
 
 def test_the_walk_sees_the_whole_house() -> None:
-    assert {"schemas.expressions.partitions", "coordinator.rules.batch", "coordinator.kafka.partition",
-            "coordinator.delta_log.files", "coordinator.tooling.cli", "writer.table", "reader.log", "deltacoord"} <= set(MODULES)
-    assert "writer.table" in GRAPH["coordinator.tooling.bench"] | GRAPH["coordinator.tooling.cli_tables"]
+    assert {"deltacoord.schemas.expressions.partitions", "deltacoord.coordinator.rules.batch", "deltacoord.coordinator.kafka.partition",
+            "deltacoord.coordinator.delta_log.files", "deltacoord.coordinator.tooling.cli", "deltacoord.writer.table", "deltacoord.reader.log", "deltacoord"} <= set(MODULES)
+    assert "deltacoord.writer.table" in GRAPH["deltacoord.coordinator.tooling.bench"] | GRAPH["deltacoord.coordinator.tooling.cli_tables"]
 
 
 def test_no_import_cycles() -> None:
@@ -127,19 +135,20 @@ def test_imports_point_one_way(package: str, allowed: set[str]) -> None:
 
 
 def test_the_rules_import_only_schemas() -> None:
-    bad = {m: sorted(i for i in deps if not (i.startswith("schemas") or i.startswith("coordinator.rules")))
-           for m, deps in GRAPH.items() if m.startswith("coordinator.rules")}
+    bad = {m: sorted(i for i in deps if not (i.startswith("deltacoord.schemas") or i.startswith("deltacoord.coordinator.rules")))
+           for m, deps in GRAPH.items() if m.startswith("deltacoord.coordinator.rules")}
     assert {m: d for m, d in bad.items() if d} == {}
-    assert len([m for m in GRAPH if m.startswith("coordinator.rules.")]) >= 6
+    assert len([m for m in GRAPH if m.startswith("deltacoord.coordinator.rules.")]) >= 6
 
 
 def test_only_the_tooling_imports_the_writer() -> None:
     importers = {m for m, deps in GRAPH.items() if _top(m) == "coordinator" and any(_top(i) == "writer" for i in deps)}
-    assert importers and all(m.startswith("coordinator.tooling") for m in importers), sorted(importers)
+    assert importers and all(m.startswith("deltacoord.coordinator.tooling") for m in importers), sorted(importers)
 
 
 def test_nothing_imports_the_facade() -> None:
-    assert [m for m, deps in GRAPH.items() if "deltacoord" in deps and m != "deltacoord"] == []
+    front_door = {m for m in GRAPH if _top(m) == FRONT_DOOR}
+    assert [m for m, deps in GRAPH.items() if deps & front_door and m not in front_door] == []
 
 
 _NO_SPARK = """
@@ -159,9 +168,9 @@ def _python(code: str) -> None:
 
 def test_the_client_and_the_coordinator_import_without_pyspark() -> None:
     _python("""
-from writer import Table, retry
-from reader import Snapshot, CommitStream
-import deltacoord, coordinator.tooling.cli, coordinator.kafka.daemon
+from deltacoord.writer import Table, retry
+from deltacoord.reader import Snapshot, CommitStream
+import deltacoord, deltacoord.coordinator.tooling.cli, deltacoord.coordinator.kafka.daemon
 assert deltacoord.Table is Table and deltacoord.retry is retry and deltacoord.Snapshot is Snapshot
 assert deltacoord.CommitStream is CommitStream
 print("ok")
@@ -170,12 +179,12 @@ print("ok")
 
 def test_the_deciding_process_imports_no_arrow_and_the_checkpoint_process_no_sql_engine() -> None:
     _python("""
-import coordinator.kafka.daemon, coordinator.settings
+import deltacoord.coordinator.kafka.daemon, deltacoord.coordinator.settings
 assert "pyarrow" not in sys.modules, "the deciding process imports Arrow"
 print("ok")
 """)
     _python("""
-import coordinator.delta_log.checkpoint_worker, coordinator.delta_log.checkpointer
+import deltacoord.coordinator.delta_log.checkpoint_worker, deltacoord.coordinator.delta_log.checkpointer
 assert "sqlglot" not in sys.modules and "pyarrow.dataset" not in sys.modules, "the checkpoint process imports the SQL engine"
 print("ok")
 """)

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.rules import live_files
-from coordinator.rules.live_files import LiveFileSet
+from deltacoord.coordinator.rules import live_files
+from deltacoord.coordinator.rules.live_files import LiveFileSet
 
 _KEYS = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 # a small key space makes re-adds, removes of absent keys and add-after-remove common

@@ -7,14 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from coordinator.rules import profiles
-from coordinator.rules.conflicts import Accepted, Duplicate, Rejected
-from coordinator.rules.maxcompute import TABLE, Cell
-from schemas.actions import Action, AddFile, CommitInfo, Metadata, RemoveFile
-from schemas.deletion_vectors import inline_rows
-from schemas.errors import ConcurrentJobException
-from schemas.jobs import TIME_VERSION_KEY, JobType, creates_time_version, is_time_version, job_type
-from schemas.messages import Proposal
+from deltacoord.coordinator.rules import profiles
+from deltacoord.coordinator.rules.conflicts import Accepted, Duplicate, Rejected
+from deltacoord.coordinator.rules.maxcompute import TABLE, Cell
+from deltacoord.schemas.actions import Action, AddFile, CommitInfo, Metadata, RemoveFile
+from deltacoord.schemas.deletion_vectors import inline_rows
+from deltacoord.schemas.errors import ConcurrentJobException
+from deltacoord.schemas.jobs import TIME_VERSION_KEY, JobType, creates_time_version, is_time_version, job_type
+from deltacoord.schemas.messages import Proposal
 from tests.unit.builders import Harness
 from tests.unit.test_compaction_rules import DV, WS, Files, Table, delete, live_files, optimize
 

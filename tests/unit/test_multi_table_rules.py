@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from coordinator.rules.batch import decide_batch
-from coordinator.rules.state import TableState
-from schemas.actions import CommitInfo
-from schemas.messages import SIBLING_REJECTED, MultiTable, Proposal
+from deltacoord.coordinator.rules.batch import decide_batch
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.schemas.actions import CommitInfo
+from deltacoord.schemas.messages import SIBLING_REJECTED, MultiTable, Proposal
 from tests.unit.builders import NOW, add, metadata, proposal, protocol, remove
 
 A, B = "g::a", "g::b"

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from schemas.errors import InvalidProposalError
-from schemas.expressions.partitions import (
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.expressions.partitions import (
     PartitionColumn,
     compile_predicate,
     compile_read_predicates,

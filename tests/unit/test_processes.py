@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from coordinator.tooling import processes
+from deltacoord.coordinator.tooling import processes
 
 
 def _child(code: str, *args: str) -> subprocess.Popen[bytes]:

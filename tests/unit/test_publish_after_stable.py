@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.delta_log import publisher as publisher_module
-from coordinator.delta_log.publisher import Publisher, PublishTask
-from reader.log import commit_path
-from schemas.actions import CommitInfo, Protocol
+from deltacoord.coordinator.delta_log import publisher as publisher_module
+from deltacoord.coordinator.delta_log.publisher import Publisher, PublishTask
+from deltacoord.reader.log import commit_path
+from deltacoord.schemas.actions import CommitInfo, Protocol
 
 
 class Stability:

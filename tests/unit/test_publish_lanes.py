@@ -1,5 +1,5 @@
 """Each table publishes in a lane of its own: its versions in order, tables in parallel, a stalled store
-holding back only its own table (`coordinator.delta_log.publisher`)."""
+holding back only its own table (`deltacoord.coordinator.delta_log.publisher`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from coordinator.delta_log import publisher as publisher_module
-from coordinator.delta_log.publisher import Publisher, PublishTask
-from reader.log import commit_path
-from schemas.actions import CommitInfo, Protocol
+from deltacoord.coordinator.delta_log import publisher as publisher_module
+from deltacoord.coordinator.delta_log.publisher import Publisher, PublishTask
+from deltacoord.reader.log import commit_path
+from deltacoord.schemas.actions import CommitInfo, Protocol
 
 
 def _task(root: Path, v: int) -> PublishTask:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reader.checkpoint import (
+from deltacoord.reader.checkpoint import (
     CHECKPOINT_SCHEMA,
     actions_to_record_batch,
     checkpoint_schema_json,
@@ -22,7 +22,7 @@ from reader.checkpoint import (
     read_checkpoint_actions,
     string_array,
 )
-from reader.deletion_vectors import (
+from deltacoord.reader.deletion_vectors import (
     DeletionVectorError,
     decode_roaring64,
     dv_file_bytes,
@@ -34,7 +34,7 @@ from reader.deletion_vectors import (
     z85_decode,
     z85_encode,
 )
-from reader.log import (
+from deltacoord.reader.log import (
     CorruptLogError,
     TableNotFoundError,
     VersionNotFoundError,
@@ -46,7 +46,7 @@ from reader.log import (
     resolve_data_path,
     table_root,
 )
-from schemas.actions import (
+from deltacoord.schemas.actions import (
     AddFile,
     CommitInfo,
     DeletionVector,
@@ -460,8 +460,8 @@ def test_keep_mask() -> None:
 @pytest.mark.parametrize("odd", ["\u2028", "\u2029", "\x85"])
 def test_commit_lines_split_on_newline_only(odd: str) -> None:
     """Our commits write non-ASCII raw; a path holding a character that `str.splitlines` splits on still reads back."""
-    from reader.log import parse_commit_lines
-    from schemas.actions import AddFile, Protocol, commit_to_json_lines, parse_commit
+    from deltacoord.reader.log import parse_commit_lines
+    from deltacoord.schemas.actions import AddFile, Protocol, commit_to_json_lines, parse_commit
 
     add = AddFile(f"d=1/a{odd}b.parquet", {"d": f"x{odd}"}, 10, 0, True)
     data = commit_to_json_lines([Protocol(1, 2), add]).replace(b"\n", b"\r\n", 1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from coordinator.kafka.recovery import watermarks
+from deltacoord.coordinator.kafka.recovery import watermarks
 
 
 class _Answers:

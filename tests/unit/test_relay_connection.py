@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from writer import relay, relay_wire
-from writer.relay import _Connection
+from deltacoord.writer import relay, relay_wire
+from deltacoord.writer.relay import _Connection
 
 BODY = 64 * 1024  # 64 frames of this size are far more than a Unix socket buffers
 

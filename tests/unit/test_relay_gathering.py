@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from writer.relay import ACTIVE_S, _Connection, expected_soon
+from deltacoord.writer.relay import ACTIVE_S, _Connection, expected_soon
 
 
 def _conn(last_proposed: float, unanswered: int = 0) -> _Connection:

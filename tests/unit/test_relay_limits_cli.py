@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from coordinator.tooling.cli import main
-from writer.relay_limits import RelayLimits
+from deltacoord.coordinator.tooling.cli import main
+from deltacoord.writer.relay_limits import RelayLimits
 
 
 def test_defaults_are_shown_and_bounded() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from schemas.routing import Topics
-from writer import relay_wire
-from writer.relay_link import FORGET_BATCH, RelayLink
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer import relay_wire
+from deltacoord.writer.relay_link import FORGET_BATCH, RelayLink
 
 
 class WireRelay:

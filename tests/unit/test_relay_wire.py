@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from writer import relay_wire
-from writer.replies import Routing
+from deltacoord.writer import relay_wire
+from deltacoord.writer.replies import Routing
 
 
 def test_a_frame_carries_binary_headers_and_body_unchanged() -> None:

@@ -11,11 +11,11 @@ import json
 
 import pytest
 
-from coordinator.rules.conflicts import Accepted, Rejected
-from schemas.actions import AddFile, DomainMetadata, Protocol
-from schemas.errors import InvalidProposalError
-from schemas.reasons import ReasonCode
-from schemas.row_tracking import DOMAIN, high_water_mark
+from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.schemas.actions import AddFile, DomainMetadata, Protocol
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.row_tracking import DOMAIN, high_water_mark
 from tests.unit.builders import Harness, add, metadata, proposal, removal_of
 
 ROW_TRACKING = Protocol(1, 7, None, ("appendOnly", "invariants", "domainMetadata", "rowTracking"))

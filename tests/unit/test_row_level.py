@@ -16,11 +16,15 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from coordinator.rules.conflicts import Accepted, Rejected
-from schemas.actions import Action, AddFile, DeletionVector, RemoveFile
-from schemas.deletion_vectors import decode_roaring64, encode_roaring64, inline_descriptor, inline_rows
-from schemas.errors import ConcurrentAppendException, ConcurrentDeleteDeleteException, ConcurrentDeleteReadException
-from schemas.messages import Proposal
+from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.schemas.actions import Action, AddFile, DeletionVector, RemoveFile
+from deltacoord.schemas.deletion_vectors import decode_roaring64, encode_roaring64, inline_descriptor, inline_rows
+from deltacoord.schemas.errors import (
+    ConcurrentAppendException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentDeleteReadException,
+)
+from deltacoord.schemas.messages import Proposal
 from tests.unit.builders import Harness, add, insert_op, proposal
 
 S, WS = "Serializable", "WriteSerializable"

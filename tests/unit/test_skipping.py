@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.actions import AddFile
-from schemas.expressions import arrow as expressions
-from schemas.expressions.stats import file_filter, skip_files
-from writer import staging
+from deltacoord.schemas.actions import AddFile
+from deltacoord.schemas.expressions import arrow as expressions
+from deltacoord.schemas.expressions.stats import file_filter, skip_files
+from deltacoord.writer import staging
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("d", pa.date32()), ("x", pa.float64()), ("p", pa.string())])
 DATA_COLUMNS = ["id", "name", "d", "x"]
@@ -146,7 +146,7 @@ def test_never_skips_a_file_holding_a_matching_row(rows: list[tuple[int | None, 
 def test_bounds_that_are_not_finite_numbers_are_left_out() -> None:
     """JSON has no Infinity or NaN (Delta readers refuse them, and so does the coordinator): such a bound is
     left out, which every reader takes as unknown; the finite bound on the other side stays."""
-    from coordinator.rules.stats import stats_problem
+    from deltacoord.coordinator.rules.stats import stats_problem
 
     t = _table([1, 2, 3]).set_column(3, "x", pa.array([float("-inf"), 0.5, 2.0], pa.float64()))
     f = _file(t)

@@ -16,11 +16,16 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-import reader.snapshot as snapmod
-from reader.deletion_vectors import dv_file_bytes, encode_roaring64, z85_encode
-from reader.log import CorruptLogError, VersionNotFoundError, resolve_data_path, table_root
-from reader.snapshot import Snapshot, UnsupportedTableFeatureError, delta_type_to_arrow, parse_partition_value
-from schemas.actions import (
+import deltacoord.reader.snapshot as snapmod
+from deltacoord.reader.deletion_vectors import dv_file_bytes, encode_roaring64, z85_encode
+from deltacoord.reader.log import CorruptLogError, VersionNotFoundError, resolve_data_path, table_root
+from deltacoord.reader.snapshot import (
+    Snapshot,
+    UnsupportedTableFeatureError,
+    delta_type_to_arrow,
+    parse_partition_value,
+)
+from deltacoord.schemas.actions import (
     AddFile,
     CommitInfo,
     DeletionVector,
@@ -449,7 +454,7 @@ def test_multi_part_checkpoint_and_spark_last_checkpoint(histories: dict[str, tu
     pq.write_table(table.slice(0, half), log / f"{6:020d}.checkpoint.0000000001.0000000002.parquet")
     pq.write_table(table.slice(half), log / f"{6:020d}.checkpoint.0000000002.0000000002.parquet")
     classic.unlink()
-    from reader.checkpoint import checkpoint_schema_json
+    from deltacoord.reader.checkpoint import checkpoint_schema_json
 
     (log / "_last_checkpoint").write_text(json.dumps({
         "version": 6, "size": table.num_rows, "parts": 2, "sizeInBytes": 1, "numOfAddFiles": 1,
@@ -509,7 +514,7 @@ def test_building_actions_pauses_the_cyclic_gc_and_restores_its_state() -> None:
 
     import pyarrow as pa
 
-    from reader.checkpoint import adds_from_struct, without_cyclic_gc
+    from deltacoord.reader.checkpoint import adds_from_struct, without_cyclic_gc
 
     with without_cyclic_gc():
         assert not gc.isenabled()

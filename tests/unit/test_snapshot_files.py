@@ -10,10 +10,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reader.checkpoint import ADD_TYPE, actions_to_record_batch, adds_from_struct, adds_to_struct
-from reader.log import checkpoint_file_name, commit_file_name
-from reader.snapshot import Snapshot
-from schemas.actions import AddFile, DeletionVector, Metadata, Protocol, commit_to_json_lines
+from deltacoord.reader.checkpoint import ADD_TYPE, actions_to_record_batch, adds_from_struct, adds_to_struct
+from deltacoord.reader.log import checkpoint_file_name, commit_file_name
+from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.actions import AddFile, DeletionVector, Metadata, Protocol, commit_to_json_lines
 
 SCHEMA = json.dumps({"type": "struct", "fields": [
     {"name": "id", "type": "long", "nullable": True, "metadata": {}},

@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reader.checkpoint import actions_to_record_batch
-from reader.log import CorruptLogError, checkpoint_file_name, commit_file_name
-from reader.snapshot import VARIANT_ARROW_TYPE, Snapshot, UnsupportedTableFeatureError, delta_type_to_arrow
-from schemas.actions import AddFile, Metadata, Protocol, commit_to_json_lines
+from deltacoord.reader.checkpoint import actions_to_record_batch
+from deltacoord.reader.log import CorruptLogError, checkpoint_file_name, commit_file_name
+from deltacoord.reader.snapshot import VARIANT_ARROW_TYPE, Snapshot, UnsupportedTableFeatureError, delta_type_to_arrow
+from deltacoord.schemas.actions import AddFile, Metadata, Protocol, commit_to_json_lines
 
 
 def _field(name: str, t: Any, *, fid: int | None = None, phys: str | None = None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-from coordinator.kafka.stability import StableOffsets
+from deltacoord.coordinator.kafka.stability import StableOffsets
 
 
 def _failing(code: int) -> KafkaException:

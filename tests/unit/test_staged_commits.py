@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fastavro.schema import parse_schema
 
-from reader.staged_commits import (
+from deltacoord.reader.staged_commits import (
     StagedCommitTooLargeError,
     load_proposal,
     on_the_wire,
@@ -19,11 +19,11 @@ from reader.staged_commits import (
     stage_decision,
     sweep_decided,
 )
-from reader.storage import TableStorage
-from schemas.actions import commit_to_json_lines, parse_commit
-from schemas.codec import decode_decision, decode_proposal, encode_decision, encode_proposal
-from schemas.messages import Decision, Outcome
-from schemas.staged import (
+from deltacoord.reader.storage import TableStorage
+from deltacoord.schemas.actions import commit_to_json_lines, parse_commit
+from deltacoord.schemas.codec import decode_decision, decode_proposal, encode_decision, encode_proposal
+from deltacoord.schemas.messages import Decision, Outcome
+from deltacoord.schemas.staged import (
     STAGED_DIR,
     StagedCommitError,
     decided_key,
@@ -114,7 +114,7 @@ def test_messages_written_before_the_staged_fields_still_decode(message: str) ->
     (old,) = [f for f in HISTORY.glob(f"{message}.*.json") if f'"{field}"' not in f.read_text()]
     schema = parse_schema(json.loads(old.read_text()))
     current = encode_proposal(FULL_PROPOSAL) if message == "CommitProposal" else encode_decision(COMMITTED)
-    from schemas.codec import DECISION_SCHEMA, PROPOSAL_SCHEMA
+    from deltacoord.schemas.codec import DECISION_SCHEMA, PROPOSAL_SCHEMA
     record = body_record(current, PROPOSAL_SCHEMA if message == "CommitProposal" else DECISION_SCHEMA)
     record.pop("stagedActions" if message == "CommitProposal" else "stagedCommit")
     data = single_object(schema, record)
@@ -132,7 +132,7 @@ def test_vacuum_deletes_only_old_writer_staged_actions(tmp_path: Path) -> None:
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from writer.vacuum import vacuum
+    from deltacoord.writer.vacuum import vacuum
 
     write_deltalake(str(tmp_path), pa.table({"id": [1]}))
     _, ref = staged_bytes(FULL_PROPOSAL.actions)

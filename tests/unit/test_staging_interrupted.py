@@ -12,8 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from reader.storage import TableStorage
-from writer import staging
+from deltacoord.reader.storage import TableStorage
+from deltacoord.writer import staging
 
 
 def _parquet(root: Path) -> list[Path]:

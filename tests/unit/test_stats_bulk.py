@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.rules.stats import stats_problem, stats_problems
+from deltacoord.coordinator.rules.stats import stats_problem, stats_problems
 
 #: The bulk pass from this many files on, in these tests (the coordinator's threshold is higher).
 BULK_FROM = 256
@@ -47,7 +47,7 @@ def test_bulk_answers_as_the_per_file_check(inserted: list[tuple[int, str]], fil
 
 
 def test_a_clean_commit_checks_no_file_one_by_one(monkeypatch: Any) -> None:
-    import coordinator.rules.stats as mod
+    import deltacoord.coordinator.rules.stats as mod
 
     calls: list[object] = []
     real = mod.stats_problem
@@ -67,7 +67,7 @@ def test_a_clean_commit_checks_no_file_one_by_one(monkeypatch: Any) -> None:
 @given(st.lists(st.tuples(st.integers(min_value=0, max_value=BULK_FROM + 40), stats_text), max_size=6),
        st.sampled_from([1, 7, 64]))
 def test_bulk_answers_as_the_per_file_check_slice_by_slice(inserted: list[tuple[int, str]], slice_rows: int) -> None:
-    import coordinator.rules.stats as mod
+    import deltacoord.coordinator.rules.stats as mod
 
     stats: list[Any] = [BASE if i % 2 else json.dumps({"numRecords": i}) for i in range(BULK_FROM + 40)]
     for at, s in inserted:
@@ -81,7 +81,7 @@ def test_bulk_answers_as_the_per_file_check_slice_by_slice(inserted: list[tuple[
 
 
 def test_a_clean_commit_read_in_slices_checks_no_file_one_by_one(monkeypatch: Any) -> None:
-    import coordinator.rules.stats as mod
+    import deltacoord.coordinator.rules.stats as mod
 
     monkeypatch.setattr(mod, "BULK_SLICE", 300)
     calls: list[object] = []

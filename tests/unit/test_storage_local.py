@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reader import storage as storage_module
-from reader import storage_local
-from reader.storage import (
+from deltacoord.reader import storage as storage_module
+from deltacoord.reader import storage_local
+from deltacoord.reader.storage import (
     AtomicPutUnsupportedError,
     ObjectNotFoundError,
     StorageUriError,

@@ -6,9 +6,9 @@ import datetime
 
 import pytest
 
-from reader.storage import StorageConfigError, TableStorage, parse_table_uri
-from reader.storage_options import ObstoreOptions
-from reader.storage_options import obstore_options as translate
+from deltacoord.reader.storage import StorageConfigError, TableStorage, parse_table_uri
+from deltacoord.reader.storage_options import ObstoreOptions
+from deltacoord.reader.storage_options import obstore_options as translate
 
 
 def obstore_options(uri: object, options: dict[str, str]) -> ObstoreOptions:

@@ -1,4 +1,4 @@
-"""A table's files as a whole (`coordinator.delta_log.table_files`): the drop's deletion order, and what recovery
+"""A table's files as a whole (`deltacoord.coordinator.delta_log.table_files`): the drop's deletion order, and what recovery
 takes for a table deleted around the coordinator."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.delta_log.table_files import delete_table_files, deleted_problem, location_claimed
-from reader.claim import CLAIM_KEY
-from reader.storage import TableStorage
+from deltacoord.coordinator.delta_log.table_files import delete_table_files, deleted_problem, location_claimed
+from deltacoord.reader.claim import CLAIM_KEY
+from deltacoord.reader.storage import TableStorage
 
 _FILES = [CLAIM_KEY, "_delta_log/00000000000000000000.json", "_delta_log/00000000000000000001.json",
           "_delta_log/00000000000000000001.checkpoint.parquet", "_delta_log/_last_checkpoint", "part-0.parquet",

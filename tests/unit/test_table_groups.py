@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.routing import grouped_table_id, murmur2, partition_for, table_group
+from deltacoord.schemas.routing import grouped_table_id, murmur2, partition_for, table_group
 
 
 def _own(table_id: str, n: int) -> int:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import settings
-from coordinator.locations import TableLocationError, TableLocations
-from reader.log import data_object, list_log, list_log_from_hint, newest_commit_version
-from reader.storage import StorageUriError, StoredObject, TableStorage
-from reader.storage_uri import check_table_uri
+from deltacoord.coordinator import settings
+from deltacoord.coordinator.locations import TableLocationError, TableLocations
+from deltacoord.reader.log import data_object, list_log, list_log_from_hint, newest_commit_version
+from deltacoord.reader.storage import StorageUriError, StoredObject, TableStorage
+from deltacoord.reader.storage_uri import check_table_uri
 
 STRICT_REFUSED = [
     ("", "empty"),

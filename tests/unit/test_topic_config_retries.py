@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from coordinator.kafka.topics import describe_topic_config
+from deltacoord.coordinator.kafka.topics import describe_topic_config
 
 
 class _Admin:

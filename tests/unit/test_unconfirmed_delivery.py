@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.actions import CommitInfo
-from schemas.errors import CommitOutcomeUnknownError, ProposalNotSentError
-from schemas.messages import Proposal
-from writer.client import DELIVERY_WAIT_S, _unconfirmed
+from deltacoord.schemas.actions import CommitInfo
+from deltacoord.schemas.errors import CommitOutcomeUnknownError, ProposalNotSentError
+from deltacoord.schemas.messages import Proposal
+from deltacoord.writer.client import DELIVERY_WAIT_S, _unconfirmed
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from schemas.expressions.arrow import compile_filter, evaluate
-from schemas.expressions.syntax import ExpressionError, parse
-from writer.client import CoordinatorClient, check_kafka_keywords
-from writer.staging import SchemaError
-from writer.table import Table, TableExistsError, _check_assignable
+from deltacoord.schemas.expressions.arrow import compile_filter, evaluate
+from deltacoord.schemas.expressions.syntax import ExpressionError, parse
+from deltacoord.writer.client import CoordinatorClient, check_kafka_keywords
+from deltacoord.writer.staging import SchemaError
+from deltacoord.writer.table import Table, TableExistsError, _check_assignable
 
 ROWS = pa.table({"id": pa.array([1, 2], pa.int64()), "name": pa.array(["1", "b"]), "ok": pa.array([True, False]),
                  "amount": pa.array([1.5, 2.0])})
@@ -108,9 +108,9 @@ def test_kafka_settings_without_a_dot_still_pass(setting: dict[str, str]) -> Non
 
 def test_a_rejection_names_its_reason_code_once() -> None:
     """The coordinator's message already begins with the code; the writer's error used to repeat it."""
-    from coordinator.locations import TableLocations
-    from schemas.messages import Decision, Outcome
-    from writer.transaction import error_from_decision
+    from deltacoord.coordinator.locations import TableLocations
+    from deltacoord.schemas.messages import Decision, Outcome
+    from deltacoord.writer.transaction import error_from_decision
 
     refused = TableLocations.of(("s3://lake/tables",), {}, {})._verdict("s3://other/t")
     assert isinstance(refused, Exception)
@@ -134,10 +134,10 @@ def test_an_incomplete_expression_is_told_in_sql_words_not_the_parsers(text: str
 def test_a_control_character_in_a_table_uri_or_an_action_path_is_refused_before_sending(tmp_path: Path) -> None:
     """The writer refuses what the coordinator would (BAD_TABLE_URI, BAD_FILE_PATH), naming the character, with
     ValueErrors raised before anything is proposed."""
-    from schemas.actions import AddFile
-    from schemas.errors import BadFilePathError
-    from schemas.reasons import ReasonCode
-    from writer.transaction import Transaction
+    from deltacoord.schemas.actions import AddFile
+    from deltacoord.schemas.errors import BadFilePathError
+    from deltacoord.schemas.reasons import ReasonCode
+    from deltacoord.writer.transaction import Transaction
 
     for uri in (f"file://{tmp_path}/ctl\nline", f"{tmp_path}/nel\x85line", f"file://{tmp_path}/c1%C2%9Fx"):
         with pytest.raises(ValueError, match=r"control character, U\+00(0A|85|9F)"):

@@ -7,19 +7,19 @@ from dataclasses import dataclass
 
 import pytest
 
-from coordinator.rules.conflicts import Accepted, Rejected, decide
-from coordinator.rules.state import TableState
-from coordinator.rules.table_features import domain_metadata_error
-from coordinator.rules.validate import (
+from deltacoord.coordinator.rules.conflicts import Accepted, Rejected, decide
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.coordinator.rules.table_features import domain_metadata_error
+from deltacoord.coordinator.rules.validate import (
     REASONS,
     check_txn_versions,
     path_problem,
     proposal_error,
     validate_proposal,
 )
-from schemas.actions import AddFile, CommitInfo, DeletionVector, Protocol
-from schemas.errors import InvalidProposalError
-from schemas.messages import FileRead, Proposal
+from deltacoord.schemas.actions import AddFile, CommitInfo, DeletionVector, Protocol
+from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.messages import FileRead, Proposal
 from tests.unit.builders import (
     DOMAINS_PROTOCOL,
     NOW,

@@ -1,4 +1,4 @@
-"""The write-time rules (`writer.constraints`) and a new table's protocol (`writer.table_protocol`), pure."""
+"""The write-time rules (`deltacoord.writer.constraints`) and a new table's protocol (`deltacoord.writer.table_protocol`), pure."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import json
 import pyarrow as pa
 import pytest
 
-from coordinator.rules.table_features import check_constraints_error
-from coordinator.rules.validate import proposal_error
-from schemas.actions import Metadata, Protocol
-from schemas.expressions.syntax import ExpressionError
+from deltacoord.coordinator.rules.table_features import check_constraints_error
+from deltacoord.coordinator.rules.validate import proposal_error
+from deltacoord.schemas.actions import Metadata, Protocol
+from deltacoord.schemas.expressions.syntax import ExpressionError
+from deltacoord.writer import staging
+from deltacoord.writer.constraints import ConstraintViolationError, WriteRules, fill_and_check
+from deltacoord.writer.table_protocol import ProtocolRequestError, new_table, with_column_mapping
 from tests.unit.builders import Harness, metadata, proposal, protocol
-from writer import staging
-from writer.constraints import ConstraintViolationError, WriteRules, fill_and_check
-from writer.table_protocol import ProtocolRequestError, new_table, with_column_mapping
 
 SCHEMA = pa.schema([
     pa.field("id", pa.int64(), nullable=False),
@@ -192,9 +192,9 @@ def test_a_column_mapping_table_gets_ids_and_physical_names_at_create() -> None:
 
 
 def test_the_spark_sinks_tasks_apply_the_rules() -> None:
-    """Spark executors conform each batch with the table's rules the plan carries (`writer.spark_sink.StagePlan`)."""
-    from writer.constraints import Check, Generated
-    from writer.spark_sink import StagePlan
+    """Spark executors conform each batch with the table's rules the plan carries (`deltacoord.writer.spark_sink.StagePlan`)."""
+    from deltacoord.writer.constraints import Check, Generated
+    from deltacoord.writer.spark_sink import StagePlan
 
     schema = pa.schema([pa.field("id", pa.int64()), pa.field("g", pa.int64())])
     plan = StagePlan("/nowhere", schema, (), rules=WriteRules(checks=(Check("id_positive", "id > 0"),),

@@ -8,16 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.rules.authentication import Signature
-from coordinator.rules.batch import Submitted, decide_batch
-from coordinator.rules.decided import DecidedIds
-from coordinator.rules.state import TableState
-from schemas.actions import AddCDCFile, AddFile, Metadata
-from schemas.codec import encode_proposal
-from schemas.messages import Decision, Proposal
-from schemas.properties import Property
-from schemas.reasons import ReasonCode
-from schemas.signing import WRITER_KEY_ENV, WriterKey, WriterKeyError, parse_writer_keys, resolve_writer_key, verify
+from deltacoord.coordinator.rules.authentication import Signature
+from deltacoord.coordinator.rules.batch import Submitted, decide_batch
+from deltacoord.coordinator.rules.decided import DecidedIds
+from deltacoord.coordinator.rules.state import TableState
+from deltacoord.schemas.actions import AddCDCFile, AddFile, Metadata
+from deltacoord.schemas.codec import encode_proposal
+from deltacoord.schemas.messages import Decision, Proposal
+from deltacoord.schemas.properties import Property
+from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.signing import (
+    WRITER_KEY_ENV,
+    WriterKey,
+    WriterKeyError,
+    parse_writer_keys,
+    resolve_writer_key,
+    verify,
+)
 from tests.unit.builders import NOW, TABLE_ID, add, metadata, proposal, protocol
 
 ALICE, BOB, MALLORY = WriterKey.generate("alice"), WriterKey.generate("bob"), WriterKey.generate("mallory")
@@ -212,7 +219,7 @@ def test_the_property_set_in_the_same_proposal_applies_to_its_own_files() -> Non
 
 
 def test_the_spark_sink_signs_with_its_writer_key_option(tmp_path: Path) -> None:
-    from writer.spark_sink import SinkOptions
+    from deltacoord.writer.spark_sink import SinkOptions
 
     f = tmp_path / "etl.key"
     f.write_text(WriterKey.generate("etl").to_text())
