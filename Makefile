@@ -45,7 +45,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
 
 lint: $(STAMP)
-	$(BIN)/ruff check schemas reader writer coordinator deltacoord tests bench
+	$(BIN)/ruff check schemas storage reader writer coordinator deltacoord tests bench
 	$(BIN)/mypy
 
 bench: jars

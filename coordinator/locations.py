@@ -5,7 +5,7 @@ options. It answers two questions:
 
 * `problem(table_uri)`: may a proposal name this table at all? Asked at the
   door, before anything is decided (`deltacoord.coordinator.kafka.partition`). The URI must
-  be an absolute, normal location (`deltacoord.reader.storage_uri.check_table_uri`: no
+  be an absolute, normal location (`deltacoord.storage.uri.check_table_uri`: no
   `..`, no percent-encoded separators, no relative path, no NUL) and lie under
   one of the roots; anything else is refused with a reason code
   (`BAD_TABLE_URI`, `TABLE_OUTSIDE_ROOTS`). Without configured roots the
@@ -28,10 +28,10 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from deltacoord.reader.storage import StorageUriError, TableStorage, TableUri, parse_table_uri
-from deltacoord.reader.storage_uri import check_table_uri
 from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.storage.table import StorageUriError, TableStorage, TableUri, parse_table_uri
+from deltacoord.storage.uri import check_table_uri
 
 _KIND_NAMES = {"file": "a local filesystem", "s3": "S3", "az": "Azure", "gs": "GCS"}
 #: Verdicts are cached per URI string; the cache is cleared when it grows past this.

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from deltacoord.coordinator.locations import TableLocations
-from deltacoord.reader.storage_uri import StorageUriError, check_table_uri
 from deltacoord.schemas.kafka_logs import kafka_config
 from deltacoord.schemas.routing import Topics
+from deltacoord.storage.uri import StorageUriError, check_table_uri
 
 DEFAULT_TOPIC_PREFIX = "deltacoord"
 #: A dead letter's key is cut to this many bytes and its error header to this many characters.
@@ -258,8 +258,8 @@ def storage_tables(table: Mapping[str, Any], source: str) -> tuple[dict[str, str
 def _check_store_options(coordinator: CoordinatorSettings, config_file: Path | None) -> None:
     """Each object-store root's client is made now (no request is sent), so a misspelt `[storage]` key or
     `--storage-option` is a configuration error at start, not a halted table at its first commit."""
-    from deltacoord.reader.storage import StorageConfigError, StorageUriError, TableStorage
-    from deltacoord.reader.storage_options import UnknownStorageOptionError
+    from deltacoord.storage.options import UnknownStorageOptionError
+    from deltacoord.storage.table import StorageConfigError, StorageUriError, TableStorage
 
     try:
         locations = coordinator.locations()

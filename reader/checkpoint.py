@@ -27,7 +27,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from deltacoord.reader.log import LogFile, data_object, parse_commit_lines
-from deltacoord.reader.storage import StorageError, StoredObject, stored_object
 from deltacoord.schemas import arrow_types
 from deltacoord.schemas.actions import (
     Action,
@@ -39,6 +38,7 @@ from deltacoord.schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
+from deltacoord.storage.table import StorageError, StoredObject, stored_object
 
 _STR_MAP = pa.map_(pa.string(), pa.string())
 _STR_LIST = pa.list_(pa.string())

@@ -24,8 +24,8 @@ from deltacoord.reader.checkpoint import (
     string_array,
     without_cyclic_gc,
 )
-from deltacoord.reader.storage import StorageError, StoredObject
 from deltacoord.schemas.actions import AddFile
+from deltacoord.storage.table import StorageError, StoredObject
 
 #: Rows of the checkpoint's `add` column decoded at a time.
 ADD_BATCH_ROWS = 16_384

@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from deltacoord.reader.storage import StorageError, TableStorage
-from deltacoord.reader.storage_local import ObjectNotFoundError
+from deltacoord.storage.local import ObjectNotFoundError
+from deltacoord.storage.table import StorageError, TableStorage
 
 #: Where a location's claim lives, relative to the table root.
 CLAIM_KEY = "_deltacoord/table.json"

@@ -25,7 +25,6 @@ import numpy as np
 import numpy.typing as npt
 
 from deltacoord.reader.log import data_object, resolve_data_path
-from deltacoord.reader.storage import StoredObject, TableStorage
 from deltacoord.schemas.actions import DeletionVector
 from deltacoord.schemas.deletion_vectors import (
     DEFAULT_INLINE_MAX_BYTES,
@@ -43,6 +42,7 @@ from deltacoord.schemas.deletion_vectors import (
     z85_decode,
     z85_encode,
 )
+from deltacoord.storage.table import StoredObject, TableStorage
 
 __all__ = [
     "DEFAULT_INLINE_MAX_BYTES",

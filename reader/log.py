@@ -4,7 +4,7 @@ The functions of the "reading files" section and `list_log` are the only ones
 that touch the log; everything else in this project reads `_delta_log`
 through them. (Writes are in `deltacoord.coordinator.delta_log.files`.)
 
-A table is named by a location: a plain path, any URI `deltacoord.reader.storage` accepts
+A table is named by a location: a plain path, any URI `deltacoord.storage.table` accepts
 (`file://`, `s3://`, `az://`, `abfss://`, `gs://`, ...), or a `TableStorage`
 already built with its `storage_options`. Files in the log are `StoredObject`s
 (storage + key); a local `pathlib.Path` is accepted wherever one is read.
@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, TypeAlias
 from urllib.parse import unquote, urlparse
 
-from deltacoord.reader.storage import StoredObject, TableStorage, parse_table_uri, stored_object
-from deltacoord.reader.storage_uri import check_key
 from deltacoord.schemas.actions import Action, ActionParseError, CommitInfo, Metadata, action_from_json, commit_lines
 from deltacoord.schemas.errors import DeltaCoordError
+from deltacoord.storage.table import StoredObject, TableStorage, parse_table_uri, stored_object
+from deltacoord.storage.uri import check_key
 
 LOG_DIR_NAME = "_delta_log"
 LAST_CHECKPOINT_NAME = "_last_checkpoint"

@@ -21,7 +21,6 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException
 
 from deltacoord.reader.staged_commits import resolve_decision
-from deltacoord.reader.storage import TableStorage
 from deltacoord.schemas.actions import Action
 from deltacoord.schemas.codec import decode_decision
 from deltacoord.schemas.commits_topic import (
@@ -34,6 +33,7 @@ from deltacoord.schemas.commits_topic import (
 from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.schemas.routing import H_TABLE_ID, H_VERSION, Topics, header
 from deltacoord.schemas.staged import StagedCommitError
+from deltacoord.storage.table import TableStorage
 
 #: How far before the newest published version's commitInfo timestamp the scan starts.
 SCAN_MARGIN_MS = 5_000

@@ -70,7 +70,6 @@ from deltacoord.reader.log import (
     read_commit_info,
     table_storage,
 )
-from deltacoord.reader.storage import StorageError, StoredObject, TableStorage
 from deltacoord.schemas import arrow_types
 from deltacoord.schemas.actions import (
     Action,
@@ -87,6 +86,7 @@ from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.schemas.expressions.types import parse_text, to_bool, to_date, to_timestamp
 from deltacoord.schemas.jobs import is_time_version
 from deltacoord.schemas.properties import PHYSICAL_NAME_KEY, TableProperties
+from deltacoord.storage.table import StorageError, StoredObject, TableStorage
 
 if TYPE_CHECKING:
     from deltacoord.reader.ratified import RatifiedSource

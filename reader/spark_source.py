@@ -61,11 +61,11 @@ from deltacoord.reader.snapshot import (
     physical_name,
     read_data_file,
 )
-from deltacoord.reader.storage import TableStorage
 from deltacoord.schemas import client_settings
 from deltacoord.schemas.actions import Action, AddFile, CommitInfo, DeletionVector, Metadata, RemoveFile
 from deltacoord.schemas.errors import DeltaCoordError, MetadataChangedException
 from deltacoord.schemas.properties import TableProperties
+from deltacoord.storage.table import TableStorage
 
 SOURCE_NAME = "deltacoord"
 DEFAULT_MAX_FILES_PER_TRIGGER = 1000

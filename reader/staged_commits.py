@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 
 from deltacoord.reader.log import commit_key
-from deltacoord.reader.storage import TableStorage
-from deltacoord.reader.storage_uri import StorageError
 from deltacoord.schemas.messages import Decision, Proposal, StagedActions
 from deltacoord.schemas.staged import (
     STAGED_DIR,
@@ -26,6 +24,8 @@ from deltacoord.schemas.staged import (
     staged_bytes,
     writer_key,
 )
+from deltacoord.storage.table import TableStorage
+from deltacoord.storage.uri import StorageError
 
 
 def load_proposal(storage: TableStorage, proposal: Proposal, max_bytes: int | None = None) -> Proposal:

@@ -75,8 +75,6 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from deltacoord.reader.log import table_root
 from deltacoord.reader.snapshot import TimestampLike, to_epoch_ms
 from deltacoord.reader.staged_commits import resolve_decision
-from deltacoord.reader.storage import StorageError, TableStorage
-from deltacoord.reader.storage_uri import StorageUriError, normalize_table_uri
 from deltacoord.schemas import client_settings, kafka_logs
 from deltacoord.schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
 from deltacoord.schemas.codec import decode_decision
@@ -96,6 +94,8 @@ from deltacoord.schemas.routing import (
     header,
 )
 from deltacoord.schemas.staged import StagedCommitError
+from deltacoord.storage.table import StorageError, TableStorage
+from deltacoord.storage.uri import StorageUriError, normalize_table_uri
 
 log = logging.getLogger(__name__)
 

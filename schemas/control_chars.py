@@ -2,7 +2,7 @@
 
 URL parsers drop some of them (`urllib.parse.urlsplit` removes tab, CR and LF), terminals and logs act on others,
 and none belongs in a table location or a data file's path: a name holding one can name another object than the
-one it reads as. Table URIs (`deltacoord.reader.storage_uri`) and the file paths of add, remove and cdc actions (the writer
+one it reads as. Table URIs (`deltacoord.storage.uri`) and the file paths of add, remove and cdc actions (the writer
 before sending, `deltacoord.writer.transaction`; the coordinator when it validates, `deltacoord.coordinator.rules.validate`) refuse them.
 """
 

@@ -41,7 +41,7 @@ from deltacoord.coordinator.tooling.storage_servers import (
 from tests import cpu_priority
 
 if TYPE_CHECKING:
-    from deltacoord.reader.storage import TableStorage
+    from deltacoord.storage.table import TableStorage
 
 HOW_TO_GET_A_BROKER = (
     "no Kafka broker for the tests. Either set KAFKA_BOOTSTRAP_SERVERS to a broker with transactions enabled, "
@@ -301,12 +301,12 @@ class TablePlace:
 
     def table_id(self, uri: str) -> str:
         """What `deltacoord.writer.table.Table` uses as the table's id by default."""
-        from deltacoord.reader.storage import normalize_table_uri
+        from deltacoord.storage.table import normalize_table_uri
 
         return Path(uri).resolve().as_uri() if self.is_local else normalize_table_uri(uri)
 
     def storage(self, uri: str) -> TableStorage:
-        from deltacoord.reader.storage import TableStorage
+        from deltacoord.storage.table import TableStorage
 
         return TableStorage(uri, self.storage_options, fsync=False)
 

@@ -28,12 +28,12 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from deltacoord.reader.spark_source import storage_options_of
-from deltacoord.reader.storage import TableStorage
 from deltacoord.schemas import client_settings
 from deltacoord.schemas.errors import DeltaCoordError, KafkaAccessDeniedError
 from deltacoord.schemas.kafka_logs import KafkaCredentialsError, UnreachableKafkaError, kafka_config, probe
 from deltacoord.schemas.routing import Topics
 from deltacoord.schemas.signing import resolve_writer_key
+from deltacoord.storage.table import TableStorage
 from deltacoord.writer.client import CoordinatorClient
 from deltacoord.writer.table import Table
 

@@ -98,12 +98,12 @@ from pyspark.sql.types import StructType
 from deltacoord.reader.log import TableNotFoundError, commit_object, read_commit
 from deltacoord.reader.snapshot import Snapshot, delta_schema_to_arrow
 from deltacoord.reader.spark_source import SOURCE_NAME, DeltaCoordSource
-from deltacoord.reader.storage import TableStorage
 from deltacoord.schemas.actions import AddFile, SetTransaction
 from deltacoord.schemas.errors import CommitOutcomeUnknownError, ProtocolChangedException
 from deltacoord.schemas.expressions import arrow as expressions
 from deltacoord.schemas.expressions.syntax import columns_of, parse
 from deltacoord.schemas.writer_features import SPARK_SINK
+from deltacoord.storage.table import TableStorage
 from deltacoord.writer import spark_save_modes, staging
 from deltacoord.writer.column_mapping import Layout
 from deltacoord.writer.constraints import WriteRules, fill_and_check

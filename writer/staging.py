@@ -1,7 +1,7 @@
 """Stage data as Parquet files under the table root, with Delta's per-file statistics.
 
 Files land in Hive-style partition directories with unique names, on whatever
-store the table lives (`deltacoord.reader.storage.TableStorage`: a local directory, S3,
+store the table lives (`deltacoord.storage.table.TableStorage`: a local directory, S3,
 Azure, GCS); each yields an `add` action carrying partition values serialised
 as Delta specifies and a stats JSON (numRecords, minValues, maxValues, nullCount).
 """
@@ -24,9 +24,9 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from deltacoord.reader.storage import TableStorage
 from deltacoord.schemas import arrow_types
 from deltacoord.schemas.actions import AddCDCFile, AddFile
+from deltacoord.storage.table import TableStorage
 from deltacoord.writer.column_mapping import Layout
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"

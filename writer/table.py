@@ -53,7 +53,6 @@ from deltacoord.reader.snapshot import (
     parse_partition_value,
     to_logical,
 )
-from deltacoord.reader.storage import StorageError, TableStorage
 from deltacoord.schemas import client_settings
 from deltacoord.schemas.actions import AddFile, Metadata, Protocol, SetTransaction
 from deltacoord.schemas.errors import DeltaCoordError, InvalidProposalError, ProtocolChangedException
@@ -88,6 +87,7 @@ from deltacoord.schemas.writer_features import (
     without_coordinated,
     writer_problems,
 )
+from deltacoord.storage.table import StorageError, TableStorage
 from deltacoord.writer import column_mapping, identity, protocols, row_tracking, staging
 from deltacoord.writer.client import CoordinatorClient, check_kafka_keywords
 from deltacoord.writer.column_mapping import Layout

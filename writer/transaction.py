@@ -23,7 +23,6 @@ from confluent_kafka import KafkaException
 
 from deltacoord.reader.deletion_vectors import dv_object
 from deltacoord.reader.log import commit_key, commit_object, read_commit, read_commit_info
-from deltacoord.reader.storage import StorageError, TableStorage
 from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata, RemoveFile
 from deltacoord.schemas.actions import Protocol as ProtocolAction
 from deltacoord.schemas.control_chars import path_control_character
@@ -42,6 +41,7 @@ from deltacoord.schemas.messages import Decision, FileRead, Proposal
 from deltacoord.schemas.reasons import ReasonCode
 from deltacoord.schemas.signing import WriterKey
 from deltacoord.schemas.staged import INLINE_MAX_BYTES, staged_bytes, writer_key
+from deltacoord.storage.table import StorageError, TableStorage
 from deltacoord.writer.client import CoordinatorClient
 from deltacoord.writer.replies import Pending, ProposalNotPublishedError
 from deltacoord.writer.staging import delete_staged

@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 from deltacoord.reader.deletion_vectors import dv_object
 from deltacoord.reader.log import TableLocation, data_object, table_storage
 from deltacoord.reader.snapshot import Snapshot
-from deltacoord.reader.storage import StoredObject, TableStorage
 from deltacoord.schemas.actions import DeletionVector
 from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.schemas.properties import TableProperties
 from deltacoord.schemas.staged import STAGED_DIR, WRITER, decided_version, is_staged_key
+from deltacoord.storage.table import StoredObject, TableStorage
 
 _HOUR_MS = 3_600_000
 

@@ -32,9 +32,9 @@ import numpy as np
 
 from deltacoord.coordinator.rules.state import TableState, TableStateExport, key_text_hash
 from deltacoord.coordinator.rules.validate import MAX_READER_VERSION
-from deltacoord.reader.storage import TableStorage
 from deltacoord.schemas.actions import DomainMetadata, Metadata, Protocol
 from deltacoord.schemas.writer_features import writer_problems
+from deltacoord.storage.table import TableStorage
 
 #: Live-file keys hashed per slice of the snapshot's Arrow array (bounds the Python strings alive at once).
 HASH_CHUNK = 65_536
@@ -88,8 +88,8 @@ class StateLoadError(RuntimeError):
 def load_published_state(storage: TableStorage, version: int | None = None) -> PublishedState:
     """The table at `version` (default: its latest) as its `_delta_log` publishes it; `StateLoadError` when not."""
     from deltacoord.reader.log import TableNotFoundError
-    from deltacoord.reader.storage import StorageError
     from deltacoord.schemas.errors import DeltaCoordError
+    from deltacoord.storage.table import StorageError
 
     try:
         return _load(storage, version)
@@ -106,7 +106,7 @@ def _load(storage: TableStorage, version: int | None) -> PublishedState:
     from deltacoord.reader.checkpoint import file_key_strings  # Arrow: see the module docstring
     from deltacoord.reader.log import CorruptLogError, commit_key, read_commit_info
     from deltacoord.reader.snapshot import Snapshot
-    from deltacoord.reader.storage import StorageError, StoredObject
+    from deltacoord.storage.table import StorageError, StoredObject
 
     snap = Snapshot.load(storage, version=version)
     keys = file_key_strings(snap.add_files_struct())

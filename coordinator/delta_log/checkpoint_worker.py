@@ -32,7 +32,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from deltacoord.coordinator import faults
-from deltacoord.reader.storage import TableStorage
+from deltacoord.storage.table import TableStorage
 
 if TYPE_CHECKING:
     from deltacoord.coordinator.delta_log.adoption import PublishedState
@@ -69,7 +69,7 @@ def _serve(conn: Connection, parent_pid: int, nice: int = 0) -> None:
     from deltacoord.coordinator.delta_log.checkpointer import (
         create_checkpoint,  # seconds of imports: pyarrow, the reader
     )
-    from deltacoord.reader.storage import StorageError, TableStorage
+    from deltacoord.storage.table import StorageError, TableStorage
 
     while True:
         try:

@@ -68,7 +68,6 @@ from deltacoord.reader.log import (
     table_storage,
 )
 from deltacoord.reader.snapshot import LogReplayState, Snapshot
-from deltacoord.reader.storage import StoredObject, TableStorage
 from deltacoord.schemas.actions import (
     Action,
     AddFile,
@@ -79,6 +78,7 @@ from deltacoord.schemas.actions import (
     SetTransaction,
 )
 from deltacoord.schemas.properties import TableProperties, parse_interval_ms
+from deltacoord.storage.table import StoredObject, TableStorage
 
 DEFAULT_ROW_GROUP_ROWS = 10_000  # bounds peak memory: ~270 MB checkpointing 1M files
 #: Python actions are converted to Arrow in small chunks (Arrow rows are far smaller than dicts).

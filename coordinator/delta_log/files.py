@@ -2,7 +2,7 @@
 
 Delta's log is only safe if a version file is never overwritten. `put_if_absent`
 creates a file only if its name is free, through the storage edge
-(`deltacoord.reader.storage.TableStorage`): a conditional write on object stores (S3 and
+(`deltacoord.storage.table.TableStorage`): a conditional write on object stores (S3 and
 Azure `If-None-Match: *`, GCS `ifGenerationMatch=0`), a hard link of a temp file
 (or `renameat2(RENAME_NOREPLACE)`) on local filesystems. When the name is taken
 it compares bytes: the same content is a re-publication (`Put.IDENTICAL`),
@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import TypeAlias
 
 from deltacoord.reader.log import LOG_DIR_NAME, TableLocation, table_storage
-from deltacoord.reader.storage import AtomicPutUnsupportedError, StoredObject, TableStorage
-from deltacoord.reader.storage_local import TMP_PREFIX
 from deltacoord.schemas.errors import DeltaCoordError
+from deltacoord.storage.local import TMP_PREFIX
+from deltacoord.storage.table import AtomicPutUnsupportedError, StoredObject, TableStorage
 
 #: Where `put_if_absent` and `replace_file` write.
 Target: TypeAlias = StoredObject | Path

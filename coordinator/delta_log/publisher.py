@@ -42,9 +42,9 @@ from deltacoord.coordinator.metrics import TableGauges
 from deltacoord.coordinator.stable_wait import StableCheck, StableWait
 from deltacoord.reader.log import commit_key
 from deltacoord.reader.staged_commits import sweep_decided
-from deltacoord.reader.storage import StorageConfigError, StorageError, StoredObject, TableStorage
 from deltacoord.schemas.actions import Action, commit_to_json_lines
 from deltacoord.schemas.messages import StagedActions
+from deltacoord.storage.table import StorageConfigError, StorageError, StoredObject, TableStorage
 
 log = logging.getLogger(__name__)
 

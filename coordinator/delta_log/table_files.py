@@ -13,8 +13,8 @@ from __future__ import annotations
 import shutil
 
 from deltacoord.reader.claim import CLAIM_KEY
-from deltacoord.reader.storage import StorageError, TableStorage
-from deltacoord.reader.storage_local import ObjectNotFoundError
+from deltacoord.storage.local import ObjectNotFoundError
+from deltacoord.storage.table import StorageError, TableStorage
 
 #: Where a table's log lives, relative to its root.
 LOG_PREFIX = "_delta_log/"

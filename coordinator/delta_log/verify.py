@@ -62,7 +62,6 @@ from deltacoord.reader.log import (
     table_storage,
 )
 from deltacoord.reader.snapshot import LogReplayState
-from deltacoord.reader.storage import StorageError, TableStorage
 from deltacoord.schemas.actions import (
     Action,
     AddCDCFile,
@@ -80,6 +79,7 @@ from deltacoord.schemas.properties import TableProperties
 from deltacoord.schemas.reasons import ReasonCode
 from deltacoord.schemas.routing import partition_for
 from deltacoord.schemas.staged import StagedCommitError
+from deltacoord.storage.table import StorageError, TableStorage
 
 #: At most this many examples per kind of mismatch go into a problem message.
 _EXAMPLES = 5

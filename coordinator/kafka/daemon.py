@@ -32,10 +32,10 @@ from deltacoord.coordinator.locations import TableLocationError
 from deltacoord.coordinator.metrics import Metrics, MetricsServer
 from deltacoord.coordinator.settings import CoordinatorSettings
 from deltacoord.reader.log import checkpoint_exists, newest_commit_version
-from deltacoord.reader.storage import StorageError, TableStorage
 from deltacoord.schemas.actions import Action, Metadata
 from deltacoord.schemas.properties import TableProperties
 from deltacoord.schemas.routing import partition_for
+from deltacoord.storage.table import StorageError, TableStorage
 
 log = logging.getLogger(__name__)
 

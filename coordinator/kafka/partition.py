@@ -119,7 +119,6 @@ from deltacoord.reader.staged_commits import (
     on_the_wire,
     stage_decision,
 )
-from deltacoord.reader.storage import StorageError
 from deltacoord.schemas.actions import AddCDCFile, AddFile, CommitInfo
 from deltacoord.schemas.codec import decode_proposal, encode_decision
 from deltacoord.schemas.errors import DecodeError, InvalidProposalError
@@ -148,6 +147,7 @@ from deltacoord.schemas.routing import (
 )
 from deltacoord.schemas.staged import DECISION_INLINE_MAX_ACTIONS, StagedCommitError
 from deltacoord.schemas.writer_features import coordinated
+from deltacoord.storage.table import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ def added_files_problem(locations: TableLocations, table_uri: str, files: Sequen
 
     Paths validation will refuse (outside the table, into `_delta_log`) are left to it.
     """
-    from deltacoord.reader.storage import ObjectNotFoundError
+    from deltacoord.storage.table import ObjectNotFoundError
 
     try:
         storage = locations.storage(table_uri)

@@ -28,13 +28,13 @@ from deltacoord.coordinator.rules.state import TableState
 from deltacoord.coordinator.settings import CoordinatorSettings
 from deltacoord.reader.log import newest_commit_version
 from deltacoord.reader.staged_commits import resolve_decision_bytes
-from deltacoord.reader.storage import StorageError, TableStorage
 from deltacoord.schemas.codec import decode_decision
 from deltacoord.schemas.commits_topic import PartitionScan, ScanIncompleteError, read_committed
 from deltacoord.schemas.commits_topic import watermarks as watermarks  # asked for here by the recovery tests
 from deltacoord.schemas.messages import Decision
 from deltacoord.schemas.routing import H_NEXT_OFFSET, H_TABLE_ID, H_VERSION, header
 from deltacoord.schemas.staged import StagedCommitError
+from deltacoord.storage.table import StorageError, TableStorage
 
 log = logging.getLogger(__name__)
 

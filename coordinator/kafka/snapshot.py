@@ -39,9 +39,9 @@ import numpy as np
 
 from deltacoord.coordinator.rules.state import TableStateExport
 from deltacoord.reader.log import parse_commit_lines
-from deltacoord.reader.storage import StorageError, TableStorage
 from deltacoord.schemas.actions import DomainMetadata, Metadata, Protocol, commit_to_json_lines
 from deltacoord.schemas.messages import Decision, Outcome
+from deltacoord.storage.table import StorageError, TableStorage
 
 log = logging.getLogger(__name__)
 

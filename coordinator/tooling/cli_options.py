@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 import click
 
 from deltacoord.coordinator import settings
-from deltacoord.reader.storage import StorageUriError, parse_table_uri
 from deltacoord.schemas import client_settings
+from deltacoord.storage.table import StorageUriError, parse_table_uri
 
 F = TypeVar("F", bound=Callable[..., Any])
 

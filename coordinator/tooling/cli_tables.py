@@ -68,12 +68,12 @@ from deltacoord.coordinator.tooling.cli_options import (
 )
 from deltacoord.coordinator.tooling.cli_schema import parse_schema
 from deltacoord.reader.snapshot import Snapshot
-from deltacoord.reader.storage import StorageError
 from deltacoord.schemas import client_settings
 from deltacoord.schemas.actions import Protocol, json_lines
 from deltacoord.schemas.errors import CommitOutcomeUnknownError, DeltaCoordError
 from deltacoord.schemas.routing import Topics
 from deltacoord.schemas.signing import WRITER_KEY_ENV
+from deltacoord.storage.table import StorageError
 
 EXIT_UNKNOWN_OUTCOME = 3
 

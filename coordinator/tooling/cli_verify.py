@@ -31,7 +31,7 @@ from deltacoord.coordinator.tooling.cli_options import (
     storage_options,
 )
 from deltacoord.reader.log import table_root
-from deltacoord.reader.storage import StorageUriError, parse_table_uri
+from deltacoord.storage.table import StorageUriError, parse_table_uri
 
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2

@@ -120,10 +120,10 @@ from deltacoord.coordinator.kafka.topics import describe_topic_config
 from deltacoord.coordinator.settings import KAFKA_ENV_PREFIX, CoordinatorSettings
 from deltacoord.coordinator.tooling.broker import LocalBroker, LocalCluster
 from deltacoord.coordinator.tooling.storage_servers import S3Server
-from deltacoord.reader.storage import TableStorage
-from deltacoord.reader.storage_uri import StorageError
 from deltacoord.schemas.messages import Decision
 from deltacoord.schemas.routing import Topics
+from deltacoord.storage.table import TableStorage
+from deltacoord.storage.uri import StorageError
 from tests.history.checker import Report, Row, check_history, decision_record, decisions_for, txns_from_records
 from tests.history.netpath import MODES, NetPath, close_paths, start_cluster_with_paths
 from tests.history.services import RelayProcess, StoreOutage, relay_socket_path

@@ -17,10 +17,10 @@ import pytest
 from deltalake import DeltaTable
 
 from deltacoord.coordinator.tooling.storage_servers import S3Server
-from deltacoord.reader.storage import TableStorage
 from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.reasons import ReasonCode
 from deltacoord.schemas.routing import Topics
+from deltacoord.storage.table import TableStorage
 from deltacoord.writer import staging
 from deltacoord.writer.relay import relay_counts
 from deltacoord.writer.table import Table

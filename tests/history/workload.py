@@ -47,8 +47,6 @@ from urllib.parse import unquote
 import pyarrow as pa
 
 from deltacoord.reader.snapshot import Snapshot
-from deltacoord.reader.storage import TableStorage
-from deltacoord.reader.storage_uri import normalize_table_uri
 from deltacoord.schemas.actions import AddFile
 from deltacoord.schemas.errors import (
     CommitNotPublishedError,
@@ -58,6 +56,8 @@ from deltacoord.schemas.errors import (
     ProposalNotSentError,
 )
 from deltacoord.schemas.routing import Topics
+from deltacoord.storage.table import TableStorage
+from deltacoord.storage.uri import normalize_table_uri
 from deltacoord.writer import staging
 from deltacoord.writer.table import Table
 from deltacoord.writer.transaction import Transaction

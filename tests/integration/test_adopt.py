@@ -26,7 +26,6 @@ from deltacoord.coordinator.tooling.cli_tables import register
 from deltacoord.reader.claim import CLAIM_KEY, read_claim
 from deltacoord.reader.log import checkpoint_exists
 from deltacoord.reader.snapshot import Snapshot
-from deltacoord.reader.storage import TableStorage
 from deltacoord.reader.stream import CommitStream, StreamGapError
 from deltacoord.schemas.actions import DomainMetadata, SetTransaction
 from deltacoord.schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
@@ -41,6 +40,7 @@ from deltacoord.schemas.routing import (
     partition_for,
 )
 from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.storage.table import TableStorage
 from deltacoord.writer.table import Table
 from deltacoord.writer.transaction import Transaction as WriterTransaction
 from deltacoord.writer.transaction import error_from_decision

@@ -29,12 +29,12 @@ from deltacoord.coordinator.tooling.cli_tables import register
 from deltacoord.reader.claim import CLAIM_KEY, read_claim
 from deltacoord.reader.log import TableNotFoundError
 from deltacoord.reader.snapshot import Snapshot
-from deltacoord.reader.storage import TableStorage
 from deltacoord.reader.stream import CommitStream, StreamGapError
 from deltacoord.schemas.errors import CommitOutcomeUnknownError, InvalidProposalError
 from deltacoord.schemas.reasons import ReasonCode
 from deltacoord.schemas.routing import CONTROL_DROP, CONTROL_PREFIX, DROP_DELETE_FILES, DROPPED_ERROR_TYPE, Topics
 from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.storage.table import TableStorage
 from deltacoord.writer.table import Table, TableExistsError
 from deltacoord.writer.transaction import Transaction as WriterTransaction
 from deltacoord.writer.transaction import error_from_decision

@@ -30,10 +30,10 @@ from deltacoord.coordinator.delta_log.verify import assert_verified, verify_tabl
 from deltacoord.coordinator.settings import CoordinatorSettings
 from deltacoord.reader.log import list_log_from_hint, newest_commit_version
 from deltacoord.reader.snapshot import Snapshot
-from deltacoord.reader.storage import TableStorage
 from deltacoord.schemas.actions import AddFile, CommitInfo, Metadata, Protocol
 from deltacoord.schemas.errors import ProposalNotSentError
 from deltacoord.schemas.messages import Proposal
+from deltacoord.storage.table import TableStorage
 from deltacoord.writer import staging
 from deltacoord.writer.client import CoordinatorClient
 from deltacoord.writer.table import Table

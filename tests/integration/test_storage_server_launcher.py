@@ -10,7 +10,7 @@ import pytest
 
 from deltacoord.coordinator.tooling import storage_servers
 from deltacoord.coordinator.tooling.storage_servers import GcsServer, S3Server, StorageServerError
-from deltacoord.reader.storage import BucketNotFoundError, TableStorage
+from deltacoord.storage.table import BucketNotFoundError, TableStorage
 
 pytestmark = pytest.mark.storage
 

@@ -19,7 +19,7 @@ import pytest
 from obstore.exceptions import AlreadyExistsError
 from obstore.store import S3Store
 
-from deltacoord.reader.storage import ObjectNotFoundError, RangeReader, StorageError, TableStorage
+from deltacoord.storage.table import ObjectNotFoundError, RangeReader, StorageError, TableStorage
 from tests.conftest import StoreBucket, StoreServer
 
 pytestmark = pytest.mark.storage

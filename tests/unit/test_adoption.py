@@ -29,7 +29,6 @@ from deltacoord.coordinator.kafka.recovery import Recovered, _fold_adoption
 from deltacoord.coordinator.kafka.snapshot import PartitionSnapshot, decode_snapshot, encode_snapshot
 from deltacoord.coordinator.rules.conflicts import Accepted, decide
 from deltacoord.coordinator.rules.state import TableState
-from deltacoord.reader.storage import TableStorage
 from deltacoord.schemas.actions import (
     Action,
     AddFile,
@@ -43,6 +42,7 @@ from deltacoord.schemas.actions import (
     commit_to_json_lines,
 )
 from deltacoord.schemas.routing import CONTROL_PREFIX
+from deltacoord.storage.table import TableStorage
 from tests.unit.builders import DOMAINS_PROTOCOL, NOW, TABLE_ID, TABLE_URI, proposal
 
 SCHEMA = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'

@@ -17,9 +17,9 @@ from deltacoord.coordinator.delta_log.files import (
     temp_path,
 )
 from deltacoord.coordinator.delta_log.publisher import Publisher, PublishTask
-from deltacoord.reader import storage_local
 from deltacoord.reader.log import commit_path, log_file_names
 from deltacoord.schemas.actions import CommitInfo, Protocol, commit_to_json_lines
+from deltacoord.storage import local as storage_local
 
 
 def test_put_if_absent_never_overwrites(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def _versions(n: int, start: int = 0) -> list[tuple[str, bytes]]:
 
 @pytest.mark.parametrize("fsync", [True, False])
 def test_put_many_if_absent_writes_every_version_in_order(tmp_path: Path, fsync: bool) -> None:
-    from deltacoord.reader.storage import TableStorage
+    from deltacoord.storage.table import TableStorage
 
     items = _versions(5)
     assert files.put_many_if_absent(TableStorage(tmp_path), items, fsync=fsync) == [Put.WRITTEN] * 5
@@ -114,7 +114,7 @@ def test_put_many_if_absent_writes_every_version_in_order(tmp_path: Path, fsync:
 
 @pytest.mark.parametrize(("there", "outcome"), [("same", Put.IDENTICAL), ("other", Put.DIFFERENT)])
 def test_put_many_if_absent_stops_at_a_taken_name(tmp_path: Path, there: str, outcome: Put) -> None:
-    from deltacoord.reader.storage import TableStorage
+    from deltacoord.storage.table import TableStorage
 
     items = _versions(5)
     taken_key, taken_data = items[2]

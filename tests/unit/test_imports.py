@@ -1,7 +1,8 @@
 """The house's import rules, read from the source of every module (imports inside functions and TYPE_CHECKING too).
 
 * no cycle between modules;
-* `schemas` imports nothing of ours; `reader` only `schemas`; `writer` only `schemas` and `reader`;
+* `schemas` imports nothing of ours; the storage edge (`storage`) only `schemas`; `reader` only those two;
+  `writer` only those and `reader`;
 * the coordinator's rules (`deltacoord.coordinator.rules`) import only `schemas`;
 * in `coordinator`, only the tooling (`deltacoord.coordinator.tooling`) imports `writer`;
 * nothing imports the `deltacoord` facade;
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLES = ("schemas", "reader", "writer", "coordinator")
+ROLES = ("schemas", "storage", "reader", "writer", "coordinator")
 FRONT_DOOR = "deltacoord"
 
 
@@ -82,7 +83,7 @@ def _top(name: str) -> str:
 
 def test_the_walk_sees_the_whole_house() -> None:
     assert {"deltacoord.schemas.expressions.partitions", "deltacoord.coordinator.rules.batch", "deltacoord.coordinator.kafka.partition",
-            "deltacoord.coordinator.delta_log.files", "deltacoord.coordinator.tooling.cli", "deltacoord.writer.table", "deltacoord.reader.log", "deltacoord"} <= set(MODULES)
+            "deltacoord.coordinator.delta_log.files", "deltacoord.coordinator.tooling.cli", "deltacoord.writer.table", "deltacoord.reader.log", "deltacoord.storage.table", "deltacoord"} <= set(MODULES)
     assert "deltacoord.writer.table" in GRAPH["deltacoord.coordinator.tooling.bench"] | GRAPH["deltacoord.coordinator.tooling.cli_tables"]
 
 
@@ -125,9 +126,10 @@ def test_no_import_cycles() -> None:
 
 @pytest.mark.parametrize(("package", "allowed"), [
     ("schemas", {"schemas"}),
-    ("reader", {"schemas", "reader"}),
-    ("writer", {"schemas", "reader", "writer"}),
-    ("coordinator", {"schemas", "reader", "coordinator", "writer"}),
+    ("storage", {"schemas", "storage"}),
+    ("reader", {"schemas", "storage", "reader"}),
+    ("writer", {"schemas", "storage", "reader", "writer"}),
+    ("coordinator", {"schemas", "storage", "reader", "coordinator", "writer"}),
 ])
 def test_imports_point_one_way(package: str, allowed: set[str]) -> None:
     bad = {m: sorted(i for i in deps if _top(i) not in allowed) for m, deps in GRAPH.items() if _top(m) == package}

@@ -19,7 +19,6 @@ from deltacoord.reader.staged_commits import (
     stage_decision,
     sweep_decided,
 )
-from deltacoord.reader.storage import TableStorage
 from deltacoord.schemas.actions import commit_to_json_lines, parse_commit
 from deltacoord.schemas.codec import decode_decision, decode_proposal, encode_decision, encode_proposal
 from deltacoord.schemas.messages import Decision, Outcome
@@ -33,6 +32,7 @@ from deltacoord.schemas.staged import (
     staged_bytes,
     writer_key,
 )
+from deltacoord.storage.table import TableStorage
 from tests.unit.test_codec import ACTIONS, COMMITTED, FULL_PROPOSAL, body_record, single_object
 
 HISTORY = Path(__file__).resolve().parents[2] / "schemas" / "avro" / "history"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from deltacoord.reader.storage import TableStorage
+from deltacoord.storage.table import TableStorage
 from deltacoord.writer import staging
 
 

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from deltacoord.reader import storage as storage_module
-from deltacoord.reader import storage_local
-from deltacoord.reader.storage import (
+from deltacoord.storage import local as storage_local
+from deltacoord.storage import table as storage_module
+from deltacoord.storage.table import (
     AtomicPutUnsupportedError,
     ObjectNotFoundError,
     StorageUriError,

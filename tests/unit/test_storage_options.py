@@ -6,9 +6,9 @@ import datetime
 
 import pytest
 
-from deltacoord.reader.storage import StorageConfigError, TableStorage, parse_table_uri
-from deltacoord.reader.storage_options import ObstoreOptions
-from deltacoord.reader.storage_options import obstore_options as translate
+from deltacoord.storage.options import ObstoreOptions
+from deltacoord.storage.options import obstore_options as translate
+from deltacoord.storage.table import StorageConfigError, TableStorage, parse_table_uri
 
 
 def obstore_options(uri: object, options: dict[str, str]) -> ObstoreOptions:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from deltacoord.reader.storage import StorageUriError, TableUri, normalize_table_uri, parse_table_uri, uri_within_roots
-from deltacoord.reader.storage_uri import check_key, check_prefix
+from deltacoord.storage.table import StorageUriError, TableUri, normalize_table_uri, parse_table_uri, uri_within_roots
+from deltacoord.storage.uri import check_key, check_prefix
 
 NORMAL_FORMS = [
     # object stores

@@ -15,9 +15,9 @@ from deltacoord.coordinator.kafka.partition import claim_problem
 from deltacoord.coordinator.locations import TableLocations
 from deltacoord.coordinator.rules.batch import decide_batch
 from deltacoord.reader.claim import CLAIM_KEY, Claim, ClaimError, claim, drop_claim, read_claim
-from deltacoord.reader.storage import TableStorage
 from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.storage.table import TableStorage
 from tests.unit.builders import NOW, TABLE_ID, Harness, add, metadata, proposal, protocol
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from deltacoord.coordinator.delta_log.table_files import delete_table_files, deleted_problem, location_claimed
 from deltacoord.reader.claim import CLAIM_KEY
-from deltacoord.reader.storage import TableStorage
+from deltacoord.storage.table import TableStorage
 
 _FILES = [CLAIM_KEY, "_delta_log/00000000000000000000.json", "_delta_log/00000000000000000001.json",
           "_delta_log/00000000000000000001.checkpoint.parquet", "_delta_log/_last_checkpoint", "part-0.parquet",

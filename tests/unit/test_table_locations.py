@@ -9,8 +9,8 @@ import pytest
 from deltacoord.coordinator import settings
 from deltacoord.coordinator.locations import TableLocationError, TableLocations
 from deltacoord.reader.log import data_object, list_log, list_log_from_hint, newest_commit_version
-from deltacoord.reader.storage import StorageUriError, StoredObject, TableStorage
-from deltacoord.reader.storage_uri import check_table_uri
+from deltacoord.storage.table import StorageUriError, StoredObject, TableStorage
+from deltacoord.storage.uri import check_table_uri
 
 STRICT_REFUSED = [
     ("", "empty"),

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
-from deltacoord.reader.storage_uri import StorageError
+from deltacoord.storage.uri import StorageError
 
 #: Temp files this backend creates start with this; listings skip them.
 TMP_PREFIX = ".deltacoord-tmp-"

@@ -8,7 +8,7 @@ the parent touched an object store would hang, so it gets a `StorageError` inste
 processes that use object stores must be started with `spawn` or `forkserver`.
 
 Keys are '/'-separated and relative to the table root (`_delta_log/00000000000000000000.json`), plain
-text (not URI-encoded). Local tables use plain files (`deltacoord.reader.storage_local`); object stores share one
+text (not URI-encoded). Local tables use plain files (`deltacoord.storage.local`); object stores share one
 obstore client per bucket and options, so a `TableStorage` is cheap to create, and every method is
 safe to call from many threads.
 """
@@ -40,9 +40,9 @@ from obstore.exceptions import (
 from obstore.exceptions import BaseError as ObstoreError
 from obstore.store import AzureStore, GCSStore, S3Store
 
-from deltacoord.reader.storage_local import AtomicPutUnsupportedError, LocalBackend, ObjectNotFoundError
-from deltacoord.reader.storage_options import StorageConfigError, UnknownStorageOptionError, obstore_options, suggestion
-from deltacoord.reader.storage_uri import (
+from deltacoord.storage.local import AtomicPutUnsupportedError, LocalBackend, ObjectNotFoundError
+from deltacoord.storage.options import StorageConfigError, UnknownStorageOptionError, obstore_options, suggestion
+from deltacoord.storage.uri import (
     StorageError,
     StorageUriError,
     TableUri,
@@ -321,7 +321,7 @@ class TableStorage:
     """Read and write the objects of one table root.
 
     `uri` is any accepted table URI or local path; `storage_options` are delta-rs's keys (see
-    `deltacoord.reader.storage_options`). `fsync=False` skips fsyncs on local filesystems.
+    `deltacoord.storage.options`). `fsync=False` skips fsyncs on local filesystems.
     """
 
     def __init__(self, uri: str | os.PathLike[str] | TableUri, storage_options: Mapping[str, str] | None = None,

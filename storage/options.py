@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from deltacoord.reader.storage_uri import StorageError, TableUri
+from deltacoord.storage.uri import StorageError, TableUri
 
 
 class StorageConfigError(StorageError, ValueError):
