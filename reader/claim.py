@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from deltacoord.storage.local import ObjectNotFoundError
+from deltacoord.storage.backend import ObjectNotFoundError
 from deltacoord.storage.table import StorageError, TableStorage
 
 #: Where a location's claim lives, relative to the table root.

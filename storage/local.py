@@ -9,6 +9,7 @@ unless the backend is built with `fsync=False` (tests, scratch tables).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import ctypes
 import datetime
@@ -17,8 +18,9 @@ import os
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+from deltacoord.storage.backend import Data, ObjectInfo, ObjectNotFoundError, ObjectWriter
 from deltacoord.storage.uri import StorageError
 
 #: Temp files this backend creates start with this; listings skip them.
@@ -40,10 +42,6 @@ _RENAME_NOREPLACE = 1
 _NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS, errno.EXDEV, errno.EACCES})
 #: errnos with which renameat2 says "this filesystem or kernel cannot do RENAME_NOREPLACE".
 _NO_NOREPLACE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})
-
-
-class ObjectNotFoundError(StorageError, FileNotFoundError):
-    """No object under that key."""
 
 
 class AtomicPutUnsupportedError(StorageError):
@@ -94,6 +92,7 @@ class LocalBackend:
 
     def __init__(self, root: str, *, fsync: bool = True) -> None:
         self.root = root
+        self.local_root: str | None = root
         self.fsync = fsync
 
     def path(self, key: str) -> str:
@@ -111,7 +110,7 @@ class LocalBackend:
 
     def _makedirs(self, directory: str) -> None:
         """Create missing directories; fsync each new one's parent so the entry survives a crash."""
-        missing: list[str] = []
+        missing: builtins.list[str] = []
         d = directory
         while not os.path.isdir(d):
             missing.append(d)
@@ -166,16 +165,20 @@ class LocalBackend:
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
             raise ObjectNotFoundError(f"no object {key!r} under {self.root}") from e
 
-    def stat(self, key: str) -> tuple[int, datetime.datetime]:
+    def parquet_source(self, key: str, size: int | None) -> Any:
+        """The file's path: Arrow's own reader opens it."""
+        return self.path(key)
+
+    def head(self, key: str) -> ObjectInfo:
         try:
             st = os.stat(self.path(key))
         except (FileNotFoundError, NotADirectoryError) as e:
             raise ObjectNotFoundError(f"no object {key!r} under {self.root}") from e
         if not os.path.isfile(self.path(key)):
             raise ObjectNotFoundError(f"{key!r} under {self.root} is a directory, not an object")
-        return st.st_size, datetime.datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=datetime.UTC)
+        return ObjectInfo(key, st.st_size, datetime.datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=datetime.UTC))
 
-    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+    def put(self, key: str, data: Data) -> None:
         final = self.path(key)
         tmp = self._write_temp(final, data)
         try:
@@ -185,6 +188,25 @@ class LocalBackend:
                 os.unlink(tmp)
             raise
         self._fsync_dir(os.path.dirname(final))
+
+    def open_output(self, key: str) -> ObjectWriter:
+        """A temp file next to the target, fsynced and renamed into place when it closes."""
+        tmp = self.temp_for(key)
+        fh = open(tmp, "xb")  # noqa: SIM115 - closed by the writer's publish or discard
+
+        def publish() -> None:
+            if self.fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+            fh.close()
+            self.put_file(key, tmp)
+
+        def discard() -> None:
+            fh.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+        return ObjectWriter(fh, publish, discard)
 
     def put_file(self, key: str, tmp: str) -> None:
         """Publish an already written temp file (in the target's directory) over `key`."""
@@ -197,7 +219,7 @@ class LocalBackend:
         self._makedirs(os.path.dirname(final))
         return os.path.join(os.path.dirname(final), f"{TMP_PREFIX}{uuid.uuid4().hex}")
 
-    def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
+    def put_if_absent(self, key: str, data: Data) -> bool:
         final = self.path(key)
         if os.path.lexists(final):
             return False
@@ -208,7 +230,7 @@ class LocalBackend:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
-    def put_many_if_absent(self, items: Sequence[tuple[str, bytes]]) -> list[bool]:
+    def put_many_if_absent(self, items: Sequence[tuple[str, bytes]]) -> builtins.list[bool]:
         """`put_if_absent` of several objects in one directory, in order, with one flush for all of them.
 
         The temp files are written first and fsynced together (their fsyncs overlap, and the journal merges
@@ -224,14 +246,14 @@ class LocalBackend:
         if any(os.path.dirname(f) != directory for f in finals):
             raise ValueError("put_many_if_absent takes keys of one directory")
         self._makedirs(directory)
-        temps: list[str] = []
+        temps: builtins.list[str] = []
         try:
             for _key, data in items:
                 temps.append(self._write_temp_unsynced(directory, data))
             if self.fsync:
                 for _ in _FSYNC_POOL.map(_fsync_path, temps):
                     pass
-            results: list[bool] = []
+            results: builtins.list[bool] = []
             for tmp, final in zip(temps, finals, strict=True):
                 created = not os.path.lexists(final) and self._link_if_absent(tmp, final)
                 results.append(created)
@@ -306,7 +328,7 @@ class LocalBackend:
                 raise
         return True
 
-    def list_names(self, prefix: str, start_after: str | None) -> list[str]:
+    def list_names(self, prefix: str, start_after: str | None) -> builtins.list[str]:
         """Keys of the files directly in the directory `prefix` (no stat, no recursion), sorted."""
         base = self.path(prefix) if prefix else self.root
         rel_base = f"{prefix}/" if prefix else ""
@@ -324,10 +346,14 @@ class LocalBackend:
         out.sort()
         return out
 
-    def list(self, prefix: str, start_after: str | None) -> list[tuple[str, int, datetime.datetime]]:
-        """(key, size, mtime) of every file below `prefix`, skipping our temp files."""
+    def list_keys(self, prefix: str, start_after: str | None) -> builtins.list[tuple[str, datetime.datetime | None]]:
+        """Read without a stat per file: the time is None."""
+        return [(k, None) for k in self.list_names(prefix, start_after)]
+
+    def list(self, prefix: str, start_after: str | None) -> builtins.list[ObjectInfo]:
+        """Every file below `prefix`, skipping our temp files."""
         base = self.path(prefix) if prefix else self.root
-        out: list[tuple[str, int, datetime.datetime]] = []
+        out: builtins.list[ObjectInfo] = []
         rel_base = f"{prefix}/" if prefix else ""
 
         def walk(directory: str, rel: str) -> None:
@@ -348,10 +374,11 @@ class LocalBackend:
                         st = entry.stat()
                     except FileNotFoundError:
                         continue
-                    out.append((key, st.st_size, datetime.datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=datetime.UTC)))
+                    out.append(ObjectInfo(key, st.st_size,
+                                          datetime.datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=datetime.UTC)))
 
         walk(base, rel_base)
-        out.sort(key=lambda t: t[0])
+        out.sort(key=lambda o: o.key)
         return out
 
     def delete(self, key: str) -> None:

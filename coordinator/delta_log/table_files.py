@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 
 from deltacoord.reader.claim import CLAIM_KEY
-from deltacoord.storage.local import ObjectNotFoundError
+from deltacoord.storage.backend import ObjectNotFoundError
 from deltacoord.storage.table import StorageError, TableStorage
 
 #: Where a table's log lives, relative to its root.
