@@ -23,7 +23,7 @@ jars: $(STAMP)
 
 # Local S3 (versitygw), Azure (Azurite) and GCS (fake-gcs-server) servers, built once into ~/.cache/deltacoord.
 servers: $(STAMP)
-	$(BIN)/python -m deltacoord.coordinator.tooling.storage_servers install all
+	$(BIN)/python -m deltacoord.tooling.storage_servers install all
 
 # The whole suite, in TEST_WORKERS test processes (pytest-xdist); each starts its own broker and storage
 # servers when a test first needs them, and the Spark tests share one process (one Spark JVM).
@@ -45,7 +45,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
 
 lint: $(STAMP)
-	$(BIN)/ruff check schemas storage reader writer coordinator deltacoord tests bench
+	$(BIN)/ruff check schemas storage reader writer coordinator tooling deltacoord tests bench
 	$(BIN)/mypy
 
 bench: jars

@@ -57,7 +57,7 @@ def _peak_rss_mb(pid: int) -> float:
 def _start_coordinator(bootstrap: str, prefix: str, log: Path) -> subprocess.Popen[bytes]:
     out = open(log, "ab")  # noqa: SIM115 - lives as long as the child
     return subprocess.Popen(
-        [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+        [sys.executable, "-m", "deltacoord.cli.main", "coordinator", "run", "--bootstrap-servers", bootstrap,
          "--topic-prefix", prefix, "--log-level", "WARNING"], stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -101,9 +101,9 @@ def _pct(xs: list[float], q: float) -> float:
 def _deltacoord(bootstrap: str, prefix: str, workdir: Path, n: int) -> dict[str, Any]:
     import pyarrow as pa
 
-    from deltacoord.coordinator.tooling.bench import create_when_served
     from deltacoord.schemas.actions import AddFile
     from deltacoord.schemas.routing import Topics
+    from deltacoord.tooling.bench import create_when_served
     from deltacoord.writer.table import Table
 
     schema = pa.schema([("id", pa.int64()), ("value", pa.string())])
@@ -229,7 +229,7 @@ def main() -> None:
     ap.add_argument("--bootstrap-servers", default=None)
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x]
-    from deltacoord.coordinator.tooling.broker import LocalBroker
+    from deltacoord.tooling.broker import LocalBroker
 
     workdir = Path(tempfile.mkdtemp(prefix="deltacoord-big-"))
     broker = None if args.bootstrap_servers else LocalBroker(workdir / "broker")

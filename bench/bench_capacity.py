@@ -83,7 +83,7 @@ class Loop:
 
 
 def _pct(xs: list[float], q: float) -> float | None:
-    from deltacoord.coordinator.tooling.bench import percentile
+    from deltacoord.tooling.bench import percentile
 
     return round(percentile(xs, q), 1) if xs else None
 
@@ -301,7 +301,7 @@ def _ensure(bootstrap: str, prefix: str) -> Any:
 
 
 def _cpu(pid: int | None) -> float | None:
-    from deltacoord.coordinator.tooling.cpu_usage import process_tree_cpu_s
+    from deltacoord.tooling.cpu_usage import process_tree_cpu_s
 
     return None if pid is None else process_tree_cpu_s(pid)
 
@@ -352,7 +352,7 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     and `children` (the checkpoint process, alive or reaped). Linux only: empty elsewhere."""
     import re
 
-    from deltacoord.coordinator.tooling.cpu_usage import process_tree_cpu_s
+    from deltacoord.tooling.cpu_usage import process_tree_cpu_s
 
     ticks = os.sysconf("SC_CLK_TCK")
     out = {"main": 0.0, "python": 0.0, "librdkafka": 0.0}
@@ -386,8 +386,8 @@ def run(bootstrap: str, writers: int, n_tables: int, seconds: float | None, comm
     """Both systems, one after the other; their JSON lines and the details of every proposal."""
     import pyarrow as pa
 
-    from deltacoord.coordinator.tooling.cpu_usage import broker_pid
-    from deltacoord.coordinator.tooling.ports import free_port
+    from deltacoord.tooling.cpu_usage import broker_pid
+    from deltacoord.tooling.ports import free_port
     from deltacoord.writer.client import CoordinatorClient
     from deltacoord.writer.table import Table
 
@@ -399,7 +399,7 @@ def run(bootstrap: str, writers: int, n_tables: int, seconds: float | None, comm
     topics = _ensure(bootstrap, prefix)
     log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - closed below
     metrics_port = free_port()
-    coord = subprocess.Popen([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers",
+    coord = subprocess.Popen([sys.executable, "-m", "deltacoord.cli.main", "coordinator", "run", "--bootstrap-servers",
                               bootstrap, "--topic-prefix", prefix, "--partitions", "0", "--log-level", "WARNING",
                               "--metrics-port", str(metrics_port)],
                              stdout=log, stderr=subprocess.STDOUT)
@@ -473,7 +473,7 @@ def _floor_name(every_batch: bool) -> str:
 def run_floor(bootstrap: str, workdir: Path, writers: int, n_tables: int, seconds: float | None, commits: int,
               warmup: int, rows: Any, every_batch: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The floor loop's process on topics of its own, fed by the same generator; its line and details."""
-    from deltacoord.coordinator.tooling.cpu_usage import broker_pid
+    from deltacoord.tooling.cpu_usage import broker_pid
     from deltacoord.writer.client import CoordinatorClient
     from deltacoord.writer.table import Table
 
@@ -547,7 +547,7 @@ def main() -> None:
     seconds = None if args.commits is not None else (args.seconds or 10.0)
     commits = args.commits if args.commits is not None else args.max_commits
     warmup = args.warmup if args.warmup is not None else 4 * args.writers
-    from deltacoord.coordinator.tooling.broker import LocalBroker
+    from deltacoord.tooling.broker import LocalBroker
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="deltacoord-capacity-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -94,15 +94,15 @@ def _timed(argv: list[str], env: dict[str, str] | None = None) -> float:
 def _start_coordinator(bootstrap: str, prefix: str, workdir: Path) -> subprocess.Popen[bytes]:
     log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - lives as long as the child
     return subprocess.Popen(
-        [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+        [sys.executable, "-m", "deltacoord.cli.main", "coordinator", "run", "--bootstrap-servers", bootstrap,
          "--topic-prefix", prefix, "--log-level", "WARNING"], stdout=log, stderr=subprocess.STDOUT)
 
 
 def _create(bootstrap: str, prefix: str, path: str, coordinator: subprocess.Popen[bytes]) -> None:
     import pyarrow as pa
 
-    from deltacoord.coordinator.tooling.bench import create_when_served
     from deltacoord.schemas.routing import Topics
+    from deltacoord.tooling.bench import create_when_served
     from deltacoord.writer.table import Table
 
     with Table(path, bootstrap, topics=Topics.with_prefix(prefix)) as t:
@@ -129,10 +129,10 @@ def run(bootstrap: str, runs: int, commits: int, workdir: Path) -> list[dict[str
             py = _run_json([sys.executable, "-c", _PY_WRITER, bootstrap, prefix, dc_table, str(commits), "0"])
             now = _run_json([sys.executable, "-c", _PY_WRITER, bootstrap, prefix, dc_table, str(commits), "1"])
             rs = _run_json([sys.executable, "-c", _RS_WRITER, str(workdir / f"delta-rs-{r}"), str(commits)])
-            cli = _timed([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "table", "append", cli_table,
+            cli = _timed([sys.executable, "-m", "deltacoord.cli.main", "table", "append", cli_table,
                           "--bootstrap-servers", bootstrap, "--topic-prefix", prefix,
                           "--json-rows", json.dumps([{"id": r, "value": "cli"}])])
-            imports = _timed([sys.executable, "-c", "import coordinator.tooling.cli, writer.table, pyarrow"])
+            imports = _timed([sys.executable, "-c", "import deltacoord.cli.main, writer.table, pyarrow"])
             row = {"run": r, "python_commits_ms": [round(x, 1) for x in py["commits_ms"]],
                    "python_at_once_commits_ms": [round(x, 1) for x in now["commits_ms"]],
                    "delta_rs_commits_ms": [round(x, 1) for x in rs["commits_ms"]],
@@ -177,7 +177,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.commits < 3:
         ap.error("--commits must be at least 3: two cold commits and a warm one")
-    from deltacoord.coordinator.tooling.broker import LocalBroker
+    from deltacoord.tooling.broker import LocalBroker
 
     workdir = Path(tempfile.mkdtemp(prefix="deltacoord-cold-"))
     broker = None if args.bootstrap_servers else LocalBroker(workdir / "broker")

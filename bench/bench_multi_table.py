@@ -109,8 +109,8 @@ def main() -> None:
 
     import deltacoord
     from deltacoord.coordinator.kafka.topics import ensure_topics
-    from deltacoord.coordinator.tooling.broker import LocalBroker
     from deltacoord.schemas.routing import Topics
+    from deltacoord.tooling.broker import LocalBroker
     from deltacoord.writer.table import Table
 
     os.environ["DELTACOORD_COORDINATOR_CHECK"] = "0"
@@ -121,7 +121,7 @@ def main() -> None:
     prefix = f"mtx-{uuid.uuid4().hex[:6]}"
     ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics.with_prefix(prefix), partitions=1)
     log = open(root / "coordinator.log", "wb")  # noqa: SIM115 - closed below
-    coord = subprocess.Popen([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers",
+    coord = subprocess.Popen([sys.executable, "-m", "deltacoord.cli.main", "coordinator", "run", "--bootstrap-servers",
                               bootstrap, "--topic-prefix", prefix, "--partitions", "0", "--log-level", "WARNING"],
                              stdout=log, stderr=subprocess.STDOUT)
     rows = []

@@ -156,7 +156,7 @@ def main() -> None:
     args = ap.parse_args()
     histories = [int(x) for x in args.histories.split(",")]
     lives = [int(x) for x in args.live_files.split(",")]
-    from deltacoord.coordinator.tooling.broker import LocalBroker
+    from deltacoord.tooling.broker import LocalBroker
 
     workdir = Path(tempfile.mkdtemp(prefix="deltacoord-restart-"))
     broker = None

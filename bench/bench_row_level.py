@@ -199,7 +199,7 @@ def _loop(w: int, ops: list[Op], max_attempts: int, attempt: Any, conflicts: tup
 
 def _run(target: Any, args_for: Any, n: int, workdir: Path) -> tuple[list[dict[str, Any]], float]:
     """`n` writer processes released together (the bench's `run_processes`): their results and the timed phase's length."""
-    from deltacoord.coordinator.tooling.bench import run_processes
+    from deltacoord.tooling.bench import run_processes
 
     results, t0, end = run_processes(target, args_for, n, workdir)
     if len(results) < n:
@@ -239,10 +239,10 @@ def bench_deltacoord(bootstrap: str, workdir: Path, args: argparse.Namespace, pl
     from confluent_kafka.admin import AdminClient
 
     from deltacoord.coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, ensure_topics
-    from deltacoord.coordinator.tooling.bench import create_when_served
     from deltacoord.reader.snapshot import Snapshot
     from deltacoord.schemas.kafka_logs import kafka_config
     from deltacoord.schemas.routing import Topics
+    from deltacoord.tooling.bench import create_when_served
     from deltacoord.writer.table import Table
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -252,7 +252,7 @@ def bench_deltacoord(bootstrap: str, workdir: Path, args: argparse.Namespace, pl
     ensure_topics(admin, topics, reply_partitions=max(DEFAULT_REPLY_PARTITIONS, 2 * args.writers))
     log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - lives as long as the child
     coord = subprocess.Popen(
-        [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+        [sys.executable, "-m", "deltacoord.cli.main", "coordinator", "run", "--bootstrap-servers", bootstrap,
          "--topic-prefix", prefix, "--log-level", "WARNING"], stdout=log, stderr=subprocess.STDOUT)
     location = str(workdir / "table")
     try:
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--bootstrap-servers", default=None, help="a running Kafka (default: start a local broker)")
     args = ap.parse_args(argv)
     plans = plan(args.rows, args.writers, args.ops_per_writer, args.rows_per_op)
-    from deltacoord.coordinator.tooling.broker import LocalBroker
+    from deltacoord.tooling.broker import LocalBroker
 
     workdir = Path(tempfile.mkdtemp(prefix="deltacoord-row-level-"))
     broker = None

@@ -40,8 +40,8 @@ def run_once(bootstrap: str, n_tables: int, writers_per_table: int, k: int, work
     from confluent_kafka.admin import AdminClient
 
     from deltacoord.coordinator.kafka.topics import ensure_topics
-    from deltacoord.coordinator.tooling.bench import create_when_served, dc_writer, percentile, run_processes
     from deltacoord.schemas.routing import Topics
+    from deltacoord.tooling.bench import create_when_served, dc_writer, percentile, run_processes
     from deltacoord.writer.table import Table
 
     prefix = f"scale-{uuid.uuid4().hex[:6]}"
@@ -49,7 +49,7 @@ def run_once(bootstrap: str, n_tables: int, writers_per_table: int, k: int, work
     ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), topics, partitions=PARTITIONS)
     logs = [open(workdir / f"coord-{prefix}-{i}.log", "wb") for i in range(2)]  # noqa: SIM115
     coords = [
-        subprocess.Popen([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+        subprocess.Popen([sys.executable, "-m", "deltacoord.cli.main", "coordinator", "run", "--bootstrap-servers", bootstrap,
                           "--topic-prefix", prefix, "--log-level", "WARNING"], stdout=lg, stderr=subprocess.STDOUT)
         for lg in logs
     ]
@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--commits-per-writer", type=int, default=40)
     ap.add_argument("--bootstrap-servers", default=None)
     args = ap.parse_args()
-    from deltacoord.coordinator.tooling.broker import LocalBroker
+    from deltacoord.tooling.broker import LocalBroker
 
     broker = LocalBroker()
     started = broker.status() is None

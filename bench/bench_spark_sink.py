@@ -79,7 +79,7 @@ def main() -> None:
     broker = None
     bootstrap = args.bootstrap
     if not bootstrap:
-        from deltacoord.coordinator.tooling.broker import LocalBroker
+        from deltacoord.tooling.broker import LocalBroker
 
         broker = LocalBroker(home=base / "broker")
         broker.start()

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from deltacoord.coordinator.tooling.jars import classpath
+from deltacoord.tooling.jars import classpath
 from deltacoord.writer.spark_sink import register, worker_python
 from deltacoord.writer.spark_tables import MultiTableBatchWriter
 

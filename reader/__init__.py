@@ -2,7 +2,7 @@
 
     from deltacoord.reader import Snapshot, CommitStream
 
-The names are loaded on first use, so `import reader.log` (what the
+The names are loaded on first use, so `import deltacoord.reader.log` (what the
 coordinator reads `_delta_log` with) stays free of Arrow and Kafka imports.
 The Spark source (`deltacoord.reader.spark_source`) needs the `spark` extra and is
 never imported from here.

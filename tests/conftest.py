@@ -1,12 +1,12 @@
 """Shared fixtures: a real Kafka broker and real object-storage servers for integration tests.
 
 `kafka_bootstrap` resolves, in order: `KAFKA_BOOTSTRAP_SERVERS`; a local JVM
-broker from Maven Central jars (`deltacoord.coordinator.tooling.broker.LocalBroker`); a
+broker from Maven Central jars (`deltacoord.tooling.broker.LocalBroker`); a
 testcontainers Kafka container when a Docker engine answers. With none of
 them the run fails loudly: Kafka tests are never skipped.
 
 `s3_server`, `azurite_server` and `gcs_server` start the project's local storage
-servers (`deltacoord.coordinator.tooling.storage_servers`) once per session; `s3_bucket`,
+servers (`deltacoord.tooling.storage_servers`) once per session; `s3_bucket`,
 `azure_container` and `gcs_bucket` give each test a fresh bucket, and
 `object_store_bucket` runs a test once per store. A server that cannot be
 installed or started fails the test with how to fix it.
@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from deltacoord.coordinator.tooling.broker import LocalBroker
-from deltacoord.coordinator.tooling.ports import free_port
-from deltacoord.coordinator.tooling.storage_servers import (
+from deltacoord.tooling.broker import LocalBroker
+from deltacoord.tooling.ports import free_port
+from deltacoord.tooling.storage_servers import (
     AzuriteServer,
     GcsServer,
     LocalStorageServer,

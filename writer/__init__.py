@@ -2,7 +2,7 @@
 
     from deltacoord.writer import Table, retry
 
-The names are loaded on first use, so `import writer.staging` stays light.
+The names are loaded on first use, so `import deltacoord.writer.staging` stays light.
 The Spark sink (`deltacoord.writer.spark_sink`) needs the `spark` extra and is never
 imported from here.
 """

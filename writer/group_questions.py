@@ -52,7 +52,7 @@ class GroupQuestions:
 
     # -- the pipe ----------------------------------------------------------------------------
     def _start(self) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-c", "from writer.group_questions import main; main()"],
+        proc = subprocess.Popen([sys.executable, "-c", "from deltacoord.writer.group_questions import main; main()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         assert proc.stdin is not None

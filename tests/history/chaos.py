@@ -118,12 +118,12 @@ from deltacoord.coordinator.delta_log.verify import verify_table
 from deltacoord.coordinator.kafka.recovery import read_decisions
 from deltacoord.coordinator.kafka.topics import describe_topic_config
 from deltacoord.coordinator.settings import KAFKA_ENV_PREFIX, CoordinatorSettings
-from deltacoord.coordinator.tooling.broker import LocalBroker, LocalCluster
-from deltacoord.coordinator.tooling.storage_servers import S3Server
 from deltacoord.schemas.messages import Decision
 from deltacoord.schemas.routing import Topics
 from deltacoord.storage.table import TableStorage
 from deltacoord.storage.uri import StorageError
+from deltacoord.tooling.broker import LocalBroker, LocalCluster
+from deltacoord.tooling.storage_servers import S3Server
 from tests.history.checker import Report, Row, check_history, decision_record, decisions_for, txns_from_records
 from tests.history.netpath import MODES, NetPath, close_paths, start_cluster_with_paths
 from tests.history.services import RelayProcess, StoreOutage, relay_socket_path

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from deltacoord.coordinator.tooling.broker import LocalCluster
+from deltacoord.tooling.broker import LocalCluster
 
 MODES = ("blackhole", "reset")
 

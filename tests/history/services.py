@@ -17,8 +17,8 @@ import time
 import uuid
 from pathlib import Path
 
-from deltacoord.coordinator.tooling.storage_servers import S3Server, ServerInfo
 from deltacoord.schemas.routing import Topics
+from deltacoord.tooling.storage_servers import S3Server, ServerInfo
 from deltacoord.writer.relay import relay_counts
 
 
@@ -45,7 +45,7 @@ class RelayProcess:
         pairs = [a for k, v in self.kafka.items() for a in ("--kafka", f"{k}={v}")]
         with open(self.log, "ab") as fh:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "relay", "run", "--socket", self.socket_path,
+                [sys.executable, "-m", "deltacoord.cli.main", "relay", "run", "--socket", self.socket_path,
                  "--bootstrap-servers", self.bootstrap, "--topic-prefix", self.topics.proposals.removesuffix(".proposals"),
                  *pairs], stdout=fh, stderr=subprocess.STDOUT)
         self.starts += 1

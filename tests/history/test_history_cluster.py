@@ -27,8 +27,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from deltacoord.coordinator.kafka.topics import ensure_topics
-from deltacoord.coordinator.tooling.broker import LocalCluster
 from deltacoord.schemas.routing import Topics
+from deltacoord.tooling.broker import LocalCluster
 from tests.history.chaos import ChaosConfig, run_chaos
 from tests.history.netpath import NetPath, close_paths, start_cluster_with_paths
 

@@ -19,9 +19,9 @@ import pytest
 
 from deltacoord.coordinator.kafka.acl_apply import apply_acls
 from deltacoord.coordinator.kafka.acls import AclRequest, plan_acls
-from deltacoord.coordinator.tooling import broker_security
-from deltacoord.coordinator.tooling.broker import LocalCluster
 from deltacoord.schemas.routing import Topics
+from deltacoord.tooling import broker_security
+from deltacoord.tooling.broker import LocalCluster
 from tests.history.chaos import ChaosClients, ChaosConfig, run_chaos
 from tests.history.netpath import NetPath, close_paths, start_cluster_with_paths
 from tests.integration.coord_harness import coordinator_group

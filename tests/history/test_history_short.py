@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from deltacoord.coordinator.tooling.broker import LocalBroker
+from deltacoord.tooling.broker import LocalBroker
 from tests.history.chaos import ChaosConfig, run_chaos
 
 pytestmark = pytest.mark.kafka

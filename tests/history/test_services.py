@@ -16,11 +16,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from deltacoord.coordinator.tooling.storage_servers import S3Server
 from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.reasons import ReasonCode
 from deltacoord.schemas.routing import Topics
 from deltacoord.storage.table import TableStorage
+from deltacoord.tooling.storage_servers import S3Server
 from deltacoord.writer import staging
 from deltacoord.writer.relay import relay_counts
 from deltacoord.writer.table import Table

@@ -105,7 +105,7 @@ def start_coordinator_process(bootstrap: str, topics: Topics, log_dir: Path, *ex
     """`deltacoord coordinator run` as a child process (for SIGKILL and fencing tests)."""
     log = log_dir / f"coordinator-{uuid.uuid4().hex[:6]}.log"
     prefix = topics.proposals.removesuffix(".proposals")
-    cmd = [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+    cmd = [sys.executable, "-m", "deltacoord.cli.main", "coordinator", "run", "--bootstrap-servers", bootstrap,
            "--topic-prefix", prefix, "--group-id", coordinator_group(topics),
            "--transactional-id-prefix", f"{topics.proposals}-tx", "--no-fsync", *extra]
     with open(log, "wb") as fh:

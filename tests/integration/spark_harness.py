@@ -28,8 +28,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from deltacoord.coordinator.tooling.jars import classpath
 from deltacoord.spark import s3a_settings
+from deltacoord.tooling.jars import classpath
 from deltacoord.writer.spark_sink import (
     DeltaCoordDataSource,
     DeltaCoordStreamWriter,

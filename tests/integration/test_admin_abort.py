@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from deltacoord.coordinator.tooling.broker import LocalBroker
-from deltacoord.coordinator.tooling.ports import free_port
+from deltacoord.tooling.broker import LocalBroker
+from deltacoord.tooling.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,11 +18,11 @@ import pytest
 from click.testing import CliRunner
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+from deltacoord.cli.tables import register
 from deltacoord.coordinator.delta_log.checkpoint_worker import CheckpointWorker
 from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
 from deltacoord.coordinator.delta_log.verify import verify_table
 from deltacoord.coordinator.kafka.daemon import Coordinator
-from deltacoord.coordinator.tooling.cli_tables import register
 from deltacoord.reader.claim import CLAIM_KEY, read_claim
 from deltacoord.reader.log import checkpoint_exists
 from deltacoord.reader.snapshot import Snapshot

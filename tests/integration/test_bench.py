@@ -11,7 +11,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from deltacoord.coordinator.tooling.cpu_usage import broker_pid
+from deltacoord.tooling.cpu_usage import broker_pid
 
 KEYS = {"writers", "commits", "failed", "commits_per_s", "p50_ms", "p99_ms", "first_commit_p50_ms"}
 
@@ -20,7 +20,7 @@ KEYS = {"writers", "commits", "failed", "commits_per_s", "p50_ms", "p99_ms", "fi
 def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str, tmp_path: Path) -> None:
     chart = tmp_path / "bench.svg"
     proc = subprocess.run(
-        [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "bench", "--writers", "2", "--commits-per-writer", "3",
+        [sys.executable, "-m", "deltacoord.cli.main", "bench", "--writers", "2", "--commits-per-writer", "3",
          "--memory-files", "0", "--warmup-commits-per-writer", "2", "--bootstrap-servers", kafka_bootstrap,
          "--chart", str(chart)],
         capture_output=True, text=True, timeout=600,
@@ -61,7 +61,7 @@ def test_bench_reports_both_systems_from_one_run(kafka_bootstrap: str, tmp_path:
 
 def test_bench_through_a_relay_counts_its_cpu_and_fetch_bytes(kafka_bootstrap: str, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "bench", "--writers", "3", "--commits-per-writer", "3",
+        [sys.executable, "-m", "deltacoord.cli.main", "bench", "--writers", "3", "--commits-per-writer", "3",
          "--memory-files", "0", "--warmup-commits-per-writer", "0", "--bootstrap-servers", kafka_bootstrap,
          "--no-chart", "--relay"],
         capture_output=True, text=True, timeout=600,
@@ -78,7 +78,7 @@ def test_bench_through_a_relay_counts_its_cpu_and_fetch_bytes(kafka_bootstrap: s
 def test_bench_on_s3_measures_both_systems_to_visibility(kafka_bootstrap: str, tmp_path: Path) -> None:
     env = {**os.environ, "DELTACOORD_S3_SERVER_HOME": str(tmp_path / "s3")}
     proc = subprocess.run(
-        [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "bench", "--storage", "s3", "--writers", "2",
+        [sys.executable, "-m", "deltacoord.cli.main", "bench", "--storage", "s3", "--writers", "2",
          "--commits-per-writer", "3", "--warmup-commits-per-writer", "2", "--bootstrap-servers", kafka_bootstrap,
          "--no-chart"],
         capture_output=True, text=True, timeout=600, env=env,

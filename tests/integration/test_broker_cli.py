@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from deltacoord.coordinator.tooling.ports import free_port
+from deltacoord.tooling.ports import free_port
 
 pytestmark = pytest.mark.kafka  # each test starts brokers of its own
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "broker", "--home", str(home), *args],
+        [sys.executable, "-m", "deltacoord.cli.main", "broker", "--home", str(home), *args],
         capture_output=True, text=True, timeout=180, env=os.environ.copy(),
     )
 
@@ -79,7 +79,7 @@ def test_start_waits_for_its_own_broker_not_any_broker_on_the_port(kafka_bootstr
     import pytest
     from confluent_kafka.admin import AdminClient
 
-    from deltacoord.coordinator.tooling.broker import BrokerError, BrokerInfo, LocalBroker
+    from deltacoord.tooling.broker import BrokerError, BrokerInfo, LocalBroker
 
     real_id = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=30).cluster_id
     broker = LocalBroker(tmp_path / "b")
@@ -105,8 +105,7 @@ def test_a_port_taken_between_choosing_and_binding_is_retried_on_other_ports(
     # Two sessions starting together both see the same ports free; the JVM that binds second must not die.
     # A port asked for is kept: only the controller's port, which nobody asked for, moves (CI saw the
     # controller's port taken under a broker started on a chosen port).
-    from deltacoord.coordinator.tooling import broker as broker_mod
-
+    from deltacoord.tooling import broker as broker_mod
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -129,8 +128,8 @@ def test_a_broker_that_cannot_have_the_default_port_says_where_it_listens(tmp_pa
     # The docs export 127.0.0.1:19092; when something else holds it, the start says in one line where to point.
     from click.testing import CliRunner
 
-    from deltacoord.coordinator.tooling import broker as broker_mod
-    from deltacoord.coordinator.tooling.cli import main
+    from deltacoord.cli.main import main
+    from deltacoord.tooling import broker as broker_mod
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", free_port()))

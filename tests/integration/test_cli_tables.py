@@ -26,7 +26,7 @@ import pytest
 from click.testing import CliRunner, Result
 from deltalake import DeltaTable, QueryBuilder
 
-from deltacoord.coordinator.tooling.cli_tables import parse_schema, register
+from deltacoord.cli.tables import parse_schema, register
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas.routing import Topics
 from deltacoord.writer.table import Table
@@ -137,7 +137,7 @@ def _data_files(root: Path) -> set[str]:
 
 def test_append_streams_json_lines_in_chunks_and_leaves_nothing_on_a_bad_line(
         cli: click.Group, kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from deltacoord.coordinator.tooling import cli_tables
+    from deltacoord.cli import tables as cli_tables
     from deltacoord.writer import staging
 
     monkeypatch.setattr(cli_tables, "JSON_CHUNK_ROWS", 3)
@@ -223,7 +223,7 @@ def test_tail_follows_new_versions_until_ctrl_c(kafka_bootstrap: str, tmp_path: 
     # exec, and a library thread of the test process may hold SIGINT ignored at that instant (as a C system() call
     # does); then Python would leave SIGINT ignored in the child, as it does for a background job of a shell.
     code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); import click; "
-            "from coordinator.tooling.cli_tables import register; g = click.Group(); register(g); g()")
+            "from deltacoord.cli.tables import register; g = click.Group(); register(g); g()")
     with coordinator_thread(kafka_bootstrap, topics), Table(path, kafka_bootstrap, topics=topics) as t:
         t.create(pa.schema([("id", pa.int64())]))
         proc = subprocess.Popen(
@@ -264,8 +264,7 @@ def test_tail_follows_new_versions_until_ctrl_c(kafka_bootstrap: str, tmp_path: 
 
 def test_table_commands_and_verify_on_s3_with_storage_options(cli: click.Group, kafka_bootstrap: str,
                                                               s3_bucket: StoreBucket) -> None:
-    from deltacoord.coordinator.tooling import cli_verify
-
+    from deltacoord.cli import verify as cli_verify
     cli_verify.register(cli)
     topics = fresh_topics(kafka_bootstrap)
     uri = s3_bucket.table_uri("sales")

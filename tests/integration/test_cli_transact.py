@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable
 
-from deltacoord.coordinator.tooling.cli import main as cli
+from deltacoord.cli.main import main as cli
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 from tests.integration.test_multi_table import _create, _delta_rows
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.kafka
 
 def test_a_file_of_operations_commits_together_and_a_conflict_changes_nothing(kafka_bootstrap: str,
                                                                                  tmp_path: Path) -> None:
-    # The real CLI: `table transact` joins the table group where the CLI is assembled (coordinator/tooling/cli.py).
+    # The real CLI: `table transact` joins the table group where the CLI is assembled (deltacoord/cli/main.py).
     topics = fresh_topics(kafka_bootstrap, partitions=4)
     kafka = ["--bootstrap-servers", kafka_bootstrap, "--topic-prefix", topics.proposals.removesuffix(".proposals")]
     with coordinator_thread(kafka_bootstrap, topics):

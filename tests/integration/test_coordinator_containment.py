@@ -26,13 +26,13 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from deltacoord.cli.main import main as cli_main
 from deltacoord.coordinator import faults
 from deltacoord.coordinator.kafka.control import HALT, RESUME, control_kind
 from deltacoord.coordinator.kafka.daemon import Coordinator
 from deltacoord.coordinator.kafka.recovery import read_decisions
 from deltacoord.coordinator.rules import batch as batch_module
 from deltacoord.coordinator.settings import CoordinatorSettings
-from deltacoord.coordinator.tooling.cli import main as cli_main
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas.actions import AddFile, CommitInfo, commit_to_json_lines
 from deltacoord.schemas.errors import CommitNotPublishedError

@@ -223,7 +223,7 @@ def test_a_fenced_zombie_never_replaces_a_published_version_on_s3(kafka_bootstra
             b.kill(15)
     prefix = topics.proposals.removesuffix(".proposals")
     storage_args = [x for k, v in place.storage_options.items() for x in ("--storage-option", f"{k}={v}")]
-    verify = subprocess.run([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "verify", path, "--bootstrap-servers",
+    verify = subprocess.run([sys.executable, "-m", "deltacoord.cli.main", "verify", path, "--bootstrap-servers",
                              kafka_bootstrap, "--topic-prefix", prefix, *storage_args], capture_output=True, text=True,
                             timeout=300)
     assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-2000:]

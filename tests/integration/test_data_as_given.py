@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable
 
-from deltacoord.coordinator.tooling.cli_tables import register
+from deltacoord.cli.tables import register
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.writer.staging import SchemaError
 from tests.conftest import TablePlace

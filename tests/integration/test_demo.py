@@ -17,7 +17,7 @@ pytestmark = pytest.mark.kafka  # the demo starts a broker, or reuses the sessio
 @pytest.mark.slow
 def test_demo_runs_end_to_end_and_ends_with_its_json_summary(tmp_path: Path) -> None:
     env = {**os.environ, "DELTACOORD_BROKER_HOME": str(tmp_path / "broker")}
-    proc = subprocess.run([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "demo"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "deltacoord.cli.main", "demo"], capture_output=True, text=True,
                           timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
@@ -47,7 +47,7 @@ def test_demo_runs_end_to_end_and_ends_with_its_json_summary(tmp_path: Path) -> 
     log_dir = Path(summary["table"].removeprefix("file://")) / "_delta_log"
     assert (log_dir / f"{summary['versions'] - 1:020d}.json").exists()
     # The demo stops the broker it started.
-    status = subprocess.run([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "broker", "status"], capture_output=True,
+    status = subprocess.run([sys.executable, "-m", "deltacoord.cli.main", "broker", "status"], capture_output=True,
                             text=True, env=env)
     assert status.returncode == 1
 
@@ -59,7 +59,7 @@ def test_demo_on_the_local_s3_server(tmp_path: Path, local_broker: Any) -> None:
     env = {**os.environ, "DELTACOORD_S3_SERVER_HOME": str(tmp_path / "s3")}
     if local_broker is not None:
         env["DELTACOORD_BROKER_HOME"] = str(local_broker.home)  # reuse the session's broker
-    proc = subprocess.run([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "demo", "--storage", "s3"],
+    proc = subprocess.run([sys.executable, "-m", "deltacoord.cli.main", "demo", "--storage", "s3"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads([ln for ln in proc.stdout.splitlines() if ln.strip()][-1])

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from deltacoord.coordinator.tooling.broker import LocalBroker
+from deltacoord.tooling.broker import LocalBroker
 from tests.doc_blocks import block, substituted
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 

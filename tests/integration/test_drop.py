@@ -23,9 +23,9 @@ import pytest
 from click.testing import CliRunner, Result
 from deltalake import DeltaTable, write_deltalake
 
+from deltacoord.cli.tables import register
 from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
 from deltacoord.coordinator.kafka.daemon import Coordinator
-from deltacoord.coordinator.tooling.cli_tables import register
 from deltacoord.reader.claim import CLAIM_KEY, read_claim
 from deltacoord.reader.log import TableNotFoundError
 from deltacoord.reader.snapshot import Snapshot

@@ -157,7 +157,7 @@ def test_sigterm_with_unpublished_versions_exits_6(kafka_bootstrap: str, tmp_pat
         _wait(lambda: "coordinator ready" in second.log.read_text(errors="replace"), "the second coordinator")
         assert not log1.exists(), "the halt survives the restart"
         prefix = topics.proposals.removesuffix(".proposals")
-        resumed = subprocess.run([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "table", "resume", str(path),
+        resumed = subprocess.run([sys.executable, "-m", "deltacoord.cli.main", "table", "resume", str(path),
                                   "--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix],
                                  capture_output=True, text=True, timeout=120)
         assert resumed.returncode == 0, resumed.stderr

@@ -26,9 +26,9 @@ from typing import Any
 import pyarrow as pa
 
 from deltacoord.coordinator.kafka.daemon import Coordinator
-from deltacoord.coordinator.tooling.broker import LocalBroker
-from deltacoord.coordinator.tooling.ports import free_port
 from deltacoord.schemas.routing import Topics
+from deltacoord.tooling.broker import LocalBroker
+from deltacoord.tooling.ports import free_port
 from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, harness_settings
 

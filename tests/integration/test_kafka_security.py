@@ -32,14 +32,14 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from deltacoord.cli.main import main as cli_main
 from deltacoord.coordinator.settings import KAFKA_ENV_PREFIX
-from deltacoord.coordinator.tooling.broker import LocalBroker
-from deltacoord.coordinator.tooling.cli import main as cli_main
-from deltacoord.coordinator.tooling.ports import free_port
 from deltacoord.reader.stream import CommitStream
 from deltacoord.schemas.errors import DeltaConcurrentModificationException, KafkaAccessDeniedError
 from deltacoord.schemas.kafka_logs import KafkaCredentialsError
 from deltacoord.schemas.routing import Topics
+from deltacoord.tooling.broker import LocalBroker
+from deltacoord.tooling.ports import free_port
 from deltacoord.writer.table import Table
 
 pytestmark = pytest.mark.kafka
@@ -115,7 +115,7 @@ def coordinator(secured: Secured) -> Iterator[subprocess.Popen[bytes]]:
     """`deltacoord coordinator run` as User:coord, its SASL settings from DELTACOORD_KAFKA_<KEY> variables."""
     s = secured
     log = s.work / "coordinator.log"
-    cmd = [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", s.bootstrap,
+    cmd = [sys.executable, "-m", "deltacoord.cli.main", "coordinator", "run", "--bootstrap-servers", s.bootstrap,
            "--topic-prefix", s.prefix, "--group-id", s.group, "--transactional-id-prefix", s.tx_prefix, "--no-fsync"]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **s.env("coord")})
@@ -272,7 +272,7 @@ def test_a_relay_principal_proposes_for_the_writers_of_a_host(secured: Secured,
     s = secured
     sock = s.work / f"relay-{uuid.uuid4().hex[:6]}.sock"
     log = s.work / "relay.log"
-    cmd = [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "relay", "run", "--socket", str(sock),
+    cmd = [sys.executable, "-m", "deltacoord.cli.main", "relay", "run", "--socket", str(sock),
            "--bootstrap-servers", s.bootstrap, "--topic-prefix", s.prefix, *s.flags("relay")]
     with open(log, "wb") as fh:
         relay = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
@@ -304,7 +304,7 @@ def test_a_wrong_password_fails_in_seconds_with_one_line_naming_the_principal(se
     # The same from the command line: exit non-zero, one line on stderr, no traceback.
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     flags = [a for k, v in s.conf("ingest", "not-the-password").items() for a in ("--kafka", f"{k}={v}")]
-    proc = subprocess.run([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "table", "create", str(s.work / "wrong2"),
+    proc = subprocess.run([sys.executable, "-m", "deltacoord.cli.main", "table", "create", str(s.work / "wrong2"),
                            "--schema", "id:long", "--bootstrap-servers", s.bootstrap, "--topic-prefix", s.prefix, *flags],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode != 0
@@ -329,7 +329,7 @@ def test_a_coordinator_without_its_credentials_or_acls_exits_with_one_line(
     s = secured
     env = {**os.environ, **{f"{KAFKA_ENV_PREFIX}{k.upper().replace('.', '_')}": v
                             for k, v in s.conf(user, password).items()}}
-    proc = subprocess.run([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run",
+    proc = subprocess.run([sys.executable, "-m", "deltacoord.cli.main", "coordinator", "run",
                            "--bootstrap-servers", s.bootstrap, "--topic-prefix", s.prefix, "--group-id", s.group,
                            "--transactional-id-prefix", s.tx_prefix, "--no-fsync", "--no-checkpoints"],
                           capture_output=True, text=True, env=env, timeout=120)

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
 
-from deltacoord.coordinator.tooling.cli_tables import register
+from deltacoord.cli.tables import register
 from deltacoord.schemas.errors import NoCoordinatorError, ProposalNotSentError
 from deltacoord.schemas.routing import Topics
 from deltacoord.writer import serving

@@ -27,11 +27,11 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
+from deltacoord.cli.main import main as cli
 from deltacoord.coordinator.kafka.daemon import Coordinator
 from deltacoord.coordinator.kafka.recovery import read_decisions
 from deltacoord.coordinator.kafka.topics import DEAD_LETTER_MAX_MESSAGE_BYTES, describe_topic_config
 from deltacoord.coordinator.settings import CoordinatorSettings
-from deltacoord.coordinator.tooling.cli import main as cli
 from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.messages import Decision
 from deltacoord.schemas.routing import H_ERROR, H_PROPOSAL_ID, H_RAW_SHA256, H_RAW_SIZE, H_TABLE_ID, Topics

@@ -37,10 +37,10 @@ from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
 from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
 from deltacoord.coordinator.kafka.recovery import read_decisions
 from deltacoord.coordinator.settings import CoordinatorSettings
-from deltacoord.coordinator.tooling.ports import free_port
 from deltacoord.reader.log import resolve_data_path
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas.routing import Topics
+from deltacoord.tooling.ports import free_port
 from deltacoord.writer.client import CoordinatorClient
 from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process

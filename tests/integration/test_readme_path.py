@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from deltacoord.coordinator.tooling.ports import free_port
+from deltacoord.tooling.ports import free_port
 
 pytestmark = [pytest.mark.kafka]
 

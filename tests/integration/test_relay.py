@@ -146,7 +146,7 @@ def test_a_relay_refuses_writers_of_other_topics_and_a_second_relay_on_its_socke
 def _start_relay_process(bootstrap: str, topics: Topics, path: str, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "relay", "run", "--socket", path, "--bootstrap-servers",
+            [sys.executable, "-m", "deltacoord.cli.main", "relay", "run", "--socket", path, "--bootstrap-servers",
              bootstrap, "--topic-prefix", topics.proposals.removesuffix(".proposals")], stdout=fh, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while True:  # until it answers (a dead relay's socket file may still be there)

@@ -26,10 +26,10 @@ import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable
 
-from deltacoord.coordinator.tooling.cli_tables import register
-from deltacoord.coordinator.tooling.ports import free_port
+from deltacoord.cli.tables import register
 from deltacoord.schemas.errors import CommitOutcomeUnknownError, NoCoordinatorError
 from deltacoord.schemas.routing import Topics
+from deltacoord.tooling.ports import free_port
 from deltacoord.writer.table import Table
 from tests.integration.coord_harness import (
     CoordinatorProcess,
@@ -45,7 +45,7 @@ SCHEMA = pa.schema([("id", pa.int64())])
 #: The CLI in a child that makes Ctrl-C raise KeyboardInterrupt itself (the disposition inherited at exec may be
 #: "ignored" when a thread of the test process held SIGINT ignored at that instant).
 CLI_CHILD = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); import click; "
-             "from coordinator.tooling.cli_tables import register; g = click.Group(); register(g); g()")
+             "from deltacoord.cli.tables import register; g = click.Group(); register(g); g()")
 
 
 def _prefix(topics: Topics) -> str:
@@ -190,7 +190,7 @@ def test_ctrl_c_while_waiting_names_the_proposal_and_a_cli_retry_with_it_commits
 def test_ctrl_c_before_anything_is_proposed_leaves_no_staged_file(kafka_bootstrap: str, tmp_path: Path,
                                                                   table: tuple[Topics, Path]) -> None:
     """The append streams JSON lines from stdin; interrupted after staging its first chunk, it deletes that file."""
-    from deltacoord.coordinator.tooling.cli_tables import JSON_CHUNK_ROWS
+    from deltacoord.cli.tables import JSON_CHUNK_ROWS
 
     topics, path = table
     before = set(path.rglob("*.parquet"))
@@ -229,7 +229,7 @@ def test_a_broker_that_freezes_after_the_proposal_went_out_gives_an_unknown_outc
     the writer cannot know whether it was written, so the call raises CommitOutcomeUnknownError with the proposal
     id, never a raw Kafka or timeout error. The producer keeps the proposal and delivers it once the broker is
     back; the retry with the id is answered with that commit, and the row is there once."""
-    from deltacoord.coordinator.tooling.broker import LocalBroker
+    from deltacoord.tooling.broker import LocalBroker
     from deltacoord.writer import client as client_module
 
     broker = LocalBroker(tmp_path / "broker")

@@ -13,8 +13,8 @@ import pyarrow as pa
 
 from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
 from deltacoord.coordinator.settings import CoordinatorSettings
-from deltacoord.coordinator.tooling.ports import free_port
 from deltacoord.schemas.routing import partition_for
+from deltacoord.tooling.ports import free_port
 from deltacoord.writer.table import Table
 from tests.integration.coord_harness import fresh_topics, start_coordinator_process
 

@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from deltacoord.coordinator.kafka.stability import StableOffsets
-from deltacoord.coordinator.tooling.broker import LocalBroker
+from deltacoord.tooling.broker import LocalBroker
 
 
 def _topic(bootstrap: str, name: str) -> None:

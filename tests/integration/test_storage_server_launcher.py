@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from deltacoord.coordinator.tooling import storage_servers
-from deltacoord.coordinator.tooling.storage_servers import GcsServer, S3Server, StorageServerError
 from deltacoord.storage.table import BucketNotFoundError, TableStorage
+from deltacoord.tooling import storage_servers
+from deltacoord.tooling.storage_servers import GcsServer, S3Server, StorageServerError
 
 pytestmark = pytest.mark.storage
 
@@ -86,7 +86,7 @@ def test_deltacoord_storage_start_status_stop(tmp_path: Path, monkeypatch: pytes
     """`deltacoord storage ...`: the servers behind the CLI, with the storage options to reach them."""
     from click.testing import CliRunner
 
-    from deltacoord.coordinator.tooling.cli import main
+    from deltacoord.cli.main import main
 
     monkeypatch.setenv("DELTACOORD_S3_SERVER_HOME", str(tmp_path / "s3"))
     runner = CliRunner()

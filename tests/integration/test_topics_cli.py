@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner, Result
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from deltacoord.coordinator.tooling import cli_topics
-from deltacoord.coordinator.tooling.cli import main as cli_main
+from deltacoord.cli import topics as cli_topics
+from deltacoord.cli.main import main as cli_main
 from deltacoord.schemas.routing import Topics
 
 pytestmark = pytest.mark.kafka

@@ -18,10 +18,10 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
+from deltacoord.cli.verify import register
 from deltacoord.coordinator.delta_log.checkpointer import checkpoint_actions, create_checkpoint, write_checkpoint
 from deltacoord.coordinator.delta_log.verify import VerifyReport, verify_table
 from deltacoord.coordinator.settings import CoordinatorSettings
-from deltacoord.coordinator.tooling.cli_verify import register
 from deltacoord.reader.log import list_log, read_last_checkpoint, resolve_data_path
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas.actions import AddFile

@@ -24,7 +24,7 @@ from click.testing import CliRunner, Result
 from deltalake import DeltaTable, Field, Schema, write_deltalake
 from deltalake.exceptions import DeltaError
 
-from deltacoord.coordinator.tooling.cli_tables import register
+from deltacoord.cli.tables import register
 from deltacoord.reader.snapshot import Snapshot, UnsupportedTableFeatureError
 from deltacoord.schemas.actions import Protocol
 from deltacoord.schemas.expressions.syntax import ExpressionError

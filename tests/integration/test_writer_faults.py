@@ -23,8 +23,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from deltacoord.coordinator.tooling.broker import LocalBroker
-from deltacoord.coordinator.tooling.ports import free_port
+from deltacoord.tooling.broker import LocalBroker
+from deltacoord.tooling.ports import free_port
 from deltacoord.writer.table import Table
 from tests.integration.coord_harness import fresh_topics, start_coordinator_process
 from tests.integration.test_relay import _start_relay_process

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from deltacoord.coordinator.tooling.cli import main as cli
+from deltacoord.cli.main import main as cli
 from deltacoord.schemas.actions import AddFile
 from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.properties import Property

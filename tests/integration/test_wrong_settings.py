@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from deltacoord import ProposalNotSentError, TopicNotFoundError, UnreachableKafkaError
-from deltacoord.coordinator.tooling.cli_tables import register
+from deltacoord.cli.tables import register
 from deltacoord.writer.table import Table
 from tests.integration.coord_harness import fresh_topics
 
@@ -75,7 +75,7 @@ def test_a_metrics_port_that_is_taken_exits_2_with_one_line() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers",
+            [sys.executable, "-m", "deltacoord.cli.main", "coordinator", "run", "--bootstrap-servers",
              f"127.0.0.1:{_closed_port()}", "--metrics-port", str(port), "--no-checkpoints"],
             capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr

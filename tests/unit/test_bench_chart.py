@@ -8,7 +8,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from deltacoord.coordinator.tooling.bench_chart import ChartRun, SystemRun, write_chart
+from deltacoord.tooling.bench_chart import ChartRun, SystemRun, write_chart
 
 
 def _run(writers: int, dc_rate: float, rs_rate: float, rs_failed: int) -> ChartRun:
@@ -48,7 +48,7 @@ def test_the_bench_without_its_extra_says_how_to_install_it_before_running(
 
     from click.testing import CliRunner
 
-    from deltacoord.coordinator.tooling.cli import main
+    from deltacoord.cli.main import main
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in blocked else real(name, *a))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from deltacoord.coordinator.tooling.bench import memory_coordinator, memory_table
+from deltacoord.tooling.bench import memory_coordinator, memory_table
 
 
 def test_memory_part_measures_both_processes_of_a_coordinator(tmp_path: Path) -> None:

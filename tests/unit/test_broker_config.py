@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from deltacoord.coordinator.tooling.broker import (
+from deltacoord.tooling.broker import (
     BrokerError,
     ClusterLayout,
     LocalCluster,
@@ -86,7 +86,7 @@ def test_cluster_routes_are_checked_before_anything_starts(tmp_path: Path) -> No
 def test_broker_start_refuses_a_port_for_a_cluster(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from deltacoord.coordinator.tooling.cli import main
+    from deltacoord.cli.main import main
 
     out = CliRunner().invoke(main, ["broker", "--home", str(tmp_path), "start", "--brokers", "3", "--port", "19099"])
     assert out.exit_code == 2 and "--port is for a single broker" in out.output
@@ -100,8 +100,7 @@ def test_a_secured_home_has_a_ca_a_broker_certificate_for_localhost_and_private_
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from deltacoord.coordinator.tooling import broker_security
-
+    from deltacoord.tooling import broker_security
     sec = broker_security.prepare(tmp_path)
     assert broker_security.prepare(tmp_path) == sec  # made once, then kept
     assert broker_security.load(tmp_path) == sec
@@ -125,8 +124,7 @@ def test_a_secured_home_has_a_ca_a_broker_certificate_for_localhost_and_private_
 
 
 def test_secured_settings_take_sasl_ssl_the_authorizer_and_mutual_tls_for_the_controllers(tmp_path: Path) -> None:
-    from deltacoord.coordinator.tooling import broker_security
-
+    from deltacoord.tooling import broker_security
     sec = broker_security.prepare(tmp_path / "home")
     single = _props(server_properties(19092, 19093, tmp_path, sec))
     assert single["listeners"] == "SASL_SSL://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"

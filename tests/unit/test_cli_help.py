@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import pytest
 
-from deltacoord.coordinator.tooling.cli import main
+from deltacoord.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,7 @@ def test_every_command_has_help_an_example_and_option_help(path: tuple[str, ...]
 def test_short_help_flag_and_version() -> None:
     # A fresh process: click caches each command's help option, so in-process runs of other tests must not matter.
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", *args], cwd=REPO, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "deltacoord.cli.main", *args], cwd=REPO, capture_output=True,
                               text=True, timeout=60)
 
     root = cli("-h")

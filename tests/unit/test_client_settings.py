@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 import pytest
 
-from deltacoord.coordinator.tooling.cli import main as cli_main
+from deltacoord.cli.main import main as cli_main
 from deltacoord.schemas import client_settings
 from deltacoord.schemas.routing import Topics
 from deltacoord.schemas.signing import WRITER_KEY_ENV

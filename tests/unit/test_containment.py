@@ -43,7 +43,7 @@ from tests.unit.builders import (
 def test_file_key_hashes_are_the_same_in_every_process() -> None:
     """Snapshots persist the hashes: Python's salted str hash would differ in the next process."""
     here = [key_hash("date=2024-01-01/part-0.parquet", None), key_hash("x.parquet", "dv-1")]
-    code = ("from coordinator.rules.state import key_hash; "
+    code = ("from deltacoord.coordinator.rules.state import key_hash; "
             "print(key_hash('date=2024-01-01/part-0.parquet', None), key_hash('x.parquet', 'dv-1'))")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": "12345", "PATH": ""}, cwd=Path(__file__).resolve().parents[2])

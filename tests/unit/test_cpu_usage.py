@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from deltacoord.coordinator.tooling.cpu_usage import ServiceCpu, broker_pid, listener_pid, process_tree_cpu_s
+from deltacoord.tooling.cpu_usage import ServiceCpu, broker_pid, listener_pid, process_tree_cpu_s
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
 

@@ -8,7 +8,7 @@ import click
 import pyarrow as pa
 import pytest
 
-from deltacoord.coordinator.tooling.cli_schema import arrow_type_of, parse_schema
+from deltacoord.cli.schema import arrow_type_of, parse_schema
 from deltacoord.writer import staging
 from deltacoord.writer.decimals import to_decimal
 from deltacoord.writer.staging import SchemaError

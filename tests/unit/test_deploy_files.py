@@ -27,6 +27,18 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from deltacoord.cli import acls as cli_acls
+from deltacoord.cli import topics as cli_topics
+from deltacoord.cli.main import coordinator_run
+from deltacoord.cli.main import main as cli_main
+from deltacoord.cli.topics import (
+    UnsafeTopicSettingsError,
+    check_replication,
+    create_specs,
+    default_min_insync_replicas,
+    spec_differences,
+    topic_problems,
+)
 from deltacoord.coordinator import settings
 from deltacoord.coordinator.kafka import acls
 from deltacoord.coordinator.kafka.acls import (
@@ -46,17 +58,6 @@ from deltacoord.coordinator.kafka.acls import (
 from deltacoord.coordinator.kafka.topics import DEFAULT_REPLY_PARTITIONS, TopicSpec
 from deltacoord.coordinator.metrics import Metrics, MetricsServer, TableGauges
 from deltacoord.coordinator.settings import CoordinatorSettings
-from deltacoord.coordinator.tooling import cli_acls, cli_topics
-from deltacoord.coordinator.tooling.cli import coordinator_run
-from deltacoord.coordinator.tooling.cli import main as cli_main
-from deltacoord.coordinator.tooling.cli_topics import (
-    UnsafeTopicSettingsError,
-    check_replication,
-    create_specs,
-    default_min_insync_replicas,
-    spec_differences,
-    topic_problems,
-)
 from deltacoord.schemas.routing import Topics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,7 +221,7 @@ def test_dockerfile_entrypoint_is_coordinator_run() -> None:
     entry = [json.loads(v) for k, v in stage if k == "ENTRYPOINT"]
     assert entry == [["deltacoord", "coordinator", "run"]]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["deltacoord"] == "deltacoord.coordinator.tooling.cli:main"
+    assert scripts["deltacoord"] == "deltacoord.cli.main:main"
     assert command("coordinator", "run") is coordinator_run
 
 
@@ -514,7 +515,7 @@ def test_systemd_unit_has_the_required_keys() -> None:
 
 
 def test_relay_unit_runs_the_relay_on_the_socket_writers_are_told() -> None:
-    from deltacoord.coordinator.tooling.cli import main
+    from deltacoord.cli.main import main
 
     unit = configparser.ConfigParser(interpolation=None, strict=True)
     unit.optionxform = str  # type: ignore[assignment,method-assign]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from deltacoord.coordinator.tooling.cli import main
+from deltacoord.cli.main import main
 from tests.doc_blocks import PAGES, REPO, RUN_HERE, block, shell_blocks
 
 #: At most this many blocks are illustrative only: a longer list means examples drifting from what runs. Three

@@ -4,7 +4,8 @@
 * `schemas` imports nothing of ours; the storage edge (`storage`) only `schemas`; `reader` only those two;
   `writer` only those and `reader`;
 * the coordinator's rules (`deltacoord.coordinator.rules`) import only `schemas`;
-* in `coordinator`, only the tooling (`deltacoord.coordinator.tooling`) imports `writer`;
+* `coordinator` imports neither `writer` nor the development services (`tooling`: broker, storage servers,
+  jars, bench, demo), which may import every role; the CLI (`deltacoord.cli`) sits beside the front door;
 * nothing imports the `deltacoord` facade;
 * no module imports another module's private (`_`-prefixed) name: what two modules share is public;
 * the batch client and the coordinator import without pyspark (an optional extra); the
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLES = ("schemas", "storage", "reader", "writer", "coordinator")
+ROLES = ("schemas", "storage", "reader", "writer", "coordinator", "tooling")
 FRONT_DOOR = "deltacoord"
 
 
@@ -38,7 +40,10 @@ def _module_name(path: Path) -> str:
 
 def _modules() -> dict[str, Path]:
     """Every module once: the role folders, then the front door's own files (its role entries are links to them)."""
-    files = [p for role in ROLES for p in sorted((ROOT / role).rglob("*.py"))] + sorted((ROOT / FRONT_DOOR).glob("*.py"))
+    door = ROOT / FRONT_DOOR
+    own = [door, *(d for d in sorted(door.iterdir()) if d.is_dir() and not d.is_symlink() and d.name != "__pycache__")]
+    files = [p for role in ROLES for p in sorted((ROOT / role).rglob("*.py"))]
+    files += [p for d in own for p in sorted(d.glob("*.py"))]
     return {_module_name(p): p for p in files}
 
 
@@ -83,8 +88,8 @@ def _top(name: str) -> str:
 
 def test_the_walk_sees_the_whole_house() -> None:
     assert {"deltacoord.schemas.expressions.partitions", "deltacoord.coordinator.rules.batch", "deltacoord.coordinator.kafka.partition",
-            "deltacoord.coordinator.delta_log.files", "deltacoord.coordinator.tooling.cli", "deltacoord.writer.table", "deltacoord.reader.log", "deltacoord.storage.table", "deltacoord"} <= set(MODULES)
-    assert "deltacoord.writer.table" in GRAPH["deltacoord.coordinator.tooling.bench"] | GRAPH["deltacoord.coordinator.tooling.cli_tables"]
+            "deltacoord.coordinator.delta_log.files", "deltacoord.cli.main", "deltacoord.writer.table", "deltacoord.reader.log", "deltacoord.storage.table", "deltacoord"} <= set(MODULES)
+    assert "deltacoord.writer.table" in GRAPH["deltacoord.tooling.bench"] | GRAPH["deltacoord.cli.tables"]
 
 
 def test_no_import_cycles() -> None:
@@ -129,7 +134,8 @@ def test_no_import_cycles() -> None:
     ("storage", {"schemas", "storage"}),
     ("reader", {"schemas", "storage", "reader"}),
     ("writer", {"schemas", "storage", "reader", "writer"}),
-    ("coordinator", {"schemas", "storage", "reader", "coordinator", "writer"}),
+    ("coordinator", {"schemas", "storage", "reader", "coordinator"}),
+    ("tooling", {"schemas", "storage", "reader", "writer", "coordinator", "tooling"}),
 ])
 def test_imports_point_one_way(package: str, allowed: set[str]) -> None:
     bad = {m: sorted(i for i in deps if _top(i) not in allowed) for m, deps in GRAPH.items() if _top(m) == package}
@@ -143,9 +149,10 @@ def test_the_rules_import_only_schemas() -> None:
     assert len([m for m in GRAPH if m.startswith("deltacoord.coordinator.rules.")]) >= 6
 
 
-def test_only_the_tooling_imports_the_writer() -> None:
-    importers = {m for m, deps in GRAPH.items() if _top(m) == "coordinator" and any(_top(i) == "writer" for i in deps)}
-    assert importers and all(m.startswith("deltacoord.coordinator.tooling") for m in importers), sorted(importers)
+def test_the_cli_and_the_development_services_live_outside_the_coordinator() -> None:
+    assert not (ROOT / "coordinator" / "tooling").exists()
+    assert {"deltacoord.cli.main", "deltacoord.cli.tables", "deltacoord.tooling.broker", "deltacoord.tooling.processes",
+            "deltacoord.tooling.storage_servers", "deltacoord.tooling.bench"} <= set(MODULES)
 
 
 def test_nothing_imports_the_facade() -> None:
@@ -172,7 +179,7 @@ def test_the_client_and_the_coordinator_import_without_pyspark() -> None:
     _python("""
 from deltacoord.writer import Table, retry
 from deltacoord.reader import Snapshot, CommitStream
-import deltacoord, deltacoord.coordinator.tooling.cli, deltacoord.coordinator.kafka.daemon
+import deltacoord, deltacoord.cli.main, deltacoord.coordinator.kafka.daemon
 assert deltacoord.Table is Table and deltacoord.retry is retry and deltacoord.Snapshot is Snapshot
 assert deltacoord.CommitStream is CommitStream
 print("ok")
@@ -205,3 +212,20 @@ def _private_imports() -> set[tuple[str, str, str]]:
 def test_no_module_imports_another_modules_private_name() -> None:
     assert _private_imports() == set()
 
+
+
+_BARE_ROLE_IMPORT = re.compile(r"(?:^|[\s;\"'`(])(?:from|import) (?:" + "|".join(ROLES) + r")\.\w")
+
+
+def test_no_code_in_a_string_imports_a_role_by_its_bare_name() -> None:
+    """Code run in a child (`python -c`), quoted in a docstring or shown in the docs names the one import name:
+    installed, `writer.x` does not exist (it only worked in a checkout, from the working directory)."""
+    sources = [*MODULES.values(), *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "bench").glob("*.py"))]
+    found = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _BARE_ROLE_IMPORT.search(node.value):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    docs = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+            if _BARE_ROLE_IMPORT.search(p.read_text())]
+    assert found == [] and docs == []

@@ -58,7 +58,7 @@ def test_unreachable_kafka_is_one_line_and_exit_code_2(argv: list[str], tmp_path
     args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     bootstrap = f"127.0.0.1:{_closed_port()}"
     # A hang guard, not a timing assertion: before, these commands waited 30 to 60 s and printed hundreds of lines.
-    r = subprocess.run([sys.executable, "-m", "deltacoord.coordinator.tooling.cli", *args, "--bootstrap-servers", bootstrap],
+    r = subprocess.run([sys.executable, "-m", "deltacoord.cli.main", *args, "--bootstrap-servers", bootstrap],
                        cwd=REPO, capture_output=True, text=True, input='{"id": 1}\n', timeout=25)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "rdkafka" not in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stderr

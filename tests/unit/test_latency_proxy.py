@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from deltacoord.coordinator.tooling.latency_proxy import LatencyProxy
+from deltacoord.tooling.latency_proxy import LatencyProxy
 
 
 class _Echo(socketserver.BaseRequestHandler):

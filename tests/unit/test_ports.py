@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deltacoord.coordinator.tooling import ports
+from deltacoord.tooling import ports
 
 
 def test_a_chosen_port_is_free_and_below_the_ephemeral_range() -> None:

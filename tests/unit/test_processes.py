@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from deltacoord.coordinator.tooling import processes
+from deltacoord.tooling import processes
 
 
 def _child(code: str, *args: str) -> subprocess.Popen[bytes]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from deltacoord.coordinator.tooling.cli import main
+from deltacoord.cli.main import main
 from deltacoord.writer.relay_limits import RelayLimits
 
 

@@ -1,11 +1,11 @@
-"""`deltacoord table status` folds a table's commits-topic records as recovery does (`deltacoord.coordinator.tooling.table_status`)."""
+"""`deltacoord table status` folds a table's commits-topic records as recovery does (`deltacoord.cli.table_status`)."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from deltacoord.cli.table_status import COORDINATED, DROPPED, HALTED, RELEASED, UNKNOWN, table_status
 from deltacoord.coordinator.kafka.control import drop_record, halt_record, release_record, resume_record
-from deltacoord.coordinator.tooling.table_status import COORDINATED, DROPPED, HALTED, RELEASED, UNKNOWN, table_status
 from deltacoord.schemas.messages import Decision, Outcome
 
 T, URI = "file:///data/t", "file:///data/t"

@@ -50,7 +50,7 @@ def test_a_wheel_adds_one_import_name_and_a_users_writer_py_cannot_shadow_it(tmp
     wheel = _build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"deltacoord", f"deltacoord-{VERSION}.dist-info"}
-    for role in ("coordinator", "writer", "reader", "storage", "schemas"):
+    for role in ("coordinator", "writer", "reader", "storage", "schemas", "tooling", "cli"):
         assert f"deltacoord/{role}/__init__.py" in names
     assert any(n.startswith("deltacoord/schemas/avro/") and n.endswith(".avsc") for n in names), "the Avro schemas"
     assert "deltacoord/py.typed" in names

@@ -94,8 +94,8 @@ def register(main: click.Group) -> None:
 
 def _apply(entries: list[AclEntry], config_file: Path | None, bootstrap_servers: str, topic_prefix: str,
            kafka_pairs: tuple[str, ...]) -> None:
+    from deltacoord.cli.options import load_settings
     from deltacoord.coordinator.kafka.acl_apply import AclApplyError, apply_acls
-    from deltacoord.coordinator.tooling.cli_options import load_settings
 
     run = load_settings(config_file, {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}, kafka_pairs)
     try:

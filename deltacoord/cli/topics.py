@@ -272,7 +272,7 @@ def _deployment(config_file: Path | None, bootstrap_servers: str | None, topic_p
     """An admin client, the bootstrap servers, the topics and the largest dead letter, as `coordinator run` reads them."""
     from confluent_kafka.admin import AdminClient
 
-    from deltacoord.coordinator.tooling.cli_options import load_settings
+    from deltacoord.cli.options import load_settings
 
     run = load_settings(config_file, {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}, kafka_pairs)
     bootstrap = run.coordinator.bootstrap_servers

@@ -25,7 +25,7 @@ measures) has done so long ago. delta-rs has no service to warm.
 Each phase also reports the CPU a commit costs (`cpu_ms_per_commit`): the writer
 processes' own (`time.process_time` from the barrier to their last commit, every
 thread), and for deltacoord the coordinator's process tree and the broker's
-(`deltacoord.coordinator.tooling.cpu_usage`, when the broker runs on this machine); with
+(`deltacoord.tooling.cpu_usage`, when the broker runs on this machine); with
 every core busy, commits/s cannot pass cores * 1000 / that total.
 The memory part writes a table of 1,000,000 live files, then, in a fresh
 process with the daemon's imports, holds its `TableState` and has the daemon's
@@ -50,9 +50,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from deltacoord.coordinator.tooling.cpu_usage import ServiceCpu, broker_pid
-from deltacoord.coordinator.tooling.latency_proxy import LatencyProxy
 from deltacoord.schemas.kafka_logs import kafka_config
+from deltacoord.tooling.cpu_usage import ServiceCpu, broker_pid
+from deltacoord.tooling.latency_proxy import LatencyProxy
 
 SCHEMA_FIELDS = [("id", "int64"), ("writer", "int64"), ("value", "string")]
 #: statistics.interval.ms of the deltacoord writers' Kafka clients (their reply consumers' received bytes).
@@ -277,7 +277,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
     roots_args = ["--table-roots", table_roots] if table_roots else []
     log = open(workdir / "coordinator.log", "wb")  # noqa: SIM115 - lives as long as the child
     coord = subprocess.Popen(
-        [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "coordinator", "run", "--bootstrap-servers", bootstrap,
+        [sys.executable, "-m", "deltacoord.cli.main", "coordinator", "run", "--bootstrap-servers", bootstrap,
          "--topic-prefix", prefix, "--log-level", "WARNING", *roots_args, *storage_args],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **{k.upper(): v for k, v in secret.items()}},
     )
@@ -290,7 +290,7 @@ def bench_deltacoord(bootstrap: str, writers: int, k: int, workdir: Path, *, qui
             # A short path: a Unix socket's path is limited to about 100 bytes.
             sock = os.path.join(tempfile.gettempdir(), f"deltacoord-bench-relay-{uuid.uuid4().hex[:8]}.sock")
             relay_proc = subprocess.Popen(
-                [sys.executable, "-m", "deltacoord.coordinator.tooling.cli", "relay", "run", "--socket", sock, "--bootstrap-servers",
+                [sys.executable, "-m", "deltacoord.cli.main", "relay", "run", "--socket", sock, "--bootstrap-servers",
                  bootstrap, "--topic-prefix", prefix, "--log-level", "WARNING", "--kafka", f"statistics.interval.ms={STATS_MS}"],
                 stdout=log, stderr=subprocess.STDOUT)
             started = time.monotonic()
@@ -437,7 +437,7 @@ def memory_coordinator(table: str, version: int) -> dict[str, Any]:
 
 
 def _in_subprocess(fn: str, *args: Any) -> dict[str, Any]:
-    code = f"import json,sys; from coordinator.tooling.bench import {fn}; print(json.dumps({fn}(*json.loads(sys.argv[1]))))"
+    code = f"import json,sys; from deltacoord.tooling.bench import {fn}; print(json.dumps({fn}(*json.loads(sys.argv[1]))))"
     proc = subprocess.run([sys.executable, "-c", code, json.dumps([str(a) if isinstance(a, Path) else a for a in args])],
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -463,7 +463,7 @@ def _compare(dc: dict[str, Any], rs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _chart(runs: list[dict[str, Any]], samples: list[tuple[list[float], list[float]]], path: Path) -> None:
-    from deltacoord.coordinator.tooling.bench_chart import ChartRun, SystemRun, write_chart
+    from deltacoord.tooling.bench_chart import ChartRun, SystemRun, write_chart
 
     def system(name: str, summary: dict[str, Any], latencies: list[float]) -> SystemRun:
         return SystemRun(name, summary["commits_per_s"], summary["failed"], latencies)
@@ -484,8 +484,8 @@ def run(writers: int | list[int], commits_per_writer: int | list[int], memory_fi
     With one writer count the result is {"deltacoord", "delta_rs", ...}; with several, {"runs": [...], ...}.
     `chart`: also draw commits/s and latency distributions of both systems there (SVG or PNG by suffix).
     """
-    from deltacoord.coordinator.tooling.broker import LocalBroker
-    from deltacoord.coordinator.tooling.storage_servers import S3Server
+    from deltacoord.tooling.broker import LocalBroker
+    from deltacoord.tooling.storage_servers import S3Server
 
     if storage not in ("local", "s3"):
         raise ValueError(f"storage must be 'local' or 's3', not {storage!r}")

@@ -10,12 +10,12 @@ from typing import Any
 
 import click
 
+from deltacoord.cli.options import KafkaUnreachable, load_settings
 from deltacoord.coordinator.settings import env_var
-from deltacoord.coordinator.tooling import broker as broker_module
-from deltacoord.coordinator.tooling import jars
-from deltacoord.coordinator.tooling.broker import BrokerError, LocalBroker, LocalCluster
-from deltacoord.coordinator.tooling.cli_options import KafkaUnreachable, load_settings
-from deltacoord.coordinator.tooling.ports import port_free
+from deltacoord.tooling import broker as broker_module
+from deltacoord.tooling import jars
+from deltacoord.tooling.broker import BrokerError, LocalBroker, LocalCluster
+from deltacoord.tooling.ports import port_free
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -223,8 +223,7 @@ def broker_user(broker: LocalBroker, name: str, password: str | None, fmt: str) 
     Example:
       deltacoord broker user ingest --format flags
     """
-    from deltacoord.coordinator.tooling import broker_security
-
+    from deltacoord.tooling import broker_security
     bootstrap, security = _secured(broker)
     password = password or broker_security.new_password()
     try:
@@ -414,7 +413,7 @@ def bench_cmd(writers: str, commits_per_writer: str, memory_files: int, bootstra
       deltacoord bench --writers 1,16,64 --commits-per-writer 100,50,10 --chart bench.svg
       deltacoord bench --storage s3 --s3-latency-ms 60 --writers 2,16 --tables 8
     """
-    from deltacoord.coordinator.tooling.bench import run
+    from deltacoord.tooling.bench import run
 
     _require_bench_extra(chart=not no_chart)
     if s3_latency_ms and storage != "s3":
@@ -460,7 +459,7 @@ def demo_cmd(storage: str) -> None:
     Example:
       deltacoord demo
     """
-    from deltacoord.coordinator.tooling.demo import main as demo_main
+    from deltacoord.tooling.demo import main as demo_main
 
     demo_main(storage=storage)
 
@@ -475,8 +474,7 @@ _STORAGE_KINDS = click.Choice(["s3", "azure", "gcs", "all"])
 
 
 def _servers(kind: str) -> list[Any]:
-    from deltacoord.coordinator.tooling import storage_servers
-
+    from deltacoord.tooling import storage_servers
     return [storage_servers.server(k) for k in (storage_servers.KINDS if kind == "all" else [kind])]
 
 
@@ -490,7 +488,7 @@ def storage_start(kind: str, port: int | None) -> None:
     Example:
       deltacoord storage start s3
     """
-    from deltacoord.coordinator.tooling.storage_servers import StorageServerError
+    from deltacoord.tooling.storage_servers import StorageServerError
 
     if port is not None and kind == "all":
         raise click.UsageError("--port names one server's port; choose s3, azure or gcs")
@@ -547,7 +545,7 @@ def storage_create_bucket(kind: str, name: str) -> None:
     Example:
       deltacoord storage create-bucket s3 lake
     """
-    from deltacoord.coordinator.tooling.storage_servers import StorageServerError
+    from deltacoord.tooling.storage_servers import StorageServerError
 
     (srv,) = _servers(kind)
     if srv.status() is None:
@@ -563,15 +561,13 @@ def storage_create_bucket(kind: str, name: str) -> None:
 
 
 def _register_extensions() -> None:
-    from deltacoord.coordinator.tooling import (
-        cli_acls,
-        cli_keys,
-        cli_relay,
-        cli_tables,
-        cli_topics,
-        cli_transaction,
-        cli_verify,
-    )
+    from deltacoord.cli import acls as cli_acls
+    from deltacoord.cli import keys as cli_keys
+    from deltacoord.cli import relay as cli_relay
+    from deltacoord.cli import tables as cli_tables
+    from deltacoord.cli import topics as cli_topics
+    from deltacoord.cli import transaction as cli_transaction
+    from deltacoord.cli import verify as cli_verify
 
     cli_tables.register(main)
     cli_tables.table_group.add_command(cli_transaction.transact_cmd)  # `table transact` (uses cli_tables' helpers)

@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deltacoord.coordinator.tooling import broker_security, jars, processes
-from deltacoord.coordinator.tooling.broker_security import BrokerSecurity
-from deltacoord.coordinator.tooling.ports import free_port, port_free
+from deltacoord.tooling import broker_security, jars, processes
+from deltacoord.tooling.broker_security import BrokerSecurity
+from deltacoord.tooling.ports import free_port, port_free
 
 log = logging.getLogger(__name__)
 

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import click
 
-from deltacoord.coordinator.settings import CoordinatorSettings
-from deltacoord.coordinator.tooling.cli_options import (
+from deltacoord.cli.options import (
     kafka_options,
     load_settings,
     parse_pairs,
     reach_kafka,
     storage_options,
 )
+from deltacoord.coordinator.settings import CoordinatorSettings
 from deltacoord.reader.log import table_root
 from deltacoord.storage.table import StorageUriError, parse_table_uri
 

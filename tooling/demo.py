@@ -27,11 +27,11 @@ from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
 from deltacoord.coordinator.kafka.daemon import Coordinator
 from deltacoord.coordinator.kafka.topics import ensure_topics
 from deltacoord.coordinator.settings import CoordinatorSettings
-from deltacoord.coordinator.tooling.broker import LocalBroker
 from deltacoord.schemas.errors import DeltaConcurrentModificationException
 from deltacoord.schemas.kafka_logs import kafka_config
 from deltacoord.schemas.properties import Property
 from deltacoord.schemas.routing import Topics
+from deltacoord.tooling.broker import LocalBroker
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("amount", pa.int64())])
 DATES = ["2024-01-01", "2024-01-02", "2024-01-03"]
@@ -129,7 +129,7 @@ def _writer(system: str, uri: str, w: int, k: int, bootstrap: str, prefix: str, 
 def _appends(system: str, uri: str, writers: int, k: int, bootstrap: str, prefix: str, options: dict[str, str],
              workdir: Path) -> Appends:
     """`writers` processes (each its own interpreter, as real writers are) appending `k` one-row batches each."""
-    from deltacoord.coordinator.tooling.bench import run_processes
+    from deltacoord.tooling.bench import run_processes
 
     workdir.mkdir(parents=True, exist_ok=True)
     results, t0, end = run_processes(_writer, lambda w: (system, uri, w, k, bootstrap, prefix, options), writers, workdir)
@@ -201,8 +201,8 @@ def run_demo(table_dir: Path | None = None, writers: int = 16, appends_per_write
     from deltalake import DeltaTable, write_deltalake
     from deltalake import __version__ as deltalake_version
 
-    from deltacoord.coordinator.tooling.storage_servers import S3Server
     from deltacoord.reader.snapshot import Snapshot
+    from deltacoord.tooling.storage_servers import S3Server
     from deltacoord.writer.table import Table
 
     _say(INTRO)

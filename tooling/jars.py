@@ -43,7 +43,7 @@ def deploy_dir() -> Path:
     env = os.environ.get("DELTACOORD_DEPLOY_DIR")
     if env:
         return Path(env)
-    here = Path(__file__).resolve().parents[2] / "deploy"
+    here = Path(__file__).resolve().parents[1] / "deploy"
     if not here.is_dir():
         raise JarResolutionError(
             f"cannot find deploy/ next to the installed package ({here}); install the project with "

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from deltacoord.coordinator.tooling.cli_options import kafka_options, parse_pairs, reach_kafka
+from deltacoord.cli.options import kafka_options, parse_pairs, reach_kafka
 from deltacoord.schemas import client_settings
 from deltacoord.writer.relay_limits import RelayLimits
 

@@ -57,7 +57,7 @@ from typing import Any, Literal
 import click
 import pyarrow as pa
 
-from deltacoord.coordinator.tooling.cli_options import (
+from deltacoord.cli.options import (
     F,
     TableLocationParam,
     kafka_options,
@@ -66,7 +66,7 @@ from deltacoord.coordinator.tooling.cli_options import (
     reach_kafka,
     storage_options,
 )
-from deltacoord.coordinator.tooling.cli_schema import parse_schema
+from deltacoord.cli.schema import parse_schema
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas import client_settings
 from deltacoord.schemas.actions import Protocol, json_lines
@@ -809,9 +809,9 @@ def status_cmd(table: str, bootstrap_servers: str, topic_prefix: str, kafka_pair
     """
     import dataclasses
 
+    from deltacoord.cli.table_status import table_status
+    from deltacoord.cli.verify import proposals_partitions
     from deltacoord.coordinator.kafka.recovery import read_decisions
-    from deltacoord.coordinator.tooling.cli_verify import proposals_partitions
-    from deltacoord.coordinator.tooling.table_status import table_status
     from deltacoord.reader.stream import normalize_table_id
     from deltacoord.schemas.routing import partition_for
 

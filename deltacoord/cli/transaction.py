@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from deltacoord.coordinator.tooling.cli_options import kafka_options, parse_pairs, reach_kafka, storage_options
+from deltacoord.cli.options import kafka_options, parse_pairs, reach_kafka, storage_options
 
 _OPS = ("append", "delete", "update")
 
@@ -74,7 +74,7 @@ def transact_cmd(source: str, transaction_id: str | None, writer_key: str | None
     """
     import pyarrow as pa
 
-    from deltacoord.coordinator.tooling.cli_tables import UnknownOutcome, cli_errors
+    from deltacoord.cli.tables import UnknownOutcome, cli_errors
     from deltacoord.schemas.errors import CommitOutcomeUnknownError
     from deltacoord.writer.multi_table import MultiTableTransaction
 

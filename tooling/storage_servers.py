@@ -14,7 +14,7 @@ holding its data, `server.log` and `server.json` (pid, port, endpoint); `start` 
 waits until the server answers, and a server started with `die_with_parent=True` gets SIGTERM when
 the process that started it dies (pytest sessions use that).
 
-Manual use: `python -m deltacoord.coordinator.tooling.storage_servers start|stop|status|install s3|azure|gcs|all`.
+Manual use: `python -m deltacoord.tooling.storage_servers start|stop|status|install s3|azure|gcs|all`.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from deltacoord.coordinator.tooling import processes
-from deltacoord.coordinator.tooling.ports import free_port, port_free
+from deltacoord.tooling import processes
+from deltacoord.tooling.ports import free_port, port_free
 
 VERSITYGW_MODULE = "github.com/versity/versitygw/cmd/versitygw"
 VERSITYGW_VERSION = "v1.8.0"
@@ -79,7 +79,7 @@ def servers_cache() -> Path:
 def deploy_dir() -> Path:
     """The repository's `deploy/` folder (the project is installed editable)."""
     env = os.environ.get("DELTACOORD_DEPLOY_DIR")
-    here = Path(env) if env else Path(__file__).resolve().parents[2] / "deploy"
+    here = Path(env) if env else Path(__file__).resolve().parents[1] / "deploy"
     if not here.is_dir():
         raise StorageServerError(
             f"cannot find deploy/ ({here}); install the project with `pip install -e .` from a checkout "
@@ -533,7 +533,7 @@ def server(kind: str, home: Path | None = None) -> LocalStorageServer:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deltacoord.coordinator.tooling.storage_servers", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m deltacoord.tooling.storage_servers", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["install", "start", "stop", "status", "create-bucket"])
     parser.add_argument("kind", choices=[*KINDS, "all"])
     parser.add_argument("--home", type=Path, help="the server's home directory (default under the cache)")

@@ -1,1 +1,0 @@
-"""Tooling: the deltacoord CLI, demo, bench and the local servers it starts."""
