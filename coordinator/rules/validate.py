@@ -48,7 +48,7 @@ from urllib.parse import unquote
 from coordinator.rules.action_values import deletion_vector_problem, partition_value_problem
 from coordinator.rules.identity import identity_error
 from coordinator.rules.row_ids import missing_num_records
-from coordinator.rules.state import TableState
+from coordinator.rules.state import TableState, Winners
 from coordinator.rules.stats import BULK_MIN_FILES, stats_problem, stats_problems
 from coordinator.rules.table_features import check_constraints_error, coordinated_feature_error, domain_metadata_error
 from schemas.actions import (
@@ -216,7 +216,8 @@ def _protocol_changed_since_read(state: TableState, proposal: Proposal) -> bool:
         winners = state.winners_since(proposal.read_version)
     except (LookupError, ValueError):
         return True
-    return any(w.protocol is not None for w in winners)
+    # A protocol change is never quiet: the window's index of marked winners holds it.
+    return any(w.protocol is not None for w in (winners.marked() if isinstance(winners, Winners) else winners))
 
 
 #: commitInfo is copied into the published commit, which every Delta reader parses:
