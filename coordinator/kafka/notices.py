@@ -77,7 +77,7 @@ def _reply_of(d: Decision, partition: int, times: dict[str, float]) -> _Reply:
                    (H_OUTCOME, d.outcome.value.encode()), (H_TIMES, _times(times))]
     if d.committed and d.version is not None:
         h.append((H_VERSION, str(d.version).encode()))
-    return _Reply(partition, encode_decision(dataclasses.replace(d, actions=())), h)
+    return _Reply(partition, encode_decision(dataclasses.replace(d, actions=()) if d.actions else d), h)
 
 
 class PublicationNotices:
