@@ -230,11 +230,15 @@ def uri_within_roots(uri: str | os.PathLike[str] | TableUri, roots: Iterable[str
     return any(target.is_under(r if isinstance(r, TableUri) else parse_table_uri(r)) for r in roots)
 
 
+#: A NUL or another C0 control character, or DEL: never in an object key.
+_CONTROL_CHAR = re.compile("[\x00-\x1f\x7f]")
+
+
 def check_key(key: str) -> str:
     """Validate an object key relative to a table root ('/'-separated, decoded) and return it."""
     if not isinstance(key, str) or key == "":
         raise StorageUriError(f"an object key must be a non-empty string, got {key!r}")
-    if "\x00" in key or any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+    if _CONTROL_CHAR.search(key) is not None:
         raise StorageUriError(f"object key {key!r} contains a NUL or control character")
     if key.startswith("/") or "\\" in key:
         raise StorageUriError(f"object key {key!r} must be relative and '/'-separated")

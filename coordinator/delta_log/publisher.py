@@ -125,7 +125,8 @@ class Publisher:
     tables: dict[str, TablePublication] = field(default_factory=dict)
     #: Tables publishing at once; a table's versions are published in order, by one lane at a time.
     lanes: int = DEFAULT_LANES
-    _q: queue.Queue[PublishTask | None] = field(default_factory=queue.Queue)
+    #: Versions handed over together (one decided batch's: one wake-up of the dispatcher per batch).
+    _q: queue.Queue[list[PublishTask] | None] = field(default_factory=queue.Queue)
     _thread: threading.Thread | None = None
     #: Tables whose lane should run, taken by the lane threads (None ends one).
     _ready: queue.Queue[str | None] = field(default_factory=queue.Queue)
@@ -160,13 +161,20 @@ class Publisher:
 
     def submit(self, task: PublishTask) -> None:
         """Queue a ratified version; versions of a table must be submitted in order."""
+        self.submit_all((task,))
+
+    def submit_all(self, tasks: Sequence[PublishTask]) -> None:
+        """Queue ratified versions (a decided batch's, in order) with one hand-off to the publisher's thread."""
+        if not tasks:
+            return
         with self._lock:
-            self._forgotten.discard(task.table_id)
-            t = self.tables.setdefault(task.table_id, TablePublication())
-            t.ratified = max(t.ratified, task.version)
-            t.uri = task.table_uri or t.uri
-            self._pending += 1
-        self._q.put(task)
+            for task in tasks:
+                self._forgotten.discard(task.table_id)
+                t = self.tables.setdefault(task.table_id, TablePublication())
+                t.ratified = max(t.ratified, task.version)
+                t.uri = task.table_uri or t.uri
+            self._pending += len(tasks)
+        self._q.put(list(tasks))
 
     def unstable_for(self, now: float | None = None) -> tuple[int, int, float] | None:
         """(partition, offset, seconds) while publication waits for Kafka to make a record readable."""
@@ -296,10 +304,10 @@ class Publisher:
 
     def _run(self) -> None:
         while True:
-            task = self._q.get()
-            if task is None:
+            first = self._q.get()
+            if first is None:
                 return
-            batch, stop = [task], False
+            batch, stop = list(first), False
             while len(batch) < MAX_BATCH:  # what the decider queued meanwhile is published together
                 try:
                     nxt = self._q.get_nowait()
@@ -308,7 +316,7 @@ class Publisher:
                 if nxt is None:
                     stop = True
                     break
-                batch.append(nxt)
+                batch.extend(nxt)
             if not self._await_stable(batch):
                 # Abandoned, or stopping while Kafka still hides a decision: publish and tell nothing of it
                 # (the next owner reads the commits topic and publishes what is there).
@@ -318,19 +326,21 @@ class Publisher:
                 if stop:
                     return
                 continue
-            for t in batch:
-                self._to_lane(t)
+            self._to_lanes(batch)
             if stop:
                 return
 
-    def _to_lane(self, task: PublishTask) -> None:
-        """Queue a readable version for its table's lane, starting the lane unless it runs."""
+    def _to_lanes(self, tasks: Sequence[PublishTask]) -> None:
+        """Queue readable versions for their tables' lanes, starting each lane that does not run."""
+        start: list[str] = []
         with self._lock:
-            self._lane_q.setdefault(task.table_id, deque()).append(task)
-            if task.table_id in self._busy:
-                return
-            self._busy.add(task.table_id)
-        self._ready.put(task.table_id)
+            for task in tasks:
+                self._lane_q.setdefault(task.table_id, deque()).append(task)
+                if task.table_id not in self._busy:
+                    self._busy.add(task.table_id)
+                    start.append(task.table_id)
+        for table_id in start:
+            self._ready.put(table_id)
 
     def _lane_worker(self) -> None:
         while (table_id := self._ready.get()) is not None:

@@ -77,7 +77,7 @@ def _reply_of(d: Decision, partition: int, times: dict[str, float]) -> _Reply:
                    (H_OUTCOME, d.outcome.value.encode()), (H_TIMES, _times(times))]
     if d.committed and d.version is not None:
         h.append((H_VERSION, str(d.version).encode()))
-    return _Reply(partition, encode_decision(dataclasses.replace(d, actions=())), h)
+    return _Reply(partition, encode_decision(dataclasses.replace(d, actions=()) if d.actions else d), h)
 
 
 class PublicationNotices:
@@ -92,8 +92,9 @@ class PublicationNotices:
         t = md.topics.get(topic)
         #: The replies topic's partition count (0: no replies topic; writers then get no routed answers).
         self.num_partitions = len(t.partitions) if t is not None and t.error is None and t.partitions else 0
-        #: Per (table, version), the replies to send once it is published (several: a coalesced version).
-        self._waiting: OrderedDict[tuple[str, int], list[_Reply]] = OrderedDict()
+        #: Per (table, version), the replies to send once it is published (several: a coalesced version), as
+        #: (decision, reply partition, times): encoded when sent, by the publisher's thread, not the deciding one.
+        self._waiting: OrderedDict[tuple[str, int], list[tuple[Decision, int, dict[str, float]]]] = OrderedDict()
         self._lock = threading.Lock()
         #: Replies held until their decision is readable: ((partition, offset), decision, reply partition, times).
         self._held: queue.Queue[tuple[tuple[int, int], Decision, int, dict[str, float]] | None] = queue.Queue()
@@ -148,7 +149,7 @@ class PublicationNotices:
         """Send `d` (committed as a new version, or coalesced into one) once its version is published."""
         assert d.version is not None
         with self._lock:
-            self._waiting.setdefault((d.table_id, d.version), []).append(_reply_of(d, partition, times))
+            self._waiting.setdefault((d.table_id, d.version), []).append((d, partition, times))
             if len(self._waiting) > MAX_WAITING:
                 self._waiting.popitem(last=False)
 
@@ -162,7 +163,8 @@ class PublicationNotices:
         with self._lock:
             rs = self._waiting.pop((table_id, version), None)
         published = _times({"published": time.time()})
-        for r in rs or ():
+        for d, partition, times in rs or ():
+            r = _reply_of(d, partition, times)
             headers = [*r.headers, (H_KIND, kind)]
             if kind == KIND_PUBLISHED:
                 headers = [(k, v + b";" + published if k == H_TIMES and isinstance(v, bytes) else v) for k, v in headers]

@@ -967,6 +967,8 @@ class PartitionCoordinator:
         # What the transaction decided is shown (published, answered) once Kafka's readers see it (see
         # coordinator.kafka.stability): the publisher waits for the last stable offset to pass this record.
         stable_at = None if self.txn_last_offset is None else (self.partition, self.txn_last_offset)
+        tasks: list[PublishTask] = []
+        per_table: dict[str, int] = {}  # new versions per table URI: one metric update per table and batch
         for d, (reply, ratified_only) in zip(decisions, replies, strict=True):
             new_version = d.holds_version
             # A commit coalesced into another decision's version: its writer hears when that version is published.
@@ -981,11 +983,10 @@ class PartitionCoordinator:
                     self.notices.decided_when_stable(stable_at, dataclasses.replace(d, actions=()), reply, times)
             if new_version:
                 assert d.version is not None
-                self.metrics.commits.labels(self._label).inc()
-                self.metrics.table_commits.labels(d.table_uri).inc()
-                self.publisher.submit(PublishTask(d.table_id, d.table_uri, d.version, d.actions, stable_at,
-                                                  staged=(d.proposal_id, d.staged) if d.staged is not None else None,
-                                                  data=self._staged_bytes.pop((d.table_id, d.proposal_id), None)))
+                per_table[d.table_uri] = per_table.get(d.table_uri, 0) + 1
+                tasks.append(PublishTask(d.table_id, d.table_uri, d.version, d.actions, stable_at,
+                                         staged=(d.proposal_id, d.staged) if d.staged is not None else None,
+                                         data=self._staged_bytes.pop((d.table_id, d.proposal_id), None)))
             elif coalesced:
                 self.metrics.coalesced.inc()
             elif d.committed:
@@ -995,6 +996,11 @@ class PartitionCoordinator:
                 self.metrics.table_conflicts.labels(d.table_uri, d.error_type).inc()
             else:
                 self.metrics.rejections.labels(d.reason_code or "UNKNOWN").inc()
+        self.publisher.submit_all(tasks)  # after every reply is registered (`notices.expect`)
+        if tasks:
+            self.metrics.commits.labels(self._label).inc(len(tasks))
+            for uri, n in per_table.items():
+                self.metrics.table_commits.labels(uri).inc(n)
         self.metrics.dead_letters.inc(dead)
         self.metrics.publish_lag.set(self.publisher.lag())
         self.metrics.halted_tables.set(self.publisher.halted_count())

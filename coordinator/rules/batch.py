@@ -77,6 +77,10 @@ class Overlay:
     commits: list[TentativeCommit] = field(default_factory=list)
     #: Tables halted while deciding this batch (a fault of this code on that table) -> why.
     halts: dict[str, str] = field(default_factory=dict)
+    #: Per table being coalesced: the version of its group and the table before that version (a fork of the
+    #: live state, never changed again): each join forks it and applies the grown version, instead of
+    #: applying every earlier commit of the batch again. Its states are forks of forks: `apply_to` rebuilds them.
+    _bases: dict[str, tuple[int, TableState]] = field(default_factory=dict)
 
     def state(self, live: Mapping[str, TableState], table_id: str) -> TableState | None:
         """A table as the batch sees it so far."""
@@ -97,15 +101,21 @@ class Overlay:
 
     def coalesce(self, live: Mapping[str, TableState], table_id: str, version: int, actions: tuple[Action, ...]) -> None:
         """Make the table's last two commits of the batch (`version` and the one after) one commit at `version`
-        holding `actions` (`deltacoord.coordinator.rules.coalesce`): the table's fork is made again from its live state."""
+        holding `actions` (`deltacoord.coordinator.rules.coalesce`): the table's state is the table before `version` (made
+        once per group from its live state) with `actions` applied."""
         mine = [i for i, c in enumerate(self.commits) if c.table_id == table_id]
         assert len(mine) >= 2 and self.commits[mine[-2]].version == version and self.commits[mine[-1]].version == version + 1
         del self.commits[mine[-1]]
         self.commits[mine[-2]] = TentativeCommit(table_id, version, actions)
-        st = live[table_id].fork()
-        for i in mine[:-1]:
-            c = self.commits[i]
-            st.apply(c.version, c.actions)
+        cached = self._bases.get(table_id)
+        if cached is None or cached[0] != version:
+            base = live[table_id].fork()
+            for i in mine[:-2]:
+                c = self.commits[i]
+                base.apply(c.version, c.actions)
+            cached = self._bases[table_id] = (version, base)
+        st = cached[1].fork()
+        st.apply(version, actions)
         self.tables[table_id] = st
 
     def apply_to(self, live: MutableMapping[str, TableState]) -> None:
@@ -117,8 +127,13 @@ class Overlay:
         for tid, st in self.tables.items():
             if tid in created:
                 live[tid] = st
-            else:
-                live[tid].absorb(st)
+                continue
+            if tid in self._bases:  # a fork of a fork: the batch's commits of the table, made once on a fork
+                st = live[tid].fork()
+                for c in self.commits:
+                    if c.table_id == tid:
+                        st.apply(c.version, c.actions)
+            live[tid].absorb(st)
 
 
 def rejection(table_id: str, table_uri: str, proposal_id: str, err: DeltaCoordError, winning_version: int | None,

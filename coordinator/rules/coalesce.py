@@ -82,7 +82,10 @@ def _paths(actions: Sequence[Action]) -> set[str]:
 
 @dataclass
 class Group:
-    """The commits of one version being coalesced: the leader's first."""
+    """The commits of one version being coalesced: the leader's first.
+
+    The version's commit is kept as it grows (`_Merged`), so each join costs O(its own actions), not
+    O(the group so far): `join` returns what `merge(version, parts)` returns."""
 
     version: int
     leader: int
@@ -90,6 +93,7 @@ class Group:
     app_ids: set[str] = field(default_factory=set)
     paths: set[str] = field(default_factory=set)
     size: int = 0
+    merged: _Merged | None = None
 
     @staticmethod
     def open(version: int, leader: int, actions: tuple[Action, ...]) -> Group:
@@ -106,12 +110,91 @@ class Group:
         return size if self.size + size <= INLINE_MAX_BYTES else None
 
     def join(self, actions: tuple[Action, ...], size: int) -> tuple[Action, ...]:
-        """Add a commit; the version's whole commit as it now stands."""
+        """Add a commit; the version's whole commit as it now stands (`merge` of the parts)."""
+        if self.merged is None:
+            self.merged = _Merged(self.version, self.parts[0])
         self.parts.append(actions)
         self.app_ids |= _app_ids(actions)
         self.paths |= _paths(actions)
         self.size += size
-        return merge(self.version, self.parts)
+        self.merged.add(actions)
+        return self.merged.commit()
+
+
+class _Merged:
+    """`merge` of a group's parts, kept up to date part by part."""
+
+    __slots__ = ("_body", "_coalesced", "_mark", "_metrics", "_metrics_ok", "_values", "version")
+
+    def __init__(self, version: int, first: tuple[Action, ...]) -> None:
+        self.version = version
+        ci = first[0]
+        assert isinstance(ci, CommitInfo), "a coalesced commit starts with its commitInfo"
+        self._values: dict[str, Any] = dict(ci.values)
+        self._values["isBlindAppend"] = True
+        self._coalesced: list[dict[str, Any]] = []
+        self._body: list[Action] = []
+        self._mark: DomainMetadata | None = None
+        m0 = ci.values.get("operationMetrics")
+        self._metrics_ok = isinstance(m0, Mapping)
+        #: Per key of the first part's metrics: (True: ints, False: decimal strings; the sum so far), or None
+        #: once a part's value is not of the first part's kind (`_summed`).
+        self._metrics: dict[str, tuple[bool, int] | None] = {}
+        if isinstance(m0, Mapping):
+            for k, v in m0.items():
+                if type(v) is int:
+                    self._metrics[k] = (True, v)
+                elif isinstance(v, str) and v.isdigit():
+                    self._metrics[k] = (False, int(v))
+                else:
+                    self._metrics[k] = None
+        self._take(first)
+
+    def _take(self, part: tuple[Action, ...]) -> None:
+        ci = part[0]
+        assert isinstance(ci, CommitInfo), "a coalesced commit starts with its commitInfo"
+        self._coalesced.append({k: v for k, v in ci.values.items() if k not in _VERSION_KEYS})
+        version = self.version
+        body = self._body
+        for a in part[1:]:
+            if isinstance(a, DomainMetadata):
+                self._mark = a  # the row-id high-water mark: the last part's is the version's
+            elif isinstance(a, AddFile) and a.default_row_commit_version is not None:
+                body.append(replace(a, default_row_commit_version=version))
+            else:
+                body.append(a)
+
+    def add(self, part: tuple[Action, ...]) -> None:
+        ci = part[0]
+        assert isinstance(ci, CommitInfo), "a coalesced commit starts with its commitInfo"
+        m = ci.values.get("operationMetrics")
+        if not isinstance(m, Mapping):
+            self._metrics_ok = False
+        elif self._metrics_ok:
+            metrics = self._metrics
+            for k, got in metrics.items():
+                if got is None:
+                    continue
+                ints, total = got
+                v = m.get(k)
+                if ints and type(v) is int:
+                    metrics[k] = (True, total + v)
+                elif not ints and isinstance(v, str) and v.isdigit():
+                    metrics[k] = (False, total + int(v))
+                else:
+                    metrics[k] = None
+        self._take(part)
+
+    def commit(self) -> tuple[Action, ...]:
+        values = dict(self._values)
+        if self._metrics_ok:
+            values["operationMetrics"] = {k: got[1] if got[0] else str(got[1])
+                                          for k, got in self._metrics.items() if got is not None}
+        values[COALESCED_KEY] = list(self._coalesced)
+        out: list[Action] = [CommitInfo(values), *self._body]
+        if self._mark is not None:
+            out.append(self._mark)
+        return tuple(out)
 
 
 def _summed(metrics: Sequence[Any]) -> dict[str, Any] | None:

@@ -75,7 +75,7 @@ from deltacoord.coordinator.rules.row_level import (
     same_vector,
     simple_conditions,
 )
-from deltacoord.coordinator.rules.state import TableState, WindowExceededError, WinningCommit
+from deltacoord.coordinator.rules.state import TableState, WindowExceededError, Winners, WinningCommit
 from deltacoord.coordinator.rules.validate import check_txn_versions, table_isolation_level, validate_proposal
 from deltacoord.schemas.actions import (
     Action,
@@ -602,10 +602,13 @@ def _relevant(cur: CheckedTransaction, winners: Sequence[WinningCommit]) -> Sequ
     """
     if cur.checks_blind_appends:
         return winners
+    # The window's index holds every winner that is not quiet or names app ids (`Winners.marked`): the
+    # others pass both filters below, so they are not visited at all.
+    candidates = winners.marked() if isinstance(winners, Winners) else winners
     if cur.read_app_ids:
         ids = cur.read_app_ids
-        return [w for w in winners if not w.quiet or not w.app_ids.isdisjoint(ids)]
-    return [w for w in winners if not w.quiet]
+        return [w for w in candidates if not w.quiet or not w.app_ids.isdisjoint(ids)]
+    return [w for w in candidates if not w.quiet]
 
 
 def check(state: TableState, winners: Sequence[WinningCommit], proposal: Proposal, now_ms: int) -> Accepted | Rejected:

@@ -9,7 +9,9 @@ the table's size. The base must not change while a fork of it is in use;
 `commit()` writes a fork's changes into its base, also in O(changes).
 
 * `LayeredDict` -- a mapping with its own writes and deletions over a base mapping;
-* `WinnersWindow` / `ForkedWindow` -- the bounded window of recent commits;
+* `WinnersWindow` / `ForkedWindow` -- the bounded window of recent commits, with an index of its marked
+  commits (`Commit.marked`: the ones a blind append's check cannot skip), so that a proposal whose read
+  version is far behind the head visits only those;
 * `TxnIndex` / `ForkedTxnIndex` -- the bounded proposal-id -> version index.
 
 The live-file set's layer is `deltacoord.coordinator.rules.live_files.LiveFileLayer`.
@@ -35,8 +37,24 @@ class Commit(Protocol):
     @property
     def num_file_actions(self) -> int: ...
 
+    @property
+    def marked(self) -> bool:
+        """Whether the window indexes this commit (`marked_since`)."""
+        ...
+
 
 C = TypeVar("C", bound=Commit)
+
+
+def _marked_after(marked: deque[C], after: int) -> list[C]:
+    """The commits of `marked` (in version order) with a version above `after`, in O(their number)."""
+    out: list[C] = []
+    for w in reversed(marked):
+        if w.version <= after:
+            break
+        out.append(w)
+    out.reverse()
+    return out
 
 
 class LayeredDict(MutableMapping[K, V], Generic[K, V]):
@@ -96,10 +114,12 @@ class LayeredDict(MutableMapping[K, V], Generic[K, V]):
 class WinnersWindow(Generic[C]):
     """Summaries of the newest commits, oldest first, bounded in commits and in file actions."""
 
-    __slots__ = ("_files", "_next", "_winners")
+    __slots__ = ("_files", "_marked", "_next", "_winners")
 
     def __init__(self, next_version: int = 0) -> None:
         self._winners: deque[C] = deque()
+        #: The retained commits that are `marked`, oldest first.
+        self._marked: deque[C] = deque()
         self._files = 0
         #: The oldest version the window could hold when it is empty (the version after the head).
         self._next = next_version
@@ -124,19 +144,32 @@ class WinnersWindow(Generic[C]):
             return out
         return list(islice(winners, len(winners) - n, None))
 
+    def marked_since(self, after: int) -> list[C]:
+        """The retained marked commits with a version above `after`, in version order."""
+        return _marked_after(self._marked, after)
+
     def append(self, w: C, max_commits: int, max_files: int) -> None:
         """Add the newest commit, then drop the oldest ones beyond the bounds (the newest always stays)."""
         winners = self._winners
         winners.append(w)
+        if w.marked:
+            self._marked.append(w)
         self._files += w.num_file_actions
         while len(winners) > 1 and (len(winners) > max_commits or self._files > max_files):
             self._files -= winners.popleft().num_file_actions
         self._next = w.version + 1
+        self._drop_marked()
+
+    def _drop_marked(self) -> None:
+        """Forget marked commits no longer retained."""
+        marked, oldest = self._marked, self.oldest_version
+        while marked and marked[0].version < oldest:
+            marked.popleft()
 
     def fork(self) -> ForkedWindow[C]:
         return ForkedWindow(self)
 
-    def _take(self, dropped: int, new: deque[C], files: int) -> None:
+    def _take(self, dropped: int, new: deque[C], files: int, marked: deque[C]) -> None:
         winners = self._winners
         for _ in range(dropped):
             winners.popleft()
@@ -144,17 +177,21 @@ class WinnersWindow(Generic[C]):
         self._files = files
         if new:
             self._next = new[-1].version + 1
+        self._drop_marked()
+        self._marked.extend(w for w in marked if w.version >= self.oldest_version)
 
 
 class ForkedWindow(Generic[C]):
     """A window that hides the base's oldest commits it has dropped and holds its own newest ones."""
 
-    __slots__ = ("_base", "_dropped", "_files", "_new")
+    __slots__ = ("_base", "_dropped", "_files", "_marked", "_new")
 
     def __init__(self, base: WinnersWindow[C] | ForkedWindow[C]) -> None:
         self._base = base
         self._dropped = 0
         self._new: deque[C] = deque()
+        #: The marked commits of `_new`, oldest first (those `_new` dropped may linger: filtered by version).
+        self._marked: deque[C] = deque()
         self._files: int = base._files
 
     def __len__(self) -> int:
@@ -178,8 +215,18 @@ class ForkedWindow(Generic[C]):
             return list(islice(new, len(new) - n, None))
         return [*self._base.tail(n - len(new)), *new]
 
+    def marked_since(self, after: int) -> list[C]:
+        """The retained marked commits with a version above `after`, in version order."""
+        after = max(after, self.oldest_version - 1)
+        own = _marked_after(self._marked, after)
+        if self._new and after >= self._new[0].version - 1:
+            return own
+        return [*self._base.marked_since(after), *own]
+
     def append(self, w: C, max_commits: int, max_files: int) -> None:
         self._new.append(w)
+        if w.marked:
+            self._marked.append(w)
         self._files += w.num_file_actions
         n = len(self)
         while n > 1 and (n > max_commits or self._files > max_files):
@@ -197,7 +244,7 @@ class ForkedWindow(Generic[C]):
         """Make the base window this one (its base must be a `WinnersWindow`)."""
         base = self._base
         assert isinstance(base, WinnersWindow)
-        base._take(self._dropped, self._new, self._files)
+        base._take(self._dropped, self._new, self._files, self._marked)
 
 
 class TxnIndex:

@@ -34,9 +34,10 @@ recorded in Kafka (`deltacoord.coordinator.rules.batch`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
+from typing import overload
 
 import numpy as np
 
@@ -121,6 +122,59 @@ class WinningCommit:
     zorder: bool = False
     #: A row-mapped compaction's removed files' vectors, by path (whose vector a follower must have read).
     removed_vectors: Mapping[str, DeletionVector | None] = field(default_factory=dict)
+
+    @property
+    def marked(self) -> bool:
+        """Indexed by the window (`Winners.marked`): a commit that is not quiet, or names app ids. A quiet
+        commit without app ids can fail only a transaction that checks its reads against blind appends."""
+        return not self.quiet or bool(self.app_ids)
+
+
+class Winners(Sequence[WinningCommit]):
+    """The commits after a read version (`TableState.winners_since`), in version order, read from the window
+    as they are asked for: a proposal far behind the head visits the window's marked commits (`marked`)
+    without a list of every intervening commit being built. Valid while its state does not change."""
+
+    __slots__ = ("_first", "_n", "_window")
+
+    def __init__(self, window: WinnersWindow[WinningCommit] | ForkedWindow[WinningCommit], first: int, n: int) -> None:
+        self._window, self._first, self._n = window, first, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> WinningCommit: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[WinningCommit]: ...
+
+    def __getitem__(self, i: int | slice) -> WinningCommit | Sequence[WinningCommit]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._window.at(self._first + i)
+
+    def __iter__(self) -> Iterator[WinningCommit]:
+        return iter(self._window.tail(self._n)) if self._n else iter(())
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Winners({list(self)!r})"
+
+    def marked(self) -> list[WinningCommit]:
+        """The marked commits among these (`WinningCommit.marked`), in version order: every commit that is not
+        quiet or that names app ids; the others are quiet commits without app ids."""
+        if not self._n:
+            return []
+        return self._window.marked_since(self._window.at(self._first).version - 1)
 
 
 def key_hash(path: str, dv_id: str | None) -> int:
@@ -372,7 +426,8 @@ class TableState:
         first = read_version + 1
         if first < oldest:
             raise WindowExceededError(self.table_id, read_version, oldest, self.version)
-        return self._window.tail(self.version - read_version)
+        n = self.version - read_version
+        return Winners(self._window, len(self._window) - n, n)
 
     # -- mutation ------------------------------------------------------------------
 
@@ -501,6 +556,7 @@ __all__ = [
     "TableState",
     "TableStateExport",
     "WindowExceededError",
+    "Winners",
     "WinningCommit",
     "file_key_hash",
     "key_hash",

@@ -48,7 +48,7 @@ from urllib.parse import unquote
 from deltacoord.coordinator.rules.action_values import deletion_vector_problem, partition_value_problem
 from deltacoord.coordinator.rules.identity import identity_error
 from deltacoord.coordinator.rules.row_ids import missing_num_records
-from deltacoord.coordinator.rules.state import TableState
+from deltacoord.coordinator.rules.state import TableState, Winners
 from deltacoord.coordinator.rules.stats import BULK_MIN_FILES, stats_problem, stats_problems
 from deltacoord.coordinator.rules.table_features import (
     check_constraints_error,
@@ -220,7 +220,8 @@ def _protocol_changed_since_read(state: TableState, proposal: Proposal) -> bool:
         winners = state.winners_since(proposal.read_version)
     except (LookupError, ValueError):
         return True
-    return any(w.protocol is not None for w in winners)
+    # A protocol change is never quiet: the window's index of marked winners holds it.
+    return any(w.protocol is not None for w in (winners.marked() if isinstance(winners, Winners) else winners))
 
 
 #: commitInfo is copied into the published commit, which every Delta reader parses:
@@ -229,16 +230,67 @@ MAX_COMMIT_INFO_DEPTH = 16
 MAX_COMMIT_INFO_CHARS = 64 * 1024
 
 
+#: Characters of JSON a string of n characters takes at most: quotes, and 12 per character (a character outside
+#: the BMP is a surrogate pair of `\\uXXXX` escapes).
+_STR_CHARS = 12
+#: An int of more bits may exceed Python's int-to-string digit limit: its size is asked of `json.dumps`.
+_INT_BITS_BOUNDED = 10_000
+
+
+def _key_bound(k: object) -> int | None:
+    """Characters a dict key takes as JSON at most (None: not bounded here)."""
+    t = type(k)
+    if t is str:
+        assert isinstance(k, str)
+        return 2 + _STR_CHARS * len(k)
+    if t is bool or k is None:
+        return 7
+    if t is int:
+        assert isinstance(k, int)
+        bits = k.bit_length()
+        return 4 + bits // 3 if bits <= _INT_BITS_BOUNDED else None
+    if t is float:
+        return 28
+    return None
+
+
 def _check_commit_info(values: Mapping[str, Any]) -> None:
+    # The walk bounds the JSON's size from above as it goes (types `json.dumps` writes plainly); when the bound
+    # is within the limit the exact size is not needed. Anything else is measured by `json.dumps` itself.
     stack: list[tuple[Any, int]] = [(values, 1)]
+    bound = 0
+    bounded = True
     while stack:
         v, depth = stack.pop()
         if depth > MAX_COMMIT_INFO_DEPTH:
             raise _err(ReasonCode.COMMIT_INFO_TOO_DEEP, f"commitInfo nests deeper than {MAX_COMMIT_INFO_DEPTH} levels")
-        if isinstance(v, Mapping):
+        t = type(v)
+        if t is str:
+            bound += 2 + _STR_CHARS * len(v)
+        elif isinstance(v, Mapping):
             stack.extend((x, depth + 1) for x in v.values())
+            if bounded and t is dict:
+                bound += 2 + 2 * len(v)
+                for k in v:
+                    kb = _key_bound(k)
+                    if kb is None:
+                        bounded = False
+                        break
+                    bound += kb
+            else:
+                bounded = False
         elif isinstance(v, list):
             stack.extend((x, depth + 1) for x in v)
+            bound += 2 + len(v)
+            bounded = bounded and t is list
+        elif bounded:
+            kb = _key_bound(v)
+            if kb is None:
+                bounded = False
+            else:
+                bound += kb
+    if bounded and bound <= MAX_COMMIT_INFO_CHARS:
+        return
     try:
         size = len(json.dumps(values, separators=(",", ":"), default=str))
     except (TypeError, ValueError) as e:  # an object key JSON cannot have, a circular reference

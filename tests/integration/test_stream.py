@@ -259,8 +259,8 @@ def test_sees_a_version_before_it_is_published(kafka_bootstrap: str, table_place
         t.append(rows([1], "A"))
         assert coord.wait_published(30)
         held: list[PublishTask] = []
-        submit = coord.publisher.submit
-        coord.publisher.submit = held.append  # type: ignore[method-assign,assignment]
+        submit_all = coord.publisher.submit_all
+        coord.publisher.submit_all = held.extend  # type: ignore[method-assign,assignment]
         t.wait = "ratified"  # version 2's publication is held back on purpose
         try:
             assert t.append(rows([2], "A")).version == 2
@@ -272,9 +272,8 @@ def test_sees_a_version_before_it_is_published(kafka_bootstrap: str, table_place
             assert coord.publisher.wait_idle(1)
             assert not coord.wait_published(0.5)
         finally:
-            coord.publisher.submit = submit  # type: ignore[method-assign]
-            for task in held:
-                submit(task)
+            coord.publisher.submit_all = submit_all  # type: ignore[method-assign]
+            submit_all(held)
         assert coord.wait_published(30)
         assert table_place.read(path, table_place.commit_key(2)) == commit_to_json_lines(events[0].actions)
 
