@@ -86,6 +86,7 @@ from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.schemas.expressions.types import parse_text, to_bool, to_date, to_timestamp
 from deltacoord.schemas.jobs import is_time_version
 from deltacoord.schemas.properties import PHYSICAL_NAME_KEY, TableProperties
+from deltacoord.schemas.table_features import READABLE
 from deltacoord.storage.table import StorageError, StoredObject, TableStorage
 
 if TYPE_CHECKING:
@@ -95,22 +96,8 @@ if TYPE_CHECKING:
 FileAction: TypeAlias = AddFile | RemoveFile
 TimestampLike: TypeAlias = dt.datetime | dt.date | int | float | str
 
-#: Reader features this reader honours when reading data.
-SUPPORTED_READER_FEATURES = frozenset(
-    {
-        "deletionVectors",
-        "columnMapping",
-        "timestampNtz",
-        "v2Checkpoint",
-        "vacuumProtocolCheck",
-        "typeWidening",
-        "typeWidening-preview",
-        "catalogManaged",
-        "catalogOwned-preview",
-        "variantType",
-        "variantType-preview",
-    }
-)
+#: Reader features this reader honours when reading data (the one table of features says which).
+SUPPORTED_READER_FEATURES = READABLE
 
 
 class UnsupportedTableFeatureError(DeltaCoordError, NotImplementedError):

@@ -33,7 +33,7 @@ from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.expressions.arrow import evaluate, resolve_column
 from deltacoord.schemas.expressions.syntax import ExpressionError, columns_of, parse
 from deltacoord.schemas.reasons import ReasonCode
-from deltacoord.schemas.writer_features import writer_features
+from deltacoord.schemas.table_features import writer_features
 
 INVARIANTS_KEY = "delta.invariants"
 GENERATION_KEY = "delta.generationExpression"

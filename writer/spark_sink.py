@@ -102,7 +102,7 @@ from deltacoord.schemas.actions import AddFile, SetTransaction
 from deltacoord.schemas.errors import CommitOutcomeUnknownError, ProtocolChangedException
 from deltacoord.schemas.expressions import arrow as expressions
 from deltacoord.schemas.expressions.syntax import columns_of, parse
-from deltacoord.schemas.writer_features import SPARK_SINK
+from deltacoord.schemas.table_features import SPARK_SINK
 from deltacoord.storage.table import TableStorage
 from deltacoord.writer import spark_save_modes, staging
 from deltacoord.writer.column_mapping import Layout

@@ -80,11 +80,12 @@ from deltacoord.schemas.row_map import ROW_MAP_KEY, RowGroup, Source, Target, en
 from deltacoord.schemas.row_tracking import MaterializedColumns, new_materialized_columns
 from deltacoord.schemas.row_tracking import supported as row_tracking_supported
 from deltacoord.schemas.signing import WriterKey, resolve_writer_key
-from deltacoord.schemas.writer_features import (
+from deltacoord.schemas.table_features import (
     COORDINATED,
     coordinated,
     with_coordinated,
     without_coordinated,
+    writer_features,
     writer_problems,
 )
 from deltacoord.storage.table import StorageError, TableStorage
@@ -144,18 +145,11 @@ def _changed(rows: pa.Table, kind: str) -> pa.Table:
 
 #: The table feature deletion vectors need (reader 3 / writer 7 protocols list it on both sides).
 DV_FEATURE = "deletionVectors"
-#: Writer features the legacy writer versions imply, for upgrading a (1, n) protocol to table features.
-_LEGACY_WRITER_FEATURES = {2: ("appendOnly", "invariants"), 3: ("checkConstraints",), 4: ("changeDataFeed", "generatedColumns"),
-                           5: ("columnMapping",), 6: ("identityColumns",)}
-
-
 def _with_dv_feature(p: Protocol) -> Protocol | None:
     """`p` upgraded to support deletion vectors (None when it already does)."""
     if DV_FEATURE in (p.writer_features or ()) and DV_FEATURE in (p.reader_features or ()):
         return None
-    writer = list(p.writer_features or ())
-    if p.min_writer_version < 7:
-        writer = [f for v in range(2, p.min_writer_version + 1) for f in _LEGACY_WRITER_FEATURES.get(v, ())]
+    writer = list(writer_features(p))
     reader = list(p.reader_features or ())
     if p.min_reader_version == 2:
         reader = ["columnMapping"]
@@ -165,7 +159,7 @@ def _with_dv_feature(p: Protocol) -> Protocol | None:
 
 def check_writable(snap: Snapshot, operation: str = "WRITE") -> None:
     """Refuse tables whose declared writer features this writer cannot honour for `operation`
-    (`deltacoord.schemas.writer_features`): writing them anyway would break the table for every other engine."""
+    (`deltacoord.schemas.table_features`): writing them anyway would break the table for every other engine."""
     problems = writer_problems(snap.protocol, snap.metadata, operation)
     if problems:
         feature, why = problems[0]
@@ -452,7 +446,7 @@ class Table:
 
         The protocol is the least one that has `features`, the features the properties and the schema
         need, and `protocol`'s (`deltacoord.writer.table_protocol`), plus the project's own writer feature
-        `deltacoord-coordinated` (`deltacoord.schemas.writer_features.COORDINATED`, so at writer version 7: Delta writers
+        `deltacoord-coordinated` (`deltacoord.schemas.table_features.COORDINATED`, so at writer version 7: Delta writers
         that follow the protocol refuse to write the table around the coordinator); a feature this writer cannot honour is refused
         here, naming it (UnsupportedTableFeatureError). `constraints` are CHECK constraints {name: SQL}
         (the properties `delta.constraints.<name>`). The schema's fields carry NOT NULL (`nullable=False`)

@@ -18,18 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from deltacoord.schemas.actions import Protocol
-from deltacoord.schemas.writer_features import writer_features
+from deltacoord.schemas.table_features import LEGACY_VERSIONS, READER_WRITER, writer_features
 from deltacoord.writer import column_mapping
 
 #: Features that readers must know too (they go in readerFeatures at reader version 3).
-READER_WRITER_FEATURES = frozenset({"columnMapping", "deletionVectors", "timestampNtz", "v2Checkpoint",
-                                    "vacuumProtocolCheck", "typeWidening", "typeWidening-preview", "variantType",
-                                    "variantType-preview"})
-#: The legacy (reader, writer) versions that first have each of these features, per PROTOCOL.md.
-LEGACY_VERSIONS: dict[str, tuple[int, int]] = {
-    "appendOnly": (1, 2), "invariants": (1, 2), "checkConstraints": (1, 3), "changeDataFeed": (1, 4),
-    "generatedColumns": (1, 4), "columnMapping": (2, 5), "identityColumns": (1, 6),
-}
+READER_WRITER_FEATURES = READER_WRITER
 FEATURE_PREFIX = "delta.feature."
 MIN_READER_PROPERTY = "delta.minReaderVersion"
 MIN_WRITER_PROPERTY = "delta.minWriterVersion"

@@ -19,7 +19,7 @@ metadata and the hash array, a few bytes per file. Without a worker (a
 coordinator run in-process) `load_published_state` runs here.
 
 `adoption_problems` says why a table cannot be coordinated: a writer feature
-the coordinator and its writers cannot honour (`deltacoord.schemas.writer_features`), or
+the coordinator and its writers cannot honour (`deltacoord.schemas.table_features`), or
 protocol versions beyond what the rules know.
 """
 
@@ -33,7 +33,7 @@ import numpy as np
 from deltacoord.coordinator.rules.state import TableState, TableStateExport, key_text_hash
 from deltacoord.coordinator.rules.validate import MAX_READER_VERSION
 from deltacoord.schemas.actions import DomainMetadata, Metadata, Protocol
-from deltacoord.schemas.writer_features import writer_problems
+from deltacoord.schemas.table_features import writer_problems
 from deltacoord.storage.table import TableStorage
 
 #: Live-file keys hashed per slice of the snapshot's Arrow array (bounds the Python strings alive at once).

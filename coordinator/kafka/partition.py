@@ -146,7 +146,7 @@ from deltacoord.schemas.routing import (
     spans_partitions_message,
 )
 from deltacoord.schemas.staged import DECISION_INLINE_MAX_ACTIONS, StagedCommitError
-from deltacoord.schemas.writer_features import coordinated
+from deltacoord.schemas.table_features import coordinated
 from deltacoord.storage.table import StorageError
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from deltacoord.schemas.actions import DomainMetadata, Metadata, Protocol
 from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.messages import Proposal
 from deltacoord.schemas.reasons import ReasonCode
-from deltacoord.schemas.writer_features import COORDINATED, coordinated, writer_features
+from deltacoord.schemas.table_features import COORDINATED, coordinated, writer_features
 
 DOMAIN_METADATA = "domainMetadata"
 CHECK_CONSTRAINTS = "checkConstraints"

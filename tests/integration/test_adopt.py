@@ -39,7 +39,7 @@ from deltacoord.schemas.routing import (
     Topics,
     partition_for,
 )
-from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.schemas.table_features import COORDINATED
 from deltacoord.storage.table import TableStorage
 from deltacoord.writer.table import Table
 from deltacoord.writer.transaction import Transaction as WriterTransaction

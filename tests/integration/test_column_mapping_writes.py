@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder
 
 from deltacoord.reader.snapshot import Snapshot
-from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.schemas.table_features import COORDINATED
 from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
 from tests.integration.test_writer_operations import Env, running_env

@@ -20,7 +20,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas.actions import Metadata, Protocol
-from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.schemas.table_features import COORDINATED
 from deltacoord.writer import staging
 from deltacoord.writer.table import Table
 from deltacoord.writer.transaction import Transaction as WriterTransaction

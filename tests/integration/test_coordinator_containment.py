@@ -38,7 +38,7 @@ from deltacoord.schemas.actions import AddFile, CommitInfo, commit_to_json_lines
 from deltacoord.schemas.errors import CommitNotPublishedError
 from deltacoord.schemas.messages import Decision, Proposal
 from deltacoord.schemas.routing import Topics
-from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.schemas.table_features import COORDINATED
 from deltacoord.writer.client import CoordinatorClient
 from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics

@@ -33,7 +33,7 @@ from deltacoord.reader.stream import CommitStream, StreamGapError
 from deltacoord.schemas.errors import CommitOutcomeUnknownError, InvalidProposalError
 from deltacoord.schemas.reasons import ReasonCode
 from deltacoord.schemas.routing import CONTROL_DROP, CONTROL_PREFIX, DROP_DELETE_FILES, DROPPED_ERROR_TYPE, Topics
-from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.schemas.table_features import COORDINATED
 from deltacoord.storage.table import TableStorage
 from deltacoord.writer.table import Table, TableExistsError
 from deltacoord.writer.transaction import Transaction as WriterTransaction

@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas.actions import Protocol
-from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.schemas.table_features import COORDINATED
 from deltacoord.writer import spark_sink
 from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics

@@ -28,7 +28,7 @@ from deltacoord.cli.tables import register
 from deltacoord.reader.snapshot import Snapshot, UnsupportedTableFeatureError
 from deltacoord.schemas.actions import Protocol
 from deltacoord.schemas.expressions.syntax import ExpressionError
-from deltacoord.schemas.writer_features import COORDINATED
+from deltacoord.schemas.table_features import COORDINATED
 from deltacoord.writer.constraints import ConstraintViolationError
 from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics

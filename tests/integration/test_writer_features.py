@@ -21,7 +21,7 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder, TableFeatures, write_deltalake
 
 from deltacoord.reader.snapshot import Snapshot, UnsupportedTableFeatureError
-from deltacoord.schemas.writer_features import COORDINATED, FEATURES, writer_problems
+from deltacoord.schemas.table_features import COORDINATED, FEATURES, writer_problems
 from deltacoord.writer.constraints import ConstraintViolationError
 from deltacoord.writer.table import Table
 from tests.conftest import TablePlace
@@ -148,6 +148,7 @@ CASES: dict[str, tuple[Make, str, str | None]] = {
     "typeWidening": (_protocol_commit("typeWidening", reader=True), "WRITE", None),
     "inCommitTimestamp": (_protocol_commit("inCommitTimestamp"), "WRITE", None),
     "allowColumnDefaults": (_protocol_commit("allowColumnDefaults"), "WRITE", "default values"),
+    "catalogManaged": (_protocol_commit("catalogManaged", reader=True), "WRITE", "through its catalog"),
     "variantType": (_feature("VariantType"), "WRITE", None),
     "an unknown feature": (_protocol_commit("someFutureFeature"), "WRITE", "does not know"),
     COORDINATED: (_protocol_commit(COORDINATED), "WRITE", None),  # the project's own: its writer commits through it

@@ -9,7 +9,7 @@ from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
 from deltacoord.coordinator.rules.validate import proposal_error
 from deltacoord.schemas.actions import Metadata, Protocol
 from deltacoord.schemas.errors import ProtocolChangedException
-from deltacoord.schemas.writer_features import (
+from deltacoord.schemas.table_features import (
     COORDINATED,
     coordinated,
     with_coordinated,

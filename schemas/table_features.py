@@ -1,4 +1,7 @@
-"""Which Delta writer features this project's writer honours, and which it refuses, per table and operation.
+"""Every Delta table feature this project knows, in one table: whether its reader reads tables that have it,
+whether readers must know it too (`readerFeatures`), the legacy protocol versions that imply it, and whether its
+writer honours it, per table and operation. The coordinator's rules for features (`coordinator/rules/
+table_features.py`) and the protocol upgrades (`writer/table_protocol.py`) read this table.
 
 A writer that ignores a feature the table declares breaks the table for every other engine (a CHECK
 constraint left unenforced, a generated column left wrong, a change data feed with holes). PROTOCOL.md
@@ -36,15 +39,6 @@ from typing import Any
 
 from deltacoord.schemas.actions import Metadata, Protocol
 
-#: Writer features each legacy writer version implies (cumulative), per PROTOCOL.md.
-_LEGACY: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (2, ("appendOnly", "invariants")),
-    (3, ("checkConstraints",)),
-    (4, ("changeDataFeed", "generatedColumns")),
-    (5, ("columnMapping",)),
-    (6, ("identityColumns",)),
-)
-
 #: Operations that rewrite no file partially: readers of the change data feed infer their changes from the
 #: add and remove actions, so no `_change_data` file is owed.
 #: What the Spark data source is checked as: its executors stage the rows as they are (appends and overwrites only).
@@ -58,6 +52,14 @@ CHANGE_DATA_WRITTEN = frozenset({"DELETE", "UPDATE", "MERGE"})
 
 #: The project's own writer feature: the table's commits are decided by a deltacoord coordinator (see above).
 COORDINATED = "deltacoord-coordinated"
+
+
+def _legacy_writer_features() -> tuple[tuple[int, tuple[str, ...]], ...]:
+    by_version: dict[int, list[str]] = {}
+    for f in FEATURES.values():
+        if f.legacy is not None:
+            by_version.setdefault(f.legacy[1], []).append(f.name)
+    return tuple((v, tuple(by_version[v])) for v in sorted(by_version))
 
 
 def writer_features(protocol: Protocol) -> tuple[str, ...]:
@@ -137,33 +139,53 @@ class Feature:
     name: str
     outcome: str  # "honoured", "refused", or "conditional" (honoured unless the rule finds a problem)
     rule: Rule
+    #: This project's reader reads tables whose protocol lists it in readerFeatures.
+    read: bool = False
+    #: A reader-writer feature: listed in readerFeatures as well (reader version 3).
+    readers_too: bool = False
+    #: The legacy (reader, writer) protocol versions that first imply it, per PROTOCOL.md.
+    legacy: tuple[int, int] | None = None
 
 
 FEATURES: dict[str, Feature] = {f.name: f for f in (
-    Feature("appendOnly", "honoured", _honoured),
-    Feature("invariants", "honoured", _honoured),
-    Feature("checkConstraints", "honoured", _honoured),
-    Feature("changeDataFeed", "conditional", _change_data_feed),
-    Feature("generatedColumns", "honoured", _honoured),
-    Feature("columnMapping", "conditional", _column_mapping),
-    Feature("identityColumns", "conditional", _identity),
-    Feature("deletionVectors", "honoured", _honoured),
+    Feature("appendOnly", "honoured", _honoured, legacy=(1, 2)),
+    Feature("invariants", "honoured", _honoured, legacy=(1, 2)),
+    Feature("checkConstraints", "honoured", _honoured, legacy=(1, 3)),
+    Feature("changeDataFeed", "conditional", _change_data_feed, legacy=(1, 4)),
+    Feature("generatedColumns", "honoured", _honoured, legacy=(1, 4)),
+    Feature("columnMapping", "conditional", _column_mapping, read=True, readers_too=True, legacy=(2, 5)),
+    Feature("identityColumns", "conditional", _identity, legacy=(1, 6)),
+    Feature("deletionVectors", "honoured", _honoured, read=True, readers_too=True),
     Feature("rowTracking", "honoured", _honoured),
-    Feature("timestampNtz", "honoured", _honoured),
+    Feature("timestampNtz", "honoured", _honoured, read=True, readers_too=True),
     Feature("domainMetadata", "honoured", _honoured),
-    Feature("v2Checkpoint", "honoured", _honoured),
+    Feature("v2Checkpoint", "honoured", _honoured, read=True, readers_too=True),
     Feature("icebergCompatV1", "refused", _refused("Iceberg compatibility V1 needs Iceberg metadata this writer does not keep")),
     Feature("icebergCompatV2", "refused", _refused("Iceberg compatibility V2 needs Iceberg metadata this writer does not keep")),
     Feature("clustering", "honoured", _honoured),
-    Feature("vacuumProtocolCheck", "honoured", _honoured),
-    Feature("typeWidening", "honoured", _honoured),
-    Feature("typeWidening-preview", "honoured", _honoured),
+    Feature("vacuumProtocolCheck", "honoured", _honoured, read=True, readers_too=True),
+    Feature("typeWidening", "honoured", _honoured, read=True, readers_too=True),
+    Feature("typeWidening-preview", "honoured", _honoured, read=True, readers_too=True),
     Feature("inCommitTimestamp", "honoured", _honoured),
     Feature("allowColumnDefaults", "refused", _refused("column defaults: this writer does not fill default values")),
-    Feature("variantType", "conditional", _variant),
-    Feature("variantType-preview", "conditional", _variant),
+    Feature("variantType", "conditional", _variant, read=True, readers_too=True),
+    Feature("variantType-preview", "conditional", _variant, read=True, readers_too=True),
     Feature(COORDINATED, "honoured", _honoured),
+    # Read, never written: a catalog-managed table's commits go through its catalog, not this writer.
+    Feature("catalogManaged", "refused", _refused("a catalog-managed table commits through its catalog"), read=True,
+            readers_too=True),
+    Feature("catalogOwned-preview", "refused", _refused("a catalog-managed table commits through its catalog"),
+            read=True, readers_too=True),
 )}
+
+#: Reader features this project's reader honours when reading data.
+READABLE = frozenset(f.name for f in FEATURES.values() if f.read)
+#: Features readers must know too (they go in readerFeatures at reader version 3).
+READER_WRITER = frozenset(f.name for f in FEATURES.values() if f.readers_too)
+#: The legacy (reader, writer) versions that first have each feature that has them.
+LEGACY_VERSIONS: dict[str, tuple[int, int]] = {f.name: f.legacy for f in FEATURES.values() if f.legacy is not None}
+#: Writer features each legacy writer version implies (cumulative), per PROTOCOL.md.
+_LEGACY = _legacy_writer_features()
 
 
 def coordinated(protocol: Protocol) -> bool:
@@ -223,5 +245,19 @@ def writer_problems(protocol: Protocol, metadata: Metadata, operation: str) -> l
     return problems
 
 
-__all__ = ["CHANGE_DATA_WRITTEN", "COORDINATED", "FEATURES", "NO_CHANGE_DATA_OWED", "SPARK_SINK", "Feature", "coordinated",
-           "with_coordinated", "without_coordinated", "writer_features", "writer_problems"]
+__all__ = [
+    "CHANGE_DATA_WRITTEN",
+    "COORDINATED",
+    "FEATURES",
+    "LEGACY_VERSIONS",
+    "NO_CHANGE_DATA_OWED",
+    "READABLE",
+    "READER_WRITER",
+    "SPARK_SINK",
+    "Feature",
+    "coordinated",
+    "with_coordinated",
+    "without_coordinated",
+    "writer_features",
+    "writer_problems",
+]
