@@ -35,16 +35,9 @@ from schemas.staged import (
     writer_key,
 )
 
-#: Bytes asked of an object store at a time (each read is a ranged GET): fewer round trips than local pieces.
-REMOTE_PIECE_BYTES = 16 * READ_PIECE_BYTES
-
 
 def _pieces(storage: TableStorage, key: str) -> Iterator[bytes]:
-    """The object's bytes a piece at a time; FileNotFoundError (ObjectNotFoundError) when there is none."""
-    size = READ_PIECE_BYTES if storage.is_local else REMOTE_PIECE_BYTES
-    with storage.open_input(key) as f:
-        while piece := f.read(size):
-            yield piece
+    return storage.read_pieces(key, READ_PIECE_BYTES)
 
 
 def load_proposal(storage: TableStorage, proposal: Proposal, max_bytes: int | None = None) -> Proposal:
@@ -212,7 +205,6 @@ def sweep_decided(storage: TableStorage, published: int) -> int:
 
 
 __all__ = [
-    "REMOTE_PIECE_BYTES",
     "StagedCommitError",
     "StagedCommitTooLargeError",
     "StorageError",

@@ -24,7 +24,7 @@ import random
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -434,6 +434,14 @@ class TableStorage:
             return self._local.open_input(key)
         info = self.head(key)
         return RangeReader(self._obj(), self._path(key), info.size, f"{self.location}/{key}")
+
+    def read_pieces(self, key: str, piece_bytes: int = 1 << 20) -> Iterator[bytes]:
+        """The object's bytes a piece at a time (an object store gets ranged GETs of 16 pieces): a large file is
+        never held whole. `ObjectNotFoundError` when there is none."""
+        size = piece_bytes if self._local is not None else 16 * piece_bytes
+        with self.open_input(key) as f:
+            while piece := f.read(size):
+                yield piece
 
     def read_parquet_file(self, key: str, *, size: int | None = None, **options: Any) -> pq.ParquetFile:
         """A ParquetFile that reads row groups on demand (`options` as for `pyarrow.parquet.ParquetFile`).

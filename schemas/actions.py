@@ -558,7 +558,7 @@ def _parse_lines(lines: Iterable[str]) -> Iterator[Action]:
             yield action
 
 
-def _piece_lines(pieces: Iterable[bytes]) -> Iterator[str]:
+def commit_piece_lines(pieces: Iterable[bytes]) -> Iterator[str]:
     """`commit_lines` of a file given as pieces cut anywhere (as a stream reads it): a line may span pieces."""
     pending: list[bytes] = []  # a line's start, joined once its newline comes (a long line is not copied per piece)
     for piece in pieces:
@@ -575,4 +575,4 @@ def _piece_lines(pieces: Iterable[bytes]) -> Iterator[str]:
 
 def parse_commit_pieces(pieces: Iterable[bytes]) -> Iterator[Action]:
     """`parse_commit` of a file read a piece at a time: only one piece and the actions are held, never the file."""
-    return _parse_lines(_piece_lines(pieces))
+    return _parse_lines(commit_piece_lines(pieces))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fastavro.schema import parse_schema
 
+from coordinator.delta_log.publisher import Publisher, PublishTask
 from reader.staged_commits import (
     StagedCommitTooLargeError,
     copy_decided,
@@ -201,3 +202,51 @@ def test_vacuum_deletes_only_old_writer_staged_actions(tmp_path: Path) -> None:
     assert not (tmp_path / old_w).exists()
     assert (tmp_path / new_w).exists(), "a proposal may be deciding now"
     assert (tmp_path / old_d).exists(), "version 1 is not published: it may hold a ratified version"
+
+
+def _publish(root: Path, *tasks: PublishTask) -> Publisher:
+    p = Publisher(fsync=False, lanes=1)
+    p.start()
+    for t in tasks:
+        p.submit(t)
+    assert p.wait_idle(30)
+    p.stop()
+    return p
+
+
+def _by_file(root: Path, staged: Decision) -> PublishTask:
+    assert staged.version is not None and staged.staged is not None
+    return PublishTask(staged.table_id, root.as_uri(), staged.version, staged.actions[:1],
+                       staged=(staged.proposal_id, staged.staged))
+
+
+def test_a_commit_by_reference_is_published_from_its_staged_file(tmp_path: Path) -> None:
+    """The publish task holds neither the commit's bytes nor its file actions: `<v>.json` is a checked copy of
+    the staged commit, the same bytes as a re-publication after a crash, and an altered staged file halts the
+    table instead of being published."""
+    root = tmp_path / "t"
+    storage = TableStorage(str(root))
+    staged = stage_decision(storage, COMMITTED)
+    assert staged.version is not None and staged.staged is not None
+    task = _by_file(root, staged)
+    assert task.from_staged_file and len(task.actions) == 1
+    p = _publish(root, task)
+    published = storage.get(f"_delta_log/{staged.version:020d}.json")
+    assert published == commit_to_json_lines(COMMITTED.actions) and p.published_version(staged.table_id) == staged.version
+    assert storage.list(STAGED_DIR) == [], "swept once published"
+    # Published again (a recovery) with its staged file swept: the version already holds it.
+    p = _publish(root, task)
+    assert p.halted(staged.table_id) is None and p.published_version(staged.table_id) == staged.version
+
+    other = tmp_path / "altered"
+    ostorage = TableStorage(str(other))
+    staged = stage_decision(ostorage, COMMITTED)
+    assert staged.version is not None and staged.staged is not None
+    key = decided_key(staged.proposal_id, staged.version, staged.staged)
+    ostorage.put(key, ostorage.get(key).replace(b"commitInfo", b"commitInfx"))
+    p = _publish(other, _by_file(other, staged))
+    assert "changed after staging" in (p.halted(staged.table_id) or "")
+    assert not ostorage.exists(f"_delta_log/{staged.version:020d}.json")
+    ostorage.delete(key)
+    p = _publish(other, _by_file(other, staged))
+    assert "is gone and the version was never published" in (p.halted(staged.table_id) or "")
