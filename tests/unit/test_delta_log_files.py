@@ -13,7 +13,9 @@ from coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absen
 from coordinator.delta_log.publisher import Publisher, PublishTask
 from reader import storage_local
 from reader.log import commit_path, log_file_names
+from reader.storage import TableStorage
 from schemas.actions import CommitInfo, Protocol, commit_to_json_lines
+from schemas.staged import STAGED_DIR
 
 
 def test_put_if_absent_never_overwrites(tmp_path: Path) -> None:
@@ -34,8 +36,12 @@ def test_sweep_removes_only_temp_files(tmp_path: Path) -> None:
     put_if_absent(path, b"x\n")
     temp_path(path).write_bytes(b"left by a killed publisher")
     (path.parent / ".not-ours.tmp").write_bytes(b"")
-    assert sweep_temp_files(str(tmp_path)) == 1
+    staged = TableStorage(str(tmp_path)).temp_for(f"{STAGED_DIR}staging.json")  # a staged commit being written
+    Path(staged).write_bytes(b"left by a killed coordinator")
+    (tmp_path / STAGED_DIR / "w-1.json").write_bytes(b"")
+    assert sweep_temp_files(str(tmp_path)) == 2
     assert log_file_names(tmp_path) == [".not-ours.tmp", "00000000000000000003.json"]
+    assert sorted(p.name for p in (tmp_path / STAGED_DIR).iterdir()) == ["w-1.json"]
 
 
 @pytest.fixture
