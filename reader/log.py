@@ -33,7 +33,15 @@ from pathlib import Path
 from typing import Any, TypeAlias
 from urllib.parse import unquote, urlparse
 
-from deltacoord.schemas.actions import Action, ActionParseError, CommitInfo, Metadata, action_from_json, commit_lines
+from deltacoord.schemas.actions import (
+    Action,
+    ActionParseError,
+    CommitInfo,
+    Metadata,
+    action_from_json,
+    commit_lines,
+    commit_piece_lines,
+)
 from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.storage.table import StoredObject, TableStorage, parse_table_uri, stored_object
 from deltacoord.storage.uri import check_key
@@ -452,7 +460,17 @@ def parse_commit_lines(data: bytes | str, *, source: str = "<commit>") -> list[A
 
 def iter_commit_actions(data: bytes | str, *, source: str = "<commit>") -> Iterator[tuple[int, Action]]:
     """(line number, action) of each action of a commit file, as `parse_commit_lines` reads them."""
-    for lineno, line in enumerate(commit_lines(data), 1):
+    return _line_actions(commit_lines(data), source)
+
+
+def stream_commit_actions(obj: StoredObject) -> Iterator[tuple[int, Action]]:
+    """`iter_commit_actions` of a stored commit read a piece at a time: a version of a million files is never
+    held as its bytes beside what is made of them."""
+    return _line_actions(commit_piece_lines(obj.storage.read_pieces(obj.key)), str(obj))
+
+
+def _line_actions(lines: Iterable[str], source: str) -> Iterator[tuple[int, Action]]:
+    for lineno, line in enumerate(lines, 1):
         if not line or line.isspace():
             continue
         try:

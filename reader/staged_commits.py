@@ -9,23 +9,35 @@ digest), from the coordinator's staged file before.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
 
 from deltacoord.reader.log import commit_key
 from deltacoord.schemas.messages import Decision, Proposal, StagedActions
 from deltacoord.schemas.staged import (
+    READ_PIECE_BYTES,
     STAGED_DIR,
     StagedCommitError,
+    StagedDigest,
     check_staged,
     decided_commit_info,
     decided_key,
     decided_version,
     parse_staged,
-    staged_bytes,
+    parse_staged_pieces,
+    staged_pieces,
     writer_key,
 )
 from deltacoord.storage.table import TableStorage
 from deltacoord.storage.uri import StorageError
+
+
+def _pieces(storage: TableStorage, key: str) -> Iterator[bytes]:
+    return storage.read_pieces(key, READ_PIECE_BYTES)
 
 
 def load_proposal(storage: TableStorage, proposal: Proposal, max_bytes: int | None = None) -> Proposal:
@@ -46,26 +58,87 @@ def load_proposal(storage: TableStorage, proposal: Proposal, max_bytes: int | No
                 raise StagedCommitTooLargeError(
                     f"the proposal's staged actions ({size:,} bytes) exceed this coordinator's max_staged_bytes "
                     f"({max_bytes:,}): split the commit, or raise the limit")
-        data = storage.get(key)
+        actions = parse_staged_pieces(_pieces(storage, key), ref, where)
     except FileNotFoundError as e:
         raise StagedCommitError(f"{where} does not exist: the writer's staged actions are gone (deleted after "
                                 "a decision, or never written)") from e
-    return dataclasses.replace(proposal, actions=parse_staged(data, ref, where))
+    return dataclasses.replace(proposal, actions=actions)
 
 
 class StagedCommitTooLargeError(StagedCommitError):
     """Staged actions larger than the reader's limit: refused before anything is read."""
 
 
-def stage_decision(storage: TableStorage, decision: Decision) -> tuple[Decision, bytes]:
-    """Stage a committed decision's whole commit; the decision, still whole in memory, now names the file, and
-    the file's bytes (published as they are)."""
+def stage_decision(storage: TableStorage, decision: Decision) -> Decision:
+    """Stage a committed decision's whole commit, written a piece at a time (its bytes are never held whole); the
+    decision, still whole in memory, now names the file (published from it: `copy_decided`)."""
     assert decision.version is not None
-    data, ref = staged_bytes(decision.actions)
-    key = decided_key(decision.proposal_id, decision.version, ref)
-    if not storage.put_if_absent(key, data) and _read(storage, key, ref) is None:
-        storage.put(key, data)  # another content under the name (not ratified: the name holds the digest): replaced
-    return dataclasses.replace(decision, staged=ref), data
+    tmp = storage.temp_for(f"{STAGED_DIR}staging.json")
+    try:
+        digest = StagedDigest()
+        with open(tmp, "wb") as out:
+            for piece in staged_pieces(decision.actions):
+                digest.update(piece)
+                out.write(piece)
+        ref = digest.ref()
+        key = decided_key(decision.proposal_id, decision.version, ref)
+        if not storage.put_file_if_absent(key, tmp) and not _matches(storage, key, ref):
+            # Another content under the name (not ratified: the name holds the digest): replaced.
+            with storage.open_output(key) as dest, open(tmp, "rb") as src:
+                while piece := src.read(READ_PIECE_BYTES):
+                    dest.write(piece)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return dataclasses.replace(decision, staged=ref)
+
+
+def _matches(storage: TableStorage, key: str, ref: StagedActions) -> bool:
+    """Whether the object is the file `ref` names (read a piece at a time); False when it is missing."""
+    h, size = hashlib.sha256(), 0
+    try:
+        for piece in _pieces(storage, key):
+            size += len(piece)
+            if size > ref.size:
+                return False
+            h.update(piece)
+    except FileNotFoundError:
+        return False
+    return size == ref.size and h.hexdigest() == ref.sha256
+
+
+def copy_decided(storage: TableStorage, proposal_id: str, version: int, ref: StagedActions, dest: Path) -> bool:
+    """Copy the coordinator's staged commit of `version` into the local file `dest`, a piece at a time, checking
+    its digest: what the publisher makes `<version>.json` of. False (and no `dest`) when the staged file is gone
+    (swept once published); StagedCommitError (and no `dest`) when it is not the file `ref` names."""
+    key = decided_key(proposal_id, version, ref)
+    h, size = hashlib.sha256(), 0
+    try:
+        with open(dest, "wb") as out:
+            for piece in _pieces(storage, key):
+                size += len(piece)
+                if size > ref.size:
+                    break
+                h.update(piece)
+                out.write(piece)
+    except FileNotFoundError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dest)
+        return False
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dest)
+        raise
+    if size != ref.size or h.hexdigest() != ref.sha256:
+        os.unlink(dest)
+        raise StagedCommitError(f"{storage.location}/{key} is not the staged commit of version {version} that was "
+                                f"ratified (SHA-256 {ref.sha256}, {ref.size} bytes): it was changed after staging")
+    return True
+
+
+def is_published_as(storage: TableStorage, version: int, ref: StagedActions) -> bool:
+    """Whether `<version>.json` holds the commit `ref` names."""
+    return _matches(storage, commit_key(version), ref)
 
 
 def on_the_wire(decision: Decision) -> Decision:
@@ -135,7 +208,9 @@ __all__ = [
     "StagedCommitError",
     "StagedCommitTooLargeError",
     "StorageError",
+    "copy_decided",
     "delete_writer_staged",
+    "is_published_as",
     "load_proposal",
     "on_the_wire",
     "resolve_decision",

@@ -541,9 +541,12 @@ def commit_lines(data: bytes | str) -> Iterator[str]:
 
 def parse_commit(data: bytes | str) -> list[Action]:
     """Parse a commit file's lines into actions (blank lines ignored)."""
-    out: list[Action] = []
+    return list(_parse_lines(commit_lines(data)))
+
+
+def _parse_lines(lines: Iterable[str]) -> Iterator[Action]:
     loads = _DECODE
-    for lineno, line in enumerate(commit_lines(data), 1):
+    for lineno, line in enumerate(lines, 1):
         if not line or line.isspace():
             continue
         try:
@@ -552,5 +555,24 @@ def parse_commit(data: bytes | str) -> list[Action]:
             raise ActionParseError(f"line {lineno} is not JSON: {e}") from e
         action = action_from_json(obj)
         if action is not None:
-            out.append(action)
-    return out
+            yield action
+
+
+def commit_piece_lines(pieces: Iterable[bytes]) -> Iterator[str]:
+    """`commit_lines` of a file given as pieces cut anywhere (as a stream reads it): a line may span pieces."""
+    pending: list[bytes] = []  # a line's start, joined once its newline comes (a long line is not copied per piece)
+    for piece in pieces:
+        cut = piece.rfind(b"\n") + 1
+        if not cut:
+            pending.append(piece)
+            continue
+        head = b"".join((*pending, piece[:cut])) if pending else piece[:cut]
+        pending = [piece[cut:]] if cut < len(piece) else []
+        yield from commit_lines(head)
+    if pending:
+        yield from commit_lines(b"".join(pending))
+
+
+def parse_commit_pieces(pieces: Iterable[bytes]) -> Iterator[Action]:
+    """`parse_commit` of a file read a piece at a time: only one piece and the actions are held, never the file."""
+    return _parse_lines(commit_piece_lines(pieces))

@@ -18,10 +18,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
-from deltacoord.schemas.actions import Action, CommitInfo, commit_to_json_lines, parse_commit
+from deltacoord.schemas.actions import (
+    Action,
+    CommitInfo,
+    commit_to_json_lines,
+    iter_json_lines,
+    parse_commit,
+    parse_commit_pieces,
+)
 from deltacoord.schemas.messages import StagedActions
 
 #: The directory of staged commits, as Delta's catalog-managed tables name it.
@@ -32,6 +39,8 @@ DECIDED: Literal["d"] = "d"
 INLINE_MAX_BYTES = 256 * 1024
 #: A committed decision with more actions than this is recorded by reference (its commit staged).
 DECISION_INLINE_MAX_ACTIONS = 2_000
+#: Bytes of a staged file read at a time: it is hashed and parsed as it is read, never held whole.
+READ_PIECE_BYTES = 1 << 20
 
 
 class StagedCommitError(ValueError):
@@ -97,6 +106,79 @@ def parse_staged(data: bytes, ref: StagedActions, where: str) -> tuple[Action, .
     return actions
 
 
+class _Digesting:
+    """The pieces of a staged file as they are read, hashed and counted on the way: reading stops at the first
+    byte beyond the size the message names (such a file cannot be the one named)."""
+
+    def __init__(self, pieces: Iterable[bytes], ref: StagedActions, where: str) -> None:
+        self._pieces = iter(pieces)
+        self._ref, self._where = ref, where
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for piece in self._pieces:
+            self.size += len(piece)
+            if self.size > self._ref.size:
+                raise StagedCommitError(f"{self._where} holds more than the {self._ref.size} bytes the message names")
+            self._hash.update(piece)
+            yield piece
+
+    def check(self) -> None:
+        """Read what is left (hashing it), then raise StagedCommitError unless it was the file named."""
+        for _ in self:
+            pass
+        if self.size != self._ref.size:
+            raise StagedCommitError(f"{self._where} holds {self.size} bytes, not the {self._ref.size} the message names")
+        digest = self._hash.hexdigest()
+        if digest != self._ref.sha256:
+            raise StagedCommitError(f"{self._where} has SHA-256 {digest}, not {self._ref.sha256}: it was changed after "
+                                    "it was staged")
+
+
+def parse_staged_pieces(pieces: Iterable[bytes], ref: StagedActions, where: str) -> tuple[Action, ...]:
+    """`parse_staged` of a file read a piece at a time (`READ_PIECE_BYTES`), hashed while it is parsed: its bytes are
+    never held whole beside its actions. The digest is the first verdict: a file changed after it was staged is
+    refused as such, even when the change also broke its JSON."""
+    seen = _Digesting(pieces, ref, where)
+    actions: list[Action] = []
+    broken: ValueError | None = None
+    try:
+        actions.extend(parse_commit_pieces(seen))
+    except ValueError as e:  # ActionParseError, json.JSONDecodeError, UnicodeDecodeError
+        if isinstance(e, StagedCommitError):
+            raise
+        broken, actions = e, []
+    seen.check()
+    if broken is not None:
+        raise StagedCommitError(f"{where} is not Delta JSON actions: {broken}") from broken
+    if len(actions) != ref.count:
+        raise StagedCommitError(f"{where} holds {len(actions)} actions, not the {ref.count} the message names")
+    return tuple(actions)
+
+
+def staged_pieces(actions: Iterable[Action]) -> Iterator[bytes]:
+    """The staged file of `actions`, a piece at a time (`staged_bytes` joins them; `StagedDigest` names them)."""
+    return iter_json_lines(actions)
+
+
+class StagedDigest:
+    """The reference of a staged file written a piece at a time: feed it each piece as it is written."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self.count = 0
+        self.size = 0
+
+    def update(self, piece: bytes) -> None:
+        self._hash.update(piece)
+        self.size += len(piece)
+        self.count += piece.count(b"\n")
+
+    def ref(self) -> StagedActions:
+        return StagedActions(sha256=self._hash.hexdigest(), count=self.count, size=self.size)
+
+
 def decided_commit_info(actions: Sequence[Action]) -> tuple[Action, ...]:
     """What a decision by reference keeps inline: its commitInfo (the first action), for history and answers."""
     return tuple(a for a in actions[:1] if isinstance(a, CommitInfo))
@@ -106,15 +188,19 @@ __all__ = [
     "DECIDED",
     "DECISION_INLINE_MAX_ACTIONS",
     "INLINE_MAX_BYTES",
+    "READ_PIECE_BYTES",
     "STAGED_DIR",
     "WRITER",
     "StagedCommitError",
+    "StagedDigest",
     "check_staged",
     "decided_commit_info",
     "decided_key",
     "decided_version",
     "is_staged_key",
     "parse_staged",
+    "parse_staged_pieces",
     "staged_bytes",
+    "staged_pieces",
     "writer_key",
 ]

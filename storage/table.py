@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 import datetime
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from deltacoord.storage.backend import Backend, ObjectInfo, ObjectNotFoundError, ObjectWriter
@@ -138,6 +138,14 @@ class TableStorage:
         """A seekable file for the object; on an object store reads fetch only the ranges they ask for (one
         HEAD first)."""
         return self._backend.open_input(check_key(key))
+
+    def read_pieces(self, key: str, piece_bytes: int = 1 << 20) -> Iterator[bytes]:
+        """The object's bytes a piece at a time (an object store gets ranged GETs of 16 pieces): a large file is
+        never held whole. `ObjectNotFoundError` when there is none."""
+        size = piece_bytes if self.is_local else 16 * piece_bytes
+        with self.open_input(key) as f:
+            while piece := f.read(size):
+                yield piece
 
     def read_parquet_file(self, key: str, *, size: int | None = None, **options: Any) -> pq.ParquetFile:
         """A ParquetFile that reads row groups on demand (`options` as for `pyarrow.parquet.ParquetFile`).

@@ -59,12 +59,12 @@ from deltacoord.reader.log import (
     checkpoint_key,
     commit_file_name,
     commit_key,
-    iter_commit_actions,
     list_log,
     list_log_from_hint,
     log_segment,
     read_last_checkpoint,
     segment_from_last_checkpoint,
+    stream_commit_actions,
     table_storage,
 )
 from deltacoord.reader.snapshot import LogReplayState, Snapshot
@@ -403,7 +403,7 @@ class _CommitReplay:
         #: key string -> commit index << 32 | line number of the key's newest add/remove
         self.files: dict[str, int] = {}
         for i, path in enumerate(commits):
-            for lineno, a in iter_commit_actions(path.read_bytes(), source=str(path)):
+            for lineno, a in stream_commit_actions(path):
                 if isinstance(a, AddFile | RemoveFile):
                     self.files[key_string(*a.key())] = i << 32 | lineno
                 else:
@@ -413,7 +413,7 @@ class _CommitReplay:
         """The newest add or remove of each touched key, one commit file in memory at a time."""
         files = self.files
         for i, path in enumerate(self.commits):
-            for lineno, a in iter_commit_actions(path.read_bytes(), source=str(path)):
+            for lineno, a in stream_commit_actions(path):
                 if isinstance(a, AddFile | RemoveFile) and files.get(key_string(*a.key())) == i << 32 | lineno:
                     yield a
 

@@ -33,6 +33,7 @@ from typing import TypeAlias
 
 from deltacoord.reader.log import LOG_DIR_NAME, TableLocation, table_storage
 from deltacoord.schemas.errors import DeltaCoordError
+from deltacoord.schemas.staged import STAGED_DIR
 from deltacoord.storage.local import TMP_PREFIX
 from deltacoord.storage.table import AtomicPutUnsupportedError, StoredObject, TableStorage
 
@@ -151,7 +152,8 @@ def replace_file(target: Target, data: bytes, *, fsync: bool = True) -> None:
 
 
 def sweep_temp_files(location: TableLocation) -> int:
-    """Delete temp files a killed writer of a local `_delta_log` left behind; returns how many.
+    """Delete temp files a killed writer of a local `_delta_log` (or of its staged commits, written a piece at a
+    time) left behind; returns how many.
 
     Only names `temp_path` and the storage edge create are touched. A zombie
     publisher whose temp file disappears just retries with a new one. Object
@@ -160,17 +162,17 @@ def sweep_temp_files(location: TableLocation) -> int:
     storage = table_storage(location)
     if not storage.is_local:
         return 0
-    d = storage.local_path(LOG_DIR_NAME)
     removed = 0
-    try:
-        names = os.listdir(d)
-    except (FileNotFoundError, NotADirectoryError):
-        return 0
-    for name in names:
-        if _TEMP_NAME.match(name) or name.startswith(TMP_PREFIX):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(d, name))
-                removed += 1
+    for d in (storage.local_path(LOG_DIR_NAME), storage.local_path(STAGED_DIR.rstrip("/"))):
+        try:
+            names = os.listdir(d)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in names:
+            if _TEMP_NAME.match(name) or name.startswith(TMP_PREFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(d, name))
+                    removed += 1
     return removed
 
 

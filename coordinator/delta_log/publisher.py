@@ -35,15 +35,22 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from deltacoord.coordinator.delta_log.files import HardLinksRefusedError, Put, put_if_absent, put_many_if_absent
+from deltacoord.coordinator.delta_log.files import (
+    HardLinksRefusedError,
+    Put,
+    put_if_absent,
+    put_many_if_absent,
+    temp_file_for,
+)
 from deltacoord.coordinator.faults import fault_armed, fault_point
 from deltacoord.coordinator.locations import TableLocationError, TableLocations
 from deltacoord.coordinator.metrics import TableGauges
 from deltacoord.coordinator.stable_wait import StableCheck, StableWait
 from deltacoord.reader.log import commit_key
-from deltacoord.reader.staged_commits import sweep_decided
+from deltacoord.reader.staged_commits import copy_decided, is_published_as, sweep_decided
 from deltacoord.schemas.actions import Action, commit_to_json_lines
 from deltacoord.schemas.messages import StagedActions
+from deltacoord.schemas.staged import StagedCommitError, decided_key
 from deltacoord.storage.table import StorageConfigError, StorageError, StoredObject, TableStorage
 
 log = logging.getLogger(__name__)
@@ -72,9 +79,16 @@ class PublishTask:
     def __post_init__(self) -> None:
         if self.staged is not None and self.data is not None and len(self.data) != self.staged[1].size:
             raise ValueError(f"{self.table_id} v{self.version}: the bytes to publish are not the staged commit")
-        if self.staged is not None and len(self.actions) != self.staged[1].count:
+        if self.staged is not None and self.data is not None and len(self.actions) != self.staged[1].count:
             raise ValueError(f"{self.table_id} v{self.version}: a decision recorded by reference must be resolved "
                              f"before it is published ({len(self.actions)} of {self.staged[1].count} actions)")
+
+    @property
+    def from_staged_file(self) -> bool:
+        """Published from the coordinator's staged commit, copied a piece at a time: the task holds neither its
+        bytes nor its file actions (`actions` keeps the few others, for the hooks), so a commit of a million
+        files waiting to be published holds no memory for them."""
+        return self.staged is not None and self.data is None
 
 
 @dataclass
@@ -430,7 +444,7 @@ class Publisher:
         for one version, an armed fault (it counts passes one version at a time), a location that cannot be
         opened (the first put halts the table, the rest are reported unpublished) or an object store (one
         conditional PUT per version)."""
-        if len(todo) < 2 or fault_armed("publish"):
+        if len(todo) < 2 or fault_armed("publish") or any(t.from_staged_file for t in todo):
             return None
         try:
             storage = self.locations.storage(todo[0].table_uri)
@@ -490,7 +504,7 @@ class Publisher:
                 return
         if fault_point("publish"):
             raise RuntimeError(f"injected fault: the publisher dies before publishing {task.table_id} v{task.version}")
-        data = task.data if task.data is not None else commit_to_json_lines(task.actions)
+        data = None if task.from_staged_file else task.data if task.data is not None else commit_to_json_lines(task.actions)
         try:
             storage = self.locations.storage(task.table_uri)
         except (TableLocationError, StorageConfigError) as e:
@@ -503,9 +517,12 @@ class Publisher:
         self._trying(task)
         while True:
             try:
-                outcome = put_if_absent(path, data, fsync=self.fsync)
+                outcome = put_if_absent(path, data, fsync=self.fsync) if data is not None else self._put_staged(task, path)
                 break
             except HardLinksRefusedError as e:
+                self._halt(task, f"{e}. The table is halted; nothing was written.")
+                return
+            except StagedCommitError as e:
                 self._halt(task, f"{e}. The table is halted; nothing was written.")
                 return
             except (OSError, StorageError) as e:
@@ -516,11 +533,28 @@ class Publisher:
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
         if outcome is Put.DIFFERENT:
+            size = len(data) if data is not None else task.staged[1].size if task.staged is not None else 0
             self._halt(task, (
-                f"{path} already exists with different content (expected {len(data)} bytes): something wrote to this "
+                f"{path} already exists with different content (expected {size} bytes): something wrote to this "
                 "table around the coordinator. The table is halted; nothing was overwritten."))
             return
         self._published(task, outcome)
+
+    def _put_staged(self, task: PublishTask, path: StoredObject) -> Put:
+        """`put_if_absent` of a version from its staged commit, copied a piece at a time into a temp file (its digest
+        checked on the way). A staged commit already swept was published before: the version then holds it."""
+        assert task.staged is not None
+        proposal_id, ref = task.staged
+        tmp = temp_file_for(path)
+        if copy_decided(path.storage, proposal_id, task.version, ref, tmp):
+            return put_if_absent(path, tmp, fsync=self.fsync)
+        if is_published_as(path.storage, task.version, ref):
+            return Put.IDENTICAL
+        if path.storage.exists(path.key):
+            return Put.DIFFERENT
+        raise StagedCommitError(
+            f"the staged commit of version {task.version} of {task.table_uri} ({decided_key(proposal_id, task.version, ref)}) "
+            "is gone and the version was never published: its actions are lost from the store (deleted by hand?)")
 
     def _published(self, task: PublishTask, outcome: Put) -> None:
         if outcome is Put.IDENTICAL:

@@ -119,7 +119,7 @@ from deltacoord.reader.staged_commits import (
     on_the_wire,
     stage_decision,
 )
-from deltacoord.schemas.actions import AddCDCFile, AddFile, CommitInfo
+from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, RemoveFile
 from deltacoord.schemas.codec import decode_proposal, encode_decision
 from deltacoord.schemas.errors import DecodeError, InvalidProposalError
 from deltacoord.schemas.messages import TRANSACTION_KEY, Decision, MultiTable, Proposal
@@ -168,6 +168,11 @@ FULL, HEADERS_ONLY, REJECTION_ONLY = 0, 1, 2
 MAX_ECHOED_ID_CHARS = 1024
 #: How long a release waits for the publisher to publish every ratified version of the table.
 RELEASE_PUBLISH_WAIT_S = 30.0
+
+
+def _not_files(actions: Sequence[Action]) -> tuple[Action, ...]:
+    """A commit's actions less its file actions: what a publication hook reads of a commit published from its file."""
+    return tuple(a for a in actions if not isinstance(a, (AddFile, RemoveFile, AddCDCFile)))
 
 
 class ProducerStuckError(RuntimeError):
@@ -419,8 +424,6 @@ class PartitionCoordinator:
         self.snapshots_written = 0
         #: Halt and resume records not yet on the commits topic: (table id, kind, record).
         self._controls: list[tuple[str, str, Decision]] = []
-        #: The staged bytes of the batch's decisions by reference, by proposal id: published as they are.
-        self._staged_bytes: dict[tuple[str, str], bytes] = {}
         self.producer: Producer | None = None
         self._label = str(partition)
         self._tp = TopicPartition(settings.topics.proposals, partition)
@@ -984,9 +987,10 @@ class PartitionCoordinator:
             if new_version:
                 assert d.version is not None
                 per_table[d.table_uri] = per_table.get(d.table_uri, 0) + 1
-                tasks.append(PublishTask(d.table_id, d.table_uri, d.version, d.actions, stable_at,
-                                         staged=(d.proposal_id, d.staged) if d.staged is not None else None,
-                                         data=self._staged_bytes.pop((d.table_id, d.proposal_id), None)))
+                # A commit by reference is published from its staged file: the task holds none of its file actions.
+                tasks.append(PublishTask(d.table_id, d.table_uri, d.version,
+                                         d.actions if d.staged is None else _not_files(d.actions), stable_at,
+                                         staged=(d.proposal_id, d.staged) if d.staged is not None else None))
             elif coalesced:
                 self.metrics.coalesced.inc()
             elif d.committed:
@@ -1007,7 +1011,6 @@ class PartitionCoordinator:
         if resumed:
             self._resume(resumed)
             return False
-        self._staged_bytes.clear()
         self.maybe_snapshot()
         return True
 
@@ -1018,15 +1021,13 @@ class PartitionCoordinator:
         that came by reference, and any with more actions than a message should hold. Tables whose store did not
         take the file are returned with why (their batch is decided again without them: nothing is ratified)."""
         by_ref = {(x.proposal.table_id, x.proposal.proposal_id) for x in proposals if x.proposal.staged is not None}
-        self._staged_bytes.clear()
         out: list[Decision] = []
         cannot: dict[str, str] = {}
         for d in decided:
             if (d.holds_version and d.staged is None
                     and ((d.table_id, d.proposal_id) in by_ref or len(d.actions) > DECISION_INLINE_MAX_ACTIONS)):
                 try:
-                    d, self._staged_bytes[(d.table_id, d.proposal_id)] = stage_decision(
-                        self.publisher.locations.storage(d.table_uri), d)
+                    d = stage_decision(self.publisher.locations.storage(d.table_uri), d)
                 except (TableLocationError, StorageError, OSError) as e:
                     cannot[d.table_id] = (f"the table's store did not take the staged commit of version {d.version} "
                                           f"({e}); nothing was decided, retry")

@@ -438,7 +438,6 @@ class TableState:
         prior_metadata = self.metadata
         commit_info: CommitInfo | None = None
         adds: list[AddFile] = []
-        removed: set[str] = set()
         removes: list[RemoveFile] = []
         metadata: Metadata | None = None
         protocol: Protocol | None = None
@@ -452,7 +451,6 @@ class TableState:
                 dv = a.deletion_vector
                 live.add(key_hash(a.path, dv.unique_id() if dv is not None else None))
             elif isinstance(a, RemoveFile):
-                removed.add(a.path)
                 removes.append(a)
                 n_files += 1
                 dv = a.deletion_vector
@@ -474,6 +472,8 @@ class TableState:
                     self.domains[a.domain] = a
             elif isinstance(a, AddCDCFile):
                 n_files += 1
+        # Built once from the removes (no set beside the frozenset: two hash tables of a million paths otherwise).
+        removed = frozenset(r.path for r in removes) if removes else _EMPTY
         if protocol is not None:
             self.protocol = protocol
         if metadata is not None:
@@ -525,7 +525,7 @@ class TableState:
         winner = WinningCommit(
             version=version,
             commit_info=commit_info,
-            removed_paths=frozenset(removed) if removed else _EMPTY,
+            removed_paths=removed,
             metadata=metadata,
             protocol=protocol,
             app_ids=frozenset(app_ids) if app_ids else _EMPTY,

@@ -358,3 +358,44 @@ def test_publication_on_each_store_never_replaces_a_version(object_store_bucket:
         p.stop()
     assert TableStorage(around, bucket.storage_options).get(commit_key(0)) == b"written around the coordinator\n"
     assert TableStorage(again, bucket.storage_options).get(commit_key(1)) == commit_to_json_lines(write)
+
+
+def test_a_commit_by_reference_streams_through_every_store(any_table_place: TablePlace,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A staged proposal is read in pieces (ranged reads on an object store) and hashed as it is parsed; the
+    decided commit is written to the store and `<v>.json` published as a checked copy of it."""
+    from deltacoord.coordinator.delta_log.publisher import Publisher, PublishTask
+    from deltacoord.reader import staged_commits
+    from deltacoord.reader.staged_commits import load_proposal, stage_decision
+    from deltacoord.schemas.actions import commit_to_json_lines
+    from deltacoord.schemas.messages import Decision, Outcome
+    from deltacoord.schemas.staged import STAGED_DIR, StagedCommitError, staged_bytes, writer_key
+
+    monkeypatch.setattr(staged_commits, "READ_PIECE_BYTES", 4096)  # many pieces (16 per ranged read on a store)
+    uri = any_table_place.uri("by-ref")
+    storage = TableStorage(uri, any_table_place.storage_options)
+    adds = tuple(AddFile(f"part-{i:05d}-ü.parquet", {}, 100 + i, 1_700_000_000_000, True, stats='{"numRecords":1}')
+                 for i in range(3_000))
+    data, ref = staged_bytes(adds)
+    assert ref.size > 16 * 4096 * 3, "several ranged reads"
+    p = Proposal("t", uri, "p-1", 0, "WRITE", True, (), CommitInfo({"txnId": "p-1"}), staged=ref)
+    storage.put(writer_key(p.proposal_id, ref), data)
+    assert load_proposal(storage, p).actions == adds
+    storage.put(writer_key(p.proposal_id, ref), data.replace(b"part-00007", b"part-00008"))
+    with pytest.raises(StagedCommitError, match="SHA-256"):
+        load_proposal(storage, p)
+
+    commit = (CommitInfo({"operation": "WRITE", "txnId": "p-1"}), *adds)
+    decided = stage_decision(storage, Decision("t", uri, "p-1", Outcome.COMMITTED, version=1, actions=commit))
+    assert decided.staged is not None
+    settings = CoordinatorSettings(bootstrap_servers="unused:9092", **any_table_place.coordinator_settings)
+    publisher = Publisher(fsync=False, lanes=1, locations=settings.locations())
+    publisher.start()
+    try:
+        publisher.submit(PublishTask("t", uri, 1, commit[:1], staged=("p-1", decided.staged)))
+        assert publisher.wait_idle(60)
+    finally:
+        publisher.stop()
+    assert publisher.halted("t") is None
+    assert storage.get("_delta_log/00000000000000000001.json") == commit_to_json_lines(commit)
+    assert [i.key for i in storage.list(STAGED_DIR) if "/d-" in i.key] == [], "the decided file is swept"

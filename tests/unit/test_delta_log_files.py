@@ -19,7 +19,9 @@ from deltacoord.coordinator.delta_log.files import (
 from deltacoord.coordinator.delta_log.publisher import Publisher, PublishTask
 from deltacoord.reader.log import commit_path, log_file_names
 from deltacoord.schemas.actions import CommitInfo, Protocol, commit_to_json_lines
+from deltacoord.schemas.staged import STAGED_DIR
 from deltacoord.storage import local as storage_local
+from deltacoord.storage.table import TableStorage
 
 
 def test_put_if_absent_never_overwrites(tmp_path: Path) -> None:
@@ -40,8 +42,12 @@ def test_sweep_removes_only_temp_files(tmp_path: Path) -> None:
     put_if_absent(path, b"x\n")
     temp_path(path).write_bytes(b"left by a killed publisher")
     (path.parent / ".not-ours.tmp").write_bytes(b"")
-    assert sweep_temp_files(str(tmp_path)) == 1
+    staged = TableStorage(str(tmp_path)).temp_for(f"{STAGED_DIR}staging.json")  # a staged commit being written
+    Path(staged).write_bytes(b"left by a killed coordinator")
+    (tmp_path / STAGED_DIR / "w-1.json").write_bytes(b"")
+    assert sweep_temp_files(str(tmp_path)) == 2
     assert log_file_names(tmp_path) == [".not-ours.tmp", "00000000000000000003.json"]
+    assert sorted(p.name for p in (tmp_path / STAGED_DIR).iterdir()) == ["w-1.json"]
 
 
 @pytest.fixture

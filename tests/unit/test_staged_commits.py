@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from fastavro.schema import parse_schema
 
+from deltacoord.coordinator.delta_log.publisher import Publisher, PublishTask
 from deltacoord.reader.staged_commits import (
     StagedCommitTooLargeError,
+    copy_decided,
+    is_published_as,
     load_proposal,
     on_the_wire,
     resolve_decision,
@@ -29,6 +32,7 @@ from deltacoord.schemas.staged import (
     decided_version,
     is_staged_key,
     parse_staged,
+    parse_staged_pieces,
     staged_bytes,
     writer_key,
 )
@@ -59,12 +63,57 @@ def test_actions_survive_the_staged_file_exactly() -> None:
     assert commit_to_json_lines(parse_commit(data)) == data, "re-serialised byte for byte (recovery republishes it)"
 
 
-@pytest.mark.parametrize("change", ["byte", "truncate", "append"])
+@pytest.mark.parametrize("change", ["byte", "truncate", "append", "json"])
 def test_an_altered_staged_file_is_refused(change: str) -> None:
     data, ref = staged_bytes(FULL_PROPOSAL.actions)
-    bad = {"byte": data.replace(b"date", b"datf", 1), "truncate": data[:-2], "append": data + b"{}\n"}[change]
+    bad = {"byte": data.replace(b"date", b"datf", 1), "truncate": data[:-2], "append": data + b"{}\n",
+           "json": data.replace(b"{", b"[", 1)}[change]
     with pytest.raises(StagedCommitError, match=r"SHA-256|bytes"):
         parse_staged(bad, ref, "f")
+    # Read a piece at a time, the digest is the verdict too, even where the change broke the JSON.
+    with pytest.raises(StagedCommitError, match=r"SHA-256|bytes"):
+        parse_staged_pieces((bad[i:i + 7] for i in range(0, len(bad), 7)), ref, "f")
+
+
+@pytest.mark.parametrize("piece", [1, 3, 64, 1 << 20])
+def test_a_staged_file_read_in_pieces_of_any_size_gives_its_actions(piece: int) -> None:
+    """Lines cut anywhere, a multi-byte character cut in two included, parse as the whole file does."""
+    actions = (*FULL_PROPOSAL.actions, dataclasses.replace(ACTIONS["add-minimal"], path="dåte=ü/ñ\u2028 x.parquet"))
+    data, ref = staged_bytes(actions)
+    assert parse_staged_pieces((data[i:i + piece] for i in range(0, len(data), piece)), ref, "f") == actions
+    broken = data.replace(b'{"add"', b'{"add" x', 1)
+    bad_ref = dataclasses.replace(ref, sha256=hashlib.sha256(broken).hexdigest(), size=len(broken))
+    with pytest.raises(StagedCommitError, match="not Delta JSON actions"):
+        parse_staged_pieces((broken[i:i + piece] for i in range(0, len(broken), piece)), bad_ref, "f")
+    with pytest.raises(StagedCommitError, match="holds 2 actions, not the 3"):
+        short, _ = staged_bytes(actions[:2])
+        parse_staged_pieces([short], dataclasses.replace(ref, sha256=hashlib.sha256(short).hexdigest(), size=len(short),
+                                                         count=3), "f")
+
+
+def test_a_decided_commit_is_copied_for_publication_only_when_it_is_the_one_ratified(tmp_path: Path) -> None:
+    storage = TableStorage(str(tmp_path))
+    staged = stage_decision(storage, COMMITTED)
+    assert staged.staged is not None and COMMITTED.version is not None
+    key = decided_key(COMMITTED.proposal_id, COMMITTED.version, staged.staged)
+    dest = tmp_path / "copy.json"
+    assert copy_decided(storage, COMMITTED.proposal_id, COMMITTED.version, staged.staged, dest)
+    assert dest.read_bytes() == commit_to_json_lines(COMMITTED.actions)
+    assert not is_published_as(storage, COMMITTED.version, staged.staged)
+    storage.put(f"_delta_log/{COMMITTED.version:020d}.json", dest.read_bytes())
+    assert is_published_as(storage, COMMITTED.version, staged.staged)
+    dest.unlink()
+    storage.put(key, storage.get(key).replace(b"commitInfo", b"commitInfx"))
+    with pytest.raises(StagedCommitError, match="changed after staging"):
+        copy_decided(storage, COMMITTED.proposal_id, COMMITTED.version, staged.staged, dest)
+    assert not dest.exists(), "nothing half copied is left"
+    # Staging again replaces the altered content (the name holds the digest: it was never ratified as that).
+    assert stage_decision(storage, COMMITTED).staged == staged.staged
+    assert copy_decided(storage, COMMITTED.proposal_id, COMMITTED.version, staged.staged, dest)
+    storage.delete(key)
+    dest.unlink()
+    assert not copy_decided(storage, COMMITTED.proposal_id, COMMITTED.version, staged.staged, dest), "swept: gone"
+    assert not dest.exists()
 
 
 def test_a_proposal_by_reference_is_small_on_the_wire_and_loads_whole(tmp_path: Path) -> None:
@@ -88,7 +137,9 @@ def test_a_proposal_by_reference_is_small_on_the_wire_and_loads_whole(tmp_path: 
 
 def test_a_decision_by_reference_resolves_from_the_staged_file_then_from_the_version(tmp_path: Path) -> None:
     storage = TableStorage(str(tmp_path))
-    staged, data = stage_decision(storage, COMMITTED)
+    staged = stage_decision(storage, COMMITTED)
+    assert staged.staged is not None and COMMITTED.version is not None
+    data = storage.get(decided_key(COMMITTED.proposal_id, COMMITTED.version, staged.staged))
     assert data == commit_to_json_lines(COMMITTED.actions)
     assert staged.actions == COMMITTED.actions and staged.staged is not None
     wire = decode_decision(encode_decision(on_the_wire(staged)))
@@ -97,7 +148,7 @@ def test_a_decision_by_reference_resolves_from_the_staged_file_then_from_the_ver
     assert COMMITTED.version is not None
     storage.put(f"_delta_log/{COMMITTED.version:020d}.json", commit_to_json_lines(COMMITTED.actions))
     assert resolve_decision_bytes(storage, wire) == (staged, data)
-    other, _ = stage_decision(storage, dataclasses.replace(COMMITTED, version=COMMITTED.version + 1))
+    other = stage_decision(storage, dataclasses.replace(COMMITTED, version=COMMITTED.version + 1))
     assert sweep_decided(storage, COMMITTED.version) == 1, "the published version's staged commit goes, not the next"
     assert resolve_decision(storage, wire) == staged, "after publication: from the version, same digest"
     assert resolve_decision(storage, on_the_wire(other)) == other
@@ -151,3 +202,51 @@ def test_vacuum_deletes_only_old_writer_staged_actions(tmp_path: Path) -> None:
     assert not (tmp_path / old_w).exists()
     assert (tmp_path / new_w).exists(), "a proposal may be deciding now"
     assert (tmp_path / old_d).exists(), "version 1 is not published: it may hold a ratified version"
+
+
+def _publish(root: Path, *tasks: PublishTask) -> Publisher:
+    p = Publisher(fsync=False, lanes=1)
+    p.start()
+    for t in tasks:
+        p.submit(t)
+    assert p.wait_idle(30)
+    p.stop()
+    return p
+
+
+def _by_file(root: Path, staged: Decision) -> PublishTask:
+    assert staged.version is not None and staged.staged is not None
+    return PublishTask(staged.table_id, root.as_uri(), staged.version, staged.actions[:1],
+                       staged=(staged.proposal_id, staged.staged))
+
+
+def test_a_commit_by_reference_is_published_from_its_staged_file(tmp_path: Path) -> None:
+    """The publish task holds neither the commit's bytes nor its file actions: `<v>.json` is a checked copy of
+    the staged commit, the same bytes as a re-publication after a crash, and an altered staged file halts the
+    table instead of being published."""
+    root = tmp_path / "t"
+    storage = TableStorage(str(root))
+    staged = stage_decision(storage, COMMITTED)
+    assert staged.version is not None and staged.staged is not None
+    task = _by_file(root, staged)
+    assert task.from_staged_file and len(task.actions) == 1
+    p = _publish(root, task)
+    published = storage.get(f"_delta_log/{staged.version:020d}.json")
+    assert published == commit_to_json_lines(COMMITTED.actions) and p.published_version(staged.table_id) == staged.version
+    assert storage.list(STAGED_DIR) == [], "swept once published"
+    # Published again (a recovery) with its staged file swept: the version already holds it.
+    p = _publish(root, task)
+    assert p.halted(staged.table_id) is None and p.published_version(staged.table_id) == staged.version
+
+    other = tmp_path / "altered"
+    ostorage = TableStorage(str(other))
+    staged = stage_decision(ostorage, COMMITTED)
+    assert staged.version is not None and staged.staged is not None
+    key = decided_key(staged.proposal_id, staged.version, staged.staged)
+    ostorage.put(key, ostorage.get(key).replace(b"commitInfo", b"commitInfx"))
+    p = _publish(other, _by_file(other, staged))
+    assert "changed after staging" in (p.halted(staged.table_id) or "")
+    assert not ostorage.exists(f"_delta_log/{staged.version:020d}.json")
+    ostorage.delete(key)
+    p = _publish(other, _by_file(other, staged))
+    assert "is gone and the version was never published" in (p.halted(staged.table_id) or "")
