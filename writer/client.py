@@ -10,7 +10,8 @@ leases reply partitions through a consumer group on the replies topic
 a writer fetches only its own answers and the broker's fetch work per commit
 does not grow with the number of writers. The group consumer only holds the
 lease (its partitions are paused); a second consumer, assigned by hand, reads.
-Until the first lease arrives (about a second after start), or when there are
+The lease starts `LEASE_AFTER_S` after the client (a process that ends sooner never
+joins the group). Until the first lease arrives, or when there are
 more writer processes than reply partitions, a writer uses a shared partition
 and skips other writers' answers by the proposal-id header.
 
@@ -503,15 +504,14 @@ class CoordinatorClient:
         self._making_replies = threading.Lock()
         self._closed = False
         self._warmed = threading.Event()
-        # Start leasing a reply partition now, in the background: the lease takes about a second,
-        # usually less than preparing the first commit.
+        # Ask what a first commit needs now, in the background (`_lease_early`).
         threading.Thread(target=self._lease_early, name="deltacoord-reply-start", daemon=True).start()
 
     def _lease_early(self) -> None:
         # What a first commit asks Kafka, asked now and side by side (each is mostly a wait on the broker, and a
         # fresh process's first commit would otherwise wait for their sum): whether a broker answers at all, the
-        # proposals topic's partitions, whether live coordinators hold them, and the reply partitions (three
-        # Kafka clients and a lease). `_warmed` (which the first commit waits for rather than asking again) is
+        # proposals topic's partitions, whether live coordinators hold them, and the reply partitions (their
+        # reader; the lease follows later, `ReplyPartitions`). `_warmed` (which the first commit waits for rather than asking again) is
         # set once the partitions and the coordinator question are answered, or as soon as the probe finds no
         # broker answering. No broker or topics yet: asked again (and reported) by the first proposal.
         checked = threading.Event()
