@@ -10,7 +10,8 @@ leases reply partitions through a consumer group on the replies topic
 a writer fetches only its own answers and the broker's fetch work per commit
 does not grow with the number of writers. The group consumer only holds the
 lease (its partitions are paused); a second consumer, assigned by hand, reads.
-Until the first lease arrives (about a second after start), or when there are
+The lease starts `LEASE_AFTER_S` after the client (a process that ends sooner never
+joins the group). Until the first lease arrives, or when there are
 more writer processes than reply partitions, a writer uses a shared partition
 and skips other writers' answers by the proposal-id header.
 
@@ -42,7 +43,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from deltacoord.reader.ratified import RatifiedSource
 from deltacoord.schemas import client_settings, kafka_logs
 from deltacoord.schemas.codec import decode_decision, encode_proposal
-from deltacoord.schemas.commits_topic import PartitionScan, ScanIncompleteError, Watermarks, read_committed
+from deltacoord.schemas.commits_topic import PartitionScan, ScanIncompleteError, Watermarks, read_committed, watermarks
 from deltacoord.schemas.errors import (
     CommitOutcomeUnknownError,
     EncodeError,
@@ -85,6 +86,9 @@ LIVE_AFTER_S = 0.5
 #: How long a new client's partition count may go unanswered before a probe asks whether any broker answers
 #: (an unreachable broker is reported in seconds, not after the count's metadata timeout).
 PROBE_AFTER_S = 0.5
+#: How long after a client's start its reply partitions' lease starts (`ReplyPartitions`): a short-lived
+#: process (a CLI write, a cron job) commits on the shared partition and never joins the writers' group.
+LEASE_AFTER_S = 1.0
 #: The writer's clients' `reconnect.backoff.ms` unless given (librdkafka's default is 100). A new client drops
 #: its bootstrap connection once it learns the brokers, and a request sent on it meanwhile fails over to a new
 #: connection only after `reconnect.backoff.ms / 2` (at least 11 ms): 50 ms of a fresh process's first commit,
@@ -167,20 +171,29 @@ def partition_count(client: Producer | Consumer, topic: str, servers: str, timeo
 
 
 class ReplyPartitions(Routing):
-    """This process's reply partitions: the lease (group consumer, paused) and the reader (manual assignment)."""
+    """This process's reply partitions: the lease (group consumer, paused) and the reader (manual assignment).
 
-    def __init__(self, conf: dict[str, Any], topic: str, group_id: str, num_partitions: int) -> None:
+    A fresh process's first commits run on the reader alone: it counts the topic's partitions and asks the
+    shared partition's end before its thread polls it (a consumer nothing polls answers at once), so the first
+    proposal waits for one client's connection, not three. The lease and its watermark client start
+    `lease_after_s` later (or at once when `wait_leased` is asked): a process that ends sooner never joins the
+    writers' group, whose other members would otherwise give up partitions to it and take them back.
+    """
+
+    def __init__(self, conf: dict[str, Any], topic: str, group_id: str, num_partitions: int | None = None, *,
+                 lease_after_s: float = 0.0, count_timeout_s: float = 30.0) -> None:
         super().__init__()
         self.topic = topic
-        self.num_partitions = num_partitions
+        self._group_id = group_id
         self._leased: set[int] = set()
         self._reading: set[int] = set()
         self._to_assign: list[TopicPartition] = []  # applied by the reading thread (`_assign_new`)
         self._assigned_at: dict[int, float] = {}  # when the reading thread assigned each partition
         self._live: set[int] = set()  # partitions whose end the reader reached: an answer there is read at once
-        self._shared = random.randrange(num_partitions)
         self._lease_seen = threading.Event()
         self._lease_moved = threading.Event()  # the reading thread releases idle partitions at once
+        self._lease_now = threading.Event()  # start the lease before `lease_after_s` (`wait_leased`, `close`)
+        self._lease_after_s = lease_after_s
         self._stop = threading.Event()
         self._rx: dict[str, int] = {}
         self._stats_lock = threading.Lock()
@@ -197,30 +210,48 @@ class ReplyPartitions(Routing):
         })
         # Statistics (the bench's fetch bytes) only from the reader: building librdkafka's statistics costs
         # CPU in every client that has them, and the lease fetches nothing.
-        quiet = {k: v for k, v in conf.items() if k != "statistics.interval.ms"}
+        self._quiet = {k: v for k, v in conf.items() if k != "statistics.interval.ms"}
         # End offsets are asked of a consumer no thread polls: librdkafka answers a watermark query on a
         # consumer another thread is polling late (about 1 s for a writer's first commit, minutes under load).
-        self._offsets = Watermarks(read_committed(quiet, f"deltacoord-writer-offsets-{uuid.uuid4().hex[:12]}"))
-        self._lease = Consumer({
-            **quiet,
-            "group.id": group_id,
-            "group.protocol": "consumer",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "latest",
-        })
-        # The reader learns the topic's leaders now: a partition assigned before its leader is known waits
-        # for librdkafka's next periodic metadata refresh (up to a second) before its first fetch.
-        with contextlib.suppress(KafkaException):
-            self._reader.list_topics(topic, timeout=10)
-            with self._lock:
-                self._start_reading(self._shared, timeout_s=10.0)  # until this writer leases a partition
-        self._lease.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        # Made with the lease (`_watermarks`); until the reader's thread starts, the reader answers them.
+        self._offsets: Watermarks | None = None
+        self._offsets_lock = threading.Lock()
+        self._lease: Consumer | None = None
+        try:
+            if num_partitions is None:
+                # The count's metadata request also teaches the reader the topic's leaders (below).
+                num_partitions = partition_count(self._reader, topic, str(conf["bootstrap.servers"]),
+                                                 count_timeout_s, conf)
+            else:
+                # The reader learns the topic's leaders now: a partition assigned before its leader is known
+                # waits for librdkafka's next periodic metadata refresh (up to a second) before its first fetch.
+                with contextlib.suppress(KafkaException):
+                    self._reader.list_topics(topic, timeout=10)
+        except BaseException:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                self._reader.close()
+            raise
+        self.num_partitions = num_partitions
+        self._shared = random.randrange(num_partitions)
+        with contextlib.suppress(KafkaException):  # else asked again (of the watermark client) by `expect`
+            _low, high = watermarks(self._reader, TopicPartition(topic, self._shared), 10.0)
+            with self._lock:  # until this writer leases a partition
+                self._to_assign.append(TopicPartition(topic, self._shared, high))
+                self._reading.add(self._shared)
         self._threads = [
-            threading.Thread(target=self._hold_lease, name="deltacoord-reply-lease", daemon=True),
             threading.Thread(target=self._read, name="deltacoord-replies", daemon=True),
+            threading.Thread(target=self._hold_lease, name="deltacoord-reply-lease", daemon=True),
         ]
         for t in self._threads:
             t.start()
+
+    def _watermarks(self) -> Watermarks:
+        """The watermark client (made on first use)."""
+        with self._offsets_lock:
+            if self._offsets is None:
+                self._offsets = Watermarks(read_committed(
+                    self._quiet, f"deltacoord-writer-offsets-{uuid.uuid4().hex[:12]}"))
+            return self._offsets
 
     def _on_stats(self, raw: str) -> None:
         # Runs inside a consumer's poll: never under `_lock`, which `expect` holds across broker calls.
@@ -239,27 +270,62 @@ class ReplyPartitions(Routing):
         consumer.pause(partitions)  # the lease consumer holds partitions; the reader fetches
         with self._lock:
             self._leased.update(tp.partition for tp in partitions)
-            self._follow_lease()
-        if self._leased:
+        self._follow_lease()
+        if self.leased():
             self._lease_seen.set()
         self._lease_moved.set()  # the shared partition, or a lower one, is no longer current
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         with self._lock:
             self._leased.difference_update(tp.partition for tp in partitions)
-            self._follow_lease()
+        self._follow_lease()
         self._lease_moved.set()  # stop reading what is no longer leased before another writer's answers arrive
 
     def _follow_lease(self) -> None:
-        """Read the partition the next proposals will name before they are sent (the caller holds `_lock`)."""
-        if self._leased:
-            with contextlib.suppress(KafkaException):
-                self._start_reading(min(self._leased), timeout_s=5.0)
+        """Read the partition the next proposals will name before they name it. Its end is asked outside `_lock`
+        (a broker round trip during which answers are routed); until it is read, `_current` names the shared
+        partition, or `expect` asks for it itself."""
+        with self._lock:
+            target = min(self._leased) if self._leased else None
+            if target is None or target in self._reading:
+                return
+        with contextlib.suppress(KafkaException):
+            _low, high = self._watermarks().offsets(TopicPartition(self.topic, target), 5.0)
+            with self._lock:
+                if target not in self._reading:  # `expect` may have started it meanwhile
+                    self._to_assign.append(TopicPartition(self.topic, target, high))
+                    self._reading.add(target)
+
+    def _join(self) -> Consumer | None:
+        """The lease consumer, subscribed to the replies topic, and the watermark client it needs (None: closed)."""
+        self._watermarks()
+        lease = Consumer({
+            **self._quiet,
+            "group.id": self._group_id,
+            "group.protocol": "consumer",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "latest",
+        })
+        lease.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        with self._lock:
+            if self._stop.is_set():
+                lease.close()
+                return None
+            self._lease = lease
+        return lease
 
     def _hold_lease(self) -> None:
-        while not self._stop.is_set():
+        self._lease_now.wait(self._lease_after_s)
+        if self._stop.is_set():
+            return
+        try:
+            lease = self._join()
+        except (KafkaException, RuntimeError) as e:
+            log.warning("cannot join the writers' group on %s (%s); sharing a reply partition", self.topic, e)
+            return
+        while lease is not None and not self._stop.is_set():
             try:
-                self._lease.poll(POLL_S)  # delivers no records (paused); runs the group protocol (and `close` waits for it)
+                lease.poll(POLL_S)  # delivers no records (paused); runs the group protocol (and `close` waits for it)
             except (KafkaException, RuntimeError):
                 time.sleep(0.2)
 
@@ -273,7 +339,8 @@ class ReplyPartitions(Routing):
             return frozenset(self._reading)
 
     def wait_leased(self, timeout_s: float) -> bool:
-        """True once this writer holds a reply partition of its own."""
+        """True once this writer holds a reply partition of its own (the lease starts now if it had not yet)."""
+        self._lease_now.set()
         return self._lease_seen.wait(timeout_s) and bool(self.leased())
 
     # -- routing ----------------------------------------------------------------------
@@ -305,7 +372,7 @@ class ReplyPartitions(Routing):
     def _start_reading(self, partition: int, timeout_s: float = 30.0) -> None:
         """Have the reading thread read `partition` from its current end (the caller holds `_lock`)."""
         if partition not in self._reading:
-            _low, high = self._offsets.offsets(TopicPartition(self.topic, partition), timeout_s)
+            _low, high = self._watermarks().offsets(TopicPartition(self.topic, partition), timeout_s)
             # Every answer to a proposal produced from now on lies at a later offset, so the reader may
             # start there whenever its thread gets to it.
             self._to_assign.append(TopicPartition(self.topic, partition, high))
@@ -378,12 +445,15 @@ class ReplyPartitions(Routing):
                 self.route(m)
 
     def close(self) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
+        self._lease_now.set()
         for t in self._threads:
             t.join(5)
         for c in (self._lease, self._reader, self._offsets):
-            with contextlib.suppress(KafkaException, RuntimeError):
-                c.close()
+            if c is not None:
+                with contextlib.suppress(KafkaException, RuntimeError):
+                    c.close()
 
 
 #: Delivery errors that mean the broker never wrote the proposal (not a timeout, whose message may
@@ -431,17 +501,17 @@ class CoordinatorClient:
         self._num_partitions: int | None = None
         self._reply_group = reply_group or f"deltacoord-writer-{self.topics.replies}"
         self._replies_: ReplyPartitions | RelayLink | None = None
+        self._making_replies = threading.Lock()
         self._closed = False
         self._warmed = threading.Event()
-        # Start leasing a reply partition now, in the background: the lease takes about a second,
-        # usually less than preparing the first commit.
+        # Ask what a first commit needs now, in the background (`_lease_early`).
         threading.Thread(target=self._lease_early, name="deltacoord-reply-start", daemon=True).start()
 
     def _lease_early(self) -> None:
         # What a first commit asks Kafka, asked now and side by side (each is mostly a wait on the broker, and a
         # fresh process's first commit would otherwise wait for their sum): whether a broker answers at all, the
-        # proposals topic's partitions, whether live coordinators hold them, and the reply partitions (three
-        # Kafka clients and a lease). `_warmed` (which the first commit waits for rather than asking again) is
+        # proposals topic's partitions, whether live coordinators hold them, and the reply partitions (their
+        # reader; the lease follows later, `ReplyPartitions`). `_warmed` (which the first commit waits for rather than asking again) is
         # set once the partitions and the coordinator question are answered, or as soon as the probe finds no
         # broker answering. No broker or topics yet: asked again (and reported) by the first proposal.
         checked = threading.Event()
@@ -462,6 +532,8 @@ class CoordinatorClient:
             finally:
                 counted.set()
                 answered.set()
+            with contextlib.suppress(Exception):
+                self._start_producer_id()
 
         def replies() -> None:
             with contextlib.suppress(Exception):
@@ -499,6 +571,18 @@ class CoordinatorClient:
         if self.relay:
             replies()
 
+    def _start_producer_id(self) -> None:
+        """Have the idempotent producer ask for its producer id now, not half a second or a second later.
+
+        librdkafka asks for it when a metadata answer arrives from a broker it stays connected to, else on a 500 ms
+        timer. A fresh producer's first answers often come on its bootstrap connection, which it drops once it
+        learns the brokers' ids, and (sparse connections) nothing connects it to a broker until that timer fires:
+        the first proposal then waited 0.5 s or 1 s (4 of 25 fresh processes on a loaded machine). One more
+        metadata request, sent after the first was answered, connects to a broker that stays, and its answer
+        starts the request (a round trip in the background when the id is already there)."""
+        assert self._producer is not None
+        self._producer.list_topics(self.topics.proposals, timeout=10)
+
     def _partition_count(self, topic: str, timeout_s: float = 30) -> int:
         assert self._producer is not None
         return partition_count(self._producer, topic, str(self._conf["bootstrap.servers"]), timeout_s, self._conf)
@@ -532,13 +616,21 @@ class CoordinatorClient:
         with self._lock:
             if self._replies_ is not None:
                 return self._replies_
-        n = self._partition_count(self.topics.replies, timeout_s)  # a broker round trip: not under the lock
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the coordinator client is closed")
-            if self._replies_ is None:
-                self._replies_ = ReplyPartitions(self._conf, self.topics.replies, self._reply_group, n)
-            return self._replies_
+        with self._making_replies:  # one at a time: a first commit waits for the one the start-up is making
+            with self._lock:
+                if self._replies_ is not None:
+                    return self._replies_
+                if self._closed:
+                    raise RuntimeError("the coordinator client is closed")
+            # Broker round trips: not under `_lock`, which `close` and `forget` take.
+            made = ReplyPartitions(self._conf, self.topics.replies, self._reply_group, lease_after_s=LEASE_AFTER_S,
+                                   count_timeout_s=timeout_s)
+            with self._lock:
+                if not self._closed:
+                    self._replies_ = made
+                    return made
+            made.close()
+            raise RuntimeError("the coordinator client is closed")
 
     @property
     def reply_counts(self) -> ReplyCounts:

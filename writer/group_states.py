@@ -15,6 +15,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
+# Imported with the module, not on the first question: a fresh writer asks it on a start-up thread while its
+# first commit reads the table's log, and an import there holds the interpreter lock (about 8 ms) meanwhile.
+from confluent_kafka import ConsumerGroupState, KafkaException
+from confluent_kafka.admin import AdminClient
+
 #: Seconds the answer may take beyond the request's own timeout before it is given up.
 MARGIN_S = 2.0
 
@@ -34,9 +39,6 @@ class GroupListing:
 
 def groups_in_states(conf: dict[str, Any], states: list[str], timeout_s: float) -> GroupListing:
     """{group id: state name} of the cluster's consumer groups in one of `states` (ConsumerGroupState names)."""
-    from confluent_kafka import ConsumerGroupState, KafkaException
-    from confluent_kafka.admin import AdminClient
-
     admin = AdminClient(conf)  # one per question: an idle admin client would reconnect for ever
     try:
         future = admin.list_consumer_groups(states={ConsumerGroupState[s] for s in states},

@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from deltacoord.coordinator import faults
@@ -309,5 +310,36 @@ def test_a_fresh_writers_first_commits_are_answered_on_its_reply_partition(
         assert counts.records >= 4, f"only {counts.records} of 4 answers came as replies"
         assert counts.foreign == 0
         assert t.snapshot().version == 3
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("table_place", ["local"], indirect=True)
+def test_a_short_lived_writer_commits_without_joining_the_writers_group(
+        kafka_bootstrap: str, topics: Topics, table_place: TablePlace, coordinator: Coordinator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that ends before its lease would start (a CLI write) commits on the shared reply partition, every
+    answer a reply, and never becomes a member of the writers' group; asking for a lease starts it at once."""
+    monkeypatch.setattr("deltacoord.writer.client.LEASE_AFTER_S", 3600.0)  # the lease starts only when asked for
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    group = f"deltacoord-writer-{topics.replies}"
+
+    def members() -> int:
+        desc = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+        return len(desc.members or ())
+
+    t = Table(tmp_path / "t", kafka_bootstrap, topics=topics)
+    try:
+        t.create(SCHEMA)
+        for i in range(3):
+            assert t.append(_row(i)).version == i + 1
+        counts = t.client.reply_counts
+        assert counts.records - counts.foreign >= 4, f"only {counts.records - counts.foreign} of 4 answers came as replies"
+        assert t.client._replies().leased() == frozenset()
+        assert members() == 0
+        assert t.client.wait_leased(60)  # asked for: the lease starts now
+        assert members() == 1
+        assert t.append(_row(9)).version == 4
+        assert table_place.delta_table(str(tmp_path / "t")).version() == 4
     finally:
         t.close()
