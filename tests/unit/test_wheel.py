@@ -17,8 +17,6 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# The fresh virtualenv sees only what is installed in it: no checkout on the path.
-CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
@@ -41,12 +39,17 @@ def _build_wheel(tmp: Path) -> Path:
     src, out = tmp / "src", tmp / "wheels"
     _copy_tracked_files(src)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(src)], check=True, capture_output=True, timeout=300)
+                    str(src)], env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, check=True,
+                   capture_output=True, timeout=300)
     (wheel,) = out.glob("deltacoord-*.whl")
     return wheel
 
 
 def test_a_wheel_adds_one_import_name_and_a_users_writer_py_cannot_shadow_it(tmp_path: Path) -> None:
+    # Every child sees only what is installed where it runs: no checkout on its path. (The Spark tests put the
+    # repository on PYTHONPATH for their workers; pip then took the checkout's egg-info for an installed
+    # deltacoord and installed nothing into the fresh virtualenv.)
+    clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     wheel = _build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"deltacoord", f"deltacoord-{VERSION}.dist-info"}
@@ -56,12 +59,12 @@ def test_a_wheel_adds_one_import_name_and_a_users_writer_py_cannot_shadow_it(tmp
     assert "deltacoord/py.typed" in names
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env=clean_env, check=True, timeout=120)
     python = venv / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+                   env=clean_env, check=True, capture_output=True, timeout=300)
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               env=CLEAN_ENV, capture_output=True, text=True, check=True).stdout.strip())
+                               env=clean_env, capture_output=True, text=True, check=True).stdout.strip())
     added = {p.name for p in site.iterdir()} - {"__pycache__", "_virtualenv.py", "_virtualenv.pth"}
     assert added == {"deltacoord", f"deltacoord-{VERSION}.dist-info"}
     # The dependencies come from this test's environment, after the fresh venv's own site-packages.
@@ -75,9 +78,9 @@ def test_a_wheel_adds_one_import_name_and_a_users_writer_py_cannot_shadow_it(tmp
              "assert deltacoord.Table.__module__ == 'deltacoord.writer.table'\n"
              "assert codec.known_writer_schemas()\n"
              "print(deltacoord.__file__); print(c.__file__)")
-    ran = subprocess.run([str(python), "-c", probe], cwd=work, env=CLEAN_ENV, capture_output=True, text=True, timeout=120)
+    ran = subprocess.run([str(python), "-c", probe], cwd=work, env=clean_env, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert all(line.startswith(str(site)) for line in ran.stdout.split()), ran.stdout
-    cli = subprocess.run([str(venv / "bin" / "deltacoord"), "--help"], cwd=work, env=CLEAN_ENV, capture_output=True,
+    cli = subprocess.run([str(venv / "bin" / "deltacoord"), "--help"], cwd=work, env=clean_env, capture_output=True,
                          text=True, timeout=120)
     assert cli.returncode == 0 and "coordinator" in cli.stdout, cli.stderr
