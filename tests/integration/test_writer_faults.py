@@ -41,7 +41,9 @@ from deltacoord import CommitOutcomeUnknownError, ProposalNotSentError, Table
 
 path, bootstrap, prefix, w, stop_file, relay = sys.argv[1:7]
 acked, unknown, not_sent, wrong_id, other = [], 0, 0, [], []
-with Table(path, bootstrap, topic_prefix=prefix, relay=relay or None) as t:
+# A call gives up after 10 s, well inside the 30 s outage: some calls must fail and be retried by their id
+# (with the default 60 s a call could wait the outage out, and the faults then never reached a writer).
+with Table(path, bootstrap, topic_prefix=prefix, relay=relay or None, decision_timeout_s=10) as t:
     i = 0
     while not os.path.exists(stop_file):
         row = int(w) * 1_000_000 + i
