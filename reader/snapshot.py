@@ -96,8 +96,6 @@ if TYPE_CHECKING:
 FileAction: TypeAlias = AddFile | RemoveFile
 TimestampLike: TypeAlias = dt.datetime | dt.date | int | float | str
 
-#: Reader features this reader honours when reading data (the one table of features says which).
-SUPPORTED_READER_FEATURES = READABLE
 
 
 class UnsupportedTableFeatureError(DeltaCoordError, NotImplementedError):
@@ -537,7 +535,7 @@ class Snapshot:
         if p.min_reader_version > 3:
             raise UnsupportedTableFeatureError(f"{self.table_uri}: reader version {p.min_reader_version} is not supported")
         if p.min_reader_version == 3:
-            missing = sorted(set(p.reader_features or ()) - SUPPORTED_READER_FEATURES)
+            missing = sorted(set(p.reader_features or ()) - READABLE)
             if missing:
                 raise UnsupportedTableFeatureError(f"{self.table_uri}: unsupported reader features {missing}")
 

@@ -89,8 +89,10 @@ class ObjectWriter(io.RawIOBase):
 class Backend(Protocol):
     """The operations of one table root's store; see `TableStorage` for what each one promises."""
 
-    #: The root directory on a local filesystem, None for an object store.
-    local_root: str | None
+    @property
+    def local_root(self) -> str | None:
+        """The root directory on a local filesystem, None for an object store."""
+        ...
 
     def get(self, key: str) -> bytes: ...
 

@@ -92,8 +92,11 @@ class LocalBackend:
 
     def __init__(self, root: str, *, fsync: bool = True) -> None:
         self.root = root
-        self.local_root: str | None = root
         self.fsync = fsync
+
+    @property
+    def local_root(self) -> str | None:
+        return self.root
 
     def path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))

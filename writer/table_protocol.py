@@ -21,8 +21,6 @@ from deltacoord.schemas.actions import Protocol
 from deltacoord.schemas.table_features import LEGACY_VERSIONS, READER_WRITER, writer_features
 from deltacoord.writer import column_mapping
 
-#: Features that readers must know too (they go in readerFeatures at reader version 3).
-READER_WRITER_FEATURES = READER_WRITER
 FEATURE_PREFIX = "delta.feature."
 MIN_READER_PROPERTY = "delta.minReaderVersion"
 MIN_WRITER_PROPERTY = "delta.minWriterVersion"
@@ -149,7 +147,7 @@ def new_table(schema_string: str, properties: Mapping[str, str], features: Seque
     have = list(writer_features(base)) if writer >= 7 else [f for f in LEGACY_VERSIONS if LEGACY_VERSIONS[f][1] <= writer]
     all_writer = list(dict.fromkeys([*have, *required]))
     readers = list(base.reader_features or ()) if reader >= 3 else (["columnMapping"] if reader == 2 else [])
-    readers = list(dict.fromkeys([*readers, *(f for f in all_writer if f in READER_WRITER_FEATURES)]))
+    readers = list(dict.fromkeys([*readers, *(f for f in all_writer if f in READER_WRITER)]))
     if readers:
         return NewTable(Protocol(3, 7, reader_features=tuple(readers), writer_features=tuple(all_writer)), config)
     return NewTable(Protocol(1, 7, writer_features=tuple(all_writer)), config)
@@ -175,5 +173,5 @@ def with_column_mapping(schema_string: str, configuration: Mapping[str, str]) ->
     return json.dumps(schema, separators=(",", ":")), config
 
 
-__all__ = ["LEGACY_VERSIONS", "READER_WRITER_FEATURES", "NewTable", "ProtocolRequestError", "new_table",
+__all__ = ["LEGACY_VERSIONS", "NewTable", "ProtocolRequestError", "new_table",
            "required_features", "with_column_mapping"]

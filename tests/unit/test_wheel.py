@@ -17,6 +17,13 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+def _without_checkout() -> dict[str, str]:
+    """This process's environment without PYTHONPATH: a child then sees only what is installed where it runs. (The
+    Spark tests put the repository on PYTHONPATH for their workers; pip then took the checkout's egg-info for an
+    installed deltacoord and installed nothing into the fresh virtualenv.)"""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
@@ -39,17 +46,14 @@ def _build_wheel(tmp: Path) -> Path:
     src, out = tmp / "src", tmp / "wheels"
     _copy_tracked_files(src)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(src)], env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, check=True,
+                    str(src)], env=_without_checkout(), check=True,
                    capture_output=True, timeout=300)
     (wheel,) = out.glob("deltacoord-*.whl")
     return wheel
 
 
 def test_a_wheel_adds_one_import_name_and_a_users_writer_py_cannot_shadow_it(tmp_path: Path) -> None:
-    # Every child sees only what is installed where it runs: no checkout on its path. (The Spark tests put the
-    # repository on PYTHONPATH for their workers; pip then took the checkout's egg-info for an installed
-    # deltacoord and installed nothing into the fresh virtualenv.)
-    clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    clean_env = _without_checkout()
     wheel = _build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"deltacoord", f"deltacoord-{VERSION}.dist-info"}
