@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, MutableMapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,57 @@ from deltacoord.tooling.broker import BrokerError, LocalBroker, LocalCluster
 from deltacoord.tooling.ports import port_free
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class LazyGroup(click.Group):
+    """A command group whose command families (`deltacoord.cli.tables`, `.topics`, ...) are imported when one of
+    their commands runs, is listed (help, a did-you-mean) or `commands` is read: `table append` then imports the
+    table commands' modules, not the topics', keys', relay's and ACLs' (a short-lived CLI write pays every import)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loaded: dict[str, click.Command] = {}
+        self._families: dict[str, Callable[[click.Group], None]] = {}  # command name -> its family's register
+        super().__init__(*args, **kwargs)
+
+    @property
+    def commands(self) -> MutableMapping[str, click.Command]:
+        """Every command, each family loaded."""
+        for register in list(dict.fromkeys(self._families.values())):
+            self._load(register)
+        return self._loaded
+
+    @commands.setter
+    def commands(self, value: MutableMapping[str, click.Command]) -> None:
+        self._loaded = dict(value)
+
+    def lazy(self, names: tuple[str, ...], register: Callable[[click.Group], None]) -> None:
+        """Commands `names` are added by `register(self)`, called when one of them is first needed."""
+        for name in names:
+            self._families[name] = register
+
+    def _load(self, register: Callable[[click.Group], None]) -> None:
+        names = [n for n, r in self._families.items() if r is register]
+        if not names:
+            return
+        for n in names:
+            del self._families[n]
+        register(self)
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        name = name or cmd.name
+        if name is None:
+            raise TypeError("Command has no name.")
+        self._loaded[name] = cmd
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        register = self._families.get(cmd_name)
+        if register is not None:
+            self._load(register)
+        return self._loaded.get(cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self._loaded, *self._families})
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="deltacoord", prog_name="deltacoord")
 def main() -> None:
     """deltacoord: a commit coordinator for Delta Lake tables built on Apache Kafka.
@@ -560,22 +611,49 @@ def storage_create_bucket(kind: str, name: str) -> None:
     click.echo(json.dumps({"kind": kind, "bucket": name, "created": True}))
 
 
-def _register_extensions() -> None:
-    from deltacoord.cli import acls as cli_acls
-    from deltacoord.cli import keys as cli_keys
-    from deltacoord.cli import relay as cli_relay
+def _tables(group: click.Group) -> None:
     from deltacoord.cli import tables as cli_tables
-    from deltacoord.cli import topics as cli_topics
     from deltacoord.cli import transaction as cli_transaction
+
+    cli_tables.register(group)
+    cli_tables.table_group.add_command(cli_transaction.transact_cmd)  # `table transact` (uses cli_tables' helpers)
+
+
+def _relay(group: click.Group) -> None:
+    from deltacoord.cli import relay as cli_relay
+
+    cli_relay.register(group)
+
+
+def _keys(group: click.Group) -> None:
+    from deltacoord.cli import keys as cli_keys
+
+    cli_keys.register(group)
+
+
+def _topics(group: click.Group) -> None:
+    from deltacoord.cli import topics as cli_topics
+
+    cli_topics.register(group)
+
+
+def _acls(group: click.Group) -> None:
+    from deltacoord.cli import acls as cli_acls
+
+    cli_acls.register(group)
+
+
+def _verify(group: click.Group) -> None:
     from deltacoord.cli import verify as cli_verify
 
-    cli_tables.register(main)
-    cli_tables.table_group.add_command(cli_transaction.transact_cmd)  # `table transact` (uses cli_tables' helpers)
-    cli_relay.register(main)
-    cli_keys.register(main)
-    cli_topics.register(main)
-    cli_acls.register(main)
-    cli_verify.register(main)
+    cli_verify.register(group)
+
+
+def _register_extensions() -> None:
+    assert isinstance(main, LazyGroup)
+    for names, register in ((("table", "tail"), _tables), (("relay",), _relay), (("writer-key",), _keys),
+                            (("topics",), _topics), (("acls",), _acls), (("verify",), _verify)):
+        main.lazy(names, register)
 
 
 _register_extensions()

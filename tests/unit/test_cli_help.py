@@ -3,6 +3,7 @@ and the commands the README and the operations guide show exist with the flags t
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -68,6 +69,23 @@ def test_short_help_flag_and_version() -> None:
     assert sub.returncode == 0 and "--json-rows" in sub.stdout and "Example:" in sub.stdout, sub.stderr
     v = cli("--version")
     assert v.returncode == 0 and v.stdout.strip() == f"deltacoord, version {version('deltacoord')}", v.stdout
+
+
+def test_a_command_imports_only_its_own_family() -> None:
+    """`table append` (a short-lived CLI write pays every import of its process) loads the table commands' modules,
+    not those of the topics, keys, relay, ACL and verify commands; `commands` (help, did-you-mean) has them all."""
+    code = ("import sys, json; from click.testing import CliRunner; from deltacoord.cli.main import main; "
+            "r = CliRunner().invoke(main, ['table', 'append', '-h']); assert r.exit_code == 0, r.output; "
+            "before = sorted(m for m in sys.modules if m.startswith('deltacoord.cli.')); names = sorted(main.commands); "
+            "print(json.dumps([before, names, sorted(m for m in sys.modules if m.startswith('deltacoord.cli.'))]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    before, names, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"deltacoord.cli.tables", "deltacoord.cli.transaction"} <= set(before)
+    others = {f"deltacoord.cli.{m}" for m in ("topics", "keys", "relay", "acls", "verify")}
+    assert not others & set(before), sorted(others & set(before))
+    assert others <= set(after)
+    assert {"table", "tail", "topics", "writer-key", "relay", "acls", "verify", "broker", "coordinator"} <= set(names)
 
 
 _DOC_LINE = re.compile(r"^\s*(?:\$\s*)?(deltacoord\s[^#|>&]*)")
