@@ -12,7 +12,8 @@ fresh Python worker. For each of `--runs` fresh processes:
   while the client's start-up questions to Kafka are still out;
 * `delta-rs`: `write_deltalake(..., mode="append")` the same number of times on a table of its own;
 * `cli`: one `deltacoord table append` process, timed from its start to its exit (interpreter and imports
-  included), beside a process that only imports what the CLI imports, so the commit's own share shows.
+  included), beside a process that only imports what the CLI imports, so the commit's own share shows, and
+  beside a fresh process that appends one row with delta-rs.
 
 A local broker is started in a temporary directory unless `--bootstrap-servers` is given; the coordinator
 runs as its own process, as deployed. Prints JSON lines, then a table of medians.
@@ -75,6 +76,15 @@ print(json.dumps(out))
 """
 
 
+#: A fresh process that appends one row with delta-rs: beside `deltacoord table append`'s process.
+_RS_PROCESS = r"""
+import sys
+import pyarrow as pa
+from deltalake import write_deltalake
+write_deltalake(sys.argv[1], pa.table({"id": [0], "value": ["process"]}), mode="append")
+"""
+
+
 def _run_json(argv: list[str]) -> dict[str, Any]:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
@@ -132,13 +142,16 @@ def run(bootstrap: str, runs: int, commits: int, workdir: Path) -> list[dict[str
             cli = _timed([sys.executable, "-m", "deltacoord.cli.main", "table", "append", cli_table,
                           "--bootstrap-servers", bootstrap, "--topic-prefix", prefix,
                           "--json-rows", json.dumps([{"id": r, "value": "cli"}])])
-            imports = _timed([sys.executable, "-c", "import deltacoord.cli.main, writer.table, pyarrow"])
+            # What `table append` imports (its command family loads when the command runs).
+            imports = _timed([sys.executable, "-c", "import deltacoord.cli.main, deltacoord.cli.tables, pyarrow"])
+            rs_process = _timed([sys.executable, "-c", _RS_PROCESS, str(workdir / f"delta-rs-{r}")])
             row = {"run": r, "python_commits_ms": [round(x, 1) for x in py["commits_ms"]],
                    "python_at_once_commits_ms": [round(x, 1) for x in now["commits_ms"]],
                    "delta_rs_commits_ms": [round(x, 1) for x in rs["commits_ms"]],
                    "python_import_ms": round(py["import_ms"], 1), "delta_rs_import_ms": round(rs["import_ms"], 1),
                    "check_children": py["check_children"] + now["check_children"],
-                   "cli_process_ms": round(cli, 1), "cli_imports_only_ms": round(imports, 1)}
+                   "cli_process_ms": round(cli, 1), "cli_imports_only_ms": round(imports, 1),
+                   "delta_rs_process_ms": round(rs_process, 1)}
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
@@ -161,6 +174,8 @@ def _table(rows: list[dict[str, Any]]) -> None:
     print(f"{'1st commit ms, rows built first':34} {med('python_at_once_commits_ms', 0):>11}")
     print(f"{'2nd commit ms, rows built first':34} {med('python_at_once_commits_ms', 1):>11}")
     print(f"{'warm commit ms, rows built first':34} {warm('python_at_once_commits_ms'):>11}")
+    print(f"{'one-append process ms (CLI)':34} {med('cli_process_ms'):>11} {med('delta_rs_process_ms'):>9}")
+    print(f"{'  of which imports only':34} {med('cli_imports_only_ms'):>11}")
     for label, key, i in (("1st / warm", "python_commits_ms", 0), ("2nd / warm", "python_commits_ms", 1),
                           ("1st / warm, rows built first", "python_at_once_commits_ms", 0),
                           ("2nd / warm, rows built first", "python_at_once_commits_ms", 1)):

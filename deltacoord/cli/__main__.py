@@ -1,5 +1,5 @@
 """`python -m deltacoord.cli ...` runs the `deltacoord` command."""
 
-from deltacoord.cli.main import main
+from deltacoord.cli.main import run
 
-main()
+run()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.abc
 import json
 import sys
 from collections.abc import Callable, MutableMapping
@@ -658,5 +659,28 @@ def _register_extensions() -> None:
 
 _register_extensions()
 
-if __name__ == "__main__":
+
+class NoPandas(importlib.abc.MetaPathFinder):
+    """Refuses `import pandas`: pyarrow imports it (about 200 ms and 50 MB of a fresh process), when installed,
+    only to ask whether a list it converts is a pandas object."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname == "pandas" or fullname.startswith("pandas."):
+            raise ImportError("this deltacoord command does not use pandas")
+        return None
+
+
+#: Commands that never hold a pandas object: their process refuses pandas (`NoPandas`). `table append` reads its
+#: rows from JSON or Parquet into Arrow, and a CLI write's process pays every import it makes.
+WITHOUT_PANDAS = (("table", "append"),)
+
+
+def run() -> None:
+    """The `deltacoord` program: `main` in a process of its own (`NoPandas` for WITHOUT_PANDAS)."""
+    if tuple(sys.argv[1:3]) in WITHOUT_PANDAS and "pandas" not in sys.modules:
+        sys.meta_path.insert(0, NoPandas())
     main()
+
+
+if __name__ == "__main__":
+    run()

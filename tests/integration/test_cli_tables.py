@@ -6,6 +6,7 @@ them on the main `deltacoord` group.
 
 from __future__ import annotations
 
+import decimal
 import json
 import os
 import queue
@@ -129,6 +130,31 @@ def test_create_append_delete_history_describe_and_tail(cli: click.Group, kafka_
         idle = run(cli, "tail", path, *kafka, "--from-version", "latest", "--idle-timeout", "0.5")
         assert lines(idle) == [] and "from version 5" in idle.stderr
         assert run(cli, "tail", path, *kafka, "--from-version", "-1", ok=False).exit_code == 2
+
+
+def test_an_append_process_never_imports_pandas(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """`deltacoord table append` in a process of its own (as a user runs it) refuses pandas, which pyarrow would
+    import only to ask whether the rows are a pandas object (about 200 ms of a one-second process); JSON rows,
+    decimals included, and Parquet rows land as before, and delta-rs reads them."""
+    topics = fresh_topics(kafka_bootstrap)
+    path = str(tmp_path / "t")
+    kafka = ["--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix_of(topics)]
+    parquet = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"id": [3], "amount": [pa.scalar(decimal.Decimal("3.25"), pa.decimal128(10, 2))]}), parquet)
+    with coordinator_thread(kafka_bootstrap, topics):
+        with Table(path, kafka_bootstrap, topics=topics) as t:
+            t.create(pa.schema([("id", pa.int64()), ("amount", pa.decimal128(10, 2))]))
+        for rows in (["--json-rows", json.dumps([{"id": 1, "amount": 1.5}, {"id": 2, "amount": 2.75}])],
+                     ["--parquet", str(parquet)]):
+            done = subprocess.run([sys.executable, "-X", "importtime", "-m", "deltacoord.cli.main", "table", "append",
+                                   path, *rows, *kafka], cwd=REPO, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert json.loads(done.stdout.strip().splitlines()[-1])["operation"] == "WRITE"
+            imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+            assert "pyarrow" in imported and not [m for m in imported if m.startswith("pandas.")]
+    got = DeltaTable(path).to_pyarrow_table().sort_by("id")
+    assert got.column("id").to_pylist() == [1, 2, 3]
+    assert got.column("amount").to_pylist() == [decimal.Decimal("1.50"), decimal.Decimal("2.75"), decimal.Decimal("3.25")]
 
 
 def _data_files(root: Path) -> set[str]:
