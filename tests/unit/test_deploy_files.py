@@ -221,7 +221,7 @@ def test_dockerfile_entrypoint_is_coordinator_run() -> None:
     entry = [json.loads(v) for k, v in stage if k == "ENTRYPOINT"]
     assert entry == [["deltacoord", "coordinator", "run"]]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["deltacoord"] == "deltacoord.cli.main:main"
+    assert scripts["deltacoord"] == "deltacoord.cli.main:run"  # `main` in a process of its own
     assert command("coordinator", "run") is coordinator_run
 
 
