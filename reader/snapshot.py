@@ -85,7 +85,7 @@ from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.schemas.expressions.types import parse_text, to_bool, to_date, to_timestamp
 from deltacoord.schemas.jobs import is_time_version
 from deltacoord.schemas.properties import PHYSICAL_NAME_KEY, TableProperties
-from deltacoord.schemas.table_features import READABLE
+from deltacoord.schemas.table_features import reader_problems
 from deltacoord.storage.table import StorageError, StoredObject, TableStorage
 
 if TYPE_CHECKING:
@@ -552,13 +552,9 @@ class Snapshot:
 
     def check_readable(self) -> None:
         """Raise if the protocol needs reader features this reader lacks."""
-        p = self.protocol
-        if p.min_reader_version > 3:
-            raise UnsupportedTableFeatureError(f"{self.table_uri}: reader version {p.min_reader_version} is not supported")
-        if p.min_reader_version == 3:
-            missing = sorted(set(p.reader_features or ()) - READABLE)
-            if missing:
-                raise UnsupportedTableFeatureError(f"{self.table_uri}: unsupported reader features {missing}")
+        problems = reader_problems(self.protocol)  # what it reads: the table of features' `read` column
+        if problems:
+            raise UnsupportedTableFeatureError(f"{self.table_uri}: {problems[0]}")
 
     def _column_mapping_mode(self) -> str:
         return TableProperties.of(self.metadata).column_mapping_mode
