@@ -186,7 +186,12 @@ _COLUMN_MAPPING = Use("delta.columnMapping.mode other than none",
                       lambda conf, _s: str(conf.get("delta.columnMapping.mode", "none")).lower() != "none")
 _V2_CHECKPOINTS = Use("delta.checkpointPolicy=v2",
                       lambda conf, _s: str(conf.get("delta.checkpointPolicy", "classic")).lower() == "v2")
-_CONSTRAINTS = Use("delta.constraints.<name>", lambda conf, _s: any(k.lower().startswith("delta.constraints.") for k in conf))
+#: The configuration keys of CHECK constraints start with this (PROTOCOL.md, "CHECK Constraints").
+CONSTRAINT_PREFIX = "delta.constraints."
+#: Column metadata keys of an invariant and of a generated column's expression (PROTOCOL.md).
+INVARIANTS_KEY = "delta.invariants"
+GENERATION_KEY = "delta.generationExpression"
+_CONSTRAINTS = Use(f"{CONSTRAINT_PREFIX}<name>", lambda conf, _s: any(k.lower().startswith(CONSTRAINT_PREFIX) for k in conf))
 
 
 @dataclass(frozen=True)
@@ -239,8 +244,8 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("v2Checkpoint", "honoured", _honoured, True, True, None, _V2_CHECKPOINTS, (), None),
     Feature("checkConstraints", "honoured", _honoured, False, False, (1, 3), _CONSTRAINTS, (),
             "a metaData action declaring CHECK constraints"),
-    Feature("invariants", "honoured", _honoured, False, False, (1, 2), _column_key("delta.invariants"), (), None),
-    Feature("generatedColumns", "honoured", _honoured, False, False, (1, 4), _column_key("delta.generationExpression"),
+    Feature("invariants", "honoured", _honoured, False, False, (1, 2), _column_key(INVARIANTS_KEY), (), None),
+    Feature("generatedColumns", "honoured", _honoured, False, False, (1, 4), _column_key(GENERATION_KEY),
             (), None),
     Feature("identityColumns", "conditional", _identity, False, False, (1, 6), _column_key("delta.identity.start"), (),
             None),
@@ -364,8 +369,11 @@ def writer_problems(protocol: Protocol, metadata: Metadata, operation: str) -> l
 
 __all__ = [
     "CHANGE_DATA_WRITTEN",
+    "CONSTRAINT_PREFIX",
     "COORDINATED",
     "FEATURES",
+    "GENERATION_KEY",
+    "INVARIANTS_KEY",
     "LEGACY_VERSIONS",
     "MAX_READER_VERSION",
     "MAX_WRITER_VERSION",

@@ -18,7 +18,7 @@ from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.messages import Proposal
 from deltacoord.schemas.properties import Property, TableProperties
 from deltacoord.schemas.reasons import ReasonCode
-from deltacoord.schemas.table_features import COORDINATED, FEATURES, coordinated, writer_features
+from deltacoord.schemas.table_features import CONSTRAINT_PREFIX, COORDINATED, FEATURES, coordinated, writer_features
 
 DOMAIN_METADATA = FEATURES["domainMetadata"].name
 CHECK_CONSTRAINTS = FEATURES["checkConstraints"].name
@@ -52,9 +52,7 @@ def check_constraints_error(protocol: Protocol | None, proposal: Proposal) -> In
     (PROTOCOL.md, "Check Constraints"): without it other writers do not enforce them (Delta Spark upgrades the
     protocol when a constraint is added)."""
     metadata = [a for a in proposal.actions if isinstance(a, Metadata)]
-    uses = FEATURES[CHECK_CONSTRAINTS].used_by
-    assert uses is not None
-    names = sorted({k for md in metadata for k in md.configuration if uses({k: ""}, {})})
+    names = sorted({k for md in metadata for k in md.configuration if k.lower().startswith(CONSTRAINT_PREFIX)})
     if not names or (protocol is not None and CHECK_CONSTRAINTS in writer_features(protocol)):
         return None
     have = _described(protocol)
