@@ -108,8 +108,12 @@ def _refused(why: str) -> Rule:
     return rule
 
 
+#: Column metadata key of an identity column's start (PROTOCOL.md, "Identity Columns").
+IDENTITY_START_KEY = "delta.identity.start"
+
+
 def _identity(md: Metadata, op: str) -> str | None:
-    cols = _with_metadata(md, "delta.identity.start")
+    cols = _with_metadata(md, IDENTITY_START_KEY)
     nested = [c for c in cols if "." in c]
     if nested:
         return f"identity columns {nested} are nested; this writer generates top-level identity columns only"
@@ -212,8 +216,8 @@ class Feature:
     used_by: Use | None
     #: Features a table with it must have too (PROTOCOL.md's requirements), listed before it.
     requires: tuple[str, ...]
-    #: What the coordinator refuses without it in the protocol the commit leaves (None: no coordinator rule);
-    #: the rules are `coordinator/rules/table_features.py`'s `RULES`, one per feature named here.
+    #: What the coordinator's rules refuse because of it (None: no coordinator rule); the rules are
+    #: `coordinator/rules/table_features.py`'s `RULES`, one per feature that names one here.
     coordinator: str | None
 
 
@@ -247,7 +251,7 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("invariants", "honoured", _honoured, False, False, (1, 2), _column_key(INVARIANTS_KEY), (), None),
     Feature("generatedColumns", "honoured", _honoured, False, False, (1, 4), _column_key(GENERATION_KEY),
             (), None),
-    Feature("identityColumns", "conditional", _identity, False, False, (1, 6), _column_key("delta.identity.start"), (),
+    Feature("identityColumns", "conditional", _identity, False, False, (1, 6), _column_key(IDENTITY_START_KEY), (),
             None),
     Feature("timestampNtz", "honoured", _honoured, True, True, None, _column_type("timestamp_ntz"), (), None),
     Feature("variantType", "conditional", _variant, True, True, None, _column_type("variant"), (), None),
@@ -373,6 +377,7 @@ __all__ = [
     "COORDINATED",
     "FEATURES",
     "GENERATION_KEY",
+    "IDENTITY_START_KEY",
     "INVARIANTS_KEY",
     "LEGACY_VERSIONS",
     "MAX_READER_VERSION",
