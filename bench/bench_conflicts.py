@@ -28,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deltacoord.coordinator.rules.conflicts import Accepted, decide
+from deltacoord.coordinator.rules.conflicts import decide
+from deltacoord.coordinator.rules.outcomes import Accepted
 from deltacoord.coordinator.rules.state import TableState
 from deltacoord.schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
 from deltacoord.schemas.messages import FileRead, Proposal

@@ -26,13 +26,12 @@ import datetime as dt
 import decimal
 import functools
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -86,7 +85,7 @@ from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.schemas.expressions.types import parse_text, to_bool, to_date, to_timestamp
 from deltacoord.schemas.jobs import is_time_version
 from deltacoord.schemas.properties import PHYSICAL_NAME_KEY, TableProperties
-from deltacoord.schemas.table_features import READABLE
+from deltacoord.schemas.table_features import reader_problems
 from deltacoord.storage.table import StorageError, StoredObject, TableStorage
 
 if TYPE_CHECKING:
@@ -180,6 +179,28 @@ def _typed_partition_array(values: pa.Array, t: pa.DataType) -> pa.Array:
     uniq = [parse_partition_value(v, t) for v in enc.dictionary.to_pylist()]
     typed_dict = pa.array(uniq, type=t)
     return typed_dict.take(enc.indices)
+
+
+def _parses(s: str | None, t: pa.DataType) -> bool:
+    try:
+        parse_partition_value(s, t)
+    except (ValueError, ArithmeticError):
+        return False
+    return True
+
+
+def _pruned(indices: list[int], where: str, metadata: Metadata,
+            written: Callable[[int], Mapping[str, str | None]]) -> list[int]:
+    """The files (by index) a read with condition `where` (over partition columns) cannot skip: the
+    coordinator's own pruning (`partitions.prune`), so a file whose partition value cannot be evaluated is
+    kept, never silently dropped. A condition the matcher cannot evaluate prunes nothing."""
+    from deltacoord.schemas.expressions.partitions import prune
+    from deltacoord.schemas.expressions.syntax import ExpressionError
+
+    try:
+        return prune(indices, where, metadata, written)
+    except ExpressionError:
+        return indices
 
 
 # --------------------------------------------------------------------------- timestamps
@@ -531,13 +552,9 @@ class Snapshot:
 
     def check_readable(self) -> None:
         """Raise if the protocol needs reader features this reader lacks."""
-        p = self.protocol
-        if p.min_reader_version > 3:
-            raise UnsupportedTableFeatureError(f"{self.table_uri}: reader version {p.min_reader_version} is not supported")
-        if p.min_reader_version == 3:
-            missing = sorted(set(p.reader_features or ()) - READABLE)
-            if missing:
-                raise UnsupportedTableFeatureError(f"{self.table_uri}: unsupported reader features {missing}")
+        problems = reader_problems(self.protocol)  # what it reads: the table of features' `read` column
+        if problems:
+            raise UnsupportedTableFeatureError(f"{self.table_uri}: {problems[0]}")
 
     def _column_mapping_mode(self) -> str:
         return TableProperties.of(self.metadata).column_mapping_mode
@@ -564,8 +581,10 @@ class Snapshot:
         `columns`: logical column names (default all, in schema order).
         `filter`: a SQL predicate string (`"p = 'a' AND x > 3"`) or DNF tuples
         (`[("p", "=", "a")]`, or a list of such lists OR-ed together). Conjuncts
-        over partition columns prune files; the whole filter is then applied to
-        the rows.
+        over partition columns prune files, as the writer and the coordinator
+        prune them (`partitions.prune`); the whole filter is then applied to
+        the rows. A kept file whose partition value is not of its column's type
+        raises ValueError naming it.
         """
         self.check_readable()
         schema_json = self.metadata.schema()
@@ -598,54 +617,61 @@ class Snapshot:
 
         adds = self.add_files_struct()
         n_files = len(adds)
-        # ---- partition values (typed) for pruning and for materialising columns
+        # ---- partition values as written (text, by physical name), then pruning by the coordinator's matcher
         pv_map = adds.field("partitionValues") if n_files else None
-        part_arrays: dict[str, pa.Array] = {}
+        written: dict[str, list[str | None]] = {}
         for c in part_cols:
             phys = physical_name(fields_json[c], mode) if c in fields_json else c
-            t = full_schema.field(c).type if full_schema.get_field_index(c) >= 0 else pa.string()
-            if n_files and pv_map is not None:
-                raw = pc.map_lookup(pv_map, pa.scalar(phys), "first")
-                part_arrays[c] = _typed_partition_array(raw.cast(pa.string()), t)
-            else:
-                part_arrays[c] = pa.array([], type=t)
-        selected = np.arange(n_files)
+            written[phys] = (pc.map_lookup(pv_map, pa.scalar(phys), "first").cast(pa.string()).to_pylist()
+                             if n_files and pv_map is not None else [])
+        selected = list(range(n_files))
         if tree is not None and part_cols and n_files:
             pruning = implied(tree, part_cols)
             if pruning is not None:
-                ptable = pa.table({**{c: part_arrays[c] for c in part_cols}, "__file_index": pa.array(np.arange(n_files))})
-                with evaluating(text):
-                    kept = ptable.filter(to_arrow(pruning, ptable.schema, text))
-                selected = kept.column("__file_index").to_numpy()
+                selected = _pruned(selected, pruning.sql(dialect="spark"), self.metadata,
+                                   lambda i: {k: v[i] for k, v in written.items()})
 
-        # ---- read the selected files
+        # ---- the kept files' partition values, typed, to materialise their columns
         paths = adds.field("path").to_pylist() if n_files else []
         sizes = adds.field("size").to_pylist() if n_files else []
+        part_values: dict[str, list[Any]] = {}
+        for c in part_cols:
+            phys = physical_name(fields_json[c], mode) if c in fields_json else c
+            t = full_schema.field(c).type if full_schema.get_field_index(c) >= 0 else pa.string()
+            raw = written[phys]
+            try:
+                part_values[c] = _typed_partition_array(pa.array([raw[i] for i in selected], pa.string()), t).to_pylist()
+            except (ValueError, ArithmeticError) as e:
+                bad = next(i for i in selected if not _parses(raw[i], t))
+                raise ValueError(
+                    f"file {paths[bad]} has partition value {raw[bad]!r} for column {c!r}, which is not a valid "
+                    f"{t}: its rows cannot be read (a filter on other partition columns that excludes the file "
+                    f"skips it); fix the file's partitionValues in the table's log") from e
         dv_col = adds.field("deletionVector") if n_files else None
         has_dvs = dv_col is not None and dv_col.null_count < len(dv_col)
         dv_list: list[Any] = dv_col.to_pylist() if has_dvs and dv_col is not None else []
-        part_values = {c: part_arrays[c].to_pylist() for c in part_cols}
         data_fields = [(n, fields_json[n]) for n in read_names if n not in part_cols]
 
-        def read_one(i: int) -> pa.Table:
+        def read_one(j: int) -> pa.Table:
+            i = selected[j]
             dv = dv_list[i] if has_dvs else None
             return read_data_file(
                 data_object(self.storage, paths[i]),
                 data_fields,
                 mode,
                 read_schema,
-                {c: part_values[c][i] for c in part_cols},
+                {c: part_values[c][j] for c in part_cols},
                 None if dv is None else DeletionVector.from_json(dv),
                 self.storage,
                 sizes[i],
             )
 
-        idx = [int(i) for i in selected]
+        idx = range(len(selected))
         if len(idx) > 1:
             with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as ex:
                 pieces = list(ex.map(read_one, idx))
         else:
-            pieces = [read_one(i) for i in idx]
+            pieces = [read_one(j) for j in idx]
         result = pa.concat_tables(pieces) if pieces else read_schema.empty_table()
         if tree is not None:
             with evaluating(text):

@@ -79,7 +79,7 @@ def assign_ids(fields: Sequence[dict[str, Any]], next_id: int, *, physical_names
 
 def with_feature(p: Protocol) -> Protocol:
     """`p` able to hold a column-mapping table: reader 2 / writer 5 at least, or the feature listed at (3, 7)."""
-    return protocols.with_feature(p, _FEATURE, 5, reader_version=2)
+    return protocols.with_feature(p, _FEATURE)
 
 
 def _physical_type(t: pa.DataType, delta: Any, field_ids: bool) -> pa.DataType:

@@ -33,11 +33,8 @@ from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.expressions.arrow import evaluate, resolve_column
 from deltacoord.schemas.expressions.syntax import ExpressionError, columns_of, parse
 from deltacoord.schemas.reasons import ReasonCode
-from deltacoord.schemas.table_features import writer_features
+from deltacoord.schemas.table_features import CONSTRAINT_PREFIX, GENERATION_KEY, INVARIANTS_KEY, writer_features
 
-INVARIANTS_KEY = "delta.invariants"
-GENERATION_KEY = "delta.generationExpression"
-CONSTRAINT_PREFIX = "delta.constraints."
 #: The name Delta gives the check that a supplied generated column equals its expression.
 GENERATED_CHECK = "Generated Column"
 

@@ -1,5 +1,8 @@
 """The protocol a new table gets: the features asked for, those its properties and schema need, as Delta does.
 
+What needs which feature, which features a feature requires and the legacy versions are the one table of
+features' (`deltacoord.schemas.table_features`); this module acts on them.
+
 Delta enables a feature when a table property or the schema uses it (`delta.enableChangeDataFeed=true`
 needs changeDataFeed, a CHECK constraint checkConstraints, a generated column generatedColumns, ...),
 and takes explicit ones as `delta.feature.<name>=supported` properties. A table whose features all exist
@@ -18,24 +21,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from deltacoord.schemas.actions import Protocol
-from deltacoord.schemas.table_features import LEGACY_VERSIONS, READER_WRITER, writer_features
+from deltacoord.schemas.table_features import (
+    LEGACY_VERSIONS,
+    READER_WRITER,
+    legacy_reader_features,
+    needed_features,
+    with_required,
+    writer_features,
+)
 from deltacoord.writer import column_mapping
 
 FEATURE_PREFIX = "delta.feature."
 MIN_READER_PROPERTY = "delta.minReaderVersion"
 MIN_WRITER_PROPERTY = "delta.minWriterVersion"
-
-#: Table properties that need a feature when true (Delta's metadata-enabled features).
-_ENABLED_BY: tuple[tuple[str, str], ...] = (
-    ("delta.appendOnly", "appendOnly"),
-    ("delta.enableChangeDataFeed", "changeDataFeed"),
-    ("delta.enableInCommitTimestamps", "inCommitTimestamp"),
-    ("delta.enableDeletionVectors", "deletionVectors"),
-    ("delta.enableRowTracking", "rowTracking"),
-    ("delta.enableTypeWidening", "typeWidening"),
-    ("delta.enableIcebergCompatV1", "icebergCompatV1"),
-    ("delta.enableIcebergCompatV2", "icebergCompatV2"),
-)
 
 
 class ProtocolRequestError(ValueError):
@@ -50,10 +48,6 @@ class NewTable:
     configuration: dict[str, str]
 
 
-def _true(value: str | None) -> bool:
-    return str(value).strip().lower() == "true"
-
-
 def _schema_fields(fields: Sequence[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
     for f in fields:
         yield f
@@ -65,43 +59,9 @@ def _schema_fields(fields: Sequence[Mapping[str, Any]]) -> Iterator[Mapping[str,
             t = t.get("elementType") or t.get("valueType")
 
 
-def _types(t: Any) -> Iterator[str]:
-    if isinstance(t, str):
-        yield t
-    elif isinstance(t, Mapping):
-        for key in ("elementType", "keyType", "valueType"):
-            yield from _types(t.get(key))
-        for f in t.get("fields", []):
-            yield from _types(f.get("type"))
-
-
 def required_features(schema_string: str, configuration: Mapping[str, str]) -> list[str]:
-    """The features a table's properties and schema need, in a stable order."""
-    out: list[str] = []
-    for key, feature in _ENABLED_BY:
-        if _true(configuration.get(key)):
-            out.append(feature)
-    if str(configuration.get("delta.columnMapping.mode", "none")).lower() != "none":
-        out.append("columnMapping")
-    if str(configuration.get("delta.checkpointPolicy", "classic")).lower() == "v2":
-        out.append("v2Checkpoint")
-    if any(k.lower().startswith("delta.constraints.") for k in configuration):
-        out.append("checkConstraints")
-    schema = json.loads(schema_string)
-    fields = list(_schema_fields(schema.get("fields", [])))
-    metas = [f.get("metadata") or {} for f in fields]
-    if any("delta.invariants" in m for m in metas):
-        out.append("invariants")
-    if any("delta.generationExpression" in m for m in metas):
-        out.append("generatedColumns")
-    if any("delta.identity.start" in m for m in metas):
-        out.append("identityColumns")
-    types = set(_types(schema))
-    if "timestamp_ntz" in types:
-        out.append("timestampNtz")
-    if "variant" in types:
-        out.append("variantType")
-    return list(dict.fromkeys(out))
+    """The features a table's properties and schema need, in a stable order (`table_features.needed_features`)."""
+    return needed_features(configuration, json.loads(schema_string))
 
 
 def _version(value: Any, what: str, highest: int) -> int:
@@ -135,18 +95,16 @@ def new_table(schema_string: str, properties: Mapping[str, str], features: Seque
     if MIN_WRITER_PROPERTY in config:
         writer = max(writer, _version(config.pop(MIN_WRITER_PROPERTY), MIN_WRITER_PROPERTY, 7))
     reader, writer = _version(reader, "the minimum reader version", 3), _version(writer, "the minimum writer version", 7)
-    required = list(dict.fromkeys([*asked, *required_features(schema_string, config)]))
-    if "rowTracking" in required and "domainMetadata" not in required:
-        required.insert(required.index("rowTracking"), "domainMetadata")  # its high-water mark is a domain
+    required = with_required([*asked, *required_features(schema_string, config)])
     base = Protocol(reader, writer, reader_features=protocol.reader_features if protocol is not None else None,
                     writer_features=protocol.writer_features if protocol is not None else None)
     if writer < 7 and not asked and all(f in LEGACY_VERSIONS for f in required):
         r = max([reader, *(LEGACY_VERSIONS[f][0] for f in required)])
         w = max([writer, *(LEGACY_VERSIONS[f][1] for f in required)])
         return NewTable(Protocol(r, w), config)
-    have = list(writer_features(base)) if writer >= 7 else [f for f in LEGACY_VERSIONS if LEGACY_VERSIONS[f][1] <= writer]
+    have = list(writer_features(base if writer >= 7 else Protocol(1, writer)))
     all_writer = list(dict.fromkeys([*have, *required]))
-    readers = list(base.reader_features or ()) if reader >= 3 else (["columnMapping"] if reader == 2 else [])
+    readers = list(base.reader_features or ()) if reader >= 3 else list(legacy_reader_features(reader))
     readers = list(dict.fromkeys([*readers, *(f for f in all_writer if f in READER_WRITER)]))
     if readers:
         return NewTable(Protocol(3, 7, reader_features=tuple(readers), writer_features=tuple(all_writer)), config)
@@ -173,5 +131,5 @@ def with_column_mapping(schema_string: str, configuration: Mapping[str, str]) ->
     return json.dumps(schema, separators=(",", ":")), config
 
 
-__all__ = ["LEGACY_VERSIONS", "NewTable", "ProtocolRequestError", "new_table",
+__all__ = ["NewTable", "ProtocolRequestError", "new_table",
            "required_features", "with_column_mapping"]

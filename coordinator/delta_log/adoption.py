@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from deltacoord.coordinator.rules.state import TableState, TableStateExport, key_text_hash
-from deltacoord.coordinator.rules.validate import MAX_READER_VERSION
 from deltacoord.schemas.actions import DomainMetadata, Metadata, Protocol
-from deltacoord.schemas.table_features import writer_problems
+from deltacoord.schemas.table_features import MAX_READER_VERSION, writer_problems
 from deltacoord.storage.table import TableStorage
 
 #: Live-file keys hashed per slice of the snapshot's Arrow array (bounds the Python strings alive at once).

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from deltacoord.coordinator.rules.admission import admission_error
 from deltacoord.coordinator.rules.authentication import Signature, authentication_error
 from deltacoord.coordinator.rules.coalesce import Group, coalescable
-from deltacoord.coordinator.rules.conflicts import Accepted, Duplicate, Rejected
+from deltacoord.coordinator.rules.outcomes import Accepted, Duplicate, Rejected
 from deltacoord.coordinator.rules.profiles import decide
 from deltacoord.coordinator.rules.state import TableState
 from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, Metadata

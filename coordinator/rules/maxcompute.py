@@ -14,7 +14,7 @@ committed) against later-finishing job (the proposal being decided):
 
 `check` walks the winners in version order like Delta's checker: first the
 table-level checks every profile shares (protocol, metadata, domain metadata,
-app ids: `conflicts.check_table_level`), then, for a winner that is a data
+app ids: `checked.check_table_level`), then, for a winner that is a data
 job touching the same partition (or the same non-partitioned table), the
 cell's rule. A failed cell is `ConcurrentJobException`. A succeeding cell
 may rebase the proposal at the metadata level, never by rewriting data:
@@ -53,26 +53,15 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from deltacoord.coordinator.rules.conflicts import (
-    Accepted,
-    CheckedTransaction,
-    Conflict,
-    Rejected,
-    absorb_winner,
-    check_table_level,
-    follow_compaction,
-    rebase,
-)
-from deltacoord.coordinator.rules.conflicts import (
-    check as delta_check,
-)
+from deltacoord.coordinator.rules.checked import CheckedTransaction, absorb_winner, check_table_level, follow_compaction
+from deltacoord.coordinator.rules.conflicts import check_winners as delta_checks
+from deltacoord.coordinator.rules.outcomes import Accepted, Conflict, Rejected
+from deltacoord.coordinator.rules.pipeline import run_checks
 from deltacoord.coordinator.rules.state import TableState, WinningCommit
-from deltacoord.coordinator.rules.validate import check_txn_versions
 from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, RemoveFile
 from deltacoord.schemas.errors import (
     ConcurrentJobException,
     InvalidProposalError,
-    ProtocolChangedException,
     format_partition,
 )
 from deltacoord.schemas.expressions.partitions import (
@@ -142,7 +131,7 @@ class Job:
     dropped: int = 0
     rebased_over: list[int] = field(default_factory=list)
     #: On a table with deletion vectors, Delta's checker state, which moves changed rows through row maps
-    #: (`conflicts.CheckedTransaction`); None without deletion vectors.
+    #: (`checked.CheckedTransaction`); None without deletion vectors.
     mover: CheckedTransaction | None = None
     #: The winners whose row maps moved rows of this job (`mover`).
     moved_over: list[int] = field(default_factory=list)
@@ -336,43 +325,33 @@ def check_winner(job: Job, w: WinningCommit) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Entry point (a `conflicts.Checker`)
+# Entry point (a `pipeline.Checker`)
 # ---------------------------------------------------------------------------
 
 
 def check(state: TableState, winners: Sequence[WinningCommit], proposal: Proposal, now_ms: int) -> Accepted | Rejected:
     """Decide `proposal` against `winners` by MaxCompute's table, rebasing it at the metadata level. Pure."""
-    table = state.table_uri or state.table_id
-    if proposal.read_version < 0 and state.version >= 0:
-        err = ProtocolChangedException(winning_version=0, winning_operation=state.creation_operation, table=table)
-        return Rejected(err, 0)
-    try:
-        cur = CheckedTransaction(state, winners, proposal)
+    extra: dict[str, Any] = {}
+
+    def checks(cur: CheckedTransaction, winners: Sequence[WinningCommit], proposal: Proposal, table: str) -> Proposal:
         job = job_of(proposal, cur.read_schema, table, now_ms)
         if job is None:
-            # No data job (metadata, properties, ...): Delta's checker decides it.
-            return _with_time_version(delta_check(state, winners, proposal, now_ms), {})
+            # No data job (metadata, properties, ...): Delta's checks decide it.
+            return delta_checks(cur, winners, proposal, table)
         if cur.dv_table:
             job.mover = cur
         for w in winners:
             check_table_level(cur, w, table)
             check_winner(job, w)
-    except Conflict as c:
-        return Rejected(c.error, c.version)
-    except InvalidProposalError as e:
-        return Rejected(e, None)
-    stale = check_txn_versions(state, proposal)
-    if stale is not None:
-        return Rejected(stale, None)
-    rebased = proposal
-    extra: dict[str, Any] = {}
-    if job.rebased_over:
+        if job.rebased_over or job.moved_over:
+            extra[REBASE_KEY] = {"over": sorted({*job.rebased_over, *job.moved_over}), "removesAdded": job.gained,
+                                 "removesDropped": job.dropped, "rowsMovedOver": job.moved_over}
+        if not job.rebased_over:
+            return proposal
         kept: list[Action] = [a for a in proposal.actions if not isinstance(a, RemoveFile)]
-        rebased = replace(proposal, actions=(*kept, *job.removes.values()))
-    if job.rebased_over or job.moved_over:
-        extra[REBASE_KEY] = {"over": sorted({*job.rebased_over, *job.moved_over}), "removesAdded": job.gained,
-                             "removesDropped": job.dropped, "rowsMovedOver": job.moved_over}
-    return _with_time_version(Accepted(state.version + 1, rebase(state, rebased, cur, now_ms)), extra)
+        return replace(proposal, actions=(*kept, *job.removes.values()))
+
+    return _with_time_version(run_checks(state, winners, proposal, now_ms, checks), extra)
 
 
 def _with_time_version(result: Accepted | Rejected, extra: Mapping[str, Any]) -> Accepted | Rejected:

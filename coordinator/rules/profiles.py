@@ -8,8 +8,9 @@ wins or loses by the table-level checks both profiles share.
 
 from __future__ import annotations
 
-from deltacoord.coordinator.rules import conflicts, maxcompute
-from deltacoord.coordinator.rules.conflicts import Accepted, Checker, Duplicate, Rejected
+from deltacoord.coordinator.rules import conflicts, maxcompute, pipeline
+from deltacoord.coordinator.rules.outcomes import Accepted, Duplicate, Rejected
+from deltacoord.coordinator.rules.pipeline import Checker
 from deltacoord.coordinator.rules.state import TableState
 from deltacoord.schemas.actions import Metadata
 from deltacoord.schemas.messages import Proposal
@@ -25,8 +26,9 @@ def checker_for(state: TableState, proposal: Proposal) -> Checker:
 
 
 def decide(state: TableState, proposal: Proposal, now_ms: int) -> Accepted | Rejected | Duplicate:
-    """`conflicts.decide` with the table's profile (redelivery and validation are the same for every profile)."""
-    return conflicts.decide(state, proposal, now_ms, checker_for(state, proposal))
+    """`pipeline.decide` with the table's profile (redelivery, validation and the window are the same for every
+    profile): never raises for bad input; anything else it raises is a bug, contained by `batch.decide_batch`."""
+    return pipeline.decide(state, proposal, now_ms, checker_for(state, proposal))
 
 
 __all__ = ["checker_for", "decide"]

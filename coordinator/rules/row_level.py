@@ -25,7 +25,8 @@ winner changing or removing it does not conflict either.
 The seeds' limits: a transaction whose conditions are complex (a subquery, a
 non-deterministic or any other function, a nested field, a column that is not
 a top-level primitive) may select different rows once other rows change, so it
-keeps the file-level rules (`simple_conditions`).
+keeps the file-level rules (`simple_conditions`; which conditions are simple
+is `deltacoord.schemas.expressions.syntax.is_simple_condition`).
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-from sqlglot import exp
 
 from deltacoord.schemas.actions import Action, AddFile, DeletionVector, Metadata, RemoveFile
 from deltacoord.schemas.deletion_vectors import DeletionVectorError, inline_rows
-from deltacoord.schemas.expressions.syntax import ExpressionError, parse
+from deltacoord.schemas.expressions.syntax import ExpressionError, is_simple_condition
+from deltacoord.schemas.expressions.types import STATS_TYPES
 from deltacoord.schemas.properties import TableProperties
 
 if TYPE_CHECKING:
@@ -174,39 +175,23 @@ def changes_of(actions: Sequence[Action]) -> dict[str, Change]:
     return out
 
 
-#: Constructs a condition may use and keep row-level rules: columns, literals, comparisons, boolean logic,
-#: IN lists, BETWEEN, IS NULL, arithmetic and casts. Anything else (functions, subqueries) is complex.
-_SIMPLE_NODES: tuple[type[exp.Expr], ...] = (
-    exp.Column, exp.Identifier, exp.Literal, exp.Null, exp.Boolean, exp.Paren, exp.Neg, exp.Not, exp.And, exp.Or,
-    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between, exp.Is, exp.Add, exp.Sub, exp.Mul,
-    exp.Div, exp.Cast, exp.TryCast, exp.DataType,
-)
+def stats_columns(metadata: Metadata) -> list[str]:
+    """The top-level columns whose min/max statistics compare (`types.STATS_TYPES`): a condition on any other
+    column cannot skip a file."""
+    return [f["name"] for f in metadata.schema().get("fields", [])
+            if isinstance(f.get("type"), str) and f["type"] in STATS_TYPES]
 
 
 def simple_conditions(predicates: Sequence[str], metadata: Metadata) -> bool:
-    """Every read predicate is a plain condition on top-level primitive columns (the seeds' limits of row-level
-    concurrency: complex types, non-deterministic expressions and subqueries keep the file-level rules)."""
-    columns = {n.lower() for n in _stats_schema(metadata).names}
-    for text in predicates:
-        try:
-            node = parse(text)
-        except ExpressionError:
-            return False
-        for n in node.walk():
-            if not isinstance(n, _SIMPLE_NODES) or (isinstance(n, exp.In) and n.args.get("query") is not None):
-                return False
-            if isinstance(n, exp.Column) and (n.table or n.name.lower() not in columns):
-                return False
-    return True
-
-
-#: Delta types whose min/max statistics a row-level condition can compare (binary, decimal and nested are not).
-_STATS_TYPES = frozenset({"string", "long", "integer", "short", "byte", "float", "double", "boolean", "date",
-                          "timestamp", "timestamp_ntz"})
+    """Every read predicate is a simple condition (`syntax.is_simple_condition`) on top-level primitive columns
+    (the seeds' limits of row-level concurrency: complex types, non-deterministic expressions and subqueries
+    keep the file-level rules)."""
+    columns = stats_columns(metadata)
+    return all(is_simple_condition(text, columns) for text in predicates)
 
 
 def _stats_schema(metadata: Metadata) -> pa.Schema:
-    """The top-level primitive columns (a condition on any other column cannot skip a file).
+    """The Arrow schema of `stats_columns`.
 
     Arrow is imported here, not at module level: the deciding process loads it only for row-level tables.
     """
@@ -214,9 +199,8 @@ def _stats_schema(metadata: Metadata) -> pa.Schema:
 
     from deltacoord.schemas.arrow_types import delta_to_arrow
 
-    fields = metadata.schema().get("fields", [])
-    return pa.schema([pa.field(f["name"], delta_to_arrow(f["type"])) for f in fields
-                      if isinstance(f.get("type"), str) and f["type"] in _STATS_TYPES])
+    types = {f["name"]: f["type"] for f in metadata.schema().get("fields", [])}
+    return pa.schema([pa.field(n, delta_to_arrow(types[n])) for n in stats_columns(metadata)])
 
 
 class NewRowMatcher:
@@ -244,4 +228,4 @@ class NewRowMatcher:
 
 
 __all__ = ["Change", "DvUpdate", "NewRowMatcher", "changed_rows", "changes_of", "decoded", "deletion_vector_table", "dv_updates",
-           "loose_stats", "row_level_table", "same_vector", "simple_conditions"]
+           "loose_stats", "row_level_table", "same_vector", "simple_conditions", "stats_columns"]

@@ -4,19 +4,24 @@ PROTOCOL.md makes some actions legal only on tables whose protocol names the fea
 a commit that writes them anyway is one Delta Spark refuses and other engines may misread. Each rule
 is one small function `(protocol in force after the commit, proposal) -> InvalidProposalError | None`,
 called by validation (`validate.py`) with the protocol the commit leaves: the table's, or the one
-the proposal itself sets, so a commit that adds a feature may use it at once.
+the proposal itself sets, so a commit that adds a feature may use it at once. Which features have such a
+rule, and what it refuses, is the table of features' `coordinator` column
+(`deltacoord.schemas.table_features.FEATURES`); `RULES` holds one rule per feature named there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from deltacoord.schemas.actions import DomainMetadata, Metadata, Protocol
 from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.messages import Proposal
+from deltacoord.schemas.properties import Property, TableProperties
 from deltacoord.schemas.reasons import ReasonCode
-from deltacoord.schemas.table_features import COORDINATED, coordinated, writer_features
+from deltacoord.schemas.table_features import CONSTRAINT_PREFIX, COORDINATED, FEATURES, coordinated, writer_features
 
-DOMAIN_METADATA = "domainMetadata"
-CHECK_CONSTRAINTS = "checkConstraints"
+DOMAIN_METADATA = FEATURES["domainMetadata"].name
+CHECK_CONSTRAINTS = FEATURES["checkConstraints"].name
 
 
 def _described(protocol: Protocol | None) -> str:
@@ -47,7 +52,7 @@ def check_constraints_error(protocol: Protocol | None, proposal: Proposal) -> In
     (PROTOCOL.md, "Check Constraints"): without it other writers do not enforce them (Delta Spark upgrades the
     protocol when a constraint is added)."""
     metadata = [a for a in proposal.actions if isinstance(a, Metadata)]
-    names = sorted({k for md in metadata for k in md.configuration if k.lower().startswith("delta.constraints.")})
+    names = sorted({k for md in metadata for k in md.configuration if k.lower().startswith(CONSTRAINT_PREFIX)})
     if not names or (protocol is not None and CHECK_CONSTRAINTS in writer_features(protocol)):
         return None
     have = _described(protocol)
@@ -78,5 +83,23 @@ def coordinated_feature_error(before: Protocol | None, after: Protocol | None,
         f"the feature in the protocol; it is removed only when the table is released (`deltacoord table release`)")
 
 
-__all__ = ["CHECK_CONSTRAINTS", "DOMAIN_METADATA", "DROP_FEATURE", "check_constraints_error", "coordinated_feature_error",
-           "domain_metadata_error"]
+def append_only_error(metadata: Metadata | None, removes_data: bool) -> InvalidProposalError | None:
+    """A commit that removes data (a remove with dataChange=true) from a table with `delta.appendOnly=true`
+    (PROTOCOL.md, "Append-only Tables": new log entries must not change or remove data)."""
+    if removes_data and TableProperties.of(metadata).append_only:
+        return InvalidProposalError(ReasonCode.APPEND_ONLY,
+                                    f"the table is append-only ({Property.APPEND_ONLY}=true) and cannot remove data")
+    return None
+
+
+#: The coordinator's rule for each feature whose `coordinator` column names one, keyed by feature.
+RULES: Mapping[str, Callable[..., InvalidProposalError | None]] = {
+    FEATURES["appendOnly"].name: append_only_error,
+    DOMAIN_METADATA: domain_metadata_error,
+    CHECK_CONSTRAINTS: check_constraints_error,
+    COORDINATED: coordinated_feature_error,
+}
+
+
+__all__ = ["CHECK_CONSTRAINTS", "DOMAIN_METADATA", "DROP_FEATURE", "RULES", "append_only_error", "check_constraints_error",
+           "coordinated_feature_error", "domain_metadata_error"]

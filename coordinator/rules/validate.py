@@ -51,6 +51,7 @@ from deltacoord.coordinator.rules.row_ids import missing_num_records
 from deltacoord.coordinator.rules.state import TableState, Winners
 from deltacoord.coordinator.rules.stats import BULK_MIN_FILES, stats_problem, stats_problems
 from deltacoord.coordinator.rules.table_features import (
+    append_only_error,
     check_constraints_error,
     coordinated_feature_error,
     domain_metadata_error,
@@ -78,9 +79,7 @@ from deltacoord.schemas.messages import FileRead, Proposal
 from deltacoord.schemas.properties import CONFLICT_PROFILES, TABLE_ISOLATION_LEVELS, Property, TableProperties
 from deltacoord.schemas.reasons import ReasonCode
 from deltacoord.schemas.row_tracking import supported as row_tracking_supported
-
-MAX_READER_VERSION = 3
-MAX_WRITER_VERSION = 7
+from deltacoord.schemas.table_features import MAX_READER_VERSION, MAX_WRITER_VERSION
 
 #: Every reason code this module can report.
 REASONS = frozenset(
@@ -604,8 +603,9 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
                             f"add {a.path!r}: partition value {pv.get(c.physical_name)!r} of column {c.name!r} "
                             f"({c.type_name}) is {problem}",
                         )
-        if data_removes and TableProperties.of(effective).append_only:
-            raise _err(ReasonCode.APPEND_ONLY, f"the table is append-only ({Property.APPEND_ONLY}=true) and cannot remove data")
+        append_only = append_only_error(effective, data_removes)
+        if append_only is not None:
+            raise append_only
 
     if len(p.read_predicates) > MAX_PREDICATES:
         raise _err(ReasonCode.BAD_PREDICATE, f"{len(p.read_predicates)} read predicates; at most {MAX_PREDICATES} are accepted")

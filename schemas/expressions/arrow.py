@@ -9,7 +9,9 @@ resolve case-insensitively when they are not exact.
 
 Filters given as DNF tuples (`[("p", "=", "a")]`, the form delta-rs and
 pyarrow take) are turned into the same SQL trees first; `implied` finds the
-part of a filter that prunes by partition columns alone.
+part of a filter over partition columns alone, which the reader prunes files
+with through `partitions.prune` (one pruning semantics for reader, writer and
+coordinator).
 """
 
 from __future__ import annotations
@@ -459,7 +461,8 @@ def filter_text(flt: Filter) -> str:
 
 
 def implied(node: exp.Expr, columns: Collection[str]) -> exp.Expr | None:
-    """A condition over `columns` only that is TRUE whenever `node` is (None: there is none), for pruning."""
+    """A condition over `columns` only that is TRUE whenever `node` is (None: there is none), for pruning
+    (with `partitions.prune`: a file whose partition value cannot be evaluated is kept)."""
     allowed = {c.lower() for c in columns}
     node = unparen(node)
     if {c.lower() for c in columns_of(node)} <= allowed:

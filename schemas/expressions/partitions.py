@@ -19,6 +19,10 @@ partition values?* The answer follows Delta Spark's append check:
 * A partition value that cannot be parsed as its column type makes the
   predicate match (conservative: a possible conflict is reported rather than
   missed). Delta Spark would cast it to NULL (no match) or fail the query.
+  This is the one pruning semantics: the writer's and the reader's pruning
+  (`prune`) keep such a file too, so the writer reads what the coordinator
+  guards and the reader never drops a file it cannot evaluate (reading it
+  then fails naming the value, rather than returning fewer rows).
 * Which conjuncts count is `syntax.is_partition_only`: column names match
   case-insensitively (Spark's default), a qualified column ``t.date`` is
   accepted, and a conjunct that mixes qualifiers (``s.date = t.date``, a MERGE
@@ -26,7 +30,7 @@ partition values?* The answer follows Delta Spark's append check:
 
 The writer prunes files with this same matcher before it scans them, so the
 files a DELETE or UPDATE reads are never in a partition the coordinator's
-append check would not guard.
+append check would not guard; the reader prunes with it too.
 
 Anything this module does not understand in a partition-only conjunct (a
 function call, arithmetic, a subquery) raises ``InvalidProposalError`` with
@@ -617,8 +621,9 @@ def prune(files: Sequence[F], where: str | None, metadata: Metadata,
 
     This is the coordinator's append matching applied to existing files: a
     writer that prunes with it reads exactly the partitions a concurrent append
-    into would conflict with. Raises BAD_PREDICATE for what the coordinator
-    would refuse too.
+    into would conflict with, and a reader skips only files no row of which can
+    match. A file whose partition value cannot be evaluated is kept. Raises
+    BAD_PREDICATE for what the coordinator would refuse too.
     """
     if where is None or not files:
         return list(files)

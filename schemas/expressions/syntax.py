@@ -5,7 +5,9 @@ predicates come from writers and are compiled on the coordinator's single
 deciding thread, and refuses statements. `literal` is the one reading of a
 SQL literal as a Python value; `is_partition_only` the one rule for which
 conjuncts may prune files by partition (every evaluator uses the same, so the
-writer's pruning and the coordinator's matching cannot disagree).
+writer's pruning and the coordinator's matching cannot disagree);
+`is_simple_condition` the one rule for which conditions keep row-level
+concurrency.
 """
 
 from __future__ import annotations
@@ -147,6 +149,32 @@ def is_partition_only(node: exp.Expr, partition_columns: Collection[str]) -> boo
     return len(qualifiers) <= 1
 
 
+#: The constructs a *simple* condition is made of: columns, literals, comparisons, boolean logic, IN lists,
+#: BETWEEN, IS NULL, arithmetic and casts. Anything else (a function, a subquery) makes it complex.
+SIMPLE_NODES: tuple[type[exp.Expr], ...] = (
+    exp.Column, exp.Identifier, exp.Literal, exp.Null, exp.Boolean, exp.Paren, exp.Neg, exp.Not, exp.And, exp.Or,
+    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between, exp.Is, exp.Add, exp.Sub, exp.Mul,
+    exp.Div, exp.Cast, exp.TryCast, exp.DataType,
+)
+
+
+def is_simple_condition(text: str, columns: Collection[str]) -> bool:
+    """Whether `text` is a simple condition on `columns` (unqualified, case-insensitive): only `SIMPLE_NODES`,
+    no subquery. Row-level concurrency holds only for such conditions: a complex one (a function, possibly
+    non-deterministic, a subquery, a nested field) may select other rows once other rows change."""
+    names = {c.lower() for c in columns}
+    try:
+        node = parse(text)
+    except ExpressionError:
+        return False
+    for n in node.walk():
+        if not isinstance(n, SIMPLE_NODES) or (isinstance(n, exp.In) and n.args.get("query") is not None):
+            return False
+        if isinstance(n, exp.Column) and (n.table or n.name.lower() not in names):
+            return False
+    return True
+
+
 class NotALiteral(Exception):
     """The node is not a literal `literal` can read."""
 
@@ -281,12 +309,14 @@ __all__ = [
     "MAX_PREDICATE_CHARS",
     "MAX_PREDICATE_NESTING",
     "MAX_TOTAL_PREDICATE_CHARS",
+    "SIMPLE_NODES",
     "ExpressionError",
     "NotALiteral",
     "cast_type",
     "columns_of",
     "conjuncts",
     "is_partition_only",
+    "is_simple_condition",
     "literal",
     "literal_node",
     "number",

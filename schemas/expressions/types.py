@@ -50,6 +50,11 @@ FLOATING = frozenset({"float", "double", "real"})
 _UTC = _dt.UTC
 
 
+#: Delta types whose min/max statistics a condition can compare (binary, decimal and nested types are not).
+STATS_TYPES = frozenset({"string", "long", "integer", "short", "byte", "float", "double", "boolean", "date",
+                         "timestamp", "timestamp_ntz"})
+
+
 def category_of(type_name: str) -> str:
     """The category of a Delta primitive type name ("integer", "date", "decimal(10,2)", ...)."""
     t = type_name.lower()
@@ -159,6 +164,7 @@ __all__ = [
     "FROM_TEXT",
     "INTEGRAL",
     "NUM",
+    "STATS_TYPES",
     "STR",
     "TS",
     "category_of",

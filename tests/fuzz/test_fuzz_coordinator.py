@@ -42,7 +42,8 @@ from hypothesis import strategies as st
 
 from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
 from deltacoord.coordinator.rules.batch import rejection
-from deltacoord.coordinator.rules.conflicts import Rejected, decide
+from deltacoord.coordinator.rules.conflicts import decide
+from deltacoord.coordinator.rules.outcomes import Rejected
 from deltacoord.coordinator.rules.state import TableState
 from deltacoord.coordinator.settings import CoordinatorSettings
 from deltacoord.schemas.actions import CommitInfo, Metadata, Protocol

@@ -15,7 +15,8 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from deltacoord.coordinator.rules.conflicts import Accepted, Duplicate, Rejected, decide
+from deltacoord.coordinator.rules.conflicts import decide
+from deltacoord.coordinator.rules.outcomes import Accepted, Duplicate, Rejected
 from deltacoord.coordinator.rules.state import TableState
 from deltacoord.schemas.actions import (
     Action,

@@ -27,7 +27,8 @@ from deltacoord.coordinator.kafka.control import (
 )
 from deltacoord.coordinator.kafka.recovery import Recovered, _fold_adoption
 from deltacoord.coordinator.kafka.snapshot import PartitionSnapshot, decode_snapshot, encode_snapshot
-from deltacoord.coordinator.rules.conflicts import Accepted, decide
+from deltacoord.coordinator.rules.conflicts import decide
+from deltacoord.coordinator.rules.outcomes import Accepted
 from deltacoord.coordinator.rules.state import TableState
 from deltacoord.schemas.actions import (
     Action,

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deltacoord.coordinator.rules.batch import Submitted, decide_batch
-from deltacoord.coordinator.rules.conflicts import Accepted, decide
+from deltacoord.coordinator.rules.conflicts import decide
+from deltacoord.coordinator.rules.outcomes import Accepted
 from deltacoord.coordinator.rules.state import TableState
 from deltacoord.schemas.actions import Action, CommitInfo
 from deltacoord.schemas.messages import Decision, Proposal

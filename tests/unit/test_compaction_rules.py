@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from deltacoord.coordinator.rules.compaction import compaction_of
-from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.coordinator.rules.outcomes import Accepted, Rejected
 from deltacoord.schemas.actions import Action, AddFile, DeletionVector, RemoveFile
 from deltacoord.schemas.deletion_vectors import inline_descriptor, inline_rows
 from deltacoord.schemas.errors import ConcurrentDeleteDeleteException, DeltaConcurrentModificationException

@@ -21,15 +21,9 @@ from typing import Any
 
 import pytest
 
-from deltacoord.coordinator.rules.conflicts import (
-    SNAPSHOT_ISOLATION,
-    Accepted,
-    Duplicate,
-    Rejected,
-    can_downgrade_to_snapshot_isolation,
-    check,
-    decide,
-)
+from deltacoord.coordinator.rules.checked import can_downgrade_to_snapshot_isolation
+from deltacoord.coordinator.rules.conflicts import check, decide
+from deltacoord.coordinator.rules.outcomes import Accepted, Duplicate, Rejected
 from deltacoord.coordinator.rules.state import TableState
 from deltacoord.schemas.actions import Action, AddFile, CommitInfo, DomainMetadata, Metadata, Protocol, SetTransaction
 from deltacoord.schemas.errors import (
@@ -44,6 +38,7 @@ from deltacoord.schemas.errors import (
     ProtocolChangedException,
 )
 from deltacoord.schemas.messages import FileRead
+from deltacoord.schemas.properties import SNAPSHOT_ISOLATION
 from tests.unit.builders import (
     DOMAINS_PROTOCOL,
     NOW,

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deltacoord.coordinator.rules import conflicts
-from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.coordinator.rules.outcomes import Accepted, Rejected
 from deltacoord.schemas.actions import DomainMetadata, SetTransaction
 from deltacoord.schemas.messages import Proposal
 from tests.unit.builders import Harness, add, insert_op, metadata, proposal, protocol, removal_of

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.coordinator.rules.outcomes import Accepted, Rejected
 from deltacoord.schemas.actions import AddFile
 from deltacoord.schemas.errors import (
     ConcurrentAppendException,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deltacoord.coordinator.delta_log.adoption import adoption_problems
-from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.coordinator.rules.outcomes import Accepted, Rejected
 from deltacoord.coordinator.rules.validate import proposal_error
 from deltacoord.schemas.actions import Metadata, Protocol
 from deltacoord.schemas.errors import ProtocolChangedException

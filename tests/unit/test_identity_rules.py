@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.coordinator.rules.outcomes import Accepted, Rejected
 from deltacoord.schemas.actions import AddFile, Metadata
 from deltacoord.schemas.errors import InvalidProposalError, MetadataChangedException
 from deltacoord.schemas.identity import with_high_water_marks

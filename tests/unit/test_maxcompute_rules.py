@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from deltacoord.coordinator.rules import profiles
-from deltacoord.coordinator.rules.conflicts import Accepted, Duplicate, Rejected
 from deltacoord.coordinator.rules.maxcompute import TABLE, Cell
+from deltacoord.coordinator.rules.outcomes import Accepted, Duplicate, Rejected
 from deltacoord.schemas.actions import Action, AddFile, CommitInfo, Metadata, RemoveFile
 from deltacoord.schemas.deletion_vectors import inline_rows
 from deltacoord.schemas.errors import ConcurrentJobException

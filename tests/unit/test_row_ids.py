@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.coordinator.rules.outcomes import Accepted, Rejected
 from deltacoord.schemas.actions import AddFile, DomainMetadata, Protocol
 from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.reasons import ReasonCode

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from deltacoord.coordinator.rules.conflicts import Accepted, Rejected
+from deltacoord.coordinator.rules.outcomes import Accepted, Rejected
 from deltacoord.schemas.actions import Action, AddFile, DeletionVector, RemoveFile
 from deltacoord.schemas.deletion_vectors import decode_roaring64, encode_roaring64, inline_descriptor, inline_rows
 from deltacoord.schemas.errors import (

@@ -541,3 +541,50 @@ def test_a_timestamp_in_seconds_is_refused_with_the_milliseconds_to_give(tmp_pat
         Snapshot.load(path, timestamp=1_795_000_000.0)
     with pytest.raises(VersionNotFoundError, match=r"timestamp 5 ms \(1970-01-01T00:00:00.005\+00:00\) is before"):
         Snapshot.load(path, timestamp=5)
+
+
+def test_pruning_agrees_with_the_coordinators_matcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader prunes as the writer and the coordinator do (`partitions.prune`): a file whose partition value
+    cannot be evaluated is kept (possibly matching), so the reader raises naming it rather than drop its rows."""
+    from deltacoord.schemas.expressions.partitions import prune
+
+    path = tmp_path / "bad-partition"
+    path.mkdir()
+    schema = {"type": "struct", "fields": [{"name": n, "type": t, "nullable": True, "metadata": {}}
+                                           for n, t in (("id", "long"), ("p", "string"), ("q", "integer"))]}
+    md = Metadata(id="t", schema_string=json.dumps(schema), partition_columns=("p", "q"))
+    files = [AddFile("a1.parquet", {"p": "a", "q": "1"}, 1, 1, True),
+             AddFile("a2.parquet", {"p": "a", "q": "2"}, 1, 1, True),
+             AddFile("b.parquet", {"p": "b", "q": "oops"}, 1, 1, True)]
+    for i, f in enumerate(files):
+        pq.write_table(pa.table({"id": pa.array([i], pa.int64())}), path / f.path)
+    _write_commit(path, 0, [Protocol(1, 2), md, *files])
+    s = Snapshot.load(path)
+    opened: list[str] = []
+    real = snapmod.read_data_file
+
+    def spy(obj: Any, *a: Any, **k: Any) -> pa.Table:
+        opened.append(str(obj))
+        return real(obj, *a, **k)
+
+    monkeypatch.setattr(snapmod, "read_data_file", spy)
+    # condition -> the files both keep; None: rows of every kept file are returned, ids as listed
+    cases: dict[str, tuple[set[str], list[int] | None]] = {
+        "p = 'a'": ({"a1.parquet", "a2.parquet"}, [0, 1]),
+        "p = 'a' AND q = 2": ({"a2.parquet"}, [1]),
+        "p = 'b'": ({"b.parquet"}, None),
+        "q = 1": ({"a1.parquet", "b.parquet"}, None),  # 'oops' cannot be compared: possibly 1
+        "q > 1 AND p <> 'b'": ({"a2.parquet", "b.parquet"}, None),
+        "q IS NULL": ({"b.parquet"}, None),
+    }
+    for where, (expected, ids) in cases.items():
+        kept = {f.path for f in prune(files, where, md, lambda f: f.partition_values)}
+        assert kept == expected, where
+        opened.clear()
+        if ids is None:  # the unparsable file is kept: reading it cannot make its partition column, so it raises
+            with pytest.raises(ValueError, match=r"b\.parquet has partition value 'oops' for column 'q'"):
+                s.to_pyarrow(filter=where)
+            assert not opened
+        else:
+            assert sorted(s.to_pyarrow(filter=where).column("id").to_pylist()) == ids
+            assert sorted(o.rsplit("/", 1)[-1] for o in opened) == sorted(kept), where

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from deltacoord.coordinator.rules.conflicts import Accepted, Rejected, decide
+from deltacoord.coordinator.rules.conflicts import decide
+from deltacoord.coordinator.rules.outcomes import Accepted, Rejected
 from deltacoord.coordinator.rules.state import TableState
 from deltacoord.coordinator.rules.table_features import domain_metadata_error
 from deltacoord.coordinator.rules.validate import (

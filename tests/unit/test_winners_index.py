@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deltacoord.coordinator.rules import conflicts, layers
-from deltacoord.coordinator.rules.conflicts import Rejected
 from deltacoord.coordinator.rules.layers import ForkedWindow, WinnersWindow
+from deltacoord.coordinator.rules.outcomes import Rejected
 from deltacoord.coordinator.rules.state import Winners
 from tests.unit.builders import Harness, add, insert_op, metadata
 
