@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from deltacoord.coordinator.kafka.stability import StableOffsets
 from deltacoord.coordinator.stable_wait import StableWait
+from deltacoord.schemas.errors import CommitsPartitionBlockedError
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def seal(producer: Producer, client_config: dict[str, Any], topic: str, partitio
                 lso: int | str = stable.last_stable_offset(partition)
             except KafkaException:
                 lso = "<the last stable offset>"
-            raise RuntimeError(
+            raise CommitsPartitionBlockedError(
                 f"commits partition {topic}[{partition}] stays unreadable from offset {lso}: a transaction of another "
                 f"producer is open there. Abort it (kafka-transactions.sh --bootstrap-server <brokers> abort --topic "
                 f"{topic} --partition {partition} --start-offset {lso}), then start the coordinator again")
