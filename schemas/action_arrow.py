@@ -466,23 +466,12 @@ def _metadata_from_row(d: dict[str, Any]) -> Metadata:
     )
 
 
-def _protocol_from_row(d: dict[str, Any]) -> Protocol:
-    rf = d.get("readerFeatures")
-    wf = d.get("writerFeatures")
-    return Protocol(
-        min_reader_version=d["minReaderVersion"],
-        min_writer_version=d["minWriterVersion"],
-        reader_features=None if rf is None else tuple(rf),
-        writer_features=None if wf is None else tuple(wf),
-    )
-
-
 def small_actions_from_table(t: pa.Table | pa.RecordBatch) -> list[Action]:
     """protocol, metaData, txn and domainMetadata actions of a checkpoint table (few rows)."""
     out: list[Action] = []
     names = t.schema.names
     if "protocol" in names:
-        out.extend(_protocol_from_row(d) for d in non_null(t.column("protocol")).to_pylist())
+        out.extend(Protocol.from_json(d) for d in non_null(t.column("protocol")).to_pylist())
     if "metaData" in names:
         out.extend(_metadata_from_row(d) for d in non_null(t.column("metaData")).to_pylist())
     if "txn" in names:
