@@ -1,4 +1,5 @@
-"""Reading the commits topic: one scan and one watermark client for every reader of it.
+"""Reading the commits topic: one reader (a tail, and the scan that bounds it) and one watermark client for
+every reader of it.
 
 The writer's lookup of a decision, ratified reads, consistent multi-table reads, recovery and the change
 feed all read one partition of the commits topic `read_committed`. They share what is easy to get wrong:
@@ -107,7 +108,7 @@ class Watermarks:
 
     @property
     def consumer(self) -> Consumer:
-        """The current consumer (a scan assigns it once its watermarks are known: nothing replaces it after)."""
+        """The current consumer (a tail assigns it once its watermarks are known: nothing replaces it after)."""
         if self._consumer is None:
             raise KafkaException(KafkaError(KafkaError._DESTROY, "closed"))
         return self._consumer
