@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from deltacoord.reader.stream import CommitEvent, CommitStream
     from deltacoord.schemas.actions import Protocol
     from deltacoord.schemas.errors import (
+        ClientClosedError,
         CommitOutcomeUnknownError,
         ConcurrentAppendException,
         ConcurrentDeleteDeleteException,
@@ -69,6 +70,7 @@ except _metadata.PackageNotFoundError:  # running from a checkout that is not in
 # The front door's names load when first used: every module of the project lives under this package, so its
 # `__init__` runs before any of them, and the coordinator's processes must not pay for the writer and Arrow.
 _LAZY: dict[str, str] = {
+    "ClientClosedError": "deltacoord.schemas.errors",
     "CommitEvent": "deltacoord.reader.stream",
     "CommitOutcomeUnknownError": "deltacoord.schemas.errors",
     "CommitResult": "deltacoord.writer.transaction",
@@ -128,6 +130,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ClientClosedError",
     "CommitEvent",
     "CommitOutcomeUnknownError",
     "CommitResult",

@@ -14,12 +14,11 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from deltacoord.reader.checkpoint import (
-    CheckpointReadError,
+from deltacoord.reader.checkpoint import CheckpointReadError, iter_checkpoint_batches
+from deltacoord.schemas.action_arrow import (
     adds_from_struct,
     adds_to_struct,
     file_key_strings,
-    iter_checkpoint_batches,
     key_string,
     string_array,
     without_cyclic_gc,

@@ -35,20 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from deltacoord.reader.checkpoint import (
-    ADD_TYPE,
-    SMALL_ACTION_COLUMNS,
-    CheckpointReadError,
-    adds_to_struct,
-    file_key_strings,
-    iter_checkpoint_batches,
-    key_string,
-    non_null,
-    read_checkpoint_table,
-    removes_from_struct,
-    small_actions_from_table,
-    string_array,
-)
+from deltacoord.reader.checkpoint import CheckpointReadError, iter_checkpoint_batches, read_checkpoint_table
 from deltacoord.reader.checkpoint_adds import CheckpointAdds, read_live_adds
 from deltacoord.reader.deletion_vectors import keep_mask, read_deletion_vector
 from deltacoord.reader.log import (
@@ -70,6 +57,17 @@ from deltacoord.reader.log import (
     table_storage,
 )
 from deltacoord.schemas import arrow_types
+from deltacoord.schemas.action_arrow import (
+    ADD_TYPE,
+    SMALL_ACTION_COLUMNS,
+    adds_to_struct,
+    file_key_strings,
+    key_string,
+    non_null,
+    removes_from_struct,
+    small_actions_from_table,
+    string_array,
+)
 from deltacoord.schemas.actions import (
     Action,
     AddFile,

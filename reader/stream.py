@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeAlias
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaException, Message
 
 from deltacoord.reader.log import table_root
 from deltacoord.reader.snapshot import TimestampLike, to_epoch_ms
@@ -78,8 +78,8 @@ from deltacoord.reader.staged_commits import resolve_decision
 from deltacoord.schemas import client_settings, kafka_logs
 from deltacoord.schemas.actions import Action, AddFile, CommitInfo, Metadata, Protocol, RemoveFile
 from deltacoord.schemas.codec import decode_decision
-from deltacoord.schemas.commits_topic import commits_partition, read_committed
-from deltacoord.schemas.errors import DeltaCoordError, MetadataChangedException
+from deltacoord.schemas.commits_topic import CommitsTail, commits_partition, read_committed
+from deltacoord.schemas.errors import ClientClosedError, DeltaCoordError, MetadataChangedException
 from deltacoord.schemas.messages import Decision, Outcome
 from deltacoord.schemas.routing import (
     ADOPTED_ERROR_TYPE,
@@ -303,20 +303,18 @@ class CommitStream:
         self._error: Exception | None = None
         self._closed = False
 
-        conf: dict[str, Any] = {
+        conf = kafka_logs.kafka_config({
             "fetch.wait.max.ms": 10,
             **read_committed({"bootstrap.servers": bootstrap_servers, **kafka_config},
                              f"deltacoord-stream-{uuid.uuid4().hex}"),
             "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-        }
-        self._consumer = Consumer(kafka_logs.kafka_config(conf))
-        try:
-            self.partition = commits_partition(self._consumer, self.topics.commits, self.table_id, bootstrap_servers)
-            self._consumer.assign([TopicPartition(self.topics.commits, self.partition, OFFSET_BEGINNING)])
-        except BaseException:
-            self._consumer.close()
-            raise
+        })
+        # The table's partition from its beginning; only this table's records reach the stream.
+        self._tail = CommitsTail(
+            conf, self.topics.commits,
+            lambda c: commits_partition(c, self.topics.commits, self.table_id, bootstrap_servers),
+            headers={H_TABLE_ID: {self.table_id.encode()}})
+        self.partition = self._tail.tp.partition
 
     # ------------------------------------------------------------------ public API
 
@@ -383,7 +381,7 @@ class CommitStream:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._consumer.close()
+            self._tail.close()
 
     def __enter__(self) -> CommitStream:
         return self
@@ -398,43 +396,36 @@ class CommitStream:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("the stream is closed")
+            raise ClientClosedError("the stream is closed")
 
     def _ready_files(self) -> int:
         return sum(e.num_files for e in self._ready)
 
     def _fill(self, timeout_s: float, *, until_files: int | None = None) -> None:
-        """Consume until an event is ready, an error occurs, or `timeout_s` passes."""
+        """Read until an event is ready, an error occurs, or `timeout_s` passes."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         while self._error is None:
-            remaining = deadline - time.monotonic()
-            msgs = self._consumer.consume(500, max(0.0, remaining))
-            for m in msgs:
+            try:
+                fetched = self._tail.poll(deadline - time.monotonic())
+            except KafkaException as e:
+                self._error = e
+                return
+            for m in fetched.records:
                 self._on_message(m)
                 if self._error is not None:
                     return
+            if fetched.at_end and self._latest and self._deliver_from is None:
+                self._deliver_from = self._next
+                log.debug("stream of %s starts at the latest version + 1 = %d", self.table_id, self._next)
             if until_files is not None:
-                if not msgs or self._ready_files() >= until_files:
+                if not fetched.count or self._ready_files() >= until_files:
                     return
                 continue
             if self._ready or time.monotonic() >= deadline:
                 return
 
     def _on_message(self, m: Message) -> None:
-        err = m.error()
-        if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                if self._latest and self._deliver_from is None:
-                    self._deliver_from = self._next
-                    log.debug("stream of %s starts at the latest version + 1 = %d", self.table_id, self._next)
-                return
-            if err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED):
-                self._error = KafkaException(err)
-            else:
-                log.warning("commit stream of %s: %s (retrying)", self.table_id, err)
-            return
-        if header(m, H_TABLE_ID) != self.table_id.encode():
-            return
+        """One of this table's records (the tail filtered the others out by header)."""
         if header(m, H_CONTROL) == CONTROL_ADOPT.encode():
             self._on_adoption(m)
             return

@@ -103,6 +103,14 @@ def arrow_to_delta(t: pa.DataType, *, all_nullable: bool = False) -> Any:
     raise DeltaTypeError(f"Arrow type {t} has no Delta equivalent")
 
 
+def written_type(t: pa.DataType) -> pa.DataType:
+    """The Arrow type data of Arrow type `t` is written as: strings, binaries and timestamps take their Delta
+    type's one Arrow type (large variants, other units and time zones unified); other types stay as they are."""
+    if pa.types.is_large_string(t) or pa.types.is_large_binary(t) or pa.types.is_timestamp(t):
+        return delta_to_arrow(arrow_to_delta(t))
+    return t
+
+
 def arrow_field_to_delta(f: pa.Field, *, all_nullable: bool = False) -> dict[str, Any]:
     """One field of a Delta struct type."""
     meta: dict[str, Any] = {}

@@ -1055,6 +1055,7 @@ def _register_history() -> None:
     added since with defaults, which Avro resolution fills in."""
     for f in sorted((_AVRO_DIR / "history").glob("*.json")):
         message = f.name.split(".", 1)[0]
+        # RuntimeError: a file shipped with the package is wrong (an internal invariant, no user input).
         if message not in _READERS:
             raise RuntimeError(f"{f}: unknown message {message!r}")
         fp = register_writer_schema(message, f.read_text())  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
-"""Reading the commits topic: one scan and one watermark client for every reader of it.
+"""Reading the commits topic: one reader (a tail, and the scan that bounds it) and one watermark client for
+every reader of it.
 
 The writer's lookup of a decision, ratified reads, consistent multi-table reads, recovery and the change
 feed all read one partition of the commits topic `read_committed`. They share what is easy to get wrong:
@@ -11,20 +12,24 @@ feed all read one partition of the commits topic `read_committed`. They share wh
   `_UNKNOWN_PARTITION` until the entry aged out (15 minutes) without asking the broker again; a query failing
   that way (`STALE_METADATA`), or failing in any way for `REBUILD_AFTER_S`, replaces the consumer, whose
   fresh cache asks.
-* `PartitionScan` reads from an offset or a time to the partition's end as it was when the scan began (its
-  last stable offset), keeps the records whose headers match, and knows it reached that end by the
-  consumer's position (transaction markers are never delivered, so the last record's offset may stay short
-  of it) or by the end-of-partition event.
+* `CommitsTail` reads committed records from an offset or a time on, as they arrive (the change feed), keeps
+  those whose headers match, says when it reached the partition's end, and treats a consumer's error events
+  by one policy (`read_on`: read on after passing ones, end the read on those no waiting mends).
+* `PartitionScan`, a `CommitsTail`, reads to the partition's end as it was when the scan began (its last
+  stable offset), and knows it reached that end by the consumer's position (transaction markers are never
+  delivered, so the last record's offset may stay short of it) or by the end-of-partition event.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, Self
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -103,7 +108,7 @@ class Watermarks:
 
     @property
     def consumer(self) -> Consumer:
-        """The current consumer (a scan assigns it once its watermarks are known: nothing replaces it after)."""
+        """The current consumer (a tail assigns it once its watermarks are known: nothing replaces it after)."""
         if self._consumer is None:
             raise KafkaException(KafkaError(KafkaError._DESTROY, "closed"))
         return self._consumer
@@ -175,28 +180,49 @@ class ScanIncompleteError(DeltaCoordError):
         self.end = end
 
 
-class PartitionScan:
-    """The committed records of one partition from a start to the end captured when the scan began.
+#: Errors a reading consumer reports that no waiting mends: the topic is gone or closed to this reader, or the
+#: consumer skipped records (its offset was out of range). A read that met one is not whole.
+ENDED = frozenset({
+    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.OFFSET_OUT_OF_RANGE,
+    KafkaError._AUTO_OFFSET_RESET,
+})
 
-    The start is `from_offset`, or the first record at or after `since_ms` (ms since the epoch; a scan with no
-    record that recent is empty), or the partition's beginning. Only records whose headers match `headers`
-    (name -> accepted values) are yielded; `on_record` sees every record before that filter. The end (`end`)
-    may be moved later while the scan runs (a reader that must not split a transaction). Close it (or use it
-    as a context manager) to free its consumer."""
 
-    #: How long one fetch waits for records (seconds).
-    POLL_S = 0.1
+def read_on(err: KafkaError) -> bool:
+    """Whether a reading consumer's error event passes (a connection lost, a leader moving: log it and read on)
+    rather than ends the read (fatal, or one of `ENDED`)."""
+    return not err.fatal() and err.code() not in ENDED
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """What one `CommitsTail.poll` read."""
+
+    #: The committed records whose headers match, in offset order.
+    records: list[Message]
+    #: Records and events the fetch returned, matching or not (0: nothing arrived within the wait).
+    count: int
+    #: The reader reached the partition's end right after these records (an end-of-partition event).
+    at_end: bool
+
+
+class CommitsTail:
+    """The committed records of one partition from a start on, as they arrive: the change feed's reader, and
+    (`PartitionScan`) every bounded read of the commits topic.
+
+    The start is `from_offset`, or the first record at or after `since_ms` (ms since the epoch; with no record
+    that recent, the partition's end), or the partition's beginning; `low` and `end` are the partition's
+    offsets when the tail began (`end` its last stable offset). `poll` returns the records whose headers match
+    `headers` (name -> accepted values); `on_record` sees every record before that filter. Errors follow one
+    policy (`read_on`). Close it (or use it as a context manager) to free its consumer."""
 
     def __init__(self, config: Mapping[str, Any], topic: str, partition: int | Callable[[Consumer], int], *,
                  from_offset: int | None = None, since_ms: int | None = None,
                  headers: Mapping[str, Collection[bytes]] | None = None,
-                 on_record: Callable[[Message], None] | None = None, budget_s: float = 30.0,
-                 deadline_s: float | None = None, stall_s: float | None = None) -> None:
-        """`partition` is a number, or a function of the scan's consumer that finds it (`commits_partition`)."""
+                 on_record: Callable[[Message], None] | None = None, budget_s: float = 30.0) -> None:
+        """`partition` is a number, or a function of the tail's consumer that finds it (`commits_partition`)."""
         self.headers = dict(headers or {})
         self._on_record = on_record
-        self.deadline_s = deadline_s
-        self.stall_s = stall_s
         self._w = Watermarks({**config, "enable.partition.eof": True})
         try:
             self.tp = TopicPartition(topic, partition if isinstance(partition, int) else partition(self._w.consumer))
@@ -209,42 +235,116 @@ class PartitionScan:
         except BaseException:
             self._w.close()
             raise
+        #: The highest offset an end-of-partition event reported (markers included).
+        self.eof_at = self.start
+        self._assigned = False
+        #: Fetched after an end-of-partition event: the next `poll` returns them.
+        self._pending: collections.deque[Message] = collections.deque()
+        #: An error met after records `poll` returned: the next `poll` raises it.
+        self._failed: KafkaException | None = None
 
     def wanted(self, m: Message) -> bool:
-        """Whether a record's headers match the scan's."""
+        """Whether a record's headers match the tail's."""
         return all(header(m, name) in accepted for name, accepted in self.headers.items())
+
+    def _in_range(self, offset: int) -> bool:
+        """Whether a record at `offset` belongs to the read (a bounded read ends before some)."""
+        return True
+
+    @property
+    def consumer(self) -> Consumer:
+        """The consumer, assigned to the partition at the start on first use."""
+        c = self._w.consumer
+        if not self._assigned:
+            c.assign([TopicPartition(self.tp.topic, self.tp.partition, self.start)])
+            self._assigned = True
+        return c
+
+    def position(self) -> int:
+        """The offset the next fetch reads from (past transaction markers too)."""
+        return int(self.consumer.position([self.tp])[0].offset)
+
+    def poll(self, timeout_s: float, max_records: int = 500) -> Fetched:
+        """The matching records of one fetch (waiting up to `timeout_s`), up to the partition's end when an
+        end-of-partition event is among them (`at_end`; what follows it comes with the next poll). Raises
+        KafkaException for an error that ends the read, after the records before it were returned."""
+        if self._failed is not None:
+            raise self._failed
+        c = self.consumer
+        if self._pending:
+            batch, self._pending = list(self._pending), collections.deque()
+        else:
+            batch = c.consume(max_records, max(0.0, timeout_s))
+        records: list[Message] = []
+        for i, m in enumerate(batch):
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    self.eof_at = max(self.eof_at, m.offset() or 0)
+                    self._pending.extend(batch[i + 1:])
+                    return Fetched(records, i + 1, True)
+                if read_on(err):
+                    log.info("reading %s[%d]: %s (reading on)", self.tp.topic, self.tp.partition, err)
+                    continue
+                self._failed = KafkaException(err)
+                if not records:
+                    raise self._failed
+                return Fetched(records, i + 1, False)
+            offset = m.offset()
+            if offset is None or not self._in_range(offset):
+                continue
+            if self._on_record is not None:
+                self._on_record(m)
+            if self.wanted(m):
+                records.append(m)
+        return Fetched(records, len(batch), False)
+
+    def close(self) -> None:
+        self._w.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PartitionScan(CommitsTail):
+    """A tail that ends at the end captured when it began, and knows it reached that end by the consumer's
+    position (transaction markers are never delivered, so the last record's offset may stay short of it) or
+    by the end-of-partition event. Iterate it for the matching records. The end (`end`) may be moved later
+    while the scan runs (a reader that must not split a transaction); records after it are not read (nor
+    shown to `on_record`). `deadline_s` bounds the whole read, `stall_s` a wait without progress."""
+
+    #: How long one fetch waits for records (seconds).
+    POLL_S = 0.1
+
+    def __init__(self, config: Mapping[str, Any], topic: str, partition: int | Callable[[Consumer], int], *,
+                 from_offset: int | None = None, since_ms: int | None = None,
+                 headers: Mapping[str, Collection[bytes]] | None = None,
+                 on_record: Callable[[Message], None] | None = None, budget_s: float = 30.0,
+                 deadline_s: float | None = None, stall_s: float | None = None) -> None:
+        super().__init__(config, topic, partition, from_offset=from_offset, since_ms=since_ms, headers=headers,
+                         on_record=on_record, budget_s=budget_s)
+        self.deadline_s = deadline_s
+        self.stall_s = stall_s
+
+    def _in_range(self, offset: int) -> bool:
+        return offset < self.end  # committed after the scan began, or past a moved end: not this scan's
 
     def __iter__(self) -> Iterator[Message]:
         if self.start >= self.end:
             return
-        c = self._w.consumer
-        c.assign([TopicPartition(self.tp.topic, self.tp.partition, self.start)])
         began = last_progress = last_report = time.monotonic()
-        last_pos = eof_at = self.start
+        last_pos = self.start
         while True:
-            msgs = c.consume(500, self.POLL_S)
-            for m in msgs:
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        eof_at = max(eof_at, m.offset() or 0)  # the fetcher reached the end, markers included
-                    elif retriable(err):
-                        log.info("reading %s[%d]: %s (reading on)", self.tp.topic, self.tp.partition, err)
-                    else:
-                        raise KafkaException(err)
-                    continue
-                offset = m.offset()
-                if offset is None or offset >= self.end:
-                    continue  # committed after the scan began
-                if self._on_record is not None:
-                    self._on_record(m)
-                if self.wanted(m):
-                    yield m
-            pos = c.position([self.tp])[0].offset
-            if pos >= self.end or eof_at >= self.end:
-                return
+            fetched = self.poll(self.POLL_S)
+            yield from fetched.records
+            pos = self.position()
+            if not self._pending and (pos >= self.end or self.eof_at >= self.end):
+                return  # (records fetched after an end-of-partition event come first: the end may have moved)
             now = time.monotonic()
-            if msgs or pos > last_pos:
+            if fetched.count or pos > last_pos:
                 last_progress = now
                 last_pos = max(last_pos, pos)
             elif now - last_report > 10:
@@ -261,16 +361,7 @@ class PartitionScan:
                     f"reading {self.tp.topic}[{self.tp.partition}] stalled at offset {pos} of {self.end} for "
                     f"{self.stall_s:.0f}s; refusing to continue with a partial history", position=pos, end=self.end)
 
-    def close(self) -> None:
-        self._w.close()
 
-    def __enter__(self) -> PartitionScan:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-__all__ = ["REQUEST_TIMEOUT_S", "RETRIED", "STALE_METADATA", "CommitsTopicNotFoundError", "PartitionScan",
-           "ScanIncompleteError", "WatermarkSource", "Watermarks", "commits_partition", "read_committed",
-           "retriable", "watermarks"]
+__all__ = ["ENDED", "REQUEST_TIMEOUT_S", "RETRIED", "STALE_METADATA", "CommitsTail", "CommitsTopicNotFoundError",
+           "Fetched", "PartitionScan", "ScanIncompleteError", "WatermarkSource", "Watermarks", "commits_partition", "read_committed",
+           "read_on", "retriable", "watermarks"]

@@ -332,3 +332,23 @@ class NoCoordinatorError(ProposalNotSentError):
 
 class TableHaltedError(DeltaCoordError):
     """The coordinator stopped publishing a table: `_delta_log` disagrees with Kafka."""
+
+
+class ClientClosedError(DeltaCoordError, RuntimeError):
+    """A client (a `CoordinatorClient`, a `CommitStream`) was used after `close`: make a new one. A RuntimeError
+    too, as it was before it had a name."""
+
+
+class ProposalUnconfirmedError(DeltaCoordError, RuntimeError):
+    """Kafka, or the host's relay, did not confirm a proposal's delivery: it may or may not be written. A writer
+    reports it as a `CommitOutcomeUnknownError` (this error its cause)."""
+
+
+class RelayRefusedError(DeltaCoordError, RuntimeError):
+    """A relay answered at its socket but refused the connection (the message says why: most often another
+    topic prefix)."""
+
+
+class CommitsPartitionBlockedError(DeltaCoordError, RuntimeError):
+    """A transaction of another producer stays open on a commits partition, so `read_committed` readers cannot
+    pass it: an operator aborts it (the message gives the command), then starts the coordinator again."""

@@ -148,29 +148,17 @@ class LocalBroker:
         return self.security.client_config(user, password)
 
     # -- state ------------------------------------------------------------
-    def _read_state(self) -> BrokerInfo | None:
-        try:
-            return BrokerInfo(**json.loads(self.state_file.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-
-    def _owns(self, pid: int) -> bool:
-        """True if pid is our JVM: its command line names this home's config."""
-        return processes.runs_with(pid, self.config_path)
-
     def status(self) -> BrokerInfo | None:
-        """The running broker's info, or None if it is not running."""
-        info = self._read_state()
-        if info is None or not self._owns(info.pid):
-            return None
-        return info
+        """The running broker's info, or None if it is not running (its JVM's command line names this home's
+        config)."""
+        return processes.running(self.state_file, BrokerInfo, self.config_path)
 
     def _lock(self) -> contextlib.AbstractContextManager[None]:
         return processes.file_lock(self.home / ".lock")
 
     # -- start / stop -------------------------------------------------------
     def _choose_ports(self, port: int | None) -> tuple[int, int]:
-        previous = self._read_state()
+        previous = processes.recorded(self.state_file, BrokerInfo)
         if port is not None:
             if not port_free(port):
                 raise BrokerError(f"port {port} on 127.0.0.1 is already in use; choose another with --port or stop what holds it")
@@ -258,7 +246,7 @@ class LocalBroker:
             pid=proc.pid, port=port, controller_port=cport, bootstrap_servers=f"127.0.0.1:{port}",
             log_path=str(self.home / "server.log"), data_dir=str(self.data_dir), home=str(self.home),
         )
-        self.state_file.write_text(json.dumps(asdict(info), indent=2) + "\n")
+        processes.record(self.state_file, info)
         return proc, info
 
     def _await_ready(self, info: BrokerInfo, proc: subprocess.Popen[bytes], timeout_s: float) -> None:

@@ -1,5 +1,6 @@
-"""The supervisor of the local servers' processes (broker nodes, storage servers): whether a recorded pid is
-still ours, stopping it, and the lock that keeps two starts of one home apart.
+"""The supervisor of the local servers' processes (broker nodes, storage servers): the state a server records
+when it starts, whether its recorded pid is still ours, stopping it, and the lock that keeps two starts of one
+home apart.
 
 A server's pid is recorded in a state file that outlives it; the pid may since belong to anything, so a
 pid counts as ours only while its command line names the server's own home.
@@ -10,11 +11,24 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+
+class _Recorded(Protocol):
+    """A server's recorded state: a dataclass with the server's pid."""
+
+    @property
+    def pid(self) -> int: ...
+
+
+_S = TypeVar("_S", bound=_Recorded)
 
 
 def pid_alive(pid: int) -> bool:
@@ -40,6 +54,26 @@ def runs_with(pid: int, marker: Path | str) -> bool:
     except OSError:
         return False
     return str(marker).encode() in cmdline
+
+
+def record(state_file: Path, info: Any) -> None:
+    """Record a started server's state (`info`, a dataclass) in `state_file`, as JSON."""
+    state_file.write_text(json.dumps(asdict(info), indent=2) + "\n")
+
+
+def recorded(state_file: Path, kind: Callable[..., _S]) -> _S | None:
+    """The state a server recorded in `state_file` (the fields of `kind`), or None when none is readable."""
+    try:
+        return kind(**json.loads(state_file.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def running(state_file: Path, kind: Callable[..., _S], marker: Path | str) -> _S | None:
+    """The recorded state of a server that still runs: None when none is recorded or its pid is no longer the
+    server's (its command line does not name `marker`, the server's own config or data folder)."""
+    info = recorded(state_file, kind)
+    return info if info is not None and runs_with(info.pid, marker) else None
 
 
 def terminate(pid: int, timeout_s: float, poll_s: float = 0.1) -> None:

@@ -276,22 +276,10 @@ class LocalStorageServer:
         raise NotImplementedError
 
     # -- state ----------------------------------------------------------------------------------
-    def _read_state(self) -> ServerInfo | None:
-        try:
-            return ServerInfo(**json.loads(self.state_file.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-
-    def _owns(self, pid: int) -> bool:
-        """pid is our server: its command line names this home's data folder."""
-        return processes.runs_with(pid, self.data_dir)
-
     def status(self) -> ServerInfo | None:
-        """The running server's info, or None when it does not run."""
-        info = self._read_state()
-        if info is None or not self._owns(info.pid):
-            return None
-        return info
+        """The running server's info, or None when it does not run (its command line names this home's data
+        folder)."""
+        return processes.running(self.state_file, ServerInfo, self.data_dir)
 
     def info(self) -> ServerInfo:
         info = self.status()
@@ -304,7 +292,7 @@ class LocalStorageServer:
             if not port_free(port):
                 raise StorageServerError(f"port {port} on 127.0.0.1 is in use; choose another port or stop what holds it")
             return port
-        previous = self._read_state()
+        previous = processes.recorded(self.state_file, ServerInfo)
         if previous is not None and port_free(previous.port):
             return previous.port
         return free_port()
@@ -345,7 +333,7 @@ class LocalStorageServer:
             kind=self.kind, pid=proc.pid, port=port, endpoint=endpoint, home=str(self.home),
             log_path=str(self.log_path), data_dir=str(self.data_dir), storage_options=self.storage_options(endpoint),
         )
-        self.state_file.write_text(json.dumps(asdict(info), indent=2) + "\n")
+        processes.record(self.state_file, info)
         try:
             self._wait_ready(info, proc, timeout_s)
         except BaseException as e:

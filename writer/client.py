@@ -45,10 +45,12 @@ from deltacoord.schemas import client_settings, kafka_logs
 from deltacoord.schemas.codec import decode_decision, encode_proposal
 from deltacoord.schemas.commits_topic import PartitionScan, ScanIncompleteError, Watermarks, read_committed, watermarks
 from deltacoord.schemas.errors import (
+    ClientClosedError,
     CommitOutcomeUnknownError,
     EncodeError,
     KafkaAccessDeniedError,
     ProposalNotSentError,
+    ProposalUnconfirmedError,
     TopicNotFoundError,
 )
 from deltacoord.schemas.messages import Decision, Proposal
@@ -615,7 +617,7 @@ class CoordinatorClient:
         assert self.relay is not None
         with self._lock:
             if self._closed:
-                raise RuntimeError("the coordinator client is closed")
+                raise ClientClosedError("the coordinator client is closed")
             link = self._replies_
             if isinstance(link, RelayLink) and not link.closed.is_set():
                 return link
@@ -634,7 +636,7 @@ class CoordinatorClient:
                 if self._replies_ is not None:
                     return self._replies_
                 if self._closed:
-                    raise RuntimeError("the coordinator client is closed")
+                    raise ClientClosedError("the coordinator client is closed")
             # Broker round trips: not under `_lock`, which `close` and `forget` take.
             made = ReplyPartitions(self._conf, self.topics.replies, self._reply_group, lease_after_s=LEASE_AFTER_S,
                                    count_timeout_s=timeout_s)
@@ -643,7 +645,7 @@ class CoordinatorClient:
                     self._replies_ = made
                     return made
             made.close()
-            raise RuntimeError("the coordinator client is closed")
+            raise ClientClosedError("the coordinator client is closed")
 
     @property
     def reply_counts(self) -> ReplyCounts:
@@ -723,7 +725,7 @@ class CoordinatorClient:
             elif err.code() in NOT_WRITTEN:
                 delivery.set_exception(ProposalNotSentError(f"proposal {proposal.proposal_id} was refused by Kafka: {err}"))
             else:
-                delivery.set_exception(RuntimeError(f"proposal {proposal.proposal_id} was not delivered: {err}"))
+                delivery.set_exception(ProposalUnconfirmedError(f"proposal {proposal.proposal_id} was not delivered: {err}"))
 
         try:
             value, headers = self._proposal_record(proposal, pending, key, control)

@@ -48,6 +48,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from deltacoord.schemas import client_settings, kafka_logs
+from deltacoord.schemas.errors import RelayRefusedError
 from deltacoord.schemas.routing import H_PROPOSAL_ID, H_REPLY_PARTITION, H_WAIT, Topics, header
 from deltacoord.writer import relay_wire
 from deltacoord.writer.client import NOT_WRITTEN, ReplyPartitions, partition_count, proposal_producer
@@ -596,7 +597,7 @@ def relay_counts(path: str, topics: Topics, timeout_s: float = 10.0) -> dict[str
         sock.connect(path)
         head = relay_wire.greet(sock, topics)
         if not head.get("ok"):
-            raise RuntimeError(f"the relay at {path} refused: {head.get('error')}")
+            raise RelayRefusedError(f"the relay at {path} refused: {head.get('error')}")
         relay_wire.send(sock, {"op": "counts"})
         while True:
             head, _ = relay_wire.receive(sock)

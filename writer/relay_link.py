@@ -17,7 +17,7 @@ import threading
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-from deltacoord.schemas.errors import ProposalNotSentError
+from deltacoord.schemas.errors import ProposalNotSentError, ProposalUnconfirmedError
 from deltacoord.schemas.routing import Topics
 from deltacoord.writer import relay_wire
 from deltacoord.writer.replies import Pending, Routing
@@ -153,7 +153,7 @@ class RelayLink(Routing):
             said = f" (the relay said: {self.error})" if self.error else ""
             for pid, done in open_.items():
                 with contextlib.suppress(InvalidStateError):
-                    done.set_exception(RuntimeError(
+                    done.set_exception(ProposalUnconfirmedError(
                         f"the relay at {self.path} closed before confirming proposal {pid}{said}: it may or may not "
                         "have reached Kafka"))
 
@@ -173,7 +173,7 @@ class RelayLink(Routing):
             elif head.get("not_written"):
                 done.set_exception(ProposalNotSentError(f"proposal {pid} was refused by Kafka: {error}"))
             else:
-                done.set_exception(RuntimeError(f"proposal {pid} was not delivered: {error}"))
+                done.set_exception(ProposalUnconfirmedError(f"proposal {pid} was not delivered: {error}"))
 
     def close(self) -> None:
         self.closed.set()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deltacoord.schemas.codec import decode_decision
+from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.schemas.messages import Decision
 from deltacoord.schemas.routing import (
     H_ERROR,
@@ -33,7 +34,7 @@ from deltacoord.schemas.routing import (
 )
 
 
-class ProposalNotPublishedError(RuntimeError):
+class ProposalNotPublishedError(DeltaCoordError, RuntimeError):
     """The coordinator says a ratified version will not be published (its table is halted)."""
 
 

@@ -98,6 +98,7 @@ from pyspark.sql.types import StructType
 from deltacoord.reader.log import TableNotFoundError, commit_object, read_commit
 from deltacoord.reader.snapshot import Snapshot, delta_schema_to_arrow
 from deltacoord.reader.spark_source import SOURCE_NAME, DeltaCoordSource
+from deltacoord.schemas import arrow_types
 from deltacoord.schemas.actions import AddFile, SetTransaction
 from deltacoord.schemas.errors import CommitOutcomeUnknownError, ProtocolChangedException
 from deltacoord.schemas.expressions import arrow as expressions
@@ -250,7 +251,7 @@ def _delete_unless_in_commit(root: TableStorage, adds: Sequence[AddFile], versio
 
 def _arrow_schema_of(spark_schema: StructType) -> pa.Schema:
     s = to_arrow_schema(spark_schema, timezone="UTC")
-    return pa.schema([pa.field(f.name, staging.normalize_arrow_type(f.type), f.nullable) for f in s])
+    return pa.schema([pa.field(f.name, arrow_types.written_type(f.type), f.nullable) for f in s])
 
 
 def _partition_columns(opts: SinkOptions, spark_schema: StructType) -> list[str]:

@@ -65,17 +65,6 @@ def schema_string(schema: pa.Schema) -> str:
     return json.dumps(struct, separators=(",", ":"))
 
 
-def normalize_arrow_type(t: pa.DataType) -> pa.DataType:
-    """The Arrow type this project writes for a Delta type (large/small variants unified)."""
-    if pa.types.is_large_string(t):
-        return pa.string()
-    if pa.types.is_large_binary(t):
-        return pa.binary()
-    if pa.types.is_timestamp(t):
-        return pa.timestamp("us", tz="UTC" if t.tz is not None else None)
-    return t
-
-
 # -- values ------------------------------------------------------------------------------
 def serialize_partition_value(v: Any) -> str | None:
     """Delta's partition value serialisation (PROTOCOL.md "Partition Value Serialization")."""

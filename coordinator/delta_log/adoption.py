@@ -102,9 +102,9 @@ def load_published_state(storage: TableStorage, version: int | None = None) -> P
 
 
 def _load(storage: TableStorage, version: int | None) -> PublishedState:
-    from deltacoord.reader.checkpoint import file_key_strings  # Arrow: see the module docstring
     from deltacoord.reader.log import CorruptLogError, commit_key, read_commit_info
     from deltacoord.reader.snapshot import Snapshot
+    from deltacoord.schemas.action_arrow import file_key_strings  # Arrow: see the module docstring
     from deltacoord.storage.table import StorageError, StoredObject
 
     snap = Snapshot.load(storage, version=version)

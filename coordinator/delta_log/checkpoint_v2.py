@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from deltacoord.coordinator.delta_log.files import Put, put_if_absent, temp_file_for
-from deltacoord.reader.checkpoint import CHECKPOINT_SCHEMA, DEFAULT_BATCH_ROWS
 from deltacoord.reader.log import LOG_DIR_NAME
+from deltacoord.schemas.action_arrow import CHECKPOINT_SCHEMA, DEFAULT_BATCH_ROWS
 from deltacoord.schemas.actions import Metadata, Protocol
 from deltacoord.storage.table import StoredObject, TableStorage
 

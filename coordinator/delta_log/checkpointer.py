@@ -40,18 +40,7 @@ import pyarrow.parquet as pq
 from deltacoord.coordinator.delta_log.checkpoint_v2 import DEFAULT_SIDECAR_ROWS, wants_v2, write_v2_checkpoint
 from deltacoord.coordinator.delta_log.files import Put, put_if_absent, replace_file, temp_file_for
 from deltacoord.coordinator.faults import fault_point
-from deltacoord.reader.checkpoint import (
-    CHECKPOINT_SCHEMA,
-    DEFAULT_BATCH_ROWS,
-    SMALL_ACTION_COLUMNS,
-    actions_to_record_batch,
-    checkpoint_schema_json,
-    conform_batch,
-    file_key_strings,
-    iter_checkpoint_batches,
-    key_string,
-    small_actions_from_table,
-)
+from deltacoord.reader.checkpoint import iter_checkpoint_batches
 from deltacoord.reader.log import (
     LAST_CHECKPOINT_KEY,
     LastCheckpoint,
@@ -68,6 +57,17 @@ from deltacoord.reader.log import (
     table_storage,
 )
 from deltacoord.reader.snapshot import LogReplayState, Snapshot
+from deltacoord.schemas.action_arrow import (
+    CHECKPOINT_SCHEMA,
+    DEFAULT_BATCH_ROWS,
+    SMALL_ACTION_COLUMNS,
+    actions_to_record_batch,
+    checkpoint_schema_json,
+    conform_batch,
+    file_key_strings,
+    key_string,
+    small_actions_from_table,
+)
 from deltacoord.schemas.actions import (
     Action,
     AddFile,

@@ -45,7 +45,7 @@ from deltacoord.coordinator.kafka.recovery import decision_resolver, read_decisi
 from deltacoord.coordinator.rules.action_values import deletion_vector_problem, partition_value_problem
 from deltacoord.coordinator.rules.stats import stats_problem
 from deltacoord.coordinator.settings import CoordinatorSettings
-from deltacoord.reader.checkpoint import key_string, read_checkpoint_actions
+from deltacoord.reader.checkpoint import read_checkpoint_actions
 from deltacoord.reader.log import (
     LAST_CHECKPOINT_KEY,
     LAST_CHECKPOINT_NAME,
@@ -62,6 +62,7 @@ from deltacoord.reader.log import (
     table_storage,
 )
 from deltacoord.reader.snapshot import LogReplayState
+from deltacoord.schemas.action_arrow import key_string
 from deltacoord.schemas.actions import (
     Action,
     AddCDCFile,

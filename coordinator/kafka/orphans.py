@@ -25,6 +25,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from deltacoord.coordinator.kafka.stability import StableOffsets
 from deltacoord.coordinator.stable_wait import StableWait
+from deltacoord.schemas.commits_topic import watermarks
+from deltacoord.schemas.errors import CommitsPartitionBlockedError
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +45,8 @@ ANSWER_WAIT_S = 120.0
 
 def _end(consumer: Consumer, tp: TopicPartition, deadline: float) -> int:
     """The partition's end as `consumer`'s isolation level sees it, asked again while the brokers cannot answer
-    (OFFSET_NOT_AVAILABLE while a new leader catches up, NOT_LEADER_FOR_PARTITION, timeouts) until `deadline`."""
-    while True:
-        try:
-            return int(consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1])
-        except KafkaException as e:
-            if time.monotonic() >= deadline:
-                raise
-            log.debug("the offsets of %s[%d] are not answered yet: %s", tp.topic, tp.partition, e)
-            time.sleep(0.2)
+    (the commits topic's one retry policy, `watermarks`) until `deadline`."""
+    return watermarks(consumer, tp, max(0.0, deadline - time.monotonic()))[1]
 
 
 def open_transaction(client_config: dict[str, Any], topic: str, partition: int, wait_s: float = OPEN_AFTER_S) -> tuple[int, int] | None:
@@ -80,8 +75,8 @@ def open_transaction(client_config: dict[str, Any], topic: str, partition: int, 
 def seal(producer: Producer, client_config: dict[str, Any], topic: str, partition: int,
          wait_s: float = SEAL_WAIT_S) -> int:
     """Commit one empty record on the partition in a transaction of `producer`, and wait until Kafka shows it
-    (which closes an open transaction of the same producer id). Returns its offset; RuntimeError when the
-    partition stays unreadable (the open transaction belongs to another producer id)."""
+    (which closes an open transaction of the same producer id). Returns its offset; CommitsPartitionBlockedError
+    (a RuntimeError) when the partition stays unreadable (the open transaction belongs to another producer id)."""
     offsets: list[int] = []
 
     def delivered(err: KafkaError | None, msg: Any) -> None:
@@ -116,7 +111,7 @@ def seal(producer: Producer, client_config: dict[str, Any], topic: str, partitio
                 lso: int | str = stable.last_stable_offset(partition)
             except KafkaException:
                 lso = "<the last stable offset>"
-            raise RuntimeError(
+            raise CommitsPartitionBlockedError(
                 f"commits partition {topic}[{partition}] stays unreadable from offset {lso}: a transaction of another "
                 f"producer is open there. Abort it (kafka-transactions.sh --bootstrap-server <brokers> abort --topic "
                 f"{topic} --partition {partition} --start-offset {lso}), then start the coordinator again")

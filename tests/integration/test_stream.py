@@ -38,7 +38,7 @@ from deltacoord.schemas.actions import (
     parse_commit,
 )
 from deltacoord.schemas.codec import encode_decision
-from deltacoord.schemas.errors import MetadataChangedException
+from deltacoord.schemas.errors import ClientClosedError, MetadataChangedException
 from deltacoord.schemas.messages import Decision, Outcome
 from deltacoord.schemas.routing import Topics
 from deltacoord.writer.table import Table
@@ -344,3 +344,15 @@ def test_rejects_bad_arguments(kafka_bootstrap: str) -> None:
         CommitStream("t", kafka_bootstrap, topics=topics, max_files_per_batch=0)
     with pytest.raises(Exception, match="not found"):
         CommitStream("t", kafka_bootstrap, topics=Topics.with_prefix("no-such-prefix-x"))
+
+
+def test_a_closed_stream_says_so(kafka_bootstrap: str) -> None:
+    topics = fresh_topics(kafka_bootstrap)
+    stream = CommitStream("t", kafka_bootstrap, topics=topics)
+    assert stream.poll(0.5) == []
+    stream.close()
+    stream.close()  # closing twice is harmless
+    for read in (stream.poll, stream.poll_batch):
+        with pytest.raises(ClientClosedError, match="the stream is closed") as ei:
+            read(0.1)
+        assert isinstance(ei.value, RuntimeError), "still the RuntimeError it was before it had a name"

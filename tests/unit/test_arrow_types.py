@@ -12,6 +12,7 @@ from deltacoord.schemas.arrow_types import (
     arrow_to_delta,
     delta_schema_to_arrow,
     delta_to_arrow,
+    written_type,
 )
 
 NESTED = {"type": "struct", "fields": [
@@ -45,6 +46,14 @@ def test_other_arrow_units_and_large_variants_take_the_delta_type() -> None:
     assert arrow_to_delta(pa.timestamp("ns", tz="Europe/Paris")) == "timestamp"
     assert arrow_to_delta(pa.timestamp("ms")) == "timestamp_ntz"
     assert arrow_to_delta(pa.large_string()) == "string" and arrow_to_delta(pa.large_binary()) == "binary"
+
+
+def test_data_is_written_as_its_delta_types_one_arrow_type() -> None:
+    assert written_type(pa.timestamp("ns", tz="Europe/Paris")) == pa.timestamp("us", tz="UTC")
+    assert written_type(pa.timestamp("ms")) == pa.timestamp("us")
+    assert written_type(pa.large_string()) == pa.string() and written_type(pa.large_binary()) == pa.binary()
+    nested = pa.list_(pa.large_string())
+    assert written_type(nested) == nested and written_type(pa.int16()) == pa.int16(), "other types stay as they are"
 
 
 @pytest.mark.parametrize("bad", ["interval", "decimal(x,1)", {"type": "udt"}, 7])

@@ -24,10 +24,10 @@ from deltacoord.coordinator.delta_log.checkpointer import (
     write_checkpoint,
     write_last_checkpoint,
 )
-from deltacoord.reader.checkpoint import CHECKPOINT_SCHEMA
 from deltacoord.reader.deletion_vectors import encode_roaring64, z85_encode
 from deltacoord.reader.log import LastCheckpoint, list_log, read_last_checkpoint, resolve_data_path
 from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.action_arrow import CHECKPOINT_SCHEMA
 from deltacoord.schemas.actions import (
     AddFile,
     CommitInfo,
@@ -341,7 +341,8 @@ def test_bounded_memory_200k_files(tmp_path: Path) -> None:
 
 def test_small_actions_are_read_from_the_row_groups_that_hold_them(tmp_path: Path) -> None:
     """Row-group statistics let the checkpoint's protocol/metaData/txn rows be found without reading every add."""
-    from deltacoord.reader.checkpoint import SMALL_ACTION_COLUMNS, iter_checkpoint_batches
+    from deltacoord.reader.checkpoint import iter_checkpoint_batches
+    from deltacoord.schemas.action_arrow import SMALL_ACTION_COLUMNS
 
     log = tmp_path / "_delta_log"
     log.mkdir()
@@ -373,7 +374,7 @@ def test_checkpoint_kind_is_chosen_from_protocol_and_metadata_given_as_arrow_bat
     """The V2-or-classic choice comes from the streamed protocol and metaData, also when they arrive inside
     a checkpoint-schema batch (the written file is not read back for them)."""
     from deltacoord.coordinator.delta_log.checkpoint_v2 import FEATURE
-    from deltacoord.reader.checkpoint import actions_to_record_batch
+    from deltacoord.schemas.action_arrow import actions_to_record_batch
 
     path = tmp_path / "t"
     log = path / "_delta_log"

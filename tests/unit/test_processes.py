@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from deltacoord.tooling import processes
@@ -62,3 +63,30 @@ def test_the_file_lock_keeps_a_second_holder_out_until_the_first_leaves(tmp_path
 def _take(lock: Path, order: list[str]) -> None:
     with processes.file_lock(lock):
         order.append("second in")
+
+
+@dataclass(frozen=True)
+class _Info:
+    pid: int
+    port: int
+
+
+def test_a_recorded_state_counts_while_its_server_runs(tmp_path: Path) -> None:
+    state = tmp_path / "server.json"
+    assert processes.recorded(state, _Info) is None, "nothing recorded"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)",
+                             str(tmp_path / "home-a")], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        processes.record(state, _Info(proc.pid, 9092))
+        assert processes.recorded(state, _Info) == _Info(proc.pid, 9092)
+        assert processes.running(state, _Info, tmp_path / "home-a") == _Info(proc.pid, 9092)
+        assert processes.running(state, _Info, tmp_path / "home-b") is None, "the pid is another home's server"
+    finally:
+        processes.terminate(proc.pid, 5.0)
+    assert processes.running(state, _Info, tmp_path / "home-a") is None, "stopped"
+    assert processes.recorded(state, _Info) == _Info(proc.pid, 9092), "the record outlives the server"
+    state.write_text("{not json")
+    assert processes.recorded(state, _Info) is None
+    state.write_text('{"pid": 1}')
+    assert processes.recorded(state, _Info) is None, "a record missing a field is none"

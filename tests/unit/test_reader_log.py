@@ -12,16 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from deltacoord.reader.checkpoint import (
-    CHECKPOINT_SCHEMA,
-    actions_to_record_batch,
-    checkpoint_schema_json,
-    conform_batch,
-    file_key_strings,
-    iter_checkpoint_batches,
-    read_checkpoint_actions,
-    string_array,
-)
+from deltacoord.reader.checkpoint import iter_checkpoint_batches, read_checkpoint_actions
 from deltacoord.reader.deletion_vectors import (
     DeletionVectorError,
     decode_roaring64,
@@ -45,6 +36,14 @@ from deltacoord.reader.log import (
     read_last_checkpoint,
     resolve_data_path,
     table_root,
+)
+from deltacoord.schemas.action_arrow import (
+    CHECKPOINT_SCHEMA,
+    actions_to_record_batch,
+    checkpoint_schema_json,
+    conform_batch,
+    file_key_strings,
+    string_array,
 )
 from deltacoord.schemas.actions import (
     AddFile,

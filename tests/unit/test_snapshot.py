@@ -454,7 +454,7 @@ def test_multi_part_checkpoint_and_spark_last_checkpoint(histories: dict[str, tu
     pq.write_table(table.slice(0, half), log / f"{6:020d}.checkpoint.0000000001.0000000002.parquet")
     pq.write_table(table.slice(half), log / f"{6:020d}.checkpoint.0000000002.0000000002.parquet")
     classic.unlink()
-    from deltacoord.reader.checkpoint import checkpoint_schema_json
+    from deltacoord.schemas.action_arrow import checkpoint_schema_json
 
     (log / "_last_checkpoint").write_text(json.dumps({
         "version": 6, "size": table.num_rows, "parts": 2, "sizeInBytes": 1, "numOfAddFiles": 1,
@@ -514,7 +514,7 @@ def test_building_actions_pauses_the_cyclic_gc_and_restores_its_state() -> None:
 
     import pyarrow as pa
 
-    from deltacoord.reader.checkpoint import adds_from_struct, without_cyclic_gc
+    from deltacoord.schemas.action_arrow import adds_from_struct, without_cyclic_gc
 
     with without_cyclic_gc():
         assert not gc.isenabled()

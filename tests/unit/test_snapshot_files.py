@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deltacoord.reader.checkpoint import ADD_TYPE, actions_to_record_batch, adds_from_struct, adds_to_struct
 from deltacoord.reader.log import checkpoint_file_name, commit_file_name
 from deltacoord.reader.snapshot import Snapshot
+from deltacoord.schemas.action_arrow import ADD_TYPE, actions_to_record_batch, adds_from_struct, adds_to_struct
 from deltacoord.schemas.actions import AddFile, DeletionVector, Metadata, Protocol, commit_to_json_lines
 
 SCHEMA = json.dumps({"type": "struct", "fields": [

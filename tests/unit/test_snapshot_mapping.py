@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from deltacoord.reader.checkpoint import actions_to_record_batch
 from deltacoord.reader.log import CorruptLogError, checkpoint_file_name, commit_file_name
 from deltacoord.reader.snapshot import VARIANT_ARROW_TYPE, Snapshot, UnsupportedTableFeatureError, delta_type_to_arrow
+from deltacoord.schemas.action_arrow import actions_to_record_batch
 from deltacoord.schemas.actions import AddFile, Metadata, Protocol, commit_to_json_lines
 
 
