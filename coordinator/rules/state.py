@@ -185,7 +185,7 @@ def key_hash(path: str, dv_id: str | None) -> int:
 
 def key_text_hash(key: str) -> int:
     """`key_hash` of a key given as one string: the path, then NUL and the deletion vector id when it has one
-    (`deltacoord.reader.checkpoint.key_string`, which a snapshot computes for all its files at once)."""
+    (`deltacoord.schemas.action_arrow.key_string`, which a snapshot computes for all its files at once)."""
     return int.from_bytes(blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little", signed=True)
 
 
