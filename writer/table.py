@@ -38,13 +38,13 @@ from deltacoord.reader.deletion_vectors import DEFAULT_INLINE_MAX_BYTES
 from deltacoord.reader.log import TableNotFoundError, commit_key, list_log_from_hint, newest_commit_version
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas import client_settings
-from deltacoord.schemas.actions import AddFile, Protocol
+from deltacoord.schemas.actions import Protocol
 from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.schemas.messages import Decision
 from deltacoord.schemas.routing import Topics
 from deltacoord.schemas.signing import WriterKey, resolve_writer_key
 from deltacoord.storage.table import TableStorage
-from deltacoord.writer import maintenance, merge, operations, row_changes, table_control, table_ddl, table_writes
+from deltacoord.writer import maintenance, merge, row_changes, table_control, table_ddl, table_writes
 from deltacoord.writer.client import CoordinatorClient, check_kafka_keywords
 from deltacoord.writer.merge import Assignments, MergeError, TableMerger
 from deltacoord.writer.operations import Progress, check_writable, conform_column
@@ -245,7 +245,8 @@ class Table:
         and Delta column metadata as Arrow field metadata: `{"delta.generationExpression": "<SQL>"}` makes a
         generated column, `{"delta.invariants": ...}` a legacy invariant.
         """
-        return table_ddl.begin_create(self, schema, partition_by, properties, name, features=features, protocol=protocol, constraints=constraints, proposal_id=proposal_id)
+        return table_ddl.begin_create(self, schema, partition_by, properties, name, features=features,
+                                      protocol=protocol, constraints=constraints, proposal_id=proposal_id)
 
     def create(self, schema: pa.Schema, partition_by: Sequence[str] = (), properties: Mapping[str, str] | None = None,
                name: str | None = None, *, features: Sequence[str] = (), protocol: Protocol | None = None,
@@ -258,7 +259,8 @@ class Table:
         holds is InvalidProposalError(TABLE_LOCATION_TAKEN); a Delta table the coordinator does not decide,
         appearing after the check here, is refused by the coordinator (TABLE_EXISTS_UNCOORDINATED).
         """
-        return table_ddl.create(self, schema, partition_by, properties, name, features=features, protocol=protocol, constraints=constraints, proposal_id=proposal_id)
+        return table_ddl.create(self, schema, partition_by, properties, name, features=features, protocol=protocol,
+                                constraints=constraints, proposal_id=proposal_id)
 
     def adopt(self, *, timeout_s: float | None = None) -> CommitResult:
         """Put this existing Delta table (written by Spark, delta-rs, any Delta writer) under the coordinator,
@@ -321,10 +323,6 @@ class Table:
         """ALTER TABLE ADD COLUMNS (nullable, as Delta requires for existing rows)."""
         return table_ddl.add_columns(self, fields, snapshot=snapshot, proposal_id=proposal_id)
 
-    def _candidates(self, snap: Snapshot, where: str | None) -> list[AddFile]:
-        """Files that may hold matching rows by partition (the coordinator's own matcher, `partitions.prune`)."""
-        return operations.candidates(snap, where)
-
     def append(self, data: Any, *, app_id: str | None = None, app_version: int | None = None,
                snapshot: Snapshot | None = None, progress: Progress | None = None,
                proposal_id: str | None = None) -> CommitResult:
@@ -340,7 +338,8 @@ class Table:
         it), so memory stays bounded by about one file; `progress(rows, files, bytes)` is called after each
         staged file's worth.
         """
-        return table_writes.append(self, data, app_id=app_id, app_version=app_version, snapshot=snapshot, progress=progress, proposal_id=proposal_id)
+        return table_writes.append(self, data, app_id=app_id, app_version=app_version, snapshot=snapshot,
+                                   progress=progress, proposal_id=proposal_id)
 
     def overwrite(self, data: Any, replace_where: str | None = None, *, snapshot: Snapshot | None = None,
                   proposal_id: str | None = None) -> CommitResult:
@@ -437,7 +436,9 @@ class Table:
         of each partition in Z-order of those columns (`deltacoord.writer.zorder`) and keeps the file-level rules.
         It is a minor compaction (`compact`).
         """
-        return maintenance.optimize(self, where, target_file_size, min_files, zorder_by=zorder_by, max_deleted_rows_ratio=max_deleted_rows_ratio, snapshot=snapshot, proposal_id=proposal_id)
+        return maintenance.optimize(self, where, target_file_size, min_files, zorder_by=zorder_by,
+                                    max_deleted_rows_ratio=max_deleted_rows_ratio, snapshot=snapshot,
+                                    proposal_id=proposal_id)
 
     def purge(self, where: str | None = None, *, snapshot: Snapshot | None = None,
               proposal_id: str | None = None) -> CommitResult:
@@ -460,7 +461,8 @@ class Table:
         with parameter `compaction` naming the kind, which the `maxcompute` conflict
         profile reads (`deltacoord.schemas.jobs`); neither makes a new time version.
         """
-        return maintenance.compact(self, kind, where, small_file_size=small_file_size, snapshot=snapshot, proposal_id=proposal_id)
+        return maintenance.compact(self, kind, where, small_file_size=small_file_size, snapshot=snapshot,
+                                   proposal_id=proposal_id)
 
     def truncate(self, where: str | None = None, *, snapshot: Snapshot | None = None,
                  proposal_id: str | None = None) -> CommitResult:
