@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from deltacoord.schemas.routing import Topics, grouped_table_id
     from deltacoord.writer.client import CoordinatorClient
     from deltacoord.writer.constraints import ConstraintViolationError
+    from deltacoord.writer.merge import TableMerger
     from deltacoord.writer.multi_table import (
         MultiTableTransaction,
         TransactionResult,
@@ -99,6 +100,7 @@ _LAZY: dict[str, str] = {
     "Snapshot": "deltacoord.reader.snapshot",
     "Table": "deltacoord.writer.table",
     "TableExistsError": "deltacoord.writer.table",
+    "TableMerger": "deltacoord.writer.merge",
     "TableNotFoundError": "deltacoord.reader.log",
     "TopicNotFoundError": "deltacoord.schemas.errors",
     "Topics": "deltacoord.schemas.routing",
@@ -159,6 +161,7 @@ __all__ = [
     "Snapshot",
     "Table",
     "TableExistsError",
+    "TableMerger",
     "TableNotFoundError",
     "TopicNotFoundError",
     "Topics",

@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deltacoord.writer.client import CoordinatorClient
+    from deltacoord.writer.merge import TableMerger
     from deltacoord.writer.table import MergeError, PublicationLagError, Table, TableExistsError
     from deltacoord.writer.transaction import CommitResult, Transaction, retry
 
 _PUBLIC = {
     "Table": "deltacoord.writer.table",
     "TableExistsError": "deltacoord.writer.table",
+    "TableMerger": "deltacoord.writer.merge",
     "MergeError": "deltacoord.writer.table",
     "PublicationLagError": "deltacoord.writer.table",
     "Transaction": "deltacoord.writer.transaction",
@@ -29,7 +31,7 @@ _PUBLIC = {
 }
 
 __all__ = ["CommitResult", "CoordinatorClient", "MergeError", "PublicationLagError", "Table", "TableExistsError",
-           "Transaction", "retry"]
+           "TableMerger", "Transaction", "retry"]
 
 
 def __getattr__(name: str) -> Any:

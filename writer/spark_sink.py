@@ -108,9 +108,9 @@ from deltacoord.storage.table import TableStorage
 from deltacoord.writer import spark_save_modes, staging
 from deltacoord.writer.column_mapping import Layout
 from deltacoord.writer.constraints import WriteRules, fill_and_check
+from deltacoord.writer.operations import candidates, check_writable, conform_column
 from deltacoord.writer.spark_options import SinkConfigError, SinkOptions, check_option_names
 from deltacoord.writer.spark_save_modes import PartitioningMismatchError, PathExistsError, load_table, write_to_existing
-from deltacoord.writer.table import check_writable, conform_column
 
 log = logging.getLogger(__name__)
 
@@ -456,7 +456,7 @@ class DeltaCoordBatchWriter(_StagingWriter, DataSourceArrowWriter):
                         if not _only_partition_columns(where, snap):
                             raise ValueError(f"replaceWhere must be a predicate on partition columns {snap.partition_columns}: {where!r}")
                         tx.read_predicate(where)
-                        victims = table._candidates(snap, where)
+                        victims = candidates(snap, where)
                         params["predicate"] = json.dumps([where])
                     else:
                         tx.read_whole()

@@ -4,7 +4,7 @@ For random WHERE conditions over partition and data columns, and random files
 with partition values, rows and min/max stats:
 
 * the files a DELETE/UPDATE declares as read (`deltacoord.schemas.expressions.files_read`,
-  what `Table._rewrite` declares) include every file holding a row the
+  what `deltacoord.writer.row_changes.rewrite` declares) include every file holding a row the
   condition selects: a concurrent removal of such a file is always a
   ConcurrentDeleteReadException;
 * every declared file is one the coordinator's append matching treats as read

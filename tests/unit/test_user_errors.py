@@ -12,8 +12,9 @@ import pytest
 from deltacoord.schemas.expressions.arrow import compile_filter, evaluate
 from deltacoord.schemas.expressions.syntax import ExpressionError, parse
 from deltacoord.writer.client import CoordinatorClient, check_kafka_keywords
+from deltacoord.writer.operations import check_assignable
 from deltacoord.writer.staging import SchemaError
-from deltacoord.writer.table import Table, TableExistsError, _check_assignable
+from deltacoord.writer.table import Table, TableExistsError
 
 ROWS = pa.table({"id": pa.array([1, 2], pa.int64()), "name": pa.array(["1", "b"]), "ok": pa.array([True, False]),
                  "amount": pa.array([1.5, 2.0])})
@@ -66,7 +67,7 @@ def test_parse_errors_carry_no_terminal_escape_codes(text: str) -> None:
 ])
 def test_writes_refuse_casts_that_change_meaning(given: pa.DataType, target: pa.DataType) -> None:
     with pytest.raises(SchemaError, match="does not cast between"):
-        _check_assignable("c", given, target)
+        check_assignable("c", given, target)
 
 
 @pytest.mark.parametrize(("given", "target"), [
@@ -75,7 +76,7 @@ def test_writes_refuse_casts_that_change_meaning(given: pa.DataType, target: pa.
     (pa.list_(pa.int64()), pa.list_(pa.int32())), (pa.struct([("a", pa.int64())]), pa.struct([("a", pa.int32())])),
 ])
 def test_writes_accept_casts_within_a_family(given: pa.DataType, target: pa.DataType) -> None:
-    _check_assignable("c", given, target)
+    check_assignable("c", given, target)
 
 
 def test_table_exists_error_names_itself_once() -> None:
