@@ -224,7 +224,7 @@ class PartitionCoordinator:
         overlay.apply_to(self.states)
         for d in decisions:
             self.tables.decided.remember(d)
-        self._hand_over(batch, decisions, replies, overlay, consumed_at, dead=sum(1 for x in decoded if x.dead))
+        self._hand_over(batch, decisions, replies, overlay, consumed_at, dead=sum(1 for x in decoded if x.dead is not None))
         if resumes:
             self._resume(list(resumes))
             return False
