@@ -235,7 +235,7 @@ def summarise(system: str, loop: Loop, timed: set[str], cpu: dict[str, float | N
 def serve_floor(bootstrap: str, prefix: str, out: str, offsets_every_batch: bool) -> None:
     """Consume the proposals partition read_committed; per batch one transaction holding one small record per
     proposal on the commits topic, and the consumed offsets (send_offsets_to_transaction): in every transaction
-    with `offsets_every_batch`, else as the coordinator does (`PartitionCoordinator._transact`): the records carry
+    with `offsets_every_batch`, else as the coordinator does (`BatchTransaction._transact`): the records carry
     the next offset and the group's offset joins a transaction once a second. Writes its counts to `out` on SIGTERM."""
     from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -249,7 +249,7 @@ def serve_floor(bootstrap: str, prefix: str, out: str, offsets_every_batch: bool
         stop = True
 
     signal.signal(signal.SIGTERM, on_term)
-    # The coordinator's proposals consumer and transactional producer settings (`deltacoord.coordinator.kafka.partition`).
+    # The coordinator's proposals consumer and transactional producer settings (`deltacoord.coordinator.kafka.batch_transaction`).
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}-floor", "enable.auto.commit": False,
                          "enable.auto.offset.store": False, "isolation.level": "read_committed",
                          "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})

@@ -42,7 +42,7 @@ def _produce_history(bootstrap: str, commits_topic: str, start: int, n: int, hea
     """Append `n` decision records (half commits, half rejections) to partition 0 of `commits_topic`."""
     from confluent_kafka import Producer
 
-    from deltacoord.coordinator.kafka.partition import decision_headers
+    from deltacoord.coordinator.kafka.batch_transaction import decision_headers
     from deltacoord.schemas.actions import AddFile, CommitInfo, Metadata, Protocol, RemoveFile
     from deltacoord.schemas.codec import encode_decision
     from deltacoord.schemas.messages import Decision, Outcome
@@ -102,7 +102,7 @@ def _recover(settings: Any, heads: dict[str, int]) -> tuple[float, Any]:
 def run(bootstrap: str, history: int, live_files: int, tail: int, workdir: Path, bulk: bool = False) -> dict[str, Any]:
     from confluent_kafka.admin import AdminClient
 
-    from deltacoord.coordinator.kafka.snapshot import PartitionSnapshot, SnapshotStore
+    from deltacoord.coordinator.kafka.state_snapshots import PartitionSnapshot, SnapshotStore
     from deltacoord.coordinator.kafka.topics import ensure_topics
     from deltacoord.coordinator.rules.state import key_hash
     from deltacoord.coordinator.settings import CoordinatorSettings

@@ -4,7 +4,7 @@
 options. It answers two questions:
 
 * `problem(table_uri)`: may a proposal name this table at all? Asked at the
-  door, before anything is decided (`deltacoord.coordinator.kafka.partition`). The URI must
+  door, before anything is decided (`deltacoord.coordinator.kafka.door`). The URI must
   be an absolute, normal location (`deltacoord.storage.uri.check_table_uri`: no
   `..`, no percent-encoded separators, no relative path, no NUL) and lie under
   one of the roots; anything else is refused with a reason code

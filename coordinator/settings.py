@@ -101,7 +101,7 @@ class CoordinatorSettings:
     decided_ids_limit: int = 50_000
     decided_ids_max_age_ms: int = 7 * 24 * 3600 * 1000
     #: Where partition state snapshots go (a local directory or an object-store prefix, with `storage_options`);
-    #: None: no snapshots, a restart reads the whole commits partition (`deltacoord.coordinator.kafka.snapshot`).
+    #: None: no snapshots, a restart reads the whole commits partition (`deltacoord.coordinator.kafka.state_snapshots`).
     state_root: str | None = None
     #: A snapshot is written after this many commits-topic records since the last one.
     snapshot_every_records: int = 10_000

@@ -84,7 +84,7 @@ class ReasonCode(StrEnum):
     ADDED_FILE_MISSING = "ADDED_FILE_MISSING"
     #: The table's store could not be checked for a version written around the coordinator; retry.
     STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
-    # -- adoption and release of existing tables (`deltacoord table adopt|release`, coordinator.kafka.partition) --
+    # -- adoption and release of existing tables (`deltacoord table adopt|release`, coordinator.kafka.table_requests) --
     #: A proposal for a table this coordinator released: uncoordinated writers own it until it is adopted again.
     TABLE_RELEASED = "TABLE_RELEASED"
     #: Adopting a table the coordinator already decides (at another version than the request saw).
@@ -96,7 +96,7 @@ class ReasonCode(StrEnum):
     #: An adopt or drop request naming another version than the table's current one: older than the table's latest commits
     #: (delayed, or a captured request replayed), or read from another view of the store. Send a new request.
     STALE_CONTROL_REQUEST = "STALE_CONTROL_REQUEST"
-    # -- one location, one table (`deltacoord.reader.claim`, checked by coordinator.kafka.partition at a creation or adoption) --
+    # -- one location, one table (`deltacoord.reader.claim`, checked by coordinator.kafka.batch_checks at a creation or adoption) --
     #: Creating or adopting a table at a location another table id holds (its claim, `_deltacoord/table.json`,
     #: names that id): two ids over one `_delta_log` would both ratify the same versions.
     TABLE_LOCATION_TAKEN = "TABLE_LOCATION_TAKEN"

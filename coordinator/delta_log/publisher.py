@@ -10,8 +10,9 @@ options that cannot reach it) halts too, as does a local filesystem that
 cannot create a name atomically. Other I/O errors (a full disk, a read-only
 mount, a store that does not answer) are retried until they clear. An
 unexpected error publishing one table halts that table only; the thread goes
-on with the others. Every halt is reported to `on_halted`, which persists it
-(`deltacoord.coordinator.kafka.control`).
+on with the others. Halts are kept in the process's one record of halts
+(`deltacoord.coordinator.halts`), from which the partition loops persist them
+(`deltacoord.coordinator.kafka.control`); every halt is also reported to `on_halted`.
 
 A version decided by this process carries its decision's place on the commits
 topic (`stable_at`); it is published only once `stable` says Kafka's
@@ -43,6 +44,7 @@ from deltacoord.coordinator.delta_log.files import (
     temp_file_for,
 )
 from deltacoord.coordinator.faults import fault_armed, fault_point
+from deltacoord.coordinator.halts import Halts
 from deltacoord.coordinator.locations import TableLocationError, TableLocations
 from deltacoord.coordinator.metrics import TableGauges
 from deltacoord.coordinator.stable_wait import StableCheck, StableWait
@@ -97,7 +99,6 @@ class TablePublication:
 
     ratified: int = -1
     published: int = -1
-    halted: str | None = None
     #: Since when (monotonic) a version of the table has been tried without being published; None: not trying.
     trying_since: float | None = None
     #: The last error of that attempt (None: none yet, the store has not answered).
@@ -132,6 +133,8 @@ class Publisher:
     on_published: PublishedHook | None = None
     on_unpublished: UnpublishedHook | None = None
     on_halted: HaltedHook | None = None
+    #: The process's halts (shared with the partition loops): a halted table is neither decided nor published.
+    halts: Halts = field(default_factory=Halts)
     #: Where tables may be written and with which storage options (default: local tables anywhere).
     locations: TableLocations = field(default_factory=TableLocations)
     #: Whether a decision's record is readable; None: every submitted version counts as readable.
@@ -155,7 +158,6 @@ class Publisher:
     _stopping: bool = False
     _wait: StableWait | None = None
     _forgotten: set[str] = field(default_factory=set)
-    _halted: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._idle = threading.Condition(self._lock)
@@ -197,7 +199,7 @@ class Publisher:
     def lag(self) -> int:
         """Ratified but not yet published versions, over all tables."""
         with self._lock:
-            return sum(max(0, t.ratified - t.published) for t in self.tables.values() if t.halted is None)
+            return sum(max(0, t.ratified - t.published) for tid, t in self.tables.items() if not self._is_halted(tid))
 
     def failing(self, longer_than_s: float, now: float | None = None) -> list[PublishFailure]:
         """Tables (not halted) whose next version has been tried for more than `longer_than_s` without being
@@ -206,7 +208,7 @@ class Publisher:
         with self._lock:
             return [PublishFailure(tid, t.uri, t.published + 1, now - t.trying_since, t.last_error)
                     for tid, t in self.tables.items()
-                    if t.halted is None and t.trying_since is not None and now - t.trying_since > longer_than_s]
+                    if not self._is_halted(tid) and t.trying_since is not None and now - t.trying_since > longer_than_s]
 
     def _trying(self, task: PublishTask, error: BaseException | None = None) -> None:
         """Note an attempt to publish `task` (from its first try until it is published), with its error if any."""
@@ -224,14 +226,14 @@ class Publisher:
         """Tables (of `table_ids`, not halted) with at least `by` ratified versions their store has not taken yet:
         a lane busy with them (what makes a table's next commits share versions, `deltacoord.coordinator.rules.coalesce`)."""
         with self._lock:
-            return frozenset(tid for tid in table_ids if (t := self.tables.get(tid)) is not None and t.halted is None
-                             and t.ratified - t.published >= by)
+            return frozenset(tid for tid in table_ids if (t := self.tables.get(tid)) is not None
+                             and not self._is_halted(tid) and t.ratified - t.published >= by)
 
     def behind(self, versions: Mapping[str, int]) -> list[str]:
         """Tables (of `versions`, table id -> version) whose version is not published yet and not halted."""
         with self._lock:
             return [tid for tid, v in versions.items()
-                    if (t := self.tables.get(tid)) is None or (t.halted is None and t.published < v)]
+                    if (t := self.tables.get(tid)) is None or (not self._is_halted(tid) and t.published < v)]
 
     def mark_published(self, table_id: str, version: int) -> None:
         """What recovery found in `_delta_log`: versions up to `version` need no publication."""
@@ -247,24 +249,24 @@ class Publisher:
             t = self.tables.get(table_id)
             return -1 if t is None else t.published
 
+    def _is_halted(self, table_id: str) -> bool:
+        return self.halts.why(table_id) is not None
+
     def halted(self, table_id: str) -> str | None:
-        with self._lock:
-            return self._halted.get(table_id)
+        return self.halts.why(table_id)
 
     def halted_tables(self) -> dict[str, str]:
         """Table id -> why its publication is halted (a copy: admission reads it once per batch)."""
-        with self._lock:
-            return dict(self._halted)
+        return self.halts.tables()
 
     def table_gauges(self) -> list[TableGauges]:
         """Each table's versions and halt, labelled by its URI (its id until a version names the URI)."""
+        halted = self.halts.tables()
         with self._lock:
-            return [TableGauges(t.uri or tid, t.ratified, t.published, t.halted is not None or tid in self._halted)
-                    for tid, t in self.tables.items()]
+            return [TableGauges(t.uri or tid, t.ratified, t.published, tid in halted) for tid, t in self.tables.items()]
 
     def halted_count(self) -> int:
-        with self._lock:
-            return len(self._halted)
+        return self.halts.count()
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Block until every submitted task was handled."""
@@ -295,15 +297,15 @@ class Publisher:
         with self._lock:
             for t in table_ids:
                 self.tables.pop(t, None)
-                self._halted.pop(t, None)
                 self._forgotten.add(t)
+        self.halts.forget(table_ids)
 
     def reset(self, table_id: str) -> None:
         """Forget all of a dropped table (its versions, its halt) and publish a table created later under the same
         id from version 0 on. The caller waited for the table's lane to be idle (published or halted)."""
         with self._lock:
             self.tables.pop(table_id, None)
-            self._halted.pop(table_id, None)
+            self.halts.reset(table_id)
             self._forgotten.discard(table_id)
             queued = self._lane_q.get(table_id)
             if queued:  # versions of the dropped table still waiting (its halt held them): never published
@@ -455,20 +457,20 @@ class Publisher:
     def _skip(self, task: PublishTask) -> bool:
         with self._lock:
             t = self.tables.get(task.table_id)
-            return (self._abandoned or task.table_id in self._forgotten or (t is not None and t.halted is not None)
+            return (self._abandoned or task.table_id in self._forgotten or self._is_halted(task.table_id)
                     or (t is not None and task.version <= t.published))
 
-    def halt(self, table_id: str, table_uri: str, why: str, *, notify: bool = True) -> None:
-        """Stop publishing (and deciding) `table_id`; `notify`: report it to `on_halted` (False: already persisted)."""
+    def halt(self, table_id: str, table_uri: str, why: str, *, notify: bool = True, recorded: bool = False,
+             head: int | None = None) -> None:
+        """Stop publishing (and deciding) `table_id` (in `halts`, to be recorded on the commits topic unless
+        `recorded`); `notify`: report it to `on_halted` (False: the deciding thread halts it itself)."""
         with self._lock:
             if notify and table_id in self._forgotten:
                 return  # its partition moved: the new owner finds the cause itself
             self._forgotten.discard(table_id)
             t = self.tables.setdefault(table_id, TablePublication())
-            first = t.halted is None
-            t.halted = why
             t.trying_since = t.last_error = None
-            self._halted[table_id] = why
+            first = self.halts.halt(table_id, table_uri, why, recorded=recorded, head=head)
         if first:
             log.error("halting table %s: %s", table_id, why)
         if notify and self.on_halted is not None:
@@ -476,11 +478,7 @@ class Publisher:
 
     def resume(self, table_id: str) -> None:
         """Lift a halt in memory (the caller persisted the resumption and republishes what it held back)."""
-        with self._lock:
-            self._halted.pop(table_id, None)
-            t = self.tables.get(table_id)
-            if t is not None:
-                t.halted = None
+        self.halts.lift(table_id)
 
     def _halt(self, task: PublishTask, why: str) -> None:
         self.halt(task.table_id, task.table_uri, why)
@@ -497,7 +495,7 @@ class Publisher:
     def _publish(self, task: PublishTask) -> None:
         with self._lock:
             t = self.tables.setdefault(task.table_id, TablePublication())
-            halted = t.halted
+            halted = self.halts.why(task.table_id)
             if self._abandoned or task.table_id in self._forgotten or halted is not None or task.version <= t.published:
                 if halted is not None and not self._abandoned:
                     self._unpublished(task, halted)

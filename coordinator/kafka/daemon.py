@@ -23,8 +23,9 @@ from deltacoord.coordinator.delta_log.checkpoint_worker import (
     CheckpointWorkerError,
 )
 from deltacoord.coordinator.delta_log.publisher import Publisher, PublishTask
+from deltacoord.coordinator.kafka.batch_transaction import FencedError
 from deltacoord.coordinator.kafka.notices import PublicationNotices
-from deltacoord.coordinator.kafka.partition import FencedError, PartitionCoordinator, make_consumer
+from deltacoord.coordinator.kafka.partition import PartitionCoordinator, make_consumer
 from deltacoord.coordinator.kafka.reachability import KafkaReachability
 from deltacoord.coordinator.kafka.stability import StableOffsets
 from deltacoord.coordinator.kafka.topics import ensure_topics
@@ -34,7 +35,6 @@ from deltacoord.coordinator.settings import CoordinatorSettings
 from deltacoord.reader.log import checkpoint_exists, newest_commit_version
 from deltacoord.schemas.actions import Action, Metadata
 from deltacoord.schemas.properties import TableProperties
-from deltacoord.schemas.routing import partition_for
 from deltacoord.storage.table import StorageError, TableStorage
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,6 @@ class Coordinator:
     _num_partitions: int = 0
     _last_loop: float = 0.0
     _ckpt_q: queue.Queue[_CheckpointRequest | None] = field(default_factory=queue.Queue)
-    #: Halts from the publisher and checkpoint threads, for the deciding thread to record: (table id, uri, why).
-    _halt_q: queue.Queue[tuple[str, str, str]] = field(default_factory=queue.Queue)
     _server: MetricsServer | None = None
     _notices: PublicationNotices | None = None
     #: Whether the proposals consumer reaches a broker (its statistics and errors), for `/healthz`.
@@ -108,30 +106,27 @@ class Coordinator:
         self.publisher = Publisher(fsync=self.publish_fsync, on_published=self._on_published,
                                    on_unpublished=self._on_unpublished, locations=self.locations,
                                    on_halted=self._on_halted, lanes=self.settings.publish_lanes)
+        #: The process's one record of halts: the publisher, the checkpoint thread and the partition loops halt
+        #: tables through it, the partition loops record them on the commits topic, `/healthz` and metrics read it.
+        self.halts = self.publisher.halts
         self.metrics.watch_tables(self.publisher.table_gauges)
 
     def _on_unpublished(self, task: PublishTask, why: str) -> None:
         if self._notices is not None:
             self._notices.unpublished(task.table_id, task.version, why)
 
-    # -- halts (recorded by the deciding thread, visible at once) -------------------
+    # -- halts (in force at once, recorded by the deciding thread) ---------------------
     def _on_halted(self, table_id: str, table_uri: str, why: str) -> None:
-        self.metrics.halted_tables.set(self.publisher.halted_count())
-        self._halt_q.put((table_id, table_uri, why))
+        self.metrics.halted_tables.set(self.halts.count())
 
     def _record_halts(self) -> None:
-        """Hand halts from other threads to the owning partitions, which record them on the commits topic."""
-        while True:
-            try:
-                table_id, table_uri, why = self._halt_q.get_nowait()
-            except queue.Empty:
-                break
-            w = next((w for w in self._workers.values() if table_id in w.states), None)
-            if w is None and self._num_partitions > 0:
-                w = self._workers.get(partition_for(table_id, self._num_partitions))
-            if w is not None:
-                w.note_halt(table_id, table_uri, why)
-        for w in list(self._workers.values()):
+        """Have the owning partitions record the halts not yet on the commits topic (from the publisher and
+        checkpoint threads); a halt of a table no partition here owns is left to its owner, which finds its cause."""
+        workers = list(self._workers.values())
+        for h in self.halts.unrecorded():
+            if not any(w.owns(h.table_id) for w in workers):
+                self.halts.drop_unrecorded(h.table_id)
+        for w in workers:
             w.flush_controls()
 
     def _record_halts_at_stop(self) -> None:
@@ -268,7 +263,7 @@ class Coordinator:
         unreachable = self.kafka_reachability.unreachable_for(now)
         if unreachable is not None and unreachable[0] > self.settings.kafka_unreachable_s:
             reasons.append(f"Kafka unreachable: no broker connection for {unreachable[0]:.0f}s ({unreachable[1]})")
-        halted = {t: p.halted for t, p in list(self.publisher.tables.items()) if p.halted}
+        halted = self.halts.tables()
         detail: dict[str, object] = {
             "ready": self.ready and not self._recovering and not failing
             and (unreachable is None or unreachable[0] <= self.settings.kafka_unreachable_s),

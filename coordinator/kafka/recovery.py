@@ -390,9 +390,9 @@ def _fold_adoption(rec: Recovered, d: Decision, load_state: Callable[[str, int],
 
 
 def recover_partition(settings: CoordinatorSettings, partition: int, **kwargs: Any) -> Recovered:
-    """`rebuild_states` from the newest usable state snapshot (`deltacoord.coordinator.kafka.snapshot`), or from the start."""
+    """`rebuild_states` from the newest usable state snapshot (`deltacoord.coordinator.kafka.state_snapshots`), or from the start."""
     if settings.state_root:
-        from deltacoord.coordinator.kafka.snapshot import SnapshotStore
+        from deltacoord.coordinator.kafka.state_snapshots import SnapshotStore
 
         store = SnapshotStore(settings.state_root, settings.storage_options, settings.topics.commits, partition)
         try:

@@ -20,7 +20,7 @@ index (`TableState`), so a replay outside this window can at worst be
 rejected again, or be answered with its original commit. Each entry keeps the
 decision without its actions (about 200 bytes), so the default 50,000 ids cost
 about 10 MB per partition. The window is part of the state snapshot
-(`deltacoord.coordinator.kafka.snapshot`) and rebuilt from the commits topic after it.
+(`deltacoord.coordinator.kafka.state_snapshots`) and rebuilt from the commits topic after it.
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ def file_key_hash(action: AddFile | RemoveFile) -> int:
 
 @dataclass(frozen=True, slots=True)
 class TableStateExport:
-    """A table's state without its winners window, for a state snapshot (`deltacoord.coordinator.kafka.snapshot`)."""
+    """A table's state without its winners window, for a state snapshot (`deltacoord.coordinator.kafka.state_snapshots`)."""
 
     table_id: str
     table_uri: str

@@ -56,7 +56,7 @@ from deltacoord.schemas.actions import AddFile, Metadata, RemoveFile
 from deltacoord.schemas.messages import Decision
 
 #: Refusals that are not conflicts but a documented, retryable answer: the coordinator could not reach the table's
-#: store to check the version it would ratify (`deltacoord.coordinator.kafka.partition`), so it ratified nothing.
+#: store to check the version it would ratify (`deltacoord.coordinator.kafka.batch_checks`), so it ratified nothing.
 RETRYABLE_REFUSALS = frozenset({"STORAGE_UNAVAILABLE"})
 
 SERIALIZABLE = "Serializable"

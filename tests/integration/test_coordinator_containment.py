@@ -333,11 +333,11 @@ def test_a_restart_reads_the_newest_snapshot_plus_the_records_after_it(kafka_boo
 
 def test_a_decision_that_cannot_be_encoded_halts_only_its_table(kafka_bootstrap: str, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from deltacoord.coordinator.kafka import partition as partition_module
+    from deltacoord.coordinator.kafka import batch_checks as batch_checks_module
 
     topics = fresh_topics(kafka_bootstrap)
     good, bad = (tmp_path / "good").resolve(), (tmp_path / "bad").resolve()
-    encode = partition_module.encode_decision
+    encode = batch_checks_module.encode_decision
 
     def faulty(d: Decision) -> bytes:
         if d.table_id == bad.as_uri() and d.committed:
@@ -348,7 +348,7 @@ def test_a_decision_that_cannot_be_encoded_halts_only_its_table(kafka_bootstrap:
             Table(good, kafka_bootstrap, topics=topics) as tg, Table(bad, kafka_bootstrap, topics=topics) as tbad:
         tg.create(SCHEMA)
         tbad.create(SCHEMA)
-        monkeypatch.setattr(partition_module, "encode_decision", faulty)
+        monkeypatch.setattr(batch_checks_module, "encode_decision", faulty)
         client = CoordinatorClient(kafka_bootstrap, topics=topics)
         try:
             d = client.commit(_append_proposal(bad.as_uri(), 0), 60)

@@ -49,7 +49,7 @@ def test_a_transaction_left_open_is_sealed_before_recovery(kafka_bootstrap: str,
     rogue.flush(30)
     assert delivered == [None], f"the open transaction's record was not written: {delivered}"
 
-    caplog.set_level(logging.WARNING, logger="deltacoord.coordinator.kafka.partition")
+    caplog.set_level(logging.WARNING, logger="deltacoord.coordinator.kafka.batch_transaction")
     started = time.monotonic()
     with coordinator_thread(kafka_bootstrap, topics):
         took = time.monotonic() - started

@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import Producer
 
 from deltacoord.coordinator.delta_log.publisher import PublishTask
-from deltacoord.coordinator.kafka.partition import decision_headers
+from deltacoord.coordinator.kafka.batch_transaction import decision_headers
 from deltacoord.reader.stream import (
     CommitEvent,
     CommitStream,

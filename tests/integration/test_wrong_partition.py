@@ -39,7 +39,7 @@ def _append(t: Table, read_version: int, row: int) -> Proposal:
 
 def test_a_history_resent_to_the_other_partition_is_rejected(kafka_bootstrap: str, tmp_path: Path,
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="deltacoord.coordinator.kafka.partition")
+    caplog.set_level(logging.WARNING, logger="deltacoord.coordinator.kafka.door")
     topics = fresh_topics(kafka_bootstrap, partitions=2)
     path = tmp_path / "t"
     with coordinator_thread(kafka_bootstrap, topics, partitions=[0, 1], num_partitions=2) as coord:

@@ -26,7 +26,7 @@ from deltacoord.coordinator.kafka.control import (
     release_record,
 )
 from deltacoord.coordinator.kafka.recovery import Recovered, _fold_adoption
-from deltacoord.coordinator.kafka.snapshot import PartitionSnapshot, decode_snapshot, encode_snapshot
+from deltacoord.coordinator.kafka.state_snapshots import PartitionSnapshot, decode_snapshot, encode_snapshot
 from deltacoord.coordinator.rules.conflicts import decide
 from deltacoord.coordinator.rules.outcomes import Accepted
 from deltacoord.coordinator.rules.state import TableState

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from deltacoord.coordinator.kafka.control import HALT, RESUME, control_kind, halt_record, resume_record
-from deltacoord.coordinator.kafka.snapshot import (
+from deltacoord.coordinator.kafka.state_snapshots import (
     PartitionSnapshot,
     SnapshotError,
     SnapshotStore,
@@ -94,7 +94,7 @@ def test_a_snapshot_written_before_proposal_offsets_were_recorded_reads_as_offse
     import json
     import struct
 
-    from deltacoord.coordinator.kafka.snapshot import MAGIC
+    from deltacoord.coordinator.kafka.state_snapshots import MAGIC
 
     data = encode_snapshot(_snapshot(_state(), []))
     (n,) = struct.unpack_from("<Q", data, len(MAGIC))

@@ -1,5 +1,5 @@
 """One table location is one table: the location's claim (`deltacoord.reader.claim`), the coordinator's check of a creation
-or an adoption against it (`deltacoord.coordinator.kafka.partition.claim_problem`, on real local storage), and the batch
+or an adoption against it (`deltacoord.coordinator.kafka.batch_checks.claim_problem`, on real local storage), and the batch
 refusing the creations the storage edge refused (`decide_batch(refused_creates=...)`)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from deltacoord.coordinator.kafka.partition import claim_problem
+from deltacoord.coordinator.kafka.batch_checks import claim_problem
 from deltacoord.coordinator.locations import TableLocations
 from deltacoord.coordinator.rules.batch import decide_batch
 from deltacoord.reader.claim import CLAIM_KEY, Claim, ClaimError, claim, drop_claim, read_claim

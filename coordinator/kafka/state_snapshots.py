@@ -23,6 +23,10 @@ and recovery falls back to an older snapshot or to the whole topic. Without
 
 Format: a magic line, an 8-byte length, a JSON document, then the live-file
 hash arrays (little-endian int64) it points into.
+
+`PartitionSnapshots` is a partition loop's side: it counts the records its
+transactions wrote, exports the states between two batches when a snapshot is
+due, and writes it in a thread.
 """
 
 from __future__ import annotations
@@ -30,14 +34,19 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from deltacoord.coordinator.delta_log.publisher import Publisher
+from deltacoord.coordinator.kafka.partition_tables import PartitionTables
 from deltacoord.coordinator.rules.state import TableStateExport
+from deltacoord.coordinator.settings import CoordinatorSettings
 from deltacoord.reader.log import parse_commit_lines
 from deltacoord.schemas.actions import DomainMetadata, Metadata, Protocol, commit_to_json_lines
 from deltacoord.schemas.messages import Decision, Outcome
@@ -197,8 +206,120 @@ class SnapshotStore:
         return out
 
 
+
+class PartitionSnapshots:
+    """When a partition loop writes a state snapshot, and what it covers: the commits-topic offset the states
+    cover, the last record folded, the records since the last snapshot, and where recent versions were recorded."""
+
+    def __init__(self, settings: CoordinatorSettings, partition: int) -> None:
+        self.settings = settings
+        self.partition = partition
+        self._store = (SnapshotStore(settings.state_root, settings.storage_options, settings.topics.commits, partition)
+                       if settings.state_root else None)
+        self.commits_end = 0
+        self._last_record: tuple[int, str] | None = None
+        self._since_snapshot = 0
+        self._recorded_at: deque[tuple[str, int, int]] = deque(maxlen=max(2 * settings.snapshot_every_records, 1000))
+        self._thread: threading.Thread | None = None
+        self._requested = False
+        #: State snapshots written by this partition coordinator (for tests and logs).
+        self.written = 0
+
+    def recovered(self, end_offset: int, last: tuple[int, str] | None, records_since: int) -> None:
+        """Recovery folded the commits partition up to `end_offset`, `records_since` of them after the snapshot."""
+        self.commits_end = end_offset
+        self._last_record = last
+        self._since_snapshot = records_since
+        self._recorded_at.clear()
+
+    def recorded_at(self, table_id: str, version: int, offset: int) -> None:
+        """Version `version` of the table was recorded at `offset` of the commits partition."""
+        self._recorded_at.append((table_id, version, offset))
+
+    def note_recorded(self, delivered: Sequence[tuple[Decision | None, int]]) -> None:
+        """After a transaction committed: the offsets its commits-topic records got."""
+        for d, offset in delivered:
+            self.commits_end = max(self.commits_end, offset + 1)
+            self._since_snapshot += 1
+            if d is None:
+                continue
+            if self._last_record is None or offset > self._last_record[0]:
+                self._last_record = (offset, d.proposal_id)
+            if d.holds_version:
+                assert d.version is not None
+                self._recorded_at.append((d.table_id, d.version, offset))
+
+    def forget(self, table_id: str) -> None:
+        """A dropped table: a snapshot must not send recovery back to where its versions were recorded."""
+        kept = [r for r in self._recorded_at if r[0] != table_id]
+        self._recorded_at.clear()
+        self._recorded_at.extend(kept)
+
+    def maybe_write(self, tables: PartitionTables, publisher: Publisher, proposals_next: int, force: bool = False) -> bool:
+        """Write a state snapshot when `snapshot_every_records` records were recorded since the last (or `force`).
+
+        The states are exported here, between batches; encoding and writing happen in a thread. False
+        when none was started (not due, one still being written, or a version not yet published is too
+        old to find again).
+        """
+        force = force or self._requested
+        if self._store is None or not (force or self._since_snapshot >= self.settings.snapshot_every_records):
+            return False
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        republish: dict[str, tuple[int, int]] = {}
+        halted = publisher.halted_tables()
+        for tid, st in tables.states.items():
+            published = publisher.published_version(tid)
+            if tid in halted or published >= st.version:
+                continue
+            at = next((off for t, v, off in self._recorded_at if t == tid and v == published + 1), None)
+            if at is None:
+                log.info("partition %d: no state snapshot now: version %d of %s is not published yet and was recorded "
+                         "too long ago", self.partition, published + 1, tid)
+                self._since_snapshot = self.settings.snapshot_every_records // 2
+                return False
+            republish[tid] = (at, published + 1)
+        snap = PartitionSnapshot(
+            commits_topic=self.settings.topics.commits, partition=self.partition, offset=self.commits_end,
+            last=self._last_record, tables=[st.export() for st in tables.states.values()],
+            halted={tid: (tables.states[tid].table_uri, why) for tid, why in halted.items() if tid in tables.states},
+            released=dict(tables.released), decided=list(tables.decided), republish_from=republish,
+            created_ms=int(time.time() * 1000), proposals_next=proposals_next)
+        self._since_snapshot = 0
+        self._requested = False
+        store = self._store
+
+        def write() -> None:
+            t0 = time.monotonic()
+            try:
+                size = store.write(snap)
+            except Exception as e:  # a snapshot is an optimisation: the next one tries again
+                log.warning("partition %d: writing the state snapshot at offset %d failed: %s", self.partition,
+                            snap.offset, e)
+                return
+            log.info("partition %d: state snapshot at offset %d written (%d tables, %d bytes) in %.2fs", self.partition,
+                     snap.offset, len(snap.tables), size, time.monotonic() - t0)
+            self.written += 1
+
+        self._thread = threading.Thread(target=write, name=f"deltacoord-snapshot-{self.partition}", daemon=True)
+        self._thread.start()
+        return True
+
+    def request(self) -> None:
+        """Have the deciding thread write a snapshot at its next turn (from another thread: the states are its own)."""
+        self._requested = True
+
+    def wait(self, timeout_s: float = 60.0) -> None:
+        """Wait for the snapshot being written, if any."""
+        t = self._thread
+        if t is not None:
+            t.join(timeout_s)
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-__all__ = ["KEEP", "PartitionSnapshot", "SnapshotError", "SnapshotStore", "decode_snapshot", "encode_snapshot"]
+__all__ = ["KEEP", "PartitionSnapshot", "PartitionSnapshots", "SnapshotError", "SnapshotStore", "decode_snapshot",
+           "encode_snapshot"]
