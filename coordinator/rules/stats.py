@@ -197,7 +197,9 @@ def _slice_suspects(stats: list[str]) -> np.ndarray | None:
     s = t.column("s").combine_chunks()
     if not pa.types.is_struct(s.type) or s.null_count or _depth(s.type) > MAX_DEPTH:
         return None
-    out = np.zeros(len(stats), dtype=bool)
+    # Arrow's JSON reader takes `NaN` and `Infinity` (not JSON) anywhere, even in keys no check below reads; the
+    # per-file check refuses them, so a document naming either is asked again (a string holding the word too).
+    out = np.fromiter(("NaN" in d or "Infinity" in d for d in stats), dtype=bool, count=len(stats))
     names = [s.type.field(i).name for i in range(s.type.num_fields)]
     for key in ("numRecords", "minValues", "maxValues", "nullCount", "tightBounds"):
         if key not in names:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -91,3 +92,17 @@ def test_a_clean_commit_read_in_slices_checks_no_file_one_by_one(monkeypatch: An
     stats[950] = '{"numRecords": -1}'
     assert mod.stats_problems(stats, BULK_FROM) == {950: "stats.numRecords is negative"}
     assert calls == ['{"numRecords": -1}'], "only the suspect row of the last slice is asked again"
+
+
+@pytest.mark.parametrize("bad", ['{"other": Infinity}', '{"other": -Infinity}', '{"numRecords": 1, "x": {"y": NaN}}'])
+@pytest.mark.parametrize("slice_rows", [1, 7])
+def test_not_a_json_number_in_a_key_no_check_reads_is_refused_in_bulk(bad: str, slice_rows: int,
+                                                                      monkeypatch: Any) -> None:
+    """Arrow's JSON reader takes NaN and Infinity anywhere; the per-file check refuses them, and so must the bulk
+    pass, even in a key it does not read (found by the slice test above with a slice of one document)."""
+    import deltacoord.coordinator.rules.stats as mod
+
+    monkeypatch.setattr(mod, "BULK_SLICE", slice_rows)
+    stats: list[Any] = [json.dumps({"numRecords": i}) for i in range(BULK_FROM + 3)]
+    stats[0] = bad
+    assert stats_problems(stats, BULK_FROM) == {0: mod.stats_problem(bad)} != {}
