@@ -382,7 +382,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
       deltacoord coordinator run --bootstrap-servers localhost:19092 --metrics-port 9464
       deltacoord coordinator run --config coordinator.toml --table-roots s3://lake/tables
     """
-    from deltacoord.coordinator import logs
+    from deltacoord.coordinator import json_logs
     from deltacoord.coordinator.kafka import daemon
 
     flags: dict[str, object] = {
@@ -398,7 +398,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         "send_offsets_timeout_seconds": send_offsets_timeout_seconds,
     }
     run = load_settings(config_file, flags, kafka_pairs, storage_pairs)
-    logs.setup_logging(run.log_level)
+    json_logs.setup_logging(run.log_level)
     if not run.coordinator.bootstrap_servers:
         raise click.UsageError("no Kafka bootstrap servers: pass --bootstrap-servers, DELTACOORD_BOOTSTRAP_SERVERS or the config file")
     from deltacoord.schemas.kafka_logs import KafkaCredentialsError, UnreachableKafkaError, probe

@@ -55,7 +55,7 @@ def register(main: click.Group) -> None:
         then start the writers of this host with DELTACOORD_RELAY=/run/deltacoord/relay.sock
         (or relay= in Python).
         """
-        from deltacoord.coordinator.logs import setup_logging
+        from deltacoord.coordinator.json_logs import setup_logging
         from deltacoord.writer.relay import Relay
 
         try:

@@ -562,7 +562,7 @@ def test_example_toml_documents_every_key_coordinator_run_reads() -> None:
 @pytest.fixture
 def fake_coordinator(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Replace the daemon so `coordinator run` only records what it would run."""
-    from deltacoord.coordinator import logs
+    from deltacoord.coordinator import json_logs
     from deltacoord.coordinator.kafka import daemon
 
     calls: list[dict[str, Any]] = []
@@ -578,7 +578,7 @@ def fake_coordinator(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
             return 0
 
     monkeypatch.setattr(daemon, "Coordinator", FakeCoordinator)
-    monkeypatch.setattr(logs, "setup_logging", lambda level="INFO": None)
+    monkeypatch.setattr(json_logs, "setup_logging", lambda level="INFO": None)
     for k in list(os.environ):
         if k.startswith("DELTACOORD_"):
             monkeypatch.delenv(k)

@@ -1,4 +1,4 @@
-"""Structured (JSON lines) logging for the coordinator process."""
+"""Structured (JSON lines) logging for the coordinator process: its own log lines, not the `_delta_log`."""
 
 from __future__ import annotations
 
