@@ -501,16 +501,7 @@ def actions_from_batch(batch: pa.RecordBatch | pa.Table) -> Iterator[Action]:
 
 
 def _dv_dict(dv: DeletionVector | None) -> dict[str, Any] | None:
-    if dv is None:
-        return None
-    return {
-        "storageType": dv.storage_type,
-        "pathOrInlineDv": dv.path_or_inline_dv,
-        "offset": dv.offset,
-        "sizeInBytes": dv.size_in_bytes,
-        "cardinality": dv.cardinality,
-        "maxRowIndex": dv.max_row_index,
-    }
+    return None if dv is None else dv.fields()
 
 
 def _row(action: Action, checkpoint_form: bool) -> tuple[str, dict[str, Any]] | None:

@@ -58,17 +58,19 @@ class DeletionVector:
         base = f"{self.storage_type}{self.path_or_inline_dv}"
         return base if self.offset is None else f"{base}@{self.offset}"
 
+    def fields(self) -> dict[str, Any]:
+        """Every field by its Delta name, absent ones as None: the form of fixed schemas (Arrow, Avro)."""
+        return {
+            "storageType": self.storage_type,
+            "pathOrInlineDv": self.path_or_inline_dv,
+            "offset": self.offset,
+            "sizeInBytes": self.size_in_bytes,
+            "cardinality": self.cardinality,
+            "maxRowIndex": self.max_row_index,
+        }
+
     def to_json(self) -> dict[str, Any]:
-        return _compact(
-            {
-                "storageType": self.storage_type,
-                "pathOrInlineDv": self.path_or_inline_dv,
-                "offset": self.offset,
-                "sizeInBytes": self.size_in_bytes,
-                "cardinality": self.cardinality,
-                "maxRowIndex": self.max_row_index,
-            }
-        )
+        return _compact(self.fields())
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> DeletionVector:

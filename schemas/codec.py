@@ -841,16 +841,7 @@ def _opt_map(m: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _dv_rec(dv: DeletionVector | None) -> Record | None:
-    if dv is None:
-        return None
-    return {
-        "storageType": dv.storage_type,
-        "pathOrInlineDv": dv.path_or_inline_dv,
-        "sizeInBytes": dv.size_in_bytes,
-        "cardinality": dv.cardinality,
-        "offset": dv.offset,
-        "maxRowIndex": dv.max_row_index,
-    }
+    return None if dv is None else dv.fields()
 
 
 def _add_rec(a: AddFile) -> Record:

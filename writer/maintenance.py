@@ -41,18 +41,7 @@ ROW_MAP_MAX_CHARS = 32 * 1024
 def optimize(table: OperationTable, where: str | None = None, target_file_size: int = 128 * 1024 * 1024, min_files: int = 2,
              *, zorder_by: Sequence[str] = (), max_deleted_rows_ratio: float = 0.05,
              snapshot: Snapshot | None = None, proposal_id: str | None = None) -> CommitResult:
-    """Compact small files per partition; data does not change (dataChange=false).
-
-    A file whose deletion vector deletes more than `max_deleted_rows_ratio` of its rows is rewritten too,
-    even alone, as Delta's OPTIMIZE does (`purge` rewrites every file with a vector).
-
-    Declares only the compacted files as read. Without `zorder_by` it keeps the rows' order and
-    records where each row went (`deltacoord.schemas.row_map`), so on a deletion-vector table it does not
-    conflict with DELETE/UPDATE/MERGE; otherwise it loses (ConcurrentDeleteReadException) only to a
-    concurrent removal of a file it read. `zorder_by` (OPTIMIZE ... ZORDER BY) rewrites every file
-    of each partition in Z-order of those columns (`deltacoord.writer.zorder`) and keeps the file-level rules.
-    It is a minor compaction (`compact`).
-    """
+    """`Table.optimize` (documented there, where users read it)."""
     zorder_by = list(zorder_by)
     if zorder_by:
         snap = snapshot or table.snapshot()
@@ -68,12 +57,7 @@ def optimize(table: OperationTable, where: str | None = None, target_file_size: 
 
 def purge(table: OperationTable, where: str | None = None, *, snapshot: Snapshot | None = None,
           proposal_id: str | None = None) -> CommitResult:
-    """REORG TABLE ... APPLY (PURGE): rewrite every file with a deletion vector (of the partitions `where`
-    selects) without its deleted rows, so they are gone from storage once VACUUM removes the old files.
-
-    Data does not change (dataChange=false, checked at snapshot isolation) and the rows keep their order,
-    recorded in a row map: a concurrent DELETE, UPDATE or MERGE of the same files does not conflict.
-    """
+    """`Table.purge` (documented there, where users read it)."""
     return compact_files(table, where, lambda files: [a for a in files if a.deletion_vector is not None], 1, None,
                          snapshot, proposal_id, operation="REORG")
 
@@ -81,14 +65,7 @@ def purge(table: OperationTable, where: str | None = None, *, snapshot: Snapshot
 def compact(table: OperationTable, kind: Literal["minor", "major"] = "minor", where: str | None = None, *,
             small_file_size: int = 128 * 1024 * 1024, snapshot: Snapshot | None = None,
             proposal_id: str | None = None) -> CommitResult:
-    """MaxCompute's compactions, per partition (only those `where` selects), changing no data.
-
-    `minor` merges the partition's small files (smaller than `small_file_size`, at
-    least two); `major` merges every file of the partition into one (when it has
-    more than one, or files with deletion vectors). Both are `OPTIMIZE` commits
-    with parameter `compaction` naming the kind, which the `maxcompute` conflict
-    profile reads (`deltacoord.schemas.jobs`); neither makes a new time version.
-    """
+    """`Table.compact` (documented there, where users read it)."""
     if kind == "minor":
         return compact_files(table, where, lambda files: [a for a in files if a.size < small_file_size], 2, kind, snapshot,
                              proposal_id)

@@ -97,17 +97,14 @@ def rewrite(table: OperationTable, where: str | None, operation: str, change: Ca
 
 def delete(table: OperationTable, where: str | None = None, *, snapshot: Snapshot | None = None,
            proposal_id: str | None = None) -> CommitResult:
-    """DELETE FROM table [WHERE `where`], reading `snapshot` (default: latest)."""
+    """`Table.delete` (documented there, where users read it)."""
     return rewrite(table, where, "DELETE", lambda t, mask: t.filter(pc.invert(mask)), snapshot, "numDeletedRows",
                          proposal_id)
 
 
 def update(table: OperationTable, where: str | None, set: Mapping[str, str], *, snapshot: Snapshot | None = None,
            proposal_id: str | None = None) -> CommitResult:
-    """UPDATE table SET col = <SQL expression> ... [WHERE `where`], reading `snapshot` (default: latest).
-
-    Generated columns the SET omits are recomputed for the updated rows; the updated rows are checked
-    against the table's constraints before anything is staged (`deltacoord.writer.constraints`)."""
+    """`Table.update` (documented there, where users read it)."""
     snap = snapshot or table.snapshot()
     rules = WriteRules.of(snap.protocol, snap.metadata)
 

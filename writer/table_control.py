@@ -38,20 +38,7 @@ log = logging.getLogger(__name__)
 
 
 def adopt(table: OperationTable, *, timeout_s: float | None = None) -> CommitResult:
-    """Put this existing Delta table (written by Spark, delta-rs, any Delta writer) under the coordinator,
-    from its current version N: the coordinator reads the table's checkpoint and commits through its own
-    storage, records the adoption on the commits topic and decides every commit from N + 1 on.
-
-    Stop the table's other writers first: a version written around the coordinator after the adoption
-    halts the table. Right after the adoption, version N + 1 (an UPGRADE PROTOCOL commit through the
-    coordinator) adds the project's own writer feature `deltacoord-coordinated` to the protocol, so that
-    Delta on Spark and delta-rs refuse to write the table from then on; readers read it as before.
-    Returns N (`already_committed` when the table was adopted before: its version is then the one the
-    coordinator is at). Adopting again after a failed upgrade commit retries the upgrade. Refusals are
-    `InvalidProposalError`s: UNKNOWN_TABLE (no table there), UNSUPPORTED_TABLE_FEATURE (a writer feature
-    deltacoord cannot honour), TABLE_OUTSIDE_ROOTS, TABLE_ALREADY_COORDINATED, UNREADABLE_TABLE, TABLE_LOCATION_TAKEN
-    (another table id holds the location, `deltacoord.reader.claim`: checked here before sending, and by the coordinator).
-    """
+    """`Table.adopt` (documented there, where users read it)."""
     check_location_free(table, "adopt")
     adopted = control(table, CONTROL_ADOPT, "ADOPT TABLE", timeout_s)
     set_coordinated(table, True, timeout_s)
@@ -75,16 +62,7 @@ def check_location_free(table: OperationTable, doing: str) -> None:
 
 
 def release(table: OperationTable, *, timeout_s: float | None = None) -> CommitResult:
-    """Hand this table back to uncoordinated writers: once every version it ratified is in `_delta_log`,
-    the coordinator records the release and stops deciding the table; later proposals are refused
-    (TABLE_RELEASED, naming `adopt`). Returns the last coordinated version.
-
-    Stop the writers that commit through deltacoord first (docs/operations.md, "Adopt and release").
-    Just before the release, a DROP FEATURE commit through the coordinator removes the project's writer
-    feature `deltacoord-coordinated` from the protocol (back to the legacy protocol the features left
-    imply, as Delta does), so that Delta on Spark and delta-rs write the released table again; if the
-    release is then refused, the feature is put back (when the coordinator still takes commits).
-    """
+    """`Table.release` (documented there, where users read it)."""
     dropped = set_coordinated(table, False, timeout_s)
     try:
         return control(table, CONTROL_RELEASE, "RELEASE TABLE", timeout_s)
@@ -105,18 +83,7 @@ def put_coordinated_back(table: OperationTable, what: str, timeout_s: float | No
 
 
 def drop(table: OperationTable, *, delete_files: bool = False, timeout_s: float | None = None) -> CommitResult:
-    """DROP TABLE for a path table: the coordinator forgets this table for good (recorded on the commits topic,
-    so neither a restart, recovery nor a state snapshot brings it back) and frees its location; a table created
-    there afterwards starts from version 0 under a new Delta table id. Returns the version it was dropped at
-    (`already_committed` when this drop was answered before).
-
-    `delete_files=True` is Delta's DROP TABLE of a path table: the coordinator deletes every file under the
-    table's root first (its log, data files and claim). Without it the files stay as an uncoordinated Delta
-    table (as `release` leaves it: a DROP FEATURE commit first removes the `deltacoord-coordinated` writer
-    feature, so Delta writers may write it again, and `adopt` takes it back). A halted table may be dropped
-    (one whose files were deleted around the coordinator is halted, naming this); a halted table whose log is
-    still there is dropped with `delete_files=True`, or resumed first. Stop the table's writers first.
-    """
+    """`Table.drop` (documented there, where users read it)."""
     dropped = False
     if not delete_files:
         try:

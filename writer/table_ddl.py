@@ -66,17 +66,7 @@ def with_dv_feature(p: Protocol) -> Protocol | None:
 def begin_create(table: OperationTable, schema: pa.Schema, partition_by: Sequence[str] = (), properties: Mapping[str, str] | None = None,
                  name: str | None = None, *, features: Sequence[str] = (), protocol: Protocol | None = None,
                  constraints: Mapping[str, str] | None = None, proposal_id: str | None = None) -> Transaction:
-    """A transaction creating the table (read version -1); `create` = existence check + this + commit.
-
-    The protocol is the least one that has `features`, the features the properties and the schema
-    need, and `protocol`'s (`deltacoord.writer.table_protocol`), plus the project's own writer feature
-    `deltacoord-coordinated` (`deltacoord.schemas.table_features.COORDINATED`, so at writer version 7: Delta writers
-    that follow the protocol refuse to write the table around the coordinator); a feature this writer cannot honour is refused
-    here, naming it (UnsupportedTableFeatureError). `constraints` are CHECK constraints {name: SQL}
-    (the properties `delta.constraints.<name>`). The schema's fields carry NOT NULL (`nullable=False`)
-    and Delta column metadata as Arrow field metadata: `{"delta.generationExpression": "<SQL>"}` makes a
-    generated column, `{"delta.invariants": ...}` a legacy invariant.
-    """
+    """`Table.begin_create` (documented there, where users read it)."""
     props = dict(properties or {})
     for cname, text in (constraints or {}).items():
         props[f"{CONSTRAINT_PREFIX}{cname}"] = text
@@ -123,14 +113,7 @@ def check_creatable(uri: str, protocol: Protocol, md: Metadata) -> None:
 def create(table: OperationTable, schema: pa.Schema, partition_by: Sequence[str] = (), properties: Mapping[str, str] | None = None,
            name: str | None = None, *, features: Sequence[str] = (), protocol: Protocol | None = None,
            constraints: Mapping[str, str] | None = None, proposal_id: str | None = None) -> CommitResult:
-    """CREATE TABLE (`begin_create` says what the arguments give). Two writers racing on an empty directory:
-    the loser gets ProtocolChangedException.
-
-    An existing table is TableExistsError whether it is seen in `_delta_log`
-    or only by the coordinator (version 0 ratified, not yet published). A location another table id
-    holds is InvalidProposalError(TABLE_LOCATION_TAKEN); a Delta table the coordinator does not decide,
-    appearing after the check here, is refused by the coordinator (TABLE_EXISTS_UNCOORDINATED).
-    """
+    """`Table.create` (documented there, where users read it)."""
     exists = table.exists()
     if table.last_committed_version is not None or exists:
         raise TableExistsError(table.uri, "" if exists else held_hint(table))
@@ -160,7 +143,7 @@ def held_hint(table: OperationTable) -> str:
 
 def set_properties(table: OperationTable, properties: Mapping[str, str], *, snapshot: Snapshot | None = None,
                    proposal_id: str | None = None) -> CommitResult:
-    """ALTER TABLE SET TBLPROPERTIES (a metaData action: concurrent writers get MetadataChangedException)."""
+    """`Table.set_properties` (documented there, where users read it)."""
     snap = snapshot or table.snapshot()
     if TableProperties(properties).row_tracking and not row_tracking_supported(snap.protocol):
         raise UnsupportedTableFeatureError(
@@ -196,7 +179,7 @@ def set_properties(table: OperationTable, properties: Mapping[str, str], *, snap
 
 def add_columns(table: OperationTable, fields: Sequence[pa.Field], *, snapshot: Snapshot | None = None,
                 proposal_id: str | None = None) -> CommitResult:
-    """ALTER TABLE ADD COLUMNS (nullable, as Delta requires for existing rows)."""
+    """`Table.add_columns` (documented there, where users read it)."""
     snap = snapshot or table.snapshot()
     schema = json.loads(snap.metadata.schema_string)
     existing = {f["name"].lower() for f in schema["fields"]}

@@ -42,18 +42,7 @@ from deltacoord.writer.transaction import CommitResult
 def append(table: OperationTable, data: Any, *, app_id: str | None = None, app_version: int | None = None,
            snapshot: Snapshot | None = None, progress: Progress | None = None,
            proposal_id: str | None = None) -> CommitResult:
-    """A blind append (reads nothing). With app_id/app_version, exactly once per app version.
-
-    On a `maxcompute` table it starts from the latest snapshot (an INSERT INTO
-    fails against one committed after its read version).
-
-    An app version <= the recorded one is skipped (`already_committed=True`);
-    two pipelines with one app id racing get ConcurrentTransactionException.
-    A `pyarrow.RecordBatchReader` (or an iterator of tables or batches) is staged as it is read, in
-    files of about the table's target size (`delta.targetFileSize`, else 128 MiB of data as Arrow holds
-    it), so memory stays bounded by about one file; `progress(rows, files, bytes)` is called after each
-    staged file's worth.
-    """
+    """`Table.append` (documented there, where users read it)."""
     if (app_id is None) != (app_version is None):
         raise ValueError("give both app_id and app_version, or neither")
     snap = snapshot or (table.snapshot() if app_id is not None else table.cached_snapshot())
@@ -98,14 +87,7 @@ def append(table: OperationTable, data: Any, *, app_id: str | None = None, app_v
 
 def overwrite(table: OperationTable, data: Any, replace_where: str | None = None, *, snapshot: Snapshot | None = None,
               proposal_id: str | None = None) -> CommitResult:
-    """INSERT OVERWRITE: replace the whole table, or only the partitions `replace_where` selects.
-
-    `replace_where` may name partition columns only; every written row must
-    satisfy it (else REPLACE_WHERE_MISMATCH, as Delta's
-    DELTA_REPLACE_WHERE_MISMATCH). It declares the predicate and the
-    replaced files as read, so overwrites of disjoint partitions commit
-    concurrently; a full overwrite reads the whole table.
-    """
+    """`Table.overwrite` (documented there, where users read it)."""
     snap = snapshot or table.snapshot()
     check_writable(snap, "WRITE")
     marks: dict[str, int] = {}
@@ -142,12 +124,7 @@ def overwrite(table: OperationTable, data: Any, replace_where: str | None = None
 
 def truncate(table: OperationTable, where: str | None = None, *, snapshot: Snapshot | None = None,
              proposal_id: str | None = None) -> CommitResult:
-    """TRUNCATE TABLE [PARTITION]: remove every file (or those of the partitions `where` selects).
-
-    `where` may name partition columns only. Like an overwrite with no rows, it
-    declares the predicate and the removed files as read (the whole table without
-    `where`); the `maxcompute` profile treats it as INSERT OVERWRITE.
-    """
+    """`Table.truncate` (documented there, where users read it)."""
     snap = snapshot or table.snapshot()
     check_writable(snap, "TRUNCATE")
     tx = table._begin(snap.version, proposal_id)
