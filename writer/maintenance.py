@@ -87,7 +87,7 @@ def compact_files(table: OperationTable, where: str | None, select: Callable[[li
     snap = snapshot or table.snapshot()
     check_writable(snap, operation)
     schema = delta_schema_to_arrow(snap.metadata.schema())
-    tx = table._begin(snap.version, proposal_id)
+    tx = table.begin_operation(snap.version, proposal_id)
     with abandoned_on_error(tx):
         if where is not None:
             tx.read_predicate(where)

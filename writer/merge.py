@@ -154,7 +154,7 @@ def merge_clauses(table: OperationTable, source: Any, on: str | Sequence[str], m
         if t_col not in schema.names:
             raise staging.SchemaError(f"MERGE key {t_col!r} is not a target column ({schema.names})")
 
-    tx = table._begin(snap.version, proposal_id)
+    tx = table.begin_operation(snap.version, proposal_id)
     with abandoned_on_error(tx):
         if target_filter is None:
             tx.read_whole()

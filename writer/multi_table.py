@@ -112,7 +112,7 @@ class _PartTable(Table):
         self.part._fresh_id = pid
         return self.part
 
-    def _begin(self, read_version: int, proposal_id: str | None) -> Transaction:
+    def begin_operation(self, read_version: int, proposal_id: str | None) -> Transaction:
         if proposal_id is not None:
             raise ValueError("inside a multi-table transaction the parts' proposal ids come from the transaction id: "
                              "give transaction_id= to deltacoord.transaction() instead")
@@ -135,7 +135,7 @@ class _PartTable(Table):
 
     def begin(self, snapshot: Any = None, *, proposal_id: str | None = None) -> Transaction:
         snap = snapshot or self.snapshot()
-        return self._begin(snap.version, proposal_id)
+        return self.begin_operation(snap.version, proposal_id)
 
 
 class MultiTableTransaction:

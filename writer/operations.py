@@ -52,7 +52,7 @@ from deltacoord.writer.transaction import CommitResult, TableHandle, Transaction
 class OperationTable(TableHandle, Protocol):
     """What an operation needs of its table beyond a transaction's needs (`deltacoord.writer.table.Table` is one).
 
-    `_begin` is the hook a multi-table transaction's part overrides (`deltacoord.writer.multi_table`), so every
+    `begin_operation` is the hook a multi-table transaction's part overrides (`deltacoord.writer.multi_table`), so every
     operation opens its transaction through it.
     """
 
@@ -70,7 +70,7 @@ class OperationTable(TableHandle, Protocol):
 
     def restart_at(self, version: int) -> None: ...
 
-    def _begin(self, read_version: int, proposal_id: str | None) -> Transaction: ...
+    def begin_operation(self, read_version: int, proposal_id: str | None) -> Transaction: ...
 
 
 #: The table property that turns the change data feed on.

@@ -45,7 +45,7 @@ def rewrite(table: OperationTable, where: str | None, operation: str, change: Ca
     snap = snapshot or table.snapshot()
     check_writable(snap, operation)
     schema = delta_schema_to_arrow(snap.metadata.schema())
-    tx = table._begin(snap.version, proposal_id)
+    tx = table.begin_operation(snap.version, proposal_id)
     with abandoned_on_error(tx):
         if where is None:
             tx.read_whole()

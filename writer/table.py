@@ -218,7 +218,7 @@ class Table:
         snap = snapshot or self.snapshot()
         return Transaction(self, snap.version, proposal_id)
 
-    def _begin(self, read_version: int, proposal_id: str | None) -> Transaction:
+    def begin_operation(self, read_version: int, proposal_id: str | None) -> Transaction:
         """A write operation's transaction, once a coordinator is known to serve the table (NoCoordinatorError
         before anything is staged otherwise; the answer is cached, see `deltacoord.writer.serving`)."""
         tx = Transaction(self, read_version, proposal_id)

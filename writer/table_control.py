@@ -112,7 +112,7 @@ def set_coordinated(table: OperationTable, on: bool, timeout_s: float | None) ->
     if coordinated(snap.protocol) == on:
         return False
     protocol = with_coordinated(snap.protocol) if on else without_coordinated(snap.protocol)
-    tx = table._begin(snap.version, None)
+    tx = table.begin_operation(snap.version, None)
     tx.add(protocol)
     if on:
         operation, parameters = "UPGRADE PROTOCOL", {"newProtocol": json.dumps(protocol.to_json()["protocol"])}

@@ -87,7 +87,7 @@ def begin_create(table: OperationTable, schema: pa.Schema, partition_by: Sequenc
     # The project's own writer feature: Delta writers that follow the protocol refuse to write around the coordinator.
     protocol = with_coordinated(new.protocol)
     check_creatable(table.uri, protocol, md)
-    tx = table._begin(-1, proposal_id)
+    tx = table.begin_operation(-1, proposal_id)
     tx.add(protocol, md)
     return tx
 
@@ -163,7 +163,7 @@ def set_properties(table: OperationTable, properties: Mapping[str, str], *, snap
         config[column_mapping.MAX_ID_PROPERTY] = str(
             column_mapping.assign_ids(schema_json["fields"], 1, physical_names=False) - 1)
         schema_text = json.dumps(schema_json, separators=(",", ":"))
-    tx = table._begin(snap.version, proposal_id)
+    tx = table.begin_operation(snap.version, proposal_id)
     protocol = snap.protocol
     if TableProperties(properties).deletion_vectors:
         protocol = with_dv_feature(protocol) or protocol
@@ -195,7 +195,7 @@ def add_columns(table: OperationTable, fields: Sequence[pa.Field], *, snapshot: 
         # New columns get the next ids and fresh physical names (PROTOCOL.md "Column Mapping").
         first = max(int(config.get(column_mapping.MAX_ID_PROPERTY, "0")), column_mapping.max_id(schema)) + 1
         config[column_mapping.MAX_ID_PROPERTY] = str(column_mapping.assign_ids(added, first) - 1)
-    tx = table._begin(snap.version, proposal_id)
+    tx = table.begin_operation(snap.version, proposal_id)
     tx.add(replace_metadata(snap.metadata, schema_string=json.dumps(schema, separators=(",", ":")),
                                   configuration=config))
     return tx.commit("ADD COLUMNS", changes_data=False, parameters={"columns": [f.name for f in fields]})

@@ -50,7 +50,7 @@ def append(table: OperationTable, data: Any, *, app_id: str | None = None, app_v
         # MaxCompute's rules fail an INSERT INTO that finishes after another one it did not see.
         snap = table.snapshot()
     check_writable(snap, "WRITE")
-    tx = table._begin(snap.version, proposal_id)
+    tx = table.begin_operation(snap.version, proposal_id)
     with abandoned_on_error(tx):
         if app_id is not None and app_version is not None:
             recorded = snap.app_versions.get(app_id, -1)
@@ -92,7 +92,7 @@ def overwrite(table: OperationTable, data: Any, replace_where: str | None = None
     check_writable(snap, "WRITE")
     marks: dict[str, int] = {}
     rows = conform(data, snap, marks)
-    tx = table._begin(snap.version, proposal_id)
+    tx = table.begin_operation(snap.version, proposal_id)
     advance_identity(tx, snap, marks)
     with abandoned_on_error(tx):
         if replace_where is None:
@@ -127,7 +127,7 @@ def truncate(table: OperationTable, where: str | None = None, *, snapshot: Snaps
     """`Table.truncate` (documented there, where users read it)."""
     snap = snapshot or table.snapshot()
     check_writable(snap, "TRUNCATE")
-    tx = table._begin(snap.version, proposal_id)
+    tx = table.begin_operation(snap.version, proposal_id)
     with abandoned_on_error(tx):
         if where is None:
             tx.read_whole()
