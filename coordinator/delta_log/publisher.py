@@ -500,7 +500,7 @@ class Publisher:
                 if halted is not None and not self._abandoned:
                     self._unpublished(task, halted)
                 return
-        if fault_point("publish"):
+        if fault_point("publish"):  # the fault harness's crash, not a condition anyone meets
             raise RuntimeError(f"injected fault: the publisher dies before publishing {task.table_id} v{task.version}")
         data = None if task.from_staged_file else task.data if task.data is not None else commit_to_json_lines(task.actions)
         try:

@@ -165,6 +165,8 @@ class BatchChecks:
             if not foreign and not cannot:
                 break
             if all(t in halted for t in [*foreign, *cannot]):
+                # An invariant of this loop, not a user's condition: a table halted here decides nothing more, so
+                # its decisions cannot still be in the batch; the partition stops rather than spin.
                 raise RuntimeError(f"partition {self.partition}: the decisions of halted tables {sorted(foreign)} cannot be "
                                    "encoded either")
             for tid, why in foreign.items():
