@@ -427,9 +427,7 @@ def append_cmd(path: str, json_rows: str | None, parquet_file: Path | None, app_
         raise click.UsageError("give both --app-id and --app-version, or neither")
     data: Any
     if parquet_file is not None:
-        import pyarrow.parquet as pq
-
-        data = pq.ParquetFile(parquet_file).iter_batches(batch_size=65_536)  # streamed, a chunk at a time
+        data = _parquet_input(parquet_file, "--parquet").iter_batches(batch_size=65_536)  # streamed, a chunk at a time
     else:
         assert json_rows is not None
         data = _json_row_tables(json_rows)
@@ -448,6 +446,18 @@ def append_cmd(path: str, json_rows: str | None, parquet_file: Path | None, app_
             if show is not None:
                 click.echo("", err=True)
         _echo_json(_result_json(r))
+
+
+def _parquet_input(path: Path, option: str) -> Any:
+    """The Parquet file an option names, opened (its footer read); a file that is not Parquet is a usage error
+    (exit 2) naming the option and the file, not a traceback."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise click.BadParameter(f"{path} is not a readable Parquet file ({e}); give a Parquet file, or the rows as "
+                                 "JSON lines", param_hint=option) from e
 
 
 @table_group.command("delete")
@@ -540,9 +550,7 @@ def merge_cmd(path: str, json_rows: str | None, parquet_file: Path | None, on: t
     if len(on) == 1 and not on[0].replace("_", "").isalnum():
         condition = on[0]  # SQL, not a column name
     if parquet_file is not None:
-        import pyarrow.parquet as pq
-
-        source = pq.read_table(parquet_file)
+        source = _parquet_input(parquet_file, "--source-parquet").read()
     else:
         assert json_rows is not None
         source = pa.concat_tables(list(_json_row_tables(json_rows)))
