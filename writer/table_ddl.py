@@ -21,6 +21,7 @@ from deltacoord.schemas.properties import Property, TableProperties
 from deltacoord.schemas.row_tracking import new_materialized_columns
 from deltacoord.schemas.row_tracking import supported as row_tracking_supported
 from deltacoord.schemas.table_features import (
+    legacy_reader_features,
     with_coordinated,
     writer_features,
     writer_problems,
@@ -56,9 +57,8 @@ def with_dv_feature(p: Protocol) -> Protocol | None:
     if DV_FEATURE in (p.writer_features or ()) and DV_FEATURE in (p.reader_features or ()):
         return None
     writer = list(writer_features(p))
-    reader = list(p.reader_features or ())
-    if p.min_reader_version == 2:
-        reader = ["columnMapping"]
+    # At reader version 3 the features are listed; below it, they are what the legacy version implies.
+    reader = list(p.reader_features or ()) if p.min_reader_version >= 3 else list(legacy_reader_features(p.min_reader_version))
     return Protocol(3, 7, reader_features=(*dict.fromkeys([*reader, DV_FEATURE]),),
                     writer_features=(*dict.fromkeys([*writer, DV_FEATURE]),))
 

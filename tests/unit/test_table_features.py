@@ -130,3 +130,21 @@ def test_derived_knowledge() -> None:
     assert protocols.with_feature(Protocol(1, 2), "identityColumns") == Protocol(1, 6)
     with pytest.raises(ValueError, match="'deletionVectors' has no legacy protocol version"):
         protocols.with_feature(Protocol(1, 2), "deletionVectors")
+
+
+@pytest.mark.parametrize(("before", "reader", "writer"), [
+    (Protocol(1, 2), ("deletionVectors",), ("appendOnly", "invariants", "deletionVectors")),
+    (Protocol(2, 5), ("columnMapping", "deletionVectors"),
+     ("appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns", "columnMapping",
+      "deletionVectors")),
+    (Protocol(3, 7, reader_features=("columnMapping",), writer_features=("columnMapping", "appendOnly")),
+     ("columnMapping", "deletionVectors"), ("columnMapping", "appendOnly", "deletionVectors")),
+])
+def test_the_deletion_vector_upgrade_keeps_what_the_protocol_had(before: Protocol, reader: tuple[str, ...],
+                                                                 writer: tuple[str, ...]) -> None:
+    """Raising a table to deletion vectors lists, at (3, 7), every feature its legacy versions implied (from the
+    table of features) beside the new one; a table that has them is left as it is."""
+    from deltacoord.writer.table_ddl import with_dv_feature
+
+    assert with_dv_feature(before) == Protocol(3, 7, reader_features=reader, writer_features=writer)
+    assert with_dv_feature(Protocol(3, 7, reader_features=reader, writer_features=writer)) is None
