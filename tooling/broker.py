@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.tooling import broker_security, jars, processes
 from deltacoord.tooling.broker_security import BrokerSecurity
 from deltacoord.tooling.ports import free_port, port_free
@@ -62,7 +63,7 @@ logger.state.level = WARN
 _BIND_FAILED = re.compile(r"failed to bind to [^\s:]+:(\d+)")
 
 
-class BrokerError(RuntimeError):
+class BrokerError(DeltaCoordError, RuntimeError):
     """The local broker could not be started, found or stopped."""
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deltacoord.schemas.errors import DeltaCoordError
+
 #: The one SASL mechanism of the secured broker: SCRAM credentials live in the KRaft metadata.
 MECHANISM = "SCRAM-SHA-512"
 ADMIN_USER = "admin"
@@ -27,7 +29,7 @@ BROKER_PRINCIPAL = f"User:CN={BROKER_CN}"
 _SCRAM_ITERATIONS = 8192
 
 
-class SecurityError(RuntimeError):
+class SecurityError(DeltaCoordError, RuntimeError):
     """The secured broker's files or users could not be made."""
 
 

@@ -15,6 +15,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from deltacoord.schemas.errors import DeltaCoordError
+
 log = logging.getLogger(__name__)
 
 #: What each jar set copies: Kafka needs its whole runtime closure; Delta only
@@ -28,7 +30,7 @@ _COPY_ARGS: dict[str, list[str]] = {
 }
 
 
-class JarResolutionError(RuntimeError):
+class JarResolutionError(DeltaCoordError, RuntimeError):
     """Maven could not resolve a jar set."""
 
 

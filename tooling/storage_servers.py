@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.tooling import processes
 from deltacoord.tooling.ports import free_port, port_free
 
@@ -55,7 +56,7 @@ S3_REGION = "us-east-1"
 KINDS = ("s3", "azure", "gcs")
 
 
-class StorageServerError(RuntimeError):
+class StorageServerError(DeltaCoordError, RuntimeError):
     """A local storage server could not be installed, started, found or stopped."""
 
 

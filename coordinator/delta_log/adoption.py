@@ -32,6 +32,7 @@ import numpy as np
 
 from deltacoord.coordinator.rules.state import TableState, TableStateExport, key_text_hash
 from deltacoord.schemas.actions import DomainMetadata, Metadata, Protocol
+from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.schemas.table_features import MAX_READER_VERSION, writer_problems
 from deltacoord.storage.table import TableStorage
 
@@ -74,7 +75,7 @@ class PublishedState:
 StateLoader = Callable[[TableStorage, "int | None"], PublishedState]
 
 
-class StateLoadError(RuntimeError):
+class StateLoadError(DeltaCoordError, RuntimeError):
     """The published state could not be loaded. `kind`: `missing` (no Delta table there), `unreadable` (the
     log cannot build the version: corrupt, cleaned up, a feature the reader refuses) or `unavailable` (the
     store or the loading process failed; asking again may work)."""
@@ -87,7 +88,6 @@ class StateLoadError(RuntimeError):
 def load_published_state(storage: TableStorage, version: int | None = None) -> PublishedState:
     """The table at `version` (default: its latest) as its `_delta_log` publishes it; `StateLoadError` when not."""
     from deltacoord.reader.log import TableNotFoundError
-    from deltacoord.schemas.errors import DeltaCoordError
     from deltacoord.storage.table import StorageError
 
     try:

@@ -32,6 +32,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from deltacoord.coordinator import faults
+from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.storage.table import TableStorage
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ DEFAULT_TIMEOUT_S = 1800.0
 DEFAULT_NICE = 10
 
 
-class CheckpointWorkerError(RuntimeError):
+class CheckpointWorkerError(DeltaCoordError, RuntimeError):
     """The worker failed, died or timed out; the checkpoint was not written (or not confirmed)."""
 
 

@@ -10,9 +10,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from deltacoord.coordinator.kafka.acls import AclEntry
+from deltacoord.schemas.errors import DeltaCoordError
 
 
-class AclApplyError(RuntimeError):
+class AclApplyError(DeltaCoordError, RuntimeError):
     """The broker refused or could not be asked to create some ACLs; the message names each."""
 
 

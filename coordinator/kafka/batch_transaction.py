@@ -30,6 +30,7 @@ from deltacoord.coordinator.kafka.orphans import commit_with_retry, open_transac
 from deltacoord.coordinator.kafka.partition_health import PartitionProgress
 from deltacoord.coordinator.metrics import Metrics
 from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.schemas.messages import Decision
 from deltacoord.schemas.routing import H_CONTROL, H_NEXT_OFFSET, H_OUTCOME, H_PROPOSAL_ID, H_TABLE_ID, H_VERSION
 
@@ -46,11 +47,11 @@ FULL, HEADERS_ONLY, REJECTION_ONLY = 0, 1, 2
 GROUP_OFFSET_RETRY_S = 5.0
 
 
-class ProducerStuckError(RuntimeError):
+class ProducerStuckError(DeltaCoordError, RuntimeError):
     """A call into the transactional producer outlived its bound; the producer must be replaced."""
 
 
-class FencedError(RuntimeError):
+class FencedError(DeltaCoordError, RuntimeError):
     """A newer coordinator owns this partition; this one must stop."""
 
 

@@ -31,6 +31,7 @@ from deltacoord.reader.staged_commits import resolve_decision_bytes
 from deltacoord.schemas.codec import decode_decision
 from deltacoord.schemas.commits_topic import PartitionScan, ScanIncompleteError, read_committed
 from deltacoord.schemas.commits_topic import watermarks as watermarks  # asked for here by the recovery tests
+from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.schemas.messages import Decision
 from deltacoord.schemas.routing import H_NEXT_OFFSET, H_TABLE_ID, H_VERSION, header
 from deltacoord.schemas.staged import StagedCommitError
@@ -39,7 +40,7 @@ from deltacoord.storage.table import StorageError, TableStorage
 log = logging.getLogger(__name__)
 
 
-class RecoveryError(RuntimeError):
+class RecoveryError(DeltaCoordError, RuntimeError):
     """The commits topic could not be read to its end; state must not be rebuilt from part of it."""
 
 

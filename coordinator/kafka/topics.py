@@ -27,6 +27,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
+from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.schemas.routing import Topics
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ DEFAULT_REPLY_PARTITIONS = 32
 REPLY_RETENTION_MS = 24 * 3600 * 1000
 
 
-class TopicConfigError(RuntimeError):
+class TopicConfigError(DeltaCoordError, RuntimeError):
     """A topic exists with settings the coordinator cannot work with."""
 
 
