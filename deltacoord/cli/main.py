@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import importlib.abc
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable, MutableMapping
 from dataclasses import asdict
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -306,6 +309,26 @@ def coordinator_group() -> None:
     """Run the commit coordinator."""
 
 
+def _stop_requested_from_now() -> threading.Event:
+    """SIGTERM and SIGINT are noted from the command's first line until the coordinator installs its own handlers
+    (`Coordinator.install_signal_handlers`): a supervisor stopping a coordinator that is still loading its modules
+    and settings gets exit 0, not a death by signal."""
+    requested = threading.Event()
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        requested.set()
+
+    before = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:  # the command run in-process (tests, embedding) leaves the handlers as it found them
+        for sig, handler in before.items():
+            if signal.getsignal(sig) is note:
+                signal.signal(sig, handler)
+
+    click.get_current_context().call_on_close(restore)
+    return requested
+
+
 @coordinator_group.command("run")
 @click.option("--config", "config_file", type=click.Path(exists=True, path_type=Path), envvar="DELTACOORD_CONFIG",
               help="TOML file with [coordinator] and [kafka] tables.")
@@ -382,6 +405,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
       deltacoord coordinator run --bootstrap-servers localhost:19092 --metrics-port 9464
       deltacoord coordinator run --config coordinator.toml --table-roots s3://lake/tables
     """
+    stop_requested = _stop_requested_from_now()
     from deltacoord.coordinator import json_logs
     from deltacoord.coordinator.kafka import daemon
 
@@ -419,6 +443,9 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         publish_fsync=run.fsync, checkpoint_fn=checkpoint_fn, watchdog_s=run.watchdog_s,
     )
     coord.install_signal_handlers()
+    if stop_requested.is_set():  # before it touched Kafka: it owns nothing, fences nobody, and stops cleanly
+        click.echo("coordinator: stopped by a signal before it started", err=True)
+        sys.exit(0)
     from deltacoord.coordinator.kafka.topics import TopicConfigError
     from deltacoord.coordinator.metrics import MetricsPortError
 

@@ -377,6 +377,7 @@ class Fleet:
         for c in self.procs:
             if c.alive():
                 self.sigcont(c)
+                _wait_started(c, 30.0)
                 c.proc.send_signal(signal.SIGTERM)
         for c in self.procs:
             try:
@@ -388,6 +389,15 @@ class Fleet:
 
 
 _READY: set[int] = set()
+
+
+def _wait_started(cp: CoordinatorProcess, timeout_s: float) -> None:
+    """Until the coordinator has written its first log line (or exited): from then on it handles SIGTERM (exit 0).
+    Before that the interpreter is still starting, and a SIGTERM kills it by the signal (seen: a coordinator
+    started for the final drain and stopped 1.5 s later, at load 20, before it had printed anything)."""
+    deadline = time.monotonic() + timeout_s
+    while cp.alive() and time.monotonic() < deadline and not cp.log.read_bytes().strip():
+        time.sleep(0.1)
 
 
 def _wait_ready(cp: CoordinatorProcess, timeout_s: float) -> bool:

@@ -886,3 +886,27 @@ def test_dead_letter_and_stall_settings_come_from_file_environment_and_flags(tmp
     for bad in ({"stall_seconds": 0}, {"dead_letter_max_bytes": -1}):
         with pytest.raises(settings_module.SettingsError):
             settings_module.load(None, flags=bad, environ={})
+
+
+def test_a_stop_signal_while_coordinator_run_loads_is_a_clean_stop(fake_coordinator: list[dict[str, Any]],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A supervisor's SIGTERM that arrives while `coordinator run` still loads its settings (before the coordinator
+    has handlers of its own) stops it with exit 0 before it touches Kafka, instead of killing it by the signal;
+    run in-process, the command leaves the signal handlers as it found them."""
+    import signal
+
+    from deltacoord.cli import main as cli_main
+
+    loaded = cli_main.load_settings
+
+    def load_then_signal(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return loaded(*args, **kwargs)
+
+    monkeypatch.setattr(cli_main, "load_settings", load_then_signal)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    res = CliRunner().invoke(cli(), ["coordinator", "run", "--bootstrap-servers", "127.0.0.1:9", "--partitions", "0"])
+    assert res.exit_code == 0, res.output
+    assert "stopped by a signal before it started" in res.output
+    assert len(fake_coordinator) == 1, "the coordinator is built (its own handlers installed) but never run"
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
