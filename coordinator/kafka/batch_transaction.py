@@ -185,8 +185,6 @@ class BatchTransaction:
         refused: list[Refusal] = []
         try:
             self._transact(batch, outs, refused)
-        except FencedError:
-            raise
         except ProducerStuckError as e:
             self._failed(str(e))
             self._replace_producer(e)
@@ -211,8 +209,6 @@ class BatchTransaction:
             return False
         try:
             self._transact([], outs, [])
-        except FencedError:
-            raise
         except ProducerStuckError as e:
             self._failed(str(e))
             self._replace_producer(e)
@@ -234,8 +230,6 @@ class BatchTransaction:
             return
         try:
             self._transact([], [], [], offsets_to=committed_to)
-        except FencedError:
-            raise
         except ProducerStuckError as e:
             self._failed(str(e))
             self._replace_producer(e)
