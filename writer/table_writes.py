@@ -85,6 +85,15 @@ def append(table: OperationTable, data: Any, *, app_id: str | None = None, app_v
                          metrics={"numOutputRows": rows})
 
 
+def _partition_only(snap: Snapshot, where: str, what: str) -> None:
+    """Refuse a condition naming anything but partition columns: a replace or truncate removes whole files."""
+    cols = columns_of(parse(where))
+    part = set(snap.partition_columns)
+    if not cols or not cols <= part:
+        raise InvalidProposalError(ReasonCode.BAD_REPLACE_WHERE,
+                                   f"{what} {where!r} must name partition columns only ({sorted(part)})")
+
+
 def overwrite(table: OperationTable, data: Any, replace_where: str | None = None, *, snapshot: Snapshot | None = None,
               proposal_id: str | None = None) -> CommitResult:
     """`Table.overwrite` (documented there, where users read it)."""
@@ -99,10 +108,7 @@ def overwrite(table: OperationTable, data: Any, replace_where: str | None = None
             tx.read_whole()
             replaced = snap.files()
         else:
-            cols = columns_of(parse(replace_where))
-            part = set(snap.partition_columns)
-            if not cols or not cols <= part:
-                raise InvalidProposalError(ReasonCode.BAD_REPLACE_WHERE, f"replace_where {replace_where!r} must name partition columns only ({sorted(part)})")
+            _partition_only(snap, replace_where, "replace_where")
             ok = rows_where(rows, expressions.compile_filter(replace_where, rows.schema), replace_where)
             bad = rows.num_rows - pc.sum(ok.cast(pa.int64())).as_py() if rows.num_rows else 0
             if bad:
@@ -133,11 +139,7 @@ def truncate(table: OperationTable, where: str | None = None, *, snapshot: Snaps
             tx.read_whole()
             removed = snap.files()
         else:
-            cols = columns_of(parse(where))
-            part = set(snap.partition_columns)
-            if not cols or not cols <= part:
-                raise InvalidProposalError(ReasonCode.BAD_REPLACE_WHERE,
-                                           f"truncate where {where!r} must name partition columns only ({sorted(part)})")
+            _partition_only(snap, where, "truncate where")
             tx.read_predicate(where)
             removed = candidates(snap, where)
             tx.read_files_from(removed)
