@@ -15,12 +15,14 @@ Spark wrote its commit log: the worst moment for exactly-once.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +45,30 @@ from tests import cpu_priority
 REPO = Path(__file__).resolve().parents[2]
 
 
-def spark_env() -> None:
-    """Python workers must run this interpreter and find this repository."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+def spark_environ() -> dict[str, str]:
+    """This process's environment for a Spark JVM or a child driver: Python workers run this interpreter and find
+    this repository (the test data sources live under `tests`)."""
+    env = dict(os.environ)
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(REPO) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
+    return env
+
+
+@contextlib.contextmanager
+def _spark_launch_env() -> Iterator[None]:
+    """`spark_environ()` only while a session starts: the JVM keeps the environment it was launched with and
+    hands it to its Python workers, while this process's later children (pip, CLI runs, writers) see the
+    environment they had; a checkout on their PYTHONPATH would hide what an installed deltacoord does."""
+    saved = dict(os.environ)
+    os.environ.update(spark_environ())
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def s3a_conf(storage_options: dict[str, str]) -> dict[str, str]:
@@ -92,7 +111,11 @@ def shared_session(s3: dict[str, str] | None = None) -> SparkSession:
 
 def build_session(app: str = "deltacoord-tests", s3: dict[str, str] | None = None) -> SparkSession:
     """A Spark session of this process's own (a child driver's); tests take `shared_session()`."""
-    spark_env()
+    with _spark_launch_env():
+        return _build_session(app, s3)
+
+
+def _build_session(app: str, s3: dict[str, str] | None) -> SparkSession:
     # The Delta and S3A jars on the JVM's class path, always: a test process launches one JVM (local mode: the
     # executors are in it), Hadoop's FileSystem lookup sees only that class path, and `spark.jars` would copy
     # the ~650 MB of jars into a new temp directory for every session.
@@ -176,4 +199,4 @@ def child_main() -> None:
 
 
 __all__ = ["CrashingDataSource", "SinkOptions", "_stage_plan", "build_session", "child_main", "ensure_table", "s3a_conf",
-           "shared_session", "spark_env"]
+           "shared_session", "spark_environ"]

@@ -35,7 +35,7 @@ from deltacoord.writer.spark_sink import DeltaCoordStreamWriter, SinkOptions, St
 from deltacoord.writer.table import Table
 from tests.conftest import StoreServer, TablePlace
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from tests.integration.spark_harness import REPO, shared_session, spark_env
+from tests.integration.spark_harness import REPO, shared_session, spark_environ
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -113,11 +113,10 @@ def _json_files(d: Path, files: int, rows: int) -> list[int]:
 
 
 def _run_child(args: dict[str, Any], log: Path, timeout: float = 240) -> int:
-    spark_env()
     code = "from tests.integration.spark_harness import child_main; child_main()"
     with open(log, "ab") as fh:
         proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
-                                env=dict(os.environ), start_new_session=True)
+                                env=spark_environ(), start_new_session=True)
         try:
             return proc.wait(timeout)
         finally:
