@@ -97,7 +97,8 @@ class CoordinatorSettings:
     #: `/healthz` turns not ready (503) when no Kafka broker has been reachable for this long.
     kafka_unreachable_s: float = 10.0
     #: A repeated proposal id is answered with its first decision while it is among the newest this many
-    #: decisions of its partition and younger than `decided_ids_max_age_ms` (`deltacoord.coordinator.rules.decided`).
+    #: decisions of its partition's tables with writer keys (or, kept apart, of its other tables) and younger than
+    #: `decided_ids_max_age_ms` (`deltacoord.coordinator.rules.decided`).
     decided_ids_limit: int = 50_000
     decided_ids_max_age_ms: int = 7 * 24 * 3600 * 1000
     #: Where partition state snapshots go (a local directory or an object-store prefix, with `storage_options`);
