@@ -66,7 +66,8 @@ class CoordinatorSettings:
     poll_timeout_s: float = 0.1
     max_proposal_bytes: int = 4 * 1024 * 1024
     #: The largest commit carried by reference (`deltacoord.schemas.staged`) this coordinator loads: about 3 million files of
-    #: two columns' stats, a few GB of memory while it is decided. A larger one is refused unread (OVERSIZE).
+    #: two columns' stats, a few GB of memory while it is decided. A larger one is refused unread (OVERSIZE). Deciding one
+    #: holds the partition's other tables, so this also bounds the longest hold (docs/operations.md, Large commits).
     max_staged_bytes: int = 1 << 30
     transaction_timeout_ms: int = 60_000
     #: Bound on adding the consumed offsets to a transaction. librdkafka can block in
@@ -97,7 +98,8 @@ class CoordinatorSettings:
     #: `/healthz` turns not ready (503) when no Kafka broker has been reachable for this long.
     kafka_unreachable_s: float = 10.0
     #: A repeated proposal id is answered with its first decision while it is among the newest this many
-    #: decisions of its partition and younger than `decided_ids_max_age_ms` (`deltacoord.coordinator.rules.decided`).
+    #: decisions of its partition's tables with writer keys (or, kept apart, of its other tables) and younger than
+    #: `decided_ids_max_age_ms` (`deltacoord.coordinator.rules.decided`).
     decided_ids_limit: int = 50_000
     decided_ids_max_age_ms: int = 7 * 24 * 3600 * 1000
     #: Where partition state snapshots go (a local directory or an object-store prefix, with `storage_options`);
@@ -153,7 +155,7 @@ FILE_KEYS = (
     "max_batch", "metrics_port", "fsync", "checkpoints", "watchdog_seconds", "log_level", "dead_letter_max_bytes",
     "stall_seconds", "table_roots", "state_root", "snapshot_every_records", "decided_ids_limit", "decided_ids_max_age_hours",
     "group_offset_seconds", "checkpoint_min_seconds", "publish_lanes",
-    "publish_failing_seconds", "kafka_unreachable_seconds", "send_offsets_timeout_seconds",
+    "publish_failing_seconds", "kafka_unreachable_seconds", "send_offsets_timeout_seconds", "max_staged_bytes",
 )
 #: Keys that a `DELTACOORD_<KEY>` variable sets (fsync and checkpoints only have their --no-... flags).
 ENV_VARS = {k: f"DELTACOORD_{k.upper()}" for k in FILE_KEYS if k not in ("fsync", "checkpoints")}
@@ -364,6 +366,7 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         transactional_id_prefix=text("transactional_id_prefix", f"{prefix}-coordinator"),
         max_batch=integer("max_batch", 500),
         dead_letter_max_bytes=integer("dead_letter_max_bytes", 64 * 1024),
+        max_staged_bytes=integer("max_staged_bytes", 1 << 30),
         stall_timeout_s=number("stall_seconds", 60.0),
         publish_failing_s=number("publish_failing_seconds", 10.0),
         kafka_unreachable_s=number("kafka_unreachable_seconds", 10.0),
@@ -381,6 +384,8 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
     )
     if coordinator.dead_letter_max_bytes < 0:
         raise SettingsError(f"dead_letter_max_bytes must be 0 or more, got {coordinator.dead_letter_max_bytes}")
+    if coordinator.max_staged_bytes < 1:
+        raise SettingsError(f"max_staged_bytes must be 1 or more, got {coordinator.max_staged_bytes}")
     if coordinator.stall_timeout_s <= 0:
         raise SettingsError(f"stall_seconds must be above 0, got {coordinator.stall_timeout_s}")
     for key, value in (("publish_failing_seconds", coordinator.publish_failing_s),

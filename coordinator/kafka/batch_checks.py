@@ -7,8 +7,10 @@ again without what they refuse until every check holds:
   `_delta_log/<v>.json` must be absent (one HEAD, or a stat, per table and batch, asked only while the table's
   version v-1 is published: see `BatchChecks.probe`). A file there was written around the coordinator: the table
   halts and the batch is decided again without it, so no writer is told COMMITTED for a version readers would
-  never see. A store that cannot answer rejects that table's proposals of the batch (STORAGE_UNAVAILABLE,
-  retryable).
+  never see. The same question is asked of a table one of whose proposals read a version beyond its head
+  (READ_VERSION_AHEAD): a writer can only have read such a version from a `<v>.json` written around the
+  coordinator, so the table halts at that proposal rather than rejecting every writer that read the foreign
+  version. A store that cannot answer rejects that table's proposals of the batch (STORAGE_UNAVAILABLE, retryable).
 * One location, one table: a creation the batch accepts claims the table's location in its own store
   (`deltacoord.reader.claim`, `claim_problem`); a location another table id holds refuses it
   (TABLE_LOCATION_TAKEN), as a creation over a Delta table the coordinator does not decide is refused
@@ -25,7 +27,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote
 
@@ -157,7 +159,8 @@ class BatchChecks:
                 decided, overlay = decide_batch(states, proposals, now_ms, halted=halted, check_files=check_files,
                                                 earlier=self.earlier_decision, refused_creates=refused, busy=busy)
                 continue
-            foreign, cannot = self.probe(overlay, probed)
+            ahead = {d.table_id for d in decided if d.reason_code == ReasonCode.READ_VERSION_AHEAD.value}
+            foreign, cannot = self.probe(overlay, probed, ahead)
             foreign.update(self.confirm_claims(overlay))
             if not foreign and not cannot:
                 decided, cannot = self.by_reference(decided, proposals)
@@ -220,9 +223,11 @@ class BatchChecks:
                                       "the table is halted so that the other tables go on. Report it with the log")
         return out
 
-    def probe(self, overlay: Overlay, probed: dict[tuple[str, int], str | None]) -> tuple[dict[str, str], dict[str, str]]:
-        """Tables the batch would ratify a version of whose `<v>.json` already exists (foreign, why), and those whose
-        store cannot say (unavailable, why). `probed` caches answers within the batch.
+    def probe(self, overlay: Overlay, probed: dict[tuple[str, int], str | None],
+              ahead: Collection[str] = ()) -> tuple[dict[str, str], dict[str, str]]:
+        """Tables the batch would ratify a version of, or whose proposals read beyond their head (`ahead`), whose
+        `<v>.json` (v: the version after the head) already exists (foreign, why), and those whose store cannot say
+        (unavailable, why). `probed` caches answers within the batch.
 
         A table whose lane has not published its newest ratified version yet is not asked: a Delta writer writes
         the version after the newest it lists, so `<v>.json` cannot appear around the coordinator before
@@ -231,11 +236,14 @@ class BatchChecks:
         thread a store round trip per batch, the lanes are busy and nothing is asked."""
         foreign: dict[str, str] = {}
         unavailable: dict[str, str] = {}
-        lagging = self.publisher.lagging(overlay.tables)
-        keys = {tid: (tid, live.version + 1 if (live := self.tables.states.get(tid)) is not None else 0) for tid in overlay.tables
+        states = self.tables.states
+        uris = {**{tid: states[tid].table_uri for tid in ahead if tid in states}, **{
+            tid: st.table_uri for tid, st in overlay.tables.items()}}
+        lagging = self.publisher.lagging(uris)
+        keys = {tid: (tid, live.version + 1 if (live := states.get(tid)) is not None else 0) for tid in uris
                 if tid not in lagging}
         # (table id, next version) -> table URI, for the keys not asked yet in this batch
-        todo = {key: overlay.tables[tid].table_uri for tid, key in keys.items() if key not in probed}
+        todo = {key: uris[key[0]] for key in keys.values() if key not in probed}
 
         def ask(key: tuple[str, int]) -> tuple[tuple[str, int], bool | Exception]:
             try:

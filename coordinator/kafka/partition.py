@@ -223,7 +223,7 @@ class PartitionCoordinator:
         self.checks.drop_writer_staged(proposals)
         overlay.apply_to(self.states)
         for d in decisions:
-            self.tables.decided.remember(d)
+            self.tables.remember(d)
         self._hand_over(batch, decisions, replies, overlay, consumed_at, dead=sum(1 for x in decoded if x.dead is not None))
         if resumes:
             self._resume(list(resumes))
@@ -356,7 +356,7 @@ class PartitionCoordinator:
         if done is not None:
             done()
         if kind in (None, ADOPT, RELEASE, DROP):
-            self.tables.decided.remember(d)  # as recovery does: the answer to a request (a rejection, or its record)
+            self.tables.remember(d)  # as recovery does: the answer to a request (a rejection, or its record)
         if kind is None:
             self.metrics.rejections.labels(d.reason_code or "UNKNOWN").inc()
         self.metrics.proposals.labels(self._label).inc()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from deltacoord.coordinator.rules.authentication import registers_writer_keys
 from deltacoord.coordinator.rules.decided import DecidedIds
 from deltacoord.coordinator.rules.state import TableState
+from deltacoord.schemas.messages import Decision
 
 
 @dataclass
@@ -20,3 +22,11 @@ class PartitionTables:
     #: Tables whose location's claim (`deltacoord.reader.claim`) names them, as this process saw: the claim is checked
     #: once per table and process, so a table created or adopted before claims existed gets one at its next commit.
     claimed: set[str] = field(default_factory=set)
+
+    def signed(self, table_id: str) -> bool:
+        """Whether `table_id` registers writer keys (its ids are kept apart in the decided-ids window)."""
+        return registers_writer_keys(self.states.get(table_id))
+
+    def remember(self, d: Decision) -> None:
+        """Remember `d` as its proposal id's first decision (`deltacoord.coordinator.rules.decided`)."""
+        self.decided.remember(d, signed=self.signed(d.table_id))

@@ -23,6 +23,7 @@ from deltacoord.coordinator.delta_log.adoption import PublishedState, StateLoadE
 from deltacoord.coordinator.delta_log.table_files import deleted_problem, location_claimed
 from deltacoord.coordinator.kafka.control import ADOPT, DROP, HALT, RELEASE, RESUME, control_kind
 from deltacoord.coordinator.locations import TableLocationError, TableLocations
+from deltacoord.coordinator.rules.authentication import registers_writer_keys
 from deltacoord.coordinator.rules.decided import DecidedIds
 from deltacoord.coordinator.rules.state import TableState
 from deltacoord.coordinator.settings import CoordinatorSettings
@@ -193,6 +194,10 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
     rec = base if base is not None else Recovered(decided=DecidedIds(settings.decided_ids_limit,
                                                                      settings.decided_ids_max_age_ms))
     states = rec.states
+
+    def remember(d: Decision) -> None:  # as the partition loop does (`PartitionTables.remember`)
+        rec.decided.remember(d, signed=registers_writer_keys(states.get(d.table_id)))
+
     if load_state is None:
         def load_state(table_uri: str, version: int) -> PublishedState:
             return load_published_state(TableStorage(table_uri, settings.storage_options), version)
@@ -265,16 +270,16 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             rec.new_halts.pop(d.table_id, None)
             continue
         if kind == ADOPT:
-            rec.decided.remember(d)  # a replay of the request gets this answer again (`PartitionCoordinator._answer_request`)
+            remember(d)  # a replay of the request gets this answer again (`PartitionCoordinator._answer_request`)
             _fold_adoption(rec, d, load_state, first_sight, broken)
             continue
         if kind == DROP:
-            rec.decided.remember(d)
+            remember(d)
             if d.duplicate_of is None:  # a drop answered again changed nothing
                 _fold_drop(rec, d.table_id, broken, on_disk, compare_from)
             continue
         if kind == RELEASE:
-            rec.decided.remember(d)
+            remember(d)
             if d.duplicate_of is not None:  # a release answered again changed nothing
                 continue
             states.pop(d.table_id, None)
@@ -282,7 +287,7 @@ def rebuild_states(settings: CoordinatorSettings, partition: int, *, publish: Ca
             broken.discard(d.table_id)
             rec.released[d.table_id] = (d.table_uri, d.winning_version if d.winning_version is not None else -1)
             continue
-        rec.decided.remember(d)
+        remember(d)
         if not d.holds_version or d.version is None:  # coalesced: the version is its leader's decision
             continue
         found = states.get(d.table_id)
@@ -414,7 +419,8 @@ def recover_partition(settings: CoordinatorSettings, partition: int, **kwargs: A
                              released=dict(snap.released),
                              decided=DecidedIds(settings.decided_ids_limit, settings.decided_ids_max_age_ms),
                              last=snap.last, snapshot_offset=snap.offset, proposals_next=snap.proposals_next)
-            base.decided.extend(snap.decided)
+            keyed = {tid for tid, st in base.states.items() if registers_writer_keys(st)}
+            base.decided.extend(snap.decided, signed=keyed.__contains__)
             log.info("partition %d: state snapshot at offset %d loaded (%d tables) in %.2fs", partition, snap.offset,
                      len(snap.tables), time.monotonic() - t0)
             try:

@@ -71,6 +71,11 @@ def _check(table_id: str, keys: dict[str, bytes], p: Proposal, sig: Signature | 
     return None
 
 
+def registers_writer_keys(state: TableState | None) -> bool:
+    """Whether the table registers writer keys: every proposal it decides was then signed by one of them."""
+    return state is not None and TableProperties.of(state.metadata).writer_keys is not None
+
+
 def authentication_error(state: TableState | None, p: Proposal, sig: Signature | None) -> InvalidProposalError | None:
     """Why `p` is not authenticated for `state` (None: a table this proposal creates), or None."""
     md = _new_metadata(p)
@@ -94,4 +99,4 @@ def authentication_error(state: TableState | None, p: Proposal, sig: Signature |
     return None
 
 
-__all__ = ["Signature", "authentication_error"]
+__all__ = ["Signature", "authentication_error", "registers_writer_keys"]

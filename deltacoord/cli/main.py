@@ -376,7 +376,8 @@ def _stop_requested_from_now() -> threading.Event:
               help="Write a state snapshot after this many commits-topic records (default 10000).")
 @click.option("--decided-ids-limit", type=int, envvar=env_var("decided_ids_limit"), default=None,
               help="A repeated proposal id is answered with its first decision while among this many newest decisions of "
-                   "its partition (default 50000) and younger than --decided-ids-max-age-hours (default 168).")
+                   "its partition's tables with writer keys, or as many of its other tables' (default 50000), and younger "
+                   "than --decided-ids-max-age-hours (default 168).")
 @click.option("--group-offset-seconds", type=float, envvar=env_var("group_offset_seconds"), default=None,
               help="A busy partition commits its consumed offset to the consumer group at most this often (default 1; "
                    "0: in every transaction). Recovery resumes from the offset each transaction records with its decisions.")
@@ -386,6 +387,10 @@ def _stop_requested_from_now() -> threading.Event:
 @click.option("--publish-lanes", type=int, envvar=env_var("publish_lanes"), default=None,
               help="Tables publishing _delta_log at once (default 16): each table's versions in order, a slow store "
                    "holding back only its own table.")
+@click.option("--max-staged-bytes", type=int, envvar=env_var("max_staged_bytes"), default=None,
+              help="The largest commit carried by reference that is decided (default 1073741824, about 3 million files); "
+                   "a larger one is refused unread (OVERSIZE). Deciding one holds its partition's other tables: this "
+                   "bounds the longest hold.")
 @click.option("--decided-ids-max-age-hours", type=float, envvar=env_var("decided_ids_max_age_hours"), default=None,
               help="Hours a decision stays the answer to its repeated proposal id (default 168; see --decided-ids-limit).")
 def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None, partitions: str | None,
@@ -397,7 +402,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
                     decided_ids_max_age_hours: float | None, group_offset_seconds: float | None,
                     checkpoint_min_seconds: float | None, publish_lanes: int | None,
                     publish_failing_seconds: float | None, kafka_unreachable_seconds: float | None,
-                    send_offsets_timeout_seconds: float | None) -> None:
+                    send_offsets_timeout_seconds: float | None, max_staged_bytes: int | None) -> None:
     """Consume proposals, decide them, record decisions in Kafka, publish _delta_log.
 
     \b
@@ -419,7 +424,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         "decided_ids_max_age_hours": decided_ids_max_age_hours, "group_offset_seconds": group_offset_seconds,
         "checkpoint_min_seconds": checkpoint_min_seconds, "publish_lanes": publish_lanes,
         "publish_failing_seconds": publish_failing_seconds, "kafka_unreachable_seconds": kafka_unreachable_seconds,
-        "send_offsets_timeout_seconds": send_offsets_timeout_seconds,
+        "send_offsets_timeout_seconds": send_offsets_timeout_seconds, "max_staged_bytes": max_staged_bytes,
     }
     run = load_settings(config_file, flags, kafka_pairs, storage_pairs)
     json_logs.setup_logging(run.log_level)

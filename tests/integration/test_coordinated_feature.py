@@ -4,7 +4,8 @@ Against a real broker and coordinator. A table created through deltacoord, or ad
 in its protocol (writer version 7); delta-rs (`write_deltalake(..., mode="append")`) and Delta on Spark
 (`df.write.format("delta").mode("append")`) refuse to append to it by themselves, while their readers read it
 and deltacoord's own writers (Python, the `deltacoord` Spark data source) go on committing. `release` drops the
-feature, so the same appends then succeed; adopting the table again puts the feature back.
+feature, so the same appends then succeed; adopting the table again puts the feature back. A version delta-rs
+writes during the adoption (before the feature is in) halts the table.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from deltalake import DeltaTable, write_deltalake
 
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas.actions import Metadata, Protocol
+from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.table_features import COORDINATED
-from deltacoord.writer import staging
+from deltacoord.writer import staging, table_control
 from deltacoord.writer.table import Table
 from deltacoord.writer.transaction import Transaction as WriterTransaction
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
@@ -141,3 +143,27 @@ def test_adopting_a_table_coordinated_without_the_feature_adds_it(env: tuple[str
         _delta_rs_append_refused(path)
         assert t.append(_rows([2], "dc")).version == 3
     assert _delta_rs_rows(path) == [(1, "dc"), (2, "dc")]
+
+
+def test_a_version_written_during_the_adoption_halts_the_table(kafka_bootstrap: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """delta-rs appends between the adoption record (at N) and the commit that adds the feature (N + 1): its
+    version N + 1 was written around the coordinator, so that commit is refused and the table halts, in /healthz,
+    instead of the coordinator ratifying a version readers would never see."""
+    topics = fresh_topics(kafka_bootstrap)
+    path = tmp_path / "raced"
+    write_deltalake(str(path), _rows([1], "rs"))
+    real = table_control.set_coordinated
+
+    def racing(table: Any, on: bool, timeout_s: float | None) -> bool:
+        write_deltalake(str(path), _rows([2], "rs"), mode="append")  # version 1, by delta-rs, not ratified
+        return real(table, on, timeout_s)
+
+    monkeypatch.setattr(table_control, "set_coordinated", racing)
+    with coordinator_thread(kafka_bootstrap, topics) as coord, Table(path, kafka_bootstrap, topics=topics) as t:
+        with pytest.raises(InvalidProposalError) as refused:
+            t.adopt()
+        assert refused.value.reason == "TABLE_HALTED" and "written around the coordinator" in str(refused.value)
+        halted = coord.health()[1]["halted_tables"]
+        assert list(halted) == [path.resolve().as_uri()], halted
+    assert _log_versions(path) == [0, 1] and _delta_rs_rows(path) == [(1, "rs"), (2, "rs")], "nothing overwritten"

@@ -3,7 +3,8 @@
 (a) A version written around the coordinator (by a writer that ignores the protocol: delta-rs refuses, the table
     names the `deltacoord-coordinated` writer feature) is found before the next
     coordinated commit is ratified: that commit is rejected (TABLE_HALTED), never acknowledged as the
-    foreign version; the halt is on the commits topic and survives a restart, as does a halt found at
+    foreign version; a writer that read the foreign version (read version beyond Kafka's head) halts the
+    table too; the halt is on the commits topic and survives a restart, as does a halt found at
     recovery (two foreign versions beyond Kafka's head); `deltacoord table resume` is the way out.
 (b) The publisher failing on one table, and the decision path failing on one table, halt that table
     only: the other tables go on committing and publishing, the daemon does not exit, the halt
@@ -105,7 +106,11 @@ def _halted(coord: Coordinator) -> dict[str, Any]:
 # --------------------------------------------------------------------------- (a) write-around
 
 
-def test_a_write_around_is_never_acknowledged_as_that_version(kafka_bootstrap: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("read_version", [1, 2], ids=["at-the-head", "beyond-the-head"])
+def test_a_write_around_is_never_acknowledged_as_that_version(kafka_bootstrap: str, tmp_path: Path,
+                                                              read_version: int) -> None:
+    """The next proposal halts the table: one that read Kafka's head (1), and one from a writer that loaded the
+    foreign version (2, beyond Kafka's head), which was rejected as READ_VERSION_AHEAD while nothing showed."""
     topics = fresh_topics(kafka_bootstrap)
     root, other = (tmp_path / "t").resolve(), (tmp_path / "other").resolve()
     uri = root.as_uri()
@@ -117,9 +122,10 @@ def test_a_write_around_is_never_acknowledged_as_that_version(kafka_bootstrap: s
             t.wait_published(1, 60)
         _write_around(root, 100)  # version 2, written around the coordinator
         foreign = _commit_file(root, 2).read_bytes()
+        assert Snapshot.load(str(root)).version == 2 and not _halted(coord)
         client = CoordinatorClient(kafka_bootstrap, topics=topics)
         try:
-            d = client.commit(_append_proposal(uri, 1), 60)
+            d = client.commit(_append_proposal(uri, read_version), 60)
         finally:
             client.close()
         assert not d.committed and d.reason_code == "TABLE_HALTED", d

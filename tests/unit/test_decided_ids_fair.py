@@ -71,3 +71,22 @@ def test_randomized_a_table_holding_at_most_its_share_keeps_every_id() -> None:
             for p in pids:
                 assert ids.get(f"t{t}", p) is not None, (limit, n, t, p)
         assert sum(ids.held_by(f"t{t}") for t in range(n)) == len(ids) == len(list(ids))
+
+
+def test_signed_ids_are_kept_apart_and_stay_apart_through_a_snapshot() -> None:
+    """A keyed table's ids (signed proposals) are not evicted by any amount of other traffic, even spread over
+    more tables than the limit; reloaded from a snapshot with the tables' keys, they stay apart."""
+    ids = DecidedIds(limit=10, max_age_ms=10**9)
+    for i in range(8):
+        ids.remember(_d("keyed", f"s{i}"), signed=True)
+    for i in range(500):
+        ids.remember(_d(f"junk-{i}", "p"))
+    assert ids.held_by("keyed") == 8 and len(ids) == 18
+    again = DecidedIds(limit=10, max_age_ms=10**9)
+    again.extend(ids, signed=lambda table_id: table_id == "keyed")
+    for i in range(500, 600):
+        again.remember(_d(f"junk-{i}", "p"))
+    assert [d.proposal_id for d in again if d.table_id == "keyed"] == [f"s{i}" for i in range(8)]
+    for i in range(8, 12):  # only signed traffic counts against signed ids
+        again.remember(_d("keyed", f"s{i}"), signed=True)
+    assert again.get("keyed", "s1") is None and again.get("keyed", "s2") is not None and again.held_by("keyed") == 10

@@ -250,3 +250,18 @@ def test_a_commit_by_reference_is_published_from_its_staged_file(tmp_path: Path)
     ostorage.delete(key)
     p = _publish(other, _by_file(other, staged))
     assert "is gone and the version was never published" in (p.halted(staged.table_id) or "")
+
+
+def test_max_staged_bytes_is_an_operators_setting(tmp_path: Path) -> None:
+    """The bound on a commit by reference (and so on how long deciding one holds its partition's other tables) is
+    read from the config file, the environment and the flag; below 1 is refused at start."""
+    from deltacoord.coordinator import settings
+
+    assert settings.load(None, environ={}).coordinator.max_staged_bytes == 1 << 30
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[coordinator]\nmax_staged_bytes = 34000000\n")
+    assert settings.load(cfg, environ={}).coordinator.max_staged_bytes == 34_000_000
+    assert settings.load(cfg, environ={"DELTACOORD_MAX_STAGED_BYTES": "1000"}).coordinator.max_staged_bytes == 1000
+    assert settings.load(cfg, {"max_staged_bytes": 2000}, environ={}).coordinator.max_staged_bytes == 2000
+    with pytest.raises(settings.SettingsError, match="max_staged_bytes must be 1 or more"):
+        settings.load(None, {"max_staged_bytes": 0}, environ={})

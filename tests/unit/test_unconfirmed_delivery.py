@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from deltacoord.schemas.actions import CommitInfo
-from deltacoord.schemas.errors import CommitOutcomeUnknownError, ProposalNotSentError
+from deltacoord.schemas.errors import CommitOutcomeUnknownError, ConcurrentAppendException, ProposalNotSentError
 from deltacoord.schemas.messages import Proposal
 from deltacoord.writer.client import DELIVERY_WAIT_S, _unconfirmed
+from deltacoord.writer.transaction import retry
 
 
 @pytest.fixture
@@ -34,3 +35,25 @@ def test_a_failed_delivery_is_an_unknown_outcome_naming_the_failure(proposal: Pr
 def test_a_refusal_stays_a_refusal(proposal: Proposal) -> None:
     refused = ProposalNotSentError("proposal p-1 was refused by Kafka: MSG_SIZE_TOO_LARGE")
     assert _unconfirmed(proposal, refused) is refused
+
+
+def test_retry_never_repeats_a_call_whose_outcome_is_unknown() -> None:
+    """A repeat would propose under a new id and could commit twice: retry() raises the unknown outcome at once,
+    with the id to look up or retry with, while it does re-run a retryable conflict."""
+    calls: list[int] = []
+
+    def unknown() -> None:
+        calls.append(1)
+        raise CommitOutcomeUnknownError("p-1", "file:///lake/t", 30.0)
+
+    with pytest.raises(CommitOutcomeUnknownError) as raised:
+        retry(unknown, attempts=5, base_delay_s=0)
+    assert calls == [1] and raised.value.proposal_id == "p-1"
+
+    def conflict_once() -> str:
+        calls.append(2)
+        if calls.count(2) == 1:
+            raise ConcurrentAppendException("a concurrent append", winning_version=3)
+        return "committed"
+
+    assert retry(conflict_once, attempts=5, base_delay_s=0) == "committed" and calls.count(2) == 2

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from deltacoord.coordinator.kafka.partition_tables import PartitionTables
 from deltacoord.coordinator.rules.authentication import Signature
 from deltacoord.coordinator.rules.batch import Submitted, decide_batch
 from deltacoord.coordinator.rules.decided import DecidedIds
@@ -256,3 +257,36 @@ def test_an_unauthenticated_message_cannot_claim_a_genuine_proposals_id() -> Non
     assert window.get(TABLE_ID, later.proposal_id) is None
     decisions, _ = decide_batch(live, [_signed(later, ALICE)], NOW, earlier=window.get)
     assert _outcomes(decisions) == [2] and decisions[0].duplicate_of is None
+
+
+def test_a_rejected_signed_proposal_is_never_decided_again_whatever_other_tables_send() -> None:
+    """Alice's signed proposal read a version the table did not have yet (rejected). Later the table reaches that
+    version, so deciding a replay of it again would commit it. Junk on open and unknown tables, spread over many
+    table ids so that no one table holds more ids than hers (the window's fair share alone evicted her table's
+    oldest ids), is remembered apart from a keyed table's signed ids: the replay gets its first answer."""
+    live = _table(ALICE)
+    tables = PartitionTables(DecidedIds(limit=50, max_age_ms=10**12), states=live)
+    early = _signed(proposal(2, [add("replayed")]), ALICE)
+    first = _decide(live, [early])
+    assert _outcomes(first) == [ReasonCode.READ_VERSION_AHEAD]
+    ours = [_signed(proposal(v, [add(f"a{v}")]), ALICE) for v in range(2)]
+    for d in first + _decide(live, ours):
+        tables.remember(d)
+    assert live[TABLE_ID].version == 2 and tables.signed(TABLE_ID)
+    for i in range(100):  # 2 ids on each of 50 open tables, 100 ids on unknown tables
+        table = f"open-{i % 50}"
+        if table not in live:
+            for d in _decide(live, [Submitted(proposal(-1, [protocol(), metadata()], operation="CREATE TABLE",
+                                                       changes_data=False, table_id=table), NOW)]):
+                tables.remember(d)
+        junk = [Submitted(proposal(99, [add(f"j{i}")], table_id=table), NOW),
+                Submitted(proposal(0, [add(f"u{i}")], table_id=f"unknown-{i}"), NOW)]
+        for d in _decide(live, junk):
+            assert not d.committed
+            tables.remember(d)
+    assert not tables.signed("open-0") and tables.decided.held_by("open-0") <= 3
+    again, _ = decide_batch(live, [early], NOW, earlier=tables.decided.get)
+    assert _outcomes(again) == [ReasonCode.READ_VERSION_AHEAD], "the replay got its first answer, not a commit"
+    fresh, _ = decide_batch(live, [early], NOW)
+    assert _outcomes(fresh) == [3], "without the window the replay would commit"
+    assert tables.decided.held_by(TABLE_ID) == 3
