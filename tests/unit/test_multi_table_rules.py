@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from deltacoord.coordinator.rules.batch import decide_batch
 from deltacoord.coordinator.rules.state import TableState
 from deltacoord.schemas.actions import CommitInfo
@@ -82,3 +84,40 @@ def test_a_redelivered_transaction_is_answered_with_its_first_decisions() -> Non
     by_id = {d.proposal_id: d for d in first}
     rep, _ = decide_batch(live, parts, NOW, earlier=lambda t, p: by_id.get(p))
     assert [(d.committed, d.duplicate_of) for d in rep] == [(True, 2), (True, 2)]
+
+
+def _isolated(tid: str, isolation: str) -> TableState:
+    s = TableState.empty(tid, f"s3://lake/{tid}")
+    s.apply(0, [CommitInfo({"operation": "CREATE TABLE", "txnId": f"c-{tid}"}), protocol(),
+                metadata(isolation=isolation)])
+    s.apply(1, [CommitInfo({"operation": "WRITE", "txnId": f"w-{tid}"}), add("seed.parquet")])
+    return s
+
+
+def _blind_append(tid: str, path: str) -> Proposal:
+    return _part(tid, 1, add(path), operation_parameters={"mode": "Append"})
+
+
+def _rewrite(tid: str) -> Proposal:
+    """An UPDATE of the whole table at version 1: reads every row, rewrites the seed file."""
+    return _part(tid, 1, remove("seed.parquet"), add(f"new-{tid[-1]}.parquet"), operation="UPDATE",
+                 predicates=["true"], read_files=[add("seed.parquet")])
+
+
+@pytest.mark.parametrize(("a_level", "refused"), [("Serializable", True), ("WriteSerializable", False)])
+def test_each_part_is_decided_by_its_own_tables_isolation_level(a_level: str, refused: bool) -> None:
+    """The same winners (a blind append on each table) and the same parts: a part on a Serializable table
+    conflicts with the blind append it did not read, one on a WriteSerializable table does not (Delta's
+    exemption of blind appends), so the transaction fails only when A is Serializable, with A's conflict."""
+    live = {A: _isolated(A, a_level), B: _isolated(B, "WriteSerializable")}
+    winners = [_blind_append(A, "wa.parquet"), _blind_append(B, "wb.parquet")]
+    parts = _tx("t5", _rewrite(A), _rewrite(B))
+    decisions, _ = decide_batch(live, [*winners, *parts], NOW)
+    assert all(d.committed for d in decisions[:2])
+    da, db = decisions[2:]
+    if refused:
+        assert not da.committed and not db.committed
+        assert da.error_type == "ConcurrentAppendException" and da.table_id == A, da
+        assert db.error_message is not None and db.error_message.startswith(f"{SIBLING_REJECTED} t5"), db
+    else:
+        assert (da.committed, da.version, db.committed, db.version) == (True, 3, True, 3), (da, db)
