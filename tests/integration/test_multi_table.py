@@ -70,6 +70,37 @@ def test_a_transaction_commits_every_table_and_history_names_it(kafka_bootstrap:
         b.close()
 
 
+def test_a_handle_keeps_the_snapshot_its_part_read(kafka_bootstrap: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Handles that only ever take part in transactions: the first transaction reads each table's log once, and
+    the next one's blind appends read none (the handle keeps its part's snapshot, as a lone append does)."""
+    from deltacoord.reader.snapshot import Snapshot
+
+    topics = fresh_topics(kafka_bootstrap, partitions=PARTITIONS)
+    with coordinator_thread(kafka_bootstrap, topics):
+        for n in ("a", "b"):
+            _create(tmp_path / n, deltacoord.grouped_table_id("keep", n), kafka_bootstrap, topics).close()
+        a, b = (Table(tmp_path / n, kafka_bootstrap, topics=topics, table_id=deltacoord.grouped_table_id("keep", n))
+                for n in ("a", "b"))
+        loads: list[str] = []
+        load = Snapshot.load.__func__  # type: ignore[attr-defined]
+
+        def counted(cls: type[Snapshot], /, uri: object, *args: object, **kwargs: object) -> Snapshot:
+            loads.append(str(uri))
+            return load(cls, uri, *args, **kwargs)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(Snapshot, "load", classmethod(counted))
+        for i in range(2):
+            before = len(loads)
+            with deltacoord.transaction(client=a.client) as tx:
+                tx.table(a).append(_rows([10 + i], [1]))
+                tx.table(b).append(_rows([10 + i], [-1]))
+            assert len(loads) - before == (2 if i == 0 else 0), loads[before:]
+        assert tx.commit_result is not None and tx.commit_result.versions == {a.table_id: 3, b.table_id: 3}
+        a.close()
+        b.close()
+
+
 @pytest.mark.parametrize("conflicting_first", [False, True])
 def test_a_conflicting_part_rejects_the_whole_transaction(kafka_bootstrap: str, tmp_path: Path,
                                                           conflicting_first: bool) -> None:
