@@ -119,10 +119,11 @@ _SILENT.propagate = False
 def check_kafka_keywords(owner: Callable[..., Any], kafka_config: dict[str, Any]) -> None:
     """TypeError, with a did-you-mean among `owner`'s keywords, for a keyword that is no Kafka client setting: a
     misspelt keyword (`bootstrap_server=`) would otherwise reach librdkafka as a setting of that name."""
-    keywords = [p for p in inspect.signature(owner).parameters if p not in ("self", "kafka_config")]
     for key, value in kafka_config.items():
         if "." in key or _librdkafka_accepts(key, value):
             continue
+        # Only for the error: a signature costs ~50 us, and every table handle of a transaction checks.
+        keywords = [p for p in inspect.signature(owner).parameters if p not in ("self", "kafka_config")]
         close = difflib.get_close_matches(key, keywords, n=1, cutoff=0.6)
         raise TypeError(f"{owner.__qualname__.split('.')[0]}() got an unexpected keyword argument {key!r}"
                         + (f"; did you mean {close[0]!r}?" if close else ".")

@@ -24,6 +24,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
+from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas.actions import Metadata
 from deltacoord.schemas.actions import Protocol as ProtocolAction
 from deltacoord.schemas.errors import CommitOutcomeUnknownError, ProposalNotSentError
@@ -102,6 +103,13 @@ class _PartTable(Table):
         super().invalidate()
         if self.origin is not None:
             self.origin.invalidate()
+
+    def snapshot(self, version: int | None = None, *, ratified: bool = False) -> Snapshot:
+        snap = super().snapshot(version, ratified=ratified)
+        if self.origin is not None and version is None:
+            # The caller's handle keeps it: its next transaction's blind appends need not read the log again.
+            self.origin._snapshot = snap
+        return snap
 
     def _part(self, read_version: int) -> _PartTransaction:
         if self.part is not None:

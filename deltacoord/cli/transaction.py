@@ -42,6 +42,7 @@ def _load(source: str) -> dict[str, Any]:
         raise click.BadParameter('give one JSON object with a non-empty "operations" list, e.g. {"operations": '
                                  '[{"table": "/lake/a", "tableId": "g::a", "op": "append", "rows": [{"id": 1}]}]}',
                                  param_hint="FILE")
+    seen: dict[tuple[str, Any], int] = {}
     for i, op in enumerate(doc["operations"], 1):
         if not isinstance(op, dict) or not isinstance(op.get("table"), str) or op.get("op") not in _OPS:
             raise click.BadParameter(f'operation {i}: give "table" (a path or URI) and "op" (one of '
@@ -51,6 +52,11 @@ def _load(source: str) -> dict[str, Any]:
                                      param_hint="FILE")
         if op["op"] == "update" and (not isinstance(op.get("set"), dict) or not op["set"]):
             raise click.BadParameter(f'operation {i}: an update needs "set", an object of column: SQL',
+                                     param_hint="FILE")
+        first = seen.setdefault((op["table"], op.get("tableId")), i)
+        if first != i:
+            raise click.BadParameter(f'operations {first} and {i} are both on {op["table"]}: one operation per table '
+                                     "(each part reads its table once); put the second in a transaction of its own",
                                      param_hint="FILE")
     return doc
 
@@ -76,7 +82,7 @@ def transact_cmd(source: str, transaction_id: str | None, writer_key: str | None
 
     from deltacoord.cli.tables import UnknownOutcome, cli_errors
     from deltacoord.schemas.errors import CommitOutcomeUnknownError
-    from deltacoord.writer.multi_table import MultiTableTransaction
+    from deltacoord.writer.multi_table import MultiTableTransaction, TransactionSpansPartitionsError
 
     doc = _load(source)
     kafka: dict[str, Any] = parse_pairs(kafka_pairs, "--kafka")
@@ -101,6 +107,9 @@ def transact_cmd(source: str, transaction_id: str | None, writer_key: str | None
                         t.delete(op.get("where"))
                     else:
                         t.update(op.get("where"), op["set"])
+    except TransactionSpansPartitionsError as e:
+        raise click.BadParameter(f'{e}. In the file, the table id is each operation\'s "tableId" (e.g. "bank::accounts")',
+                                 param_hint="FILE") from None
     except UnknownOutcome as e:
         cause = e.__cause__
         if isinstance(cause, CommitOutcomeUnknownError):

@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 
 from deltacoord.cli.main import main as cli
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
-from tests.integration.test_multi_table import _create, _delta_rows
+from tests.integration.test_multi_table import _apart, _create, _delta_rows
 
 pytestmark = pytest.mark.kafka
 
@@ -41,6 +41,12 @@ def test_a_file_of_operations_commits_together_and_a_conflict_changes_nothing(ka
         assert again.exit_code == 0, again.output
         assert json.loads(again.stdout)["alreadyCommitted"], "the retry by id commits nothing again"
         assert DeltaTable(str(tmp_path / "a")).version() == 2
+        # `table history` shows the transaction, its id and its tables, in each version it made.
+        for n in ("a", "b"):
+            shown = CliRunner().invoke(cli, ["table", "history", str(tmp_path / n)])
+            assert shown.exit_code == 0, shown.output
+            newest = json.loads(shown.stdout.splitlines()[0])
+            assert newest["deltacoord.transaction"] == {"id": out["transactionId"], "tables": ["bank::a", "bank::b"]}
         # A part on a table that does not exist: the whole file changes nothing, exit 1 naming it.
         bad = {"operations": [ops["operations"][1], {"table": str(tmp_path / "a"), "tableId": "bank::zzz",
                                                      "op": "delete", "where": "id = 2"}]}
@@ -52,5 +58,23 @@ def test_a_file_of_operations_commits_together_and_a_conflict_changes_nothing(ka
         f.write_text(json.dumps({"operations": [{"table": "x", "op": "rename"}]}))
         usage = CliRunner().invoke(cli, ["table", "transact", str(f), *kafka])
         assert usage.exit_code == 2 and "one of append, delete, update" in usage.output
+        twice = {"operations": [ops["operations"][1], ops["operations"][1]]}
+        f.write_text(json.dumps(twice))
+        usage = CliRunner().invoke(cli, ["table", "transact", str(f), *kafka])
+        assert usage.exit_code == 2 and "operations 1 and 2 are both on" in usage.output, usage.output
+        # Tables on different partitions: refused before anything is sent, naming the group setting.
+        ida, idb = _apart("cli")
+        c = _create(tmp_path / "c", ida, kafka_bootstrap, topics)
+        d = _create(tmp_path / "d", idb, kafka_bootstrap, topics)
+        apart = {"operations": [{"table": str(tmp_path / "c"), "tableId": ida, "op": "delete", "where": "id = 1"},
+                                {"table": str(tmp_path / "d"), "tableId": idb, "op": "delete", "where": "id = 1"}]}
+        f.write_text(json.dumps(apart))
+        refused = CliRunner().invoke(cli, ["table", "transact", str(f), *kafka])
+        assert refused.exit_code == 2, refused.output  # a usage error, not a traceback (exit 1)
+        assert "table group" in refused.output and '"tableId"' in refused.output, refused.output
+        assert "Traceback" not in refused.output
+        assert [DeltaTable(str(tmp_path / n)).version() for n in ("c", "d")] == [1, 1]
+        c.close()
+        d.close()
         a.close()
         b.close()

@@ -70,31 +70,77 @@ def test_a_transaction_commits_every_table_and_history_names_it(kafka_bootstrap:
         b.close()
 
 
-def test_a_conflicting_part_rejects_the_whole_transaction(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_a_handle_keeps_the_snapshot_its_part_read(kafka_bootstrap: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Handles that only ever take part in transactions: the first transaction reads each table's log once, and
+    the next one's blind appends read none (the handle keeps its part's snapshot, as a lone append does)."""
+    from deltacoord.reader.snapshot import Snapshot
+
+    topics = fresh_topics(kafka_bootstrap, partitions=PARTITIONS)
+    with coordinator_thread(kafka_bootstrap, topics):
+        for n in ("a", "b"):
+            _create(tmp_path / n, deltacoord.grouped_table_id("keep", n), kafka_bootstrap, topics).close()
+        a, b = (Table(tmp_path / n, kafka_bootstrap, topics=topics, table_id=deltacoord.grouped_table_id("keep", n))
+                for n in ("a", "b"))
+        loads: list[str] = []
+        load = Snapshot.load.__func__  # type: ignore[attr-defined]
+
+        def counted(cls: type[Snapshot], /, uri: object, *args: object, **kwargs: object) -> Snapshot:
+            loads.append(str(uri))
+            return load(cls, uri, *args, **kwargs)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(Snapshot, "load", classmethod(counted))
+        for i in range(2):
+            before = len(loads)
+            with deltacoord.transaction(client=a.client) as tx:
+                tx.table(a).append(_rows([10 + i], [1]))
+                tx.table(b).append(_rows([10 + i], [-1]))
+            assert len(loads) - before == (2 if i == 0 else 0), loads[before:]
+        assert tx.commit_result is not None and tx.commit_result.versions == {a.table_id: 3, b.table_id: 3}
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("conflicting_first", [False, True])
+def test_a_conflicting_part_rejects_the_whole_transaction(kafka_bootstrap: str, tmp_path: Path,
+                                                          conflicting_first: bool) -> None:
+    """The part on b conflicts (a concurrent delete rewrote the file it reads), whether it is the message's first
+    part or its last: no table takes its part, b holds only the winner's change, and the exception names b."""
     topics = fresh_topics(kafka_bootstrap, partitions=PARTITIONS)
     with coordinator_thread(kafka_bootstrap, topics):
         a = _create(tmp_path / "a", deltacoord.grouped_table_id("ledger", "a"), kafka_bootstrap, topics)
         b = _create(tmp_path / "b", deltacoord.grouped_table_id("ledger", "b"), kafka_bootstrap, topics)
+        c = _create(tmp_path / "c", deltacoord.grouped_table_id("ledger", "c"), kafka_bootstrap, topics)
         # The transaction commits as its block ends: the exception comes from there.
         with pytest.raises(ConcurrentAppendException) as caught, deltacoord.transaction(kafka_bootstrap,
                                                                                         topics=topics) as tx:
+            if conflicting_first:
+                tx.table(b).delete("id = 2")  # reads b at version 1
             tx.table(a).append(_rows([3], [-40]))
-            tx.table(b).delete("id = 1")  # reads b at version 1
-            b.delete("id = 1")  # a concurrent winner on b: version 2
+            tx.table(c).update("id = 1", {"amount": "amount + 40"})
+            if not conflicting_first:
+                tx.table(b).delete("id = 2")
+            b.delete("id = 1")  # a concurrent winner on b: version 2, rewriting the file the part read
         assert caught.value.table == b.uri, "the exception names the table whose part failed"
-        assert DeltaTable(str(tmp_path / "a")).version() == 1, "a's part was rejected with b's"
-        assert _delta_rows(tmp_path / "a") == [(1, 100), (2, 100)]
+        assert str(b.uri) in str(caught.value), str(caught.value)
+        for n, t in (("a", a), ("c", c)):
+            assert DeltaTable(str(tmp_path / n)).version() == 1, f"{n}'s part was rejected with b's"
+            assert _delta_rows(tmp_path / n) == [(1, 100), (2, 100)], n
+            assert [v.version for v in deltacoord.snapshots([t])] == [1], "nothing of it was ratified either"
+            staged = [p.name for p in (tmp_path / n).glob("*.parquet")]
+            assert len(staged) == 1, f"the rejected part's staged file is deleted: {staged}"
         assert DeltaTable(str(tmp_path / "b")).version() == 2
-        staged = [p.name for p in (tmp_path / "a").glob("*.parquet")]
-        assert len(staged) == 1, f"the rejected part's staged file is deleted: {staged}"
+        assert _delta_rows(tmp_path / "b") == [(2, 100)], "b holds the winner's change and not the part's"
         # The tables go on: the same transaction, read again, commits.
         with deltacoord.transaction(kafka_bootstrap, topics=topics) as tx2:
             tx2.table(a).append(_rows([3], [-40]))
             tx2.table(b).delete("id = 2")
+            tx2.table(c).update("id = 1", {"amount": "amount + 40"})
         assert _delta_rows(tmp_path / "a") == [(1, 100), (2, 100), (3, -40)]
         assert _delta_rows(tmp_path / "b") == []
-        a.close()
-        b.close()
+        assert _delta_rows(tmp_path / "c") == [(1, 140), (2, 100)]
+        for t in (a, b, c):
+            t.close()
 
 
 def _apart(prefix: str) -> tuple[str, str]:

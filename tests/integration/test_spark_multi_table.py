@@ -1,14 +1,18 @@
 """The Spark `foreachBatch` helper: each micro-batch goes to several tables in one multi-table transaction,
-exactly once across a restart of the query and across a replayed batch."""
+exactly once across a restart of the query, across a query that died after its batch committed (restarted, Spark
+runs the batch again) and across a replayed batch."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from deltacoord.reader.snapshot import Snapshot
@@ -51,15 +55,16 @@ def test_each_micro_batch_goes_to_every_table_exactly_once(spark: SparkSession, 
                                        table_ids={str(p): f"pipe::{n}" for n, p in paths.items()})
         src, ckpt = tmp_path / "src", tmp_path / "ckpt"
 
-        def run() -> None:
+        def run(each: Any = writer) -> Any:
             q = (spark.readStream.schema("id LONG, amount LONG").option("maxFilesPerTrigger", 1).json(str(src))
-                 .writeStream.foreachBatch(writer).option("checkpointLocation", str(ckpt))
+                 .writeStream.foreachBatch(each).option("checkpointLocation", str(ckpt))
                  .trigger(availableNow=True).start())
-            q.awaitTermination(300)
-            assert q.exception() is None, q.exception()
+            with contextlib.suppress(StreamingQueryException):  # a query that failed: its exception() says why
+                q.awaitTermination(300)
+            return q.exception()
 
         _files(src, 0, 3)
-        run()
+        assert run() is None
         assert writer.last is not None and set(writer.last.versions) == {"pipe::small", "pipe::big"}
         assert _ids(paths["small"]) == sorted(i * 10 + j for i in range(3) for j in range(2))
         assert _ids(paths["big"]) == sorted(i * 10 + j for i in range(3) for j in range(2, 5))
@@ -68,11 +73,25 @@ def test_each_micro_batch_goes_to_every_table_exactly_once(spark: SparkSession, 
         writer(replay, 2)
         assert writer.last is not None and not writer.last.commits, "the replayed batch writes nothing"
         _files(src, 3, 2)
-        run()  # the query restarted from its checkpoint: only the new files flow
+        assert run() is None  # the query restarted from its checkpoint: only the new files flow
         assert _ids(paths["small"]) == sorted(i * 10 + j for i in range(5) for j in range(2))
         assert _ids(paths["big"]) == sorted(i * 10 + j for i in range(5) for j in range(2, 5))
+
+        # The query dies right after batch 5 committed in every table, before Spark's commit log records it.
+        def dies_after_committing(df: Any, batch_id: int) -> None:
+            writer(df, batch_id)
+            raise RuntimeError(f"the driver dies after batch {batch_id} committed")
+
+        _files(src, 5, 1)
+        died = run(dies_after_committing)
+        assert died is not None and "after batch 5 committed" in str(died), died
+        assert writer.last is not None and set(writer.last.versions) == {"pipe::small", "pipe::big"}
+        assert run() is None  # restarted: Spark runs batch 5 again, from its offset log; every table has it
+        assert writer.last is not None and not writer.last.commits, "batch 5 is written once"
+        assert _ids(paths["small"]) == sorted(i * 10 + j for i in range(6) for j in range(2))
+        assert _ids(paths["big"]) == sorted(i * 10 + j for i in range(6) for j in range(2, 5))
         for p in paths.values():
             history = [h for h in DeltaTable(str(p)).history() if h["version"] > 0]
-            assert len(history) == 5 and all(TRANSACTION_KEY in h for h in history), "one transaction per batch"
-            assert Snapshot.load(str(p)).app_versions == {"test-pipeline": 4}
+            assert len(history) == 6 and all(TRANSACTION_KEY in h for h in history), "one transaction per batch"
+            assert Snapshot.load(str(p)).app_versions == {"test-pipeline": 5}
         writer.close()

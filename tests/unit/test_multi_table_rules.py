@@ -4,10 +4,15 @@ reason of the part that failed; never coalesced; a redelivery answered as decide
 from __future__ import annotations
 
 import dataclasses
+import json
+
+import numpy as np
+import pytest
 
 from deltacoord.coordinator.rules.batch import decide_batch
 from deltacoord.coordinator.rules.state import TableState
-from deltacoord.schemas.actions import CommitInfo
+from deltacoord.schemas.actions import AddFile, CommitInfo
+from deltacoord.schemas.deletion_vectors import inline_descriptor, inline_rows
 from deltacoord.schemas.messages import SIBLING_REJECTED, MultiTable, Proposal
 from tests.unit.builders import NOW, add, metadata, proposal, protocol, remove
 
@@ -82,3 +87,64 @@ def test_a_redelivered_transaction_is_answered_with_its_first_decisions() -> Non
     by_id = {d.proposal_id: d for d in first}
     rep, _ = decide_batch(live, parts, NOW, earlier=lambda t, p: by_id.get(p))
     assert [(d.committed, d.duplicate_of) for d in rep] == [(True, 2), (True, 2)]
+
+
+def _isolated(tid: str, isolation: str) -> TableState:
+    s = TableState.empty(tid, f"s3://lake/{tid}")
+    s.apply(0, [CommitInfo({"operation": "CREATE TABLE", "txnId": f"c-{tid}"}), protocol(),
+                metadata(isolation=isolation)])
+    s.apply(1, [CommitInfo({"operation": "WRITE", "txnId": f"w-{tid}"}), add("seed.parquet")])
+    return s
+
+
+def _blind_append(tid: str, path: str) -> Proposal:
+    return _part(tid, 1, add(path), operation_parameters={"mode": "Append"})
+
+
+def _rewrite(tid: str) -> Proposal:
+    """An UPDATE of the whole table at version 1: reads every row, rewrites the seed file."""
+    return _part(tid, 1, remove("seed.parquet"), add(f"new-{tid[-1]}.parquet"), operation="UPDATE",
+                 predicates=["true"], read_files=[add("seed.parquet")])
+
+
+@pytest.mark.parametrize(("a_level", "refused"), [("Serializable", True), ("WriteSerializable", False)])
+def test_each_part_is_decided_by_its_own_tables_isolation_level(a_level: str, refused: bool) -> None:
+    """The same winners (a blind append on each table) and the same parts: a part on a Serializable table
+    conflicts with the blind append it did not read, one on a WriteSerializable table does not (Delta's
+    exemption of blind appends), so the transaction fails only when A is Serializable, with A's conflict."""
+    live = {A: _isolated(A, a_level), B: _isolated(B, "WriteSerializable")}
+    winners = [_blind_append(A, "wa.parquet"), _blind_append(B, "wb.parquet")]
+    parts = _tx("t5", _rewrite(A), _rewrite(B))
+    decisions, _ = decide_batch(live, [*winners, *parts], NOW)
+    assert all(d.committed for d in decisions[:2])
+    da, db = decisions[2:]
+    if refused:
+        assert not da.committed and not db.committed
+        assert da.error_type == "ConcurrentAppendException" and da.table_id == A, da
+        assert db.error_message is not None and db.error_message.startswith(f"{SIBLING_REJECTED} t5"), db
+    else:
+        assert (da.committed, da.version, db.committed, db.version) == (True, 3, True, 3), (da, db)
+
+
+def test_a_part_on_a_deletion_vector_table_gets_row_level_concurrency() -> None:
+    """A's part deletes row 7 of the file whose row 2 a concurrent winner deleted: on A (deletion vectors) the
+    rows differ, so the part commits, rebased to the union of both vectors, and so does the transaction."""
+    seed = add("part-0.parquet", stats=json.dumps({"numRecords": 10, "minValues": {"x": 0}, "maxValues": {"x": 9}}))
+    a = TableState.empty(A, f"s3://lake/{A}")
+    a.apply(0, [CommitInfo({"operation": "CREATE TABLE", "txnId": "c-a"}), protocol(),
+                metadata(config={"delta.enableDeletionVectors": "true"})])
+    a.apply(1, [CommitInfo({"operation": "WRITE", "txnId": "w-a"}), seed])
+    live = {A: a, B: _table(B)}
+
+    def delete_row(row: int) -> Proposal:
+        marked = AddFile(seed.path, seed.partition_values, seed.size, seed.modification_time, True, seed.stats,
+                         deletion_vector=inline_descriptor(np.array([row], np.uint64)))
+        return _part(A, 1, seed.to_remove(0), marked, operation="DELETE", predicates=[f"x = {row}"],
+                     read_files=[seed])
+
+    parts = _tx("t6", delete_row(7), _part(B, 1, add("b1.parquet")))
+    decisions, overlay = decide_batch(live, [delete_row(2), *parts], NOW)
+    assert [(d.table_id, d.committed, d.version) for d in decisions] == [(A, True, 2), (A, True, 3), (B, True, 2)]
+    a_commit = next(c for c in overlay.commits if c.table_id == A and c.version == 3)
+    dv = next(x for x in a_commit.actions if isinstance(x, AddFile)).deletion_vector
+    assert dv is not None and inline_rows(dv).tolist() == [2, 7]
