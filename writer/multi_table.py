@@ -27,7 +27,7 @@ from confluent_kafka import KafkaException
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas.actions import Metadata
 from deltacoord.schemas.actions import Protocol as ProtocolAction
-from deltacoord.schemas.errors import CommitOutcomeUnknownError, ProposalNotSentError
+from deltacoord.schemas.errors import CommitOutcomeUnknownError, DeltaCoordError, ProposalNotSentError
 from deltacoord.schemas.messages import SIBLING_REJECTED, TRANSACTION_KEY, Decision, MultiTable, Proposal
 from deltacoord.schemas.routing import spans_partitions_message
 from deltacoord.schemas.signing import WriterKey
@@ -49,7 +49,7 @@ from deltacoord.writer.transaction import (
 _PART_IDS = uuid.UUID("6f1d7f0e-3c2a-4b8e-9d51-0a7c2e4b9f10")
 
 
-class TransactionSpansPartitionsError(ValueError):
+class TransactionSpansPartitionsError(DeltaCoordError, ValueError):
     """The tables of a multi-table transaction are on different proposals partitions: nothing was sent."""
 
 

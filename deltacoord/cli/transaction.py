@@ -93,23 +93,24 @@ def transact_cmd(source: str, transaction_id: str | None, writer_key: str | None
         with cli_errors():
             tx = MultiTableTransaction(bootstrap_servers, transaction_id=txid, topic_prefix=topic_prefix,
                                        writer_key=writer_key, **kafka)
-            with tx:
-                for op in doc["operations"]:
-                    t = tx.table(op["table"], table_id=op.get("tableId"), storage_options=opts)
-                    if op["op"] == "append":
-                        try:
-                            rows = pa.Table.from_pylist(op["rows"])
-                        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-                            raise click.BadParameter(f"the rows for {op['table']} cannot be converted: {e}",
-                                                     param_hint="FILE") from e
-                        t.append(rows)
-                    elif op["op"] == "delete":
-                        t.delete(op.get("where"))
-                    else:
-                        t.update(op.get("where"), op["set"])
-    except TransactionSpansPartitionsError as e:
-        raise click.BadParameter(f'{e}. In the file, the table id is each operation\'s "tableId" (e.g. "bank::accounts")',
-                                 param_hint="FILE") from None
+            try:
+                with tx:
+                    for op in doc["operations"]:
+                        t = tx.table(op["table"], table_id=op.get("tableId"), storage_options=opts)
+                        if op["op"] == "append":
+                            try:
+                                rows = pa.Table.from_pylist(op["rows"])
+                            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                                raise click.BadParameter(f"the rows for {op['table']} cannot be converted: {e}",
+                                                         param_hint="FILE") from e
+                            t.append(rows)
+                        elif op["op"] == "delete":
+                            t.delete(op.get("where"))
+                        else:
+                            t.update(op.get("where"), op["set"])
+            except TransactionSpansPartitionsError as e:  # a usage error (exit 2), before cli_errors' exit 1
+                raise click.BadParameter(f'{e}. In the file, the table id is each operation\'s "tableId" '
+                                         f'(e.g. "bank::accounts")', param_hint="FILE") from None
     except UnknownOutcome as e:
         cause = e.__cause__
         if isinstance(cause, CommitOutcomeUnknownError):
