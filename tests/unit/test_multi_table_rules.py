@@ -148,3 +148,25 @@ def test_a_part_on_a_deletion_vector_table_gets_row_level_concurrency() -> None:
     a_commit = next(c for c in overlay.commits if c.table_id == A and c.version == 3)
     dv = next(x for x in a_commit.actions if isinstance(x, AddFile)).deletion_vector
     assert dv is not None and inline_rows(dv).tolist() == [2, 7]
+
+
+@pytest.mark.parametrize(("profile", "refused"), [("delta", False), ("maxcompute", True)])
+def test_each_part_is_decided_by_its_own_tables_conflict_profile(profile: str, refused: bool) -> None:
+    """Two appends into one unpartitioned table that both read version 1: Delta commits both (blind appends never
+    conflict), MaxCompute's table fails the later INSERT INTO. A's part follows A's profile and fails the whole
+    transaction only on the MaxCompute table, with MaxCompute's exception naming A."""
+    config = {"deltacoord.conflictProfile": profile} if profile != "delta" else {}
+    a = TableState.empty(A, f"s3://lake/{A}")
+    a.apply(0, [CommitInfo({"operation": "CREATE TABLE", "txnId": "c-a"}), protocol(), metadata(config=config)])
+    a.apply(1, [CommitInfo({"operation": "WRITE", "txnId": "w-a"}), add("seed.parquet")])
+    live = {A: a, B: _table(B)}
+    parts = _tx("t7", _blind_append(A, "a1.parquet"), _blind_append(B, "b1.parquet"))
+    decisions, _ = decide_batch(live, [_blind_append(A, "wa.parquet"), *parts], NOW)
+    assert decisions[0].committed
+    da, db = decisions[1:]
+    if refused:
+        assert not da.committed and not db.committed
+        assert da.error_type == "ConcurrentJobException" and da.table_id == A, da
+        assert db.error_message is not None and db.error_message.startswith(f"{SIBLING_REJECTED} t7"), db
+    else:
+        assert (da.committed, da.version, db.committed, db.version) == (True, 3, True, 2), (da, db)
