@@ -9,7 +9,7 @@ forms. Arrow asked for after that is rebuilt from the objects.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -59,22 +59,48 @@ def read_live_adds(paths: Sequence[StoredObject], superseded: Iterable[str]) -> 
 
 
 class CheckpointAdds:
-    """Live checkpoint adds: Arrow chunks until `adds()` converts them (once) into AddFiles."""
+    """Live checkpoint adds: Arrow chunks until `adds()` converts them (once) into AddFiles.
 
-    __slots__ = ("_adds", "_chunks", "_lock")
+    Made `on_demand`, the chunks are read on first use: a blind append needs the table's protocol,
+    metadata and version, never its files, and a checkpoint's `add` column is most of its bytes.
+    """
+
+    __slots__ = ("_adds", "_chunks", "_lock", "_reader")
 
     def __init__(self, chunks: Sequence[pa.Array] = (), adds: Sequence[AddFile] | None = None) -> None:
         self._chunks: list[pa.Array] = list(chunks)
         self._adds: tuple[AddFile, ...] | None = None if adds is None else tuple(adds)
+        self._reader: Callable[[], CheckpointAdds] | None = None
         self._lock = threading.Lock()
+
+    @classmethod
+    def on_demand(cls, read: Callable[[], CheckpointAdds]) -> CheckpointAdds:
+        """Adds that `read()` gives when first asked for (its CheckpointReadError then reaches the caller)."""
+        out = cls()
+        out._reader = read
+        return out
+
+    def _loaded(self) -> None:
+        """Read the adds if they were left on demand (the caller holds the lock)."""
+        if self._reader is not None:
+            read = self._reader()
+            self._chunks, self._adds, self._reader = read._chunks, read._adds, None
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the adds are in memory (False while they are left on demand)."""
+        with self._lock:
+            return self._reader is None
 
     def __len__(self) -> int:
         with self._lock:  # not halfway through a conversion
+            self._loaded()
             return len(self._adds) if self._adds is not None else sum(len(c) for c in self._chunks)
 
     def arrow_chunks(self) -> list[pa.Array]:
         """The adds as StructArrays of the checkpoint `add` type (rebuilt when converted already)."""
         with self._lock:
+            self._loaded()
             if self._adds is None:
                 return list(self._chunks)
             return [adds_to_struct(self._adds)] if self._adds else []
@@ -82,6 +108,7 @@ class CheckpointAdds:
     def adds(self) -> tuple[AddFile, ...]:
         """The adds as AddFiles, converted on first call; the Arrow chunks are dropped as they go."""
         with self._lock:
+            self._loaded()
             if self._adds is None:
                 out: list[AddFile] = []
                 try:
@@ -100,6 +127,7 @@ class CheckpointAdds:
 
     def paths(self) -> list[str]:
         with self._lock:
+            self._loaded()
             if self._adds is not None:
                 return [a.path for a in self._adds]
             return [p for c in self._chunks for p in c.field("path").to_pylist()]
@@ -110,6 +138,9 @@ class CheckpointAdds:
         if not ks:
             return self
         with self._lock:
+            if self._reader is not None:  # still on demand: so are these
+                earlier = self._reader
+                return CheckpointAdds.on_demand(lambda: earlier().without(ks))
             if self._adds is not None:
                 gone = set(ks)
                 return CheckpointAdds(adds=[a for a in self._adds if key_string(*a.key()) not in gone])

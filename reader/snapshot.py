@@ -12,7 +12,8 @@ per PROTOCOL.md "Action Reconciliation":
   a key decides whether it is live (`add`) or a tombstone (`remove`).
 
 Live files from the checkpoint stay Arrow (`deltacoord.reader.checkpoint_adds`) until
-`files()` asks for Python `AddFile` objects, which then replace them. `to_pyarrow()`
+`files()` asks for Python `AddFile` objects, which then replace them; with `files_on_demand`
+they are not read at all until asked for (a blind append needs none). `to_pyarrow()`
 reads the data with partition pruning, partition columns restored with their
 Delta types, deletion vectors applied, and column mapping (name or id mode)
 resolved at every nesting level; a `variant` column reads as its binary
@@ -284,6 +285,15 @@ def _checkpoint_small_actions(paths: Sequence[StoredObject]) -> list[Action]:
     return out
 
 
+def _adds_on_demand(uri: str, version: int, paths: Sequence[StoredObject], superseded: Iterable[str]) -> CheckpointAdds:
+    """The live adds of a snapshot loaded with `files_on_demand`, read at their first use."""
+    try:
+        return read_live_adds(paths, superseded)
+    except CheckpointReadError as e:
+        raise CheckpointReadError(f"the files of {uri} at version {version} were left to read when first asked for, and "
+                                  f"now: {e}; load the snapshot again") from e
+
+
 @dataclass(eq=False)
 class Snapshot:
     """The state of a table at one version."""
@@ -311,6 +321,7 @@ class Snapshot:
         storage_options: Mapping[str, str] | None = None,
         time_version: bool = False,
         ratified: RatifiedSource | None = None,
+        files_on_demand: bool = False,
     ) -> Snapshot:
         """Reconstruct the table at `version` (default latest) or as of `timestamp`.
 
@@ -330,13 +341,18 @@ class Snapshot:
         With `ratified` (the table's deployment and id), the latest snapshot also holds the
         versions ratified in Kafka but not yet published to `_delta_log` (read-your-writes for
         `wait="ratified"` commits); its `history()` and `timestamp` still describe published versions.
+
+        With `files_on_demand`, the checkpoint's live files are read when first asked for (`files()`,
+        `num_files`, ...), not now: a blind append needs the protocol, metadata, app versions and version, which
+        come from the checkpoint's small columns, and not its `add` column, most of its bytes. A checkpoint that
+        cannot be read then raises CheckpointReadError there instead of falling back to an older one here.
         """
         if version is not None and timestamp is not None:
             raise ValueError("give a version or a timestamp, not both")
         if ratified is not None:
             if version is not None or timestamp is not None:
                 raise ValueError("ratified versions are read for the latest snapshot only: give no version or timestamp")
-            published = cls.load(table_uri, storage_options=storage_options)
+            published = cls.load(table_uri, storage_options=storage_options, files_on_demand=files_on_demand)
             return published.with_commits(ratified.after(published.version, published._commit_info_ms(),
                                                          storage=table_storage(table_uri, storage_options)))
         storage = table_storage(table_uri, storage_options)
@@ -346,20 +362,20 @@ class Snapshot:
             version = _version_at_timestamp(storage, listing, to_epoch_ms(timestamp))
             if time_version:
                 version = _time_version_at_or_before(listing, version)
-            return cls._load_from_listing(uri, storage, listing, version)
+            return cls._load_from_listing(uri, storage, listing, version, files_on_demand=files_on_demand)
         if time_version:
             raise ValueError("time_version=True resolves a timestamp: give timestamp=")
         listing = list_log_from_hint(storage, at_most=version)
         if listing.listed_from is not None:
             try:
-                return cls._load_from_listing(uri, storage, listing, version)
+                return cls._load_from_listing(uri, storage, listing, version, files_on_demand=files_on_demand)
             except (VersionNotFoundError, CorruptLogError):
                 listing = list_log(storage)  # the hinted part of the log cannot build it: read everything
-        return cls._load_from_listing(uri, storage, listing, version)
+        return cls._load_from_listing(uri, storage, listing, version, files_on_demand=files_on_demand)
 
     @classmethod
     def _load_from_listing(cls, uri: str, storage: TableStorage, listing: LogListing, version: int | None, *,
-                           with_files: bool = True) -> Snapshot:
+                           with_files: bool = True, files_on_demand: bool = False) -> Snapshot:
         target = listing.latest_version if version is None else version
         candidates = listing.checkpoint_candidates(target if target is not None else 0)
         errors: list[str] = []
@@ -376,14 +392,15 @@ class Snapshot:
                     raise
                 continue
             try:
-                return cls._replay(uri, storage, segment, with_files=with_files)
+                return cls._replay(uri, storage, segment, with_files=with_files, files_on_demand=files_on_demand)
             except CheckpointReadError as e:
                 errors.append(str(e))
                 continue
         raise CorruptLogError(f"cannot load {uri}: " + "; ".join(errors))
 
     @classmethod
-    def _replay(cls, uri: str, storage: TableStorage, segment: LogSegment, *, with_files: bool = True) -> Snapshot:
+    def _replay(cls, uri: str, storage: TableStorage, segment: LogSegment, *, with_files: bool = True,
+                files_on_demand: bool = False) -> Snapshot:
         state = LogReplayState()
         for _v, actions in iter_commits(segment):
             state.apply(actions)
@@ -404,7 +421,9 @@ class Snapshot:
                 elif isinstance(a, DomainMetadata):
                     state.domains.setdefault(a.domain, a)
             if with_files:
-                ckpt_adds = read_live_adds(segment.checkpoint.paths, state.files.keys())
+                paths, superseded = segment.checkpoint.paths, list(state.files)
+                ckpt_adds = (CheckpointAdds.on_demand(lambda: _adds_on_demand(uri, segment.version, paths, superseded))
+                             if files_on_demand else read_live_adds(paths, superseded))
         if state.protocol is None:
             raise CorruptLogError(f"{uri}: no protocol action found up to version {segment.version}")
         if state.metadata is None:

@@ -338,7 +338,7 @@ class DeltaCoordStreamWriter(_StagingWriter, DataSourceStreamArrowWriter):
             raise
         with table:
             try:
-                snap = table.snapshot()
+                snap = table.snapshot(files_on_demand=True)  # an appending batch reads none of the table's files
                 _check_staged_partitioning(opts, snap, adds)
                 recorded = snap.app_versions.get(app_id, -1)
                 if batchId <= recorded:
@@ -439,7 +439,7 @@ class DeltaCoordBatchWriter(_StagingWriter, DataSourceArrowWriter):
             raise
         with table:
             try:
-                snap = table.snapshot()
+                snap = table.snapshot(files_on_demand=True)  # an append reads none of the table's files
                 _check_staged_partitioning(opts, snap, adds)
                 tx = table.begin(snap)
                 if opts.txn_app_id is not None and opts.txn_version is not None:

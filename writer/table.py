@@ -181,32 +181,36 @@ class Table:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
 
-    def snapshot(self, version: int | None = None, *, ratified: bool = False) -> Snapshot:
+    def snapshot(self, version: int | None = None, *, ratified: bool = False,
+                 files_on_demand: bool = False) -> Snapshot:
         """The published snapshot (latest by default), never older than this handle's own commits.
 
         With `ratified=True`, the latest snapshot including versions ratified in Kafka but not yet
-        in `_delta_log` (read from the commits topic): it never waits on publication.
+        in `_delta_log` (read from the commits topic): it never waits on publication. With
+        `files_on_demand=True`, the checkpoint's live files are read when first asked for (`Snapshot.load`).
         """
         if ratified:
             if version is not None:
                 raise ValueError("snapshot(ratified=True) reads the latest version: give no version")
             snap = Snapshot.load(self.uri, storage_options=self.storage_options,
-                                 ratified=self.client.ratified_source(self.table_id))
+                                 ratified=self.client.ratified_source(self.table_id), files_on_demand=files_on_demand)
             self._snapshot = snap
             return snap
         if version is not None:
             if version <= self._floor:
                 self.wait_published(version)
-            return Snapshot.load(self.uri, version=version, storage_options=self.storage_options)
+            return Snapshot.load(self.uri, version=version, storage_options=self.storage_options,
+                                 files_on_demand=files_on_demand)
         if self._floor >= 0:
             self.wait_published(self._floor)
-        snap = Snapshot.load(self.uri, storage_options=self.storage_options)
+        snap = Snapshot.load(self.uri, storage_options=self.storage_options, files_on_demand=files_on_demand)
         self._snapshot = snap
         return snap
 
     def cached_snapshot(self) -> Snapshot:
-        """For blind appends: any recent snapshot will do (they conflict only with metadata changes)."""
-        return self._snapshot or self.snapshot()
+        """For blind appends: any recent snapshot will do (they conflict only with metadata changes), and its
+        files are read only if asked for (an append reads none)."""
+        return self._snapshot or self.snapshot(files_on_demand=True)
 
     def restart_at(self, version: int) -> None:
         """A table (re)created (or dropped, -1) at this location: versions this handle committed to an earlier

@@ -45,7 +45,8 @@ def append(table: OperationTable, data: Any, *, app_id: str | None = None, app_v
     """`Table.append` (documented there, where users read it)."""
     if (app_id is None) != (app_version is None):
         raise ValueError("give both app_id and app_version, or neither")
-    snap = snapshot or (table.snapshot() if app_id is not None else table.cached_snapshot())
+    # Neither needs the table's files: the app versions come with the protocol and metadata.
+    snap = snapshot or (table.snapshot(files_on_demand=True) if app_id is not None else table.cached_snapshot())
     if snapshot is None and app_id is None and TableProperties.of(snap.metadata).maxcompute:
         # MaxCompute's rules fail an INSERT INTO that finishes after another one it did not see.
         snap = table.snapshot()

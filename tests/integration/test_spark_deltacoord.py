@@ -303,7 +303,7 @@ class _Stale:
     """Make every sink commit read the given snapshot (as if publication lagged behind Kafka)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, snap: Snapshot, barrier: threading.Barrier | None = None) -> None:
-        def snapshot(table: Table, version: int | None = None) -> Snapshot:
+        def snapshot(table: Table, version: int | None = None, **_: object) -> Snapshot:
             if barrier is not None:
                 barrier.wait(30)
             return snap

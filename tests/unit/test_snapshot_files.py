@@ -9,11 +9,20 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
+from deltacoord.reader.checkpoint import CheckpointReadError
 from deltacoord.reader.log import checkpoint_file_name, commit_file_name
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas.action_arrow import ADD_TYPE, actions_to_record_batch, adds_from_struct, adds_to_struct
-from deltacoord.schemas.actions import AddFile, DeletionVector, Metadata, Protocol, commit_to_json_lines
+from deltacoord.schemas.actions import (
+    AddFile,
+    DeletionVector,
+    Metadata,
+    Protocol,
+    SetTransaction,
+    commit_to_json_lines,
+)
 
 SCHEMA = json.dumps({"type": "struct", "fields": [
     {"name": "id", "type": "long", "nullable": True, "metadata": {}},
@@ -99,3 +108,39 @@ def test_arrow_and_objects_agree_before_and_after_files_converts_the_checkpoint(
     later = snap.with_commits([(1, [files[3].to_remove(9)])])
     assert later.num_files == 19_999 and files[3] not in later.files()
     assert len(later.add_files_struct()) == 19_999
+
+
+def test_files_on_demand_are_read_at_first_use_and_equal_the_files_read_at_load(tmp_path: Path) -> None:
+    log = tmp_path / "t" / "_delta_log"
+    log.mkdir(parents=True)
+    md = Metadata(id="t", schema_string=SCHEMA, partition_columns=("p", "q"))
+    adds = _adds(3_000)
+    batch = actions_to_record_batch([Protocol(3, 7, ("deletionVectors",), ("deletionVectors",)), md,
+                                     SetTransaction("app", 4, 1), *adds])
+    pq.write_table(pa.Table.from_batches([batch]), log / checkpoint_file_name(0), row_group_size=1_000)
+    new = AddFile("p=9/new.parquet", {"p": "9", "q": None}, 1, 1, True)
+    (log / commit_file_name(1)).write_bytes(commit_to_json_lines([adds[7].to_remove(5), new, SetTransaction("b", 2, 1)]))
+    eager = Snapshot.load(tmp_path / "t")
+    lazy = Snapshot.load(tmp_path / "t", files_on_demand=True)
+    # What a blind append reads is exact without the checkpoint's add column.
+    assert (lazy.version, lazy.protocol, lazy.metadata, lazy.app_versions) == (
+        eager.version, eager.protocol, eager.metadata, eager.app_versions) == (1, eager.protocol, md, {"app": 4, "b": 2})
+    assert not lazy._checkpoint_adds.in_memory and eager._checkpoint_adds.in_memory
+    later = lazy.with_commits([(2, [adds[9].to_remove(6)])])
+    assert not later._checkpoint_adds.in_memory  # moving forward keeps the files on demand
+    assert lazy.num_files == eager.num_files == 3_000 and lazy._checkpoint_adds.in_memory
+    assert lazy.add_files_struct().equals(eager.add_files_struct())
+    assert lazy.files() == eager.files() and lazy.file_paths() == eager.file_paths()
+    assert later.files() == [f for f in eager.files() if f.path != adds[9].path]
+
+
+def test_files_on_demand_of_a_lost_checkpoint_raise_when_asked_for(tmp_path: Path) -> None:
+    log = tmp_path / "t" / "_delta_log"
+    log.mkdir(parents=True)
+    md = Metadata(id="t", schema_string=SCHEMA, partition_columns=("p", "q"))
+    batch = actions_to_record_batch([Protocol(1, 2), md, *_adds(10)])
+    pq.write_table(pa.Table.from_batches([batch]), log / checkpoint_file_name(0))
+    lazy = Snapshot.load(tmp_path / "t", files_on_demand=True)
+    (log / checkpoint_file_name(0)).unlink()  # log cleanup between the load and the first use
+    with pytest.raises(CheckpointReadError, match=r"at version 0 were left to read when first asked for.*load the snapshot again"):
+        lazy.files()
