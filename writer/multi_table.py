@@ -104,8 +104,9 @@ class _PartTable(Table):
         if self.origin is not None:
             self.origin.invalidate()
 
-    def snapshot(self, version: int | None = None, *, ratified: bool = False) -> Snapshot:
-        snap = super().snapshot(version, ratified=ratified)
+    def snapshot(self, version: int | None = None, *, ratified: bool = False,
+                 files_on_demand: bool = False) -> Snapshot:
+        snap = super().snapshot(version, ratified=ratified, files_on_demand=files_on_demand)
         if self.origin is not None and version is None:
             # The caller's handle keeps it: its next transaction's blind appends need not read the log again.
             self.origin._snapshot = snap
