@@ -63,6 +63,8 @@ MAX_BATCH = 64
 DEFAULT_LANES = 16
 #: How long a stopping publisher still waits for Kafka to make a decision readable; then it leaves it unpublished.
 STOP_WAIT_S = 5.0
+#: Weight of the newest figure in the moving averages of a PUT's and a hand-over's duration (`Publisher.paced`).
+_EWMA = 0.2
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,9 @@ class PublishTask:
     staged: tuple[str, StagedActions] | None = None
     #: The version's bytes when already serialised (a commit staged by reference): not serialised again.
     data: bytes | None = None
+    #: When (wall clock, s) the deciding thread began the batch that ratified it: how long a decision takes to reach
+    #: the lane is measured from it (`Publisher.paced`). None: not measured (read back from Kafka, tests).
+    decided_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.staged is not None and self.data is not None and len(self.data) != self.staged[1].size:
@@ -104,6 +109,8 @@ class TablePublication:
     #: The last error of that attempt (None: none yet, the store has not answered).
     last_error: str | None = None
     uri: str = ""
+    #: How long the table's store takes a version (s, a moving average of the PUTs that succeeded at once).
+    put_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,9 @@ class Publisher:
     _stopping: bool = False
     _wait: StableWait | None = None
     _forgotten: set[str] = field(default_factory=set)
+    #: How long a decided version takes to reach its lane (s, a moving average; None: not measured yet): the
+    #: decision, its Kafka transaction, the wait until Kafka's readers see it.
+    handover_s: float | None = None
 
     def __post_init__(self) -> None:
         self._idle = threading.Condition(self._lock)
@@ -228,6 +238,27 @@ class Publisher:
         with self._lock:
             return frozenset(tid for tid in table_ids if (t := self.tables.get(tid)) is not None
                              and not self._is_halted(tid) and t.ratified - t.published >= by)
+
+    def paced(self, table_ids: Iterable[str], now: float | None = None) -> frozenset[str]:
+        """Tables (of `table_ids`, not halted) whose next version, were it decided now, would only wait in the lane
+        behind another: one version queued behind the one in flight, or one in flight (or about to start) that
+        lands later than a version decided now could reach the lane (its PUT started less than the store's PUT
+        time less the hand-over time ago). Their proposals are best decided later, together (group commit), so
+        that the version they share reaches the lane as the one in flight lands. A store faster than the
+        hand-over (a local disk) paces only at one version queued."""
+        now = time.monotonic() if now is None else now
+        handover = self.handover_s or 0.0
+        out = []
+        with self._lock:
+            for tid in table_ids:
+                t = self.tables.get(tid)
+                if t is None or self._is_halted(tid):
+                    continue
+                behind = t.ratified - t.published
+                in_flight = behind == 1 and t.put_s is not None and t.put_s > handover
+                if behind >= 2 or (in_flight and (t.trying_since is None or now < t.trying_since + (t.put_s or 0) - handover)):
+                    out.append(tid)
+        return frozenset(out)
 
     def behind(self, versions: Mapping[str, int]) -> list[str]:
         """Tables (of `versions`, table id -> version) whose version is not published yet and not halted."""
@@ -349,8 +380,13 @@ class Publisher:
     def _to_lanes(self, tasks: Sequence[PublishTask]) -> None:
         """Queue readable versions for their tables' lanes, starting each lane that does not run."""
         start: list[str] = []
+        now = time.time()
         with self._lock:
             for task in tasks:
+                if task.decided_at is not None:
+                    took = max(0.0, now - task.decided_at)
+                    self.handover_s = took if self.handover_s is None else \
+                        self.handover_s + _EWMA * (took - self.handover_s)
                 self._lane_q.setdefault(task.table_id, deque()).append(task)
                 if task.table_id not in self._busy:
                     self._busy.add(task.table_id)
@@ -561,6 +597,9 @@ class Publisher:
         with self._lock:
             t = self.tables.setdefault(task.table_id, TablePublication())
             t.published = max(t.published, task.version)
+            if t.trying_since is not None and t.last_error is None:
+                took = time.monotonic() - t.trying_since
+                t.put_s = took if t.put_s is None else t.put_s + _EWMA * (took - t.put_s)
             t.trying_since = t.last_error = None
         if task.staged is not None:
             try:  # the version holds the same bytes now: readers resolve the decision from it

@@ -137,6 +137,9 @@ class BatchChecks:
         self.partition = partition
         self.publisher = publisher
         self.tables = tables
+        #: Tables whose proposals of the batch being decided waited for their lane (the daemon's `_linger`): their
+        #: appends share versions even if the lane emptied meanwhile.
+        self.paced: frozenset[str] = frozenset()
 
     def decide(self, proposals: Sequence[Submitted], now_ms: int) -> tuple[list[Decision], Overlay, dict[int, bytes]]:
         """The batch's decisions, its overlay, and the decisions encoded (by id()); tables the checks halt are
@@ -145,7 +148,7 @@ class BatchChecks:
         check_files = functools.partial(added_files_problem, self.publisher.locations)
         halted = self.publisher.halted_tables()
         # Tables whose store has not taken every ratified version: their compatible appends share versions.
-        busy = self.publisher.lagging({x.proposal.table_id for x in proposals})
+        busy = self.publisher.lagging({x.proposal.table_id for x in proposals}) | self.paced
         decided, overlay = decide_batch(states, proposals, now_ms, halted=halted, check_files=check_files,
                                         earlier=self.earlier_decision, busy=busy)
         claims: dict[str, InvalidProposalError | None] = {}

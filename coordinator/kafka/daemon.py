@@ -53,8 +53,6 @@ _SLOW_KAFKA = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaErro
 
 #: How long fetched proposals of tables whose stores lag wait for one of them to publish (see `_linger`).
 LINGER_MAX_S = 0.2
-#: Unpublished versions of a table from which its next proposals wait (`_linger`): one in flight, one queued.
-LINGER_BEHIND = 2
 #: How often a lingering batch looks at the lanes (and takes what arrived) while it waits.
 LINGER_POLL_S = 0.005
 
@@ -276,32 +274,35 @@ class Coordinator:
             detail["reasons"] = reasons
         return not reasons, detail
 
-    def _linger(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
-        """Group commit at the store's pace: while every table the fetched proposals name (their keys) has a
-        version in flight and another queued behind it (`LINGER_BEHIND`), and coalesces (`deltacoord.coalesce`),
-        deciding them now would only queue one more version. They wait (at most `LINGER_MAX_S`) for one of those
-        lanes to publish, and what arrived meanwhile joins them, to share the next version
-        (`deltacoord.coordinator.rules.coalesce`); the next version's Kafka transaction overlaps the PUT in flight. A lane
-        idle or short (light load), or a table that does not coalesce: decided at once, as always; a proposal
-        of such a table arriving meanwhile ends the wait, so a slow store never delays another table."""
+    def _linger(self, consumer: Consumer, msgs: list[Message]) -> tuple[list[Message], frozenset[str]]:
+        """Group commit at the store's pace: while every table the fetched proposals name (their keys) coalesces
+        (`deltacoord.coalesce`) and is paced by its lane (`Publisher.paced`: a version decided now would only wait
+        behind the one in flight), they wait (at most `LINGER_MAX_S`), and what arrived meanwhile joins them, to
+        share the next version (`deltacoord.coordinator.rules.coalesce`). They are decided once that version,
+        decided now, would reach the lane about as the one in flight lands: its Kafka transaction overlaps the
+        PUT in flight, and nothing queues behind it. A lane idle (light load), or a table that does not
+        coalesce: decided at once, as always; a proposal of such a table arriving meanwhile ends the wait, so a
+        slow store never delays another table. Returns the messages and the tables whose proposals waited."""
         s = self.settings
         tables: set[str] = set()
         waiting = msgs
+        held: frozenset[str] = frozenset()
         deadline = time.monotonic() + LINGER_MAX_S
         while len(msgs) < s.max_batch:
             for m in waiting:
                 key = m.key() if m.error() is None else None
                 if not key:
-                    return msgs
+                    return msgs, held
                 tables.add(key.decode("utf-8", errors="replace"))
-            if self.publisher.lagging(tables, LINGER_BEHIND) != tables or not all(self._coalesces(t) for t in tables):
-                return msgs  # a lane has room (or a table does not coalesce): decide now
+            if self.publisher.paced(tables) != tables or not all(self._coalesces(t) for t in tables):
+                return msgs, held  # a lane has room (or a table does not coalesce): decide now
+            held = frozenset(tables)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return msgs
+                return msgs, held
             waiting = consumer.consume(s.max_batch - len(msgs), min(remaining, LINGER_POLL_S))
             msgs = [*msgs, *waiting]
-        return msgs
+        return msgs, held
 
     def _coalesces(self, table_id: str) -> bool:
         for w in self._workers.values():
@@ -487,7 +488,7 @@ class Coordinator:
                         owned.maybe_snapshot()
                     continue
                 msgs = [first, *consumer.consume(s.max_batch - 1, 0)] if s.max_batch > 1 else [first]
-                msgs = self._linger(consumer, msgs)
+                msgs, paced = self._linger(consumer, msgs)
                 by_partition: dict[int, list[Message]] = {}
                 for m in msgs:
                     err = m.error()
@@ -501,7 +502,11 @@ class Coordinator:
                 for p, batch in by_partition.items():
                     w = self._workers.get(p)
                     if w is not None:  # a message of a partition just revoked is someone else's now
-                        w.process(batch)
+                        w.checks.paced = paced
+                        try:
+                            w.process(batch)
+                        finally:
+                            w.checks.paced = frozenset()
                 for owned in list(self._workers.values()):
                     owned.observe()
         except FencedError as e:

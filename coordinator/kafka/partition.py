@@ -316,7 +316,8 @@ class PartitionCoordinator:
                 # A commit by reference is published from its staged file: the task holds none of its file actions.
                 tasks.append(PublishTask(d.table_id, d.table_uri, d.version,
                                          d.actions if d.staged is None else _not_files(d.actions), stable_at,
-                                         staged=(d.proposal_id, d.staged) if d.staged is not None else None))
+                                         staged=(d.proposal_id, d.staged) if d.staged is not None else None,
+                                         decided_at=consumed_at))
             elif coalesced:
                 self.metrics.coalesced.inc()
             elif d.committed:

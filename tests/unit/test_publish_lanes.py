@@ -3,6 +3,7 @@ holding back only its own table (`deltacoord.coordinator.delta_log.publisher`)."
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -179,4 +180,50 @@ def test_a_stalled_table_is_lagging_until_its_versions_are_published(tmp_path: P
         assert p.wait_idle(10) and p.lagging(["slow"]) == frozenset()
     finally:
         stalled.get("slow", threading.Event()).set()
+        p.stop()
+
+
+def test_a_table_is_paced_until_a_version_decided_now_would_reach_its_lane_as_the_one_in_flight_lands(
+        tmp_path: Path, stalled: dict[str, threading.Event]) -> None:
+    """What the daemon's linger reads: with a version queued behind the one in flight, a table is paced until one
+    lands; with one in flight, until its PUT has run for the store's PUT time less the hand-over time (from the
+    batch's decision to the lane); an idle lane, or a store faster than the hand-over, is never paced."""
+    slow, fast = tmp_path / "slow", tmp_path / "fast"
+    stalled["slow"] = threading.Event()
+    p = Publisher(fsync=False, lanes=2)
+    p.start()
+    try:
+        held_s = 0.3
+        p.submit(dataclasses.replace(_task(slow, 0), decided_at=time.time() - 0.05))
+        assert _until(lambda: p.tables["slow"].trying_since is not None)
+        time.sleep(held_s)
+        stalled["slow"].set()
+        assert p.wait_idle(10)
+        put_s, handover_s = p.tables["slow"].put_s, p.handover_s
+        assert put_s is not None and put_s >= held_s, "the PUT time is measured from its first try to its success"
+        assert handover_s is not None and handover_s >= 0.05, "the hand-over is measured from the batch's decision"
+        assert p.paced(["slow", "unknown"]) == frozenset(), "an idle lane paces nothing"
+
+        p.tables["slow"].put_s, p.handover_s = 1.0, 0.2  # a PUT of 1 s, a hand-over of 0.2 s
+        stalled["slow"].clear()
+        p.submit(_task(slow, 1))
+        assert _until(lambda: p.tables["slow"].trying_since is not None)
+        started = p.tables["slow"].trying_since
+        assert started is not None
+        assert p.paced(["slow"], now=started + 0.5) == {"slow"}, "decided now, v2 would wait 0.3 s for the lane"
+        assert p.paced(["slow"], now=started + 0.9) == frozenset(), "decided now, v2 reaches the lane as v1 lands"
+        p.submit(_task(slow, 2))
+        assert p.paced(["slow"], now=started + 5.0) == {"slow"}, "one version queued: paced until one lands"
+
+        p.submit(_task(fast, 0))  # a local disk: faster than the hand-over, so deciding at once costs nothing
+        assert _until(lambda: p.published_version("fast") == 0)
+        fast_put = p.tables["fast"].put_s
+        assert fast_put is not None and fast_put < 0.2, f"a local write took {fast_put} s"
+        stalled["fast"] = threading.Event()
+        p.submit(_task(fast, 1))
+        assert _until(lambda: p.tables["fast"].trying_since is not None)
+        assert p.paced(["fast"]) == frozenset()
+    finally:
+        for gate in stalled.values():
+            gate.set()
         p.stop()
