@@ -101,6 +101,8 @@ def test_an_add_is_written_as_all_its_fields_less_the_absent_ones(
     assert list(written["add"]) == [k for k, v in every.items() if v is not None], "in the protocol's key order"
     if path is not None and size is not None and mtime is not None and change is not None:
         assert parse_commit(commit_to_json_lines([a])) == [a]
+        # A plain add's line is written field by field: the same bytes as the encoder's of its JSON object.
+        assert commit_to_json_lines([a]) == _encoded(written)
 
 
 @settings(max_examples=200, deadline=None)
@@ -121,3 +123,8 @@ def test_a_remove_is_written_as_all_its_fields_less_the_absent_ones(
     assert list(written["remove"]) == [k for k, v in every.items() if v is not None], "in the protocol's key order"
     if path is not None and change is not None:
         assert parse_commit(commit_to_json_lines([r])) == [r]
+        assert commit_to_json_lines([r]) == _encoded(written)
+
+
+def _encoded(action: dict[str, Any]) -> bytes:
+    return (json.dumps(action, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
