@@ -378,7 +378,7 @@ def _plainly_typed(p: Proposal) -> bool:
             pv = a.partition_values
             if not (type(a.path) is str and type(pv) is dict and type(a.size) is int and type(a.data_change) is bool
                     and a.deletion_vector is None
-                    and all(type(k) is str and (v is None or type(v) is str) for k, v in pv.items())):
+                    and (not pv or all(type(k) is str and (v is None or type(v) is str) for k, v in pv.items()))):
                 return False
         elif type(a) not in (SetTransaction, CommitInfo) or _action_problem(a) is not None:
             return False
@@ -610,7 +610,7 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             n = len(names)
             for a in adds:
                 pv = a.partition_values
-                if len(pv) != n or any(k not in names for k in pv):
+                if len(pv) != n or (n and any(k not in names for k in pv)):
                     raise _err(
                         ReasonCode.PARTITION_VALUES_MISMATCH,
                         f"add {a.path!r} has partition values for {sorted(pv)} but the table is partitioned by "
