@@ -19,6 +19,9 @@ PartitionValues = Mapping[str, "str | None"]
 _NO_PARTITION_VALUES: dict[str, str | None] = {}
 #: `json.loads` without its per-call argument checks.
 _DECODE = json.JSONDecoder().decode
+#: The C scanner `_DECODE` runs: `_SCAN(line, 0)` is (the value, where it ends), without `decode`'s two whitespace
+#: matches per call. A line it does not take whole (leading or trailing whitespace, not JSON) goes to `_DECODE`.
+_SCAN: Any = getattr(json.JSONDecoder(), "scan_once")  # noqa: B009 - set in __init__, not in the stubs
 
 
 def _compact(d: dict[str, Any]) -> dict[str, Any]:
@@ -594,14 +597,26 @@ def parse_commit(data: bytes | str) -> list[Action]:
 
 
 def _parse_lines(lines: Iterable[str]) -> Iterator[Action]:
-    loads = _DECODE
+    loads, scan, add = _DECODE, _SCAN, AddFile.from_json
     for lineno, line in enumerate(lines, 1):
         if not line or line.isspace():
             continue
         try:
-            obj = loads(line)
+            obj, end = scan(line, 0)
+        except (StopIteration, ValueError):  # `loads` says why, with the error's own words
+            end = -1
+        try:
+            if end != len(line):
+                obj = loads(line)
         except json.JSONDecodeError as e:
             raise ActionParseError(f"line {lineno} is not JSON: {e}") from e
+        if type(obj) is dict and len(obj) == 1 and type(body := obj.get("add")) is dict:
+            # The common line of a large commit, parsed as `action_from_json` parses it, without its dispatch.
+            try:
+                yield add(body)
+            except (KeyError, TypeError, AttributeError) as e:
+                raise ActionParseError(f"malformed 'add' action: missing or bad field {e}") from e
+            continue
         action = action_from_json(obj)
         if action is not None:
             yield action
