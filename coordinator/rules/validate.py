@@ -204,7 +204,7 @@ def plain_relative_paths(paths: list[str]) -> bool:
     control character, `%`, `:`, backslash, `..`, leading `/`, empty path or `_delta_log` start. One C-speed scan
     of the paths joined by `/` (a commit of 100,000 files checks them at once); False only means: look at each."""
     joined = "/".join(paths)
-    return not (control_character(joined) is not None or any(m in joined for m in _NOT_PLAIN)
+    return not (not joined or control_character(joined) is not None or any(m in joined for m in _NOT_PLAIN)
                 or joined.startswith(("/", "_delta_log")) or joined.endswith("/"))
 
 

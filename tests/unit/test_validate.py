@@ -448,6 +448,9 @@ def test_a_large_commit_refuses_each_path_as_a_commit_of_one_file_does(kind: str
         actions[at] = make(bad)
         err = proposal_error(h.state, proposal(0, actions))
         assert err is not None and (err.reason, str(err)) == (alone.reason, str(alone)), bad
+        # One file among many other actions: its path alone is scanned.
+        err = proposal_error(h.state, proposal(0, [*(txn(f"app-{i}", 1) for i in range(100)), make(bad)]))
+        assert err is not None and (err.reason, str(err)) == (alone.reason, str(alone)), bad
     for good in _ALLOWED_PATHS:
         assert proposal_error(h.state, proposal(0, [make(good)])) is None, good
         actions = [make(f"part-{i:05d}.parquet") for i in range(300)]
