@@ -19,6 +19,9 @@ PartitionValues = Mapping[str, "str | None"]
 _NO_PARTITION_VALUES: dict[str, str | None] = {}
 #: `json.loads` without its per-call argument checks.
 _DECODE = json.JSONDecoder().decode
+#: The C scanner `_DECODE` runs: `_SCAN(line, 0)` is (the value, where it ends), without `decode`'s two whitespace
+#: matches per call. A line it does not take whole (leading or trailing whitespace, not JSON) goes to `_DECODE`.
+_SCAN: Any = getattr(json.JSONDecoder(), "scan_once")  # noqa: B009 - set in __init__, not in the stubs
 
 
 def _compact(d: dict[str, Any]) -> dict[str, Any]:
@@ -482,11 +485,58 @@ _LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _CHUNK_LINES = 4096
 
 
+#: The JSON of one string as `_LINE` writes it (the C encoder's, `ensure_ascii=False`).
+_STRING: Any = getattr(json.encoder, "c_encode_basestring", None) or json.encoder.py_encode_basestring
+_BOOL = {True: "true", False: "false"}
+
+
+def _file_line(a: Action) -> str | None:
+    """`_LINE(a.to_json())` of a plain add or remove (exact built-in types; no tags, deletion vector, row ids or
+    clustering), written field by field without a dict per action: a commit of a million files is encoded
+    several times over (staged by its writer, staged and published by the coordinator). None: not such a one."""
+    t = type(a)
+    if t is AddFile:
+        assert isinstance(a, AddFile)
+        stats = a.stats
+        if not (type(a.path) is str and type(a.size) is int and type(a.modification_time) is int
+                and type(a.data_change) is bool and (stats is None or type(stats) is str) and a.tags is None
+                and a.deletion_vector is None and a.base_row_id is None and a.default_row_commit_version is None
+                and a.clustering_provider is None):
+            return None
+        pv = a.partition_values
+        tail = "}}" if stats is None else f',"stats":{_STRING(stats)}}}}}'
+        return (f'{{"add":{{"path":{_STRING(a.path)},"partitionValues":{_LINE(dict(pv)) if pv else "{}"},'
+                f'"size":{int.__repr__(a.size)},"modificationTime":{int.__repr__(a.modification_time)},'
+                f'"dataChange":{_BOOL[a.data_change]}{tail}')
+    if t is RemoveFile:
+        assert isinstance(a, RemoveFile)
+        stats, ext, values, size = a.stats, a.extended_file_metadata, a.partition_values, a.size
+        if not (type(a.path) is str and type(a.deletion_timestamp) is int and type(a.data_change) is bool
+                and (ext is None or type(ext) is bool) and (size is None or type(size) is int)
+                and (stats is None or type(stats) is str) and a.tags is None and a.deletion_vector is None
+                and a.base_row_id is None and a.default_row_commit_version is None):
+            return None
+        parts = [f'{{"remove":{{"path":{_STRING(a.path)},"deletionTimestamp":{int.__repr__(a.deletion_timestamp)},'
+                 f'"dataChange":{_BOOL[a.data_change]}']
+        if ext is not None:
+            parts.append(f',"extendedFileMetadata":{_BOOL[ext]}')
+        if values is not None:
+            parts.append(f',"partitionValues":{_LINE(dict(values)) if values else "{}"}')
+        if size is not None:
+            parts.append(f',"size":{int.__repr__(size)}')
+        if stats is not None:
+            parts.append(f',"stats":{_STRING(stats)}')
+        parts.append("}}")
+        return "".join(parts)
+    return None
+
+
 def iter_json_lines(actions: Iterable[Action]) -> Iterator[bytes]:
     """A commit file's bytes in chunks of newline-terminated lines (`commit_to_json_lines` is their join)."""
     chunk: list[str] = []
     for a in actions:
-        chunk.append(_LINE(a.to_json()))
+        line = _file_line(a)
+        chunk.append(_LINE(a.to_json()) if line is None else line)
         if len(chunk) == _CHUNK_LINES:
             chunk.append("")
             yield "\n".join(chunk).encode("utf-8")
@@ -547,14 +597,26 @@ def parse_commit(data: bytes | str) -> list[Action]:
 
 
 def _parse_lines(lines: Iterable[str]) -> Iterator[Action]:
-    loads = _DECODE
+    loads, scan, add = _DECODE, _SCAN, AddFile.from_json
     for lineno, line in enumerate(lines, 1):
         if not line or line.isspace():
             continue
         try:
-            obj = loads(line)
+            obj, end = scan(line, 0)
+        except (StopIteration, ValueError):  # `loads` says why, with the error's own words
+            end = -1
+        try:
+            if end != len(line):
+                obj = loads(line)
         except json.JSONDecodeError as e:
             raise ActionParseError(f"line {lineno} is not JSON: {e}") from e
+        if type(obj) is dict and len(obj) == 1 and type(body := obj.get("add")) is dict:
+            # The common line of a large commit, parsed as `action_from_json` parses it, without its dispatch.
+            try:
+                yield add(body)
+            except (KeyError, TypeError, AttributeError) as e:
+                raise ActionParseError(f"malformed 'add' action: missing or bad field {e}") from e
+            continue
         action = action_from_json(obj)
         if action is not None:
             yield action

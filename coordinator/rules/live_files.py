@@ -10,6 +10,11 @@ merge cost per change stays constant.
 
 `fork()` gives a `LiveFileLayer`: the set as seen by a batch's tentative
 commits, holding only their changes (see `deltacoord.coordinator.rules.layers`).
+
+The `*_many` forms take a commit's hashes at once (distinct ones, as an int64
+array): one vectorised binary search over the array instead of one per file,
+and a large change folded into the array in one sorted merge. A commit of
+100,000 files costs them milliseconds where the one-by-one forms cost seconds.
 """
 
 from __future__ import annotations
@@ -20,6 +25,13 @@ import numpy as np
 
 #: Changes kept in Python sets before a merge, whatever the array's size.
 MERGE_MIN = 4_096
+
+
+def _members(hashes: np.ndarray, among: set[int]) -> np.ndarray:
+    """Which of `hashes` are in the (small) set `among`, as a bool array."""
+    if not among:
+        return np.zeros(hashes.size, dtype=bool)
+    return np.isin(hashes, np.fromiter(among, dtype=np.int64, count=len(among)))
 
 
 class LiveFileSet:
@@ -48,6 +60,47 @@ class LiveFileSet:
         base = self._base
         i = int(base.searchsorted(h))
         return i < base.size and int(base[i]) == h
+
+    def _in_base_many(self, hashes: np.ndarray) -> np.ndarray:
+        base = self._base
+        if not base.size:
+            return np.zeros(hashes.size, dtype=bool)
+        i = np.minimum(base.searchsorted(hashes), base.size - 1)
+        return np.asarray(base[i] == hashes, dtype=bool)
+
+    def contains_many(self, hashes: np.ndarray) -> np.ndarray:
+        """`h in self` of each of `hashes` (int64), as a bool array."""
+        found: np.ndarray = (self._in_base_many(hashes) & ~_members(hashes, self._removed)) | _members(hashes, self._added)
+        return found
+
+    def add_many(self, hashes: np.ndarray) -> None:
+        """`add` of each of `hashes` (distinct int64)."""
+        self.add_absent_many(hashes[~self.contains_many(hashes)])
+
+    def discard_many(self, hashes: np.ndarray) -> None:
+        """`discard` of each of `hashes` (distinct int64)."""
+        self.discard_present_many(hashes[self.contains_many(hashes)])
+
+    def add_absent_many(self, hashes: np.ndarray) -> None:
+        """`add_absent` of each of `hashes` (distinct int64, none in the set): merged into the array at once."""
+        if hashes.size < MERGE_MIN:
+            for h in hashes.tolist():
+                self.add_absent(h)
+            return
+        self.merge()
+        new = np.sort(hashes)
+        self._base = np.insert(self._base, self._base.searchsorted(new), new)
+
+    def discard_present_many(self, hashes: np.ndarray) -> None:
+        """`discard_present` of each of `hashes` (distinct int64, all in the set): taken out of the array at once."""
+        if hashes.size < MERGE_MIN:
+            for h in hashes.tolist():
+                self.discard_present(h)
+            return
+        self.merge()
+        keep = np.ones(self._base.size, dtype=bool)
+        keep[self._base.searchsorted(hashes)] = False
+        self._base = self._base[keep]
 
     def __contains__(self, h: object) -> bool:
         if not isinstance(h, int):
@@ -150,11 +203,41 @@ class LiveFileLayer:
     def fork(self) -> LiveFileLayer:
         return LiveFileLayer(self)
 
+    def contains_many(self, hashes: np.ndarray) -> np.ndarray:
+        """`h in self` of each of `hashes` (int64), as a bool array."""
+        found: np.ndarray = (self._base.contains_many(hashes) & ~_members(hashes, self._removed)) | _members(hashes,
+                                                                                                      self._added)
+        return found
+
+    def add_many(self, hashes: np.ndarray) -> None:
+        """`add` of each of `hashes` (distinct int64)."""
+        self.add_absent_many(hashes[~self.contains_many(hashes)])
+
+    def discard_many(self, hashes: np.ndarray) -> None:
+        """`discard` of each of `hashes` (distinct int64)."""
+        self.discard_present_many(hashes[self.contains_many(hashes)])
+
     def add_absent(self, h: int) -> None:
         if h in self._removed:
             self._removed.discard(h)
         else:
             self._added.add(h)
+
+    def add_absent_many(self, hashes: np.ndarray) -> None:
+        """`add_absent` of each of `hashes` (distinct int64, none in this layer's view)."""
+        back = _members(hashes, self._removed)
+        if back.any():
+            self._removed.difference_update(hashes[back].tolist())
+            hashes = hashes[~back]
+        self._added.update(hashes.tolist())
+
+    def discard_present_many(self, hashes: np.ndarray) -> None:
+        """`discard_present` of each of `hashes` (distinct int64, all in this layer's view)."""
+        mine = _members(hashes, self._added)
+        if mine.any():
+            self._added.difference_update(hashes[mine].tolist())
+            hashes = hashes[~mine]
+        self._removed.update(hashes.tolist())
 
     def discard_present(self, h: int) -> None:
         if h in self._added:
@@ -165,10 +248,10 @@ class LiveFileLayer:
     def commit(self) -> None:
         """Write this layer's changes into its base (`_added` are not in it, `_removed` are)."""
         base = self._base
-        for h in self._removed:
-            base.discard_present(h)
-        for h in self._added:
-            base.add_absent(h)
+        if self._removed:
+            base.discard_present_many(np.fromiter(self._removed, dtype=np.int64, count=len(self._removed)))
+        if self._added:
+            base.add_absent_many(np.fromiter(self._added, dtype=np.int64, count=len(self._added)))
 
 
 __all__ = ["MERGE_MIN", "LiveFileLayer", "LiveFileSet"]

@@ -195,6 +195,27 @@ def file_key_hash(action: AddFile | RemoveFile) -> int:
     return key_hash(action.path, dv.unique_id() if dv is not None else None)
 
 
+#: From this many file actions on, a commit changes the live-file set in bulk (`LiveFileSet.add_many`).
+BULK_LIVE_CHANGES = 256
+
+
+def _change_live(live: LiveFileSet | LiveFileLayer, keys: list[int], added: list[bool]) -> None:
+    """Add (`added[i]`) or discard each of `keys` in order. A large commit whose keys are distinct (validation refuses a
+    key added or removed twice, or both) is applied in bulk: then the order does not matter."""
+    if len(keys) >= BULK_LIVE_CHANGES:
+        hashes = np.fromiter(keys, dtype=np.int64, count=len(keys))
+        if np.unique(hashes).size == hashes.size:
+            is_add = np.fromiter(added, dtype=bool, count=len(added))
+            live.discard_many(hashes[~is_add])
+            live.add_many(hashes[is_add])
+            return
+    for h, add in zip(keys, added, strict=True):
+        if add:
+            live.add(h)
+        else:
+            live.discard(h)
+
+
 @dataclass(frozen=True, slots=True)
 class TableStateExport:
     """A table's state without its winners window, for a state snapshot (`deltacoord.coordinator.kafka.state_snapshots`)."""
@@ -443,18 +464,22 @@ class TableState:
         protocol: Protocol | None = None
         app_ids: set[str] = set()
         domains: set[str] = set()
-        live = self._live
+        # The live-file changes in commit order: (hash, added?).
+        keys: list[int] = []
+        added: list[bool] = []
         n_files = 0
         for a in actions:
             if isinstance(a, AddFile):
                 adds.append(a)
                 dv = a.deletion_vector
-                live.add(key_hash(a.path, dv.unique_id() if dv is not None else None))
+                keys.append(key_hash(a.path, dv.unique_id() if dv is not None else None))
+                added.append(True)
             elif isinstance(a, RemoveFile):
                 removes.append(a)
                 n_files += 1
                 dv = a.deletion_vector
-                live.discard(key_hash(a.path, dv.unique_id() if dv is not None else None))
+                keys.append(key_hash(a.path, dv.unique_id() if dv is not None else None))
+                added.append(False)
             elif isinstance(a, CommitInfo):
                 commit_info = a
             elif isinstance(a, Metadata):
@@ -472,6 +497,7 @@ class TableState:
                     self.domains[a.domain] = a
             elif isinstance(a, AddCDCFile):
                 n_files += 1
+        _change_live(self._live, keys, added)
         # Built once from the removes (no set beside the frozenset: two hash tables of a million paths otherwise).
         removed = frozenset(r.path for r in removes) if removes else _EMPTY
         if protocol is not None:

@@ -199,7 +199,10 @@ def _slice_suspects(stats: list[str]) -> np.ndarray | None:
         return None
     # Arrow's JSON reader takes `NaN` and `Infinity` (not JSON) anywhere, even in keys no check below reads; the
     # per-file check refuses them, so a document naming either is asked again (a string holding the word too).
-    out = np.fromiter(("NaN" in d or "Infinity" in d for d in stats), dtype=bool, count=len(stats))
+    if b"NaN" in body or b"Infinity" in body:
+        out = np.fromiter(("NaN" in d or "Infinity" in d for d in stats), dtype=bool, count=len(stats))
+    else:  # one scan of the whole text says so of every document (the common case)
+        out = np.zeros(len(stats), dtype=bool)
     names = [s.type.field(i).name for i in range(s.type.num_fields)]
     for key in ("numRecords", "minValues", "maxValues", "nullCount", "tightBounds"):
         if key not in names:
@@ -231,10 +234,14 @@ def stats_problems(stats: list[object], bulk_from: int = BULK_MIN_FILES) -> dict
     if suspects is None:
         check = range(len(stats))
     else:
-        # The index in `stats` of each text (no tuple per file: a million of them would outweigh the texts).
-        at = np.fromiter((i for i, s in enumerate(stats) if isinstance(s, str)), dtype=np.int64, count=len(suspects))
-        flagged = {int(i) for i in at[np.flatnonzero(suspects)]}
-        check = sorted(flagged | {i for i, s in enumerate(stats) if not isinstance(s, str)})
+        if len(suspects) == len(stats):  # every file has stats: the rows are the indexes
+            check = np.flatnonzero(suspects).tolist()
+        else:
+            # The index in `stats` of each text (no tuple per file: a million of them would outweigh the texts).
+            at = np.fromiter((i for i, s in enumerate(stats) if isinstance(s, str)), dtype=np.int64,
+                             count=len(suspects))
+            flagged = {int(i) for i in at[np.flatnonzero(suspects)]}
+            check = sorted(flagged | {i for i, s in enumerate(stats) if not isinstance(s, str)})
     out: dict[int, str] = {}
     for i in check:
         problem = stats_problem(stats[i])

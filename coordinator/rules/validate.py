@@ -67,7 +67,7 @@ from deltacoord.schemas.actions import (
     RemoveFile,
     SetTransaction,
 )
-from deltacoord.schemas.control_chars import path_control_character
+from deltacoord.schemas.control_chars import control_character, path_control_character
 from deltacoord.schemas.errors import InvalidProposalError
 from deltacoord.schemas.expressions.partitions import (
     MAX_PREDICATES,
@@ -122,6 +122,8 @@ REASONS = frozenset(
 )
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
+#: From this many actions on, the paths are first scanned at once (`plain_relative_paths`).
+BULK_PATHS_MIN = 64
 
 
 def _err(reason: ReasonCode, message: str) -> InvalidProposalError:
@@ -191,6 +193,19 @@ def path_problem(path: str, table_uri: str) -> str | None:
         if decoded.startswith("/"):
             return f"path {path!r} decodes to an absolute path"
     return None
+
+
+#: Marks in the join of a commit's paths (`plain_relative_paths`) that some path may need `path_problem`'s full look.
+_NOT_PLAIN = ("%", ":", "\\", "..", "//", "/_delta_log")
+
+
+def plain_relative_paths(paths: list[str]) -> bool:
+    """Whether every path is a plain relative one that `path_problem` and the control-character check accept: no
+    control character, `%`, `:`, backslash, `..`, leading `/`, empty path or `_delta_log` start. One C-speed scan
+    of the paths joined by `/` (a commit of 100,000 files checks them at once); False only means: look at each."""
+    joined = "/".join(paths)
+    return not (not joined or control_character(joined) is not None or any(m in joined for m in _NOT_PLAIN)
+                or joined.startswith(("/", "_delta_log")) or joined.endswith("/"))
 
 
 def table_isolation_level(metadata: Metadata | None) -> str:
@@ -363,7 +378,7 @@ def _plainly_typed(p: Proposal) -> bool:
             pv = a.partition_values
             if not (type(a.path) is str and type(pv) is dict and type(a.size) is int and type(a.data_change) is bool
                     and a.deletion_vector is None
-                    and all(type(k) is str and (v is None or type(v) is str) for k, v in pv.items())):
+                    and (not pv or all(type(k) is str and (v is None or type(v) is str) for k, v in pv.items()))):
                 return False
         elif type(a) not in (SetTransaction, CommitInfo) or _action_problem(a) is not None:
             return False
@@ -451,6 +466,9 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
     n_adds = sum(1 for a in p.actions if isinstance(a, AddFile))
     bad_stats = stats_problems([a.stats for a in p.actions if isinstance(a, AddFile)]) \
         if n_adds >= BULK_MIN_FILES else None
+    # Likewise their paths: when all are plain relative ones (the common case), no path needs a look of its own.
+    plain = len(p.actions) >= BULK_PATHS_MIN and plain_relative_paths(
+        [a.path for a in p.actions if isinstance(a, (AddFile, RemoveFile, AddCDCFile))])
     for a in p.actions:
         if isinstance(a, AddFile):
             dv = a.deletion_vector
@@ -460,10 +478,11 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             add_keys.add(key)
             if a.size < 0:
                 raise _err(ReasonCode.NEGATIVE_SIZE, f"add {a.path!r} has negative size {a.size}")
-            _check_path_chars(a.path)
-            problem = path_problem(a.path, root)
-            if problem:
-                raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
+            if not plain:
+                _check_path_chars(a.path)
+                problem = path_problem(a.path, root)
+                if problem:
+                    raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
             problem = stats_problem(a.stats) if bad_stats is None else bad_stats.get(len(adds))
             if problem:
                 raise _err(ReasonCode.BAD_STATS, f"add {a.path!r}: {problem}")
@@ -482,18 +501,20 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             remove_keys.add(key)
             if a.size is not None and a.size < 0:
                 raise _err(ReasonCode.NEGATIVE_SIZE, f"remove {a.path!r} has negative size {a.size}")
-            _check_path_chars(a.path)
-            problem = path_problem(a.path, root)
-            if problem:
-                raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
+            if not plain:
+                _check_path_chars(a.path)
+                problem = path_problem(a.path, root)
+                if problem:
+                    raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
             data_removes = data_removes or a.data_change
         elif isinstance(a, AddCDCFile):
             if a.size < 0:
                 raise _err(ReasonCode.NEGATIVE_SIZE, f"cdc {a.path!r} has negative size {a.size}")
-            _check_path_chars(a.path)
-            problem = path_problem(a.path, root)
-            if problem:
-                raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
+            if not plain:
+                _check_path_chars(a.path)
+                problem = path_problem(a.path, root)
+                if problem:
+                    raise _err(ReasonCode.PATH_ESCAPES_TABLE, problem)
         elif isinstance(a, SetTransaction):
             seen = app_versions.get(a.app_id)
             if seen is not None and seen != a.version:
@@ -589,7 +610,7 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
             n = len(names)
             for a in adds:
                 pv = a.partition_values
-                if len(pv) != n or any(k not in names for k in pv):
+                if len(pv) != n or (n and any(k not in names for k in pv)):
                     raise _err(
                         ReasonCode.PARTITION_VALUES_MISMATCH,
                         f"add {a.path!r} has partition values for {sorted(pv)} but the table is partitioned by "

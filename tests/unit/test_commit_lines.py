@@ -101,6 +101,8 @@ def test_an_add_is_written_as_all_its_fields_less_the_absent_ones(
     assert list(written["add"]) == [k for k, v in every.items() if v is not None], "in the protocol's key order"
     if path is not None and size is not None and mtime is not None and change is not None:
         assert parse_commit(commit_to_json_lines([a])) == [a]
+        # A plain add's line is written field by field: the same bytes as the encoder's of its JSON object.
+        assert commit_to_json_lines([a]) == _encoded(written)
 
 
 @settings(max_examples=200, deadline=None)
@@ -121,3 +123,40 @@ def test_a_remove_is_written_as_all_its_fields_less_the_absent_ones(
     assert list(written["remove"]) == [k for k, v in every.items() if v is not None], "in the protocol's key order"
     if path is not None and change is not None:
         assert parse_commit(commit_to_json_lines([r])) == [r]
+        assert commit_to_json_lines([r]) == _encoded(written)
+
+
+def _encoded(action: dict[str, Any]) -> bytes:
+    return (json.dumps(action, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+
+
+_ADD = '{"add":{"path":"a","partitionValues":{},"size":1,"modificationTime":2,"dataChange":true}}'
+
+
+@pytest.mark.parametrize("line", [
+    _ADD, f"  {_ADD}", f"{_ADD} \r", f"{_ADD}{_ADD}", f"{_ADD},", '{"add":{"path":"a"}}', '{"add":{"path":}}',
+    '{"add":[]}', '{"add":{"path":"a","partitionValues":{},"size":1,"modificationTime":2,"dataChange":true},"x":1}',
+    '[1]', '"add"', '{"add":{"path":"a\\u0000","partitionValues":{"p":null},"size":1,"modificationTime":2,'
+    '"dataChange":false,"stats":"{\\"numRecords\\":1}"}}', '{"add":{"path":"a\tb"}}', "nul", '{"x":1}',
+    '{"remove":{"path":"a","deletionTimestamp":1,"dataChange":true}}', '{"add":NaN}',
+])
+def test_a_line_parses_as_the_json_decoder_and_the_action_parser_say(line: str) -> None:
+    """Lines are read by the JSON scanner itself, an add without the action parser's dispatch: the same actions and
+    the same refusals, with their line numbers, as decoding each line and parsing its action."""
+    def reference() -> list[Any]:
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ActionParseError(f"line 2 is not JSON: {e}") from e
+        return [a for a in [actions_module.action_from_json(obj)] if a is not None]
+
+    data = f'{{"commitInfo":{{}}}}\n{line}\n'.encode()
+    try:
+        want: list[Any] | str = reference()
+    except Exception as e:  # whatever the reference raises, ours must too
+        want = f"{type(e).__name__}: {e}"
+    try:
+        got: list[Any] | str = parse_commit(data)[1:]
+    except Exception as e:
+        got = f"{type(e).__name__}: {e}"
+    assert got == want

@@ -421,3 +421,38 @@ def test_a_control_character_in_an_action_path_is_refused_by_its_own_code(path: 
 def test_encoded_or_printable_paths_are_not_control_characters(path: str) -> None:
     h = Harness()
     assert proposal_error(h.state, proposal(0, [add(path)])) is None
+
+
+# -- a large commit's paths, scanned at once ----------------------------------------------------------------
+
+#: Every path a commit may not hold, and the allowed ones that the one scan of a large commit hands to `path_problem`.
+_REFUSED_PATHS = ["../other/a.parquet", "x/../../a.parquet", "x/%2E%2E/%2e%2e/a.parquet", "/etc/passwd",
+                  "s3://other/warehouse/orders/a.parquet", "s3://lake/warehouse/orders2/a.parquet",
+                  "_delta_log/00000000000000000009.json", "", "ctl\nline.parquet", "a\x85b.parquet", "a%0Ab.parquet",
+                  "x\\..\\..\\a.parquet", "%5Fdelta_log/x.json"]
+_ALLOWED_PATHS = ["date=2024-01-01%2012%3A00%3A00/part-0.parquet", "s3://lake/warehouse/orders/date=2024-01-01/a.parquet",
+                  "x..y/file..parquet", "nel%C2%85line.parquet", "a//b.parquet", "dir/", "x_delta_log/a.parquet"]
+
+
+@pytest.mark.parametrize("kind", ["add", "remove", "cdc"])
+@pytest.mark.parametrize("at", [0, 150, 299])
+def test_a_large_commit_refuses_each_path_as_a_commit_of_one_file_does(kind: str, at: int) -> None:
+    """A commit of hundreds of files has its paths scanned at once (`plain_relative_paths`): wherever a bad path sits,
+    the refusal is the one the file alone gets, reason and message."""
+    h = Harness()
+    make = {"add": add, "remove": remove, "cdc": cdc}[kind]
+    for bad in _REFUSED_PATHS:
+        alone = proposal_error(h.state, proposal(0, [make(bad)]))
+        assert alone is not None, bad
+        actions = [make(f"part-{i:05d}.parquet") for i in range(300)]
+        actions[at] = make(bad)
+        err = proposal_error(h.state, proposal(0, actions))
+        assert err is not None and (err.reason, str(err)) == (alone.reason, str(alone)), bad
+        # One file among many other actions: its path alone is scanned.
+        err = proposal_error(h.state, proposal(0, [*(txn(f"app-{i}", 1) for i in range(100)), make(bad)]))
+        assert err is not None and (err.reason, str(err)) == (alone.reason, str(alone)), bad
+    for good in _ALLOWED_PATHS:
+        assert proposal_error(h.state, proposal(0, [make(good)])) is None, good
+        actions = [make(f"part-{i:05d}.parquet") for i in range(300)]
+        actions[at] = make(good)
+        assert proposal_error(h.state, proposal(0, actions)) is None, good
