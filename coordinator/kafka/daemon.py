@@ -51,6 +51,11 @@ _SLOW_KAFKA = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaErro
                          KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_CONTROLLER, KafkaError.LEADER_NOT_AVAILABLE,
                          KafkaError.UNKNOWN_TOPIC_OR_PART})
 
+#: How long a stopping coordinator goes on writing the checkpoints due (the newest per table) before it leaves
+#: the rest to the next checkpoint interval: a checkpoint speeds readers up and is never needed for correctness,
+#: and supervisors kill a process that outlives its grace period (Kubernetes: 30 s). Eight tables on a store
+#: with 60 ms round trips took over a minute to checkpoint, and the stop waited for all of them.
+STOP_CHECKPOINTS_S = 10.0
 #: How long fetched proposals of tables whose stores lag wait for one of them to publish (see `_linger`).
 LINGER_MAX_S = 0.2
 #: How often a lingering batch looks at the lanes (and takes what arrived) while it waits.
@@ -82,6 +87,8 @@ class Coordinator:
     publish_drain_s: float = 60.0
     metrics: Metrics = field(default_factory=Metrics)
     stop_event: threading.Event = field(default_factory=threading.Event)
+    #: See `STOP_CHECKPOINTS_S`.
+    stop_checkpoints_s: float = STOP_CHECKPOINTS_S
     fenced: bool = False
     #: True once the coordinator owns its partitions with their state rebuilt (in group mode:
     #: after its first assignment, with every assigned partition recovered).
@@ -94,6 +101,7 @@ class Coordinator:
     _num_partitions: int = 0
     _last_loop: float = 0.0
     _ckpt_q: queue.Queue[_CheckpointRequest | None] = field(default_factory=queue.Queue)
+    _stopping_since: float | None = None
     _server: MetricsServer | None = None
     _notices: PublicationNotices | None = None
     #: Whether the proposals consumer reaches a broker (its statistics and errors), for `/healthz`.
@@ -167,10 +175,24 @@ class Coordinator:
             if wait > 0:
                 self.stop_event.wait(wait)
             last_round = time.monotonic()
-            for req in self._coalesce(first):
+            pending = self._coalesce(first)
+            for i, req in enumerate(pending):
                 if req is None:
                     return
+                if self._stop_checkpoints_over():
+                    left = [r for r in pending[i:] if r is not None]
+                    log.info("stopping: %d due checkpoint(s) left to the next checkpoint interval (%s)", len(left),
+                             ", ".join(f"{r.table_uri}@{r.version}" for r in left))
+                    return
                 self._checkpoint(req)
+
+    def _stop_checkpoints_over(self) -> bool:
+        """Whether a stop began more than `STOP_CHECKPOINTS_S` ago (the checkpoint thread's clock of it)."""
+        if not self.stop_event.is_set():
+            return False
+        if self._stopping_since is None:
+            self._stopping_since = time.monotonic()
+        return time.monotonic() - self._stopping_since > self.stop_checkpoints_s
 
     def _coalesce(self, first: _CheckpointRequest) -> list[_CheckpointRequest | None]:
         """Pending requests, keeping only the newest version per table.
@@ -548,9 +570,10 @@ class Coordinator:
             if isinstance(self.publisher.stable, StableOffsets):
                 self.publisher.stable.close()
             self._ckpt_q.put(None)
-            ckpt.join(300 if not self.fenced else 0.1)
+            # The checkpoint running at the stop may finish; no new one starts after `stop_checkpoints_s`.
+            ckpt.join(self.stop_checkpoints_s + 20 if not self.fenced else 0.1)
             if isinstance(self.checkpoint_fn, CheckpointWorker):
-                self.checkpoint_fn.close(wait=not self.fenced)
+                self.checkpoint_fn.close(wait=not self.fenced, grace_s=10)
             if self._server is not None:
                 self._server.stop()
         return code

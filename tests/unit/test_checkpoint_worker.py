@@ -277,3 +277,26 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_stop_writes_due_checkpoints_for_a_bounded_time_and_leaves_the_rest() -> None:
+    """A stopping coordinator writes the due checkpoints (newest per table) only until `stop_checkpoints_s` has
+    passed since the stop: the rest are left to the next checkpoint interval, so a slow store cannot hold a
+    stop past a supervisor's grace period."""
+    done: list[str] = []
+
+    def slow(storage: object, version: int) -> None:
+        time.sleep(0.3)
+        done.append(str(getattr(storage, "uri", storage)))
+
+    c = Coordinator(CoordinatorSettings(bootstrap_servers="127.0.0.1:1", checkpoint_min_interval_s=60),
+                    checkpoint_fn=slow, stop_checkpoints_s=0.5)
+    loop = threading.Thread(target=c._checkpoint_loop, daemon=True)
+    c.stop_event.set()
+    for t in "abcdefgh":
+        c._ckpt_q.put(_CheckpointRequest(t, f"file:///tmp/{t}", 10))
+    c._ckpt_q.put(None)
+    loop.start()
+    loop.join(10)
+    assert not loop.is_alive()
+    assert 1 <= len(done) <= 3, f"checkpoints written after the stop: {done}"
