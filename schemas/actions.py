@@ -597,7 +597,7 @@ def parse_commit(data: bytes | str) -> list[Action]:
 
 
 def _parse_lines(lines: Iterable[str]) -> Iterator[Action]:
-    loads, scan, add = _DECODE, _SCAN, AddFile.from_json
+    loads, scan = _DECODE, _SCAN
     for lineno, line in enumerate(lines, 1):
         if not line or line.isspace():
             continue
@@ -610,13 +610,6 @@ def _parse_lines(lines: Iterable[str]) -> Iterator[Action]:
                 obj = loads(line)
         except json.JSONDecodeError as e:
             raise ActionParseError(f"line {lineno} is not JSON: {e}") from e
-        if type(obj) is dict and len(obj) == 1 and type(body := obj.get("add")) is dict:
-            # The common line of a large commit, parsed as `action_from_json` parses it, without its dispatch.
-            try:
-                yield add(body)
-            except (KeyError, TypeError, AttributeError) as e:
-                raise ActionParseError(f"malformed 'add' action: missing or bad field {e}") from e
-            continue
         action = action_from_json(obj)
         if action is not None:
             yield action
