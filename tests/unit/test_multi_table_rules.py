@@ -13,7 +13,7 @@ from deltacoord.coordinator.rules.batch import decide_batch
 from deltacoord.coordinator.rules.state import TableState
 from deltacoord.schemas.actions import AddFile, CommitInfo
 from deltacoord.schemas.deletion_vectors import inline_descriptor, inline_rows
-from deltacoord.schemas.messages import SIBLING_REJECTED, MultiTable, Proposal
+from deltacoord.schemas.messages import SIBLING_REJECTED, Decision, MultiTable, Proposal
 from tests.unit.builders import NOW, add, metadata, proposal, protocol, remove
 
 A, B = "g::a", "g::b"
@@ -107,6 +107,18 @@ def _rewrite(tid: str) -> Proposal:
                  predicates=["true"], read_files=[add("seed.parquet")])
 
 
+def _refused_by_a_or_committed(da: Decision, db: Decision, txid: str, error_type: str | None,
+                               versions: tuple[int, int]) -> None:
+    """With `error_type`, A's part failed with it and B's was rejected as its sibling; else both committed at
+    `versions`."""
+    if error_type is not None:
+        assert not da.committed and not db.committed
+        assert da.error_type == error_type and da.table_id == A, da
+        assert db.error_message is not None and db.error_message.startswith(f"{SIBLING_REJECTED} {txid}"), db
+    else:
+        assert (da.committed, da.version, db.committed, db.version) == (True, versions[0], True, versions[1]), (da, db)
+
+
 @pytest.mark.parametrize(("a_level", "refused"), [("Serializable", True), ("WriteSerializable", False)])
 def test_each_part_is_decided_by_its_own_tables_isolation_level(a_level: str, refused: bool) -> None:
     """The same winners (a blind append on each table) and the same parts: a part on a Serializable table
@@ -117,13 +129,7 @@ def test_each_part_is_decided_by_its_own_tables_isolation_level(a_level: str, re
     parts = _tx("t5", _rewrite(A), _rewrite(B))
     decisions, _ = decide_batch(live, [*winners, *parts], NOW)
     assert all(d.committed for d in decisions[:2])
-    da, db = decisions[2:]
-    if refused:
-        assert not da.committed and not db.committed
-        assert da.error_type == "ConcurrentAppendException" and da.table_id == A, da
-        assert db.error_message is not None and db.error_message.startswith(f"{SIBLING_REJECTED} t5"), db
-    else:
-        assert (da.committed, da.version, db.committed, db.version) == (True, 3, True, 3), (da, db)
+    _refused_by_a_or_committed(*decisions[2:], "t5", "ConcurrentAppendException" if refused else None, (3, 3))
 
 
 def test_a_part_on_a_deletion_vector_table_gets_row_level_concurrency() -> None:
@@ -163,10 +169,4 @@ def test_each_part_is_decided_by_its_own_tables_conflict_profile(profile: str, r
     parts = _tx("t7", _blind_append(A, "a1.parquet"), _blind_append(B, "b1.parquet"))
     decisions, _ = decide_batch(live, [_blind_append(A, "wa.parquet"), *parts], NOW)
     assert decisions[0].committed
-    da, db = decisions[1:]
-    if refused:
-        assert not da.committed and not db.committed
-        assert da.error_type == "ConcurrentJobException" and da.table_id == A, da
-        assert db.error_message is not None and db.error_message.startswith(f"{SIBLING_REJECTED} t7"), db
-    else:
-        assert (da.committed, da.version, db.committed, db.version) == (True, 3, True, 2), (da, db)
+    _refused_by_a_or_committed(*decisions[1:], "t7", "ConcurrentJobException" if refused else None, (3, 2))
