@@ -64,6 +64,7 @@ from deltacoord.schemas.routing import (
     partition_for,
 )
 from deltacoord.schemas.signing import WriterKey
+from deltacoord.writer.delivery import flush_deliveries
 from deltacoord.writer.relay_link import RelayLink
 from deltacoord.writer.replies import Pending, ReplyCounts, Routing, check_wait
 from deltacoord.writer.serving import CoordinatorCheck
@@ -738,7 +739,7 @@ class CoordinatorClient:
         except (EncodeError, BufferError, KafkaException, ValueError) as e:  # refused before anything was sent
             replies.forget(proposal.proposal_id)
             raise ProposalNotSentError(f"proposal {proposal.proposal_id} could not be produced: {e}") from e
-        producer.flush(DELIVERY_WAIT_S)
+        flush_deliveries(producer, DELIVERY_WAIT_S)  # a Ctrl-C: KeyboardInterrupt, the proposal may be sent
         pending.produced_at = time.time()
         try:
             delivery.result(0)
