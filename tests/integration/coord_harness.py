@@ -15,13 +15,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from deltacoord.coordinator.kafka.daemon import Coordinator
 from deltacoord.coordinator.kafka.topics import ensure_topics
 from deltacoord.coordinator.settings import CoordinatorSettings
 from deltacoord.schemas.routing import Topics
+from deltacoord.writer.group_questions import GroupQuestions as WriterGroupQuestions
+from deltacoord.writer.group_questions import QuestionFailed
 
 
 def fresh_topics(bootstrap: str, partitions: int = 1, reply_partitions: int = 4,
@@ -120,15 +121,32 @@ def _wait_joined(bootstrap: str, group: str, proc: subprocess.Popen[bytes], time
     """Until the child is a member of its consumer group: from then on writers see a coordinator (their check
     waits for the assignment), however long the child took to start on a busy machine. A child that exits or
     never joins is left to the test to notice."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    deadline = time.monotonic() + timeout_s
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            if admin.describe_consumer_groups([group], request_timeout=5)[group].result().members:
+    with GroupQuestions({"bootstrap.servers": bootstrap}) as questions:
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            if questions.members(group):
                 return
-        except KafkaException:
-            pass
-        time.sleep(0.1)
+            time.sleep(0.1)
+
+
+class GroupQuestions(WriterGroupQuestions):
+    """The writers' admin child process for a test's questions about a consumer group: librdkafka aborts the
+    process that asks DescribeConsumerGroups when the broker connection drops (a loaded machine, a broker
+    restart), and a test process that aborts takes every test after it on that xdist worker along."""
+
+    def __enter__(self) -> GroupQuestions:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def members(self, group: str, timeout_s: float = 5.0) -> list[list[tuple[str, int]]]:
+        """Each member's assigned partitions; [] when Kafka gave no answer (the caller asks again)."""
+        try:
+            answer = self.describe([group], timeout_s)[group]
+        except QuestionFailed:
+            return []
+        return [[(t, p) for t, p in m] for m in answer.get("members", ())]
 
 
 def append_worker(bootstrap: str, prefix: str, table_path: str, writer: int, count: int, out: str,

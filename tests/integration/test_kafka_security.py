@@ -30,7 +30,6 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from deltacoord.cli.main import main as cli_main
 from deltacoord.coordinator.settings import KAFKA_ENV_PREFIX
@@ -41,6 +40,7 @@ from deltacoord.schemas.routing import Topics
 from deltacoord.tooling.broker import LocalBroker
 from deltacoord.tooling.ports import free_port
 from deltacoord.writer.table import Table
+from tests.integration.coord_harness import GroupQuestions
 
 pytestmark = pytest.mark.kafka
 
@@ -120,16 +120,13 @@ def coordinator(secured: Secured) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **s.env("coord")})
     try:
-        admin = AdminClient(s.admin())
-        deadline = time.monotonic() + 90
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                group = admin.describe_consumer_groups([s.group], request_timeout=5)[s.group].result()
-                if group.members and all(m.assignment.topic_partitions for m in group.members):
+        with GroupQuestions(s.admin()) as questions:
+            deadline = time.monotonic() + 90
+            while proc.poll() is None and time.monotonic() < deadline:
+                members = questions.members(s.group)
+                if members and all(members):
                     break
-            except KafkaException:
-                pass
-            time.sleep(0.2)
+                time.sleep(0.2)
         assert proc.poll() is None, log.read_text()[-3000:]
         yield proc
     finally:

@@ -21,7 +21,6 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from deltacoord.coordinator import faults
@@ -34,7 +33,13 @@ from deltacoord.writer.client import CoordinatorClient
 from deltacoord.writer.table import Table
 from deltacoord.writer.transaction import WaitFor
 from tests.conftest import TablePlace
-from tests.integration.coord_harness import append_worker, coordinator_thread, fresh_topics, start_coordinator_process
+from tests.integration.coord_harness import (
+    GroupQuestions,
+    append_worker,
+    coordinator_thread,
+    fresh_topics,
+    start_coordinator_process,
+)
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()), ("value", pa.string())])
 
@@ -338,12 +343,11 @@ def test_a_short_lived_writer_commits_without_joining_the_writers_group(
     """A process that ends before its lease would start (a CLI write) commits on the shared reply partition, every
     answer a reply, and never becomes a member of the writers' group; asking for a lease starts it at once."""
     monkeypatch.setattr("deltacoord.writer.client.LEASE_AFTER_S", 3600.0)  # the lease starts only when asked for
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    questions = GroupQuestions({"bootstrap.servers": kafka_bootstrap})
     group = f"deltacoord-writer-{topics.replies}"
 
     def members() -> int:
-        desc = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
-        return len(desc.members or ())
+        return len(questions.describe([group], 10)[group]["members"])
 
     t = Table(tmp_path / "t", kafka_bootstrap, topics=topics)
     try:
@@ -360,3 +364,4 @@ def test_a_short_lived_writer_commits_without_joining_the_writers_group(
         assert table_place.delta_table(str(tmp_path / "t")).version() == 4
     finally:
         t.close()
+        questions.close()
