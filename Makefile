@@ -26,11 +26,13 @@ servers: $(STAMP)
 	$(BIN)/python -m deltacoord.tooling.storage_servers install all
 
 # The whole suite, in TEST_WORKERS test processes (pytest-xdist); each starts its own broker and storage
-# servers when a test first needs them, and the Spark tests share one process (one Spark JVM).
+# servers when a test first needs them, and the Spark tests share one process (one Spark JVM). A test process
+# that crashes ends the run at once, named: pytest-xdist's replacement worker under --dist loadgroup is never
+# given the tests left, and the run waited with every worker idle until CI's time ran out.
 TEST_WORKERS ?= 4
 
 test: jars servers
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0 --durations=30 $(PYTEST_ARGS)
 
 # The inner loop between two changes: the tests that need no broker, Spark or storage server, plus one
 # integration test of each (`check` marker).

@@ -44,16 +44,17 @@ def test_a_scan_lowers_the_threads_of_a_tree_and_the_autogroups_apart_from_the_s
         own, same = (int(x) for x in parent.stdout.readline().split())
         started.extend((own, same))
         spared = autogroup_of(os.getpid())
+        spared_nice = _autogroup_nice(os.getpid()) if spared is not None else None
         Lowering(parent.pid, spared).scan()
         for pid in (parent.pid, own, same):
-            assert os.getpriority(os.PRIO_PROCESS, pid) == cpu_priority.NICENESS, pid
+            assert os.getpriority(os.PRIO_PROCESS, pid) >= cpu_priority.NICENESS, pid  # never raised
         if spared is None:  # a kernel without autogroups: niceness is all there is
             assert autogroup_of(own) is None
             return
         assert autogroup_of(own) != autogroup_of(parent.pid) != spared
-        assert _autogroup_nice(own) == cpu_priority.NICENESS
-        assert _autogroup_nice(parent.pid) == cpu_priority.NICENESS
-        assert _autogroup_nice(os.getpid()) == 0  # the spared autogroup (the Spark process's) keeps its place
+        assert _autogroup_nice(own) >= cpu_priority.NICENESS
+        assert _autogroup_nice(parent.pid) >= cpu_priority.NICENESS
+        assert _autogroup_nice(os.getpid()) == spared_nice  # the spared autogroup (the Spark process's) keeps its place
     finally:
         _kill(parent, started)
 
@@ -79,12 +80,12 @@ def test_a_process_started_in_a_session_of_its_own_after_a_scan_is_lowered_by_th
         parent.stdin.flush()
         child = int(parent.stdout.readline())
         started.append(child)
-        assert os.getpriority(os.PRIO_PROCESS, child) == cpu_priority.NICENESS  # inherited
+        assert os.getpriority(os.PRIO_PROCESS, child) >= cpu_priority.NICENESS  # inherited
         if autogroup_of(child) is not None:
             assert _autogroup_nice(child) == 0
         lowering.scan()
         if autogroup_of(child) is not None:
-            assert _autogroup_nice(child) == cpu_priority.NICENESS
+            assert _autogroup_nice(child) >= cpu_priority.NICENESS
         assert any(pid == child for pid, _, _ in lowering.done)
     finally:
         _kill(parent, started)
