@@ -488,6 +488,9 @@ _CHUNK_LINES = 4096
 #: The JSON of one string as `_LINE` writes it (the C encoder's, `ensure_ascii=False`).
 _STRING: Any = getattr(json.encoder, "c_encode_basestring", None) or json.encoder.py_encode_basestring
 _BOOL = {True: "true", False: "false"}
+#: The two for modules that write action lines without the action objects (`deltacoord.schemas.remove_lines`).
+json_text = _LINE
+json_string_text = _STRING
 
 
 def _file_line(a: Action) -> str | None:
