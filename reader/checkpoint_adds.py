@@ -125,6 +125,14 @@ class CheckpointAdds:
                 self._adds = tuple(out)
             return self._adds
 
+    def parts(self) -> list[pa.Array | tuple[AddFile, ...]]:
+        """The adds in the form held: the Arrow chunks, or (once converted) one tuple of AddFiles."""
+        with self._lock:
+            self._loaded()
+            if self._adds is None:
+                return list(self._chunks)
+            return [self._adds] if self._adds else []
+
     def paths(self) -> list[str]:
         with self._lock:
             self._loaded()

@@ -41,6 +41,7 @@ from deltacoord.schemas.actions import (
     action_from_json,
     commit_lines,
     commit_piece_lines,
+    decode_line,
 )
 from deltacoord.schemas.errors import DeltaCoordError
 from deltacoord.storage.table import StoredObject, TableStorage, parse_table_uri, stored_object
@@ -50,7 +51,7 @@ LOG_DIR_NAME = "_delta_log"
 LAST_CHECKPOINT_NAME = "_last_checkpoint"
 LAST_CHECKPOINT_KEY = f"{LOG_DIR_NAME}/{LAST_CHECKPOINT_NAME}"
 
-#: `json.loads` without its per-call argument checks (one call per line of a commit of any size).
+#: `json.loads` without its per-call argument checks.
 _DECODE = json.JSONDecoder().decode
 _COMMIT_RE = re.compile(r"^(\d{20})\.json$")
 _CLASSIC_CKPT_RE = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
@@ -474,7 +475,7 @@ def _line_actions(lines: Iterable[str], source: str) -> Iterator[tuple[int, Acti
         if not line or line.isspace():
             continue
         try:
-            obj = _DECODE(line)
+            obj = decode_line(line)  # one call per line of a commit of any size
         except json.JSONDecodeError as e:
             raise CorruptLogError(f"{source}: line {lineno} is not JSON: {e}") from e
         if not isinstance(obj, dict) or len(obj) != 1:

@@ -524,6 +524,16 @@ class Snapshot:
         out.extend(a for a in self._commit_files.values() if isinstance(a, AddFile))
         return out
 
+    def file_parts(self) -> list[pa.Array | Sequence[AddFile]]:
+        """The live files in `files()`'s order, as held: the checkpoint's as `add` StructArrays until `files()`
+        converts them, the later commits' as AddFiles (what `Transaction.remove_all` takes, with no object built
+        for a checkpoint row)."""
+        parts: list[pa.Array | Sequence[AddFile]] = list(self._checkpoint_adds.parts())
+        commit_adds = [a for a in self._commit_files.values() if isinstance(a, AddFile)]
+        if commit_adds:
+            parts.append(commit_adds)
+        return parts
+
     def file_paths(self) -> list[str]:
         """`add.path` of every live file (no Python objects built for checkpoint rows)."""
         paths = self._checkpoint_adds.paths()

@@ -488,6 +488,9 @@ _CHUNK_LINES = 4096
 #: The JSON of one string as `_LINE` writes it (the C encoder's, `ensure_ascii=False`).
 _STRING: Any = getattr(json.encoder, "c_encode_basestring", None) or json.encoder.py_encode_basestring
 _BOOL = {True: "true", False: "false"}
+#: The two for modules that write action lines without the action objects (`deltacoord.schemas.remove_lines`).
+json_text = _LINE
+json_string_text = _STRING
 
 
 def _file_line(a: Action) -> str | None:
@@ -596,18 +599,22 @@ def parse_commit(data: bytes | str) -> list[Action]:
     return list(_parse_lines(commit_lines(data)))
 
 
+def decode_line(line: str) -> Any:
+    """`json.loads` of one commit line (json.JSONDecodeError when it is not JSON): the scanner's value when it
+    takes the line whole, else the decoder's, which says why it cannot."""
+    try:
+        obj, end = _SCAN(line, 0)
+    except (StopIteration, ValueError):  # the decoder says why, with the error's own words
+        end = -1
+    return obj if end == len(line) else _DECODE(line)
+
+
 def _parse_lines(lines: Iterable[str]) -> Iterator[Action]:
-    loads, scan = _DECODE, _SCAN
     for lineno, line in enumerate(lines, 1):
         if not line or line.isspace():
             continue
         try:
-            obj, end = scan(line, 0)
-        except (StopIteration, ValueError):  # `loads` says why, with the error's own words
-            end = -1
-        try:
-            if end != len(line):
-                obj = loads(line)
+            obj = decode_line(line)
         except json.JSONDecodeError as e:
             raise ActionParseError(f"line {lineno} is not JSON: {e}") from e
         action = action_from_json(obj)

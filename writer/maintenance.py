@@ -107,8 +107,7 @@ def compact_files(table: OperationTable, where: str | None, select: Callable[[li
             merged = pa.concat_tables(parts)
             if zorder_by:
                 merged = zorder(merged, zorder_by)
-            for a in files:
-                tx.remove(a, data_change=False)
+            tx.remove_all([files], data_change=False)
             out = write(table.storage, snap, merged, data_change=False) \
                 if merged.num_rows else []
             tx.stage(out)

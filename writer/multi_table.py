@@ -37,7 +37,6 @@ from deltacoord.writer.transaction import (
     CommitResult,
     Transaction,
     WaitFor,
-    action_metrics,
     check_proposal_id,
     check_wait,
     error_from_decision,
@@ -83,7 +82,7 @@ class _PartTransaction(Transaction):
                wait: WaitFor | None = None) -> CommitResult:
         self.held = _Held(operation, changes_data, parameters, metrics)
         # The version is the transaction's: known once it commits (`TransactionResult`).
-        return CommitResult(-1, self.proposal_id, operation, metrics={**action_metrics(self.actions), **(metrics or {})})
+        return CommitResult(-1, self.proposal_id, operation, metrics={**self.action_counts(), **(metrics or {})})
 
 
 class _PartTable(Table):
@@ -262,8 +261,8 @@ class MultiTableTransaction:
                 assert tx.held is not None
                 h = tx.held
                 tx.info[TRANSACTION_KEY] = {"id": self.id, "tables": list(tables)}
-                p = tx._by_reference(tx.proposal(h.operation, h.changes_data, h.parameters,
-                                                 {**action_metrics(tx.actions), **(h.metrics or {})}))
+                p = tx._by_reference(tx._proposal(h.operation, h.changes_data, h.parameters,
+                                                  {**tx.action_counts(), **(h.metrics or {})}))
                 proposals.append(dataclasses.replace(p, transaction=mt))
         except BaseException:
             self.abandon()
@@ -312,7 +311,7 @@ class MultiTableTransaction:
                 assert held is not None
                 commits[tx.table.table_id] = CommitResult(
                     d.version, tx.proposal_id, held.operation, already_committed=d.duplicate_of is not None,
-                    metrics={**action_metrics(tx.actions), **(held.metrics or {})}, timings=timings)
+                    metrics={**tx.action_counts(), **(held.metrics or {})}, timings=timings)
             return TransactionResult(self.id, commits)
         for tx in parts:
             tx._delete_staged()

@@ -107,7 +107,7 @@ def overwrite(table: OperationTable, data: Any, replace_where: str | None = None
     with abandoned_on_error(tx):
         if replace_where is None:
             tx.read_whole()
-            replaced = snap.files()
+            replaced = tx.remove_all(snap.file_parts())
         else:
             _partition_only(snap, replace_where, "replace_where")
             ok = rows_where(rows, expressions.compile_filter(replace_where, rows.schema), replace_where)
@@ -117,16 +117,15 @@ def overwrite(table: OperationTable, data: Any, replace_where: str | None = None
                     ReasonCode.REPLACE_WHERE_MISMATCH,
                     f"{bad} written row(s) do not satisfy replace_where {replace_where!r}; nothing was written")
             tx.read_predicate(replace_where)
-            replaced = candidates(snap, replace_where)
-            tx.read_files_from(replaced)
-        for a in replaced:
-            tx.remove(a)
+            files = candidates(snap, replace_where)
+            tx.read_files_from(files)
+            replaced = tx.remove_all([files])
         tx.stage(write(table.storage, snap, rows))
         params: dict[str, Any] = {"mode": "Overwrite", "partitionBy": snap.partition_columns}
         if replace_where is not None:
             params["predicate"] = json.dumps([replace_where])
         return tx.commit("WRITE", changes_data=True, parameters=params,
-                         metrics={"numOutputRows": rows.num_rows, "numRemovedFiles": len(replaced)})
+                         metrics={"numOutputRows": rows.num_rows, "numRemovedFiles": replaced})
 
 
 def truncate(table: OperationTable, where: str | None = None, *, snapshot: Snapshot | None = None,
@@ -138,14 +137,13 @@ def truncate(table: OperationTable, where: str | None = None, *, snapshot: Snaps
     with abandoned_on_error(tx):
         if where is None:
             tx.read_whole()
-            removed = snap.files()
+            removed = tx.remove_all(snap.file_parts())
         else:
             _partition_only(snap, where, "truncate where")
             tx.read_predicate(where)
-            removed = candidates(snap, where)
-            tx.read_files_from(removed)
-        for a in removed:
-            tx.remove(a)
+            files = candidates(snap, where)
+            tx.read_files_from(files)
+            removed = tx.remove_all([files])
         return tx.commit("TRUNCATE", changes_data=True, parameters={"predicate": json.dumps([where] if where else [])},
-                         metrics={"numRemovedFiles": len(removed)})
+                         metrics={"numRemovedFiles": removed})
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import io
 import json
 import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 from urllib.parse import unquote
@@ -23,7 +25,7 @@ from confluent_kafka import KafkaException
 
 from deltacoord.reader.deletion_vectors import dv_object
 from deltacoord.reader.log import commit_key, commit_object, read_commit, read_commit_info
-from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata, RemoveFile
+from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata, RemoveFile, iter_json_lines
 from deltacoord.schemas.actions import Protocol as ProtocolAction
 from deltacoord.schemas.control_chars import path_control_character
 from deltacoord.schemas.errors import (
@@ -37,10 +39,11 @@ from deltacoord.schemas.errors import (
     ProposalNotSentError,
     unknown_outcome_hint,
 )
-from deltacoord.schemas.messages import Decision, FileRead, Proposal
+from deltacoord.schemas.messages import Decision, FileRead, Proposal, StagedActions
 from deltacoord.schemas.reasons import ReasonCode
+from deltacoord.schemas.remove_lines import FilePart, RemovedFiles
 from deltacoord.schemas.signing import WriterKey
-from deltacoord.schemas.staged import INLINE_MAX_BYTES, staged_bytes, writer_key
+from deltacoord.schemas.staged import INLINE_MAX_BYTES, writer_key
 from deltacoord.storage.table import StorageError, TableStorage
 from deltacoord.writer.client import CoordinatorClient
 from deltacoord.writer.replies import Pending, ProposalNotPublishedError
@@ -170,6 +173,8 @@ class Transaction:
         self.read_whole_table = False
         self.read_app_ids: list[str] = []
         self.actions: list[Action] = []
+        #: Files removed in bulk (`remove_all`), each after the first `index` actions of `actions`.
+        self._bulk: list[tuple[int, RemovedFiles]] = []
         self.staged: list[AddFile] = []
         #: Other objects written for this transaction (deletion-vector files), deleted with the staged files.
         self.staged_keys: list[str] = []
@@ -223,6 +228,56 @@ class Transaction:
     def remove(self, add: AddFile, data_change: bool = True) -> None:
         self.actions.append(add.to_remove(int(time.time() * 1000), data_change=data_change))
 
+    def remove_all(self, parts: Iterable[FilePart], data_change: bool = True) -> int:
+        """Remove many files at once, as a snapshot holds them (`Snapshot.file_parts`, or a list of AddFiles): the
+        same removes as `remove` on each, written as lines straight from the adds, with no RemoveFile per file
+        unless the commit is small enough to go inline. Returns how many files."""
+        removed = RemovedFiles(tuple(parts), int(time.time() * 1000), data_change)
+        if len(removed):
+            self._bulk.append((len(self.actions), removed))
+        return len(removed)
+
+    def action_counts(self) -> dict[str, int]:
+        """`action_metrics` of this transaction's actions, files removed in bulk included."""
+        out = action_metrics(self.actions)
+        out["numRemovedFiles"] += sum(len(r) for _, r in self._bulk)
+        return out
+
+    def _with_bulk(self, actions: tuple[Action, ...]) -> Iterator[Action | RemovedFiles]:
+        """`actions` (the proposal's, `self.actions`) with the bulk removes in their places."""
+        done = 0
+        for index, removed in self._bulk:
+            yield from actions[done:index]
+            yield removed
+            done = index
+        yield from actions[done:]
+
+    def _every_action(self, actions: tuple[Action, ...]) -> tuple[Action, ...]:
+        if not self._bulk:
+            return actions
+        out: list[Action] = []
+        for a in self._with_bulk(actions):
+            if isinstance(a, RemovedFiles):
+                out.extend(a.actions())
+            else:
+                out.append(a)
+        return tuple(out)
+
+    def _staged_file(self, actions: tuple[Action, ...]) -> tuple[memoryview, StagedActions]:
+        """The staged file of `actions` and the bulk removes (`staged_bytes`'s, written a piece at a time)."""
+        out, digest, done = io.BytesIO(), hashlib.sha256(), 0
+        segments: list[Iterator[bytes]] = []
+        for index, removed in self._bulk:
+            segments += [iter_json_lines(actions[done:index]), removed.lines()]
+            done = index
+        segments.append(iter_json_lines(actions[done:]))
+        for segment in segments:
+            for piece in segment:
+                digest.update(piece)
+                out.write(piece)
+        count = len(actions) + sum(len(r) for _, r in self._bulk)
+        return out.getbuffer(), StagedActions(sha256=digest.hexdigest(), count=count, size=out.tell())
+
     def abandon(self) -> None:
         """Delete the staged files of a transaction given up before it was proposed (an error while
         preparing it). After proposing, the decision decides: a commit references them."""
@@ -231,13 +286,14 @@ class Transaction:
             self.staged, self.staged_keys = [], []
 
     def _by_reference(self, p: Proposal) -> Proposal:
-        """`p`, carrying its actions by reference when they are too large for a Kafka message
-        (`deltacoord.schemas.staged`): they are staged under `_delta_log/_staged_commits/` first."""
-        if len(p.actions) < 64:  # far below the limit: not worth serialising twice
-            return p
-        data, ref = staged_bytes(p.actions)
+        """`p` (from `_proposal`: without the bulk removes), carrying its actions by reference when they are too
+        large for a Kafka message (`deltacoord.schemas.staged`): they are staged under `_delta_log/_staged_commits/`
+        first. Inline, the bulk removes join them as actions."""
+        if len(p.actions) + sum(len(r) for _, r in self._bulk) < 64:  # far below the limit: not worth serialising twice
+            return dataclasses.replace(p, actions=self._every_action(p.actions)) if self._bulk else p
+        data, ref = self._staged_file(p.actions)
         if ref.size <= INLINE_MAX_BYTES:
-            return p
+            return dataclasses.replace(p, actions=self._every_action(p.actions)) if self._bulk else p
         key = writer_key(p.proposal_id, ref)
         self.table.storage.put_if_absent(key, data)
         self.staged_commit = key
@@ -274,17 +330,32 @@ class Transaction:
     # -- commit ---------------------------------------------------------------------
     def proposal(self, operation: str, changes_data: bool, parameters: Mapping[str, Any] | None = None,
                  metrics: Mapping[str, int] | None = None) -> Proposal:
-        """The wire proposal; `metrics` become commitInfo.operationMetrics (strings, as Delta writes them).
+        """The wire proposal with every action inline; `metrics` become commitInfo.operationMetrics (strings, as
+        Delta writes them). `commit` sends `_by_reference(_proposal(...))` instead: the same, its actions by
+        reference when large.
 
         A file path holding a control character (`deltacoord.schemas.control_chars`) raises BadFilePathError, a ValueError:
         nothing is sent (the coordinator would refuse it with BAD_FILE_PATH)."""
-        for a in self.actions:
-            if isinstance(a, (AddFile, RemoveFile, AddCDCFile)):
+        p = self._proposal(operation, changes_data, parameters, metrics)
+        return dataclasses.replace(p, actions=self._every_action(p.actions)) if self._bulk else p
+
+    def _proposal(self, operation: str, changes_data: bool, parameters: Mapping[str, Any] | None = None,
+                  metrics: Mapping[str, int] | None = None) -> Proposal:
+        """`proposal` without the bulk removes (`_by_reference` adds them), their paths checked all the same."""
+        def refuse(kind: str, path: str, chars: str) -> BadFilePathError:
+            return BadFilePathError(
+                f"{kind} path {path!r} {chars}; nothing was sent. C0, DEL and C1 controls are "
+                "refused in action paths: percent-encode what the file's name needs, or rename the file")
+
+        for a in self._with_bulk(tuple(self.actions)):
+            if isinstance(a, RemovedFiles):
+                bad = a.bad_path()
+                if bad is not None:
+                    raise refuse("RemoveFile", *bad)
+            elif isinstance(a, (AddFile, RemoveFile, AddCDCFile)):
                 chars = path_control_character(a.path)
                 if chars is not None:
-                    raise BadFilePathError(
-                        f"{type(a).__name__} path {a.path!r} {chars}; nothing was sent. C0, DEL and C1 controls are "
-                        "refused in action paths: percent-encode what the file's name needs, or rename the file")
+                    raise refuse(type(a).__name__, a.path, chars)
         params = {k: v if isinstance(v, str) else _json(v) for k, v in (parameters or {}).items()}
         info: dict[str, Any] = {
             **self.info,
@@ -332,9 +403,9 @@ class Transaction:
         version, and the files staged for this attempt that the commit does not reference are deleted.
         """
         mode = check_wait(wait or self.table.wait)
-        all_metrics = {**action_metrics(self.actions), **(metrics or {})}
+        all_metrics = {**self.action_counts(), **(metrics or {})}
         try:
-            p = self._by_reference(self.proposal(operation, changes_data, parameters, all_metrics))
+            p = self._by_reference(self._proposal(operation, changes_data, parameters, all_metrics))
         except BaseException:
             self.abandon()
             raise
