@@ -239,16 +239,16 @@ def test_staged_files_of_abandoned_or_unsent_proposals_are_deleted(kafka_bootstr
         before = _data_keys(table_place, uri)
         assert len(before) == 1
         # Abandoned: preparing the proposal fails after the files were staged.
-        real = Transaction.proposal
+        real = Transaction._proposal
 
         def broken(self: Transaction, *args: object, **kwargs: object) -> Proposal:
             assert len(self.staged) == 1 and _data_keys(table_place, uri) != before, "the file was staged"
             raise RuntimeError("the writer failed before proposing")
 
-        monkeypatch.setattr(Transaction, "proposal", broken)
+        monkeypatch.setattr(Transaction, "_proposal", broken)
         with pytest.raises(RuntimeError, match="before proposing"):
             t.append(rows([2], "2024-01-02"))
-        monkeypatch.setattr(Transaction, "proposal", real)
+        monkeypatch.setattr(Transaction, "_proposal", real)
         assert _data_keys(table_place, uri) == before
         # Never sent: a proposal larger than the producer may send is refused before it reaches Kafka.
         tx = t.begin()
