@@ -38,7 +38,6 @@ from deltacoord.tooling.storage_servers import (
     S3Server,
     StorageServerError,
 )
-from tests import cpu_priority
 
 if TYPE_CHECKING:
     from deltacoord.storage.table import TableStorage
@@ -65,20 +64,6 @@ def _needs_storage(item: pytest.Item, names: set[str]) -> bool:
         return True
     callspec = getattr(item, "callspec", None)
     return "table_place" in names and callspec is not None and callspec.params.get("table_place") != "local"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        cpu_priority.start_run()
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        cpu_priority.end_run()
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    cpu_priority.yield_to_spark()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group markers

@@ -98,9 +98,9 @@ def shared_session(s3: dict[str, str] | None = None) -> SparkSession:
     costs seconds of JVM and Delta start-up, and tests isolate themselves by table path, not by session.
     `s3` (the local S3 server's storage options) configures S3A on it: one server serves a test process."""
     if not _SHARED or _SHARED[0].sparkContext._jsc is None:  # type: ignore[attr-defined]
+        cpu_priority.claim_spark()  # first: the JVM and its Python workers stay in the session they start in
         _SHARED[:] = [build_session()]
         atexit.register(_SHARED[0].stop)
-        cpu_priority.claim_spark()
     spark = _SHARED[0]
     if s3 is not None:
         conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
