@@ -240,8 +240,11 @@ class Transaction:
     def action_counts(self) -> dict[str, int]:
         """`action_metrics` of this transaction's actions, files removed in bulk included."""
         out = action_metrics(self.actions)
-        out["numRemovedFiles"] += sum(len(r) for _, r in self._bulk)
+        out["numRemovedFiles"] += self._bulk_count()
         return out
+
+    def _bulk_count(self) -> int:
+        return sum(len(r) for _, r in self._bulk)
 
     def _with_bulk(self, actions: tuple[Action, ...]) -> Iterator[Action | RemovedFiles]:
         """`actions` (the proposal's, `self.actions`) with the bulk removes in their places."""
@@ -252,16 +255,17 @@ class Transaction:
             done = index
         yield from actions[done:]
 
-    def _every_action(self, actions: tuple[Action, ...]) -> tuple[Action, ...]:
+    def _inline(self, p: Proposal) -> Proposal:
+        """`p` (from `_proposal`) with the bulk removes as actions in their places."""
         if not self._bulk:
-            return actions
+            return p
         out: list[Action] = []
-        for a in self._with_bulk(actions):
+        for a in self._with_bulk(p.actions):
             if isinstance(a, RemovedFiles):
                 out.extend(a.actions())
             else:
                 out.append(a)
-        return tuple(out)
+        return dataclasses.replace(p, actions=tuple(out))
 
     def _staged_file(self, actions: tuple[Action, ...]) -> tuple[memoryview, StagedActions]:
         """The staged file of `actions` and the bulk removes (`staged_bytes`'s, written a piece at a time)."""
@@ -275,7 +279,7 @@ class Transaction:
             for piece in segment:
                 digest.update(piece)
                 out.write(piece)
-        count = len(actions) + sum(len(r) for _, r in self._bulk)
+        count = len(actions) + self._bulk_count()
         return out.getbuffer(), StagedActions(sha256=digest.hexdigest(), count=count, size=out.tell())
 
     def abandon(self) -> None:
@@ -289,11 +293,11 @@ class Transaction:
         """`p` (from `_proposal`: without the bulk removes), carrying its actions by reference when they are too
         large for a Kafka message (`deltacoord.schemas.staged`): they are staged under `_delta_log/_staged_commits/`
         first. Inline, the bulk removes join them as actions."""
-        if len(p.actions) + sum(len(r) for _, r in self._bulk) < 64:  # far below the limit: not worth serialising twice
-            return dataclasses.replace(p, actions=self._every_action(p.actions)) if self._bulk else p
+        if len(p.actions) + self._bulk_count() < 64:  # far below the limit: not worth serialising twice
+            return self._inline(p)
         data, ref = self._staged_file(p.actions)
         if ref.size <= INLINE_MAX_BYTES:
-            return dataclasses.replace(p, actions=self._every_action(p.actions)) if self._bulk else p
+            return self._inline(p)
         key = writer_key(p.proposal_id, ref)
         self.table.storage.put_if_absent(key, data)
         self.staged_commit = key
@@ -336,8 +340,7 @@ class Transaction:
 
         A file path holding a control character (`deltacoord.schemas.control_chars`) raises BadFilePathError, a ValueError:
         nothing is sent (the coordinator would refuse it with BAD_FILE_PATH)."""
-        p = self._proposal(operation, changes_data, parameters, metrics)
-        return dataclasses.replace(p, actions=self._every_action(p.actions)) if self._bulk else p
+        return self._inline(self._proposal(operation, changes_data, parameters, metrics))
 
     def _proposal(self, operation: str, changes_data: bool, parameters: Mapping[str, Any] | None = None,
                   metrics: Mapping[str, int] | None = None) -> Proposal:
