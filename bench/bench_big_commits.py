@@ -1,6 +1,6 @@
 """Commits of any size: deltacoord beside delta-rs committing the same actions, in one run.
 
-    python bench/bench_big_commits.py [--sizes 10000,100000,1000000] [--bootstrap-servers HOST:PORT]
+    python bench/bench_big_commits.py [--sizes 10000,100000,1000000] [--bootstrap-servers HOST:PORT] [--inline-too]
 
 For each size N, on a table of two columns (the files need not hold rows: the adds carry stats of both
 columns, about 340 bytes each, as a real writer's would):
@@ -13,6 +13,9 @@ columns, about 340 bytes each, as a real writer's would):
 * the coordinator's peak resident memory (VmHWM of its own process, started fresh for each size);
 * the latency of 4 writers appending one row at a time to another table of the same partition, while the
   large commits are decided (p50/p99), beside their latency before (what a huge commit costs the others).
+  The large commits are decided off the deciding thread (a hold, `deltacoord.coordinator.kafka.holds`); with
+  `--inline-too` each size runs again with holds off (`DELTACOORD_HOLD_MIN_ACTIONS` above the size: decided on the
+  deciding thread, as before holds), and both are printed.
 
 A local broker is started in a temporary directory unless `--bootstrap-servers` is given; the coordinator
 runs as its own process, as deployed. Prints JSON lines, then a table.
@@ -54,11 +57,13 @@ def _peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _start_coordinator(bootstrap: str, prefix: str, log: Path) -> subprocess.Popen[bytes]:
+def _start_coordinator(bootstrap: str, prefix: str, log: Path, hold: bool = True) -> subprocess.Popen[bytes]:
     out = open(log, "ab")  # noqa: SIM115 - lives as long as the child
+    env = {**os.environ, **({} if hold else {"DELTACOORD_HOLD_MIN_ACTIONS": str(1 << 40),
+                                              "DELTACOORD_HOLD_PREDICATE_CHARS": str(1 << 40)})}
     return subprocess.Popen(
         [sys.executable, "-m", "deltacoord.cli.main", "coordinator", "run", "--bootstrap-servers", bootstrap,
-         "--topic-prefix", prefix, "--log-level", "WARNING"], stdout=out, stderr=subprocess.STDOUT)
+         "--topic-prefix", prefix, "--log-level", "WARNING"], stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
 def _small_writer(bootstrap: str, prefix: str, path: str, stop: str, out: str) -> None:
@@ -98,7 +103,7 @@ def _pct(xs: list[float], q: float) -> float:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 1)
 
 
-def _deltacoord(bootstrap: str, prefix: str, workdir: Path, n: int) -> dict[str, Any]:
+def _deltacoord(bootstrap: str, prefix: str, workdir: Path, n: int, hold: bool = True) -> dict[str, Any]:
     import pyarrow as pa
 
     from deltacoord.schemas.actions import AddFile
@@ -107,9 +112,10 @@ def _deltacoord(bootstrap: str, prefix: str, workdir: Path, n: int) -> dict[str,
     from deltacoord.writer.table import Table
 
     schema = pa.schema([("id", pa.int64()), ("value", pa.string())])
-    coordinator = _start_coordinator(bootstrap, prefix, workdir / "coordinator.log")
-    small_path, big_path = str(workdir / f"small-{n}"), str(workdir / f"dc-{n}")
-    stop, small_out = workdir / f"stop-{n}", workdir / f"small-{n}.json"
+    coordinator = _start_coordinator(bootstrap, prefix, workdir / "coordinator.log", hold)
+    tag = f"{n}-{'hold' if hold else 'inline'}"
+    small_path, big_path = str(workdir / f"small-{tag}"), str(workdir / f"dc-{tag}")
+    stop, small_out = workdir / f"stop-{tag}", workdir / f"small-{tag}.json"
     small: Any = None
     try:
         topics = Topics.with_prefix(prefix)
@@ -192,7 +198,11 @@ print(json.dumps({"append_s": round(append_s, 2), "overwrite_s": round(overwrite
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def run(bootstrap: str, sizes: list[int], workdir: Path) -> list[dict[str, Any]]:
+def _load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def run(bootstrap: str, sizes: list[int], workdir: Path, inline_too: bool = False) -> list[dict[str, Any]]:
     from confluent_kafka.admin import AdminClient
 
     from deltacoord.coordinator.kafka.topics import ensure_topics
@@ -200,29 +210,36 @@ def run(bootstrap: str, sizes: list[int], workdir: Path) -> list[dict[str, Any]]
 
     rows = []
     for n in sizes:
-        prefix = f"big-{uuid.uuid4().hex[:6]}"
-        ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics.with_prefix(prefix), partitions=1)
-        print(f"[big commits] {n:,} files: deltacoord ...", file=sys.stderr, flush=True)
-        dc = _deltacoord(bootstrap, prefix, workdir, n)
-        print(f"[big commits] {n:,} files: delta-rs ...", file=sys.stderr, flush=True)
-        rs = _delta_rs(workdir, n)
-        row = {"files": n, "deltacoord": dc, "delta_rs": rs,
-               "append_ratio": round(dc["append_s"] / max(rs["append_s"], 1e-9), 2),
-               "overwrite_ratio": round(dc["overwrite_s"] / max(rs["overwrite_s"], 1e-9), 2)}
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+        for hold in (True, False) if inline_too else (True,):
+            prefix = f"big-{uuid.uuid4().hex[:6]}"
+            ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics.with_prefix(prefix), partitions=1)
+            print(f"[big commits] {n:,} files: deltacoord{'' if hold else ' (holds off)'} ...", file=sys.stderr, flush=True)
+            dc = _deltacoord(bootstrap, prefix, workdir, n, hold)
+            dc["load"] = _load()
+            print(f"[big commits] {n:,} files: delta-rs ...", file=sys.stderr, flush=True)
+            rs = _delta_rs(workdir, n) if hold else rows[-1]["delta_rs"]
+            rows.append(_row(n, hold, dc, rs))
     return rows
 
 
+def _row(n: int, hold: bool, dc: dict[str, Any], rs: dict[str, Any]) -> dict[str, Any]:
+    row = {"files": n, "hold": hold, "deltacoord": dc, "delta_rs": rs,
+           "append_ratio": round(dc["append_s"] / max(rs["append_s"], 1e-9), 2),
+           "overwrite_ratio": round(dc["overwrite_s"] / max(rs["overwrite_s"], 1e-9), 2)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def _table(rows: list[dict[str, Any]]) -> None:
-    print(f"{'files':>10} {'append s dc/rs':>16} {'ratio':>6} {'overwrite s dc/rs':>19} {'ratio':>6} "
-          f"{'coord MB':>9} {'rs MB':>6} {'4 writers p50/p99 ms before':>28} {'during':>14}")
+    print(f"{'files':>10} {'decided':>8} {'append s dc/rs':>16} {'ratio':>6} {'overwrite s dc/rs':>19} {'ratio':>6} "
+          f"{'coord MB':>9} {'rs MB':>6} {'4 writers p50/p99 ms before':>28} {'during':>14} {'load':>15}")
     for r in rows:
         dc, rs = r["deltacoord"], r["delta_rs"]
-        print(f"{r['files']:>10,} {dc['append_s']:>8}/{rs['append_s']:<7} {r['append_ratio']:>6} "
+        print(f"{r['files']:>10,} {'held' if r['hold'] else 'inline':>8} {dc['append_s']:>8}/{rs['append_s']:<7} "
+              f"{r['append_ratio']:>6} "
               f"{dc['overwrite_s']:>9}/{rs['overwrite_s']:<9} {r['overwrite_ratio']:>6} {dc['coordinator_peak_mb']:>9} "
               f"{rs['peak_mb']:>6} {dc['small_before_p50_ms']:>14}/{dc['small_before_p99_ms']:<13} "
-              f"{dc['small_during_p50_ms']:>7}/{dc['small_during_p99_ms']}")
+              f"{dc['small_during_p50_ms']:>7}/{dc['small_during_p99_ms']:<7} {dc['load']:>15}")
     print(f"(median small-writer commits during the large ones: {statistics.median(r['deltacoord']['small_during_commits'] for r in rows)})")
 
 
@@ -230,6 +247,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="10000,100000", help="comma-separated file counts (1000000 takes minutes)")
     ap.add_argument("--bootstrap-servers", default=None)
+    ap.add_argument("--inline-too", action="store_true",
+                    help="run each size again with holds off (the large commits decided on the deciding thread)")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x]
     from deltacoord.tooling.broker import LocalBroker
@@ -238,7 +257,7 @@ def main() -> None:
     broker = None if args.bootstrap_servers else LocalBroker(workdir / "broker")
     try:
         bootstrap = args.bootstrap_servers or broker.start().bootstrap_servers  # type: ignore[union-attr]
-        rows = run(bootstrap, sizes, workdir)
+        rows = run(bootstrap, sizes, workdir, args.inline_too)
     finally:
         if broker is not None:
             broker.stop()

@@ -14,7 +14,8 @@ Points: `after_decide` (batch decided, no Kafka transaction yet),
 committed; `:fail` aborts the transaction), `after_kafka_commit` (decisions
 committed, nothing published), `checkpoint_before_publish` (checkpoint Parquet
 written to its temp name only), `send_offsets` (in the thread adding the
-consumed offsets to the transaction), `publish` (the publisher about to write a
+consumed offsets to the transaction), `hold` (a hold's worker thread about to load and
+decide an expensive proposal; `:hang` keeps the hold open for ever), `publish` (the publisher about to write a
 version; `:fail` makes publishing it fail on an unexpected error, which halts that table).
 """
 

@@ -73,6 +73,9 @@ class Metrics:
                                              buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60))
         self.halted_tables = Gauge("deltacoord_halted_tables", "Tables whose publication is halted", registry=r)
         self.tables = Gauge("deltacoord_tables", "Tables whose state this coordinator holds", registry=r)
+        self.holds = Counter("deltacoord_holds_total",
+                             "Proposals decided off the deciding thread while their table was held, by why (actions, predicates)",
+                             ["why"], registry=r)
         self.transaction_failures = Counter(
             "deltacoord_transaction_failures_total", "Kafka transactions of a batch that failed and were retried", registry=r)
         self.unrecordable = Counter(

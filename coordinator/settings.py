@@ -66,10 +66,18 @@ class CoordinatorSettings:
     poll_timeout_s: float = 0.1
     max_proposal_bytes: int = 4 * 1024 * 1024
     #: The largest commit carried by reference (`deltacoord.schemas.staged`) this coordinator loads: about 3 million files of
-    #: two columns' stats, a few GB of memory while it is decided. A larger one is refused unread (OVERSIZE). Deciding one
-    #: holds the partition's other tables, so this also bounds the longest hold (docs/operations.md, Large commits).
+    #: two columns' stats, a few GB of memory while it is decided. A larger one is refused unread (OVERSIZE). It is
+    #: decided off the deciding thread (`hold_min_actions`; docs/operations.md, Large commits).
     max_staged_bytes: int = 1 << 30
     transaction_timeout_ms: int = 60_000
+    #: A proposal is decided off the deciding thread, its table held while the partition's other tables go on
+    #: (`deltacoord.coordinator.kafka.holds`), when it carries this many actions by reference or read predicates of
+    #: this many characters in all.
+    hold_min_actions: int = 10_000
+    hold_predicate_chars: int = 8 * 1024
+    #: While a hold is open, at most this many later proposals are decided past it (0: half of `decided_ids_limit`):
+    #: the offset recorded stays at the held proposal, and a restart recognises them in the decided-ids window.
+    hold_runahead: int = 0
     #: Bound on adding the consumed offsets to a transaction. librdkafka can block in
     #: send_offsets_to_transaction for ever, its own timeout unchecked, when the group
     #: coordinator's broker dies (confluentinc/librdkafka#5456, #5511); a group coordinator
@@ -156,6 +164,7 @@ FILE_KEYS = (
     "stall_seconds", "table_roots", "state_root", "snapshot_every_records", "decided_ids_limit", "decided_ids_max_age_hours",
     "group_offset_seconds", "checkpoint_min_seconds", "publish_lanes",
     "publish_failing_seconds", "kafka_unreachable_seconds", "send_offsets_timeout_seconds", "max_staged_bytes",
+    "hold_min_actions", "hold_predicate_chars", "hold_runahead",
 )
 #: Keys that a `DELTACOORD_<KEY>` variable sets (fsync and checkpoints only have their --no-... flags).
 ENV_VARS = {k: f"DELTACOORD_{k.upper()}" for k in FILE_KEYS if k not in ("fsync", "checkpoints")}
@@ -367,6 +376,9 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         max_batch=integer("max_batch", 500),
         dead_letter_max_bytes=integer("dead_letter_max_bytes", 64 * 1024),
         max_staged_bytes=integer("max_staged_bytes", 1 << 30),
+        hold_min_actions=integer("hold_min_actions", 10_000),
+        hold_predicate_chars=integer("hold_predicate_chars", 8 * 1024),
+        hold_runahead=integer("hold_runahead", 0),
         stall_timeout_s=number("stall_seconds", 60.0),
         publish_failing_s=number("publish_failing_seconds", 10.0),
         kafka_unreachable_s=number("kafka_unreachable_seconds", 10.0),
@@ -386,6 +398,11 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         raise SettingsError(f"dead_letter_max_bytes must be 0 or more, got {coordinator.dead_letter_max_bytes}")
     if coordinator.max_staged_bytes < 1:
         raise SettingsError(f"max_staged_bytes must be 1 or more, got {coordinator.max_staged_bytes}")
+    for key, count, least in (("hold_min_actions", coordinator.hold_min_actions, 1),
+                              ("hold_predicate_chars", coordinator.hold_predicate_chars, 1),
+                              ("hold_runahead", coordinator.hold_runahead, 0)):
+        if count < least:
+            raise SettingsError(f"{key} must be {least} or more, got {count}")
     if coordinator.stall_timeout_s <= 0:
         raise SettingsError(f"stall_seconds must be above 0, got {coordinator.stall_timeout_s}")
     for key, value in (("publish_failing_seconds", coordinator.publish_failing_s),

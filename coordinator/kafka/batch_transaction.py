@@ -11,7 +11,8 @@ keeps its rejection) and its dead letter keeps only headers; then the dead lette
 (`ProducerStuckError`) replaces the producer, as a restart would.
 
 Commits-topic records carry the offset their batch consumed up to (`H_NEXT_OFFSET`); the group's offset is
-committed in the transaction only when no such record does or every `group_offset_interval_s`.
+committed in the transaction only when no such record does or every `group_offset_interval_s`. While a proposal is
+held (`deltacoord.coordinator.kafka.holds`), the offset recorded stays at the first one not decided (`floor`).
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ class BatchTransaction:
         self._group_offset_at = time.monotonic()
         self._group_offset_retry_at = 0.0
         self._delivered: list[tuple[Out, int]] = []
+        #: The first proposals offset not decided yet (a held proposal), which no offset recorded passes; None: none.
+        self.floor: Callable[[], int | None] = lambda: None
 
     # -- the producer ------------------------------------------------------------------
     def open(self) -> None:
@@ -179,12 +182,13 @@ class BatchTransaction:
             self.producer = None
 
     # -- one transaction -----------------------------------------------------------------
-    def record(self, batch: Sequence[Message], outs: Sequence[Out]) -> bool:
-        """One transaction of `outs` with the offsets of `batch`; False (aborted and rewound, or the producer
-        replaced) when it failed, so the batch is consumed again."""
+    def record(self, batch: Sequence[Message], outs: Sequence[Out], floor: int | None = None) -> bool:
+        """One transaction of `outs` with the offsets of `batch` (recorded no further than `floor`, the first offset
+        left undecided); False (aborted and rewound, or the producer replaced) when it failed, so the batch is
+        consumed again."""
         refused: list[Refusal] = []
         try:
-            self._transact(batch, outs, refused)
+            self._transact(batch, outs, refused, floor=floor)
         except ProducerStuckError as e:
             self._failed(str(e))
             self._replace_producer(e)
@@ -225,7 +229,8 @@ class BatchTransaction:
     def flush_offsets(self) -> None:
         """When idle, commit to the group the offset the last transactions recorded only in their records,
         so lag tools (and the group's view of this partition) are current while no batch comes."""
-        committed_to = self.progress.committed_to
+        floor = self.floor()
+        committed_to = self.progress.committed_to if floor is None else min(floor, self.progress.committed_to)
         if self.producer is None or committed_to <= self._group_offset or time.monotonic() < self._group_offset_retry_at:
             return
         try:
@@ -242,10 +247,11 @@ class BatchTransaction:
                 self.producer.abort_transaction(60)
 
     def committed(self, batch: Sequence[Message]) -> None:
-        """The transaction of `batch` committed: its proposals are consumed."""
+        """The transaction of `batch` committed: its proposals are consumed (decided, or held or waiting behind a
+        hold: a batch decided after a hold does not move the offset back)."""
         last = batch[-1].offset()
         assert last is not None
-        self.progress.committed(last + 1)
+        self.progress.committed(max(last + 1, self.progress.committed_to))
         for o in [o for o in self.degraded if o < last + 1]:
             del self.degraded[o]
         self.progress.observe(self.consumer, self.tp)
@@ -284,7 +290,7 @@ class BatchTransaction:
         return degraded
 
     def _transact(self, batch: Sequence[Message], outs: Sequence[Out], refused: list[Refusal], *,
-                  offsets_to: int | None = None) -> None:
+                  offsets_to: int | None = None, floor: int | None = None) -> None:
         """One transaction: the records and the offset the batch consumed up to (or `offsets_to`, for a
         transaction of the offset alone). Commits-topic records carry that offset (`H_NEXT_OFFSET`); the
         group's offset is committed in the transaction only when no such record does or every
@@ -296,7 +302,9 @@ class BatchTransaction:
         if batch:
             last_offset = batch[-1].offset()
             assert last_offset is not None
-            nxt = last_offset + 1
+            nxt = max(last_offset + 1, self.progress.committed_to)
+            if floor is not None:
+                nxt = min(nxt, floor)
         carried = bool(batch) and any(o.topic == s.topics.commits for o in outs)
         mark: list[tuple[str, str | bytes | None]] = [(H_NEXT_OFFSET, str(nxt).encode())] if carried else []
         to_group = nxt is not None and (not carried or time.monotonic() - self._group_offset_at >= s.group_offset_interval_s)

@@ -284,11 +284,13 @@ class Coordinator:
         if unreachable is not None and unreachable[0] > self.settings.kafka_unreachable_s:
             reasons.append(f"Kafka unreachable: no broker connection for {unreachable[0]:.0f}s ({unreachable[1]})")
         halted = self.halts.tables()
+        # A hold is progress, not a stall: shown, never a reason (`deltacoord.coordinator.kafka.holds`).
+        holds = {str(p): d for p, w in list(self._workers.items()) if (d := w.holds.describe(now)) is not None}
         detail: dict[str, object] = {
             "ready": self.ready and not self._recovering and not failing
             and (unreachable is None or unreachable[0] <= self.settings.kafka_unreachable_s),
             "live": live, "fenced": self.fenced, "partitions": sorted(self._workers),
-            "publish_lag": self.publisher.lag(), "halted_tables": halted,
+            "publish_lag": self.publisher.lag(), "halted_tables": halted, "holds": holds,
             "publish_failing": {f.table_id: {"uri": f.table_uri, "version": f.version, "seconds": round(f.seconds, 1),
                                              "error": f.error} for f in failing},
         }
@@ -505,6 +507,7 @@ class Coordinator:
                 first = consumer.poll(s.poll_timeout_s)
                 if first is None:
                     for owned in list(self._workers.values()):
+                        owned.poll_hold()
                         owned.observe()
                         owned.flush_offsets()
                         owned.maybe_snapshot()
@@ -530,6 +533,7 @@ class Coordinator:
                         finally:
                             w.checks.paced = frozenset()
                 for owned in list(self._workers.values()):
+                    owned.poll_hold()
                     owned.observe()
         except FencedError as e:
             # A newer coordinator owns the partition: publish nothing more, exit at once.

@@ -97,6 +97,9 @@ class Decoded:
     parts: list[Submitted] = field(default_factory=list)
     #: Their rejections, when the message was refused at the edge (`rejected` is the first part's).
     parts_rejected: list[Decision] = field(default_factory=list)
+    #: Why deciding it would hold the deciding thread long (`deltacoord.coordinator.kafka.holds`); its staged actions
+    #: are then not loaded yet (`Door.loaded`).
+    expensive: str | None = None
 
     def all_submitted(self) -> list[Submitted]:
         return [] if self.submitted is None else [self.submitted, *self.parts]
@@ -122,7 +125,7 @@ class Door:
 
     def __init__(self, settings: CoordinatorSettings, partition: int, num_partitions: int, locations: TableLocations,
                  tables: PartitionTables, degraded: Mapping[int, tuple[int, str]],
-                 reply_partitions: Callable[[], int]) -> None:
+                 reply_partitions: Callable[[], int], expensive: Callable[[Proposal], str | None] = lambda p: None) -> None:
         self.settings = settings
         self.partition = partition
         #: The proposals topic's partition count (0: unknown, the partition check is off).
@@ -133,6 +136,8 @@ class Door:
         self.degraded = degraded
         #: The replies topic's partition count (0: no replies topic).
         self.reply_partitions = reply_partitions
+        #: Why a proposal is expensive to decide (`deltacoord.coordinator.kafka.holds.expensive`), or None.
+        self.expensive = expensive
 
     def decode_batch(self, batch: Sequence[Message]) -> list[Decoded]:
         decoded = [self._decode(m) for m in batch]
@@ -180,9 +185,7 @@ class Door:
         """The proposal with its staged actions loaded (the Kafka edge: the rules only see whole proposals), or its
         rejection (STAGED_COMMIT_INVALID, or STORAGE_UNAVAILABLE when the store does not answer). A proposal
         decided before (a redelivery after its staged file was deleted) goes on to be answered as decided."""
-        st = self.tables.states.get(p.table_id)
-        known = self.tables.decided.get(p.table_id, p.proposal_id) is not None or (
-            st is not None and st.committed_version_of(p.proposal_id) is not None)
+        known = self._known(p)
         if known:
             return p  # a redelivery: answered with its first decision, nothing to load
         try:
@@ -200,6 +203,23 @@ class Door:
         log.warning("partition %d: refused proposal %s for table %s: %s", self.partition, p.proposal_id[:100],
                     p.table_id[:200], err)
         return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, at_ms)
+
+    def _known(self, p: Proposal) -> bool:
+        """Whether `p`'s id was decided before (a redelivery, answered with its first decision)."""
+        st = self.tables.states.get(p.table_id)
+        return self.tables.decided.get(p.table_id, p.proposal_id) is not None or (
+            st is not None and st.committed_version_of(p.proposal_id) is not None)
+
+    def loaded(self, x: Decoded) -> Decoded:
+        """An expensive proposal (`Decoded.expensive`) with its staged actions loaded, or its rejection: the loading the
+        door left to the hold's worker thread."""
+        if x.submitted is None or x.submitted.proposal.staged is None or x.submitted.proposal.actions:
+            return x
+        s = x.submitted
+        got = self._load_staged(s.proposal, s.at_ms or int(time.time() * 1000))
+        if isinstance(got, Decision):
+            return dataclasses.replace(x, submitted=None, rejected=got)
+        return dataclasses.replace(x, submitted=Submitted(got, s.at_ms, s.signature))
 
     def _decode_fully(self, m: Message, offset: int) -> Decoded:
         raw = m.value()
@@ -265,6 +285,11 @@ class Door:
         sig = None
         if signer is not None and signature is not None:
             sig = Signature(signer.decode("utf-8", errors="replace"), signature, raw)
+        why = self.expensive(p) if request is None else None
+        if why is not None and self._known(p):
+            why = None  # a redelivery: answered with its first decision, nothing to load or decide
+        if why is not None:  # loaded and decided by a hold's worker (`deltacoord.coordinator.kafka.holds`)
+            return Decoded(offset, submitted=Submitted(p, at_ms, sig), expensive=why)
         if p.staged is not None:
             loaded = self._load_staged(p, at_ms or int(time.time() * 1000))
             if isinstance(loaded, Decision):

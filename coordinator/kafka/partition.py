@@ -21,6 +21,10 @@ Adopt, release and drop requests (`table_requests`) change which tables this par
 in a transaction of its own, after the proposals before it and before those after it. A resumption is recorded
 with its batch, then the partition is rebuilt as at a restart. State snapshots (`state_snapshots`) are written
 between batches; `/healthz` reads the partition's progress (`partition_health`).
+
+An expensive proposal (a large commit by reference, huge read predicates) is decided on a worker thread while its
+table is held and the partition's other tables go on (`holds`): what comes later for the held table waits behind it,
+and no transaction records an offset past it.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from deltacoord.coordinator.kafka.control import (
     resume_record,
 )
 from deltacoord.coordinator.kafka.door import Decoded, Door
+from deltacoord.coordinator.kafka.holds import Hold, Holds, expensive
 from deltacoord.coordinator.kafka.notices import PublicationNotices
 from deltacoord.coordinator.kafka.partition_health import PartitionProgress
 from deltacoord.coordinator.kafka.partition_tables import PartitionTables
@@ -146,7 +151,10 @@ class PartitionCoordinator:
                                         [(o.decision, offset) for o, offset in delivered]))
         self.txn.restart = self.start
         self.door = Door(settings, partition, num_partitions, publisher.locations, self.tables, self.txn.degraded,
-                         reply_partitions=lambda: notices.num_partitions if notices is not None else 0)
+                         reply_partitions=lambda: notices.num_partitions if notices is not None else 0,
+                         expensive=lambda p: expensive(p, settings))
+        self.holds = Holds(settings.hold_runahead or max(1, settings.decided_ids_limit // 2))
+        self.txn.floor = self.holds.floor
         self.checks = BatchChecks(partition, publisher, self.tables)
         #: Reads a table's published state for adoption and its recovery (the daemon's checkpoint worker, or here).
         self.load_state: StateLoader = load_state or load_published_state
@@ -181,41 +189,88 @@ class PartitionCoordinator:
 
         An adopt or release request changes which tables this coordinator decides: it is answered in a
         transaction of its own, after the proposals before it and before those after it, so each proposal
-        is decided against the tables as its position in the partition finds them.
+        is decided against the tables as its position in the partition finds them. An expensive proposal starts a
+        hold (`holds`); what names a held table waits behind it.
         """
         assert self.producer is not None
         if not batch:
             return
         if self.progress.waiting_since is None:
             self.progress.waiting_since = time.monotonic()
+        if not self.poll_hold():
+            return  # the consumer was rewound: this batch is consumed again
         consumed_at = time.time()
-        decoded = self.door.decode_batch(batch)
-        start = 0
-        for i, x in enumerate(decoded):
-            if x.request is None:
-                continue
-            if i > start and not self._decide(batch[start:i], decoded[start:i], consumed_at):
-                return  # not recorded (or the partition was rebuilt): consumed again from the committed offset
-            if not self._answer_request(batch[i], x, consumed_at):
-                return
-            start = i + 1
-        if start < len(batch):
-            self._decide(batch[start:], decoded[start:], consumed_at)
+        self._run(list(zip(batch, self.door.decode_batch(batch), strict=True)), consumed_at, drained=False)
 
-    def _decide(self, batch: Sequence[Message], decoded: Sequence[Decoded], consumed_at: float) -> bool:
-        """Decide and record these proposals; False when they were not recorded (the consumer was rewound) or
-        the partition was rebuilt (a resumption): the rest of the fetched batch is then consumed again."""
+    def _run(self, items: Sequence[tuple[Message, Decoded]], consumed_at: float, drained: bool) -> bool:
+        """Decide consumed messages in order: runs of proposals together, each request on its own, an expensive
+        proposal as a hold; those a hold blocks are set aside behind it. False when a transaction was not recorded
+        (fresh messages are consumed again; `drained` ones, which waited behind a hold, wait again)."""
+        run: list[tuple[Message, Decoded, bool]] = []  # (message, decoded, set aside behind the hold)
+        first = 0  # the index of the first item not recorded yet
+        gen = self.holds.generation if drained else 0  # what waited, until a rebuild consumes it again
+        for i, (m, x) in enumerate(items):
+            if self.holds.at_limit():
+                if not self._decide_run(run, consumed_at):
+                    return self._not_recorded(items[first:], gen)
+                run, first = [], i
+                if not self._wait_for_holds():
+                    return self._not_recorded(items[first:], gen)
+            if self.holds.blocks(x, [d for _m, d, aside in run if aside]) or (x.expensive and self.holds.hold is not None):
+                run.append((m, x, True))
+                continue
+            if x.request is None and x.expensive is None:
+                run.append((m, x, False))
+                continue
+            if not self._decide_run(run, consumed_at):
+                return self._not_recorded(items[first:], gen)
+            run, first = [], i
+            if x.request is not None and not self._answer_request(m, x, consumed_at):
+                return self._not_recorded(items[first:], gen)
+            if x.request is None and not self._start_hold(m, x, consumed_at):
+                return self._not_recorded(items[first:], gen)
+            first = i + 1
+        return self._decide_run(run, consumed_at) or self._not_recorded(items[first:], gen)
+
+    def _not_recorded(self, items: Sequence[tuple[Message, Decoded]], gen: int) -> bool:
+        """After a transaction failed: fresh messages (`gen` 0) are consumed again (the consumer was rewound);
+        messages that waited behind a hold, consumed before, wait again, decoded anew (as a message Kafka refused to
+        record is), unless the partition was rebuilt since (generation `gen`): then they are consumed again too."""
+        if gen and gen == self.holds.generation and items:
+            self.holds.waiting.extend(zip([m for m, _x in items], self.door.decode_batch([m for m, _x in items]),
+                                          strict=True))
+        return False
+
+    def _decide_run(self, run: Sequence[tuple[Message, Decoded, bool]], consumed_at: float) -> bool:
+        """Decide a run's proposals in one transaction; those set aside wait behind the hold once it is recorded."""
+        if not run:
+            return True
+        aside = [(m, x) for m, x, a in run if a]
+        decide = [x for _m, x, a in run if not a]
+        if decide and not self._decide([m for m, _x, _a in run], decide, consumed_at,
+                                       floor=self.holds.floor([x for _m, x in aside])):
+            return False
+        if not decide:
+            self.progress.committed_to = max(self.progress.committed_to, (run[-1][0].offset() or 0) + 1)
+        self.holds.waiting.extend(aside)
+        return True
+
+    def _decide(self, batch: Sequence[Message], decoded: Sequence[Decoded], consumed_at: float,
+                floor: int | None = None, held: tuple[list[Decision], Overlay, dict[int, bytes]] | None = None) -> bool:
+        """Decide and record these proposals (`held`: a hold's decision, made on its worker thread); False when they
+        were not recorded (the consumer was rewound) or the partition was rebuilt (a resumption): the rest of the
+        fetched batch is then consumed again. The transaction records no offset past `floor`."""
         now_ms = int(time.time() * 1000)
         self._refuse_released(decoded, now_ms)
         proposals = [s for x in decoded for s in x.all_submitted()]
-        decided, overlay, encoded = self.checks.decide(proposals, now_ms)
+        decided, overlay, encoded = held if held is not None else self.checks.decide(proposals, now_ms)
         decisions, replies, outs = self._decision_outs(decoded, decided, encoded)
         resumes = self._resumes(decoded, now_ms)
         halts = self._unrecorded_halts(exclude=resumes)
         outs += [self._halt_out(h) for h in halts]
         outs += [self._control_out(d, RESUME) for d in resumes.values()]
         fault_point("after_decide")
-        if not self.txn.record(batch, outs):
+        if not self.txn.record(batch, outs, floor):
             return False  # the overlay is dropped: the states never held the batch
         fault_point("after_kafka_commit")
         self.txn.committed(batch)
@@ -224,11 +279,78 @@ class PartitionCoordinator:
         overlay.apply_to(self.states)
         for d in decisions:
             self.tables.remember(d)
-        self._hand_over(batch, decisions, replies, overlay, consumed_at, dead=sum(1 for x in decoded if x.dead is not None))
+        self.holds.recorded(len(decisions))
+        offsets = {x.offset for x in decoded}  # less what waits behind a hold, counted when decided
+        self._hand_over([m for m in batch if m.offset() in offsets], decisions, replies, overlay, consumed_at,
+                        dead=sum(1 for x in decoded if x.dead is not None))
         if resumes:
             self._resume(list(resumes))
             return False
         self.maybe_snapshot()
+        return True
+
+    # -- holds ----------------------------------------------------------------------------
+    def _start_hold(self, m: Message, x: Decoded, consumed_at: float) -> bool:
+        """Hand an expensive proposal to a worker thread (`holds`); one of a released table is refused at once."""
+        self._refuse_released([x], int(time.time() * 1000))
+        if x.submitted is None:
+            return self._decide([m], [x], consumed_at, floor=self.holds.floor())
+        assert x.expensive is not None
+        p = x.submitted.proposal
+        self.progress.committed_to = max(self.progress.committed_to, x.offset + 1)
+        self.holds.start(m, x, x.expensive, self._decide_held, consumed_at)
+        self.metrics.holds.labels(x.expensive).inc()
+        log.info("partition %d: proposal %s for table %s (offset %d) is decided off the deciding thread (%s); the "
+                 "table is held, the partition's other tables go on", self.partition, p.proposal_id[:100],
+                 p.table_id[:200], x.offset, x.expensive)
+        return True
+
+    def _decide_held(self, x: Decoded) -> tuple[Decoded, tuple[list[Decision], Overlay, dict[int, bytes]] | None]:
+        """On the hold's worker thread: load the proposal's staged actions and decide it against its table, which
+        nothing else changes meanwhile (the rules are pure; the store checks are `BatchChecks`')."""
+        fault_point("hold")
+        x = self.door.loaded(x)
+        if x.submitted is None:
+            return x, None  # refused as it was loaded
+        return x, self.checks.decide(x.all_submitted(), int(time.time() * 1000))
+
+    def poll_hold(self) -> bool:
+        """Record a hold's decision once its worker is done, then decide what waited behind it (the loop calls this
+        between batches, and when idle). False when a transaction failed: the consumer was rewound to the offset
+        consumed up to, so a batch in hand is consumed again."""
+        h = self.holds.hold
+        if h is not None and h.future.done() and not self._finish_hold(h):
+            return False
+        while self.holds.hold is None and self.holds.waiting:
+            if not self._run(self.holds.take_waiting(), time.time(), drained=True):
+                return False
+        return True
+
+    def _finish_hold(self, h: Hold) -> bool:
+        """Record the hold's decision in the next transaction; not recorded (False), the proposal waits to be decided
+        again."""
+        self.holds.hold = None
+        x, held = h.future.result()  # an exception is a bug of the decision path: it propagates (the daemon stops)
+        if not self._decide([h.message], [x], h.consumed_at, floor=self.holds.floor(), held=held):
+            self.holds.waiting.insert(0, (h.message, self.door.decode_batch([h.message])[0]))
+            return False
+        log.info("partition %d: the held proposal at offset %d is decided after %.1fs", self.partition, h.offset,
+                 time.monotonic() - h.since)
+        return True
+
+    def _wait_for_holds(self) -> bool:
+        """At the run-ahead bound: wait until the hold's decision and what waited behind it are recorded (False: a
+        transaction failed, see `poll_hold`)."""
+        while self.holds.at_limit():
+            h = self.holds.hold
+            if h is not None:
+                log.warning("partition %d: %d decisions passed the held proposal at offset %d (the bound); waiting "
+                            "for it", self.partition, self.holds.runahead, h.offset)
+                while not h.future.done():
+                    self._heartbeat()
+                    time.sleep(0.05)
+            if not self.poll_hold():
+                return False
         return True
 
     def _refuse_released(self, decoded: Sequence[Decoded], now_ms: int) -> None:
@@ -350,10 +472,11 @@ class PartitionCoordinator:
         outs = [self._halt_out(h) for h in halts]
         outs.append(Out(self.settings.topics.commits, encode_decision(d), d.table_id.encode(), decision_headers(d, kind),
                         self.partition, x.offset, d))
-        if not self.txn.record([m], outs):
+        if not self.txn.record([m], outs, self.holds.floor()):
             return False
         self.txn.committed([m])
         self.halts.recorded(halts)
+        self.holds.recorded(1)
         if done is not None:
             done()
         if kind in (None, ADOPT, RELEASE, DROP):
@@ -416,8 +539,10 @@ class PartitionCoordinator:
     def start(self) -> int:
         """Fence older owners, rebuild state from the commits topic, publish what is missing.
 
-        Returns the proposals offset to resume from (the last transactionally committed one).
+        Returns the proposals offset to resume from (the last transactionally committed one). A hold and what
+        waited behind it are forgotten: they are consumed again from there.
         """
+        self.holds.reset()
         self.txn.open()
         recovered_to = self._recover()
         self.flush_controls()
@@ -501,7 +626,10 @@ class PartitionCoordinator:
 
     # -- state snapshots and health ----------------------------------------------------------
     def maybe_snapshot(self, force: bool = False) -> bool:
-        """Write a state snapshot when one is due (`state_snapshots.PartitionSnapshots.maybe_write`)."""
+        """Write a state snapshot when one is due (`state_snapshots.PartitionSnapshots.maybe_write`); none while a
+        proposal is held (its offset is not consumed)."""
+        if self.holds.open():
+            return False
         return self.snapshots.maybe_write(self.tables, self.publisher, self.progress.committed_to, force)
 
     def request_snapshot(self) -> None:

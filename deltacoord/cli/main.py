@@ -389,8 +389,14 @@ def _stop_requested_from_now() -> threading.Event:
                    "holding back only its own table.")
 @click.option("--max-staged-bytes", type=int, envvar=env_var("max_staged_bytes"), default=None,
               help="The largest commit carried by reference that is decided (default 1073741824, about 3 million files); "
-                   "a larger one is refused unread (OVERSIZE). Deciding one holds its partition's other tables: this "
-                   "bounds the longest hold.")
+                   "a larger one is refused unread (OVERSIZE). It bounds the memory a large commit takes while decided.")
+@click.option("--hold-min-actions", type=int, envvar=env_var("hold_min_actions"), default=None,
+              help="A proposal carrying this many actions by reference is decided off the deciding thread, its table "
+                   "held while the partition's other tables go on (default 10000).")
+@click.option("--hold-predicate-chars", type=int, envvar=env_var("hold_predicate_chars"), default=None,
+              help="A proposal whose read predicates have this many characters in all is held the same way (default 8192).")
+@click.option("--hold-runahead", type=int, envvar=env_var("hold_runahead"), default=None,
+              help="Decisions past a held proposal before the loop waits for it (default 0: half of --decided-ids-limit).")
 @click.option("--decided-ids-max-age-hours", type=float, envvar=env_var("decided_ids_max_age_hours"), default=None,
               help="Hours a decision stays the answer to its repeated proposal id (default 168; see --decided-ids-limit).")
 def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, topic_prefix: str | None, partitions: str | None,
@@ -402,7 +408,8 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
                     decided_ids_max_age_hours: float | None, group_offset_seconds: float | None,
                     checkpoint_min_seconds: float | None, publish_lanes: int | None,
                     publish_failing_seconds: float | None, kafka_unreachable_seconds: float | None,
-                    send_offsets_timeout_seconds: float | None, max_staged_bytes: int | None) -> None:
+                    send_offsets_timeout_seconds: float | None, max_staged_bytes: int | None,
+                    hold_min_actions: int | None, hold_predicate_chars: int | None, hold_runahead: int | None) -> None:
     """Consume proposals, decide them, record decisions in Kafka, publish _delta_log.
 
     \b
@@ -425,6 +432,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         "checkpoint_min_seconds": checkpoint_min_seconds, "publish_lanes": publish_lanes,
         "publish_failing_seconds": publish_failing_seconds, "kafka_unreachable_seconds": kafka_unreachable_seconds,
         "send_offsets_timeout_seconds": send_offsets_timeout_seconds, "max_staged_bytes": max_staged_bytes,
+        "hold_min_actions": hold_min_actions, "hold_predicate_chars": hold_predicate_chars, "hold_runahead": hold_runahead,
     }
     run = load_settings(config_file, flags, kafka_pairs, storage_pairs)
     json_logs.setup_logging(run.log_level)

@@ -37,15 +37,15 @@ SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string()),
                     *[(f"c{i:02d}", pa.float64()) for i in range(COLUMNS - 2)]])
 
 
-def _row(i: int) -> pa.Table:
+def one_row(i: int) -> pa.Table:
     return pa.table({"id": [i], "date": ["2026-11-27"], **{f"c{j:02d}": [i + j / 10] for j in range(COLUMNS - 2)}},
                     schema=SCHEMA)
 
 
-def _copies(t: Table, n: int, tag: str) -> list[AddFile]:
+def file_copies(t: Table, n: int, tag: str) -> list[AddFile]:
     """`n` real one-row Parquet files: one written, copied under `n` names; their adds (stats of all 20 columns)."""
     root = Path(t.storage.local_path())
-    (first,) = staging.write_data_files(t.storage, _row(7), [])
+    (first,) = staging.write_data_files(t.storage, one_row(7), [])
     data = (root / unquote(first.path)).read_bytes()
     (root / unquote(first.path)).unlink()
     adds = []
@@ -56,7 +56,7 @@ def _copies(t: Table, n: int, tag: str) -> list[AddFile]:
     return adds
 
 
-def _delta_rs(root: Path, version: int | None = None) -> tuple[int, int]:
+def delta_rs_count(root: Path, version: int | None = None) -> tuple[int, int]:
     """(rows, sum of ids) as delta-rs's query engine reads the files of the table (or of one version)."""
     t = pa.table(QueryBuilder().register("t", DeltaTable(str(root), version=version))
                  .execute("SELECT count(*) AS n, sum(id) AS s FROM t").read_all())
@@ -90,7 +90,7 @@ def test_a_20000_file_append_of_a_20_column_table_commits_by_reference(
     with Table(root, kafka_bootstrap, topics=topics) as t:
         t.create(SCHEMA)
         tx = t.begin()
-        tx.stage(_copies(t, 20_000, "a"))
+        tx.stage(file_copies(t, 20_000, "a"))
         result = tx.commit("WRITE", parameters={"mode": "Append"})
     assert result.version == 1
     (create, append) = [d for d in _decisions(kafka_bootstrap, topics)]
@@ -101,7 +101,7 @@ def test_a_20000_file_append_of_a_20_column_table_commits_by_reference(
     assert hashlib.sha256(published).hexdigest() == append.staged.sha256, "the version holds the ratified bytes"
     assert sum(1 for a in parse_commit(published) if isinstance(a, AddFile)) == 20_000
     assert _staged_files(root) == [], "the writer's and the coordinator's staged files are gone once published"
-    assert _delta_rs(root) == (20_000, 7 * 20_000)
+    assert delta_rs_count(root) == (20_000, 7 * 20_000)
     assert spark.read.format("delta").load(str(root)).count() == 20_000
 
 
@@ -112,9 +112,9 @@ def test_an_overwrite_removing_50000_live_files_commits(kafka_bootstrap: str, to
     with Table(root, kafka_bootstrap, topics=topics) as t:
         t.create(SCHEMA)
         tx = t.begin()
-        tx.stage(_copies(t, 50_000, "b"))
+        tx.stage(file_copies(t, 50_000, "b"))
         assert tx.commit("WRITE", parameters={"mode": "Append"}).version == 1
-        assert t.overwrite(pa.concat_tables([_row(1), _row(2), _row(3)])).version == 2
+        assert t.overwrite(pa.concat_tables([one_row(1), one_row(2), one_row(3)])).version == 2
     removes = [a for a in parse_commit((root / "_delta_log" / f"{2:020d}.json").read_bytes()) if a.__class__.__name__ == "RemoveFile"]
     assert len(removes) == 50_000, "every live file is removed"
     assert sorted(DeltaTable(str(root)).to_pyarrow_table().column("id").to_pylist()) == [1, 2, 3]
@@ -139,7 +139,7 @@ def test_a_staged_file_altered_after_proposing_is_refused_by_digest(
         t.create(SCHEMA)
         monkeypatch.setattr(Transaction, "_by_reference", altered)
         tx = t.begin()
-        adds = _copies(t, 2_000, "c")
+        adds = file_copies(t, 2_000, "c")
         tx.stage(adds)
         with pytest.raises(InvalidProposalError) as e:
             tx.commit("WRITE", parameters={"mode": "Append"})
@@ -156,12 +156,12 @@ def test_a_rejected_proposal_by_reference_leaves_no_staged_file(kafka_bootstrap:
     root = tmp_path / "rejected"
     with Table(root, kafka_bootstrap, topics=topics) as t:
         t.create(SCHEMA)
-        t.append(_row(1))
+        t.append(one_row(1))
         (old,) = t.snapshot().files()
         tx = t.begin()  # rewrites the file into 2,000 ...
         tx.read_file(old)
         tx.remove(old)
-        adds = _copies(t, 2_000, "d")
+        adds = file_copies(t, 2_000, "d")
         tx.stage(adds)
         t.delete("id = 1")  # ... but a DELETE removes it first
         with pytest.raises(ConcurrentDeleteReadException):
@@ -182,7 +182,7 @@ def test_a_crash_between_ratifying_and_publishing_republishes_the_identical_vers
         with Table(root, kafka_bootstrap, topics=topics, decision_timeout_s=180, coordinator_check=False) as t:
             t.create(SCHEMA)
             tx = t.begin()
-            tx.stage(_copies(t, 5_000, "e"))
+            tx.stage(file_copies(t, 5_000, "e"))
             out: dict[str, object] = {}
             th = threading.Thread(target=lambda: out.update(r=tx.commit("WRITE", parameters={"mode": "Append"})))
             th.start()
@@ -204,7 +204,7 @@ def test_a_crash_between_ratifying_and_publishing_republishes_the_identical_vers
     published = (root / "_delta_log" / f"{1:020d}.json").read_bytes()
     assert hashlib.sha256(published).hexdigest() == append.staged.sha256, "republished byte for byte"
     assert _staged_files(root) == []
-    assert _delta_rs(root) == (5_000, 7 * 5_000)
+    assert delta_rs_count(root) == (5_000, 7 * 5_000)
 
 
 @pytest.mark.spark
@@ -229,7 +229,7 @@ def test_a_spark_batch_write_of_5000_files_commits_through_the_sink(
     adds = [a for a in parse_commit((root / "_delta_log" / f"{decisions[-1].version:020d}.json").read_bytes())
             if isinstance(a, AddFile)]
     assert len(adds) == n
-    assert _delta_rs(root) == (n, n * (n - 1) // 2)
+    assert delta_rs_count(root) == (n, n * (n - 1) // 2)
     assert spark.read.format("delta").load(str(root)).count() == n
     assert _staged_files(root) == []
 
@@ -242,14 +242,14 @@ def test_an_optimize_rewriting_20000_files_commits(kafka_bootstrap: str, topics:
     with Table(root, kafka_bootstrap, topics=topics) as t:
         t.create(SCHEMA)
         tx = t.begin()
-        tx.stage(_copies(t, n, "f"))
+        tx.stage(file_copies(t, n, "f"))
         assert tx.commit("WRITE", parameters={"mode": "Append"}).version == 1
         result = t.optimize()
         assert result.version == 2
         assert len(t.snapshot().files()) == 1
     commit = parse_commit((root / "_delta_log" / f"{2:020d}.json").read_bytes())
     assert sum(1 for a in commit if a.__class__.__name__ == "RemoveFile") == n
-    assert _delta_rs(root) == (n, 7 * n)
+    assert delta_rs_count(root) == (n, 7 * n)
     assert spark.read.format("delta").load(str(root)).count() == n
     assert _staged_files(root) == []
 
@@ -263,7 +263,7 @@ def test_the_change_feed_verify_and_ratified_reads_resolve_a_commit_by_reference
     with Table(root, kafka_bootstrap, topics=topics) as t:
         t.create(SCHEMA)
         tx = t.begin()
-        adds = _copies(t, 2_000, "g")
+        adds = file_copies(t, 2_000, "g")
         tx.stage(adds)
         assert tx.commit("WRITE", parameters={"mode": "Append"}, wait="ratified").version == 1
         assert len(t.snapshot(ratified=True).files()) == 2_000, "read-your-writes through the commits topic"
@@ -275,7 +275,7 @@ def test_the_change_feed_verify_and_ratified_reads_resolve_a_commit_by_reference
                     break
         assert [e.version for e in events] == [0, 1]
         assert {a.path for a in events[1].added} == {a.path for a in adds}, "the feed carries the whole commit"
-        t.append(_row(1))
+        t.append(one_row(1))
     settings = CoordinatorSettings(bootstrap_servers=kafka_bootstrap, topics=topics, group_id="verify")
     rep = verify_table(settings, str(root), t.table_id)
     assert rep.ok, rep.problems

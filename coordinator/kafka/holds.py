@@ -1,0 +1,153 @@
+"""Holds: an expensive proposal is decided off the deciding thread while its partition's other tables go on.
+
+Loading and deciding a commit of 100,000 files by reference, or conflict checks over huge read predicates, takes
+the deciding thread seconds; every other table of the partition would wait that long. Such a proposal (`expensive`)
+is *held* instead: a worker thread loads, validates, decides and stages it (the same `BatchChecks.decide`, the rules
+pure as ever), while the loop decides the partition's other tables. What comes later for a held table (a proposal,
+a multi-table transaction naming it, an adopt, release or drop request) waits behind it in offset order (`waiting`),
+and is decided once the hold's decision is recorded, in the partition's order of decision.
+
+Exactly once is kept by the offset each transaction records (`floor`): never past the first proposal not yet
+decided, so a restart consumes the held proposal and everything after it again; what was decided meanwhile is
+answered from the decided-ids window. The decisions recorded past a held offset are therefore bounded
+(`runahead_limit`, below the window): at the bound the loop waits for the hold. One hold at a time per partition: a
+second expensive proposal waits behind the first, its table with it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Message
+
+from deltacoord.coordinator.kafka.door import Decoded
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.messages import Proposal
+
+#: Why a proposal is held (the `deltacoord_holds_total` metric's label).
+ACTIONS, PREDICATES = "actions", "predicates"
+
+
+def expensive(p: Proposal, settings: CoordinatorSettings) -> str | None:
+    """Why deciding `p` would hold the deciding thread long (ACTIONS, PREDICATES), or None."""
+    if p.staged is not None and p.staged.count >= settings.hold_min_actions:
+        return ACTIONS
+    if sum(len(s) for s in p.read_predicates) >= settings.hold_predicate_chars:
+        return PREDICATES
+    return None
+
+
+def in_thread(work: Callable[[Decoded], Any], x: Decoded) -> Future[Any]:
+    """`work(x)` on a daemon thread of its own (a hold is rare and long: a process that stops does not wait for it,
+    and what it decided is decided again by the next owner)."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work(x))
+        except BaseException as e:  # handed to the deciding thread, which raises it
+            future.set_exception(e)
+
+    threading.Thread(target=run, name=f"deltacoord-hold-{x.offset}", daemon=True).start()
+    return future
+
+
+def tables_of(x: Decoded) -> set[str]:
+    """The tables a consumed message names (its proposals', its rejections')."""
+    return {s.proposal.table_id for s in x.all_submitted()} | {d.table_id for d in x.all_rejected()}
+
+
+@dataclass
+class Hold:
+    """An expensive proposal being decided on a worker thread."""
+
+    message: Message
+    decoded: Decoded
+    why: str
+    future: Future[Any]
+    consumed_at: float
+    since: float = field(default_factory=time.monotonic)
+
+    @property
+    def offset(self) -> int:
+        return self.decoded.offset
+
+    @property
+    def table_id(self) -> str:
+        return next(iter(tables_of(self.decoded)), "")
+
+
+@dataclass
+class Holds:
+    """A partition's hold, the messages waiting behind it, and the decisions recorded past the first undecided offset."""
+
+    runahead_limit: int
+    hold: Hold | None = None
+    #: Consumed messages not decided yet, in offset order: each names a held table, or comes after a resume request
+    #: that waits.
+    waiting: list[tuple[Message, Decoded]] = field(default_factory=list)
+    #: Decisions recorded since an offset was last left undecided (reset once everything consumed is decided).
+    runahead: int = 0
+    #: Counts rebuilds of the partition (`reset`), from 1: what waited before one is consumed again, not kept.
+    generation: int = 1
+
+    def start(self, m: Message, x: Decoded, why: str, work: Callable[[Decoded], Any], consumed_at: float) -> Hold:
+        self.hold = Hold(m, x, why, in_thread(work, x), consumed_at)
+        return self.hold
+
+    def open(self) -> bool:
+        return self.hold is not None or bool(self.waiting)
+
+    def blocks(self, x: Decoded, deferred: Sequence[Decoded] = ()) -> bool:
+        """Whether `x` must wait: it names a held or waiting table (or one of `deferred`, set aside in the batch being
+        decided), or it is a resume request, or one waits (a resumption rebuilds the partition: nothing passes it)."""
+        behind = [w for _m, w in self.waiting] + list(deferred)
+        if self.hold is None and not behind:
+            return False
+        if x.resume is not None or any(w.resume is not None for w in behind):
+            return True
+        held = set().union(*(tables_of(w) for w in behind))
+        if self.hold is not None:
+            held |= tables_of(self.hold.decoded)
+        return bool(tables_of(x) & held)
+
+    def floor(self, deferred: Sequence[Decoded] = ()) -> int | None:
+        """The first offset not decided: the highest a transaction may record as consumed (None: no limit)."""
+        offsets = [x.offset for _m, x in self.waiting] + [x.offset for x in deferred]
+        if self.hold is not None:
+            offsets.append(self.hold.offset)
+        return min(offsets, default=None)
+
+    def recorded(self, decisions: int) -> None:
+        """A transaction recorded `decisions` decisions."""
+        self.runahead = self.runahead + decisions if self.open() else 0
+
+    def at_limit(self) -> bool:
+        """Whether no more decisions may pass the first undecided offset (the loop waits for the hold)."""
+        return self.open() and self.runahead >= self.runahead_limit
+
+    def take_waiting(self) -> list[tuple[Message, Decoded]]:
+        out, self.waiting = self.waiting, []
+        return out
+
+    def reset(self) -> None:
+        """Forget the hold and what waits (the partition is rebuilt: they are consumed again). A worker still running
+        finishes unseen."""
+        self.hold, self.waiting, self.runahead = None, [], 0
+        self.generation += 1
+
+    def describe(self, now: float | None = None) -> dict[str, object] | None:
+        """What `/healthz` shows of the hold: its table, offset, why, how long, how many wait behind it."""
+        h = self.hold
+        if h is None and not self.waiting:
+            return None
+        t = time.monotonic() if now is None else now
+        out: dict[str, object] = {"waiting": len(self.waiting), "decided_past": self.runahead}
+        if h is not None:
+            out.update({"table": h.table_id, "offset": h.offset, "why": h.why, "seconds": round(t - h.since, 1)})
+        return out

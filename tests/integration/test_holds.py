@@ -1,0 +1,264 @@
+"""Holds: an expensive proposal is decided off the deciding thread while the partition's other tables go on
+(`deltacoord.coordinator.kafka.holds`).
+
+Every test puts two tables on one proposals partition: table A gets the expensive proposal, a writer keeps
+appending to table B. What is asserted is order on the topics, never time: B's commits proposed after A's proposal
+are decided before A's decision. A gate on the hold's worker (in-process tests) or a hanging fault point (the crash
+test) keeps the hold open until B has committed a few times, so that order is certain on any machine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from deltacoord.coordinator.kafka.partition import PartitionCoordinator
+from deltacoord.coordinator.kafka.recovery import read_decisions
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.codec import decode_proposal
+from deltacoord.schemas.messages import Decision
+from deltacoord.schemas.routing import Topics
+from deltacoord.writer import staging
+from deltacoord.writer.table import Table
+from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
+from tests.integration.test_big_commits import SCHEMA, delta_rs_count, file_copies, one_row
+
+#: Files of table A's large commit: a few seconds of loading and deciding here; far above `hold_min_actions`.
+HOLD_FILES = 30_000
+#: B's commits that must be decided while A is held.
+PASSING = 3
+
+
+@pytest.fixture
+def topics(kafka_bootstrap: str) -> Topics:
+    return fresh_topics(kafka_bootstrap)  # one partition: A and B share it
+
+
+def _proposal_offsets(bootstrap: str, topics: Topics) -> dict[str, int]:
+    """Proposal id -> its offset on the proposals partition (the first, for a resent id)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "holds-test", "enable.auto.commit": False,
+                  "isolation.level": "read_committed"})
+    try:
+        tp = TopicPartition(topics.proposals, 0, 0)
+        _low, high = c.get_watermark_offsets(tp, timeout=10)
+        c.assign([tp])
+        out: dict[str, int] = {}
+        deadline = time.monotonic() + 60
+        seen = -1
+        while seen < high - 1 and time.monotonic() < deadline:
+            m = c.poll(1.0)
+            if m is None or m.error() is not None:
+                continue
+            offset = m.offset()
+            assert offset is not None
+            seen = offset
+            try:
+                out.setdefault(decode_proposal(m.value() or b"").proposal_id, offset)
+            except Exception:  # a control request or junk: not a proposal of these tests
+                continue
+        return out
+    finally:
+        c.close()
+
+
+def _decisions(bootstrap: str, topics: Topics) -> list[Decision]:
+    return list(read_decisions(CoordinatorSettings(bootstrap_servers=bootstrap, topics=topics, group_id="verify"), 0))
+
+
+def _passed_while_held(bootstrap: str, topics: Topics, held: str, other: str) -> list[Decision]:
+    """`other`'s commits proposed after `held`'s proposal (a version of table `held`) and recorded before its
+    decision."""
+    offsets = _proposal_offsets(bootstrap, topics)
+    decisions = _decisions(bootstrap, topics)
+    at = next(i for i, d in enumerate(decisions) if d.table_id == held and d.holds_version and d.version == 1)
+    start = offsets[decisions[at].proposal_id]
+    return [d for d in decisions[:at] if d.table_id == other and d.holds_version and offsets[d.proposal_id] > start]
+
+
+class Appender:
+    """A writer appending one row at a time to a table until stopped; the versions it was told."""
+
+    def __init__(self, bootstrap: str, topics: Topics, root: Path, **table_options: object) -> None:
+        self.versions: list[int] = []
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                with Table(root, bootstrap, topics=topics, **table_options) as t:  # type: ignore[arg-type]
+                    i = 0
+                    while not self.stop.is_set():
+                        i += 1
+                        self.versions.append(t.append(one_row(i)).version)
+            except BaseException as e:
+                self.error = e
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def wait_for(self, n: int, timeout_s: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.versions) < n and self.error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self.error is None, self.error
+        assert len(self.versions) >= n, f"table B made {len(self.versions)} commits, not {n}"
+
+    def finish(self) -> int:
+        self.stop.set()
+        self.thread.join(180)
+        assert self.error is None, self.error
+        return len(self.versions)
+
+
+def _gate(monkeypatch: pytest.MonkeyPatch, until: Callable[[], None]) -> list[dict[str, object]]:
+    """Hold each hold's worker until `until` returns; what `/healthz` showed of the hold then."""
+    decide = PartitionCoordinator._decide_held
+    shown: list[dict[str, object]] = []
+
+    def gated(self: PartitionCoordinator, x):  # type: ignore[no-untyped-def]
+        until()
+        shown.append(dict(self.holds.describe() or {}))
+        return decide(self, x)
+
+    monkeypatch.setattr(PartitionCoordinator, "_decide_held", gated)
+    return shown
+
+
+def _create(bootstrap: str, topics: Topics, *roots: Path, check: bool = True) -> None:
+    for root in roots:
+        with Table(root, bootstrap, topics=topics, coordinator_check=check) as t:
+            t.create(SCHEMA)
+
+
+@pytest.fixture
+def two_tables(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    yield tmp_path / "a", tmp_path / "b"
+
+
+def test_a_large_commit_by_reference_holds_only_its_table(
+        kafka_bootstrap: str, topics: Topics, two_tables: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    a_root, b_root = two_tables
+    with coordinator_thread(kafka_bootstrap, topics) as coord:
+        _create(kafka_bootstrap, topics, a_root, b_root)
+        b = Appender(kafka_bootstrap, topics, b_root)
+        b.wait_for(1)
+        shown = _gate(monkeypatch, lambda: b.wait_for(len(b.versions) + PASSING))
+        with Table(a_root, kafka_bootstrap, topics=topics, decision_timeout_s=300) as a:
+            tx = a.begin()
+            tx.stage(file_copies(a, HOLD_FILES, "h"))
+            assert tx.commit("WRITE", parameters={"mode": "Append"}).version == 1
+            a_id = a.table_id
+        b_commits = b.finish()
+        holds = coord.metrics.registry.get_sample_value("deltacoord_holds_total", {"why": "actions"})
+    assert holds == 1, "the large commit was held"
+    assert shown and shown[0]["table"] == a_id and shown[0]["why"] == "actions", shown
+    b_id = Table(b_root, kafka_bootstrap, topics=topics).table_id
+    passed = _passed_while_held(kafka_bootstrap, topics, a_id, b_id)
+    assert len(passed) >= PASSING, "B's commits proposed after A's proposal were decided before A's decision"
+    assert delta_rs_count(a_root) == (HOLD_FILES, 7 * HOLD_FILES), "A's commit is whole, read by delta-rs"
+    assert delta_rs_count(b_root) == (b_commits, b_commits * (b_commits + 1) // 2), "every B commit once"
+    assert b.versions == list(range(1, b_commits + 1))
+
+
+def test_pathological_predicates_in_a_burst_hold_only_their_table(
+        kafka_bootstrap: str, topics: Topics, two_tables: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    a_root, b_root = two_tables
+    # Four predicates of 16 KiB (the largest the rules accept) per proposal: decided, off the deciding thread.
+    predicates = [" OR ".join(f"(date = '2026-{i % 12 + 1:02d}-{i % 28 + 1:02d}' AND date <> 'x{k}{i}')"
+                              for i in range(360)) for k in range(4)]
+    assert all(15_000 < len(p) <= 16_384 for p in predicates), [len(p) for p in predicates]
+    with coordinator_thread(kafka_bootstrap, topics) as coord:
+        _create(kafka_bootstrap, topics, b_root)
+        with Table(a_root, kafka_bootstrap, topics=topics) as a:
+            a.create(SCHEMA, partition_by=["date"])
+        b = Appender(kafka_bootstrap, topics, b_root)
+        b.wait_for(1)
+        gates = iter([lambda: b.wait_for(len(b.versions) + PASSING)])
+        _gate(monkeypatch, lambda: next(gates, lambda: None)())
+        results: list[object] = []
+        with Table(a_root, kafka_bootstrap, topics=topics, decision_timeout_s=300) as a:
+            a_id = a.table_id
+            txs = []
+            for i in range(10):
+                tx = a.begin()
+                for p in predicates:
+                    tx.read_predicate(p)
+                tx.add(*staging.write_data_files(a.storage, one_row(i), ["date"]))
+                txs.append(tx)
+            threads = [threading.Thread(target=lambda tx=tx: results.append(
+                _outcome(lambda: tx.commit("WRITE", parameters={"mode": "Append"})))) for tx in txs]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(300)
+        b_commits = b.finish()
+        holds = coord.metrics.registry.get_sample_value("deltacoord_holds_total", {"why": "predicates"})
+    assert holds == 10, "each of the ten was decided off the deciding thread"
+    committed = [r for r in results if isinstance(r, int)]
+    assert len(results) == 10 and committed, results
+    b_id = Table(b_root, kafka_bootstrap, topics=topics).table_id
+    assert len(_passed_while_held(kafka_bootstrap, topics, a_id, b_id)) >= PASSING
+    assert delta_rs_count(a_root)[0] == len(committed), "A's committed proposals, each once"
+    assert delta_rs_count(b_root) == (b_commits, b_commits * (b_commits + 1) // 2)
+
+
+def _outcome(commit: Callable[[], Any]) -> object:
+    """The version a commit got, or the name of the conflict it lost with."""
+    try:
+        return commit().version
+    except Exception as e:
+        return type(e).__name__
+
+
+def test_a_crash_while_a_hold_is_open_decides_everything_once(
+        kafka_bootstrap: str, topics: Topics, two_tables: tuple[Path, Path], tmp_path: Path) -> None:
+    a_root, b_root = two_tables
+    # The hold's worker hangs: the hold stays open while B's commits are decided past it, until the SIGKILL.
+    first = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0",
+                                      env={"DELTACOORD_FAULT": "hold:1:hang"})
+    second = None
+    try:
+        _create(kafka_bootstrap, topics, a_root, b_root, check=False)
+        b = Appender(kafka_bootstrap, topics, b_root, decision_timeout_s=300, coordinator_check=False)
+        b.wait_for(1)
+        out: dict[str, object] = {}
+        with Table(a_root, kafka_bootstrap, topics=topics, decision_timeout_s=300, coordinator_check=False) as a:
+            a_id = a.table_id
+            tx = a.begin()
+            tx.stage(file_copies(a, 12_000, "c"))
+            th = threading.Thread(target=lambda: out.update(r=_outcome(
+                lambda: tx.commit("WRITE", parameters={"mode": "Append"}))))
+            th.start()
+            deadline = time.monotonic() + 120
+            while "is decided off the deciding thread" not in first.log.read_text(errors="replace"):
+                assert time.monotonic() < deadline and first.alive(), first.log.read_text(errors="replace")[-3000:]
+                time.sleep(0.1)
+            b.wait_for(len(b.versions) + 5)
+            first.kill()
+            second = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0")
+            th.join(300)
+        b.wait_for(len(b.versions) + 2)
+        b_commits = b.finish()
+    finally:
+        if second is not None:
+            second.kill(15)
+        if first.alive():
+            first.kill()
+    assert out.get("r") == 1, out
+    decisions = _decisions(kafka_bootstrap, topics)
+    b_id = Table(b_root, kafka_bootstrap, topics=topics).table_id
+    for tid in (a_id, b_id):
+        versions = [d.version for d in decisions if d.table_id == tid and d.holds_version]
+        assert versions == list(range(len(versions))), f"{tid}: every version once, in order"
+        ids = [d.proposal_id for d in decisions if d.table_id == tid and d.holds_version]
+        assert len(ids) == len(set(ids)), "no proposal decided twice"
+    replayed = [d for d in decisions if d.table_id == b_id and d.duplicate_of is not None]
+    assert replayed, "the restart consumed again from the held proposal: B's commits past it were answered as decided"
+    assert delta_rs_count(a_root) == (12_000, 7 * 12_000)
+    assert delta_rs_count(b_root) == (b_commits, b_commits * (b_commits + 1) // 2), "every acknowledged B row once"

@@ -1,0 +1,76 @@
+"""The bookkeeping of holds (`deltacoord.coordinator.kafka.holds`): which proposals are expensive, what waits behind a
+hold, the offset a transaction may record, and the bound on decisions past it. The loop itself is tested against a
+real broker (tests/integration/test_holds.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import Future
+from typing import Any
+
+from deltacoord.coordinator.kafka.door import Decoded
+from deltacoord.coordinator.kafka.holds import ACTIONS, PREDICATES, Hold, Holds, expensive
+from deltacoord.coordinator.rules.batch import Submitted
+from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.schemas.messages import StagedActions
+from tests.unit.builders import proposal
+
+SETTINGS = CoordinatorSettings("127.0.0.1:1", hold_min_actions=100, hold_predicate_chars=50)
+
+
+def _decoded(offset: int, table: str, **kw: Any) -> Decoded:
+    return Decoded(offset, submitted=Submitted(proposal(0, table_id=table, table_uri=f"file:///t/{table}")), **kw)
+
+
+def _held(h: Holds, offset: int, table: str) -> None:
+    h.hold = Hold(None, _decoded(offset, table, expensive=ACTIONS), ACTIONS, Future(), 0.0)  # type: ignore[arg-type]
+
+
+def test_large_commits_by_reference_and_long_predicates_are_expensive() -> None:
+    p = proposal(0)
+    assert expensive(p, SETTINGS) is None
+    assert expensive(dataclasses.replace(p, staged=StagedActions("0" * 64, 100, 1)), SETTINGS) == ACTIONS
+    assert expensive(dataclasses.replace(p, staged=StagedActions("0" * 64, 99, 1)), SETTINGS) is None
+    assert expensive(proposal(0, predicates=["a = 1" * 5, "b = 2" * 5]), SETTINGS) == PREDICATES
+    assert expensive(proposal(0, predicates=["a = 1"]), SETTINGS) is None
+
+
+def test_only_what_names_a_held_or_waiting_table_waits_and_a_resume_waits_with_all_after_it() -> None:
+    h = Holds(runahead_limit=10)
+    assert not h.blocks(_decoded(5, "a")), "nothing held: nothing waits"
+    _held(h, 5, "a")
+    assert h.blocks(_decoded(6, "a")) and not h.blocks(_decoded(6, "b"))
+    assert h.blocks(_decoded(7, "c"), [_decoded(6, "c")]), "behind a message of its table set aside in the batch"
+    h.waiting.append((None, _decoded(8, "d")))  # type: ignore[arg-type]
+    assert h.blocks(_decoded(9, "d"))
+    assert h.blocks(Decoded(10, resume="b")), "a resumption rebuilds the partition: it waits for the hold"
+    h.waiting.append((None, Decoded(10, resume="b")))  # type: ignore[arg-type]
+    assert h.blocks(_decoded(11, "e")), "and everything after it waits too"
+
+
+def test_no_offset_is_recorded_past_the_first_undecided_one() -> None:
+    h = Holds(runahead_limit=10)
+    assert h.floor() is None
+    _held(h, 7, "a")
+    assert h.floor() == 7 and h.floor([_decoded(3, "x")]) == 3
+    h.hold = None
+    h.waiting.append((None, _decoded(9, "a")))  # type: ignore[arg-type]
+    assert h.floor() == 9, "what waited behind the hold still holds the offset"
+
+
+def test_decisions_past_a_hold_are_bounded_and_counted_from_the_first_undecided_offset() -> None:
+    h = Holds(runahead_limit=3)
+    h.recorded(5)
+    assert h.runahead == 0 and not h.at_limit(), "nothing held: nothing counted"
+    _held(h, 1, "a")
+    h.recorded(2)
+    assert not h.at_limit()
+    h.recorded(1)
+    assert h.at_limit(), "at the bound the loop waits for the hold"
+    h.hold = None
+    h.recorded(1)
+    assert h.runahead == 0, "once everything consumed is decided, the count starts over"
+    g = h.generation
+    _held(h, 2, "a")
+    h.reset()
+    assert h.hold is None and h.generation == g + 1 and h.describe() is None
