@@ -127,9 +127,10 @@ class Holds:
         """A transaction recorded `decisions` decisions."""
         self.runahead = self.runahead + decisions if self.open() else 0
 
-    def at_limit(self) -> bool:
-        """Whether no more decisions may pass the first undecided offset (the loop waits for the hold)."""
-        return self.open() and self.runahead >= self.runahead_limit
+    def at_limit(self, pending: int = 0) -> bool:
+        """Whether no more decisions may pass the first undecided offset, with `pending` about to be (the loop waits
+        for the hold)."""
+        return self.open() and self.runahead + pending >= self.runahead_limit
 
     def take_waiting(self) -> list[tuple[Message, Decoded]]:
         out, self.waiting = self.waiting, []

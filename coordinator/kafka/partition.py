@@ -210,7 +210,7 @@ class PartitionCoordinator:
         first = 0  # the index of the first item not recorded yet
         gen = self.holds.generation if drained else 0  # what waited, until a rebuild consumes it again
         for i, (m, x) in enumerate(items):
-            if self.holds.at_limit():
+            if self.holds.at_limit(sum(len(d.all_submitted()) or 1 for _m, d, aside in run if not aside)):
                 if not self._decide_run(run, consumed_at):
                     return self._not_recorded(items[first:], gen)
                 run, first = [], i

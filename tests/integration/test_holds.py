@@ -18,14 +18,16 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from deltacoord.coordinator.kafka.control import RELEASE, control_kind
 from deltacoord.coordinator.kafka.partition import PartitionCoordinator
 from deltacoord.coordinator.kafka.recovery import read_decisions
 from deltacoord.coordinator.settings import CoordinatorSettings
 from deltacoord.schemas.codec import decode_proposal
 from deltacoord.schemas.messages import Decision
-from deltacoord.schemas.routing import Topics
+from deltacoord.schemas.routing import CONTROL_RELEASE, Topics
 from deltacoord.writer import staging
 from deltacoord.writer.table import Table
+from deltacoord.writer.table_control import control
 from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
 from tests.integration.test_big_commits import SCHEMA, delta_rs_count, file_copies, one_row
 
@@ -116,13 +118,13 @@ class Appender:
         return len(self.versions)
 
 
-def _gate(monkeypatch: pytest.MonkeyPatch, until: Callable[[], None]) -> list[dict[str, object]]:
-    """Hold each hold's worker until `until` returns; what `/healthz` showed of the hold then."""
+def _gate(monkeypatch: pytest.MonkeyPatch, until: Callable[[PartitionCoordinator], None]) -> list[dict[str, object]]:
+    """Hold each hold's worker until `until` returns (given the partition); what `/healthz` showed of the hold then."""
     decide = PartitionCoordinator._decide_held
     shown: list[dict[str, object]] = []
 
     def gated(self: PartitionCoordinator, x):  # type: ignore[no-untyped-def]
-        until()
+        until(self)
         shown.append(dict(self.holds.describe() or {}))
         return decide(self, x)
 
@@ -148,7 +150,7 @@ def test_a_large_commit_by_reference_holds_only_its_table(
         _create(kafka_bootstrap, topics, a_root, b_root)
         b = Appender(kafka_bootstrap, topics, b_root)
         b.wait_for(1)
-        shown = _gate(monkeypatch, lambda: b.wait_for(len(b.versions) + PASSING))
+        shown = _gate(monkeypatch, lambda _w: b.wait_for(len(b.versions) + PASSING))
         with Table(a_root, kafka_bootstrap, topics=topics, decision_timeout_s=300) as a:
             tx = a.begin()
             tx.stage(file_copies(a, HOLD_FILES, "h"))
@@ -180,7 +182,7 @@ def test_pathological_predicates_in_a_burst_hold_only_their_table(
         b = Appender(kafka_bootstrap, topics, b_root)
         b.wait_for(1)
         gates = iter([lambda: b.wait_for(len(b.versions) + PASSING)])
-        _gate(monkeypatch, lambda: next(gates, lambda: None)())
+        _gate(monkeypatch, lambda _w: next(gates, lambda: None)())
         results: list[object] = []
         with Table(a_root, kafka_bootstrap, topics=topics, decision_timeout_s=300) as a:
             a_id = a.table_id
@@ -262,3 +264,77 @@ def test_a_crash_while_a_hold_is_open_decides_everything_once(
     assert replayed, "the restart consumed again from the held proposal: B's commits past it were answered as decided"
     assert delta_rs_count(a_root) == (12_000, 7 * 12_000)
     assert delta_rs_count(b_root) == (b_commits, b_commits * (b_commits + 1) // 2), "every acknowledged B row once"
+
+
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _large_commit(bootstrap: str, topics: Topics, root: Path, files: int = 12_000) -> str:
+    """Table `root`'s large commit by reference (version 1); its table id."""
+    with Table(root, bootstrap, topics=topics, decision_timeout_s=300) as a:
+        tx = a.begin()
+        tx.stage(file_copies(a, files, "h"))
+        assert tx.commit("WRITE", parameters={"mode": "Append"}).version == 1
+        return a.table_id
+
+
+def test_at_most_hold_runahead_decisions_pass_a_held_proposal(
+        kafka_bootstrap: str, topics: Topics, two_tables: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    a_root, b_root = two_tables
+    bound = 3
+    with coordinator_thread(kafka_bootstrap, topics, settings_overrides={"hold_runahead": bound}):
+        _create(kafka_bootstrap, topics, a_root, b_root)
+        b = Appender(kafka_bootstrap, topics, b_root)
+        b.wait_for(1)
+        # The worker goes on once B's commits reached the bound: the loop then waits for the hold, B with it.
+        _gate(monkeypatch, lambda w: _until(lambda: w.holds.runahead >= bound, "decisions past the hold"))
+        a_id = _large_commit(kafka_bootstrap, topics, a_root)
+        b.wait_for(len(b.versions) + 1)
+        b_commits = b.finish()
+    b_id = Table(b_root, kafka_bootstrap, topics=topics).table_id
+    assert len(_passed_while_held(kafka_bootstrap, topics, a_id, b_id)) == bound, "exactly the bound passed"
+    assert delta_rs_count(b_root) == (b_commits, b_commits * (b_commits + 1) // 2)
+
+
+def test_a_control_request_for_a_held_table_waits_for_it_while_other_tables_go_on(
+        kafka_bootstrap: str, topics: Topics, two_tables: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    a_root, b_root = two_tables
+    held = threading.Event()
+    with coordinator_thread(kafka_bootstrap, topics):
+        _create(kafka_bootstrap, topics, a_root, b_root)
+        b = Appender(kafka_bootstrap, topics, b_root)
+        b.wait_for(1)
+
+        def release_waits(w: PartitionCoordinator) -> None:
+            held.set()
+            _until(lambda: any(x.request == CONTROL_RELEASE for _m, x in w.holds.waiting), "the release behind the hold")
+            b.wait_for(len(b.versions) + PASSING)
+
+        _gate(monkeypatch, release_waits)
+        out: dict[str, object] = {}
+        with Table(a_root, kafka_bootstrap, topics=topics, decision_timeout_s=300) as a:
+            a_id = a.table_id
+            tx = a.begin()
+            tx.stage(file_copies(a, 12_000, "r"))
+            big = threading.Thread(target=lambda: out.update(commit=_outcome(
+                lambda: tx.commit("WRITE", parameters={"mode": "Append"}))))
+            big.start()
+            assert held.wait(180), "the large commit was not held"
+            out["release"] = _outcome(lambda: control(a, CONTROL_RELEASE, "RELEASE TABLE", 300))
+            big.join(300)
+        b_commits = b.finish()
+    assert out == {"commit": 1, "release": 1}, out
+    decisions = _decisions(kafka_bootstrap, topics)
+    at = next(i for i, d in enumerate(decisions) if d.table_id == a_id and d.holds_version and d.version == 1)
+    release = next(i for i, d in enumerate(decisions) if d.table_id == a_id and control_kind(d) == RELEASE)
+    assert release > at, "the release was answered after the held commit"
+    offsets = _proposal_offsets(kafka_bootstrap, topics)
+    release_offset = offsets[decisions[release].proposal_id]
+    b_id = Table(b_root, kafka_bootstrap, topics=topics).table_id
+    assert any(d.table_id == b_id and d.holds_version and offsets[d.proposal_id] > release_offset
+               for d in decisions[:at]), "B's commits proposed after the release were decided while it waited"
+    assert delta_rs_count(b_root) == (b_commits, b_commits * (b_commits + 1) // 2)

@@ -64,7 +64,7 @@ def test_decisions_past_a_hold_are_bounded_and_counted_from_the_first_undecided_
     assert h.runahead == 0 and not h.at_limit(), "nothing held: nothing counted"
     _held(h, 1, "a")
     h.recorded(2)
-    assert not h.at_limit()
+    assert not h.at_limit() and h.at_limit(1), "counting the decisions of the run about to be recorded"
     h.recorded(1)
     assert h.at_limit(), "at the bound the loop waits for the hold"
     h.hold = None
