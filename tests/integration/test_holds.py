@@ -151,11 +151,7 @@ def test_a_large_commit_by_reference_holds_only_its_table(
         b = Appender(kafka_bootstrap, topics, b_root)
         b.wait_for(1)
         shown = _gate(monkeypatch, lambda _w: b.wait_for(len(b.versions) + PASSING))
-        with Table(a_root, kafka_bootstrap, topics=topics, decision_timeout_s=300) as a:
-            tx = a.begin()
-            tx.stage(file_copies(a, HOLD_FILES, "h"))
-            assert tx.commit("WRITE", parameters={"mode": "Append"}).version == 1
-            a_id = a.table_id
+        a_id = _large_commit(kafka_bootstrap, topics, a_root, HOLD_FILES)
         b_commits = b.finish()
         holds = coord.metrics.registry.get_sample_value("deltacoord_holds_total", {"why": "actions"})
     assert holds == 1, "the large commit was held"
@@ -232,11 +228,7 @@ def test_a_crash_while_a_hold_is_open_decides_everything_once(
         out: dict[str, object] = {}
         with Table(a_root, kafka_bootstrap, topics=topics, decision_timeout_s=300, coordinator_check=False) as a:
             a_id = a.table_id
-            tx = a.begin()
-            tx.stage(file_copies(a, 12_000, "c"))
-            th = threading.Thread(target=lambda: out.update(r=_outcome(
-                lambda: tx.commit("WRITE", parameters={"mode": "Append"}))))
-            th.start()
+            th = _propose_large(a, 12_000, "c", out, "r")
             deadline = time.monotonic() + 120
             while "is decided off the deciding thread" not in first.log.read_text(errors="replace"):
                 assert time.monotonic() < deadline and first.alive(), first.log.read_text(errors="replace")[-3000:]
@@ -273,12 +265,22 @@ def _until(condition: Callable[[], bool], what: str, timeout_s: float = 180.0) -
         time.sleep(0.05)
 
 
+def _propose_large(t: Table, files: int, tag: str, out: dict[str, object], key: str) -> threading.Thread:
+    """Table `t`'s commit of `files` files by reference, committing in a thread that puts its outcome in `out[key]`."""
+    tx = t.begin()
+    tx.stage(file_copies(t, files, tag))
+    th = threading.Thread(target=lambda: out.update(
+        {key: _outcome(lambda: tx.commit("WRITE", parameters={"mode": "Append"}))}))
+    th.start()
+    return th
+
+
 def _large_commit(bootstrap: str, topics: Topics, root: Path, files: int = 12_000) -> str:
     """Table `root`'s large commit by reference (version 1); its table id."""
+    out: dict[str, object] = {}
     with Table(root, bootstrap, topics=topics, decision_timeout_s=300) as a:
-        tx = a.begin()
-        tx.stage(file_copies(a, files, "h"))
-        assert tx.commit("WRITE", parameters={"mode": "Append"}).version == 1
+        _propose_large(a, files, "h", out, "v").join(300)
+        assert out.get("v") == 1, out
         return a.table_id
 
 
@@ -318,11 +320,7 @@ def test_a_control_request_for_a_held_table_waits_for_it_while_other_tables_go_o
         out: dict[str, object] = {}
         with Table(a_root, kafka_bootstrap, topics=topics, decision_timeout_s=300) as a:
             a_id = a.table_id
-            tx = a.begin()
-            tx.stage(file_copies(a, 12_000, "r"))
-            big = threading.Thread(target=lambda: out.update(commit=_outcome(
-                lambda: tx.commit("WRITE", parameters={"mode": "Append"}))))
-            big.start()
+            big = _propose_large(a, 12_000, "r", out, "commit")
             assert held.wait(180), "the large commit was not held"
             out["release"] = _outcome(lambda: control(a, CONTROL_RELEASE, "RELEASE TABLE", 300))
             big.join(300)
