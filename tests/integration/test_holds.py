@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from deltacoord.coordinator.delta_log.verify import verify_table
 from deltacoord.coordinator.kafka.control import RELEASE, control_kind
 from deltacoord.coordinator.kafka.partition import PartitionCoordinator
 from deltacoord.coordinator.kafka.recovery import read_decisions
@@ -256,6 +257,10 @@ def test_a_crash_while_a_hold_is_open_decides_everything_once(
     assert replayed, "the restart consumed again from the held proposal: B's commits past it were answered as decided"
     assert delta_rs_count(a_root) == (12_000, 7 * 12_000)
     assert delta_rs_count(b_root) == (b_commits, b_commits * (b_commits + 1) // 2), "every acknowledged B row once"
+    settings = CoordinatorSettings(bootstrap_servers=kafka_bootstrap, topics=topics, group_id="verify")
+    for root, tid in ((a_root, a_id), (b_root, b_id)):
+        rep = verify_table(settings, root.resolve().as_uri(), tid)
+        assert rep.ok, rep.problems
 
 
 def _until(condition: Callable[[], bool], what: str, timeout_s: float = 180.0) -> None:
