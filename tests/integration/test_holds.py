@@ -144,6 +144,7 @@ def two_tables(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     yield tmp_path / "a", tmp_path / "b"
 
 
+@pytest.mark.slow  # 30,000 files written, staged, loaded and decided: about 15 s here, more under load
 def test_a_large_commit_by_reference_holds_only_its_table(
         kafka_bootstrap: str, topics: Topics, two_tables: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     a_root, b_root = two_tables
