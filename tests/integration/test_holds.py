@@ -342,3 +342,66 @@ def test_a_control_request_for_a_held_table_waits_for_it_while_other_tables_go_o
     assert any(d.table_id == b_id and d.holds_version and offsets[d.proposal_id] > release_offset
                for d in decisions[:at]), "B's commits proposed after the release were decided while it waited"
     assert delta_rs_count(b_root) == (b_commits, b_commits * (b_commits + 1) // 2)
+
+
+def test_failed_transactions_around_a_hold_decide_everything_once(
+        kafka_bootstrap: str, topics: Topics, two_tables: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transaction recording a hold's decision fails (the proposal is held and decided again), and so does the
+    one deciding what waited behind it (it waits again): every commit still lands once."""
+    import deltacoord.coordinator.kafka.batch_transaction as batch_transaction
+
+    a_root, b_root = two_tables
+    failing: list[int] = []  # the transactions deciding messages (counted once armed) that fail before their commit
+    seen = [0]
+    deciding = [False]  # whether the transaction under way decides messages (not an idle offset commit)
+    transact = batch_transaction.BatchTransaction._transact
+
+    def noting(self: batch_transaction.BatchTransaction, batch, *args, **kwargs):  # type: ignore[no-untyped-def]
+        deciding[0] = bool(batch)
+        return transact(self, batch, *args, **kwargs)
+
+    def fault(name: str) -> bool:
+        if name != "before_kafka_commit" or not failing or not deciding[0]:
+            return False
+        seen[0] += 1
+        return seen[0] in failing
+
+    monkeypatch.setattr(batch_transaction.BatchTransaction, "_transact", noting)
+    monkeypatch.setattr(batch_transaction, "fault_point", fault)
+    out: dict[str, object] = {}
+    with coordinator_thread(kafka_bootstrap, topics) as coord:
+        _create(kafka_bootstrap, topics, a_root, b_root)
+        b = Appender(kafka_bootstrap, topics, b_root)
+        b.wait_for(1)
+        with Table(a_root, kafka_bootstrap, topics=topics, decision_timeout_s=300) as a:
+            a_id = a.table_id
+            queued: list[threading.Thread] = []
+
+            def append_one() -> Any:  # a writer of its own (its own Kafka clients), as another process would be
+                with Table(a_root, kafka_bootstrap, topics=topics, decision_timeout_s=300) as t:
+                    return t.append(one_row(1))
+
+            def once(w: PartitionCoordinator) -> None:
+                if failing:
+                    return  # the second time the proposal is held: no gate
+                b.wait_for(len(b.versions) + PASSING)
+                b.finish()  # nothing else in flight: the next transactions are the hold's, then what waited
+                queued.append(threading.Thread(target=lambda: out.update(append=_outcome(append_one))))
+                queued[0].start()
+                _until(lambda: len(w.holds.waiting) == 1, "A's append behind the hold")
+                failing.extend([1, 3])  # the hold's record, then (after it is decided again) what waited
+
+            _gate(monkeypatch, once)
+            big = _propose_large(a, 12_000, "f", out, "commit")
+            big.join(300)
+            _until(lambda: bool(queued), "the append proposed")
+            queued[0].join(300)
+        failures = coord.metrics.registry.get_sample_value("deltacoord_transaction_failures_total")
+        holds = coord.metrics.registry.get_sample_value("deltacoord_holds_total", {"why": "actions"})
+    assert out == {"commit": 1, "append": 2}, out
+    assert failures == 2 and holds == 2, (failures, holds)
+    assert delta_rs_count(a_root) == (12_001, 7 * 12_000 + 1)
+    b_commits = len(b.versions)
+    assert delta_rs_count(b_root) == (b_commits, b_commits * (b_commits + 1) // 2)
+    settings = CoordinatorSettings(bootstrap_servers=kafka_bootstrap, topics=topics, group_id="verify")
+    assert verify_table(settings, a_root.resolve().as_uri(), a_id).ok
