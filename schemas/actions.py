@@ -558,6 +558,11 @@ def _file_line(a: Action) -> str | None:
                 and (stats is None or type(stats) is str) and a.tags is None and a.deletion_vector is None
                 and a.base_row_id is None and a.default_row_commit_version is None):
             return None
+        if ext is not None and values is not None and size is not None and stats is not None:  # an overwrite's: one string
+            return (f'{{"remove":{{"path":{_STRING(a.path)},"deletionTimestamp":{int.__repr__(a.deletion_timestamp)},'
+                    f'"dataChange":{_BOOL[a.data_change]},"extendedFileMetadata":{_BOOL[ext]},'
+                    f'"partitionValues":{_LINE(dict(values)) if values else "{}"},"size":{int.__repr__(size)},'
+                    f'"stats":{_STRING(stats)}}}}}')
         parts = [f'{{"remove":{{"path":{_STRING(a.path)},"deletionTimestamp":{int.__repr__(a.deletion_timestamp)},'
                  f'"dataChange":{_BOOL[a.data_change]}']
         if ext is not None:
