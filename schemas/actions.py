@@ -461,7 +461,8 @@ def _slot_maker(cls: type, given: int) -> Any:
     `object.__setattr__` per field, about half of what parsing a plain commit line cost; the object is the same
     (`tests/unit/test_actions.py`). Only for classes without `__post_init__` whose other fields have plain defaults."""
     fs = dataclasses.fields(cls)
-    assert not hasattr(cls, "__post_init__") and all(f.default is not dataclasses.MISSING for f in fs[given:])
+    if hasattr(cls, "__post_init__") or any(f.default is dataclasses.MISSING for f in fs[given:]):
+        raise TypeError(f"{cls.__name__} needs its own __init__: it has a __post_init__ or a field without a plain default")
     ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
     body = []
     for i, f in enumerate(fs):

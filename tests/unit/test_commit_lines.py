@@ -209,3 +209,24 @@ def test_a_plain_line_with_a_field_missing_is_still_refused_by_name() -> None:
     body["tags"] = None  # as many fields as a plain add, not its fields
     with pytest.raises(ActionParseError, match="size"):
         parse_commit(json.dumps({"add": body}) + "\n")
+
+
+def test_the_slot_maker_refuses_a_class_its_objects_would_not_be_whole_for() -> None:
+    from dataclasses import dataclass, field
+
+    @dataclass(frozen=True, slots=True)
+    class Checked:
+        a: int
+        b: int = 0
+
+        def __post_init__(self) -> None:
+            pass
+
+    @dataclass(frozen=True, slots=True)
+    class Factory:
+        a: int
+        b: list[int] = field(default_factory=list)
+
+    for cls in (Checked, Factory):
+        with pytest.raises(TypeError, match="needs its own __init__"):
+            actions_module._slot_maker(cls, 1)
