@@ -7,6 +7,7 @@ commit re-published from the commits topic is byte-identical to the first copy.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections.abc import Iterable, Iterator, Mapping
@@ -22,6 +23,12 @@ _DECODE = json.JSONDecoder().decode
 #: The C scanner `_DECODE` runs: `_SCAN(line, 0)` is (the value, where it ends), without `decode`'s two whitespace
 #: matches per call. A line it does not take whole (leading or trailing whitespace, not JSON) goes to `_DECODE`.
 _SCAN: Any = getattr(json.JSONDecoder(), "scan_once")  # noqa: B009 - set in __init__, not in the stubs
+
+
+#: The fields of a plain add and remove (as `_file_line` writes them), which `from_json` takes positionally.
+_PLAIN_ADD_KEYS = frozenset({"path", "partitionValues", "size", "modificationTime", "dataChange", "stats"})
+_PLAIN_REMOVE_KEYS = frozenset({"path", "deletionTimestamp", "dataChange", "extendedFileMetadata", "partitionValues",
+                                "size", "stats"})
 
 
 def _compact(d: dict[str, Any]) -> dict[str, Any]:
@@ -136,6 +143,9 @@ class AddFile:
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> AddFile:
         pv = d.get("partitionValues")
+        if d.keys() == _PLAIN_ADD_KEYS:  # most adds: the same fields, positionally (a million in a commit)
+            return _plain_add(d["path"], dict(pv) if pv else _NO_PARTITION_VALUES, d["size"],  # type: ignore[no-any-return]
+                              d["modificationTime"], d["dataChange"], d["stats"])
         return AddFile(
             path=d["path"],
             partition_values=dict(pv) if pv else _NO_PARTITION_VALUES,
@@ -205,6 +215,11 @@ class RemoveFile:
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> RemoveFile:
         pv = d.get("partitionValues")
+        if d.keys() == _PLAIN_REMOVE_KEYS:  # an overwrite's removes: the same fields, positionally
+            return _plain_remove(d["path"], d["deletionTimestamp"], d["dataChange"],  # type: ignore[no-any-return]
+                                 d["extendedFileMetadata"],
+                                 dict(pv) if pv else (None if pv is None else _NO_PARTITION_VALUES), d["size"],
+                                 d["stats"])
         return RemoveFile(
             path=d["path"],
             deletion_timestamp=d.get("deletionTimestamp"),
@@ -440,6 +455,31 @@ class CommitInfo:
         return CommitInfo(dict(d))
 
 
+def _slot_maker(cls: type, given: int) -> Any:
+    """A constructor of the frozen, slotted dataclass `cls` from its first `given` fields, positionally (the others
+    take their defaults), that sets each slot through its descriptor. The dataclass's own `__init__` goes through
+    `object.__setattr__` per field, about half of what parsing a plain commit line cost; the object is the same
+    (`tests/unit/test_actions.py`). Only for classes without `__post_init__` whose other fields have plain defaults."""
+    fs = dataclasses.fields(cls)
+    if hasattr(cls, "__post_init__") or any(f.default is dataclasses.MISSING for f in fs[given:]):
+        raise TypeError(f"{cls.__name__} needs its own __init__: it has a __post_init__ or a field without a plain default")
+    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    body = []
+    for i, f in enumerate(fs):
+        ns[f"_s{i}"] = cls.__dict__[f.name].__set__
+        if i >= given:
+            ns[f"_d{i}"] = f.default
+        body.append(f"    _s{i}(o, {'v' if i < given else '_d'}{i})")
+    args = ", ".join(f"v{i}" for i in range(given))
+    exec(f"def make({args}):\n    o = _new(_cls)\n" + "\n".join(body) + "\n    return o", ns)
+    return ns["make"]
+
+
+#: A plain add and remove as `from_json` reads them (the fields of `_PLAIN_ADD_KEYS`, `_PLAIN_REMOVE_KEYS`).
+_plain_add = _slot_maker(AddFile, 6)
+_plain_remove = _slot_maker(RemoveFile, 7)
+
+
 Action: TypeAlias = AddFile | RemoveFile | AddCDCFile | Metadata | Protocol | SetTransaction | DomainMetadata | CommitInfo
 FileAction: TypeAlias = AddFile | RemoveFile | AddCDCFile
 
@@ -519,6 +559,11 @@ def _file_line(a: Action) -> str | None:
                 and (stats is None or type(stats) is str) and a.tags is None and a.deletion_vector is None
                 and a.base_row_id is None and a.default_row_commit_version is None):
             return None
+        if ext is not None and values is not None and size is not None and stats is not None:  # an overwrite's: one string
+            return (f'{{"remove":{{"path":{_STRING(a.path)},"deletionTimestamp":{int.__repr__(a.deletion_timestamp)},'
+                    f'"dataChange":{_BOOL[a.data_change]},"extendedFileMetadata":{_BOOL[ext]},'
+                    f'"partitionValues":{_LINE(dict(values)) if values else "{}"},"size":{int.__repr__(size)},'
+                    f'"stats":{_STRING(stats)}}}}}')
         parts = [f'{{"remove":{{"path":{_STRING(a.path)},"deletionTimestamp":{int.__repr__(a.deletion_timestamp)},'
                  f'"dataChange":{_BOOL[a.data_change]}']
         if ext is not None:

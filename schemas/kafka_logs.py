@@ -17,7 +17,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deltacoord.schemas.errors import ProposalNotSentError
@@ -87,10 +87,11 @@ def probe(conf: Mapping[str, Any], timeout_s: float = 8.0) -> None:
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
-    errors: list[str] = []
+    errors: list[tuple[float, str]] = []
 
     def on_error(err: KafkaError) -> None:
-        errors.append(err.str())
+        if err.code() != KafkaError._ALL_BROKERS_DOWN:  # "0/2 brokers are down" sums up the causes, names none
+            errors.append((time.monotonic(), err.str()))
 
     bootstrap = str(conf.get("bootstrap.servers", ""))
     admin_conf: dict[str, Any] = {**kafka_config(conf), "error_cb": on_error, "socket.connection.setup.timeout.ms": 5000}
@@ -104,22 +105,41 @@ def probe(conf: Mapping[str, Any], timeout_s: float = 8.0) -> None:
         except KafkaException as e:
             last = e
         admin.poll(0)  # serves error_cb
-        refused_login = next((x for x in errors if _AUTH_FAILED.search(x)), None)
+        now = time.monotonic()
+        refused_login = login_refusal(errors, start, now)
         if refused_login is not None:
             raise KafkaCredentialsError(_credentials_message(conf, bootstrap, refused_login))
-        elapsed = time.monotonic() - start
-        refused = any("refused" in x.lower() or "resolve" in x.lower() for x in errors)
+        elapsed = now - start
+        refused = any("refused" in x.lower() or "resolve" in x.lower() for _, x in errors)
         if elapsed >= timeout_s or (refused and elapsed >= 3.0):
             break
-    why = errors[-1] if errors else str(last)
+    why = errors[-1][1] if errors else str(last)
     raise UnreachableKafkaError(
         f"cannot reach Kafka at {bootstrap}: {_short(why)}. Check --bootstrap-servers "
         "(or DELTACOORD_BOOTSTRAP_SERVERS) and that the brokers run; `deltacoord broker start` runs a local one."
     )
 
 
-_AUTH_FAILED = re.compile(r"SASL authentication error|Authentication failed|SSL handshake failed|"
-                          r"certificate verify failed", re.IGNORECASE)
+#: Answers that only a refusal gives: wrong SASL credentials, a certificate the client does not trust.
+_AUTH_FAILED = re.compile(r"SASL authentication error|Authentication failed|certificate verify failed", re.IGNORECASE)
+_HANDSHAKE = re.compile(r"SSL handshake failed", re.IGNORECASE)
+#: How long handshake failures alone must last before they are taken for a misconfiguration.
+HANDSHAKE_PERSIST_S = 3.0
+
+
+def login_refusal(errors: Sequence[tuple[float, str]], start: float, now: float) -> str | None:
+    """The error that shows the brokers refuse this client's login or TLS, or None while that is not shown.
+
+    A refused SASL login or an untrusted certificate is final at once. A TLS handshake cut off by a reset is what a
+    PLAINTEXT listener answers a TLS client, but also what a broker that is shutting down answers any client, so
+    it counts only when nothing else was heard for `HANDSHAKE_PERSIST_S`: every error since the start is one.
+    """
+    final = next((x for _, x in errors if _AUTH_FAILED.search(x)), None)
+    if final is not None:
+        return final
+    if not errors or now - start < HANDSHAKE_PERSIST_S or not all(_HANDSHAKE.search(x) for _, x in errors):
+        return None
+    return errors[-1][1]
 
 
 def _credentials_message(conf: Mapping[str, Any], bootstrap: str, why: str) -> str:
@@ -146,4 +166,4 @@ def _short(why: str) -> str:
 
 
 __all__ = ["LOGGER_NAME", "REPEAT_INTERVAL_S", "KafkaCredentialsError", "RepeatFilter", "UnreachableKafkaError", "kafka_config", "kafka_logger",
-           "probe"]
+           "login_refusal", "probe"]

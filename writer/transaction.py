@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import io
 import json
 import logging
@@ -25,7 +24,7 @@ from confluent_kafka import KafkaException
 
 from deltacoord.reader.deletion_vectors import dv_object
 from deltacoord.reader.log import commit_key, commit_object, read_commit, read_commit_info
-from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata, RemoveFile, iter_json_lines
+from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata, RemoveFile
 from deltacoord.schemas.actions import Protocol as ProtocolAction
 from deltacoord.schemas.control_chars import path_control_character
 from deltacoord.schemas.errors import (
@@ -43,7 +42,7 @@ from deltacoord.schemas.messages import Decision, FileRead, Proposal, StagedActi
 from deltacoord.schemas.reasons import ReasonCode
 from deltacoord.schemas.remove_lines import FilePart, RemovedFiles
 from deltacoord.schemas.signing import WriterKey
-from deltacoord.schemas.staged import INLINE_MAX_BYTES, writer_key
+from deltacoord.schemas.staged import INLINE_MAX_BYTES, StagedDigest, staged_pieces, writer_key
 from deltacoord.storage.table import StorageError, TableStorage
 from deltacoord.writer.client import CoordinatorClient
 from deltacoord.writer.replies import Pending, ProposalNotPublishedError
@@ -269,18 +268,17 @@ class Transaction:
 
     def _staged_file(self, actions: tuple[Action, ...]) -> tuple[memoryview, StagedActions]:
         """The staged file of `actions` and the bulk removes (`staged_bytes`'s, written a piece at a time)."""
-        out, digest, done = io.BytesIO(), hashlib.sha256(), 0
+        out, digest, done = io.BytesIO(), StagedDigest(), 0
         segments: list[Iterator[bytes]] = []
         for index, removed in self._bulk:
-            segments += [iter_json_lines(actions[done:index]), removed.lines()]
+            segments += [staged_pieces(actions[done:index]), removed.lines()]
             done = index
-        segments.append(iter_json_lines(actions[done:]))
+        segments.append(staged_pieces(actions[done:]))
         for segment in segments:
             for piece in segment:
                 digest.update(piece)
                 out.write(piece)
-        count = len(actions) + self._bulk_count()
-        return out.getbuffer(), StagedActions(sha256=digest.hexdigest(), count=count, size=out.tell())
+        return out.getbuffer(), digest.ref()
 
     def abandon(self) -> None:
         """Delete the staged files of a transaction given up before it was proposed (an error while

@@ -124,8 +124,9 @@ class PublishFailure:
     error: str | None
 
 
-#: Called after version v of a table is published: (table_id, table_uri, version, actions).
-PublishedHook = Callable[[str, str, int, Sequence[Action]], None]
+#: Called after version v of a table is published: (table_id, table_uri, version, actions, how many actions the
+#: version holds; a version published from a staged file keeps only its few non-file actions in `actions`).
+PublishedHook = Callable[[str, str, int, Sequence[Action], int], None]
 #: Called when a ratified version will not be published because its table is halted: (task, why).
 UnpublishedHook = Callable[[PublishTask, str], None]
 #: Called when a table halts: (table_id, table_uri, why).
@@ -609,7 +610,8 @@ class Publisher:
                             task.version, e)
         if self.on_published is not None:
             try:
-                self.on_published(task.table_id, task.table_uri, task.version, task.actions)
+                count = task.staged[1].count if task.staged is not None else len(task.actions)
+                self.on_published(task.table_id, task.table_uri, task.version, task.actions, count)
             except Exception:
                 log.exception("post-publication hook failed for %s v%d", task.table_id, task.version)
 

@@ -11,8 +11,9 @@ keeps its rejection) and its dead letter keeps only headers; then the dead lette
 (`ProducerStuckError`) replaces the producer, as a restart would.
 
 Commits-topic records carry the offset their batch consumed up to (`H_NEXT_OFFSET`); the group's offset is
-committed in the transaction only when no such record does or every `group_offset_interval_s`. While a proposal is
-held (`deltacoord.coordinator.kafka.holds`), the offset recorded stays at the first one not decided (`floor`).
+committed in the transaction only when no such record does or once it has lagged them for
+`group_offset_interval_s` (the idle flush makes it current between bursts). While a proposal is held
+(`deltacoord.coordinator.kafka.holds`), the offset recorded stays at the first one not decided (`floor`).
 """
 
 from __future__ import annotations
@@ -112,9 +113,10 @@ class BatchTransaction:
         self.degraded: dict[int, tuple[int, str]] = {}
         #: The last commits-topic offset of the last committed transaction (None: it wrote none there).
         self.last_offset: int | None = None
-        #: The offset last committed to the group (in a transaction), and when.
+        #: The offset last committed to the group (in a transaction), and since when the group's offset lags the
+        #: records' (None: it does not; the idle flush made it current).
         self._group_offset = 0
-        self._group_offset_at = time.monotonic()
+        self._group_behind_since: float | None = None
         self._group_offset_retry_at = 0.0
         self._delivered: list[tuple[Out, int]] = []
         #: The first proposals offset not decided yet (a held proposal), which no offset recorded passes; None: none.
@@ -163,8 +165,8 @@ class BatchTransaction:
         # The group's offset lags the records' `deltacoord.next_offset` by up to `group_offset_interval_s` of
         # transactions (or leads it after transactions that recorded no decision): resume after both.
         self._group_offset = self.committed_offset()
-        self._group_offset_at = time.monotonic()
         self.progress.committed_to = max(self._group_offset, recovered_to)
+        self._group_behind_since = time.monotonic() if self.progress.committed_to > self._group_offset else None
         self.progress.last_commit = time.monotonic()
         if self.progress.committed_to > self._group_offset:
             log.info("partition %d: resuming at proposals offset %d (the group's committed offset is %d)", self.partition,
@@ -293,7 +295,7 @@ class BatchTransaction:
                   offsets_to: int | None = None, floor: int | None = None) -> None:
         """One transaction: the records and the offset the batch consumed up to (or `offsets_to`, for a
         transaction of the offset alone). Commits-topic records carry that offset (`H_NEXT_OFFSET`); the
-        group's offset is committed in the transaction only when no such record does or every
+        group's offset is committed in the transaction only when no such record does or once it has lagged for
         `group_offset_interval_s`. Records Kafka refuses for what they are (`RECORD_REFUSALS`) are appended to
         `refused` before the error propagates."""
         assert self.producer is not None
@@ -307,7 +309,12 @@ class BatchTransaction:
                 nxt = min(nxt, floor)
         carried = bool(batch) and any(o.topic == s.topics.commits for o in outs)
         mark: list[tuple[str, str | bytes | None]] = [(H_NEXT_OFFSET, str(nxt).encode())] if carried else []
-        to_group = nxt is not None and (not carried or time.monotonic() - self._group_offset_at >= s.group_offset_interval_s)
+        # While busy, the group's offset follows every `group_offset_interval_s` of lag. The first batch after an idle
+        # flush made it current starts that clock instead of paying AddOffsetsToTxn and TxnOffsetCommit (two round
+        # trips): otherwise every commit after a pause of a second, a new writer's first among them, paid them.
+        behind = self._group_behind_since
+        to_group = nxt is not None and (not carried or s.group_offset_interval_s <= 0 or (
+            behind is not None and time.monotonic() - behind >= s.group_offset_interval_s))
 
         def note(o: Out, err: KafkaError) -> None:
             size = len(o.value or b"") + len(o.key or b"") + sum(len(k) + len(v or b"") for k, v in o.headers)
@@ -346,7 +353,9 @@ class BatchTransaction:
                                                 retriable=True, txn_requires_abort=True))
             commit_with_retry(self.producer)
             if to_group and nxt is not None:
-                self._group_offset, self._group_offset_at = nxt, time.monotonic()
+                self._group_offset, self._group_behind_since = nxt, None
+            elif carried and self._group_behind_since is None:
+                self._group_behind_since = time.monotonic()
             self.last_offset = max((offset for _o, offset in self._delivered), default=None)
             self.on_recorded(self._delivered)
             self._delivered = []

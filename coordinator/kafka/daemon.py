@@ -144,12 +144,13 @@ class Coordinator:
             log.exception("recording halts at stop failed: the next owner of their partitions does not know of them")
 
     # -- checkpoints (never on the deciding thread) -------------------------------
-    def _on_published(self, table_id: str, table_uri: str, version: int, actions: Sequence[Action]) -> None:
+    def _on_published(self, table_id: str, table_uri: str, version: int, actions: Sequence[Action], count: int) -> None:
         if self._notices is not None:
             self._notices.published(table_id, version)  # first: a writer waits on it
         md = next((a for a in actions if isinstance(a, Metadata)), None) or self._metadata_of(table_id)
         interval = TableProperties.of(md).checkpoint_interval
-        if self.checkpoint_fn is not None and version > 0 and version % interval == 0:
+        large = 0 < self.settings.checkpoint_after_actions <= count
+        if self.checkpoint_fn is not None and version > 0 and (version % interval == 0 or large):
             self._ckpt_q.put(_CheckpointRequest(table_id, table_uri, version))
         self.metrics.publish_lag.set(self.publisher.lag())
         self.metrics.halted_tables.set(self.publisher.halted_count())

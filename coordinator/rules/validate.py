@@ -380,6 +380,13 @@ def _plainly_typed(p: Proposal) -> bool:
                     and a.deletion_vector is None
                     and (not pv or all(type(k) is str and (v is None or type(v) is str) for k, v in pv.items()))):
                 return False
+        elif type(a) is RemoveFile:  # an overwrite's: as `_action_problem` reads one without a deletion vector
+            rpv, size = a.partition_values, a.size
+            if not (type(a.path) is str and type(a.data_change) is bool and a.deletion_vector is None
+                    and (size is None or type(size) is int)
+                    and (rpv is None or (type(rpv) is dict and (
+                        not rpv or all(type(k) is str and (v is None or type(v) is str) for k, v in rpv.items()))))):
+                return False
         elif type(a) not in (SetTransaction, CommitInfo) or _action_problem(a) is not None:
             return False
     return True

@@ -384,6 +384,9 @@ def _stop_requested_from_now() -> threading.Event:
 @click.option("--checkpoint-min-seconds", type=float, envvar=env_var("checkpoint_min_seconds"), default=None,
               help="Checkpoint a table at most once in this many seconds (default 1; 0: every delta.checkpointInterval "
                    "versions however fast they come). Requests met meanwhile are coalesced to the newest version.")
+@click.option("--checkpoint-after-actions", type=int, envvar=env_var("checkpoint_after_actions"), default=None,
+              help="Checkpoint a version of at least this many actions whatever its number (default 10000; 0: off), so "
+                   "the next reader reads its files from Parquet, not from one large JSON file.")
 @click.option("--publish-lanes", type=int, envvar=env_var("publish_lanes"), default=None,
               help="Tables publishing _delta_log at once (default 16): each table's versions in order, a slow store "
                    "holding back only its own table.")
@@ -406,7 +409,7 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
                     stall_seconds: float | None, table_roots: str | None, storage_pairs: tuple[str, ...],
                     state_root: str | None, snapshot_every_records: int | None, decided_ids_limit: int | None,
                     decided_ids_max_age_hours: float | None, group_offset_seconds: float | None,
-                    checkpoint_min_seconds: float | None, publish_lanes: int | None,
+                    checkpoint_min_seconds: float | None, checkpoint_after_actions: int | None, publish_lanes: int | None,
                     publish_failing_seconds: float | None, kafka_unreachable_seconds: float | None,
                     send_offsets_timeout_seconds: float | None, max_staged_bytes: int | None,
                     hold_min_actions: int | None, hold_predicate_chars: int | None, hold_runahead: int | None) -> None:
@@ -429,7 +432,8 @@ def coordinator_run(config_file: Path | None, bootstrap_servers: str | None, top
         "dead_letter_max_bytes": dead_letter_max_bytes, "stall_seconds": stall_seconds, "table_roots": table_roots,
         "state_root": state_root, "snapshot_every_records": snapshot_every_records, "decided_ids_limit": decided_ids_limit,
         "decided_ids_max_age_hours": decided_ids_max_age_hours, "group_offset_seconds": group_offset_seconds,
-        "checkpoint_min_seconds": checkpoint_min_seconds, "publish_lanes": publish_lanes,
+        "checkpoint_min_seconds": checkpoint_min_seconds, "checkpoint_after_actions": checkpoint_after_actions,
+        "publish_lanes": publish_lanes,
         "publish_failing_seconds": publish_failing_seconds, "kafka_unreachable_seconds": kafka_unreachable_seconds,
         "send_offsets_timeout_seconds": send_offsets_timeout_seconds, "max_staged_bytes": max_staged_bytes,
         "hold_min_actions": hold_min_actions, "hold_predicate_chars": hold_predicate_chars, "hold_runahead": hold_runahead,

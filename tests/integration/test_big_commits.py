@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -15,15 +16,19 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
+from deltacoord.coordinator.delta_log.checkpointer import create_checkpoint
 from deltacoord.coordinator.kafka.recovery import read_decisions
 from deltacoord.coordinator.settings import CoordinatorSettings
+from deltacoord.reader.log import checkpoint_exists, read_last_checkpoint
 from deltacoord.schemas.actions import AddFile, parse_commit
 from deltacoord.schemas.errors import ConcurrentDeleteReadException, InvalidProposalError
 from deltacoord.schemas.routing import Topics
 from deltacoord.schemas.staged import STAGED_DIR
+from deltacoord.storage.table import TableStorage
 from deltacoord.writer import staging
 from deltacoord.writer.table import Table
 from deltacoord.writer.transaction import Transaction
@@ -121,6 +126,39 @@ def test_an_overwrite_removing_50000_live_files_commits(kafka_bootstrap: str, to
     assert sorted(r["id"] for r in spark.read.format("delta").load(str(root)).select("id").collect()) == [1, 2, 3]
     assert len(DeltaTable(str(root), version=1).file_uris()) == 50_000
     assert _staged_files(root) == []
+
+
+@pytest.mark.spark
+def test_a_large_version_is_checkpointed_and_read_from_its_checkpoint(
+        kafka_bootstrap: str, topics: Topics, tmp_path: Path, spark: SparkSession) -> None:
+    """A version of at least `checkpoint_after_actions` actions is checkpointed whatever its number (here 1, the
+    interval 10): the overwrite after it reads the table's files from the checkpoint, and delta-rs and Delta on
+    Spark read the table with the JSON versions up to it deleted, from the checkpoint alone."""
+    root = tmp_path / "checkpointed"
+    with coordinator_thread(kafka_bootstrap, topics, checkpoint_fn=create_checkpoint,
+                            settings_overrides={"checkpoint_after_actions": 10_000}), \
+            Table(root, kafka_bootstrap, topics=topics) as t:
+        t.create(SCHEMA)
+        tx = t.begin()
+        tx.stage(file_copies(t, 12_000, "k"))
+        assert tx.commit("WRITE", parameters={"mode": "Append"}).version == 1
+        deadline = time.monotonic() + 120
+        while read_last_checkpoint(TableStorage(root.as_uri())) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        last = read_last_checkpoint(TableStorage(root.as_uri()))
+        assert last is not None and last.version == 1, "version 1 is checkpointed, though the interval is 10"
+        assert not checkpoint_exists(TableStorage(root.as_uri()), 0)
+        snapshot = t.snapshot()
+        assert snapshot.num_files == 12_000 and any(isinstance(p, pa.Array) for p in snapshot.file_parts()), \
+            "the writer reads the files from the checkpoint's Arrow column"
+        assert t.overwrite(pa.concat_tables([one_row(1), one_row(2)])).version == 2
+    added = pq.read_table(root / "_delta_log" / f"{1:020d}.checkpoint.parquet", columns=["add"]).column("add")
+    assert added.drop_null().length() == 12_000
+    for v in (0, 1):
+        (root / "_delta_log" / f"{v:020d}.json").unlink()
+    assert sorted(DeltaTable(str(root)).to_pyarrow_table().column("id").to_pylist()) == [1, 2]
+    assert sorted(r["id"] for r in spark.read.format("delta").load(str(root)).select("id").collect()) == [1, 2]
+    assert len(DeltaTable(str(root), version=1).file_uris()) == 12_000, "version 1 from its checkpoint alone"
 
 
 def test_a_staged_file_altered_after_proposing_is_refused_by_digest(

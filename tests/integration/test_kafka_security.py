@@ -309,6 +309,17 @@ def test_a_wrong_password_fails_in_seconds_with_one_line_naming_the_principal(se
     assert "refused the credentials of User:ingest" in proc.stderr, proc.stderr
 
 
+def test_a_tls_client_at_a_plaintext_listener_fails_with_one_tls_line(kafka_bootstrap: str) -> None:
+    """A reset handshake counts as a refusal only once it persists; a PLAINTEXT listener resets every one."""
+    from deltacoord.schemas.kafka_logs import probe
+
+    with pytest.raises(KafkaCredentialsError) as e:
+        probe({"bootstrap.servers": kafka_bootstrap, "security.protocol": "SSL"})
+    line = str(e.value)
+    assert "\n" not in line
+    assert f"the TLS handshake with Kafka at {kafka_bootstrap} failed" in line and "security.protocol" in line, line
+
+
 def test_a_principal_without_acls_fails_with_the_missing_grant(secured: Secured) -> None:
     s = secured
     with pytest.raises(KafkaAccessDeniedError) as e, _table(s, s.work / "nobody", "nobody") as t:

@@ -300,3 +300,19 @@ def test_a_stop_writes_due_checkpoints_for_a_bounded_time_and_leaves_the_rest() 
     loop.join(10)
     assert not loop.is_alive()
     assert 1 <= len(done) <= 3, f"checkpoints written after the stop: {done}"
+
+
+@pytest.mark.parametrize(("version", "count", "after", "due"), [
+    (3, 9_999, 10_000, False),   # neither on the interval nor large
+    (3, 10_000, 10_000, True),   # a large version is checkpointed whatever its number
+    (3, 10_000, 0, False),       # 0: off
+    (20, 1, 10_000, True),       # the interval as before
+    (0, 50_000, 10_000, False),  # never the table's creation
+])
+def test_a_version_of_many_actions_is_checkpointed_whatever_its_number(version: int, count: int, after: int,
+                                                                        due: bool) -> None:
+    c = Coordinator(CoordinatorSettings(bootstrap_servers="127.0.0.1:1", checkpoint_after_actions=after),
+                    checkpoint_fn=lambda storage, version: None)
+    c._on_published("a", "file:///tmp/a", version, (), count)
+    queued = [] if c._ckpt_q.empty() else [c._ckpt_q.get_nowait()]
+    assert [r.version for r in queued if r is not None] == ([version] if due else [])

@@ -160,3 +160,73 @@ def test_a_line_parses_as_the_json_decoder_and_the_action_parser_say(line: str) 
     except Exception as e:
         got = f"{type(e).__name__}: {e}"
     assert got == want
+
+
+def _plain_fields(kind: str) -> dict[str, Any]:
+    if kind == "add":
+        return {"path": "a.parquet", "partitionValues": {"p": "1"}, "size": 3, "modificationTime": 7,
+                "dataChange": True, "stats": '{"numRecords":1}'}
+    return {"path": "a.parquet", "deletionTimestamp": 9, "dataChange": False, "extendedFileMetadata": True,
+            "partitionValues": {}, "size": 3, "stats": '{"numRecords":1}'}
+
+
+@pytest.mark.parametrize("kind", ["add", "remove"])
+@pytest.mark.parametrize("variant", ["plain", "one-field-fewer", "one-field-more", "odd-types"])
+def test_the_plain_fast_read_makes_the_action_the_general_one_makes(kind: str, variant: str) -> None:
+    """A plain add or remove (the fields `_file_line` writes) is made positionally, slot by slot; every other body goes
+    the general way. Both give the same object, field for field, and the same JSON line back."""
+    body = _plain_fields(kind)
+    if variant == "one-field-fewer":
+        del body["stats"]
+    elif variant == "one-field-more":
+        body["tags"] = {"k": "v"}
+    elif variant == "odd-types":  # not the rules' business here: validation refuses them, reading keeps them
+        body["size"], body["path"] = "3", 5
+    cls = AddFile if kind == "add" else RemoveFile
+    general = cls(**{f: _general_value(f, body) for f in cls.__dataclass_fields__})
+    got = parse_commit(json.dumps({kind: body}) + "\n")
+    assert got == [general]
+    assert all(getattr(got[0], f) == getattr(general, f) for f in cls.__dataclass_fields__)
+    assert type(got[0]) is cls
+    if variant != "odd-types":
+        assert json.loads(commit_to_json_lines(got)) == {kind: body}
+
+
+_JSON_NAMES = {"partition_values": "partitionValues", "modification_time": "modificationTime",
+               "data_change": "dataChange", "deletion_timestamp": "deletionTimestamp",
+               "extended_file_metadata": "extendedFileMetadata", "deletion_vector": "deletionVector",
+               "base_row_id": "baseRowId", "default_row_commit_version": "defaultRowCommitVersion",
+               "clustering_provider": "clusteringProvider"}
+
+
+def _general_value(field: str, body: dict[str, Any]) -> Any:
+    return body.get(_JSON_NAMES.get(field, field))
+
+
+def test_a_plain_line_with_a_field_missing_is_still_refused_by_name() -> None:
+    body = _plain_fields("add")
+    del body["size"]
+    body["tags"] = None  # as many fields as a plain add, not its fields
+    with pytest.raises(ActionParseError, match="size"):
+        parse_commit(json.dumps({"add": body}) + "\n")
+
+
+def test_the_slot_maker_refuses_a_class_its_objects_would_not_be_whole_for() -> None:
+    from dataclasses import dataclass, field
+
+    @dataclass(frozen=True, slots=True)
+    class Checked:
+        a: int
+        b: int = 0
+
+        def __post_init__(self) -> None:
+            pass
+
+    @dataclass(frozen=True, slots=True)
+    class Factory:
+        a: int
+        b: list[int] = field(default_factory=list)
+
+    for cls in (Checked, Factory):
+        with pytest.raises(TypeError, match="needs its own __init__"):
+            actions_module._slot_maker(cls, 1)

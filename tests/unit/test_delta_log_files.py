@@ -132,7 +132,7 @@ def test_put_many_if_absent_stops_at_a_taken_name(tmp_path: Path, there: str, ou
 
 def _publish_all(tmp_path: Path, tasks: list[PublishTask]) -> tuple[Publisher, list[tuple[str, int]]]:
     seen: list[tuple[str, int]] = []
-    p = Publisher(fsync=True, on_published=lambda tid, _uri, v, _a: seen.append((tid, v)))
+    p = Publisher(fsync=True, on_published=lambda tid, _uri, v, _a, _n: seen.append((tid, v)))
     for t in tasks:
         p.submit(t)  # queued before the thread starts: it takes them as one batch
     p.start()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deltacoord.schemas.kafka_logs import RepeatFilter, kafka_config, kafka_logger
+from deltacoord.schemas.kafka_logs import HANDSHAKE_PERSIST_S, RepeatFilter, kafka_config, kafka_logger, login_refusal
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,3 +65,26 @@ def test_unreachable_kafka_is_one_line_and_exit_code_2(argv: list[str], tmp_path
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, r.stderr
     assert f"cannot reach Kafka at {bootstrap}: connection refused" in lines[0]
+
+
+_RESET = ("ssl://b1:9093/1: SSL handshake failed: Disconnected: SSL connection closed by peer: "
+          "connecting to a PLAINTEXT broker listener? (after 1ms in state SSL_HANDSHAKE)")
+_REFUSED = "ssl://b1:9093/1: Connect to ipv4#10.0.0.1:9093 failed: Connection refused (after 0ms in state CONNECT)"
+
+
+def test_an_untrusted_certificate_or_a_refused_login_is_final_at_once() -> None:
+    for why in ("ssl://b1:9093/1: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed",
+                "sasl_ssl://b1:9094/1: SASL authentication error: Authentication failed during authentication"):
+        assert login_refusal([(0.1, why)], start=0.0, now=0.1) == why
+
+
+def test_a_reset_handshake_is_a_misconfiguration_only_when_nothing_else_is_heard_for_a_while() -> None:
+    # A PLAINTEXT listener answers a TLS client with a reset, every time: after the persistence window, refused.
+    resets = [(t / 10, _RESET) for t in range(40)]
+    assert login_refusal(resets[:5], start=0.0, now=0.5) is None
+    assert login_refusal(resets, start=0.0, now=HANDSHAKE_PERSIST_S + 0.1) == _RESET
+    # A broker shutting down resets the handshake too, then refuses connections: that is a restart, not a refusal
+    # of this client's TLS (a coordinator restarted during a broker restart exited 2 on this before).
+    restart = [(0.1, _RESET), (0.2, _REFUSED), *((t / 10, _RESET) for t in range(3, 40))]
+    assert login_refusal(restart, start=0.0, now=HANDSHAKE_PERSIST_S + 0.1) is None
+    assert login_refusal([], start=0.0, now=60.0) is None

@@ -50,7 +50,7 @@ def _until(cond: object, timeout_s: float = 10.0) -> bool:
 def test_a_version_waits_for_the_last_stable_offset(tmp_path: Path) -> None:
     stable = Stability()
     published: list[int] = []
-    p = Publisher(fsync=False, stable=stable, on_published=lambda _t, _u, v, _a: published.append(v))
+    p = Publisher(fsync=False, stable=stable, on_published=lambda _t, _u, v, _a, _n: published.append(v))
     p.start()
     try:
         p.submit(_task(tmp_path, 0, 10))

@@ -30,7 +30,7 @@ class Published:
         self.lock = threading.Lock()
         self.by_table: dict[str, list[int]] = {}
 
-    def __call__(self, table_id: str, _uri: str, version: int, _actions: Any) -> None:
+    def __call__(self, table_id: str, _uri: str, version: int, _actions: Any, _count: int) -> None:
         with self.lock:
             self.by_table.setdefault(table_id, []).append(version)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -194,6 +194,19 @@ CASES = [
     Case("partition-values-not-a-map", "MALFORMED_PROPOSAL",
          lambda h: proposal(0, [AddFile("a.parquet", None, 1, NOW, True)])),  # type: ignore[arg-type]
     Case("stale-txn-lower", "STALE_TXN_VERSION", lambda h: proposal(h.head, [txn("q", 2)]), _with_txn),
+    # A remove's fields as the rules read them (a plain remove is checked on a fast path: these must leave it).
+    Case("remove-path-not-a-string", "MALFORMED_PROPOSAL",
+         lambda h: proposal(0, [replace(remove("a.parquet"), path=7)])),
+    Case("remove-size-a-boolean", "MALFORMED_PROPOSAL",
+         lambda h: proposal(0, [replace(remove("a.parquet"), size=True)])),
+    Case("remove-size-a-string", "MALFORMED_PROPOSAL",
+         lambda h: proposal(0, [replace(remove("a.parquet"), size="1")])),
+    Case("remove-data-change-not-a-boolean", "MALFORMED_PROPOSAL",
+         lambda h: proposal(0, [replace(remove("a.parquet"), data_change=1)])),
+    Case("remove-partition-value-not-a-string", "MALFORMED_PROPOSAL",
+         lambda h: proposal(0, [replace(remove("a.parquet"), partition_values={"date": 1})])),
+    Case("remove-partition-values-not-a-map", "MALFORMED_PROPOSAL",
+         lambda h: proposal(0, [replace(remove("a.parquet"), partition_values=["date"])])),
 ]
 
 
@@ -456,3 +469,10 @@ def test_a_large_commit_refuses_each_path_as_a_commit_of_one_file_does(kind: str
         actions = [make(f"part-{i:05d}.parquet") for i in range(300)]
         actions[at] = make(good)
         assert proposal_error(h.state, proposal(0, actions)) is None, good
+
+
+@pytest.mark.parametrize("pv", [None, {}, {"date": "2024-01-01"}, {"date": None}])
+def test_a_plain_remove_is_accepted_with_or_without_partition_values(pv: dict[str, str | None] | None) -> None:
+    h = Harness(("date",), files=[add("a.parquet", date="2024-01-01")])
+    h.must_commit(proposal(h.head, [replace(remove("a.parquet"), partition_values=pv, size=None)]))
+    assert h.state.live_file_count == 0
