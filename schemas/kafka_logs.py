@@ -122,7 +122,8 @@ def probe(conf: Mapping[str, Any], timeout_s: float = 8.0) -> None:
 
 #: Answers that only a refusal gives: wrong SASL credentials, a certificate the client does not trust.
 _AUTH_FAILED = re.compile(r"SASL authentication error|Authentication failed|certificate verify failed", re.IGNORECASE)
-_HANDSHAKE = re.compile(r"SSL handshake failed", re.IGNORECASE)
+#: librdkafka words a cut-off handshake either way ("SSL handshake failed: ...", "... (after 1ms in state SSL_HANDSHAKE)").
+_HANDSHAKE = re.compile(r"SSL handshake failed|in state SSL_HANDSHAKE", re.IGNORECASE)
 #: How long handshake failures alone must last before they are taken for a misconfiguration.
 HANDSHAKE_PERSIST_S = 3.0
 

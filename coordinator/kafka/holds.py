@@ -37,7 +37,7 @@ def expensive(p: Proposal, settings: CoordinatorSettings) -> str | None:
     """Why deciding `p` would hold the deciding thread long (ACTIONS, PREDICATES), or None."""
     if p.staged is not None and p.staged.count >= settings.hold_min_actions:
         return ACTIONS
-    if sum(len(s) for s in p.read_predicates) >= settings.hold_predicate_chars:
+    if settings.hold_predicate_chars and sum(len(s) for s in p.read_predicates) >= settings.hold_predicate_chars:
         return PREDICATES
     return None
 

@@ -397,7 +397,7 @@ def _stop_requested_from_now() -> threading.Event:
               help="A proposal carrying this many actions by reference is decided off the deciding thread, its table "
                    "held while the partition's other tables go on (default 10000).")
 @click.option("--hold-predicate-chars", type=int, envvar=env_var("hold_predicate_chars"), default=None,
-              help="A proposal whose read predicates have this many characters in all is held the same way (default 8192).")
+              help="A proposal whose read predicates have this many characters in all is held the same way (default 0: never).")
 @click.option("--hold-runahead", type=int, envvar=env_var("hold_runahead"), default=None,
               help="Decisions past a held proposal before the loop waits for it (default 0: half of --decided-ids-limit).")
 @click.option("--decided-ids-max-age-hours", type=float, envvar=env_var("decided_ids_max_age_hours"), default=None,

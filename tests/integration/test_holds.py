@@ -173,7 +173,7 @@ def test_pathological_predicates_in_a_burst_hold_only_their_table(
     predicates = [" OR ".join(f"(date = '2026-{i % 12 + 1:02d}-{i % 28 + 1:02d}' AND date <> 'x{k}{i}')"
                               for i in range(360)) for k in range(4)]
     assert all(15_000 < len(p) <= 16_384 for p in predicates), [len(p) for p in predicates]
-    with coordinator_thread(kafka_bootstrap, topics) as coord:
+    with coordinator_thread(kafka_bootstrap, topics, settings_overrides={"hold_predicate_chars": 8192}) as coord:
         _create(kafka_bootstrap, topics, b_root)
         with Table(a_root, kafka_bootstrap, topics=topics) as a:
             a.create(SCHEMA, partition_by=["date"])

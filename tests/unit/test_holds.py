@@ -33,6 +33,9 @@ def test_large_commits_by_reference_and_long_predicates_are_expensive() -> None:
     assert expensive(dataclasses.replace(p, staged=StagedActions("0" * 64, 99, 1)), SETTINGS) is None
     assert expensive(proposal(0, predicates=["a = 1" * 5, "b = 2" * 5]), SETTINGS) == PREDICATES
     assert expensive(proposal(0, predicates=["a = 1"]), SETTINGS) is None
+    # By default predicates never hold (each hold costs its own transactions; a flood of them for one table would
+    # go through one at a time).
+    assert expensive(proposal(0, predicates=["x" * 100_000]), CoordinatorSettings("127.0.0.1:1")) is None
 
 
 def test_only_what_names_a_held_or_waiting_table_waits_and_a_resume_waits_with_all_after_it() -> None:
