@@ -127,6 +127,7 @@ def drive(conf: dict[str, Any], proposals_topic: str, commits_topic: str, queues
     proposal on the writer's reply path and returns its routing headers (None: no replies, the floor)."""
     from confluent_kafka import Consumer, TopicPartition
 
+    from deltacoord.schemas.commits_topic import watermarks
     from deltacoord.schemas.routing import H_OUTCOME, H_PROPOSAL_ID, H_TABLE_ID, H_VERSION, header
     from deltacoord.writer.client import proposal_producer
 
@@ -134,7 +135,7 @@ def drive(conf: dict[str, Any], proposals_topic: str, commits_topic: str, queues
     decisions = Consumer({**conf, "group.id": f"cap-decisions-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
                           "isolation.level": "read_committed", "fetch.wait.max.ms": 10})
     tp = TopicPartition(commits_topic, 0)
-    _low, high = decisions.get_watermark_offsets(tp, timeout=30)
+    _low, high = watermarks(decisions, tp)  # a topic just made may have no leader yet (NOT_LEADER_FOR_PARTITION)
     decisions.assign([TopicPartition(commits_topic, 0, high)])
     in_flight: dict[bytes, int] = {}  # proposal id -> emulated writer
 
