@@ -13,6 +13,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -108,6 +109,19 @@ def test_four_writers_through_a_stopped_and_a_killed_broker_lose_and_double_noth
     path = str(tmp_path / "t")
     stop_file = tmp_path / "stop"
     writers: list[subprocess.Popen[str]] = []
+    # A supervisor restarts a coordinator that gave up (exit 4: its watchdog, 120 s after its last progress)
+    # whenever it does: in a CI run at load 32 the producer stayed stuck until 45 s after the broker was back,
+    # so the watchdog's exit came after a single check the test made, and no coordinator was left to decide.
+    coords = [coord]
+    done = threading.Event()
+
+    def supervise() -> None:
+        while not done.wait(0.5):
+            if coords[-1].proc.poll() is not None:
+                coords.append(start_coordinator_process(bootstrap, topics, tmp_path))
+
+    supervisor = threading.Thread(target=supervise, daemon=True)
+    supervisor.start()
     try:
         with Table(path, bootstrap, topic_prefix=prefix) as t:
             t.create(pa.schema([("id", pa.int64()), ("writer", pa.int64())]))
@@ -120,10 +134,7 @@ def test_four_writers_through_a_stopped_and_a_killed_broker_lose_and_double_noth
         broker.kill()  # SIGKILLed, then restarted
         time.sleep(5)
         broker.start()
-        time.sleep(8)
-        if coord.proc.poll() is not None:  # a supervisor restarts a coordinator that gave up (exit 4: watchdog)
-            coord = start_coordinator_process(bootstrap, topics, tmp_path)
-        time.sleep(5)
+        time.sleep(13)
         stop_file.touch()
         results = _results(writers, tmp_path)
     finally:
@@ -131,8 +142,12 @@ def test_four_writers_through_a_stopped_and_a_killed_broker_lose_and_double_noth
         for p in writers:
             if p.poll() is None:
                 p.kill()
-        coord.proc.terminate()
-        coord.proc.wait(60)
+        done.set()
+        supervisor.join(120)
+        for c in coords:
+            if c.proc.poll() is None:
+                c.proc.terminate()
+                c.proc.wait(60)
         broker.stop()
 
     _assert_exactly_the_acknowledged_rows(path, results)
