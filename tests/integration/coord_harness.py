@@ -117,14 +117,14 @@ def start_coordinator_process(bootstrap: str, topics: Topics, log_dir: Path, *ex
     return CoordinatorProcess(proc, log)
 
 
-def _wait_joined(bootstrap: str, group: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    """Until the child is a member of its consumer group: from then on writers see a coordinator (their check
-    waits for the assignment), however long the child took to start on a busy machine. A child that exits or
-    never joins is left to the test to notice."""
+def _wait_joined(bootstrap: str, group: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+    """Until a member of the child's consumer group is assigned a partition: from then on writers see a
+    coordinator, however long the child took to start and join on a busy machine (over 60 s at load 45). A child
+    that exits or never joins is left to the test to notice."""
     with GroupQuestions({"bootstrap.servers": bootstrap}) as questions:
         deadline = time.monotonic() + timeout_s
         while proc.poll() is None and time.monotonic() < deadline:
-            if questions.members(group):
+            if any(questions.members(group)):
                 return
             time.sleep(0.1)
 

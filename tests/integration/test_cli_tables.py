@@ -263,11 +263,11 @@ def test_tail_follows_new_versions_until_ctrl_c(kafka_bootstrap: str, tmp_path: 
         threading.Thread(target=_reader, args=(proc.stdout, out), daemon=True).start()
         threading.Thread(target=_reader, args=(proc.stderr, err), daemon=True).start()
         try:
-            notice = _next_line(err, 30, "start notice")
+            notice = _next_line(err, 120, "start notice")  # a fresh process: imports at load 45 take long
             assert "from version 1" in notice, notice
             t.append(pa.table({"id": [1]}))
             t.append(pa.table({"id": [2]}))
-            got = [json.loads(_next_line(out, 20, f"line {i}")) for i in range(2)]
+            got = [json.loads(_next_line(out, 60, f"line {i}")) for i in range(2)]
             assert [g["version"] for g in got] == [1, 2]
             assert all(g["operation"] == "WRITE" and g["numAddedFiles"] == 1 for g in got)
             masks = [ln for ln in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if ln.startswith("Sig")]
