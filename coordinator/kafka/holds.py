@@ -50,8 +50,8 @@ def expensive(p: Proposal, settings: CoordinatorSettings) -> str | None:
 
 
 def in_thread(work: Callable[[list[Decoded]], Any], xs: list[Decoded], future: Future[Any]) -> None:
-    """`work(xs)` into `future` on a daemon thread of its own (a hold is rare and long: a process that stops does not wait for it,
-    and what it decided is decided again by the next owner)."""
+    """`work(xs)` into `future` on a daemon thread of its own (a process that stops does not wait for a hold: what it
+    decided is decided again by the next owner)."""
 
     def run() -> None:
         try:
