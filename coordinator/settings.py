@@ -72,11 +72,12 @@ class CoordinatorSettings:
     transaction_timeout_ms: int = 60_000
     #: A proposal is decided off the deciding thread, its table held while the partition's other tables go on
     #: (`deltacoord.coordinator.kafka.holds`), when it carries this many actions by reference or read predicates of
-    #: this many characters in all (0: predicates never hold). Predicates hold only when asked: each hold costs its own
-    #: Kafka transactions, so a flood of large predicates for one table (10% of a 10,000-message hostile barrage)
-    #: went through one hold at a time and kept that table's valid appends waiting past their 120 s timeout.
+    #: this many characters that sqlglot would parse (0: predicates never hold; what the rules refuse unparsed, too
+    #: long or nested too deep, is cheap and never holds). 4,096 characters take 25 ms to parse on a quiet machine,
+    #: 100 ms or more under load: several times a hold's own cost (one Kafka transaction); a flood for one table
+    #: shares holds (`holds.joins`).
     hold_min_actions: int = 10_000
-    hold_predicate_chars: int = 0
+    hold_predicate_chars: int = 4096
     #: While a hold is open, at most this many later proposals are decided past it (0: half of `decided_ids_limit`):
     #: the offset recorded stays at the held proposal, and a restart recognises them in the decided-ids window.
     hold_runahead: int = 0
@@ -383,7 +384,7 @@ def load(config_file: Path | None = None, flags: Mapping[str, object] | None = N
         dead_letter_max_bytes=integer("dead_letter_max_bytes", 64 * 1024),
         max_staged_bytes=integer("max_staged_bytes", 1 << 30),
         hold_min_actions=integer("hold_min_actions", 10_000),
-        hold_predicate_chars=integer("hold_predicate_chars", 0),
+        hold_predicate_chars=integer("hold_predicate_chars", 4096),
         hold_runahead=integer("hold_runahead", 0),
         stall_timeout_s=number("stall_seconds", 60.0),
         publish_failing_s=number("publish_failing_seconds", 10.0),

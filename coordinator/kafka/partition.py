@@ -61,7 +61,7 @@ from deltacoord.coordinator.kafka.control import (
     resume_record,
 )
 from deltacoord.coordinator.kafka.door import Decoded, Door
-from deltacoord.coordinator.kafka.holds import Hold, Holds, expensive
+from deltacoord.coordinator.kafka.holds import Behind, Hold, Holds, expensive, joins, tables_of
 from deltacoord.coordinator.kafka.notices import PublicationNotices
 from deltacoord.coordinator.kafka.partition_health import PartitionProgress
 from deltacoord.coordinator.kafka.partition_tables import PartitionTables
@@ -207,29 +207,40 @@ class PartitionCoordinator:
         proposal as a hold; those a hold blocks are set aside behind it. False when a transaction was not recorded
         (fresh messages are consumed again; `drained` ones, which waited behind a hold, wait again)."""
         run: list[tuple[Message, Decoded, bool]] = []  # (message, decoded, set aside behind the hold)
+        aside, pending = Behind(), 0  # what the run sets aside; how many decisions it makes
         first = 0  # the index of the first item not recorded yet
         gen = self.holds.generation if drained else 0  # what waited, until a rebuild consumes it again
-        for i, (m, x) in enumerate(items):
-            if self.holds.at_limit(sum(len(d.all_submitted()) or 1 for _m, d, aside in run if not aside)):
+        i = 0
+        while i < len(items):
+            m, x = items[i]
+            if self.holds.at_limit(pending):
                 if not self._decide_run(run, consumed_at):
                     return self._not_recorded(items[first:], gen)
-                run, first = [], i
+                run, aside, pending, first = [], Behind(), 0, i
                 if not self._wait_for_holds():
                     return self._not_recorded(items[first:], gen)
-            if self.holds.blocks(x, [d for _m, d, aside in run if aside]) or (x.expensive and self.holds.hold is not None):
+            i += 1
+            if self.holds.blocks(x, aside) or (x.expensive and self.holds.hold is not None):
                 run.append((m, x, True))
+                aside.add(x)
                 continue
             if x.request is None and x.expensive is None:
                 run.append((m, x, False))
+                pending += len(x.all_submitted()) or 1
                 continue
             if not self._decide_run(run, consumed_at):
                 return self._not_recorded(items[first:], gen)
-            run, first = [], i
+            run, aside, pending, first = [], Behind(), 0, i - 1
             if x.request is not None and not self._answer_request(m, x, consumed_at):
                 return self._not_recorded(items[first:], gen)
-            if x.request is None and not self._start_hold(m, x, consumed_at):
-                return self._not_recorded(items[first:], gen)
-            first = i + 1
+            if x.request is None:
+                held = [(m, x)]
+                while i < len(items) and len(held) < self.settings.max_batch and joins(items[i][1], tables_of(x)):
+                    held.append(items[i])
+                    i += 1
+                if not self._start_hold(held, consumed_at):
+                    return self._not_recorded(items[first:], gen)
+            first = i
         return self._decide_run(run, consumed_at) or self._not_recorded(items[first:], gen)
 
     def _not_recorded(self, items: Sequence[tuple[Message, Decoded]], gen: int) -> bool:
@@ -237,8 +248,8 @@ class PartitionCoordinator:
         messages that waited behind a hold, consumed before, wait again, decoded anew (as a message Kafka refused to
         record is), unless the partition was rebuilt since (generation `gen`): then they are consumed again too."""
         if gen and gen == self.holds.generation and items:
-            self.holds.waiting.extend(zip([m for m, _x in items], self.door.decode_batch([m for m, _x in items]),
-                                          strict=True))
+            self.holds.wait(list(zip([m for m, _x in items], self.door.decode_batch([m for m, _x in items]),
+                                     strict=True)))
         return False
 
     def _decide_run(self, run: Sequence[tuple[Message, Decoded, bool]], consumed_at: float) -> bool:
@@ -252,7 +263,7 @@ class PartitionCoordinator:
             return False
         if not decide:
             self.progress.committed_to = max(self.progress.committed_to, (run[-1][0].offset() or 0) + 1)
-        self.holds.waiting.extend(aside)
+        self.holds.wait(aside)
         return True
 
     def _decide(self, batch: Sequence[Message], decoded: Sequence[Decoded], consumed_at: float,
@@ -290,29 +301,29 @@ class PartitionCoordinator:
         return True
 
     # -- holds ----------------------------------------------------------------------------
-    def _start_hold(self, m: Message, x: Decoded, consumed_at: float) -> bool:
-        """Hand an expensive proposal to a worker thread (`holds`); one of a released table is refused at once."""
-        self._refuse_released([x], int(time.time() * 1000))
+    def _start_hold(self, items: list[tuple[Message, Decoded]], consumed_at: float) -> bool:
+        """Hand an expensive proposal, and the messages of its table right after it (`holds.joins`), to a worker thread
+        (`holds`); those of a released table are refused at once."""
+        self._refuse_released([x for _m, x in items], int(time.time() * 1000))
+        x = items[0][1]
         if x.submitted is None:
-            return self._decide([m], [x], consumed_at, floor=self.holds.floor())
+            return self._decide([m for m, _x in items], [d for _m, d in items], consumed_at, floor=self.holds.floor())
         assert x.expensive is not None
         p = x.submitted.proposal
-        self.progress.committed_to = max(self.progress.committed_to, x.offset + 1)
-        self.holds.start(m, x, x.expensive, self._decide_held, consumed_at)
+        self.progress.committed_to = max(self.progress.committed_to, items[-1][1].offset + 1)
+        self.holds.start(items, x.expensive, self._decide_held, consumed_at)
         self.metrics.holds.labels(x.expensive).inc()
-        log.info("partition %d: proposal %s for table %s (offset %d) is decided off the deciding thread (%s); the "
-                 "table is held, the partition's other tables go on", self.partition, p.proposal_id[:100],
-                 p.table_id[:200], x.offset, x.expensive)
+        log.info("partition %d: proposal %s for table %s (offset %d) is decided off the deciding thread (%s), with the "
+                 "%d messages of its table right after it; the table is held, the partition's other tables go on",
+                 self.partition, p.proposal_id[:100], p.table_id[:200], x.offset, x.expensive, len(items) - 1)
         return True
 
-    def _decide_held(self, x: Decoded) -> tuple[Decoded, tuple[list[Decision], Overlay, dict[int, bytes]] | None]:
-        """On the hold's worker thread: load the proposal's staged actions and decide it against its table, which
+    def _decide_held(self, xs: list[Decoded]) -> tuple[list[Decoded], tuple[list[Decision], Overlay, dict[int, bytes]]]:
+        """On the hold's worker thread: load the proposals' staged actions and decide them against their table, which
         nothing else changes meanwhile (the rules are pure; the store checks are `BatchChecks`')."""
         fault_point("hold")
-        x = self.door.loaded(x)
-        if x.submitted is None:
-            return x, None  # refused as it was loaded
-        return x, self.checks.decide(x.all_submitted(), int(time.time() * 1000))
+        xs = [self.door.loaded(x) for x in xs]  # one refused as it was loaded is answered with its rejection
+        return xs, self.checks.decide([s for x in xs for s in x.all_submitted()], int(time.time() * 1000))
 
     def poll_hold(self) -> bool:
         """Record a hold's decision once its worker is done, then decide what waited behind it (the loop calls this
@@ -330,12 +341,13 @@ class PartitionCoordinator:
         """Record the hold's decision in the next transaction; not recorded (False), the proposal waits to be decided
         again."""
         self.holds.hold = None
-        x, held = h.future.result()  # an exception is a bug of the decision path: it propagates (the daemon stops)
-        if not self._decide([h.message], [x], h.consumed_at, floor=self.holds.floor(), held=held):
-            self.holds.waiting.insert(0, (h.message, self.door.decode_batch([h.message])[0]))
+        xs, held = h.future.result()  # an exception is a bug of the decision path: it propagates (the daemon stops)
+        messages = [m for m, _x in h.items]
+        if not self._decide(messages, xs, h.consumed_at, floor=self.holds.floor(), held=held):
+            self.holds.wait(list(zip(messages, self.door.decode_batch(messages), strict=True)), first=True)
             return False
-        log.info("partition %d: the held proposal at offset %d is decided after %.1fs", self.partition, h.offset,
-                 time.monotonic() - h.since)
+        log.info("partition %d: the %d held messages from offset %d are decided after %.1fs", self.partition,
+                 len(messages), h.offset, time.monotonic() - h.since)
         return True
 
     def _wait_for_holds(self) -> bool:

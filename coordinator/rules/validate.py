@@ -69,12 +69,8 @@ from deltacoord.schemas.actions import (
 )
 from deltacoord.schemas.control_chars import control_character, path_control_character
 from deltacoord.schemas.errors import InvalidProposalError
-from deltacoord.schemas.expressions.partitions import (
-    MAX_PREDICATES,
-    MAX_TOTAL_PREDICATE_CHARS,
-    compile_predicate,
-    partition_schema,
-)
+from deltacoord.schemas.expressions.partitions import compile_predicate, partition_schema
+from deltacoord.schemas.expressions.syntax import read_predicates_problem
 from deltacoord.schemas.messages import FileRead, Proposal
 from deltacoord.schemas.properties import CONFLICT_PROFILES, TABLE_ISOLATION_LEVELS, Property, TableProperties
 from deltacoord.schemas.reasons import ReasonCode
@@ -635,10 +631,9 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
         if append_only is not None:
             raise append_only
 
-    if len(p.read_predicates) > MAX_PREDICATES:
-        raise _err(ReasonCode.BAD_PREDICATE, f"{len(p.read_predicates)} read predicates; at most {MAX_PREDICATES} are accepted")
-    if sum(len(t) for t in p.read_predicates) > MAX_TOTAL_PREDICATE_CHARS:
-        raise _err(ReasonCode.BAD_PREDICATE, f"read predicates longer than {MAX_TOTAL_PREDICATE_CHARS} characters in total")
+    problem = read_predicates_problem(p.read_predicates)
+    if problem is not None:
+        raise _err(ReasonCode.BAD_PREDICATE, problem)
     if p.read_predicates:
         read_md = read_time_metadata(state, p, new_metadata)
         read_schema = partition_schema(read_md)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -92,15 +92,47 @@ def _plain(message: str) -> str:
     return f"{op} has nothing after it{where}: give the value or expression it applies to"
 
 
+def _refused_unparsed(text: str, reason: ReasonCode = ReasonCode.BAD_EXPRESSION,
+                      what: str = "expression") -> ExpressionError | None:
+    """Why `text` is refused before sqlglot sees it (empty, too long, nested too deep), or None."""
+    if not isinstance(text, str) or not text.strip():
+        return ExpressionError(str(text), "empty predicate" if reason is ReasonCode.BAD_PREDICATE else "empty expression",
+                               reason=reason, what=what)
+    if len(text) > MAX_PREDICATE_CHARS:
+        return ExpressionError(text, f"longer than {MAX_PREDICATE_CHARS} characters", reason=reason, what=what)
+    if _nesting(text) > MAX_PREDICATE_NESTING:
+        return ExpressionError(text, f"nests deeper than {MAX_PREDICATE_NESTING} levels", reason=reason, what=what)
+    return None
+
+
+def read_predicates_problem(texts: Sequence[str]) -> str | None:
+    """Why a proposal's read predicates are refused as a whole (too many, too long in all), or None."""
+    if len(texts) > MAX_PREDICATES:
+        return f"{len(texts)} read predicates; at most {MAX_PREDICATES} are accepted"
+    if sum(len(t) for t in texts) > MAX_TOTAL_PREDICATE_CHARS:
+        return f"read predicates longer than {MAX_TOTAL_PREDICATE_CHARS} characters in total"
+    return None
+
+
+def parsed_chars(texts: Sequence[str]) -> int:
+    """How many characters of a proposal's read predicates sqlglot would parse (the costly part of deciding them, about
+    0.1 s per 16 KB) before the rules accept or refuse them: none when they are refused as a whole, and none from the
+    first one refused unparsed on (the rules compile them in order and stop at the first refused)."""
+    if read_predicates_problem(texts) is not None:
+        return 0
+    n = 0
+    for text in texts:
+        if _refused_unparsed(text) is not None:
+            break
+        n += len(text)
+    return n
+
+
 def parse(text: str, *, reason: ReasonCode = ReasonCode.BAD_EXPRESSION, what: str = "expression") -> exp.Expr:
     """One SQL expression (Spark dialect), or ExpressionError saying why not."""
-    if not isinstance(text, str) or not text.strip():
-        raise ExpressionError(str(text), "empty predicate" if reason is ReasonCode.BAD_PREDICATE else "empty expression",
-                              reason=reason, what=what)
-    if len(text) > MAX_PREDICATE_CHARS:
-        raise ExpressionError(text, f"longer than {MAX_PREDICATE_CHARS} characters", reason=reason, what=what)
-    if _nesting(text) > MAX_PREDICATE_NESTING:
-        raise ExpressionError(text, f"nests deeper than {MAX_PREDICATE_NESTING} levels", reason=reason, what=what)
+    refused = _refused_unparsed(text, reason, what)
+    if refused is not None:
+        raise refused
     try:
         parsed = sqlglot.parse(text, read="spark")
     except Exception as e:  # sqlglot raises ParseError, TokenError and others
@@ -321,6 +353,8 @@ __all__ = [
     "literal_node",
     "number",
     "parse",
+    "parsed_chars",
+    "read_predicates_problem",
     "split_merge_condition",
     "strip_qualifiers",
     "unparen",

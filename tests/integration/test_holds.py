@@ -173,39 +173,92 @@ def test_pathological_predicates_in_a_burst_hold_only_their_table(
     predicates = [" OR ".join(f"(date = '2026-{i % 12 + 1:02d}-{i % 28 + 1:02d}' AND date <> 'x{k}{i}')"
                               for i in range(360)) for k in range(4)]
     assert all(15_000 < len(p) <= 16_384 for p in predicates), [len(p) for p in predicates]
-    with coordinator_thread(kafka_bootstrap, topics, settings_overrides={"hold_predicate_chars": 8192}) as coord:
+    with coordinator_thread(kafka_bootstrap, topics) as coord:  # predicates hold by default
         _create(kafka_bootstrap, topics, b_root)
         with Table(a_root, kafka_bootstrap, topics=topics) as a:
             a.create(SCHEMA, partition_by=["date"])
         b = Appender(kafka_bootstrap, topics, b_root)
         b.wait_for(1)
         gates = iter([lambda: b.wait_for(len(b.versions) + PASSING)])
-        _gate(monkeypatch, lambda _w: next(gates, lambda: None)())
-        results: list[object] = []
-        with Table(a_root, kafka_bootstrap, topics=topics, decision_timeout_s=300) as a:
-            a_id = a.table_id
-            txs = []
-            for i in range(10):
-                tx = a.begin()
-                for p in predicates:
-                    tx.read_predicate(p)
-                tx.add(*staging.write_data_files(a.storage, one_row(i), ["date"]))
-                txs.append(tx)
-            threads = [threading.Thread(target=lambda tx=tx: results.append(
-                _outcome(lambda: tx.commit("WRITE", parameters={"mode": "Append"})))) for tx in txs]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join(300)
+        shown = _gate(monkeypatch, lambda _w: next(gates, lambda: None)())
+        a_id, results = _commit_at_once(kafka_bootstrap, topics, a_root, [predicates] * 10)
         b_commits = b.finish()
         holds = coord.metrics.registry.get_sample_value("deltacoord_holds_total", {"why": "predicates"})
-    assert holds == 10, "each of the ten was decided off the deciding thread"
+    # Each of the ten was decided off the deciding thread; those that came together shared a hold.
+    assert holds == len(shown) and sum(int(str(h["messages"])) for h in shown) == 10, shown
     committed = [r for r in results if isinstance(r, int)]
     assert len(results) == 10 and committed, results
     b_id = Table(b_root, kafka_bootstrap, topics=topics).table_id
     assert len(_passed_while_held(kafka_bootstrap, topics, a_id, b_id)) >= PASSING
     assert delta_rs_count(a_root)[0] == len(committed), "A's committed proposals, each once"
     assert delta_rs_count(b_root) == (b_commits, b_commits * (b_commits + 1) // 2)
+
+
+#: Table A's proposals in the flood, each with a predicate to parse above the default `hold_predicate_chars`.
+FLOOD = 30
+
+
+def test_a_flood_of_large_predicates_for_one_table_shares_holds(
+        kafka_bootstrap: str, topics: Topics, two_tables: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first hold is kept open until every proposal of the flood is consumed: what came with it in its batch went
+    into it, the rest waited behind it and goes into the next one. Two holds at most, each recorded once, whatever
+    the fetches looked like; every proposal decided once, in order."""
+    a_root, b_root = two_tables
+
+    def predicate(n: int) -> str:  # distinct (no compiled predicate reused), on partitions A's appends never touch
+        return " OR ".join(f"(date = '2025-{i % 12 + 1:02d}-{i % 28 + 1:02d}' AND date <> 'f{n}x{i}')" for i in range(130))
+
+    assert all(4096 < len(predicate(n)) <= 16_384 for n in range(FLOOD))
+    with coordinator_thread(kafka_bootstrap, topics) as coord:
+        _create(kafka_bootstrap, topics, b_root)
+        with Table(a_root, kafka_bootstrap, topics=topics) as a:
+            a.create(SCHEMA, partition_by=["date"])
+        b = Appender(kafka_bootstrap, topics, b_root)
+        b.wait_for(1)
+
+        def all_consumed(w: PartitionCoordinator) -> None:
+            _until(lambda: w.holds.hold is not None and len(w.holds.hold.items) + len(w.holds.waiting) >= FLOOD,
+                   "the flood to be consumed")
+            b.wait_for(len(b.versions) + PASSING)
+
+        gates = iter([all_consumed])
+        shown = _gate(monkeypatch, lambda w: next(gates, lambda _w: None)(w))
+        a_id, results = _commit_at_once(kafka_bootstrap, topics, a_root, [[predicate(i)] for i in range(1, FLOOD + 1)],
+                                        first_row=1)
+        b_commits = b.finish()
+        holds = coord.metrics.registry.get_sample_value("deltacoord_holds_total", {"why": "predicates"})
+    assert holds == len(shown) <= 2 and sum(int(str(h["messages"])) for h in shown) == FLOOD, shown
+    assert len(results) == FLOOD and all(isinstance(r, int) for r in results), results
+    assert sorted(results) == list(range(1, FLOOD + 1)), "each committed once (the predicates read other partitions)"
+    decisions = _decisions(kafka_bootstrap, topics)
+    ids = [d.proposal_id for d in decisions if d.table_id == a_id and d.holds_version]
+    assert len(ids) == len(set(ids)) == FLOOD + 1, "A's creation and its flood, each decided once"
+    b_id = Table(b_root, kafka_bootstrap, topics=topics).table_id
+    assert len(_passed_while_held(kafka_bootstrap, topics, a_id, b_id)) >= PASSING
+    assert delta_rs_count(a_root) == (FLOOD, FLOOD * (FLOOD + 1) // 2)
+    assert delta_rs_count(b_root) == (b_commits, b_commits * (b_commits + 1) // 2)
+
+
+def _commit_at_once(bootstrap: str, topics: Topics, root: Path, predicates: list[list[str]],
+                    first_row: int = 0) -> tuple[str, list[object]]:
+    """Appends to table `root` (one row each, ids from `first_row`), one reading each list of `predicates`, committed
+    at once from a thread each; the table id and each one's outcome (`_outcome`)."""
+    results: list[object] = []
+    with Table(root, bootstrap, topics=topics, decision_timeout_s=300) as a:
+        txs = []
+        for i, read in enumerate(predicates, start=first_row):
+            tx = a.begin()
+            for p in read:
+                tx.read_predicate(p)
+            tx.add(*staging.write_data_files(a.storage, one_row(i), ["date"]))
+            txs.append(tx)
+        threads = [threading.Thread(target=lambda tx=tx: results.append(
+            _outcome(lambda: tx.commit("WRITE", parameters={"mode": "Append"})))) for tx in txs]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(300)
+        return a.table_id, results
 
 
 def _outcome(commit: Callable[[], Any]) -> object:
@@ -382,14 +435,14 @@ def test_failed_transactions_around_a_hold_decide_everything_once(
                     return t.append(one_row(1))
 
             def once(w: PartitionCoordinator) -> None:
-                if failing:
-                    return  # the second time the proposal is held: no gate
-                b.wait_for(len(b.versions) + PASSING)
-                b.finish()  # nothing else in flight: the next transactions are the hold's, then what waited
-                queued.append(threading.Thread(target=lambda: out.update(append=_outcome(append_one))))
-                queued[0].start()
-                _until(lambda: len(w.holds.waiting) == 1, "A's append behind the hold")
-                failing.extend([1, 3])  # the hold's record, then (after it is decided again) what waited
+                if not failing:  # the first hold: B passes it, then the transaction recording it fails
+                    b.wait_for(len(b.versions) + PASSING)
+                    b.finish()  # nothing else in flight: the next transactions are the hold's, then what waited
+                    failing.extend([1, 3])  # the hold's record, then (after it is decided again) what waited
+                elif not queued:  # held again: A's append comes after the hold took its messages, and waits
+                    queued.append(threading.Thread(target=lambda: out.update(append=_outcome(append_one))))
+                    queued[0].start()
+                    _until(lambda: len(w.holds.waiting) == 1, "A's append behind the hold")
 
             _gate(monkeypatch, once)
             big = _propose_large(a, 12_000, "f", out, "commit")

@@ -9,13 +9,14 @@ from concurrent.futures import Future
 from typing import Any
 
 from deltacoord.coordinator.kafka.door import Decoded
-from deltacoord.coordinator.kafka.holds import ACTIONS, PREDICATES, Hold, Holds, expensive
+from deltacoord.coordinator.kafka.holds import ACTIONS, PREDICATES, Behind, Hold, Holds, expensive, joins
 from deltacoord.coordinator.rules.batch import Submitted
 from deltacoord.coordinator.settings import CoordinatorSettings
 from deltacoord.schemas.messages import StagedActions
 from tests.unit.builders import proposal
 
 SETTINGS = CoordinatorSettings("127.0.0.1:1", hold_min_actions=100, hold_predicate_chars=50)
+DEFAULTS = CoordinatorSettings("127.0.0.1:1")
 
 
 def _decoded(offset: int, table: str, **kw: Any) -> Decoded:
@@ -23,7 +24,7 @@ def _decoded(offset: int, table: str, **kw: Any) -> Decoded:
 
 
 def _held(h: Holds, offset: int, table: str) -> None:
-    h.hold = Hold(None, _decoded(offset, table, expensive=ACTIONS), ACTIONS, Future(), 0.0)  # type: ignore[arg-type]
+    h.hold = Hold([(None, _decoded(offset, table, expensive=ACTIONS))], ACTIONS, Future(), 0.0)  # type: ignore[list-item]
 
 
 def test_large_commits_by_reference_and_long_predicates_are_expensive() -> None:
@@ -33,9 +34,35 @@ def test_large_commits_by_reference_and_long_predicates_are_expensive() -> None:
     assert expensive(dataclasses.replace(p, staged=StagedActions("0" * 64, 99, 1)), SETTINGS) is None
     assert expensive(proposal(0, predicates=["a = 1" * 5, "b = 2" * 5]), SETTINGS) == PREDICATES
     assert expensive(proposal(0, predicates=["a = 1"]), SETTINGS) is None
-    # By default predicates never hold (each hold costs its own transactions; a flood of them for one table would
-    # go through one at a time).
-    assert expensive(proposal(0, predicates=["x" * 100_000]), CoordinatorSettings("127.0.0.1:1")) is None
+
+
+def test_only_predicates_sqlglot_would_parse_hold() -> None:
+    """What the rules refuse before parsing (too long, nested too deep, too many) is cheap to decide: a barrage of
+    such junk never takes a hold, and a long predicate that parses does (by default from 4,096 characters)."""
+    parsed = " OR ".join(f"(date = '2026-01-{i % 28 + 1:02d}' AND id <> {i})" for i in range(120))
+    assert 4096 <= len(parsed) <= 16_384
+    assert expensive(proposal(0, predicates=[parsed]), DEFAULTS) == PREDICATES
+    assert expensive(proposal(0, predicates=[parsed[:3000]]), DEFAULTS) is None, "below the default"
+    refused_unparsed = [
+        ["x" * 70_000],  # over the total length
+        ["a = 1"] * 65 + [parsed],  # over the count
+        ["x" * 16_385],  # one over the length of a predicate
+        ["(" * 3_000 + "date = '2024-01-01'" + ")" * 3_000],  # nested too deep
+        ["NOT " * 2_000 + "date = '2024-01-01'"],
+        ["", parsed],  # the first is refused: the rules stop there
+    ]
+    for predicates in refused_unparsed:
+        assert expensive(proposal(0, predicates=predicates), DEFAULTS) is None, [p[:20] for p in predicates]
+    assert expensive(proposal(0, predicates=[parsed, "x" * 16_385]), DEFAULTS) == PREDICATES, "parsed before the refusal"
+    assert expensive(proposal(0, predicates=[parsed]), CoordinatorSettings("127.0.0.1:1", hold_predicate_chars=0)) is None
+
+
+def test_a_hold_takes_the_messages_of_its_table_right_after_it_but_no_request_or_other_large_commit() -> None:
+    assert joins(_decoded(2, "a"), {"a"}) and joins(Decoded(3), {"a"}), "its table's, or a dead letter's (no table)"
+    assert joins(_decoded(4, "a", expensive=PREDICATES), {"a"})
+    assert not joins(_decoded(5, "b"), {"a"}), "another table's"
+    assert not joins(_decoded(6, "a", request="release"), {"a"}) and not joins(Decoded(7, resume="a"), {"a"})
+    assert not joins(_decoded(8, "a", expensive=ACTIONS), {"a"}), "one large commit loaded at a time"
 
 
 def test_only_what_names_a_held_or_waiting_table_waits_and_a_resume_waits_with_all_after_it() -> None:
@@ -43,12 +70,17 @@ def test_only_what_names_a_held_or_waiting_table_waits_and_a_resume_waits_with_a
     assert not h.blocks(_decoded(5, "a")), "nothing held: nothing waits"
     _held(h, 5, "a")
     assert h.blocks(_decoded(6, "a")) and not h.blocks(_decoded(6, "b"))
-    assert h.blocks(_decoded(7, "c"), [_decoded(6, "c")]), "behind a message of its table set aside in the batch"
-    h.waiting.append((None, _decoded(8, "d")))  # type: ignore[arg-type]
+    aside = Behind()
+    aside.add(_decoded(6, "c"))
+    assert h.blocks(_decoded(7, "c"), aside), "behind a message of its table set aside in the batch"
+    h.wait([(None, _decoded(8, "d"))])  # type: ignore[list-item]
     assert h.blocks(_decoded(9, "d"))
     assert h.blocks(Decoded(10, resume="b")), "a resumption rebuilds the partition: it waits for the hold"
-    h.waiting.append((None, Decoded(10, resume="b")))  # type: ignore[arg-type]
+    h.wait([(None, Decoded(10, resume="b"))])  # type: ignore[list-item]
     assert h.blocks(_decoded(11, "e")), "and everything after it waits too"
+    assert [x.offset for _m, x in h.take_waiting()] == [8, 10]
+    h.hold = None
+    assert not h.blocks(_decoded(12, "d")) and not h.blocks(Decoded(13, resume="b")), "taken: nothing waits"
 
 
 def test_no_offset_is_recorded_past_the_first_undecided_one() -> None:
@@ -57,8 +89,9 @@ def test_no_offset_is_recorded_past_the_first_undecided_one() -> None:
     _held(h, 7, "a")
     assert h.floor() == 7 and h.floor([_decoded(3, "x")]) == 3
     h.hold = None
-    h.waiting.append((None, _decoded(9, "a")))  # type: ignore[arg-type]
-    assert h.floor() == 9, "what waited behind the hold still holds the offset"
+    h.wait([(None, _decoded(9, "a"))])  # type: ignore[list-item]
+    h.wait([(None, _decoded(8, "a"))], first=True)  # type: ignore[list-item]
+    assert h.floor() == 8, "what waited behind the hold still holds the offset"
 
 
 def test_decisions_past_a_hold_are_bounded_and_counted_from_the_first_undecided_offset() -> None:
