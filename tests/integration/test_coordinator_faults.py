@@ -21,13 +21,20 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
 from deltacoord.coordinator.settings import CoordinatorSettings
 from deltacoord.schemas.routing import Topics
 from deltacoord.writer.table import Table
 from tests.conftest import StoreServer, TablePlace, make_place
-from tests.integration.coord_harness import CoordinatorProcess, fresh_topics, start_coordinator_process
+from tests.integration.coord_harness import (
+    CoordinatorProcess,
+    TransactionFaults,
+    coordinator_thread,
+    fresh_topics,
+    start_coordinator_process,
+)
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string())])
 
@@ -283,6 +290,43 @@ def test_a_stuck_send_offsets_call_gets_its_producer_replaced(kafka_bootstrap: s
     rep = verify_table(_settings(kafka_bootstrap, topics), path.as_uri(), path.resolve().as_uri())
     assert_verified(rep)
     assert rep.topic_versions == 5
+
+
+def test_an_abort_that_kills_the_producer_without_a_newer_owner_replaces_it(
+        kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka can send a failed transaction's abort before the broker has added the transaction's partitions;
+    the broker's INVALID_TXN_STATE is then fatal to the producer although no newer coordinator fenced it. The
+    coordinator replaces its producer and decides on, in the same process, instead of stopping as if fenced (its
+    writers would wait out their timeouts)."""
+    import deltacoord.coordinator.kafka.batch_transaction as batch_transaction
+
+    faults = TransactionFaults(monkeypatch)
+    killed = [0]
+
+    class DyingAbort(Producer):
+        def abort_transaction(self, *args: object) -> None:
+            if faults.failed and not killed[0]:
+                killed[0] += 1
+                raise KafkaException(KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction: Broker: "
+                                                "Producer attempted a transactional operation in an invalid state",
+                                                fatal=True))
+            super().abort_transaction(*args)
+
+    monkeypatch.setattr(batch_transaction, "Producer", DyingAbort)
+    topics = fresh_topics(kafka_bootstrap)
+    path = tmp_path / "t"
+    with coordinator_thread(kafka_bootstrap, topics) as coord, \
+            Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=60) as t:
+        t.create(SCHEMA)
+        faults.failing.append(1)  # the first append's transaction
+        versions = [t.append(pa.table({"id": [i], "date": ["d"]})).version for i in range(3)]
+        failures = coord.metrics.registry.get_sample_value("deltacoord_transaction_failures_total")
+    assert (faults.failed, killed[0]) == (1, 1), "one transaction failed, and its abort killed the producer"
+    assert versions == [1, 2, 3]
+    assert failures == 1
+    rep = verify_table(_settings(kafka_bootstrap, topics), path.as_uri(), path.resolve().as_uri())
+    assert_verified(rep)
+    assert rep.topic_versions == 4
 
 
 @pytest.mark.slow
