@@ -331,8 +331,10 @@ class PartitionCoordinator:
         again."""
         self.holds.hold = None
         x, held = h.future.result()  # an exception is a bug of the decision path: it propagates (the daemon stops)
+        gen = self.holds.generation
         if not self._decide([h.message], [x], h.consumed_at, floor=self.holds.floor(), held=held):
-            self.holds.waiting.insert(0, (h.message, self.door.decode_batch([h.message])[0]))
+            if gen == self.holds.generation:  # else the partition was rebuilt (a producer replaced): consumed again
+                self.holds.waiting.insert(0, (h.message, self.door.decode_batch([h.message])[0]))
             return False
         log.info("partition %d: the held proposal at offset %d is decided after %.1fs", self.partition, h.offset,
                  time.monotonic() - h.since)
