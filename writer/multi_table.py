@@ -105,10 +105,11 @@ class _PartTable(Table):
 
     def snapshot(self, version: int | None = None, *, ratified: bool = False,
                  files_on_demand: bool = False) -> Snapshot:
+        generation = self.origin._generation if self.origin is not None else 0
         snap = super().snapshot(version, ratified=ratified, files_on_demand=files_on_demand)
         if self.origin is not None and version is None:
             # The caller's handle keeps it: its next transaction's blind appends need not read the log again.
-            self.origin._snapshot = snap
+            self.origin._keep(snap, generation)
         return snap
 
     def _part(self, read_version: int) -> _PartTransaction:

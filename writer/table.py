@@ -27,6 +27,7 @@ from one snapshot (as concurrent writers would) and see Delta's conflicts.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -94,6 +95,13 @@ class Table:
     Every write operation takes `proposal_id`: after an unknown outcome
     (`CommitOutcomeUnknownError`, or an interrupt while waiting), repeating the
     operation with the proposal id it named commits at most once.
+
+    One handle may be shared by threads, and their calls run at the same time. Each call is a transaction of its
+    own over the handle's one producer and reply reader, which routes answers by proposal id. A lock guards only
+    the newest version committed and the cached snapshot, and no call waits for another's commit. The costs:
+    blind appends of several threads may share a version (coalesced); a delivery wait also waits for the other
+    threads' proposals in flight on the shared producer; a conflict or a metadata change in one thread makes
+    the handle's next blind appends read the log again (docs/python.md, "One table from several threads").
     """
 
 
@@ -126,8 +134,13 @@ class Table:
         self.client = client or CoordinatorClient(bootstrap_servers, topics=topics, topic_prefix=topic_prefix,
                                                   coordinator_group=coordinator_group,
                                                   coordinator_check=coordinator_check, relay=relay, **kafka_config)
+        # Shared by the threads committing through this handle: each commit is its own `Transaction` with its own
+        # proposal id and answer (`CoordinatorClient` routes answers by id), so only these two need the lock.
+        self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._floor = -1  # newest version this handle committed
+        #: Counts drops of the cached snapshot: one loaded before a drop is not cached after it (`_keep`).
+        self._generation = 0
 
     @property
     def root(self) -> Path:
@@ -141,9 +154,10 @@ class Table:
     # -- snapshots ------------------------------------------------------------------
     def committed(self, version: int, *, changed_metadata: bool = False) -> None:
         """Called by Transaction on success: later snapshots must include `version`."""
-        self._floor = max(self._floor, version)
-        if changed_metadata:
-            self._snapshot = None  # a cached pre-change snapshot would make our own appends conflict
+        with self._lock:
+            self._floor = max(self._floor, version)  # another thread's commit may be newer, and told first
+            if changed_metadata:
+                self._drop_cached()  # a cached pre-change snapshot would make our own appends conflict
 
     @property
     def last_committed_version(self) -> int | None:
@@ -152,7 +166,21 @@ class Table:
 
     def invalidate(self) -> None:
         """Forget the cached snapshot (after a conflict, so a retry reads a fresh one)."""
+        with self._lock:
+            self._drop_cached()
+
+    def _drop_cached(self) -> None:
+        """Forget the cached snapshot, and any being loaded meanwhile by another thread (the caller holds `_lock`)."""
         self._snapshot = None
+        self._generation += 1
+
+    def _keep(self, snap: Snapshot, generation: int) -> None:
+        """Cache `snap`, loaded from cache generation `generation`, unless the cache was dropped since it began
+        loading or another thread cached a newer one: a slow load finishing last must not bring back a snapshot
+        from before a conflict or a metadata change of this handle."""
+        with self._lock:
+            if generation == self._generation and (self._snapshot is None or snap.version >= self._snapshot.version):
+                self._snapshot = snap
 
     def wait_published(self, version: int, timeout_s: float | None = None) -> None:
         """Block until `_delta_log` holds `version` (publication follows the decision).
@@ -189,12 +217,13 @@ class Table:
         in `_delta_log` (read from the commits topic): it never waits on publication. With
         `files_on_demand=True`, the checkpoint's live files are read when first asked for (`Snapshot.load`).
         """
+        generation = self._generation
         if ratified:
             if version is not None:
                 raise ValueError("snapshot(ratified=True) reads the latest version: give no version")
             snap = Snapshot.load(self.uri, storage_options=self.storage_options,
                                  ratified=self.client.ratified_source(self.table_id), files_on_demand=files_on_demand)
-            self._snapshot = snap
+            self._keep(snap, generation)
             return snap
         if version is not None:
             if version <= self._floor:
@@ -204,7 +233,7 @@ class Table:
         if self._floor >= 0:
             self.wait_published(self._floor)
         snap = Snapshot.load(self.uri, storage_options=self.storage_options, files_on_demand=files_on_demand)
-        self._snapshot = snap
+        self._keep(snap, generation)
         return snap
 
     def cached_snapshot(self) -> Snapshot:
@@ -215,7 +244,9 @@ class Table:
     def restart_at(self, version: int) -> None:
         """A table (re)created (or dropped, -1) at this location: versions this handle committed to an earlier
         table there are no floor for later snapshots."""
-        self._floor, self._snapshot = version, None
+        with self._lock:
+            self._floor = version
+            self._drop_cached()
 
     def begin(self, snapshot: Snapshot | None = None, *, proposal_id: str | None = None) -> Transaction:
         """Start a low-level transaction at the given (default: latest) snapshot."""

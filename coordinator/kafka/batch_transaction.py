@@ -8,7 +8,8 @@ of a transaction for what it is (too large, invalid: `RECORD_REFUSALS`), the mes
 step per refusal and the batch retried: first its proposal is rejected with UNRECORDABLE (an undecodable message
 keeps its rejection) and its dead letter keeps only headers; then the dead letter is dropped too (the door,
 `deltacoord.coordinator.kafka.door`, decodes a degraded message so). A producer call that outlives its bound
-(`ProducerStuckError`) replaces the producer, as a restart would.
+(`ProducerStuckError`), or an abort that kills the producer without a newer owner (`NOT_FENCED`), replaces the
+producer, as a restart would.
 
 Commits-topic records carry the offset their batch consumed up to (`H_NEXT_OFFSET`); the group's offset is
 committed in the transaction only when no such record does or once it has lagged them for
@@ -47,6 +48,10 @@ RECORD_REFUSALS = frozenset({
 FULL, HEADERS_ONLY, REJECTION_ONLY = 0, 1, 2
 #: After an idle commit of the group's offset failed, the next try waits this long.
 GROUP_OFFSET_RETRY_S = 5.0
+#: How long a failed transaction's records are waited for before it is aborted (`_abort_and_rewind`).
+ABORT_FLUSH_S = 10.0
+#: Fatal errors of an abort that no newer owner caused: the producer is replaced, and the coordinator stays.
+NOT_FENCED = frozenset({KafkaError.INVALID_TXN_STATE})
 
 
 class ProducerStuckError(DeltaCoordError, RuntimeError):
@@ -421,10 +426,21 @@ class BatchTransaction:
 
     def _abort_and_rewind(self, cause: KafkaException) -> None:
         assert self.producer is not None
+        # Every record of the transaction delivered (or failed) first: librdkafka sends the abort's EndTxn once it has
+        # sent AddPartitionsToTxn, not once the broker has added the partitions. An EndTxn that gets there first finds
+        # no open transaction, and the broker's INVALID_TXN_STATE is fatal to the producer (librdkafka issue #4849).
+        # A delivered record proves its partition was added.
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self.producer.flush(ABORT_FLUSH_S)
         try:
             self.producer.abort_transaction(60)
         except KafkaException as e:
             kerr = e.args[0]
+            if isinstance(kerr, KafkaError) and kerr.code() in NOT_FENCED:
+                # The producer is dead but nobody fenced it: start over with a new one, as a restart would.
+                self._replace_producer(ProducerStuckError(f"partition {self.partition}: aborting a failed transaction "
+                                                          f"failed ({kerr.str()})"))
+                return
             if isinstance(kerr, KafkaError) and kerr.fatal():
                 raise FencedError(f"partition {self.partition}: {kerr}") from cause
         # The states never held this batch (its overlay is dropped): consume it again from the offset the

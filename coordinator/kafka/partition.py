@@ -343,8 +343,10 @@ class PartitionCoordinator:
         self.holds.hold = None
         xs, held = h.future.result()  # an exception is a bug of the decision path: it propagates (the daemon stops)
         messages = [m for m, _x in h.items]
+        gen = self.holds.generation
         if not self._decide(messages, xs, h.consumed_at, floor=self.holds.floor(), held=held):
-            self.holds.wait(list(zip(messages, self.door.decode_batch(messages), strict=True)), first=True)
+            if gen == self.holds.generation:  # else the partition was rebuilt (a producer replaced): consumed again
+                self.holds.wait(list(zip(messages, self.door.decode_batch(messages), strict=True)), first=True)
             return False
         log.info("partition %d: the %d held messages from offset %d are decided after %.1fs", self.partition,
                  len(messages), h.offset, time.monotonic() - h.since)

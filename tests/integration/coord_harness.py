@@ -14,9 +14,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pytest
 from confluent_kafka.admin import AdminClient
 
+import deltacoord.coordinator.kafka.batch_transaction as batch_transaction
 from deltacoord.coordinator.kafka.daemon import Coordinator
 from deltacoord.coordinator.kafka.topics import ensure_topics
 from deltacoord.coordinator.settings import CoordinatorSettings
@@ -72,6 +75,37 @@ def coordinator_thread(bootstrap: str, topics: Topics, max_proposal_bytes: int =
     finally:
         coord.stop_event.set()
         t.join(60)
+
+
+class TransactionFaults:
+    """Fails chosen transactions of the coordinators in this process just before their commit (the fault point
+    `before_kafka_commit`): the transactions deciding messages (not idle offset commits) are counted from 1 once
+    `failing` names any, and those it names fail. Installed with `monkeypatch` for one test."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        #: Which deciding transactions fail, counted from when this first names one (empty: none is counted).
+        self.failing: list[int] = []
+        self.seen = 0
+        #: How many transactions were failed so far.
+        self.failed = 0
+        self._deciding = False  # whether the transaction under way decides messages
+        transact = batch_transaction.BatchTransaction._transact
+
+        def noting(txn: batch_transaction.BatchTransaction, batch: Any, *args: Any, **kwargs: Any) -> Any:
+            self._deciding = bool(batch)
+            return transact(txn, batch, *args, **kwargs)
+
+        monkeypatch.setattr(batch_transaction.BatchTransaction, "_transact", noting)
+        monkeypatch.setattr(batch_transaction, "fault_point", self._fault)
+
+    def _fault(self, name: str) -> bool:
+        if name != "before_kafka_commit" or not self.failing or not self._deciding:
+            return False
+        self.seen += 1
+        if self.seen in self.failing:
+            self.failed += 1
+            return True
+        return False
 
 
 @dataclass

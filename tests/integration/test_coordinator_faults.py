@@ -21,13 +21,20 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from deltacoord.coordinator.delta_log.verify import assert_verified, verify_table
 from deltacoord.coordinator.settings import CoordinatorSettings
 from deltacoord.schemas.routing import Topics
 from deltacoord.writer.table import Table
 from tests.conftest import StoreServer, TablePlace, make_place
-from tests.integration.coord_harness import CoordinatorProcess, fresh_topics, start_coordinator_process
+from tests.integration.coord_harness import (
+    CoordinatorProcess,
+    TransactionFaults,
+    coordinator_thread,
+    fresh_topics,
+    start_coordinator_process,
+)
 
 SCHEMA = pa.schema([("id", pa.int64()), ("date", pa.string())])
 
@@ -283,6 +290,79 @@ def test_a_stuck_send_offsets_call_gets_its_producer_replaced(kafka_bootstrap: s
     rep = verify_table(_settings(kafka_bootstrap, topics), path.as_uri(), path.resolve().as_uri())
     assert_verified(rep)
     assert rep.topic_versions == 5
+
+
+def _dying_abort(monkeypatch: pytest.MonkeyPatch, faults: TransactionFaults) -> list[int]:
+    """The coordinators' producers raise, at the first abort after a transaction `faults` failed, the fatal
+    INVALID_TXN_STATE with which the broker answers an EndTxn that came before the transaction's AddPartitionsToTxn
+    was done; how many times they did (a list of one count)."""
+    import deltacoord.coordinator.kafka.batch_transaction as batch_transaction
+
+    killed = [0]
+
+    class DyingAbort(Producer):
+        def abort_transaction(self, *args: object) -> None:
+            if faults.failed and not killed[0]:
+                killed[0] += 1
+                raise KafkaException(KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction: Broker: "
+                                                "Producer attempted a transactional operation in an invalid state",
+                                                fatal=True))
+            super().abort_transaction(*args)
+
+    monkeypatch.setattr(batch_transaction, "Producer", DyingAbort)
+    return killed
+
+
+def test_an_abort_that_kills_the_producer_without_a_newer_owner_replaces_it(
+        kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka can send a failed transaction's abort before the broker has added the transaction's partitions;
+    the broker's INVALID_TXN_STATE is then fatal to the producer although no newer coordinator fenced it. The
+    coordinator replaces its producer and decides on, in the same process, instead of stopping as if fenced (its
+    writers would wait out their timeouts)."""
+    faults = TransactionFaults(monkeypatch)
+    killed = _dying_abort(monkeypatch, faults)
+    topics = fresh_topics(kafka_bootstrap)
+    path = tmp_path / "t"
+    with coordinator_thread(kafka_bootstrap, topics) as coord, \
+            Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=60) as t:
+        t.create(SCHEMA)
+        faults.failing.append(1)  # the first append's transaction
+        versions = [t.append(pa.table({"id": [i], "date": ["d"]})).version for i in range(3)]
+        failures = coord.metrics.registry.get_sample_value("deltacoord_transaction_failures_total")
+    assert (faults.failed, killed[0]) == (1, 1), "one transaction failed, and its abort killed the producer"
+    assert versions == [1, 2, 3]
+    assert failures == 1
+    rep = verify_table(_settings(kafka_bootstrap, topics), path.as_uri(), path.resolve().as_uri())
+    assert_verified(rep)
+    assert rep.topic_versions == 4
+
+
+def test_an_abort_that_kills_the_producer_while_recording_a_hold_decides_the_held_proposal_once(
+        kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same abort after the transaction recording a held proposal's decision: the partition is rebuilt and
+    consumes the held proposal again, which is decided once (not also kept waiting, to be answered again)."""
+    from deltacoord.coordinator.kafka.recovery import read_decisions
+    from tests.integration.test_big_commits import SCHEMA as WIDE
+    from tests.integration.test_big_commits import delta_rs_count, file_copies
+
+    faults = TransactionFaults(monkeypatch)
+    killed = _dying_abort(monkeypatch, faults)
+    topics = fresh_topics(kafka_bootstrap)
+    path = tmp_path / "t"
+    with coordinator_thread(kafka_bootstrap, topics, settings_overrides={"hold_min_actions": 1_000}) as coord, \
+            Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=60) as t:
+        t.create(WIDE)
+        tx = t.begin()
+        tx.stage(file_copies(t, 1_500, "h"))
+        faults.failing.append(1)  # the transaction recording the hold's decision
+        version = tx.commit("WRITE", parameters={"mode": "Append"}).version
+        holds = coord.metrics.registry.get_sample_value("deltacoord_holds_total", {"why": "actions"})
+    assert (faults.failed, killed[0]) == (1, 1)
+    assert version == 1 and holds == 2, (version, holds)
+    decisions = [d for d in read_decisions(_settings(kafka_bootstrap, topics), 0) if d.table_id == t.table_id]
+    assert [(d.version, d.duplicate_of) for d in decisions] == [(0, None), (1, None)], "each proposal decided once"
+    assert delta_rs_count(path) == (1_500, 7 * 1_500)
+    assert_verified(verify_table(_settings(kafka_bootstrap, topics), path.as_uri(), path.resolve().as_uri()))
 
 
 @pytest.mark.slow

@@ -29,7 +29,12 @@ from deltacoord.schemas.routing import CONTROL_RELEASE, Topics
 from deltacoord.writer import staging
 from deltacoord.writer.table import Table
 from deltacoord.writer.table_control import control
-from tests.integration.coord_harness import coordinator_thread, fresh_topics, start_coordinator_process
+from tests.integration.coord_harness import (
+    TransactionFaults,
+    coordinator_thread,
+    fresh_topics,
+    start_coordinator_process,
+)
 from tests.integration.test_big_commits import SCHEMA, delta_rs_count, file_copies, one_row
 
 #: Files of table A's large commit: a few seconds of loading and deciding here; far above `hold_min_actions`.
@@ -401,26 +406,8 @@ def test_failed_transactions_around_a_hold_decide_everything_once(
         kafka_bootstrap: str, topics: Topics, two_tables: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """The transaction recording a hold's decision fails (the proposal is held and decided again), and so does the
     one deciding what waited behind it (it waits again): every commit still lands once."""
-    import deltacoord.coordinator.kafka.batch_transaction as batch_transaction
-
     a_root, b_root = two_tables
-    failing: list[int] = []  # the transactions deciding messages (counted once armed) that fail before their commit
-    seen = [0]
-    deciding = [False]  # whether the transaction under way decides messages (not an idle offset commit)
-    transact = batch_transaction.BatchTransaction._transact
-
-    def noting(self: batch_transaction.BatchTransaction, batch, *args, **kwargs):  # type: ignore[no-untyped-def]
-        deciding[0] = bool(batch)
-        return transact(self, batch, *args, **kwargs)
-
-    def fault(name: str) -> bool:
-        if name != "before_kafka_commit" or not failing or not deciding[0]:
-            return False
-        seen[0] += 1
-        return seen[0] in failing
-
-    monkeypatch.setattr(batch_transaction.BatchTransaction, "_transact", noting)
-    monkeypatch.setattr(batch_transaction, "fault_point", fault)
+    faults = TransactionFaults(monkeypatch)
     out: dict[str, object] = {}
     with coordinator_thread(kafka_bootstrap, topics) as coord:
         _create(kafka_bootstrap, topics, a_root, b_root)
@@ -435,10 +422,10 @@ def test_failed_transactions_around_a_hold_decide_everything_once(
                     return t.append(one_row(1))
 
             def once(w: PartitionCoordinator) -> None:
-                if not failing:  # the first hold: B passes it, then the transaction recording it fails
+                if not faults.failing:  # the first hold: B passes it, then the transaction recording it fails
                     b.wait_for(len(b.versions) + PASSING)
                     b.finish()  # nothing else in flight: the next transactions are the hold's, then what waited
-                    failing.extend([1, 3])  # the hold's record, then (after it is decided again) what waited
+                    faults.failing.extend([1, 3])  # the hold's record, then (after it is decided again) what waited
                 elif not queued:  # held again: A's append comes after the hold took its messages, and waits
                     queued.append(threading.Thread(target=lambda: out.update(append=_outcome(append_one))))
                     queued[0].start()
