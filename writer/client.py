@@ -84,6 +84,10 @@ WARM_WAIT_S = 10.0
 #: The longest one poll of the reply threads blocks: `close` waits for them, and so does every short-lived
 #: process's exit (at 0.1 s, a CLI write spent a tenth of its process there).
 POLL_S = 0.025
+#: How long `ReplyPartitions.close` waits for each reply thread (one in a rebalance callback may take long).
+CLOSE_WAIT_S = 30.0
+#: How long a closing client polls its lease for the revocation of its partitions before it closes it.
+LEAVE_WAIT_S = 5.0
 #: A reply partition assigned this long ago counts as fetched even if its end was not reached yet.
 LIVE_AFTER_S = 0.5
 #: How long a new client's partition count may go unanswered before a probe asks whether any broker answers
@@ -325,10 +329,12 @@ class ReplyPartitions(Routing):
         })
         lease.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
         with self._lock:
-            if self._stop.is_set():
-                lease.close()
-                return None
-            self._lease = lease
+            stopped = self._stop.is_set()
+            if not stopped:
+                self._lease = lease
+        if stopped:
+            self._leave(lease)  # not under `_lock`, which the revocation's callback takes
+            return None
         return lease
 
     def _hold_lease(self) -> None:
@@ -342,9 +348,24 @@ class ReplyPartitions(Routing):
             return
         while lease is not None and not self._stop.is_set():
             try:
-                lease.poll(POLL_S)  # delivers no records (paused); runs the group protocol (and `close` waits for it)
+                lease.poll(POLL_S)  # delivers no records (paused); runs the group protocol
             except (KafkaException, RuntimeError):
                 time.sleep(0.2)
+        if lease is not None:  # this thread polls the lease, so it closes it, leaving the group (`close`)
+            self._leave(lease)
+
+    @staticmethod
+    def _leave(lease: Consumer) -> None:
+        """Give the leased partitions back while polling, then close: a revocation served inside `close` runs
+        confluent-kafka's fallback `incremental_unassign` there, which librdkafka (group.protocol=consumer) can
+        leave waiting for ever while it holds the GIL (seen: a test process frozen in `Consumer.close`)."""
+        with contextlib.suppress(KafkaException, RuntimeError):
+            lease.unsubscribe()
+            deadline = time.monotonic() + LEAVE_WAIT_S
+            while lease.assignment() and time.monotonic() < deadline:
+                lease.poll(POLL_S)  # serves the revocation (`_on_revoke`) here, outside `close`
+        with contextlib.suppress(KafkaException, RuntimeError):
+            lease.close()
 
     def leased(self) -> frozenset[int]:
         with self._lock:
@@ -426,6 +447,13 @@ class ReplyPartitions(Routing):
             self._assigned_at.update((tp.partition, now) for tp in todo)
 
     def _read(self) -> None:
+        try:
+            self._read_until_stopped()
+        finally:  # this thread polls the reader, so it closes it (`close`)
+            with contextlib.suppress(KafkaException, RuntimeError):
+                self._reader.close()
+
+    def _read_until_stopped(self) -> None:
         last_release = time.monotonic()
         while not self._stop.is_set():
             try:
@@ -462,15 +490,20 @@ class ReplyPartitions(Routing):
                 self.route(m)
 
     def close(self) -> None:
+        """Stop the threads, which close the consumers they poll as they leave: librdkafka's close of a consumer
+        another thread is still polling can block for ever (a test process hung in it for minutes when the
+        threads were given 5 s and their consumers closed from here regardless)."""
         with self._lock:
             self._stop.set()
         self._lease_now.set()
         for t in self._threads:
-            t.join(5)
-        for c in (self._lease, self._reader, self._offsets):
-            if c is not None:
-                with contextlib.suppress(KafkaException, RuntimeError):
-                    c.close()
+            t.join(CLOSE_WAIT_S)
+            if t.is_alive():
+                log.warning("the reply thread %s did not stop within %.0fs; its consumer is closed when it does",
+                            t.name, CLOSE_WAIT_S)
+        if self._offsets is not None:  # polled by no thread
+            with contextlib.suppress(KafkaException, RuntimeError):
+                self._offsets.close()
 
 
 #: Delivery errors that mean the broker never wrote the proposal (not a timeout, whose message may

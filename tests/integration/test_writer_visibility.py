@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -364,4 +365,38 @@ def test_a_short_lived_writer_commits_without_joining_the_writers_group(
         assert table_place.delta_table(str(tmp_path / "t")).version() == 4
     finally:
         t.close()
+        questions.close()
+
+
+def test_a_closed_writer_gives_its_leased_partitions_back_before_closing_its_lease(
+        kafka_bootstrap: str, topics: Topics, table_place: TablePlace, coordinator: Coordinator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closing a writer that leases reply partitions: its lease's thread unsubscribes and serves the revocation
+    in a poll of its own, then closes the lease with nothing assigned, so no revocation runs inside librdkafka's
+    close (where confluent-kafka's fallback unassign could wait for ever holding the GIL); the writer leaves the
+    group and its next owner gets the partitions."""
+    from deltacoord.writer import client as client_module
+
+    revoked_on: list[str] = []
+    on_revoke = client_module.ReplyPartitions._on_revoke
+
+    def noting(self: client_module.ReplyPartitions, consumer: Any, partitions: list[Any]) -> None:
+        revoked_on.append(threading.current_thread().name)
+        on_revoke(self, consumer, partitions)
+
+    monkeypatch.setattr(client_module.ReplyPartitions, "_on_revoke", noting)
+    questions = GroupQuestions({"bootstrap.servers": kafka_bootstrap})
+    group = f"deltacoord-writer-{topics.replies}"
+    try:
+        uri = table_place.of(tmp_path / "t")
+        t = Table(uri, kafka_bootstrap, topics=topics, storage_options=table_place.storage_options)
+        t.create(SCHEMA)
+        assert t.client.wait_leased(60)
+        replies = t.client._replies()
+        assert isinstance(replies, client_module.ReplyPartitions) and replies.leased()
+        t.close()
+        assert all(not th.is_alive() for th in replies._threads), "a reply thread outlived close"
+        assert revoked_on and set(revoked_on) == {"deltacoord-reply-lease"}, revoked_on
+        assert questions.describe([group], 10)[group].get("members", []) == []
+    finally:
         questions.close()
