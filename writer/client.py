@@ -695,7 +695,12 @@ class CoordinatorClient:
         """Raise NoCoordinatorError unless a live coordinator holds `table_id`'s proposals partition (cached, see
         `deltacoord.writer.serving`); writers call it before staging, so a commit without a coordinator fails before any work."""
         self._warmed.wait(WARM_WAIT_S)
-        self.coordinator_check.ensure(self.partition_of(table_id))
+        try:
+            partition = self.partition_of(table_id)
+        except KafkaException as e:  # brokers stopped or moving: a write that stages nothing and sends nothing
+            raise ProposalNotSentError(f"nothing was sent for table {table_id}: Kafka did not answer "
+                                       f"({e.args[0] if e.args else e}); a retry is safe") from e
+        self.coordinator_check.ensure(partition)
 
     def ratified_source(self, table_id: str) -> RatifiedSource:
         """Where a reader finds `table_id`'s ratified but unpublished versions (this client's Kafka and topics)."""

@@ -101,6 +101,29 @@ def test_a_misspelt_client_keyword_is_named_too() -> None:
         CoordinatorClient("127.0.0.1:9", relays="/run/relay.sock")
 
 
+def test_a_metadata_failure_before_staging_says_nothing_was_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that answers the probe, then fails the partition count (killed and restarting), is a refusal
+    before anything was sent: a writer told a raw KafkaException cannot know that a retry is safe (a clean-clone
+    CI run's four-writer fault test caught one)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from deltacoord.schemas import kafka_logs
+    from deltacoord.schemas.errors import ProposalNotSentError
+
+    def transport_failure(*_a: object, **_k: object) -> int:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure"))
+
+    monkeypatch.setattr(kafka_logs, "probe", lambda *_a, **_k: None)
+    client = CoordinatorClient("127.0.0.1:9", coordinator_check=False, relay="")
+    try:
+        monkeypatch.setattr(client, "_partition_count", transport_failure)
+        with pytest.raises(ProposalNotSentError, match=r"nothing was sent for table t1: Kafka did not answer .*"
+                                                       r"transport failure.*a retry is safe"):
+            client.ensure_coordinator("t1")
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("setting", [{"debug": "broker"}, {"acks": "all"}, {"security.protocol": "PLAINTEXT"}])
 def test_kafka_settings_without_a_dot_still_pass(setting: dict[str, str]) -> None:
     """librdkafka's own dotless names (debug, acks) are settings, not misspelt keywords."""
