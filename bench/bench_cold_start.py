@@ -9,7 +9,8 @@ fresh Python worker. For each of `--runs` fresh processes:
   version is in `_delta_log`); the first two are the cold ones, the rest show a warm commit (the rows are
   built beforehand: `pa.table` of a dict imports pandas, a cost of the caller's, not of the commit); and
   again with the rows built before `Table(...)`, so the first append starts the moment the handle exists,
-  while the client's start-up questions to Kafka are still out;
+  while the client's start-up questions to Kafka are still out (also printed: `Table()` plus that first
+  append, and the process's CPU time during the first commit and a warm one, start-up threads included);
 * `delta-rs`: `write_deltalake(..., mode="append")` the same number of times on a table of its own;
 * `cli`: one `deltacoord table append` process, timed from its start to its exit (interpreter and imports
   included), beside a process that only imports what the CLI imports, so the commit's own share shows, and
@@ -45,14 +46,17 @@ imported = time.perf_counter()
 bootstrap, prefix, path, n, at_once = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
 if at_once:  # the rows first: the first append is issued the moment Table() returns
     batches = [pa.table({"id": [i], "value": [f"row-{i}"]}) for i in range(n)]
+opened = time.perf_counter()
 t = Table(path, bootstrap, topics=Topics.with_prefix(prefix))
-out = {"import_ms": (imported - t0) * 1000, "commits_ms": []}
+out = {"import_ms": (imported - t0) * 1000, "table_ms": (time.perf_counter() - opened) * 1000, "commits_ms": [],
+       "cpu_ms": []}
 if not at_once:  # untimed, as in delta-rs's run (pa.table of a dict imports pandas: about 200 ms)
     batches = [pa.table({"id": [i], "value": [f"row-{i}"]}) for i in range(n)]
 for i in range(n):
-    s = time.perf_counter()
+    s, c = time.perf_counter(), time.process_time()  # the process's CPU, its start-up threads' included
     t.append(batches[i])
     out["commits_ms"].append((time.perf_counter() - s) * 1000)
+    out["cpu_ms"].append((time.process_time() - c) * 1000)
 # The exact coordinator question runs in a child process only when the quick look did not find the group Stable.
 out["check_children"] = t.client.coordinator_check.kafka.started
 t.close()
@@ -147,6 +151,8 @@ def run(bootstrap: str, runs: int, commits: int, workdir: Path) -> list[dict[str
             rs_process = _timed([sys.executable, "-c", _RS_PROCESS, str(workdir / f"delta-rs-{r}")])
             row = {"run": r, "python_commits_ms": [round(x, 1) for x in py["commits_ms"]],
                    "python_at_once_commits_ms": [round(x, 1) for x in now["commits_ms"]],
+                   "python_at_once_table_ms": round(now["table_ms"], 1),
+                   "python_at_once_cpu_ms": [round(x, 1) for x in now["cpu_ms"]],
                    "delta_rs_commits_ms": [round(x, 1) for x in rs["commits_ms"]],
                    "python_import_ms": round(py["import_ms"], 1), "delta_rs_import_ms": round(rs["import_ms"], 1),
                    "check_children": py["check_children"] + now["check_children"],
@@ -174,6 +180,11 @@ def _table(rows: list[dict[str, Any]]) -> None:
     print(f"{'1st commit ms, rows built first':34} {med('python_at_once_commits_ms', 0):>11}")
     print(f"{'2nd commit ms, rows built first':34} {med('python_at_once_commits_ms', 1):>11}")
     print(f"{'warm commit ms, rows built first':34} {warm('python_at_once_commits_ms'):>11}")
+    # Work moved from the first append into Table() shows here: the handle is opened and used at once.
+    opened = round(statistics.median(r["python_at_once_table_ms"] + r["python_at_once_commits_ms"][0] for r in rows), 1)
+    print(f"{'Table() + 1st commit ms, rows first':34} {opened:>11}")
+    print(f"{'CPU ms 1st / warm, rows built first':34} {med('python_at_once_cpu_ms', 0):>11} "
+          f"/ {warm('python_at_once_cpu_ms')}")
     print(f"{'one-append process ms (CLI)':34} {med('cli_process_ms'):>11} {med('delta_rs_process_ms'):>9}")
     print(f"{'  of which imports only':34} {med('cli_imports_only_ms'):>11}")
     for label, key, i in (("1st / warm", "python_commits_ms", 0), ("2nd / warm", "python_commits_ms", 1),
