@@ -53,6 +53,8 @@ with Table(path, bootstrap, topic_prefix=prefix, relay=relay or None, decision_t
             try:
                 t.append(pa.table({"id": pa.array([row], pa.int64()), "writer": [int(w)]}), proposal_id=pid)
                 acked.append(row)
+                if len(acked) == 1:  # the test injects its faults once every writer is running
+                    open(stop_file + ".running-" + w, "w").close()
                 break
             except CommitOutcomeUnknownError as e:
                 unknown += 1
@@ -73,6 +75,18 @@ def _writer(path: str, bootstrap: str, prefix: str, w: int, stop_file: Path, log
     with open(log, "w") as err:
         return subprocess.Popen([sys.executable, "-c", WRITER, path, bootstrap, prefix, str(w), str(stop_file), relay],
                                 cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True)
+
+
+def _wait_running(writers: list[subprocess.Popen[str]], stop_file: Path, logs: Path, timeout_s: float = 180) -> None:
+    """Until every writer has had its first commit acknowledged: a writer process still importing when the
+    faults begin (a fixed sleep at a load of 30) would meet them on its first call, not as a running writer."""
+    deadline = time.monotonic() + timeout_s
+    for w, p in enumerate(writers):
+        marker = Path(f"{stop_file}.running-{w}")
+        while not marker.exists():
+            assert p.poll() is None, f"writer {w} died with {p.returncode}:\n{(logs / f'writer-{w}.log').read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"writer {w} had no commit acknowledged in {timeout_s:.0f} s"
+            time.sleep(0.2)
 
 
 def _results(writers: list[subprocess.Popen[str]], logs: Path) -> list[dict[str, Any]]:
@@ -126,7 +140,8 @@ def test_four_writers_through_a_stopped_and_a_killed_broker_lose_and_double_noth
         with Table(path, bootstrap, topic_prefix=prefix) as t:
             t.create(pa.schema([("id", pa.int64()), ("writer", pa.int64())]))
         writers = [_writer(path, bootstrap, prefix, w, stop_file, tmp_path / f"writer-{w}.log") for w in range(WRITERS)]
-        time.sleep(5)
+        _wait_running(writers, stop_file, tmp_path)
+        time.sleep(2)
         broker.stop()  # stopped for 30 s under the four writers
         time.sleep(30)
         broker.start()
@@ -167,7 +182,8 @@ def test_four_writers_through_a_relay_killed_three_times_lose_and_double_nothing
             t.create(pa.schema([("id", pa.int64()), ("writer", pa.int64())]))
         writers = [_writer(path, kafka_bootstrap, prefix, w, stop_file, tmp_path / f"writer-{w}.log", sock)
                    for w in range(WRITERS)]
-        time.sleep(5)
+        _wait_running(writers, stop_file, tmp_path)
+        time.sleep(2)
         for _ in range(3):
             relay.send_signal(signal.SIGKILL)
             relay.wait(30)
