@@ -61,6 +61,8 @@ class LiveFileSet:
 
     def _in_base(self, h: int) -> bool:
         base = self._base
+        if not base.size:  # a layer's changes, mostly (no search of an empty array)
+            return False
         i = int(base.searchsorted(h))
         return i < base.size and int(base[i]) == h
 
