@@ -654,7 +654,15 @@ def decode_line(line: str) -> Any:
     return obj if end == len(line) else _DECODE(line)
 
 
+#: Distinct partition values shared by one parse (`_parse_lines`); beyond them each file keeps its own.
+SHARED_PARTITION_VALUES = 65_536
+
+
 def _parse_lines(lines: Iterable[str]) -> Iterator[Action]:
+    # Files of one partition share one partition-values dict (a commit's files lie in few partitions): a dict, its
+    # keys and values each are about 300 bytes a file, 300 MB for a million. Only equal dicts in the same key order
+    # are shared, so each file's line is written back the same; `PartitionValues` is a read-only Mapping.
+    shared: dict[tuple[tuple[str, Any], ...], PartitionValues] = {}
     for lineno, line in enumerate(lines, 1):
         if not line or line.isspace():
             continue
@@ -663,8 +671,21 @@ def _parse_lines(lines: Iterable[str]) -> Iterator[Action]:
         except json.JSONDecodeError as e:
             raise ActionParseError(f"line {lineno} is not JSON: {e}") from e
         action = action_from_json(obj)
-        if action is not None:
-            yield action
+        if action is None:
+            continue
+        if type(action) is AddFile or type(action) is RemoveFile:
+            pv = action.partition_values
+            if pv:
+                try:
+                    one = shared.get(key := tuple(pv.items()))
+                except TypeError:  # a value that is not hashable (validation refuses it): kept as it is
+                    one = pv
+                if one is None:
+                    if len(shared) < SHARED_PARTITION_VALUES:
+                        shared[key] = pv
+                elif one is not pv:
+                    object.__setattr__(action, "partition_values", one)
+        yield action
 
 
 def commit_piece_lines(pieces: Iterable[bytes]) -> Iterator[str]:

@@ -25,6 +25,8 @@ import numpy as np
 
 #: Changes kept in Python sets before a merge, whatever the array's size.
 MERGE_MIN = 4_096
+_NONE = np.zeros(0, dtype=np.int64)
+_NONE.flags.writeable = False
 
 
 def _members(hashes: np.ndarray, among: set[int]) -> np.ndarray:
@@ -40,7 +42,8 @@ class LiveFileSet:
     __slots__ = ("_added", "_base", "_removed")
 
     def __init__(self, hashes: Iterable[int] = ()) -> None:
-        self._base: np.ndarray = np.unique(np.fromiter(hashes, dtype=np.int64))
+        # An empty set (every layer's two) shares one empty array: no array is ever changed in place.
+        self._base: np.ndarray = _NONE if hashes == () else np.unique(np.fromiter(hashes, dtype=np.int64))
         self._added: set[int] = set()
         self._removed: set[int] = set()
 
@@ -58,6 +61,8 @@ class LiveFileSet:
 
     def _in_base(self, h: int) -> bool:
         base = self._base
+        if not base.size:  # a layer's changes, mostly (no search of an empty array)
+            return False
         i = int(base.searchsorted(h))
         return i < base.size and int(base[i]) == h
 
@@ -171,14 +176,16 @@ class LiveFileSet:
 
 
 class LiveFileLayer:
-    """Changes to a live-file set kept apart from it: `_added` are not in the base, `_removed` are."""
+    """Changes to a live-file set kept apart from it: `_added` are not in the base, `_removed` are. Both are
+    `LiveFileSet`s, so a batch's commit of a million files holds its hashes as an array (8 bytes each), not as a
+    Python set (about 77 bytes each)."""
 
     __slots__ = ("_added", "_base", "_removed")
 
     def __init__(self, base: LiveFileSet | LiveFileLayer) -> None:
         self._base = base
-        self._added: set[int] = set()
-        self._removed: set[int] = set()
+        self._added = LiveFileSet()
+        self._removed = LiveFileSet()
 
     def __contains__(self, h: object) -> bool:
         if h in self._added:
@@ -190,13 +197,13 @@ class LiveFileLayer:
 
     def add(self, h: int) -> None:
         if h in self._removed:
-            self._removed.discard(h)
+            self._removed.discard_present(h)
         elif h not in self._base:
             self._added.add(h)
 
     def discard(self, h: int) -> None:
         if h in self._added:
-            self._added.discard(h)
+            self._added.discard_present(h)
         elif h in self._base:
             self._removed.add(h)
 
@@ -205,8 +212,8 @@ class LiveFileLayer:
 
     def contains_many(self, hashes: np.ndarray) -> np.ndarray:
         """`h in self` of each of `hashes` (int64), as a bool array."""
-        found: np.ndarray = (self._base.contains_many(hashes) & ~_members(hashes, self._removed)) | _members(hashes,
-                                                                                                      self._added)
+        found: np.ndarray = (self._base.contains_many(hashes) & ~self._removed.contains_many(hashes)) \
+            | self._added.contains_many(hashes)
         return found
 
     def add_many(self, hashes: np.ndarray) -> None:
@@ -219,39 +226,39 @@ class LiveFileLayer:
 
     def add_absent(self, h: int) -> None:
         if h in self._removed:
-            self._removed.discard(h)
+            self._removed.discard_present(h)
         else:
-            self._added.add(h)
+            self._added.add_absent(h)
 
     def add_absent_many(self, hashes: np.ndarray) -> None:
         """`add_absent` of each of `hashes` (distinct int64, none in this layer's view)."""
-        back = _members(hashes, self._removed)
+        back = self._removed.contains_many(hashes)
         if back.any():
-            self._removed.difference_update(hashes[back].tolist())
+            self._removed.discard_present_many(hashes[back])
             hashes = hashes[~back]
-        self._added.update(hashes.tolist())
+        self._added.add_absent_many(hashes)
 
     def discard_present_many(self, hashes: np.ndarray) -> None:
         """`discard_present` of each of `hashes` (distinct int64, all in this layer's view)."""
-        mine = _members(hashes, self._added)
+        mine = self._added.contains_many(hashes)
         if mine.any():
-            self._added.difference_update(hashes[mine].tolist())
+            self._added.discard_present_many(hashes[mine])
             hashes = hashes[~mine]
-        self._removed.update(hashes.tolist())
+        self._removed.add_absent_many(hashes)
 
     def discard_present(self, h: int) -> None:
         if h in self._added:
-            self._added.discard(h)
+            self._added.discard_present(h)
         else:
-            self._removed.add(h)
+            self._removed.add_absent(h)
 
     def commit(self) -> None:
         """Write this layer's changes into its base (`_added` are not in it, `_removed` are)."""
         base = self._base
-        if self._removed:
-            base.discard_present_many(np.fromiter(self._removed, dtype=np.int64, count=len(self._removed)))
-        if self._added:
-            base.add_absent_many(np.fromiter(self._added, dtype=np.int64, count=len(self._added)))
+        if len(self._removed):
+            base.discard_present_many(self._removed.array())
+        if len(self._added):
+            base.add_absent_many(self._added.array())
 
 
 __all__ = ["MERGE_MIN", "LiveFileLayer", "LiveFileSet"]

@@ -34,6 +34,7 @@ recorded in Kafka (`deltacoord.coordinator.rules.batch`).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
@@ -199,13 +200,14 @@ def file_key_hash(action: AddFile | RemoveFile) -> int:
 BULK_LIVE_CHANGES = 256
 
 
-def _change_live(live: LiveFileSet | LiveFileLayer, keys: list[int], added: list[bool]) -> None:
+def _change_live(live: LiveFileSet | LiveFileLayer, keys: array[int], added: bytearray) -> None:
     """Add (`added[i]`) or discard each of `keys` in order. A large commit whose keys are distinct (validation refuses a
-    key added or removed twice, or both) is applied in bulk: then the order does not matter."""
+    key added or removed twice, or both) is applied in bulk: then the order does not matter. The keys come as a
+    machine array (8 bytes each, not a list of Python ints: 36 MB at a million files)."""
     if len(keys) >= BULK_LIVE_CHANGES:
-        hashes = np.fromiter(keys, dtype=np.int64, count=len(keys))
+        hashes = np.frombuffer(keys, dtype=np.int64)
         if np.unique(hashes).size == hashes.size:
-            is_add = np.fromiter(added, dtype=bool, count=len(added))
+            is_add = np.frombuffer(added, dtype=bool)
             live.discard_many(hashes[~is_add])
             live.add_many(hashes[is_add])
             return
@@ -465,21 +467,21 @@ class TableState:
         app_ids: set[str] = set()
         domains: set[str] = set()
         # The live-file changes in commit order: (hash, added?).
-        keys: list[int] = []
-        added: list[bool] = []
+        keys: array[int] = array("q")
+        added = bytearray()
         n_files = 0
         for a in actions:
             if isinstance(a, AddFile):
                 adds.append(a)
                 dv = a.deletion_vector
                 keys.append(key_hash(a.path, dv.unique_id() if dv is not None else None))
-                added.append(True)
+                added.append(1)
             elif isinstance(a, RemoveFile):
                 removes.append(a)
                 n_files += 1
                 dv = a.deletion_vector
                 keys.append(key_hash(a.path, dv.unique_id() if dv is not None else None))
-                added.append(False)
+                added.append(0)
             elif isinstance(a, CommitInfo):
                 commit_info = a
             elif isinstance(a, Metadata):

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from itertools import islice
 from typing import Any
 from urllib.parse import unquote
 
@@ -195,13 +196,25 @@ def path_problem(path: str, table_uri: str) -> str | None:
 _NOT_PLAIN = ("%", ":", "\\", "..", "//", "/_delta_log")
 
 
-def plain_relative_paths(paths: list[str]) -> bool:
+#: Paths joined and scanned at a time by `plain_relative_paths`: a million paths are never held as one string.
+PATHS_SLICE = 65_536
+
+
+def plain_relative_paths(paths: Iterable[str]) -> bool:
     """Whether every path is a plain relative one that `path_problem` and the control-character check accept: no
     control character, `%`, `:`, backslash, `..`, leading `/`, empty path or `_delta_log` start. One C-speed scan
-    of the paths joined by `/` (a commit of 100,000 files checks them at once); False only means: look at each."""
-    joined = "/".join(paths)
-    return not (not joined or control_character(joined) is not None or any(m in joined for m in _NOT_PLAIN)
-                or joined.startswith(("/", "_delta_log")) or joined.endswith("/"))
+    of the paths joined by `/`, a slice of `PATHS_SLICE` at a time (the same answer as one join: no mark but `//`
+    and `/_delta_log` holds a `/`, and those across two slices show as one's end or the next one's start); False
+    only means: look at each."""
+    it = iter(paths)
+    scanned = False
+    while piece := list(islice(it, PATHS_SLICE)):
+        joined = "/".join(piece)
+        if (not joined or control_character(joined) is not None or any(m in joined for m in _NOT_PLAIN)
+                or joined.startswith(("/", "_delta_log")) or joined.endswith("/")):
+            return False
+        scanned = True
+    return scanned
 
 
 def table_isolation_level(metadata: Metadata | None) -> str:
@@ -471,7 +484,7 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
         if n_adds >= BULK_MIN_FILES else None
     # Likewise their paths: when all are plain relative ones (the common case), no path needs a look of its own.
     plain = len(p.actions) >= BULK_PATHS_MIN and plain_relative_paths(
-        [a.path for a in p.actions if isinstance(a, (AddFile, RemoveFile, AddCDCFile))])
+        a.path for a in p.actions if isinstance(a, (AddFile, RemoveFile, AddCDCFile)))
     for a in p.actions:
         if isinstance(a, AddFile):
             dv = a.deletion_vector

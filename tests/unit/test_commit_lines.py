@@ -230,3 +230,25 @@ def test_the_slot_maker_refuses_a_class_its_objects_would_not_be_whole_for() -> 
     for cls in (Checked, Factory):
         with pytest.raises(TypeError, match="needs its own __init__"):
             actions_module._slot_maker(cls, 1)
+
+
+def test_files_of_one_partition_share_one_partition_values_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parse shares equal partition values (in the same key order) between its files: about 300 bytes a file
+    less, and every line written back the same."""
+    monkeypatch.setattr(actions_module, "SHARED_PARTITION_VALUES", 3)
+    lines = [json.dumps({"add": {"path": f"d={d}/{i}.parquet", "partitionValues": pv, "size": 1,
+                                 "modificationTime": 1, "dataChange": True}}, separators=(",", ":"))
+             for i, (d, pv) in enumerate([("a", {"d": "a", "r": "x"}), ("a", {"d": "a", "r": "x"}),
+                                          ("a", {"r": "x", "d": "a"}), ("b", {"d": "b", "r": None}),
+                                          ("b", {"d": "b", "r": None}), ("c", {"d": "c", "r": "x"}),
+                                          ("c", {"d": "c", "r": "x"}), ("l", {"d": ["not", "hashable"]})])]
+    lines.append('{"remove":{"path":"d=a/9.parquet","deletionTimestamp":1,"dataChange":true,'
+                 '"partitionValues":{"d":"a","r":"x"}}}')
+    data = ("\n".join(lines) + "\n").encode()
+    acts = parse_commit(data)
+    pvs = [a.partition_values for a in acts]
+    assert pvs[0] is pvs[1] is pvs[8] and pvs[3] is pvs[4]
+    assert pvs[2] is not pvs[0] and list(pvs[2]) == ["r", "d"]  # another key order: its own dict
+    assert pvs[5] is not pvs[6]  # beyond SHARED_PARTITION_VALUES distinct ones, each keeps its own
+    assert pvs[7] == {"d": ["not", "hashable"]}
+    assert commit_to_json_lines(acts) == data

@@ -106,3 +106,23 @@ def test_not_a_json_number_in_a_key_no_check_reads_is_refused_in_bulk(bad: str, 
     stats: list[Any] = [json.dumps({"numRecords": i}) for i in range(BULK_FROM + 3)]
     stats[0] = bad
     assert stats_problems(stats, BULK_FROM) == {0: mod.stats_problem(bad)} != {}
+
+
+def test_the_bulk_pass_never_imports_pandas() -> None:
+    """The bulk pass reads Arrow's buffers itself: `fill_null`, `to_numpy` and `pa.scalar` import pandas, about 50 MB
+    the deciding process holds for good after its first large commit otherwise. Missing columns (nulls), doubles and
+    a refused row are all read."""
+    import subprocess
+    import sys
+
+    code = """
+import json, sys
+from deltacoord.coordinator.rules.stats import stats_problems
+docs = [json.dumps({"numRecords": i, "minValues": {"id": i, "x": 0.5} if i % 3 else {"id": i},
+                    "maxValues": {"id": i}, "nullCount": {"id": 0} if i % 5 else {}}) for i in range(2000)]
+docs[7] = '{"numRecords": -1}'
+assert stats_problems(docs, 1000) == {7: "stats.numRecords is negative"}
+print("pandas" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

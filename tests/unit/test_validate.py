@@ -15,6 +15,7 @@ from deltacoord.coordinator.rules.validate import (
     REASONS,
     check_txn_versions,
     path_problem,
+    plain_relative_paths,
     proposal_error,
     validate_proposal,
 )
@@ -476,3 +477,18 @@ def test_a_plain_remove_is_accepted_with_or_without_partition_values(pv: dict[st
     h = Harness(("date",), files=[add("a.parquet", date="2024-01-01")])
     h.must_commit(proposal(h.head, [replace(remove("a.parquet"), partition_values=pv, size=None)]))
     assert h.state.live_file_count == 0
+
+
+@pytest.mark.parametrize("slice_paths", [1, 2, 3, 1000])
+def test_paths_scanned_a_slice_at_a_time_answer_as_one_scan(slice_paths: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`plain_relative_paths` joins a slice of paths at a time (a million paths are never one string): a mark that
+    one join of them all would hold across two paths (`//`, `/_delta_log`) is still seen at a slice's edge."""
+    import deltacoord.coordinator.rules.validate as mod
+
+    monkeypatch.setattr(mod, "PATHS_SLICE", slice_paths)
+    plain = [f"part-{i}.parquet" for i in range(6)]
+    assert plain_relative_paths(plain) and plain_relative_paths(iter(plain))
+    assert not plain_relative_paths([])
+    for bad in ["", "dir/", "/abs.parquet", "_delta_log/x.json", "a%20b.parquet", "x..y", "c:d", "a\\b", "a\nb"]:
+        for at in range(len(plain) + 1):
+            assert not plain_relative_paths([*plain[:at], bad, *plain[at:]]), (bad, at)
