@@ -172,7 +172,7 @@ def test_hostile_barrage_is_answered_and_never_stops_the_coordinator(kafka_boots
     topics: Topics = fresh_topics(kafka_bootstrap)
     root = tmp_path / "t"
     with coordinator_thread(kafka_bootstrap, topics, max_proposal_bytes=MAX_PROPOSAL_BYTES) as coord:
-        writer = Table(root, kafka_bootstrap, topics=topics, decision_timeout_s=120)
+        writer = Table(root, kafka_bootstrap, topics=topics, decision_timeout_s=600)
         own_pids = {writer.create(SCHEMA, partition_by=["date"]).proposal_id}
         expected_ids = [0]
         own_pids.add(writer.append(pa.table({"id": [0], "date": ["2024-01-01"]})).proposal_id)
@@ -189,7 +189,7 @@ def test_hostile_barrage_is_answered_and_never_stops_the_coordinator(kafka_boots
 
         def appends() -> None:
             try:
-                with Table(root, kafka_bootstrap, topics=topics, decision_timeout_s=120) as w:
+                with Table(root, kafka_bootstrap, topics=topics, decision_timeout_s=600) as w:
                     for i in range(1, VALID_APPENDS + 1):
                         r = w.append(pa.table({"id": [i], "date": [f"2024-01-0{i % 3 + 1}"]}))
                         valid_pids.add(r.proposal_id)
@@ -206,16 +206,18 @@ def test_hostile_barrage_is_answered_and_never_stops_the_coordinator(kafka_boots
             producer.produce(topics.proposals, value=m.value, key=ctx.table_id.encode(), partition=0, headers=m.headers)
             if i % 1000 == 0:
                 producer.poll(0)
-        assert producer.flush(60) == 0
+        assert producer.flush(180) == 0
         produce_s = time.monotonic() - t0
-        appender.join(120)
-        assert not appender.is_alive() and not errors, errors
+        # The valid appends wait their turn behind the barrage (about 30 s unloaded, minutes at CI's load).
+        appender.join(600)
+        assert not appender.is_alive(), "the valid appends were not all decided within 600 s"
+        assert not errors, errors
         own_pids.add(writer.append(pa.table({"id": [VALID_APPENDS + 1], "date": ["2024-01-01"]})).proposal_id)
         expected_ids += list(range(1, VALID_APPENDS + 2))
 
         want_decisions = sum(1 for m in messages if m.decision_pid is not None)
         want_dead = sum(1 for m in messages if m.dead_letter)
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 600  # the drains end once every record arrived
         records = _drain(kafka_bootstrap, topics.commits, want_decisions + VALID_APPENDS + 3, deadline)
         letters = _drain(kafka_bootstrap, topics.dead_letters, want_dead, deadline)
 
@@ -223,7 +225,7 @@ def test_hostile_barrage_is_answered_and_never_stops_the_coordinator(kafka_boots
         ok, health = coord.health()
         assert ok, health
         assert set(coord._workers[0].states) == {writer.table_id}, "a hostile proposal created a table"
-        assert coord.wait_published(60)
+        assert coord.wait_published(180)
 
     # Every hostile message is accounted for, exactly once.
     decisions: dict[str, list[Decision]] = {}

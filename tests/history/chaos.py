@@ -52,8 +52,9 @@ over the tables. While they run, a controller injects faults at random moments
   written and versions published meanwhile, and when publication resumed.
 
 A liveness watchdog plays the part of the deployment's livenessProbe, faster:
-when proposals are pending and the commits partition has not grown for 20 s,
-it SIGKILLs and restarts the coordinator and counts a ``watchdog_restarts``
+when proposals are pending and the commits partition has not grown for 20 s
+while the newest running coordinator has logged it is ready (one still starting is
+given ``startup_s``, 90 s, first), it SIGKILLs and restarts the coordinator and counts a ``watchdog_restarts``
 (a wedged coordinator: a liveness bug, reported, not a safety violation).
 Throughout, every ``_delta_log/<v>.json`` is remembered as first seen; a file
 rewritten or removed later is reported in ``delta_log_rewrites`` and fails the run.
@@ -188,6 +189,10 @@ class ChaosConfig:
     #: Liveness watchdog (what the Kubernetes livenessProbe does in production, faster): proposals are
     #: pending but the commits partition has not grown for this long -> SIGKILL and restart the coordinator.
     watchdog_s: float = 20.0
+    #: How long the watchdog lets the newest coordinator start (import, fence its predecessor, recover: a minute at
+    #: CI's load) before counting a stall; under the coordinator's own 120 s watchdog, so a hung start-up is still
+    #: the harness's to restart.
+    startup_s: float = 90.0
     #: How long a replacement may take to fence (and a fenced process to notice) before the run says so.
     takeover_timeout_s: float = 120.0
     #: Mean pause of a writer between its transactions (see `WriterConfig.think_s`).
@@ -276,6 +281,9 @@ class Fleet:
         self._killed: set[int] = set()
         self._stopped: set[int] = set()
         self._reaped: set[int] = set()
+        #: Coordinators SIGTERMed at the end before their first log line (still starting): not handling it yet.
+        self._termed_unstarted: set[int] = set()
+        self._started_at: dict[int, float] = {}
         self.path_of: dict[int, str] = {}
         #: Resumed zombies and isolated coordinators still expected to find out they are fenced, and since when.
         self.zombies: dict[int, float] = {}
@@ -289,6 +297,7 @@ class Fleet:
         cp = start_coordinator_process(bootstrap, self.topics, self.log_dir, "--partitions", "0", *self.args,
                                        env={**self.clients.coordinator_env(), **(env or {})})
         self.procs.append(cp)
+        self._started_at[cp.proc.pid] = time.monotonic()
         self._env[cp.proc.pid] = dict(env or {})
         if path is not None:
             self.path_of[cp.proc.pid] = path
@@ -311,6 +320,10 @@ class Fleet:
         """The running coordinator that fenced its predecessors last: the newest that logged it is ready."""
         ready = [c for c in self.targets() if _wait_ready(c, 0)]
         return ready[-1] if ready else None
+
+    def starting_for(self, cp: CoordinatorProcess) -> float | None:
+        """Seconds since `cp` was started while it has not yet logged it is ready; None once it has."""
+        return None if _wait_ready(cp, 0) else time.monotonic() - self._started_at[cp.proc.pid]
 
     def sigkill(self, cp: CoordinatorProcess, why: str = "SIGKILLed") -> None:
         self._killed.add(cp.proc.pid)
@@ -356,6 +369,8 @@ class Fleet:
             self._unresolved(pid, zombie_since, isolated_since, f"exited {code}")
             if code == -signal.SIGKILL and self._env.get(pid, {}).get("DELTACOORD_FAULT"):
                 self.faults.fault_point_crashes += 1
+            elif code == -signal.SIGTERM and pid in self._termed_unstarted:
+                pass  # stopped by us before its interpreter had started: the signal, not the coordinator, ended it
             elif code != 0:
                 tail = "\n".join(c.log.read_text(errors="replace").splitlines()[-15:])
                 self.faults.unexpected_coordinator_exits.append(f"pid {pid} exited {code} ({c.log}):\n{tail}")
@@ -377,7 +392,9 @@ class Fleet:
         for c in self.procs:
             if c.alive():
                 self.sigcont(c)
-                _wait_started(c, 30.0)
+                if not _wait_started(c, 180.0):
+                    self._termed_unstarted.add(c.proc.pid)
+                    self.faults.note(f"coordinator {c.proc.pid} SIGTERMed before its first log line (180s)")
                 c.proc.send_signal(signal.SIGTERM)
         for c in self.procs:
             try:
@@ -391,13 +408,15 @@ class Fleet:
 _READY: set[int] = set()
 
 
-def _wait_started(cp: CoordinatorProcess, timeout_s: float) -> None:
+def _wait_started(cp: CoordinatorProcess, timeout_s: float) -> bool:
     """Until the coordinator has written its first log line (or exited): from then on it handles SIGTERM (exit 0).
     Before that the interpreter is still starting, and a SIGTERM kills it by the signal (seen: a coordinator
-    started for the final drain and stopped 1.5 s later, at load 20, before it had printed anything)."""
+    started for the final drain and stopped 1.5 s later, at load 20, before it had printed anything). False if
+    it is alive and still silent when the time runs out."""
     deadline = time.monotonic() + timeout_s
     while cp.alive() and time.monotonic() < deadline and not cp.log.read_bytes().strip():
         time.sleep(0.1)
+    return not cp.alive() or bool(cp.log.read_bytes().strip())
 
 
 def _wait_ready(cp: CoordinatorProcess, timeout_s: float) -> bool:
@@ -530,7 +549,7 @@ def _wait_drained(bootstrap: str, topics: Topics, timeout_s: float, tick: Callab
         c.close()
 
 
-def _wait_topics_ready(bootstrap: str, topics: Topics, kafka: Mapping[str, str], timeout_s: float = 60.0) -> None:
+def _wait_topics_ready(bootstrap: str, topics: Topics, kafka: Mapping[str, str], timeout_s: float = 180.0) -> None:
     """Wait until partition 0 of the new topics has a leader that answers (a writer's first
     `CoordinatorClient.propose` does not retry NOT_LEADER_FOR_PARTITION)."""
     c = Consumer({"bootstrap.servers": bootstrap, **kafka, "group.id": f"{topics.proposals}-ready"})
@@ -941,6 +960,14 @@ class ChaosRun:
         self.faults.racing_coordinators += 1
 
     def _liveness(self) -> None:
+        # A coordinator still starting (importing, fencing its predecessor, recovering: a minute at CI's load)
+        # decides nothing yet: the stall counts once the newest running coordinator has logged it is ready, or
+        # has been starting for longer than `startup_s`.
+        running = self.fleet.targets()
+        starting = self.fleet.starting_for(running[-1]) if running else 0.0
+        if starting is not None and starting < self.cfg.startup_s:
+            self._watchdog.reset()
+            return
         if not self._watchdog.wedged():
             return
         for c in self.fleet.alive():

@@ -40,7 +40,7 @@ class RelayProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = 180.0) -> None:
         """Start the relay and return once it answers on its socket (a dead relay's socket file may remain)."""
         pairs = [a for k, v in self.kafka.items() for a in ("--kafka", f"{k}={v}")]
         with open(self.log, "ab") as fh:

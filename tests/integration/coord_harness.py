@@ -66,10 +66,12 @@ def coordinator_thread(bootstrap: str, topics: Topics, max_proposal_bytes: int =
     result: dict[str, int] = {}
     t = threading.Thread(target=lambda: result.setdefault("code", coord.run()), daemon=True)
     t.start()
-    deadline = time.monotonic() + 60
+    # Group join and recovery: generous, since a loaded machine (CI runs at load 20-45) can take a minute.
+    deadline = time.monotonic() + 180
     while not coord.ready and t.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert coord.ready, "coordinator did not become ready"
+    assert coord.ready, (f"coordinator did not become ready within 180 s (thread alive: {t.is_alive()}, exit code: "
+                         f"{result.get('code')}; health: {coord.health()[1]})")
     try:
         yield coord
     finally:
@@ -120,6 +122,16 @@ class CoordinatorProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        """Until the child logged "coordinator ready on" (a static one owns its partitions: writers' first
+        commits are decided from now on, not while it still starts)."""
+        deadline = time.monotonic() + timeout_s
+        while b"coordinator ready on" not in self.log.read_bytes():
+            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-10:])
+            assert self.alive(), f"the coordinator exited {self.proc.returncode} before it was ready:\n{tail}"
+            assert time.monotonic() < deadline, f"the coordinator was not ready within {timeout_s:.0f}s:\n{tail}"
+            time.sleep(0.1)
+
 
 _STARTED: list[subprocess.Popen[bytes]] = []
 
@@ -151,7 +163,7 @@ def start_coordinator_process(bootstrap: str, topics: Topics, log_dir: Path, *ex
     return CoordinatorProcess(proc, log)
 
 
-def _wait_joined(bootstrap: str, group: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+def _wait_joined(bootstrap: str, group: str, proc: subprocess.Popen[bytes], timeout_s: float = 180.0) -> None:
     """Until a member of the child's consumer group is assigned a partition: from then on writers see a
     coordinator, however long the child took to start and join on a busy machine (over 60 s at load 45). A child
     that exits or never joins is left to the test to notice."""

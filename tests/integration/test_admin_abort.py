@@ -23,19 +23,22 @@ from deltacoord.tooling.ports import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 ASKER = r"""
-import json, sys, time
+import json, pathlib, sys, time
 from deltacoord.schemas.errors import NoCoordinatorError
 from deltacoord.schemas.routing import Topics
 import deltacoord.writer.serving as serving
 serving.TRUSTED_S = 0.0  # ask Kafka every time
 check = serving.CoordinatorCheck({"bootstrap.servers": sys.argv[1]}, Topics.with_prefix("abort"), "abort-coordinator")
-asked, until = 0, time.monotonic() + float(sys.argv[2])
-while time.monotonic() < until:
+asked, until = 0, None
+while until is None or time.monotonic() < until:
     try:
         check.ensure(0)
     except NoCoordinatorError:
         pass
     asked += 1
+    if until is None:  # answered once: asking for the given seconds from now, the broker's kills among them
+        until = time.monotonic() + float(sys.argv[2])
+        pathlib.Path(sys.argv[3]).touch()
 print(json.dumps({"asked": asked, "children": check.kafka.started, "quick_looks": check.quick_looks}), flush=True)
 check.close()
 """
@@ -44,6 +47,7 @@ LISTER = r"""
 import json, os, sys, threading, time
 from deltacoord.writer.group_states import ListingFailed, groups_in_states
 conf, done, until = {"bootstrap.servers": sys.argv[1]}, sys.argv[2], time.monotonic() + float(sys.argv[3])
+started = sys.argv[4]  # touched once a question was answered
 counts, lock = {"answered": 0, "failed": 0, "answered_at_end": 0}, threading.Lock()
 def ask():
     # Until the test says the broker is back for good (`done` exists) and a question was answered after that.
@@ -56,6 +60,8 @@ def ask():
         with lock:
             counts[key] += 1
             counts["answered_at_end"] += key == "answered" and end
+        if key == "answered" and not os.path.exists(started):
+            open(started, "a").close()
 threads = [threading.Thread(target=ask) for _ in range(4)]
 for t in threads:
     t.start()
@@ -69,12 +75,20 @@ print(json.dumps(counts), flush=True)
 def test_a_writer_outlives_the_admin_abort_while_its_broker_dies_and_returns(tmp_path: Path) -> None:
     broker = LocalBroker(tmp_path / "broker")
     bootstrap = broker.start(port=free_port()).bootstrap_servers
-    asker = subprocess.Popen([sys.executable, "-c", ASKER, bootstrap, "75"], cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    asking, listing = tmp_path / "asker-answered", tmp_path / "lister-answered"
+    asker = subprocess.Popen([sys.executable, "-c", ASKER, bootstrap, "75", str(asking)], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     done = tmp_path / "broker-back-for-good"
-    lister = subprocess.Popen([sys.executable, "-c", LISTER, bootstrap, str(done), "300"], cwd=REPO,
+    lister = subprocess.Popen([sys.executable, "-c", LISTER, bootstrap, str(done), "480", str(listing)], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        # Both children are asking (each had an answer) before the broker first dies: fresh processes at load.
+        deadline = time.monotonic() + 180
+        while not (asking.exists() and listing.exists()):
+            assert asker.poll() is None and lister.poll() is None, (asker.returncode, lister.returncode)
+            assert time.monotonic() < deadline, (f"within 180 s: asker answered {asking.exists()}, "
+                                                 f"lister answered {listing.exists()}")
+            time.sleep(0.1)
         for _ in range(3):
             time.sleep(6)
             broker.kill()
@@ -82,7 +96,7 @@ def test_a_writer_outlives_the_admin_abort_while_its_broker_dies_and_returns(tmp
             broker.start()
         done.touch()
         out, err = asker.communicate(timeout=180)
-        listed, list_err = lister.communicate(timeout=330)
+        listed, list_err = lister.communicate(timeout=510)
     finally:
         for proc in (asker, lister):
             if proc.poll() is None:

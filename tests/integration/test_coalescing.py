@@ -41,7 +41,7 @@ from tests.integration.coord_harness import coordinator_group, coordinator_threa
 from tests.integration.test_shown_when_stable import HeldStability
 
 SCHEMA = pa.schema([("id", pa.int64())])
-WAIT_S = 60.0
+WAIT_S = 180.0
 
 
 class _Gather:

@@ -128,7 +128,7 @@ def test_the_table_partition_is_found_and_a_missing_topic_named(
         assert commits_partition(c, topic, "s3://bucket/t", kafka_bootstrap) == partition_for("s3://bucket/t", 3)
         missing = unique_name("absent") + ".commits"
         with pytest.raises(CommitsTopicNotFoundError) as ei:
-            commits_partition(c, missing, "s3://bucket/t", kafka_bootstrap, timeout_s=10)
+            commits_partition(c, missing, "s3://bucket/t", kafka_bootstrap, timeout_s=60)
         assert missing in str(ei.value) and kafka_bootstrap in str(ei.value) and "topic prefix" in str(ei.value)
     finally:
         c.close()

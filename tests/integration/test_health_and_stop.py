@@ -65,7 +65,7 @@ def test_group_mode_healthz_is_503_until_every_assigned_partition_is_recovered(
     def held(*args: Any, **kwargs: Any) -> Any:
         """Recovery as it is, held at its start until the test has looked at /healthz."""
         entered.set()
-        release.wait(120)
+        release.wait(600)  # set once the test has looked (or at its end)
         return rebuild(*args, **kwargs)
 
     monkeypatch.setattr(partition_module, "recover_partition", held)
@@ -74,7 +74,8 @@ def test_group_mode_healthz_is_503_until_every_assigned_partition_is_recovered(
     t = threading.Thread(target=lambda: result.setdefault("code", coord.run()), daemon=True)
     t.start()
     try:
-        assert entered.wait(60), "the coordinator never started recovering its partitions"
+        assert entered.wait(180), ("the coordinator did not start recovering its partitions within 180 s (group join "
+                                   f"first): thread alive {t.is_alive()}, health {coord.health()[1]}")
         code, body = _healthz(coord)
         assert code == 503, body
         assert not body["ok"] and not body["ready"]

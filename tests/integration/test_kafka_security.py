@@ -121,13 +121,16 @@ def coordinator(secured: Secured) -> Iterator[subprocess.Popen[bytes]]:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **s.env("coord")})
     try:
         with GroupQuestions(s.admin()) as questions:
-            deadline = time.monotonic() + 90
+            deadline = time.monotonic() + 180
+            members: list[list[tuple[str, int]]] = []
             while proc.poll() is None and time.monotonic() < deadline:
                 members = questions.members(s.group)
                 if members and all(members):
                     break
                 time.sleep(0.2)
         assert proc.poll() is None, log.read_text()[-3000:]
+        assert members and all(members), (f"the coordinator had not joined {s.group} with its partitions assigned "
+                                          f"within 180 s (members: {members}):\n{log.read_text()[-3000:]}")
         yield proc
     finally:
         proc.terminate()
@@ -274,7 +277,7 @@ def test_a_relay_principal_proposes_for_the_writers_of_a_host(secured: Secured,
     with open(log, "wb") as fh:
         relay = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180
         while not sock.exists() and relay.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert sock.exists(), log.read_text()

@@ -65,7 +65,7 @@ def test_a_transaction_left_open_is_sealed_before_recovery(kafka_bootstrap: str,
                   "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
     try:
         c.assign([TopicPartition(topics.commits, 0, 0)])
-        seals, deadline = 0, time.monotonic() + 20
+        seals, deadline = 0, time.monotonic() + 60
         while time.monotonic() < deadline and not seals:
             for m in c.consume(100, 0.5):
                 if m.error() is None and header(m, H_SEAL) is not None:

@@ -239,6 +239,7 @@ def test_a_coordinator_killed_between_ratifying_and_publishing_republishes_every
     monkeypatch.setenv("DELTACOORD_COORDINATOR_CHECK", "0")
     topics = fresh_topics(kafka_bootstrap)
     setup = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0")
+    setup.wait_ready()
     try:
         a = _create(tmp_path / "a", deltacoord.grouped_table_id("bank", "a"), kafka_bootstrap, topics)
         b = _create(tmp_path / "b", deltacoord.grouped_table_id("bank", "b"), kafka_bootstrap, topics)

@@ -131,6 +131,7 @@ def test_disk_full_simulated_with_a_file_size_limit(kafka_bootstrap: str, tmp_pa
     port = free_port()
     proc = start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--partitions", "0", "--no-checkpoints",
                                      "--metrics-port", str(port))
+    proc.wait_ready()
     try:
         # Commits return while unpublished; the static coordinator joins no group, so the writers' check cannot see it.
         with Table(root, kafka_bootstrap, topics=topics, wait="ratified", coordinator_check=False) as t:

@@ -148,14 +148,14 @@ def _start_relay_process(bootstrap: str, topics: Topics, path: str, log: Path) -
         proc = subprocess.Popen(
             [sys.executable, "-m", "deltacoord.cli.main", "relay", "run", "--socket", path, "--bootstrap-servers",
              bootstrap, "--topic-prefix", topics.proposals.removesuffix(".proposals")], stdout=fh, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while True:  # until it answers (a dead relay's socket file may still be there)
         assert proc.poll() is None, f"the relay exited {proc.returncode}: {log.read_text()}"
         try:
             relay_counts(path, topics)
             return proc
         except OSError:
-            assert time.monotonic() < deadline, "the relay did not answer on its socket"
+            assert time.monotonic() < deadline, f"the relay did not answer on its socket within 180 s: {log.read_text()}"
             time.sleep(0.05)
 
 

@@ -172,20 +172,15 @@ def test_buffered_bytes_stay_under_the_limit_with_partial_frames_on_every_connec
     size = 60 * 1024  # under max_frame_bytes; three of them are over max_buffered_bytes (128 KiB)
     conns = [_greeted(relay) for _ in range(LIMITS.max_connections)]
     try:
-        peak = 0
         for s in conns:  # every connection starts a frame and sends half of it
             s.sendall(struct.pack(">II", 2, size - 2) + b"{}" + b"x" * (size // 2))
-        deadline = time.monotonic() + LIMITS.frame_timeout_s / 2
-        while time.monotonic() < deadline:
-            peak = max(peak, relay.stats()["buffered_bytes"])
-            time.sleep(0.01)
-        assert 0 < peak <= LIMITS.max_buffered_bytes, peak
         for s in conns:
             assert _closed_by_relay(s)
         _wait(lambda: relay.stats()["connections"] == 0, "the closed connections to leave")
         stats = relay.stats()
         assert stats["buffered_peak_bytes"] <= LIMITS.max_buffered_bytes, stats
-        assert stats["buffered_peak_bytes"] == 2 * size, stats  # two frames fit, the others waited for room
+        # Two frames were buffered at once (the relay's own peak, not a sample), the others waited for room.
+        assert stats["buffered_peak_bytes"] == 2 * size, stats
         # Each was closed: two stalled mid-frame, the others stalled too once room came, or found none in time.
         assert stats["stalled_closed"] >= 2 and stats["stalled_closed"] + stats["buffer_full_closed"] == 4, stats
         assert stats["buffered_bytes"] == 0 and stats["connections"] == 0, stats

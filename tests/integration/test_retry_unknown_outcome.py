@@ -80,7 +80,7 @@ def _wait_serving(t: Table, timeout_s: float = 120.0) -> None:
                 raise
 
 
-def _wait_stopped(pid: int, timeout_s: float = 10.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+def _wait_stopped(pid: int, timeout_s: float = 60.0, proc: subprocess.Popen[bytes] | None = None) -> None:
     """Until every thread of `pid` is stopped: a SIGSTOP stops a process only once one of its threads is
     scheduled and takes the signal, and until then the others run on (`proc`: fail at once if it exits)."""
     deadline = time.monotonic() + timeout_s

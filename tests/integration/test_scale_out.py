@@ -39,7 +39,7 @@ def test_survivor_takes_over_the_partitions_of_a_killed_coordinator(kafka_bootst
     coords = [start_coordinator_process(kafka_bootstrap, topics, tmp_path, "--metrics-port", str(p)) for p in ports]
 
     # Both members of the group own part of the topic before the run starts.
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     owned: list[list[int]] = [[], []]
     while time.monotonic() < deadline:
         try:
@@ -77,19 +77,23 @@ def test_survivor_takes_over_the_partitions_of_a_killed_coordinator(kafka_bootst
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(TABLES)]
     for th in threads:
         th.start()
-    time.sleep(1.5)
+    # Mid-run: once every table has its first append decided (both coordinators have carried traffic).
+    deadline = time.monotonic() + 180
+    while not all(versions.values()) and not errors and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(versions.values()) and not errors, f"not every table had version 1 within 180 s: {versions} {errors}"
     coords[0].kill()  # SIGKILL mid-run
     for th in threads:
         th.join(300)
     assert not errors, errors
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while sorted(_health(ports[1])["partitions"]) != [0, 1, 2, 3] and time.monotonic() < deadline:  # type: ignore[call-overload]
         time.sleep(0.5)
     assert sorted(_health(ports[1])["partitions"]) == [0, 1, 2, 3]  # type: ignore[call-overload]
     for i in range(TABLES):
         assert versions[i] == list(range(1, PER_TABLE + 1)), f"table {i}: {versions[i]}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not all((p / "_delta_log" / f"{PER_TABLE:020d}.json").exists() for p in paths):
         time.sleep(0.2)
     coords[1].kill(15)

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 
 from deltacoord.coordinator.kafka.daemon import Coordinator
 from deltacoord.coordinator.kafka.stability import StableOffsets
+from deltacoord.writer import client as client_module
 from deltacoord.writer.table import Table
 from tests.integration.coord_harness import coordinator_thread, fresh_topics
 
@@ -59,21 +61,25 @@ def _held_then_released(held: HeldStability, fn: Callable[[], object]) -> dict[s
     held.asked.clear()
     held.holding.set()
     t, out = _in_thread(fn)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while not held.asked and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert held.asked, "the coordinator never asked whether its decision is readable"
-    time.sleep(1.0)  # well under the writer's 5 s before it looks in the commits topic itself
+    assert held.asked, "the coordinator did not ask within 120 s whether its decision is readable"
+    time.sleep(1.0)  # the writer waits only for the reply here (REPLY_WAIT_S is raised by the test)
     assert t.is_alive(), f"the call returned while its decision was held: {out}"
     partition, offset = held.asked[-1]
     assert held.real(partition, offset), "Kafka does not show the decision: only the hold should keep it back"
     held.holding.clear()
-    t.join(30)
-    assert not t.is_alive()
+    t.join(120)
+    assert not t.is_alive(), "the call did not return within 120 s of the release"
     return out
 
 
-def test_publication_and_replies_wait_until_kafka_shows_the_decision(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_publication_and_replies_wait_until_kafka_shows_the_decision(kafka_bootstrap: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # After REPLY_WAIT_S with no reply a writer looks in the commits topic itself, where Kafka already shows the
+    # held decision: the call would return for a reason this test does not hold back. Only the reply is waited for.
+    monkeypatch.setattr(client_module, "REPLY_WAIT_S", 600.0)
     topics = fresh_topics(kafka_bootstrap)
     held = HeldStability(kafka_bootstrap, topics.commits)
 
@@ -82,8 +88,8 @@ def test_publication_and_replies_wait_until_kafka_shows_the_decision(kafka_boots
 
     with coordinator_thread(kafka_bootstrap, topics, before_run=install):
         path = tmp_path / "t"
-        t = Table(path, kafka_bootstrap, topics=topics)
-        ratified = Table(path, kafka_bootstrap, topics=topics, wait="ratified")
+        t = Table(path, kafka_bootstrap, topics=topics, decision_timeout_s=600)
+        ratified = Table(path, kafka_bootstrap, topics=topics, wait="ratified", decision_timeout_s=600)
         try:
             assert t.create(SCHEMA).version == 0
 

@@ -34,7 +34,7 @@ def _produced_at(p: Producer, topic: str, value: bytes) -> int:
     return offsets[0]
 
 
-def _becomes(check: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+def _becomes(check: Callable[[], bool], timeout_s: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():

@@ -120,23 +120,23 @@ def test_each_writer_fetches_only_its_own_decisions(kafka_bootstrap: str, topics
         # Three members, four partitions: once every member holds a lease and all four are held, the
         # group is at its target (2/1/1) and no partition moves while the writers commit.
         for c in clients:
-            assert c.wait_leased(60), "no reply partition was leased"
+            assert c.wait_leased(180), "no reply partition was leased within 180 s"
         deadline = threading.Event()
-        for _ in range(600):
+        for _ in range(1800):
             leases = [c._replies().leased() for c in clients]
             if all(leases) and frozenset().union(*leases) == frozenset(range(4)) and sum(map(len, leases)) == 4:
                 break
             deadline.wait(0.1)
         else:
-            pytest.fail(f"the reply group did not settle: {leases}")
+            pytest.fail(f"the reply group did not settle within 180 s: {leases}")
         # A writer reads its new lease's partition at once and stops reading one it lost (or the shared one)
         # a moment after the group moved it: wait for that moment, so the writes below see the settled state.
-        for _ in range(100):
+        for _ in range(600):
             if all(c._replies().reading() <= c._replies().leased() for c in clients):
                 break
             deadline.wait(0.1)
         else:
-            pytest.fail(f"readers still read partitions they do not hold: {[c._replies().reading() for c in clients]}")
+            pytest.fail(f"readers still read partitions they do not hold after 60 s: {[c._replies().reading() for c in clients]}")
         tables = [Table(tmp_path / "t", kafka_bootstrap, topics=topics, client=c) for c in clients]
         tables[0].create(SCHEMA, properties={"deltacoord.coalesce": "false"})  # one version per commit
         errors: list[BaseException] = []
@@ -309,7 +309,7 @@ def test_a_fresh_writers_first_commits_are_answered_on_its_reply_partition(
     t = Table(tmp_path / "t", kafka_bootstrap, topics=topics)
     try:
         t.create(SCHEMA)  # the first commit: most likely before the lease, on the shared partition
-        assert t.client.wait_leased(30)
+        assert t.client.wait_leased(180), "no reply partition was leased within 180 s"
         for i in range(3):  # the first commits on the leased partition
             t.append(_row(i))
         counts = t.client.reply_counts
@@ -359,7 +359,7 @@ def test_a_short_lived_writer_commits_without_joining_the_writers_group(
         assert counts.records - counts.foreign >= 4, f"only {counts.records - counts.foreign} of 4 answers came as replies"
         assert t.client._replies().leased() == frozenset()
         assert members() == 0
-        assert t.client.wait_leased(60)  # asked for: the lease starts now
+        assert t.client.wait_leased(180)  # asked for: the lease starts now
         assert members() == 1
         assert t.append(_row(9)).version == 4
         assert table_place.delta_table(str(tmp_path / "t")).version() == 4
@@ -391,7 +391,7 @@ def test_a_closed_writer_gives_its_leased_partitions_back_before_closing_its_lea
         uri = table_place.of(tmp_path / "t")
         t = Table(uri, kafka_bootstrap, topics=topics, storage_options=table_place.storage_options)
         t.create(SCHEMA)
-        assert t.client.wait_leased(60)
+        assert t.client.wait_leased(180)
         replies = t.client._replies()
         assert isinstance(replies, client_module.ReplyPartitions) and replies.leased()
         t.close()
