@@ -694,13 +694,19 @@ class CoordinatorClient:
     def ensure_coordinator(self, table_id: str) -> None:
         """Raise NoCoordinatorError unless a live coordinator holds `table_id`'s proposals partition (cached, see
         `deltacoord.writer.serving`); writers call it before staging, so a commit without a coordinator fails before any work."""
-        self._warmed.wait(WARM_WAIT_S)
         try:
-            partition = self.partition_of(table_id)
+            self._serving_partition(table_id)
         except KafkaException as e:  # brokers stopped or moving: a write that stages nothing and sends nothing
             raise ProposalNotSentError(f"nothing was sent for table {table_id}: Kafka did not answer "
                                        f"({e.args[0] if e.args else e}); a retry is safe") from e
+
+    def _serving_partition(self, table_id: str) -> int:
+        """`table_id`'s proposals partition, once a coordinator is known to serve it (NoCoordinatorError otherwise;
+        a KafkaException when Kafka does not answer: each caller says what was not sent)."""
+        self._warmed.wait(WARM_WAIT_S)  # the start-up questions being asked answer this one's too
+        partition = self.partition_of(table_id)
         self.coordinator_check.ensure(partition)
+        return partition
 
     def ratified_source(self, table_id: str) -> RatifiedSource:
         """Where a reader finds `table_id`'s ratified but unpublished versions (this client's Kafka and topics)."""
@@ -743,9 +749,7 @@ class CoordinatorClient:
         and (`wait="published"`) its publication. `control` (`adopt`, `release`) makes it that request instead
         of a commit (`deltacoord.schemas.routing.CONTROL_ADOPT`)."""
         try:
-            self._warmed.wait(WARM_WAIT_S)  # the start-up questions being asked answer this proposal's too
-            partition = self.partition_of(proposal.table_id)
-            self.coordinator_check.ensure(partition)  # NoCoordinatorError (nothing sent) when no coordinator holds it
+            partition = self._serving_partition(proposal.table_id)  # NoCoordinatorError (nothing sent) when none
             replies = self._replies()
             pending = replies.expect(proposal.proposal_id, check_wait(wait))
         except KafkaException as e:  # a broker that does not answer, before anything was sent

@@ -41,9 +41,9 @@ class LiveFileSet:
 
     __slots__ = ("_added", "_base", "_removed")
 
-    def __init__(self, hashes: Iterable[int] = ()) -> None:
+    def __init__(self, hashes: Iterable[int] | None = None) -> None:
         # An empty set (every layer's two) shares one empty array: no array is ever changed in place.
-        self._base: np.ndarray = _NONE if hashes == () else np.unique(np.fromiter(hashes, dtype=np.int64))
+        self._base: np.ndarray = _NONE if hashes is None else np.unique(np.fromiter(hashes, dtype=np.int64))
         self._added: set[int] = set()
         self._removed: set[int] = set()
 
