@@ -111,6 +111,10 @@ class TablePublication:
     uri: str = ""
     #: How long the table's store takes a version (s, a moving average of the PUTs that succeeded at once).
     put_s: float | None = None
+    #: (v, t): this publisher created `<v-1>.json` (a put-if-absent that found nothing there) with attempts that
+    #: started at monotonic t, so no Delta writer can have written `<v>.json` before t: one writes the version after
+    #: the newest it lists (`Publisher.free_since`).
+    next_free: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -266,6 +270,16 @@ class Publisher:
         with self._lock:
             return [tid for tid, v in versions.items()
                     if (t := self.tables.get(tid)) is None or (not self._is_halted(tid) and t.published < v)]
+
+    def free_since(self, table_id: str, version: int) -> float | None:
+        """Since when (monotonic) `<version>.json` of the table was surely absent, when this publisher created the
+        version before it and published nothing since (None: not known). A re-publication that found its bytes there
+        already, or versions recovery found, prove nothing: something may have listed them long ago."""
+        with self._lock:
+            t = self.tables.get(table_id)
+            if t is None or t.next_free is None or t.next_free[0] != version or t.published != version - 1:
+                return None
+            return t.next_free[1]
 
     def mark_published(self, table_id: str, version: int) -> None:
         """What recovery found in `_delta_log`: versions up to `version` need no publication."""
@@ -597,6 +611,13 @@ class Publisher:
                      task.version, task.table_uri)
         with self._lock:
             t = self.tables.setdefault(task.table_id, TablePublication())
+            if outcome is Put.WRITTEN and task.version > t.published:
+                # Versions flushed together are tried from the first one's start (`_publish_many`).
+                started = t.trying_since if t.trying_since is not None else (
+                    t.next_free[1] if t.next_free is not None and t.next_free[0] == task.version else None)
+                t.next_free = None if started is None else (task.version + 1, started)
+            elif task.version >= t.published:
+                t.next_free = None
             t.published = max(t.published, task.version)
             if t.trying_since is not None and t.last_error is None:
                 took = time.monotonic() - t.trying_since

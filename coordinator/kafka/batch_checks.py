@@ -5,7 +5,7 @@ again without what they refuse until every check holds:
 
 * Nothing acknowledged is invisible: before a batch that ratifies version v of a table is recorded,
   `_delta_log/<v>.json` must be absent (one HEAD, or a stat, per table and batch, asked only while the table's
-  version v-1 is published: see `BatchChecks.probe`). A file there was written around the coordinator: the table
+  version v-1 is published, and not just after this process created it: see `BatchChecks.probe`). A file there was written around the coordinator: the table
   halts and the batch is decided again without it, so no writer is told COMMITTED for a version readers would
   never see. The same question is asked of a table one of whose proposals read a version beyond its head
   (READ_VERSION_AHEAD): a writer can only have read such a version from a `<v>.json` written around the
@@ -49,6 +49,11 @@ from deltacoord.schemas.staged import DECISION_INLINE_MAX_ACTIONS
 from deltacoord.storage.table import StorageError
 
 log = logging.getLogger(__name__)
+
+
+#: How long after this process created a table's `<v-1>.json` its `<v>.json` is taken as absent without asking the
+#: store (`BatchChecks.probe`): a writer committing in a loop proposes well within it.
+FREE_AFTER_OWN_PUT_S = 2.0
 
 
 @functools.cache
@@ -141,9 +146,11 @@ class BatchChecks:
         #: appends share versions even if the lane emptied meanwhile.
         self.paced: frozenset[str] = frozenset()
 
-    def decide(self, proposals: Sequence[Submitted], now_ms: int) -> tuple[list[Decision], Overlay, dict[int, bytes]]:
+    def decide(self, proposals: Sequence[Submitted], now_ms: int, told_when_ratified: Collection[str] | None = None,
+               ) -> tuple[list[Decision], Overlay, dict[int, bytes]]:
         """The batch's decisions, its overlay, and the decisions encoded (by id()); tables the checks halt are
-        halted (in the publisher's halts, to be recorded with the batch)."""
+        halted (in the publisher's halts, to be recorded with the batch). `told_when_ratified`: the tables some of
+        whose writers hear their outcome before it is published (None: any may; see `probe`)."""
         states = self.tables.states
         check_files = functools.partial(added_files_problem, self.publisher.locations)
         halted = self.publisher.halted_tables()
@@ -163,7 +170,7 @@ class BatchChecks:
                                                 earlier=self.earlier_decision, refused_creates=refused, busy=busy)
                 continue
             ahead = {d.table_id for d in decided if d.reason_code == ReasonCode.READ_VERSION_AHEAD.value}
-            foreign, cannot = self.probe(overlay, probed, ahead)
+            foreign, cannot = self.probe(overlay, probed, ahead, told_when_ratified)
             foreign.update(self.confirm_claims(overlay))
             if not foreign and not cannot:
                 decided, cannot = self.by_reference(decided, proposals)
@@ -227,7 +234,8 @@ class BatchChecks:
         return out
 
     def probe(self, overlay: Overlay, probed: dict[tuple[str, int], str | None],
-              ahead: Collection[str] = ()) -> tuple[dict[str, str], dict[str, str]]:
+              ahead: Collection[str] = (), told_when_ratified: Collection[str] | None = None,
+              ) -> tuple[dict[str, str], dict[str, str]]:
         """Tables the batch would ratify a version of, or whose proposals read beyond their head (`ahead`), whose
         `<v>.json` (v: the version after the head) already exists (foreign, why), and those whose store cannot say
         (unavailable, why). `probed` caches answers within the batch.
@@ -236,7 +244,14 @@ class BatchChecks:
         the version after the newest it lists, so `<v>.json` cannot appear around the coordinator before
         `<v-1>.json`, which is ours and unpublished; one written there meets our publication, which halts the table
         (and tells its writers the version is unpublished). Under load, when each question would cost the deciding
-        thread a store round trip per batch, the lanes are busy and nothing is asked."""
+        thread a store round trip per batch, the lanes are busy and nothing is asked.
+
+        Nor is a table asked whose `<v-1>.json` this process created less than `FREE_AFTER_OWN_PUT_S` ago, when
+        every writer of its proposals hears their outcome only once their version is published: `<v>.json` was
+        surely absent when that PUT began, one written since meets our publication as above, and nobody was told
+        COMMITTED before it. So a table written by one writer at a time (an idle lane at each commit) pays no round
+        trip on the deciding thread. Tables of `told_when_ratified` (a writer that returns at ratification, or reads
+        its decision from the commits topic) are asked, as are all when it is None."""
         foreign: dict[str, str] = {}
         unavailable: dict[str, str] = {}
         states = self.tables.states
@@ -245,6 +260,11 @@ class BatchChecks:
         lagging = self.publisher.lagging(uris)
         keys = {tid: (tid, live.version + 1 if (live := states.get(tid)) is not None else 0) for tid in uris
                 if tid not in lagging}
+        now = time.monotonic()
+        for tid, (_, v) in list(keys.items()):
+            if told_when_ratified is not None and tid not in ahead and tid not in told_when_ratified and (
+                    (since := self.publisher.free_since(tid, v)) is not None and now - since < FREE_AFTER_OWN_PUT_S):
+                del keys[tid]
         # (table id, next version) -> table URI, for the keys not asked yet in this batch
         todo = {key: uris[key[0]] for key in keys.values() if key not in probed}
 

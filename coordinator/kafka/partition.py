@@ -274,7 +274,8 @@ class PartitionCoordinator:
         now_ms = int(time.time() * 1000)
         self._refuse_released(decoded, now_ms)
         proposals = [s for x in decoded for s in x.all_submitted()]
-        decided, overlay, encoded = held if held is not None else self.checks.decide(proposals, now_ms)
+        decided, overlay, encoded = held if held is not None else self.checks.decide(
+            proposals, now_ms, self._told_when_ratified(decoded))
         decisions, replies, outs = self._decision_outs(decoded, decided, encoded)
         resumes = self._resumes(decoded, now_ms)
         halts = self._unrecorded_halts(exclude=resumes)
@@ -323,7 +324,8 @@ class PartitionCoordinator:
         nothing else changes meanwhile (the rules are pure; the store checks are `BatchChecks`')."""
         fault_point("hold")
         xs = [self.door.loaded(x) for x in xs]  # one refused as it was loaded is answered with its rejection
-        return xs, self.checks.decide([s for x in xs for s in x.all_submitted()], int(time.time() * 1000))
+        return xs, self.checks.decide([s for x in xs for s in x.all_submitted()], int(time.time() * 1000),
+                                      self._told_when_ratified(xs))
 
     def poll_hold(self) -> bool:
         """Record a hold's decision once its worker is done, then decide what waited behind it (the loop calls this
@@ -366,6 +368,15 @@ class PartitionCoordinator:
             if not self.poll_hold():
                 return False
         return True
+
+    def _told_when_ratified(self, decoded: Sequence[Decoded]) -> frozenset[str] | None:
+        """The tables of these messages some of whose writers hear their outcome once it is ratified, before it is
+        published: they return at ratification, or read the commits topic (no replies partition). None: every
+        writer does (no replies are sent)."""
+        if self.notices is None:
+            return None
+        return frozenset(s.proposal.table_id for x in decoded if x.reply is None or x.ratified_only
+                         for s in x.all_submitted())
 
     def _refuse_released(self, decoded: Sequence[Decoded], now_ms: int) -> None:
         """Proposals for released tables are refused (TABLE_RELEASED) before anything is decided."""

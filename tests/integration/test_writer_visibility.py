@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
 
 from deltacoord.coordinator import faults
+from deltacoord.coordinator.kafka import batch_checks
 from deltacoord.coordinator.kafka.daemon import Coordinator
 from deltacoord.reader.snapshot import Snapshot
 from deltacoord.schemas.errors import CommitNotPublishedError, InvalidProposalError
@@ -79,8 +80,11 @@ def test_a_returned_commit_is_visible_to_delta_rs_at_once(kafka_bootstrap: str, 
 
 
 @pytest.mark.parametrize("table_place", ["local"], indirect=True)
-def test_a_halted_table_says_committed_but_not_published(kafka_bootstrap: str, topics: Topics, table_place: TablePlace,
-                                                         coordinator: Coordinator, tmp_path: Path) -> None:
+def test_a_version_written_around_before_the_proposal_is_found_before_ratifying(
+        kafka_bootstrap: str, topics: Topics, table_place: TablePlace, coordinator: Coordinator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Version 0 is older than the time the coordinator takes version 1 as free without asking the store.
+    monkeypatch.setattr(batch_checks, "FREE_AFTER_OWN_PUT_S", 0.0)
     t = Table(tmp_path / "t", kafka_bootstrap, topics=topics)
     try:
         t.create(SCHEMA)
@@ -92,6 +96,36 @@ def test_a_halted_table_says_committed_but_not_published(kafka_bootstrap: str, t
             t.append(_row(1), snapshot=before)
         assert refused.value.reason == ReasonCode.TABLE_HALTED
         assert coordinator.publisher.halted(t.table_id) is not None
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("table_place", ["local"], indirect=True)
+@pytest.mark.parametrize("wait", ["published", "ratified"])
+def test_a_version_written_around_just_after_ours_is_never_acknowledged(
+        kafka_bootstrap: str, topics: Topics, table_place: TablePlace, coordinator: Coordinator, tmp_path: Path,
+        wait: WaitFor) -> None:
+    """Just after the coordinator created version 0, version 1 is taken as free without a store round trip when the
+    writer waits for publication: the version written around meets the publication, the table halts, the writer
+    hears committed but not published, and nothing is overwritten. A writer that returns at ratification makes
+    the coordinator ask the store first: refused, never told COMMITTED."""
+    t = Table(tmp_path / "t", kafka_bootstrap, topics=topics, wait=wait)
+    try:
+        t.create(SCHEMA)
+        t.wait_published(0, 60)
+        before = t.snapshot()
+        rogue = tmp_path / "t" / "_delta_log" / f"{1:020d}.json"
+        rogue.write_text('{"commitInfo":{"operation":"ROGUE"}}\n')
+        if wait == "published":
+            with pytest.raises(CommitNotPublishedError) as unpublished:
+                t.append(_row(1), snapshot=before)
+            assert unpublished.value.version == 1 and "around the coordinator" in str(unpublished.value)
+        else:
+            with pytest.raises(InvalidProposalError) as refused:
+                t.append(_row(1), snapshot=before)
+            assert refused.value.reason == ReasonCode.TABLE_HALTED
+        assert coordinator.publisher.halted(t.table_id) is not None
+        assert rogue.read_text() == '{"commitInfo":{"operation":"ROGUE"}}\n', "nothing was overwritten"
     finally:
         t.close()
 

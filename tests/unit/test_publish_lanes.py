@@ -15,7 +15,7 @@ import pytest
 from deltacoord.coordinator.delta_log import publisher as publisher_module
 from deltacoord.coordinator.delta_log.publisher import Publisher, PublishTask
 from deltacoord.reader.log import commit_path
-from deltacoord.schemas.actions import CommitInfo, Protocol
+from deltacoord.schemas.actions import CommitInfo, Protocol, commit_to_json_lines
 
 
 def _task(root: Path, v: int) -> PublishTask:
@@ -226,4 +226,46 @@ def test_a_table_is_paced_until_a_version_decided_now_would_reach_its_lane_as_th
     finally:
         for gate in stalled.values():
             gate.set()
+        p.stop()
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["one-put-each", "flushed-together"])
+def test_the_next_version_is_free_since_the_start_of_the_put_that_created_the_one_before(tmp_path: Path,
+                                                                                        together: bool) -> None:
+    """`free_since(v)`: `<v-1>.json` was created by this publisher (so `<v>.json` was absent when that PUT began):
+    from before the first attempt; nothing for a version found already there, a version not the newest, or one
+    recovery marked published."""
+    root, again = tmp_path / "t", tmp_path / "again"
+    p = Publisher(fsync=False, lanes=1)
+    p.start()
+    try:
+        before = time.monotonic()
+        if together:  # queued at once: one flush of versions 0 to 2 on a local disk
+            p.submit_all([_task(root, v) for v in range(3)])
+        else:
+            for v in range(3):
+                p.submit(_task(root, v))
+                assert p.wait_idle(10)
+        assert p.wait_idle(10) and p.published_version(root.name) == 2
+        since = p.free_since(root.name, 3)
+        assert since is not None and before <= since <= time.monotonic()
+        assert p.free_since(root.name, 2) is None and p.free_since(root.name, 4) is None
+        # The same versions published again (a re-publication after a crash: the bytes were there) prove nothing.
+        commit_path(again, 0).parent.mkdir(parents=True)
+        for v in range(2):
+            commit_path(again, v).write_bytes(commit_to_json_lines(_task(again, v).actions))
+        q = Publisher(fsync=False, lanes=1)
+        q.start()
+        try:
+            for v in range(2):
+                q.submit(_task(again, v))
+            assert q.wait_idle(10) and q.published_version(again.name) == 1
+            assert q.free_since(again.name, 2) is None
+            q.submit(_task(again, 2))  # created now
+            assert q.wait_idle(10) and q.free_since(again.name, 3) is not None
+            q.mark_published(again.name, 5)  # what recovery found further on
+            assert q.free_since(again.name, 3) is None and q.free_since(again.name, 6) is None
+        finally:
+            q.stop()
+    finally:
         p.stop()
