@@ -476,6 +476,11 @@ class Transaction:
             log.warning("cannot read version %d of %s (%s); keeping the files staged for proposal %s", version,
                         self.table.uri, e, self.proposal_id)
             return duplicate
+        info = next((a for a in actions if isinstance(a, CommitInfo)), None)
+        if info is None or self.proposal_id not in info.txn_ids:
+            log.warning("version %d of %s does not name proposal %s (written around the coordinator?); keeping the "
+                        "files staged for it", version, self.table.uri, self.proposal_id)
+            return duplicate
         adds = [a for a in actions if isinstance(a, AddFile)]
         paths = {a.path for a in adds}
         # Keys of the other files the commit references: deletion vector files and change data files.
@@ -506,9 +511,9 @@ class Transaction:
         key = commit_key(version)
         while True:
             try:
-                if table.storage.exists(key):
+                if table.storage.exists(key) and self._published_is_ours(version):
                     return
-            except (OSError, StorageError):
+            except (OSError, StorageError, ValueError):
                 pass  # the store does not answer: the deadline decides
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -523,6 +528,20 @@ class Transaction:
             except ProposalNotPublishedError as e:
                 raise CommitNotPublishedError(table.table_id, version, str(e)) from None
             delay = min(delay * 2, 0.5)
+
+
+    def _published_is_ours(self, version: int) -> bool:
+        """Whether `<version>.json`, found without the coordinator's notice, is this proposal's commit: its commitInfo
+        names the proposal (a coalesced version names each it holds). A file written there around the coordinator
+        meets the coordinator's own publication, which halts the table: it raises CommitNotPublishedError, never
+        passing for this commit."""
+        info = read_commit_info(commit_object(self.table.storage, version))
+        if info is not None and self.proposal_id in info.txn_ids:
+            return True
+        raise CommitNotPublishedError(self.table.table_id, version, (
+            f"_delta_log/{commit_key(version).rsplit('/', 1)[-1]} holds another commit, not proposal "
+            f"{self.proposal_id}: it was written around the coordinator, which halts the table rather than overwrite "
+            "it (see 'Recover a halted table')"))
 
 
 def step_timings(pending: Pending, elapsed_ms: float) -> dict[str, float]:

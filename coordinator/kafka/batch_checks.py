@@ -248,10 +248,11 @@ class BatchChecks:
 
         Nor is a table asked whose `<v-1>.json` this process created less than `FREE_AFTER_OWN_PUT_S` ago, when
         every writer of its proposals hears their outcome only once their version is published: `<v>.json` was
-        surely absent when that PUT began, one written since meets our publication as above, and nobody was told
-        COMMITTED before it. So a table written by one writer at a time (an idle lane at each commit) pays no round
-        trip on the deciding thread. Tables of `told_when_ratified` (a writer that returns at ratification, or reads
-        its decision from the commits topic) are asked, as are all when it is None."""
+        surely absent when that PUT began, and one written since meets our publication as above (a writer that
+        finds its version without a reply checks that the file names its proposal). So a table written by one
+        writer at a time (an idle lane at each commit) pays no round trip on the deciding thread. Tables of
+        `told_when_ratified` (see `PartitionCoordinator._told_when_ratified`) are asked, as are all when it is
+        None."""
         foreign: dict[str, str] = {}
         unavailable: dict[str, str] = {}
         states = self.tables.states

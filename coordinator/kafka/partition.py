@@ -370,12 +370,13 @@ class PartitionCoordinator:
         return True
 
     def _told_when_ratified(self, decoded: Sequence[Decoded]) -> frozenset[str] | None:
-        """The tables of these messages some of whose writers hear their outcome once it is ratified, before it is
-        published: they return at ratification, or read the commits topic (no replies partition). None: every
-        writer does (no replies are sent)."""
+        """The tables of these messages whose versions must be checked against the store before they are ratified:
+        some of their writers hear their outcome at ratification, before it is published (they return then, or
+        read the commits topic: no replies partition), or they are parts of a multi-table transaction, whose parts
+        are all published or none is committed. None: every writer hears at ratification (no replies are sent)."""
         if self.notices is None:
             return None
-        return frozenset(s.proposal.table_id for x in decoded if x.reply is None or x.ratified_only
+        return frozenset(s.proposal.table_id for x in decoded if x.reply is None or x.ratified_only or x.parts
                          for s in x.all_submitted())
 
     def _refuse_released(self, decoded: Sequence[Decoded], now_ms: int) -> None:
