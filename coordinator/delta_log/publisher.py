@@ -581,6 +581,8 @@ class Publisher:
                 log.warning("publishing %s failed (%s); retrying in %.2fs", path, e, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                if self._gone(task, t):
+                    return
         if outcome is Put.DIFFERENT:
             size = len(data) if data is not None else task.staged[1].size if task.staged is not None else 0
             self._halt(task, (
@@ -588,6 +590,19 @@ class Publisher:
                 "table around the coordinator. The table is halted; nothing was overwritten."))
             return
         self._published(task, outcome)
+
+    def _gone(self, task: PublishTask, t: TablePublication) -> bool:
+        """Whether a version still being retried is no longer to be published: the table halted meanwhile (reported
+        unpublished), was forgotten or dropped (its entry replaced: a table re-created at that location must not
+        get the old table's version), or the publisher was abandoned."""
+        with self._lock:
+            if self._abandoned or self.tables.get(task.table_id) is not t or task.table_id in self._forgotten:
+                return True
+            halted = self.halts.why(task.table_id)
+            if halted is not None:
+                self._unpublished(task, halted)
+                return True
+            return False
 
     def _put_staged(self, task: PublishTask, path: StoredObject) -> Put:
         """`put_if_absent` of a version from its staged commit, copied a piece at a time into a temp file (its digest

@@ -269,3 +269,40 @@ def test_the_next_version_is_free_since_the_start_of_the_put_that_created_the_on
             q.stop()
     finally:
         p.stop()
+
+
+@pytest.mark.parametrize("then", ["dropped", "halted"])
+def test_a_version_still_retried_when_its_table_is_dropped_or_halted_is_never_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str) -> None:
+    """A store that does not answer keeps a version retrying; once its table is dropped (`reset`: a table re-created
+    at the location must not get the old version) or halted (reported unpublished), the retries stop and the
+    version is not written when the store answers again."""
+    root = tmp_path / "t"
+    answering = threading.Event()
+    attempts: list[str] = []
+    real = publisher_module.put_if_absent
+
+    def put_if_absent(path: Any, data: bytes, fsync: bool = True) -> Any:
+        attempts.append(path.key)
+        if not answering.is_set():
+            raise OSError("the store does not answer")
+        return real(path, data, fsync=fsync)
+
+    monkeypatch.setattr(publisher_module, "put_if_absent", put_if_absent)
+    unpublished: list[int] = []
+    p = Publisher(fsync=False, lanes=1, on_unpublished=lambda task, _why: unpublished.append(task.version))
+    p.start()
+    try:
+        p.submit(_task(root, 0))
+        assert _until(lambda: len(attempts) >= 2)
+        if then == "dropped":
+            p.reset(root.name)
+        else:
+            p.halt(root.name, root.as_uri(), "halted for the test", notify=False)
+        answering.set()
+        assert p.wait_idle(30)
+        assert not commit_path(root, 0).exists()
+        assert unpublished == ([0] if then == "halted" else [])
+    finally:
+        answering.set()
+        p.stop()
