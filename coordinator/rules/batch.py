@@ -31,7 +31,7 @@ from deltacoord.coordinator.rules.coalesce import Group, coalescable
 from deltacoord.coordinator.rules.outcomes import Accepted, Duplicate, Rejected
 from deltacoord.coordinator.rules.profiles import decide
 from deltacoord.coordinator.rules.state import TableState
-from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, Metadata
+from deltacoord.schemas.actions import Action, AddCDCFile, AddFile, CommitInfo, Metadata
 from deltacoord.schemas.errors import DeltaCoordError, InvalidProposalError
 from deltacoord.schemas.messages import SIBLING_REJECTED, Decision, Outcome, Proposal
 from deltacoord.schemas.properties import TableProperties
@@ -77,10 +77,8 @@ class Overlay:
     commits: list[TentativeCommit] = field(default_factory=list)
     #: Tables halted while deciding this batch (a fault of this code on that table) -> why.
     halts: dict[str, str] = field(default_factory=dict)
-    #: Per table being coalesced: the version of its group and the table before that version (a fork of the
-    #: live state, never changed again): each join forks it and applies the grown version, instead of
-    #: applying every earlier commit of the batch again. Its states are forks of forks: `apply_to` rebuilds them.
-    _bases: dict[str, tuple[int, TableState]] = field(default_factory=dict)
+    #: Table id -> the index in `commits` of its newest commit.
+    _newest: dict[str, int] = field(default_factory=dict)
 
     def state(self, live: Mapping[str, TableState], table_id: str) -> TableState | None:
         """A table as the batch sees it so far."""
@@ -97,25 +95,30 @@ class Overlay:
                 self.created.append(tid)
             self.tables[tid] = state
         self.tables[tid].apply(accepted.version, accepted.actions)
+        self._newest[tid] = len(self.commits)
         self.commits.append(TentativeCommit(tid, accepted.version, accepted.actions))
 
-    def coalesce(self, live: Mapping[str, TableState], table_id: str, version: int, actions: tuple[Action, ...]) -> None:
-        """Make the table's last two commits of the batch (`version` and the one after) one commit at `version`
-        holding `actions` (`deltacoord.coordinator.rules.coalesce`): the table's state is the table before `version` (made
-        once per group from its live state) with `actions` applied."""
-        mine = [i for i, c in enumerate(self.commits) if c.table_id == table_id]
-        assert len(mine) >= 2 and self.commits[mine[-2]].version == version and self.commits[mine[-1]].version == version + 1
-        del self.commits[mine[-1]]
-        self.commits[mine[-2]] = TentativeCommit(table_id, version, actions)
-        cached = self._bases.get(table_id)
-        if cached is None or cached[0] != version:
-            base = live[table_id].fork()
-            for i in mine[:-2]:
-                c = self.commits[i]
-                base.apply(c.version, c.actions)
-            cached = self._bases[table_id] = (version, base)
-        st = cached[1].fork()
-        st.apply(version, actions)
+    def coalesce(self, live: Mapping[str, TableState], table_id: str, version: int, commit: tuple[Action, ...],
+                 added: tuple[Action, ...] | None) -> None:
+        """Make the table's newest commit of the batch, `version`, hold `commit` (an accepted commit joined it,
+        `deltacoord.coordinator.rules.coalesce`): the table's state grows that version by `added`, what the join
+        adds to it (`TableState.extend`, O(the join)). When the version cannot grow so (`added` is None, or
+        `extend` refuses it) the state is made again: the live state with the batch's commits of the table."""
+        i = self._newest[table_id]
+        assert self.commits[i].version == version
+        self.commits[i] = TentativeCommit(table_id, version, commit)
+        if added is not None:
+            ci = commit[0]
+            assert isinstance(ci, CommitInfo)
+            try:
+                self.tables[table_id].extend(version, ci, added)
+                return
+            except ValueError:
+                pass
+        st = live[table_id].fork()
+        for c in self.commits:
+            if c.table_id == table_id:
+                st.apply(c.version, c.actions)
         self.tables[table_id] = st
 
     def apply_to(self, live: MutableMapping[str, TableState]) -> None:
@@ -127,13 +130,8 @@ class Overlay:
         for tid, st in self.tables.items():
             if tid in created:
                 live[tid] = st
-                continue
-            if tid in self._bases:  # a fork of a fork: the batch's commits of the table, made once on a fork
-                st = live[tid].fork()
-                for c in self.commits:
-                    if c.table_id == tid:
-                        st.apply(c.version, c.actions)
-            live[tid].absorb(st)
+            else:
+                live[tid].absorb(st)
 
 
 def rejection(table_id: str, table_uri: str, proposal_id: str, err: DeltaCoordError, winning_version: int | None,
@@ -159,6 +157,17 @@ def decide_one(live: Mapping[str, TableState], overlay: Overlay, p: Proposal, no
                check_files: FileCheck | None = None,
                refused_creates: Mapping[str, InvalidProposalError] = _NOTHING_REFUSED) -> Decision:
     """Decide one proposal against the live states plus the overlay, recording an acceptance in the overlay."""
+    d, accepted = _judged(live, overlay, p, now_ms, halted, signature, check_files, refused_creates)
+    if accepted is not None:
+        overlay.accept(live, *accepted)
+    return d
+
+
+def _judged(live: Mapping[str, TableState], overlay: Overlay, p: Proposal, now_ms: int, halted: Mapping[str, str],
+            signature: Signature | None, check_files: FileCheck | None,
+            refused_creates: Mapping[str, InvalidProposalError]) -> tuple[Decision, tuple[TableState, Accepted] | None]:
+    """`decide_one`'s decision, and when accepted the state it was decided on and the acceptance, not yet
+    recorded in the overlay."""
     st = overlay.state(live, p.table_id)
     err = authentication_error(st, p, signature) or admission_error(st, p, halted)
     if err is None and st is None and p.read_version < 0:
@@ -169,23 +178,22 @@ def decide_one(live: Mapping[str, TableState], overlay: Overlay, p: Proposal, no
         if why is not None:
             err = InvalidProposalError(ReasonCode.ADDED_FILE_MISSING, why)
     if err is not None:
-        return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms)
+        return rejection(p.table_id, p.table_uri, p.proposal_id, err, None, now_ms), None
     if st is None:
         st = TableState.empty(p.table_id, p.table_uri)
     result = decide(st, p, now_ms)
     if isinstance(result, Accepted):
-        overlay.accept(live, st, result)
         return Decision(
             table_id=p.table_id, table_uri=p.table_uri, proposal_id=p.proposal_id, outcome=Outcome.COMMITTED,
             version=result.version, actions=result.actions, decided_at_ms=now_ms,
-        )
+        ), (st, result)
     if isinstance(result, Duplicate):
         return Decision(
             table_id=p.table_id, table_uri=p.table_uri, proposal_id=p.proposal_id, outcome=Outcome.COMMITTED,
             version=result.version, duplicate_of=result.version, decided_at_ms=now_ms,
-        )
+        ), None
     assert isinstance(result, Rejected)
-    return rejection(p.table_id, p.table_uri, p.proposal_id, result.error, result.winning_version, now_ms)
+    return rejection(p.table_id, p.table_uri, p.proposal_id, result.error, result.winning_version, now_ms), None
 
 
 class _TableFault(Exception):
@@ -286,14 +294,14 @@ def _decide_all(states: Mapping[str, TableState], proposals: Sequence[Proposal |
             decisions.append(repeated(first, at))
             continue
         try:
-            d = decide_one(states, overlay, p, at, halted, sig, check_files, refused_creates)
+            d, accepted = _judged(states, overlay, p, at, halted, sig, check_files, refused_creates)
+            if accepted is not None:
+                if p.table_id in busy:
+                    d = _coalesce(states, overlay, groups, decisions, p, d, *accepted)
+                else:
+                    overlay.accept(states, *accepted)
         except Exception as e:
             raise _TableFault(p.table_id, p.table_uri, e) from e
-        if p.table_id in busy and d.committed and d.duplicate_of is None:
-            try:
-                d = _coalesce(states, overlay, groups, decisions, p, d)
-            except Exception as e:
-                raise _TableFault(p.table_id, p.table_uri, e) from e
         if claims_its_id(d):
             seen[key] = d
         decisions.append(d)
@@ -382,23 +390,25 @@ class _PartRefused(Exception):
 
 
 def _coalesce(live: Mapping[str, TableState], overlay: Overlay, groups: dict[str, Group], decisions: list[Decision],
-              p: Proposal, d: Decision) -> Decision:
-    """Fold an accepted commit of a busy table into the version its batch is coalescing, when it may
-    (`deltacoord.coordinator.rules.coalesce`); the decision as it stands (`coalesced_into` the leader's when folded)."""
+              p: Proposal, d: Decision, st: TableState, accepted: Accepted) -> Decision:
+    """Fold an accepted commit of a busy table (decided on `st`) into the version its batch is coalescing, when it
+    may (`deltacoord.coordinator.rules.coalesce`), else record it as its own version; the decision as it stands
+    (`coalesced_into` the leader's when folded)."""
     tid = p.table_id
     assert d.version is not None
-    st = overlay.tables.get(tid)
-    props = TableProperties.of(st.metadata if st is not None else None)
-    if tid not in live or st is None or not props.coalesce or props.maxcompute or not coalescable(p, d.actions):
+    props = TableProperties.of(st.metadata)
+    if tid not in live or not props.coalesce or props.maxcompute or not coalescable(p, d.actions):
         groups.pop(tid, None)
+        overlay.accept(live, st, accepted)
         return d
     g = groups.get(tid)
     size = g.takes(d.actions) if g is not None and g.version == d.version - 1 else None
     if g is None or size is None:
         groups[tid] = Group.open(d.version, len(decisions), d.actions)
+        overlay.accept(live, st, accepted)
         return d
-    merged = g.join(d.actions, size)
-    overlay.coalesce(live, tid, g.version, merged)
+    merged, added = g.join(d.actions, size)
+    overlay.coalesce(live, tid, g.version, merged, added)
     leader = decisions[g.leader]
     decisions[g.leader] = replace(leader, actions=merged)
     return replace(d, version=g.version, actions=(), coalesced_into=leader.proposal_id)

@@ -85,7 +85,8 @@ class Group:
     """The commits of one version being coalesced: the leader's first.
 
     The version's commit is kept as it grows (`_Merged`), so each join costs O(its own actions), not
-    O(the group so far): `join` returns what `merge(version, parts)` returns."""
+    O(the group so far): `join` returns what `merge(version, parts)` returns, and what the join adds to the
+    version, with which the table's state grows that version in place (`TableState.extend`)."""
 
     version: int
     leader: int
@@ -109,22 +110,26 @@ class Group:
         size = len(commit_to_json_lines(actions))
         return size if self.size + size <= INLINE_MAX_BYTES else None
 
-    def join(self, actions: tuple[Action, ...], size: int) -> tuple[Action, ...]:
-        """Add a commit; the version's whole commit as it now stands (`merge` of the parts)."""
+    def join(self, actions: tuple[Action, ...], size: int) -> tuple[tuple[Action, ...], tuple[Action, ...] | None]:
+        """Add a commit: the version's whole commit as it now stands (`merge` of the parts), and what the join
+        adds to the version as it stood before (the commit's adds as the version holds them, its txns, its
+        high-water mark), for `TableState.extend`; None when the version's earlier actions changed too (at the
+        first join, when a leader's add held another defaultRowCommitVersion than the version)."""
+        first = self.merged is None
         if self.merged is None:
             self.merged = _Merged(self.version, self.parts[0])
         self.parts.append(actions)
         self.app_ids |= _app_ids(actions)
         self.paths |= _paths(actions)
         self.size += size
-        self.merged.add(actions)
-        return self.merged.commit()
+        added = self.merged.add(actions)
+        return self.merged.commit(), None if first and self.merged.leader_changed else added
 
 
 class _Merged:
     """`merge` of a group's parts, kept up to date part by part."""
 
-    __slots__ = ("_body", "_coalesced", "_mark", "_metrics", "_metrics_ok", "_values", "version")
+    __slots__ = ("_body", "_coalesced", "_mark", "_metrics", "_metrics_ok", "_values", "leader_changed", "version")
 
     def __init__(self, version: int, first: tuple[Action, ...]) -> None:
         self.version = version
@@ -148,23 +153,32 @@ class _Merged:
                     self._metrics[k] = (False, int(v))
                 else:
                     self._metrics[k] = None
-        self._take(first)
+        #: Whether a leader's add held another defaultRowCommitVersion than the version (its writer's).
+        self.leader_changed = self._take(first)[1]
 
-    def _take(self, part: tuple[Action, ...]) -> None:
+    def _take(self, part: tuple[Action, ...]) -> tuple[tuple[Action, ...], bool]:
+        """Take a part: what it adds to the version (its adds with the version as defaultRowCommitVersion, its
+        txns, its high-water mark), and whether that changed one of its adds."""
         ci = part[0]
         assert isinstance(ci, CommitInfo), "a coalesced commit starts with its commitInfo"
         self._coalesced.append({k: v for k, v in ci.values.items() if k not in _VERSION_KEYS})
         version = self.version
         body = self._body
+        n = len(body)
+        mark: DomainMetadata | None = None
+        changed = False
         for a in part[1:]:
             if isinstance(a, DomainMetadata):
-                self._mark = a  # the row-id high-water mark: the last part's is the version's
+                mark = self._mark = a  # the row-id high-water mark: the last part's is the version's
             elif isinstance(a, AddFile) and a.default_row_commit_version is not None:
+                changed = changed or a.default_row_commit_version != version
                 body.append(replace(a, default_row_commit_version=version))
             else:
                 body.append(a)
+        return (*body[n:], mark) if mark is not None else tuple(body[n:]), changed
 
-    def add(self, part: tuple[Action, ...]) -> None:
+    def add(self, part: tuple[Action, ...]) -> tuple[Action, ...]:
+        """Take a part after the first: what it adds to the version (`_take`)."""
         ci = part[0]
         assert isinstance(ci, CommitInfo), "a coalesced commit starts with its commitInfo"
         m = ci.values.get("operationMetrics")
@@ -183,7 +197,7 @@ class _Merged:
                     metrics[k] = (False, total + int(v))
                 else:
                     metrics[k] = None
-        self._take(part)
+        return self._take(part)[0]
 
     def commit(self) -> tuple[Action, ...]:
         values = dict(self._values)

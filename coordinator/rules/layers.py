@@ -57,6 +57,17 @@ def _marked_after(marked: deque[C], after: int) -> list[C]:
     return out
 
 
+def _replace_newest(commits: deque[C], marked: deque[C], w: C) -> C:
+    """Put `w` in the place of the newest of `commits` (and of `marked`, the marked ones); the commit it replaced."""
+    old = commits[-1]
+    commits[-1] = w
+    if marked and marked[-1] is old:
+        marked.pop()
+    if w.marked:
+        marked.append(w)
+    return old
+
+
 class LayeredDict(MutableMapping[K, V], Generic[K, V]):
     """Writes and deletions kept apart from a base mapping, which is only read."""
 
@@ -150,15 +161,29 @@ class WinnersWindow(Generic[C]):
 
     def append(self, w: C, max_commits: int, max_files: int) -> None:
         """Add the newest commit, then drop the oldest ones beyond the bounds (the newest always stays)."""
-        winners = self._winners
-        winners.append(w)
+        self._winners.append(w)
         if w.marked:
             self._marked.append(w)
         self._files += w.num_file_actions
-        while len(winners) > 1 and (len(winners) > max_commits or self._files > max_files):
-            self._files -= winners.popleft().num_file_actions
+        self._bound(max_commits, max_files)
         self._next = w.version + 1
         self._drop_marked()
+
+    def own_newest(self) -> C | None:
+        """The newest commit (`replace_newest` may replace it), or None when empty."""
+        return self._winners[-1] if self._winners else None
+
+    def replace_newest(self, w: C, max_commits: int, max_files: int) -> None:
+        """Replace the newest commit by `w`, a summary of the same version grown by more actions, then drop the
+        oldest ones beyond the bounds: the window `append(w)` would have made instead of appending the newest."""
+        self._files += w.num_file_actions - _replace_newest(self._winners, self._marked, w).num_file_actions
+        self._bound(max_commits, max_files)
+        self._drop_marked()
+
+    def _bound(self, max_commits: int, max_files: int) -> None:
+        winners = self._winners
+        while len(winners) > 1 and (len(winners) > max_commits or self._files > max_files):
+            self._files -= winners.popleft().num_file_actions
 
     def _drop_marked(self) -> None:
         """Forget marked commits no longer retained."""
@@ -228,6 +253,19 @@ class ForkedWindow(Generic[C]):
         if w.marked:
             self._marked.append(w)
         self._files += w.num_file_actions
+        self._bound(max_commits, max_files)
+
+    def own_newest(self) -> C | None:
+        """The newest commit when this fork appended it (`replace_newest` may replace it), else None: one of the
+        base's, which a fork never changes."""
+        return self._new[-1] if self._new else None
+
+    def replace_newest(self, w: C, max_commits: int, max_files: int) -> None:
+        """`WinnersWindow.replace_newest` of the newest commit this fork appended."""
+        self._files += w.num_file_actions - _replace_newest(self._new, self._marked, w).num_file_actions
+        self._bound(max_commits, max_files)
+
+    def _bound(self, max_commits: int, max_files: int) -> None:
         n = len(self)
         while n > 1 and (n > max_commits or self._files > max_files):
             if self._dropped < len(self._base):

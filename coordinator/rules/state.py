@@ -29,14 +29,16 @@ their distinct partition rows, which is all the append check reads.
 `fork()` gives a state that sees this one and takes commits of its own
 without changing it, in O(1) whatever the table's size: a batch decides
 against forks, and its commits reach the live state only once the batch is
-recorded in Kafka (`deltacoord.coordinator.rules.batch`).
+recorded in Kafka (`deltacoord.coordinator.rules.batch`). `extend()` grows the head
+version by more actions in O(those actions): a commit coalesced into it
+(`deltacoord.coordinator.rules.coalesce`).
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from hashlib import blake2b
 from typing import overload
 
@@ -47,6 +49,7 @@ from deltacoord.coordinator.rules.layers import ForkedTxnIndex, ForkedWindow, La
 from deltacoord.coordinator.rules.live_files import LiveFileLayer, LiveFileSet
 from deltacoord.coordinator.rules.row_level import DvUpdate, deletion_vector_table, dv_updates, row_level_table
 from deltacoord.schemas.actions import (
+    COALESCED_KEY,
     Action,
     AddCDCFile,
     AddFile,
@@ -488,15 +491,8 @@ class TableState:
                 metadata = a
             elif isinstance(a, Protocol):
                 protocol = a
-            elif isinstance(a, SetTransaction):
-                app_ids.add(a.app_id)
-                self.app_versions[a.app_id] = a.version
-            elif isinstance(a, DomainMetadata):
-                domains.add(a.domain)
-                if a.removed:
-                    self.domains.pop(a.domain, None)
-                else:
-                    self.domains[a.domain] = a
+            elif isinstance(a, (SetTransaction, DomainMetadata)):
+                self._name(a, app_ids, domains)
             elif isinstance(a, AddCDCFile):
                 n_files += 1
         _change_live(self._live, keys, added)
@@ -575,6 +571,98 @@ class TableState:
             removed_vectors={r.path: r.deletion_vector for r in removes} if compaction is not None else {},
         )
         self._window.append(winner, self.max_window_commits, self.max_window_files)
+
+    def _name(self, a: Action, app_ids: set[str], domains: set[str]) -> None:
+        """Record a commit's txn (app id and its version) or domain metadata, naming it in `app_ids` or `domains`."""
+        if isinstance(a, SetTransaction):
+            app_ids.add(a.app_id)
+            self.app_versions[a.app_id] = a.version
+        elif isinstance(a, DomainMetadata):
+            domains.add(a.domain)
+            if a.removed:
+                self.domains.pop(a.domain, None)
+            else:
+                self.domains[a.domain] = a
+
+    def extend(self, version: int, commit_info: CommitInfo, actions: Sequence[Action]) -> None:
+        """Make the head version hold `actions` too, with `commit_info` as its commitInfo: a coalescing group's
+        join (`deltacoord.coordinator.rules.coalesce`) in O(`actions`), where applying the grown version again
+        on the table before it costs O(the version so far).
+
+        Afterwards the state is the one `apply` of the whole grown commit makes on the state before the version:
+        live files, app ids, domains, the version's summary in the window, the proposal ids it records. Hence
+        the conditions, else ValueError and the state unchanged: this state applied the version itself (not the
+        state it was forked from), and the version holds no metaData, protocol or remove; `actions` are adds
+        without deletion vectors, txns and domain metadata (what a coalesced version holds); `commit_info`
+        keeps the version's txnId, operation, timestamp and in-commit timestamp, and records the proposals of
+        the version's commitInfo first (its coalesced commits extend theirs).
+        """
+        w = self._window.own_newest()
+        if version != self.version or w is None or w.version != version:
+            raise ValueError(f"version {version} of {self.table_id} is not the head this state applied itself")
+        old = w.commit_info
+        if w.metadata is not None or w.protocol is not None or w.removed_paths or old is None:
+            raise ValueError(f"version {version} of {self.table_id} is not an append with a commitInfo")
+        if (commit_info.txn_id, commit_info.operation, commit_info.timestamp, commit_info.in_commit_timestamp) != \
+                (old.txn_id, old.operation, old.timestamp, old.in_commit_timestamp):
+            raise ValueError("the commitInfo of a grown version keeps its txnId, operation and timestamps")
+        ids = _recorded_after(old, commit_info)
+        if ids is None:
+            raise ValueError("the commitInfo of a grown version records the proposals it recorded, first")
+        for a in actions:
+            if not isinstance(a, (AddFile, SetTransaction, DomainMetadata)) or (isinstance(a, AddFile) and a.deletion_vector):
+                raise ValueError("a version grows by adds without deletion vectors, txns and domain metadata, "
+                                 f"not {type(a).__name__}")
+        adds: list[AddFile] = []
+        keys: array[int] = array("q")
+        app_ids: set[str] = set()
+        domains: set[str] = set()
+        for a in actions:
+            if isinstance(a, AddFile):
+                adds.append(a)
+                keys.append(key_hash(a.path, None))
+            else:
+                self._name(a, app_ids, domains)
+        _change_live(self._live, keys, bytearray(b"\x01") * len(keys))
+        for txn_id in ids:
+            self._txns.remember(txn_id, version)
+        if domains and row_tracking_supported(self.protocol):
+            domains.discard(ROW_TRACKING_DOMAIN)
+        schema = w.partition_schema
+        rows = w.partition_rows
+        if adds:
+            rows = tuple(dict.fromkeys((*rows, *(row_of(a.partition_values, schema) for a in adds)))) if schema else ((),)
+        all_domains = w.domains | domains if domains else w.domains
+        blind = commit_info.is_blind_append
+        params = commit_info.values.get("operationParameters")
+        operation = commit_info.operation
+        grown = replace(
+            w,
+            commit_info=commit_info,
+            app_ids=w.app_ids | app_ids if app_ids else w.app_ids,
+            domains=all_domains,
+            is_blind_append=blind,
+            partition_rows=rows,
+            num_file_actions=w.num_file_actions + len(adds),
+            quiet=not all_domains and (blind or not rows),
+            added_files=(*w.added_files, *adds) if TableProperties.of(self.metadata).maxcompute else (),
+            new_files=(*w.new_files, *(a for a in adds if a.data_change))
+            if adds and deletion_vector_table(self.metadata) and row_level_table(self.metadata) else w.new_files,
+            zorder=operation in ROW_MAPPED_OPERATIONS and is_zorder(operation, params if isinstance(params, Mapping) else None),
+        )
+        self._window.replace_newest(grown, self.max_window_commits, self.max_window_files)
+
+
+def _recorded_after(old: CommitInfo, new: CommitInfo) -> list[str] | None:
+    """The proposal ids `new` records (`CommitInfo.txn_ids`) after those of `old`, read from the coalesced commits
+    it adds to `old`'s (not O(all of them)); None when `new` does not record `old`'s first."""
+    before, after = old.values.get(COALESCED_KEY), new.values.get(COALESCED_KEY)
+    b = before if isinstance(before, list) else []
+    a = after if isinstance(after, list) else []
+    n = len(b)
+    if n > len(a) or (n and a[:n] != b):  # a list compares its items by identity first: O(n) pointer checks here
+        return None
+    return [t for part in a[n:] if isinstance(part, Mapping) and isinstance(t := part.get("txnId"), str)]
 
 
 __all__ = [
