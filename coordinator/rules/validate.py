@@ -10,8 +10,8 @@ Checked here, before any conflict check:
   only objects built in process can fail this);
 * the proposal names this table, and its read version is in -1..head
   (`UNKNOWN_TABLE` when the table does not exist and this is not a creation);
-* `commitInfo.txnId`, when given, equals the proposal id; no commitInfo
-  inside `actions`;
+* `commitInfo.txnId`, when given, equals the proposal id, and it has no
+  `coalescedCommits` (the coordinator's own record); no commitInfo inside `actions`;
 * at most one metaData and one protocol action; a creation (read version -1)
   carries both; protocol versions this project supports (reader <= 3,
   writer <= 7);
@@ -58,6 +58,7 @@ from deltacoord.coordinator.rules.table_features import (
     domain_metadata_error,
 )
 from deltacoord.schemas.actions import (
+    COALESCED_KEY,
     AddCDCFile,
     AddFile,
     CommitInfo,
@@ -467,6 +468,11 @@ def validate_proposal(state: TableState, proposal: Proposal) -> None:
     txn_id = p.commit_info.txn_id
     if txn_id is not None and txn_id != p.proposal_id:
         raise _err(ReasonCode.TXN_ID_MISMATCH, f"commitInfo.txnId {txn_id!r} differs from proposal id {p.proposal_id!r}")
+    if COALESCED_KEY in p.commit_info.values:
+        # The coordinator's record of the proposals a shared version holds: set by a writer, it would make the
+        # proposal ids it names count as committed (answered as duplicates, their files never committed).
+        raise _err(ReasonCode.TXN_ID_MISMATCH, f"commitInfo.{COALESCED_KEY} is the coordinator's record of the proposals "
+                   "a shared version holds; a proposal may not set it: leave it out of commit_info")
 
     root = state.table_uri or p.table_uri  # the coordinator's record of the table root is authoritative
     new_metadata: Metadata | None = None

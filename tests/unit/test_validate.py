@@ -88,6 +88,10 @@ CASES = [
     Case("read-version-ahead", "READ_VERSION_AHEAD", lambda h: proposal(h.head + 1, [add("a.parquet")])),
     Case("txn-id-mismatch", "TXN_ID_MISMATCH",
          lambda h: proposal(0, [add("a.parquet")], proposal_id="p-1", commit_info={"txnId": "p-2"})),
+    # A writer naming other proposal ids as its version's would have them answered as duplicates, never committed.
+    Case("coalesced-commits-set-by-a-writer", "TXN_ID_MISMATCH",
+         lambda h: proposal(0, [add("a.parquet")], proposal_id="p-1",
+                            commit_info={"txnId": "p-1", "coalescedCommits": [{"txnId": "victim"}]})),
     Case("commit-info-nested-17-deep", "COMMIT_INFO_TOO_DEEP",
          lambda h: proposal(0, [add("a.parquet")], proposal_id="p-1", commit_info={"txnId": "p-1", "x": _nested(16)})),
     Case("commit-info-over-64k", "COMMIT_INFO_TOO_LARGE",
