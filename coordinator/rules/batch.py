@@ -273,6 +273,7 @@ def _decide_all(states: Mapping[str, TableState], proposals: Sequence[Proposal |
     decisions: list[Decision] = []
     seen: dict[tuple[str, str], Decision] = {}
     groups: dict[str, Group] = {}  # per busy table, the version being coalesced
+    joined: dict[int, tuple[Action, ...]] = {}  # a coalesced version's leader (its index) -> the version's commit
     i = 0
     while i < len(proposals):
         p, at, sig = _unpack(proposals[i], now)
@@ -297,7 +298,7 @@ def _decide_all(states: Mapping[str, TableState], proposals: Sequence[Proposal |
             d, accepted = _judged(states, overlay, p, at, halted, sig, check_files, refused_creates)
             if accepted is not None:
                 if p.table_id in busy:
-                    d = _coalesce(states, overlay, groups, decisions, p, d, *accepted)
+                    d = _coalesce(states, overlay, groups, decisions, joined, p, d, *accepted)
                 else:
                     overlay.accept(states, *accepted)
         except Exception as e:
@@ -305,6 +306,8 @@ def _decide_all(states: Mapping[str, TableState], proposals: Sequence[Proposal |
         if claims_its_id(d):
             seen[key] = d
         decisions.append(d)
+    for leader, commit in joined.items():  # once per version, not once per join
+        decisions[leader] = replace(decisions[leader], actions=commit)
     return decisions, overlay
 
 
@@ -390,10 +393,12 @@ class _PartRefused(Exception):
 
 
 def _coalesce(live: Mapping[str, TableState], overlay: Overlay, groups: dict[str, Group], decisions: list[Decision],
-              p: Proposal, d: Decision, st: TableState, accepted: Accepted) -> Decision:
+              joined: dict[int, tuple[Action, ...]], p: Proposal, d: Decision, st: TableState,
+              accepted: Accepted) -> Decision:
     """Fold an accepted commit of a busy table (decided on `st`) into the version its batch is coalescing, when it
     may (`deltacoord.coordinator.rules.coalesce`), else record it as its own version; the decision as it stands
-    (`coalesced_into` the leader's when folded)."""
+    (`coalesced_into` the leader's when folded). The leader's decision is given the version's whole commit when
+    the batch is decided (`joined` holds it meanwhile)."""
     tid = p.table_id
     assert d.version is not None
     props = TableProperties.of(st.metadata)
@@ -409,9 +414,8 @@ def _coalesce(live: Mapping[str, TableState], overlay: Overlay, groups: dict[str
         return d
     merged, added = g.join(d.actions, size)
     overlay.coalesce(live, tid, g.version, merged, added)
-    leader = decisions[g.leader]
-    decisions[g.leader] = replace(leader, actions=merged)
-    return replace(d, version=g.version, actions=(), coalesced_into=leader.proposal_id)
+    joined[g.leader] = merged
+    return replace(d, version=g.version, actions=(), coalesced_into=decisions[g.leader].proposal_id)
 
 
 __all__ = [

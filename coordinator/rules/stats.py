@@ -64,7 +64,10 @@ def _per_column_problem(values: object, where: str, leaf: Callable[[object, str]
         return None  # strings are always fine bounds (the common case of a string column's min and max)
     if depth > MAX_DEPTH:
         return f"{where} nests deeper than {MAX_DEPTH} levels"
+    lo = INT64_MIN if leaf is _bound_problem else 0
     for name, v in values.items():
+        if type(v) is int and lo <= v <= INT64_MAX:
+            continue  # a 64-bit integer, non-negative for a count: what `leaf` passes (the common case)
         at = f"{where}.{name}"
         problem = _per_column_problem(v, at, leaf, depth + 1) if isinstance(v, dict) else leaf(v, at)
         if problem:

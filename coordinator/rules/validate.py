@@ -278,9 +278,58 @@ def _key_bound(k: object) -> int | None:
     return None
 
 
+def _plain_bound(d: dict[Any, Any], depth: int) -> int:
+    """`_check_commit_info`'s bound for the common commitInfo, a dict (at `depth`) of string keys and strings,
+    numbers, booleans, nulls and such dicts, in one recursive pass; -1 when anything else is met or a value would
+    sit deeper than `MAX_COMMIT_INFO_DEPTH` (the general walk then answers)."""
+    if d and depth >= MAX_COMMIT_INFO_DEPTH:
+        return -1
+    bound = 2 + 2 * len(d)
+    for k, v in d.items():
+        if type(k) is not str:
+            return -1
+        bound += 2 + _STR_CHARS * len(k)
+        t = type(v)
+        if t is str:
+            bound += 2 + _STR_CHARS * len(v)
+        elif t is dict:
+            b = _plain_bound(v, depth + 1)
+            if b < 0:
+                return -1
+            bound += b
+        elif t is int:
+            bits = v.bit_length()
+            if bits > _INT_BITS_BOUNDED:
+                return -1
+            bound += 4 + bits // 3
+        elif t is bool or v is None:
+            bound += 7
+        elif t is float:
+            bound += 28
+        else:
+            return -1
+    return bound
+
+
 def _check_commit_info(values: Mapping[str, Any]) -> None:
-    # The walk bounds the JSON's size from above as it goes (types `json.dumps` writes plainly); when the bound
-    # is within the limit the exact size is not needed. Anything else is measured by `json.dumps` itself.
+    # The JSON's size is bounded from above (types `json.dumps` writes plainly); when the bound is within the
+    # limit the exact size is not needed. Anything else is measured by `json.dumps` itself.
+    if type(values) is dict and 0 <= _plain_bound(values, 1) <= MAX_COMMIT_INFO_CHARS:
+        return  # the common case: `_walked_bound` would find the same bound
+    bound = _walked_bound(values)
+    if bound is not None and bound <= MAX_COMMIT_INFO_CHARS:
+        return
+    try:
+        size = len(json.dumps(values, separators=(",", ":"), default=str))
+    except (TypeError, ValueError) as e:  # an object key JSON cannot have, a circular reference
+        raise _err(ReasonCode.MALFORMED_PROPOSAL, f"commitInfo is not a JSON object: {e}") from None
+    if size > MAX_COMMIT_INFO_CHARS:
+        raise _err(ReasonCode.COMMIT_INFO_TOO_LARGE, f"commitInfo is {size} characters; the limit is {MAX_COMMIT_INFO_CHARS}")
+
+
+def _walked_bound(values: Mapping[str, Any]) -> int | None:
+    """The bound on the JSON's size of any commitInfo (None: not bounded here), walking every mapping and list;
+    raises COMMIT_INFO_TOO_DEEP for a value nested deeper than `MAX_COMMIT_INFO_DEPTH`."""
     stack: list[tuple[Any, int]] = [(values, 1)]
     bound = 0
     bounded = True
@@ -313,14 +362,7 @@ def _check_commit_info(values: Mapping[str, Any]) -> None:
                 bounded = False
             else:
                 bound += kb
-    if bounded and bound <= MAX_COMMIT_INFO_CHARS:
-        return
-    try:
-        size = len(json.dumps(values, separators=(",", ":"), default=str))
-    except (TypeError, ValueError) as e:  # an object key JSON cannot have, a circular reference
-        raise _err(ReasonCode.MALFORMED_PROPOSAL, f"commitInfo is not a JSON object: {e}") from None
-    if size > MAX_COMMIT_INFO_CHARS:
-        raise _err(ReasonCode.COMMIT_INFO_TOO_LARGE, f"commitInfo is {size} characters; the limit is {MAX_COMMIT_INFO_CHARS}")
+    return bound if bounded else None
 
 
 def _is_int(v: object) -> bool:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from deltacoord.coordinator.rules import validate
 from deltacoord.schemas.errors import InvalidProposalError
+from deltacoord.schemas.reasons import ReasonCode
 
 
 def _by_dumps(values: Mapping[str, Any]) -> str | None:
@@ -65,3 +66,50 @@ def test_a_commit_info_just_over_the_limit_is_refused_and_one_just_under_is_not(
     assert _checked({"k": "x" * (limit - base + 1)}) == "COMMIT_INFO_TOO_LARGE"
     # Each emoji is 12 characters of JSON: a value of 5,500 is over the limit although it is 5,500 characters.
     assert _checked({"k": "\U0001f600" * 5_500}) == "COMMIT_INFO_TOO_LARGE"
+
+
+_PLAIN_SCALAR = st.one_of(_TEXT, st.integers(-10**30, 10**30), st.booleans(), st.none(),
+                          st.floats(allow_nan=True, allow_infinity=True))
+_PLAIN = st.recursive(_PLAIN_SCALAR, lambda inner: st.dictionaries(_TEXT, inner, max_size=4), max_leaves=30)
+
+
+def _nested(levels: int, leaf: object) -> dict[str, Any]:
+    """A commitInfo of `levels` dicts one inside the other, the innermost holding `leaf`."""
+    values: dict[str, Any] = {"k": leaf}
+    for _ in range(levels - 1):
+        values = {"k": values}
+    return values
+
+
+@settings(max_examples=250, deadline=None)
+@given(values=st.one_of(st.dictionaries(_TEXT, _VALUE, max_size=6), st.integers(1, 20).map(lambda n: _nested(n, "x"))))
+def test_the_one_pass_bound_answers_with_the_walks_bound_or_leaves_it_to_the_walk(values: dict[str, Any]) -> None:
+    """The fast path (`_plain_bound`) gives the general walk's bound or none (-1); every value nested too deep is
+    left to the walk, which refuses it."""
+    fast = validate._plain_bound(values, 1)
+    try:
+        walked = validate._walked_bound(values)
+    except InvalidProposalError as e:
+        assert fast == -1 and e.reason == ReasonCode.COMMIT_INFO_TOO_DEEP
+        return
+    assert fast in (-1, walked)
+
+
+@settings(max_examples=250, deadline=None)
+@given(values=st.dictionaries(_TEXT, _PLAIN, max_size=6))
+def test_a_plain_commit_info_takes_the_one_pass_bound(values: dict[str, Any]) -> None:
+    """String keys; strings, numbers, booleans, nulls and such dicts: the common commitInfo is bounded in one pass."""
+    try:
+        walked = validate._walked_bound(values)
+    except InvalidProposalError:
+        assert validate._plain_bound(values, 1) == -1
+        return
+    assert walked is not None and validate._plain_bound(values, 1) == walked
+
+
+@pytest.mark.parametrize("leaf", ["x", 7, None, {}])
+def test_a_commit_info_nested_to_the_limit_passes_and_one_level_more_is_refused(leaf: object) -> None:
+    depth = validate.MAX_COMMIT_INFO_DEPTH
+    # The leaf sits one level below the innermost of the nested dicts.
+    assert _checked(_nested(depth - 1, leaf)) is None
+    assert _checked(_nested(depth, leaf)) == "COMMIT_INFO_TOO_DEEP"

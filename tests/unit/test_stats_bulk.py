@@ -126,3 +126,29 @@ print("pandas" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+_EDGE_INTS = st.one_of(st.integers(), st.sampled_from([0, -1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1]))
+_LEAF = st.one_of(_EDGE_INTS, st.booleans(), st.none(), st.text(max_size=3), st.floats(), st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=3), st.one_of(_LEAF, st.dictionaries(st.text(max_size=3), _LEAF, max_size=3)),
+                       max_size=4))
+def test_a_column_of_a_plain_integer_is_passed_as_the_leaf_check_passes_it(values: dict[str, Any]) -> None:
+    """The per-column walk skips a 64-bit integer (non-negative for a count) without the leaf check: the same
+    answers as asking the leaf check of every column."""
+    import deltacoord.coordinator.rules.stats as mod
+
+    def leaf_by_leaf(vals: object, where: str, leaf: Any) -> str | None:
+        assert isinstance(vals, dict)
+        for name, v in vals.items():
+            problem = leaf_by_leaf(v, f"{where}.{name}", leaf) if isinstance(v, dict) else leaf(v, f"{where}.{name}")
+            if problem:
+                return problem
+        return None
+
+    for leaf in (mod._bound_problem, mod._count_problem):
+        if leaf is mod._bound_problem and all(type(v) is str for v in values.values()):
+            continue  # the walk's own earlier shortcut: strings are always fine bounds
+        assert mod._per_column_problem(values, "stats.x", leaf) == leaf_by_leaf(values, "stats.x", leaf)
