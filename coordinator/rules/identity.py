@@ -9,7 +9,9 @@ behind the mark, or beyond the mark it declares.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from types import MappingProxyType
 
 from deltacoord.schemas.actions import Action, AddFile, Metadata, RemoveFile
 from deltacoord.schemas.errors import InvalidProposalError
@@ -17,13 +19,23 @@ from deltacoord.schemas.identity import HIGH_WATER_MARK, IdentityColumn, identit
 from deltacoord.schemas.reasons import ReasonCode
 
 
-def _columns(md: Metadata | None) -> dict[str, IdentityColumn]:
+def _columns(md: Metadata | None) -> Mapping[str, IdentityColumn]:
     if md is None:
         return {}
+    if type(md.schema_string) is str:
+        return _columns_of(md.schema_string)  # the common case: once per schema, not once per proposal
+    return _parsed_columns(md.schema_string)
+
+
+def _parsed_columns(schema_string: object) -> Mapping[str, IdentityColumn]:
     try:
-        return {c.name: c for c in identity_columns(md.schema())}
+        return MappingProxyType({c.name: c for c in identity_columns(json.loads(schema_string))})  # type: ignore[arg-type]
     except (ValueError, TypeError):
-        return {}
+        return MappingProxyType({})
+
+
+#: The identity columns of the few schemas in use (a schema string is immutable; what it holds is read only).
+_columns_of = lru_cache(maxsize=64)(_parsed_columns)
 
 
 def _bounds(add: AddFile, column: str) -> tuple[int, int] | None:

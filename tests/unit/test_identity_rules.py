@@ -114,3 +114,16 @@ def test_a_winner_that_changed_more_than_the_mark_still_conflicts() -> None:
     h.must_commit(proposal(read, [other, _file("f.parquet", 11, 12)]))
     r = h.run(proposal(read, [removal_of(seed)], operation="DELETE", read_files=(seed,), predicates=("v = 'x'",)))
     assert isinstance(r, Rejected) and isinstance(r.error, MetadataChangedException)
+
+
+def test_a_schemas_identity_columns_are_read_once_and_read_only() -> None:
+    """Read once per schema string, not once per proposal: every metaData of that schema gets the same columns,
+    which no caller can change; a schema string that is not JSON has none, as before."""
+    from deltacoord.coordinator.rules import identity
+
+    a, b = _md(_schema(5)), _md(json.loads(json.dumps(_schema(5))))  # equal strings, distinct objects
+    cols = identity._columns(a)
+    assert cols is identity._columns(b) and list(cols) == ["id"] and cols["id"].high_water_mark == 5
+    with pytest.raises(TypeError):
+        cols["v"] = cols["id"]  # type: ignore[index]
+    assert dict(identity._columns(_md("{not json"))) == {} and dict(identity._columns(None)) == {}
