@@ -993,6 +993,71 @@ def _decision_rec(d: Decision) -> Record:
     }
 
 
+#: What plain values a field's Avro type takes (`_plain_spec`): None, a bool, any string, enum symbols, the
+#: int range, an empty list.
+_PlainSpec = tuple[bool, bool, bool, frozenset[str], int, int, bool]
+_NOTHING: Final[_PlainSpec] = (False, False, False, frozenset(), 0, -1, False)
+
+
+def _plain_spec(t: Any) -> _PlainSpec:
+    """The plain values of Avro type `t` that fastavro's `validate` passes, by exact built-in type: null, boolean,
+    string, enum symbols, long and int in range, an empty array, and a union's branches together; nothing of a
+    record, a map, a fixed or a logical type (`validate` answers for those)."""
+    if isinstance(t, list):
+        specs = [_plain_spec(b) for b in t]
+        ranges = [(s[4], s[5]) for s in specs if s[4] <= s[5]]
+        return (any(s[0] for s in specs), any(s[1] for s in specs), any(s[2] for s in specs),
+                frozenset().union(*(s[3] for s in specs)), min((r[0] for r in ranges), default=0),
+                max((r[1] for r in ranges), default=-1), any(s[6] for s in specs))
+    if isinstance(t, dict):
+        kind = t.get("type")
+        if "logicalType" in t:
+            return _NOTHING
+        if kind == "enum":
+            return (False, False, False, frozenset(t["symbols"]), 0, -1, False)
+        if kind == "array":
+            return (False, False, False, frozenset(), 0, -1, True)
+        return _plain_spec(kind) if kind in ("null", "boolean", "string", "long", "int") else _NOTHING
+    return {"null": (True, False, False, frozenset(), 0, -1, False),
+            "boolean": (False, True, False, frozenset(), 0, -1, False),
+            "string": (False, False, True, frozenset(), 0, -1, False),
+            "long": (False, False, False, frozenset(), -(2**63), 2**63 - 1, False),
+            "int": (False, False, False, frozenset(), -(2**31), 2**31 - 1, False)}.get(t, _NOTHING) \
+        if isinstance(t, str) else _NOTHING
+
+
+#: Per message, its fields' plain values (`_plain_spec`): a record every field of which holds one is valid, so
+#: `_encode` skips fastavro's `validate` for it (the decision of a coalesced commit, a rejection: no actions).
+_PLAIN_FIELDS: Final[dict[str, tuple[tuple[str, _PlainSpec], ...]]] = {
+    m: tuple((f["name"], _plain_spec(f["type"])) for f in schema["fields"]) for m, schema in _READERS.items()}
+
+
+def _plainly_valid(message: MessageName, record: Record) -> bool:
+    """Whether the record is one `validate` passes, told by `_PLAIN_FIELDS` alone (False: ask `validate`)."""
+    if type(record) is not dict or "-type" in record:
+        return False
+    for name, (null, boolean, any_str, symbols, lo, hi, empty_list) in _PLAIN_FIELDS[message]:
+        if name not in record:
+            return False
+        v = record[name]
+        t = type(v)
+        if t is str:
+            ok = any_str or v in symbols
+        elif t is int:
+            ok = lo <= v <= hi
+        elif v is None:
+            ok = null
+        elif t is bool:
+            ok = boolean
+        elif t is list:
+            ok = empty_list and not v
+        else:
+            return False
+        if not ok:
+            return False
+    return True
+
+
 def _encode(message: MessageName, build: Callable[[Any], Record], obj: Any) -> bytes:
     try:
         record = build(obj)
@@ -1003,9 +1068,9 @@ def _encode(message: MessageName, build: Callable[[Any], Record], obj: Any) -> b
     schema = _READERS[message]
     # The quiet check first: with raise_errors=True fastavro builds (and drops) an error for every
     # union branch a value does not take, which cost most of an encode. Only a bad record is checked again
-    # for its message.
+    # for its message. A record of plain fields is valid without asking (`_plainly_valid`).
     try:
-        valid = validate(record, schema, raise_errors=False)
+        valid = _plainly_valid(message, record) or validate(record, schema, raise_errors=False)
     except Exception:  # a value fastavro's checks themselves choke on
         valid = False
     if not valid:

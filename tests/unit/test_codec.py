@@ -1057,3 +1057,55 @@ def test_fuzz_splices(seed: bytes, data: st.DataObject) -> None:
     end = data.draw(st.integers(start, min(len(seed), start + 8)))
     junk = data.draw(st.binary(max_size=8))
     decodes_or_rejects(seed[:start] + junk + seed[end:])
+
+
+_ANY_VALUE = st.one_of(st.none(), st.booleans(), st.text(max_size=4), st.sampled_from(["COMMITTED", "REJECTED"]),
+                       st.integers(), st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**31]),
+                       st.floats(), st.just([]), st.just([1]), st.just({}), st.just(("a", 1)))
+
+
+_PLAIN_BASE = {"tableId": "t", "tableUri": "file:///t", "proposalId": "p", "outcome": "COMMITTED", "version": 3,
+               "actions": [], "errorType": None, "errorMessage": None, "reasonCode": None, "winningVersion": None,
+               "duplicateOf": None, "decidedAtMs": 5, "stagedCommit": None, "coalescedInto": "q"}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from([*_PLAIN_BASE, "-type"]), _ANY_VALUE, max_size=3),
+       st.sets(st.sampled_from(list(_PLAIN_BASE)), max_size=1))
+def test_a_record_passed_as_plainly_valid_is_one_fastavro_validates(changed: dict[str, Any], dropped: set[str]) -> None:
+    """`_encode` skips fastavro's `validate` only for records it passes: never for one `validate` refuses."""
+    record = {k: v for k, v in {**_PLAIN_BASE, **changed}.items() if k not in dropped}
+    if codec._plainly_valid("CommitDecision", record):
+        assert fastavro.validation.validate(record, codec.DECISION_SCHEMA, raise_errors=False)
+    assert codec._plainly_valid("CommitDecision", dict(_PLAIN_BASE))
+
+
+def _decisions() -> list[Decision]:
+    base = Decision(table_id="t", table_uri="file:///t", proposal_id="p", outcome=Outcome.COMMITTED, version=3,
+                    decided_at_ms=5)
+    return [dataclasses.replace(base, coalesced_into="q"),
+            dataclasses.replace(base, duplicate_of=3),
+            dataclasses.replace(base, outcome=Outcome.REJECTED, version=None, error_type="E", error_message="m",
+                                reason_code="R", winning_version=2),
+            dataclasses.replace(base, version=2**63),  # out of a long's range: refused
+            dataclasses.replace(base, proposal_id="\ud800"),  # a lone surrogate: valid, not encodable as UTF-8
+            dataclasses.replace(base, decided_at_ms=True),  # a bool is not a long
+            dataclasses.replace(base, reason_code=7)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("d", _decisions())
+def test_a_plain_decision_encodes_or_fails_as_through_fastavros_validation(d: Decision,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same bytes, or the same error, with the plain check as with fastavro's `validate` alone."""
+    def outcome() -> bytes | str:
+        try:
+            return codec.encode_decision(d)
+        except codec.EncodeError as e:
+            return str(e)
+
+    fast = outcome()
+    assert codec._plainly_valid("CommitDecision", codec._decision_rec(d)) == (d.version != 2**63 and
+                                                                             d.decided_at_ms is not True and
+                                                                             d.reason_code != 7)
+    monkeypatch.setattr(codec, "_plainly_valid", lambda message, record: False)
+    assert fast == outcome()
