@@ -546,11 +546,8 @@ class Publisher:
     def _publish(self, task: PublishTask) -> None:
         with self._lock:
             t = self.tables.setdefault(task.table_id, TablePublication())
-            halted = self.halts.why(task.table_id)
-            if self._abandoned or task.table_id in self._forgotten or halted is not None or task.version <= t.published:
-                if halted is not None and not self._abandoned:
-                    self._unpublished(task, halted)
-                return
+        if self._gone(task, t):
+            return
         if fault_point("publish"):  # the fault harness's crash, not a condition anyone meets
             raise RuntimeError(f"injected fault: the publisher dies before publishing {task.table_id} v{task.version}")
         data = None if task.from_staged_file else task.data if task.data is not None else commit_to_json_lines(task.actions)
@@ -592,15 +589,16 @@ class Publisher:
         self._published(task, outcome)
 
     def _gone(self, task: PublishTask, t: TablePublication) -> bool:
-        """Whether a version still being retried is no longer to be published: the table halted meanwhile (reported
-        unpublished), was forgotten or dropped (its entry replaced: a table re-created at that location must not
-        get the old table's version), or the publisher was abandoned."""
+        """Whether `task` is not to be published (any more; `t` is the table's entry when its publication began): the
+        table is halted (reported unpublished), forgotten or dropped (its entry replaced: a table re-created at that
+        location must not get the old table's version), the version is published already, or the publisher was
+        abandoned. Asked before the first attempt and before each retry."""
         with self._lock:
-            if self._abandoned or self.tables.get(task.table_id) is not t or task.table_id in self._forgotten:
-                return True
             halted = self.halts.why(task.table_id)
-            if halted is not None:
-                self._unpublished(task, halted)
+            if (self._abandoned or task.table_id in self._forgotten or halted is not None
+                    or self.tables.get(task.table_id) is not t or task.version <= t.published):
+                if halted is not None and not self._abandoned:
+                    self._unpublished(task, halted)
                 return True
             return False
 

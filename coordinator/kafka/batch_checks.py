@@ -261,11 +261,10 @@ class BatchChecks:
         lagging = self.publisher.lagging(uris)
         keys = {tid: (tid, live.version + 1 if (live := states.get(tid)) is not None else 0) for tid in uris
                 if tid not in lagging}
-        now = time.monotonic()
-        for tid, (_, v) in list(keys.items()):
-            if told_when_ratified is not None and tid not in ahead and tid not in told_when_ratified and (
-                    (since := self.publisher.free_since(tid, v)) is not None and now - since < FREE_AFTER_OWN_PUT_S):
-                del keys[tid]
+        if told_when_ratified is not None:
+            now = time.monotonic()
+            keys = {tid: key for tid, key in keys.items()
+                    if tid in ahead or tid in told_when_ratified or not self._known_free(tid, key[1], now)}
         # (table id, next version) -> table URI, for the keys not asked yet in this batch
         todo = {key: uris[key[0]] for key in keys.values() if key not in probed}
 
@@ -294,6 +293,12 @@ class BatchChecks:
             elif why is not None:
                 foreign[tid] = why
         return foreign, unavailable
+
+    def _known_free(self, table_id: str, version: int, now: float) -> bool:
+        """Whether this process created the table's `<version-1>.json` less than `FREE_AFTER_OWN_PUT_S` before `now`
+        (`Publisher.free_since`), so `<version>.json` is taken as absent without asking the store (`probe`)."""
+        since = self.publisher.free_since(table_id, version)
+        return since is not None and now - since < FREE_AFTER_OWN_PUT_S
 
     def claim_created(self, overlay: Overlay, proposals: Sequence[Submitted],
                        claims: dict[str, InvalidProposalError | None]) -> dict[str, InvalidProposalError]:
