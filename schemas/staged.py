@@ -17,7 +17,9 @@ start with a letter):
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
@@ -179,6 +181,23 @@ class StagedDigest:
         return StagedActions(sha256=self._hash.hexdigest(), count=self.count, size=self.size)
 
 
+class VerbatimActions(tuple[Action, ...]):
+    """Actions read from a writer's staged file whose lines a strict reading vouched for, one by one: each line is one
+    action of only the fields it reads, each of its JSON type, so that any JSON reader takes from the line exactly the
+    action it stands for. A decided commit that holds exactly these actions, in order, after its commitInfo, is then
+    that commitInfo's line followed by the writer's file byte for byte (`deltacoord.reader.staged_commits`), not
+    their encoding again: the largest commits are copied, not written field by field."""
+
+    __slots__ = ()
+
+
+def holds_verbatim(actions: Sequence[Action], source: Sequence[Action]) -> bool:
+    """Whether `actions` are a commitInfo and then exactly the objects of `source`, in order, and `source` is
+    `VerbatimActions` (so the decided commit can be the writer's file after one line of its own)."""
+    return (isinstance(source, VerbatimActions) and len(actions) == len(source) + 1
+            and isinstance(actions[0], CommitInfo) and all(map(operator.is_, itertools.islice(actions, 1, None), source)))
+
+
 def decided_commit_info(actions: Sequence[Action]) -> tuple[Action, ...]:
     """What a decision by reference keeps inline: its commitInfo (the first action), for history and answers."""
     return tuple(a for a in actions[:1] if isinstance(a, CommitInfo))
@@ -193,10 +212,12 @@ __all__ = [
     "WRITER",
     "StagedCommitError",
     "StagedDigest",
+    "VerbatimActions",
     "check_staged",
     "decided_commit_info",
     "decided_key",
     "decided_version",
+    "holds_verbatim",
     "is_staged_key",
     "parse_staged",
     "parse_staged_pieces",
