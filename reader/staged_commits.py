@@ -58,7 +58,7 @@ def load_proposal(storage: TableStorage, proposal: Proposal, max_bytes: int | No
                 raise StagedCommitTooLargeError(
                     f"the proposal's staged actions ({size:,} bytes) exceed this coordinator's max_staged_bytes "
                     f"({max_bytes:,}): split the commit, or raise the limit")
-        actions = parse_staged_pieces(_pieces(storage, key), ref, where)
+        actions = parse_staged_pieces(lambda: _pieces(storage, key), ref, where)
     except FileNotFoundError as e:
         raise StagedCommitError(f"{where} does not exist: the writer's staged actions are gone (deleted after "
                                 "a decision, or never written)") from e

@@ -478,6 +478,11 @@ def _slot_maker(cls: type, given: int) -> Any:
 #: A plain add and remove as `from_json` reads them (the fields of `_PLAIN_ADD_KEYS`, `_PLAIN_REMOVE_KEYS`).
 _plain_add = _slot_maker(AddFile, 6)
 _plain_remove = _slot_maker(RemoveFile, 7)
+#: The two, and the shared empty partition values, for a module that builds plain files column-wise as `from_json`
+#: does line by line (`deltacoord.schemas.action_lines`).
+plain_add = _plain_add
+plain_remove = _plain_remove
+NO_PARTITION_VALUES = _NO_PARTITION_VALUES
 
 
 Action: TypeAlias = AddFile | RemoveFile | AddCDCFile | Metadata | Protocol | SetTransaction | DomainMetadata | CommitInfo
@@ -615,6 +620,10 @@ def json_lines(text: str) -> list[str]:
 
 #: Bytes of a commit file decoded at a time by `parse_commit`: a large file is never held as one string.
 _PARSE_CHUNK_BYTES = 1 << 20
+#: From this size on, the plain file lines of a commit are read by Arrow first (`deltacoord.schemas.action_lines`,
+#: imported then: a process that reads no large commit imports no Arrow for it); below it the Python parse is as
+#: quick.
+ARROW_LINES_MIN_BYTES = 256 * 1024
 
 
 def commit_lines(data: bytes | str) -> Iterator[str]:

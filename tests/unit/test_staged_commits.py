@@ -72,7 +72,7 @@ def test_an_altered_staged_file_is_refused(change: str) -> None:
         parse_staged(bad, ref, "f")
     # Read a piece at a time, the digest is the verdict too, even where the change broke the JSON.
     with pytest.raises(StagedCommitError, match=r"SHA-256|bytes"):
-        parse_staged_pieces((bad[i:i + 7] for i in range(0, len(bad), 7)), ref, "f")
+        parse_staged_pieces(lambda: (bad[i:i + 7] for i in range(0, len(bad), 7)), ref, "f")
 
 
 @pytest.mark.parametrize("piece", [1, 3, 64, 1 << 20])
@@ -80,14 +80,14 @@ def test_a_staged_file_read_in_pieces_of_any_size_gives_its_actions(piece: int) 
     """Lines cut anywhere, a multi-byte character cut in two included, parse as the whole file does."""
     actions = (*FULL_PROPOSAL.actions, dataclasses.replace(ACTIONS["add-minimal"], path="dåte=ü/ñ\u2028 x.parquet"))
     data, ref = staged_bytes(actions)
-    assert parse_staged_pieces((data[i:i + piece] for i in range(0, len(data), piece)), ref, "f") == actions
+    assert parse_staged_pieces(lambda: (data[i:i + piece] for i in range(0, len(data), piece)), ref, "f") == actions
     broken = data.replace(b'{"add"', b'{"add" x', 1)
     bad_ref = dataclasses.replace(ref, sha256=hashlib.sha256(broken).hexdigest(), size=len(broken))
     with pytest.raises(StagedCommitError, match="not Delta JSON actions"):
-        parse_staged_pieces((broken[i:i + piece] for i in range(0, len(broken), piece)), bad_ref, "f")
+        parse_staged_pieces(lambda: (broken[i:i + piece] for i in range(0, len(broken), piece)), bad_ref, "f")
     with pytest.raises(StagedCommitError, match="holds 2 actions, not the 3"):
         short, _ = staged_bytes(actions[:2])
-        parse_staged_pieces([short], dataclasses.replace(ref, sha256=hashlib.sha256(short).hexdigest(), size=len(short),
+        parse_staged_pieces(lambda: [short], dataclasses.replace(ref, sha256=hashlib.sha256(short).hexdigest(), size=len(short),
                                                          count=3), "f")
 
 
