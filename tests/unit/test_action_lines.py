@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,10 +18,21 @@ import deltacoord.reader.log as log_module
 import deltacoord.schemas.action_lines as lines_module
 import deltacoord.schemas.staged as staged_module
 from deltacoord.reader.log import parse_commit_lines
+from deltacoord.reader.staged_commits import load_proposal
 from deltacoord.schemas.action_lines import LineParser, line_blocks, parse_file_lines, parse_line_blocks
-from deltacoord.schemas.actions import Action, AddFile, CommitInfo, RemoveFile, commit_to_json_lines, parse_commit
+from deltacoord.schemas.actions import (
+    ARROW_LINES_MIN_BYTES,
+    Action,
+    AddFile,
+    CommitInfo,
+    RemoveFile,
+    commit_to_json_lines,
+    parse_commit,
+)
 from deltacoord.schemas.messages import StagedActions
-from deltacoord.schemas.staged import StagedCommitError, parse_staged, parse_staged_pieces
+from deltacoord.schemas.staged import StagedCommitError, parse_staged, parse_staged_pieces, staged_bytes, writer_key
+from deltacoord.storage.table import TableStorage
+from tests.unit.test_codec import FULL_PROPOSAL
 
 _STATS = json.dumps({"numRecords": 3, "minValues": {"id": 1, "s": "a\"b"}, "maxValues": {"id": 9}})
 
@@ -326,3 +338,28 @@ def test_the_reader_s_parse_is_the_same_with_and_without_arrow(monkeypatch: pyte
 def test_a_staged_file_arrow_reads_whole_is_the_python_parse_s() -> None:
     assert parse_line_blocks([_BIG[:100], _BIG[100:]]) == parse_commit(_BIG)
     assert parse_line_blocks([_BIG, b"{oops}\n"]) is None
+
+
+def test_a_large_staged_file_loads_through_arrow_from_a_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the default size (a file of 4 MiB and more) the coordinator's load reads the file once, by Arrow, and gets
+    the Python parse's actions; a file altered after staging is refused by digest either way."""
+    storage = TableStorage(str(tmp_path))
+    actions = tuple(_add(i, {"p": str(i % 5)}) for i in range(ARROW_LINES_MIN_BYTES // 150))
+    data, ref = staged_bytes(actions)
+    assert ref.size >= ARROW_LINES_MIN_BYTES
+    storage.put(writer_key(FULL_PROPOSAL.proposal_id, ref), data)
+    by_ref = dataclasses.replace(FULL_PROPOSAL, actions=(), staged=ref)
+    reads: list[str] = []
+    read_pieces = TableStorage.read_pieces
+
+    def counted(self: TableStorage, key: str, *args: Any) -> Any:
+        reads.append(key)
+        return read_pieces(self, key, *args)
+
+    monkeypatch.setattr(TableStorage, "read_pieces", counted)
+    loaded = load_proposal(storage, by_ref)
+    assert loaded.actions == actions and len(reads) == 1, "one read: Arrow vouched for every block"
+    assert [_fields(a) for a in loaded.actions] == [_fields(a) for a in parse_commit(data)]
+    storage.put(writer_key(FULL_PROPOSAL.proposal_id, ref), data.replace(b"part-00007", b"part-00008"))
+    with pytest.raises(StagedCommitError, match="changed after it was staged"):
+        load_proposal(storage, by_ref)
