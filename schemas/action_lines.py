@@ -95,11 +95,16 @@ def _lines_vouched(data: bytes, start: int, stop: int) -> int | None:
     end = stop - 1 if stop > start and data[stop - 1] == 0x0A else stop
     if end <= start or data[end - 2:end] != b"}}":
         return None
-    if not (data.startswith(_ADD_START, start) or data.startswith(_REMOVE_START, start)):
+    if data.startswith(_ADD_START, start):
+        first, other = _ADD_JOIN, _REMOVE_JOIN
+    elif data.startswith(_REMOVE_START, start):
+        first, other = _REMOVE_JOIN, _ADD_JOIN
+    else:
         return None
     inner = data.count(b"\n", start, end)
-    adds = data.count(_ADD_JOIN, start, end)
-    if adds != inner and adds + data.count(_REMOVE_JOIN, start, end) != inner:
+    # the kind of the first line first: a block of one kind (the common case) is counted twice, not three times
+    joins = data.count(first, start, end)
+    if joins != inner and joins + data.count(other, start, end) != inner:
         return None
     return inner + 1
 
