@@ -215,6 +215,7 @@ class LineParser:
                         arr.field("stats").to_pylist()))
 
 
+@without_cyclic_gc()
 def parse_file_lines(data: bytes, start: int = 0) -> list[Action] | None:
     """The actions of the lines `data[start:]` (plain adds and removes), read a block of lines at a time
     (`BLOCK_BYTES`), or None: leave them to the Python parse."""
@@ -249,6 +250,7 @@ def line_blocks(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
         yield b"".join(held)
 
 
+@without_cyclic_gc()  # over the whole file: the collector would walk the actions of the blocks before
 def parse_line_blocks(pieces: Iterable[bytes]) -> list[Action] | None:
     """`parse_file_lines` of a file read a piece at a time, a block of lines at a time (`BLOCK_BYTES`): only one
     block and the actions are held. None at the first block this reader cannot vouch for (what is left of
