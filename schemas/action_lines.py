@@ -29,10 +29,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from deltacoord.schemas.action_arrow import without_cyclic_gc
 from deltacoord.schemas.actions import (
     NO_PARTITION_VALUES,
     SHARED_PARTITION_VALUES,
@@ -43,6 +41,7 @@ from deltacoord.schemas.actions import (
     json_string_text,
     plain_add,
     plain_remove,
+    without_cyclic_gc,
 )
 
 #: Bytes of whole lines handed to Arrow at a time: a large file is never held whole, nor its Arrow form. Larger
@@ -109,6 +108,16 @@ def _lines_vouched(data: bytes, start: int, stop: int) -> int | None:
     return inner + 1
 
 
+def _valid(arr: pa.Array) -> np.ndarray:
+    """Whether each row is not null, read from the validity bitmap (no `pyarrow.compute`: its import alone is some
+    8 MB of the deciding process)."""
+    bitmap = arr.buffers()[0]
+    if bitmap is None:
+        return np.ones(len(arr), dtype=bool)
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return bits[arr.offset:arr.offset + len(arr)].astype(bool)
+
+
 def _ints(child: pa.Array) -> list[Any]:
     if child.null_count == 0:
         # numpy's tolist is several times faster than Arrow's per-value conversion
@@ -165,19 +174,22 @@ class LineParser:
             return self._adds(adds)  # type: ignore[return-value]
         if removes.null_count == 0 and adds.null_count == len(batch):
             return self._removes(removes)  # type: ignore[return-value]
-        is_add = pc.is_valid(adds)
-        if not pc.all(pc.xor(is_add, pc.is_valid(removes))).as_py():
+        is_add = _valid(adds)
+        if not np.array_equal(is_add, ~_valid(removes)):
             raise _Refused  # a line of neither or both
-        made_adds = iter(self._adds(adds.filter(is_add)))
-        made_removes = iter(self._removes(removes.filter(pc.invert(is_add))))
-        return [next(made_adds) if a else next(made_removes) for a in is_add.to_pylist()]
+        # Runs of adds and of removes, in line order, each built from its slice of the columns.
+        edges = [0, *(np.flatnonzero(is_add[1:] != is_add[:-1]) + 1).tolist(), len(batch)]
+        out: list[Action] = []
+        for lo, hi in itertools.pairwise(edges):
+            out.extend(self._adds(adds.slice(lo, hi - lo)) if is_add[lo] else self._removes(removes.slice(lo, hi - lo)))
+        return out
 
     def _values(self, arr: pa.StructArray, *, null: PartitionValues | None) -> Iterable[PartitionValues | None]:
         """Each row's partitionValues as `_parse_lines` gives them: `{}` the shared empty dict, a null one `null`
         (an add's: the empty dict; a remove's: None), equal dicts shared."""
         child = arr.field("partitionValues")
         nulls = child.null_count
-        valid = child.is_valid().to_pylist() if nulls else None
+        valid = _valid(child).tolist() if nulls else None
         if not self._columns:
             if valid is None or null is NO_PARTITION_VALUES:
                 return itertools.repeat(NO_PARTITION_VALUES, len(arr))

@@ -7,7 +7,9 @@ commit re-published from the commits topic is byte-identical to the first copy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import io
 import json
 from collections.abc import Iterable, Iterator, Mapping
@@ -483,6 +485,23 @@ _plain_remove = _slot_maker(RemoveFile, 7)
 plain_add = _plain_add
 plain_remove = _plain_remove
 NO_PARTITION_VALUES = _NO_PARTITION_VALUES
+
+
+@contextlib.contextmanager
+def without_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building many acyclic objects.
+
+    Building 100k AddFiles (with their dicts) set off generation-2 collections
+    that traversed every object built so far: a third of the time. Actions hold
+    no reference cycles, so nothing is left for the collector to find later.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 Action: TypeAlias = AddFile | RemoveFile | AddCDCFile | Metadata | Protocol | SetTransaction | DomainMetadata | CommitInfo

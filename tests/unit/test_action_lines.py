@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -239,6 +241,8 @@ def test_plain_lines_as_written_are_taken_when_their_types_fit(actions: list[Act
                      and all(a.partition_values or (type(a) is RemoveFile and a.partition_values is None)
                              for a in actions)):
         values_fit = False  # the first line names the table's partition columns: each file has them (or null)
+    if any(len(k) == 2 for k in keys) and any(a.partition_values is None for a in actions):
+        values_fit = False  # two columns: their order is checked in each line's text, which a null one lacks
     fast = assert_same_or_refused(data)
     if fits and values_fit:
         assert fast is not None
@@ -363,3 +367,21 @@ def test_a_large_staged_file_loads_through_arrow_from_a_store(tmp_path: Path, mo
     storage.put(writer_key(FULL_PROPOSAL.proposal_id, ref), data.replace(b"part-00007", b"part-00008"))
     with pytest.raises(StagedCommitError, match="changed after it was staged"):
         load_proposal(storage, by_ref)
+
+
+def test_the_deciding_process_loading_a_large_commit_imports_no_arrow_compute() -> None:
+    """Arrow is imported by the first large load, but not `pyarrow.compute` (some 8 MB of the process)."""
+    code = """
+import sys
+import deltacoord.coordinator.kafka.daemon
+from deltacoord.schemas.action_lines import parse_file_lines
+from deltacoord.schemas.actions import AddFile, commit_to_json_lines
+files = [AddFile(f"f{i}", {"p": str(i % 2)}, 1, 2, True) for i in range(10)]
+data = commit_to_json_lines([files[0], files[1].to_remove(3), *files[2:5], files[5].to_remove(3), files[6]])
+assert parse_file_lines(data) is not None and "pyarrow" in sys.modules
+assert "pyarrow.compute" not in sys.modules
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
