@@ -13,9 +13,11 @@ Arrow accepts some input the Python parse refuses or reads otherwise, so a block
 * each row has exactly one of `add` and `remove`, and no null in a field the Python parse requires (Arrow
   reads a missing field as null, which the Python parse refuses as missing);
 * each string is UTF-8 (Arrow does not check; converting it to Python does);
-* partitionValues is `{}` (or null) in every line, or, when the first line names partition values, holds
-  exactly those keys, all strings, in every line: Arrow reads them as a struct of those columns, and a null
-  (`{"p":null}` or a missing key) or a key out of the first line's order is left to the Python parse.
+* partitionValues is `{}` (or null) in every line, or, when the first line names one or two partition columns,
+  holds exactly those keys, all strings, in every line (a remove's may be null): Arrow reads them as a struct
+  of those columns. A null value (`{"p":null}` and a missing key read alike), three columns or more, and two
+  keys not in the first line's order in a line's text (a dict's order is written back) are left to the Python
+  parse.
 
 Anything else is None, and the caller parses the same bytes with the Python parser: same actions, same errors.
 """
