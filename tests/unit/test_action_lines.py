@@ -170,6 +170,11 @@ REFUSED = {
     "three partition columns": _lines(_add(1, {"p": "x", "q": "1", "r": "2"})),
     "a partition value null in the first line": _lines(_add(1, {"p": None}), _add(2, {"p": "y"})),
     "a BOM": b"\xef\xbb\xbf" + _GOOD,
+    "a comment": _edit(_ADD, b'"path"', b'/*x*/"path"'),
+    "single quotes": _edit(_ADD, b'"a"', b"'a'"),
+    "an unquoted key": _edit(_ADD, b'"path"', b"path"),
+    "Infinity for a string": _edit(_ADD, b'"s"', b"Infinity"),
+    "a raw NUL in a string": _edit(_ADD, b'"a"', b'"a\x00b"'),
     "empty": b"",
 }
 
