@@ -34,6 +34,7 @@ from typing import Any, TypeAlias
 from urllib.parse import unquote, urlparse
 
 from deltacoord.schemas.actions import (
+    ARROW_LINES_MIN_BYTES,
     Action,
     ActionParseError,
     CommitInfo,
@@ -456,6 +457,13 @@ def parse_commit_lines(data: bytes | str, *, source: str = "<commit>") -> list[A
     protocol after this reader was written, as Delta readers must. A malformed
     known action is an error.
     """
+    if isinstance(data, bytes) and len(data) >= ARROW_LINES_MIN_BYTES and (head := data.find(b"\n") + 1):
+        # a large commit: its lines after the first (a commitInfo) read by Arrow when it vouches for them
+        from deltacoord.schemas.action_lines import parse_file_lines
+
+        rest = parse_file_lines(data, head)
+        if rest is not None:
+            return [a for _lineno, a in _line_actions(commit_lines(data[:head]), source)] + rest
     return [a for _lineno, a in iter_commit_actions(data, source=source)]
 
 

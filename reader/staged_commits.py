@@ -60,7 +60,7 @@ def load_proposal(storage: TableStorage, proposal: Proposal, max_bytes: int | No
                 raise StagedCommitTooLargeError(
                     f"the proposal's staged actions ({size:,} bytes) exceed this coordinator's max_staged_bytes "
                     f"({max_bytes:,}): split the commit, or raise the limit")
-        actions = parse_staged_pieces(_pieces(storage, key), ref, where)
+        actions = parse_staged_pieces(lambda: _pieces(storage, key), ref, where)
     except FileNotFoundError as e:
         raise StagedCommitError(f"{where} does not exist: the writer's staged actions are gone (deleted after "
                                 "a decision, or never written)") from e
@@ -110,7 +110,7 @@ def _copy_writer_file(storage: TableStorage, commit_info: Action, source: Propos
     ref = source.staged
     assert ref is not None
     check = hashlib.sha256()
-    size = 0
+    size, last = 0, b""
     try:
         with open(tmp, "wb") as out:
             for piece in staged_pieces((commit_info,)):
@@ -123,9 +123,11 @@ def _copy_writer_file(storage: TableStorage, commit_info: Action, source: Propos
                 check.update(piece)
                 digest.update(piece)
                 out.write(piece)
+                last = piece[-1:] or last
     except FileNotFoundError:
         return False
-    return size == ref.size and check.hexdigest() == ref.sha256
+    # Its last line ends as every line of a commit does (so a decided file counts one newline an action).
+    return size == ref.size and check.hexdigest() == ref.sha256 and last == b"\n"
 
 
 def _matches(storage: TableStorage, key: str, ref: StagedActions) -> bool:
