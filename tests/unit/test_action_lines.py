@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import deltacoord.reader.log as log_module
 import deltacoord.schemas.action_lines as lines_module
 import deltacoord.schemas.staged as staged_module
-from deltacoord.reader.log import parse_commit_lines
+from deltacoord.reader.log import iter_commit_actions, parse_commit_lines, stream_commit_actions
 from deltacoord.reader.staged_commits import load_proposal
 from deltacoord.schemas.action_lines import LineParser, line_blocks, parse_file_lines, parse_line_blocks
 from deltacoord.schemas.actions import (
@@ -33,7 +33,7 @@ from deltacoord.schemas.actions import (
 )
 from deltacoord.schemas.messages import StagedActions
 from deltacoord.schemas.staged import StagedCommitError, parse_staged, parse_staged_pieces, staged_bytes, writer_key
-from deltacoord.storage.table import TableStorage
+from deltacoord.storage.table import StoredObject, TableStorage
 from tests.unit.test_codec import FULL_PROPOSAL
 
 _STATS = json.dumps({"numRecords": 3, "minValues": {"id": 1, "s": "a\"b"}, "maxValues": {"id": 9}})
@@ -390,3 +390,37 @@ print("ok")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).resolve().parents[2])
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+STREAM_CASES = {**READER_CASES,
+                "a metaData line between blocks": _lines(CommitInfo({"operation": "WRITE"})) + _BIG
+                + b'{"metaData":{"id":"x"}}\n' + _BIG,
+                "blank lines later": _lines(CommitInfo({"operation": "WRITE"})) + _BIG + b"\n\n" + _BIG,
+                "no newline at its end": _lines(CommitInfo({"operation": "WRITE"})) + _BIG[:-1]}
+
+
+@pytest.mark.parametrize("name", STREAM_CASES)
+def test_a_stored_commit_streams_the_same_line_numbered_actions_with_and_without_arrow(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    data = STREAM_CASES[name]
+    storage = TableStorage(str(tmp_path))
+    storage.put("_delta_log/00000000000000000001.json", data)
+    obj = StoredObject(storage, "_delta_log/00000000000000000001.json")
+    real = storage.read_pieces
+    monkeypatch.setattr(storage, "read_pieces", lambda key, *a: (piece[i:i + 500] for piece in real(key, *a)
+                                                                 for i in range(0, len(piece), 500)))
+    taken: list[int] = []
+    parse = LineParser.parse
+
+    def counted(self: LineParser, block: bytes, start: int = 0, stop: int | None = None) -> list[Action] | None:
+        out = parse(self, block, start, stop)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(LineParser, "parse", counted)
+    fast, slow = _both(monkeypatch, lambda: list(stream_commit_actions(obj)), log_module)
+    assert fast == slow
+    if not isinstance(slow, tuple):
+        assert slow == list(iter_commit_actions(data, source=str(obj))), "the line numbers of the whole file's parse"
+    if name in ("a commit", "a metaData line between blocks", "blank lines later"):
+        assert any(taken), "blocks taken by Arrow"
