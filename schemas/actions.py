@@ -639,10 +639,10 @@ def json_lines(text: str) -> list[str]:
 
 #: Bytes of a commit file decoded at a time by `parse_commit`: a large file is never held as one string.
 _PARSE_CHUNK_BYTES = 1 << 20
-#: From this size on (about 10,000 files), the plain file lines of a commit are read by Arrow first
-#: (`deltacoord.schemas.action_lines`). Arrow is imported then: the coordinator's deciding process holds it only
-#: once it has loaded a commit this large (its first import costs more than Arrow saves on a smaller one).
-ARROW_LINES_MIN_BYTES = 4 << 20
+#: From this size on (about 3,000 files), the plain file lines of a commit are read by Arrow first
+#: (`deltacoord.schemas.action_lines`). Arrow is imported then (about 30 MB of the coordinator's deciding process,
+#: which holds it only once it has loaded a commit this large): below, its first import costs more than it saves.
+ARROW_LINES_MIN_BYTES = 1 << 20
 
 
 def commit_lines(data: bytes | str) -> Iterator[str]:
