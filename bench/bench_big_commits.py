@@ -10,9 +10,13 @@ columns, about 340 bytes each, as a real writer's would):
 * `overwrite`: one commit replacing those N files by one (deltacoord: `Table.overwrite`, which lists a
   `remove` for every live file; delta-rs: the same through `create_write_transaction(mode="overwrite")`),
   each timed from loading the table to its return;
+* both timed on a machine doing nothing else, as delta-rs's are (the ratios are of these), on a coordinator that
+  has decided one large commit before (a daemon's one-time work: imports, its first hold); that first commit
+  (an append of 10,000 files to a table of its own) is timed and printed apart, as `first_large_append_s`;
+* the same append and overwrite again, on another table, while 4 writers append one row at a time to a third
+  table of the same partition: the large commits' times beside them, and those writers' latency during the
+  large commits (p50/p99) beside their latency before (what a huge commit costs the others);
 * the coordinator's peak resident memory (VmHWM of its own process, started fresh for each size);
-* the latency of 4 writers appending one row at a time to another table of the same partition, while the
-  large commits are decided (p50/p99), beside their latency before (what a huge commit costs the others).
   The large commits are decided off the deciding thread (a hold, `deltacoord.coordinator.kafka.holds`); with
   `--inline-too` each size runs again with holds off (`DELTACOORD_HOLD_MIN_ACTIONS` above the size: decided on the
   deciding thread, as before holds), and both are printed.
@@ -38,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 SMALL_WRITERS = 4
+#: Files of the coordinator's first large commit, timed apart from the compared ones.
+FIRST_FILES = 10_000
 
 
 def _stats(i: int) -> str:
@@ -103,10 +109,32 @@ def _pct(xs: list[float], q: float) -> float:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 1)
 
 
-def _deltacoord(bootstrap: str, prefix: str, workdir: Path, n: int, hold: bool = True) -> dict[str, Any]:
+def _big_pair(t: Any, n: int, schema: Any) -> tuple[float, float]:
+    """An append of `n` files to the empty table `t`, then an overwrite of them all by one row: each call's seconds."""
     import pyarrow as pa
 
     from deltacoord.schemas.actions import AddFile
+
+    now = int(time.time() * 1000)
+    adds = [AddFile(_path("dc", i), {}, 1000 + i % 100, now, True, stats=_stats(i)) for i in range(n)]
+    s = time.perf_counter()
+    tx = t.begin()
+    tx.add(*adds)
+    tx.commit("WRITE", parameters={"mode": "Append"})
+    append_s = time.perf_counter() - s
+    del adds, tx
+    # Built before the clock starts, as delta-rs's one new add is: `pa.table` of Python lists imports pandas, 0.3 s
+    # or more once per process, which is pyarrow's cost, not the commit's.
+    new_rows = pa.table({"id": [0], "value": ["new"]}, schema=schema)
+    s = time.perf_counter()
+    t.invalidate()
+    t.overwrite(new_rows)
+    return append_s, time.perf_counter() - s
+
+
+def _deltacoord(bootstrap: str, prefix: str, workdir: Path, n: int, hold: bool = True) -> dict[str, Any]:
+    import pyarrow as pa
+
     from deltacoord.schemas.routing import Topics
     from deltacoord.tooling.bench import create_when_served
     from deltacoord.writer.table import Table
@@ -114,35 +142,32 @@ def _deltacoord(bootstrap: str, prefix: str, workdir: Path, n: int, hold: bool =
     schema = pa.schema([("id", pa.int64()), ("value", pa.string())])
     coordinator = _start_coordinator(bootstrap, prefix, workdir / "coordinator.log", hold)
     tag = f"{n}-{'hold' if hold else 'inline'}"
-    small_path, big_path = str(workdir / f"small-{tag}"), str(workdir / f"dc-{tag}")
+    small_path = str(workdir / f"small-{tag}")
     stop, small_out = workdir / f"stop-{tag}", workdir / f"small-{tag}.json"
     small: Any = None
+    topics = Topics.with_prefix(prefix)
     try:
-        topics = Topics.with_prefix(prefix)
         with Table(small_path, bootstrap, topics=topics) as t:
             create_when_served(t, schema, [coordinator])
+        # The coordinator's first large commit (its one-time imports and first hold) on a table of its own,
+        # reported apart; then the compared pair alone, as delta-rs runs; then again beside the small writers.
+        with Table(str(workdir / f"dc-first-{tag}"), bootstrap, topics=topics, decision_timeout_s=1800,
+                   publish_timeout_s=1800) as t:
+            t.create(schema)
+            first_s, _ = _big_pair(t, FIRST_FILES, schema)
+        with Table(str(workdir / f"dc-{tag}"), bootstrap, topics=topics, decision_timeout_s=1800,
+                   publish_timeout_s=1800) as t:
+            t.create(schema)
+            append_s, overwrite_s = _big_pair(t, n, schema)
         small = mp.get_context("spawn").Process(target=_small_writer,
                                                 args=(bootstrap, prefix, small_path, str(stop), str(small_out)))
         small.start()
-        now = int(time.time() * 1000)
-        adds = [AddFile(_path("dc", i), {}, 1000 + i % 100, now, True, stats=_stats(i)) for i in range(n)]
-        with Table(big_path, bootstrap, topics=topics, decision_timeout_s=1800, publish_timeout_s=1800) as t:
+        with Table(str(workdir / f"dc-busy-{tag}"), bootstrap, topics=topics, decision_timeout_s=1800,
+                   publish_timeout_s=1800) as t:
             t.create(schema)
             time.sleep(3)  # the small writers' latency before the large commits
             big_start = time.time()
-            s = time.perf_counter()
-            tx = t.begin()
-            tx.add(*adds)
-            tx.commit("WRITE", parameters={"mode": "Append"})
-            append_s = time.perf_counter() - s
-            del adds, tx
-            # Built before the clock starts, as delta-rs's one new add is: `pa.table` of Python lists imports
-            # pandas, 0.3 s or more once per process, which is pyarrow's cost, not the commit's.
-            new_rows = pa.table({"id": [0], "value": ["new"]}, schema=schema)
-            s = time.perf_counter()
-            t.invalidate()
-            t.overwrite(new_rows)
-            overwrite_s = time.perf_counter() - s
+            busy_append_s, busy_overwrite_s = _big_pair(t, n, schema)
             big_end = time.time()
         stop.touch()
         small.join(600)
@@ -156,10 +181,12 @@ def _deltacoord(bootstrap: str, prefix: str, workdir: Path, n: int, hold: bool =
     got = json.loads(small_out.read_text()) if small_out.exists() else []
     during = [ms for start, ms in got if start + ms / 1000 >= big_start and start <= big_end]
     before = [ms for start, ms in got if start + ms / 1000 < big_start]
-    return {"append_s": round(append_s, 2), "overwrite_s": round(overwrite_s, 2), "coordinator_peak_mb": round(peak),
-            "writer_peak_mb": round(_self_peak_mb()), "small_before_p50_ms": _pct(before, 0.5),
-            "small_before_p99_ms": _pct(before, 0.99), "small_during_p50_ms": _pct(during, 0.5),
-            "small_during_p99_ms": _pct(during, 0.99), "small_during_commits": len(during)}
+    return {"append_s": round(append_s, 2), "overwrite_s": round(overwrite_s, 2),
+            "first_large_append_s": round(first_s, 2), "busy_append_s": round(busy_append_s, 2), "busy_overwrite_s": round(busy_overwrite_s, 2),
+            "coordinator_peak_mb": round(peak), "writer_peak_mb": round(_self_peak_mb()),
+            "small_before_p50_ms": _pct(before, 0.5), "small_before_p99_ms": _pct(before, 0.99),
+            "small_during_p50_ms": _pct(during, 0.5), "small_during_p99_ms": _pct(during, 0.99),
+            "small_during_commits": len(during)}
 
 
 def _self_peak_mb() -> float:
@@ -232,13 +259,15 @@ def _row(n: int, hold: bool, dc: dict[str, Any], rs: dict[str, Any]) -> dict[str
 
 def _table(rows: list[dict[str, Any]]) -> None:
     print(f"{'files':>10} {'decided':>8} {'append s dc/rs':>16} {'ratio':>6} {'overwrite s dc/rs':>19} {'ratio':>6} "
-          f"{'coord MB':>9} {'rs MB':>6} {'4 writers p50/p99 ms before':>28} {'during':>14} {'load':>15}")
+          f"{'coord MB':>9} {'rs MB':>6} {'beside 4 writers: append/overwrite s':>37} "
+          f"{'their p50/p99 ms before':>24} {'during':>14} {'load':>15}")
     for r in rows:
         dc, rs = r["deltacoord"], r["delta_rs"]
         print(f"{r['files']:>10,} {'held' if r['hold'] else 'inline':>8} {dc['append_s']:>8}/{rs['append_s']:<7} "
               f"{r['append_ratio']:>6} "
               f"{dc['overwrite_s']:>9}/{rs['overwrite_s']:<9} {r['overwrite_ratio']:>6} {dc['coordinator_peak_mb']:>9} "
-              f"{rs['peak_mb']:>6} {dc['small_before_p50_ms']:>14}/{dc['small_before_p99_ms']:<13} "
+              f"{rs['peak_mb']:>6} {dc['busy_append_s']:>28}/{dc['busy_overwrite_s']:<8} "
+              f"{dc['small_before_p50_ms']:>10}/{dc['small_before_p99_ms']:<13} "
               f"{dc['small_during_p50_ms']:>7}/{dc['small_during_p99_ms']:<7} {dc['load']:>15}")
     print(f"(median small-writer commits during the large ones: {statistics.median(r['deltacoord']['small_during_commits'] for r in rows)})")
 

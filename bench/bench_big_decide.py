@@ -126,9 +126,9 @@ def _commit(storage: TableStorage, live: dict[str, TableState], actions: Iterabl
     loaded = step("load", partial(load_proposal, storage, p, 1 << 31))
     decided, overlay = step("decide", partial(decide_batch, live, [Submitted(loaded, NOW)], NOW))
     assert decided[0].committed, decided[0]
-    del loaded
-    step("stage", partial(stage_decision, storage, decided[0]))
-    del decided
+    # Given the loaded proposal, as the partition gives it: a commit of exactly its vouched lines is copied.
+    step("stage", partial(stage_decision, storage, decided[0], loaded))
+    del decided, loaded
     step("apply", partial(overlay.apply_to, live))
     return {"steps_wall_cpu_s": steps, "total_wall_s": round(sum(v[0] for v in steps.values()), 2),
             "total_cpu_s": round(sum(v[1] for v in steps.values()), 2), "rss_mb_peak_after": rss,

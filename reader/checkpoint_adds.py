@@ -21,9 +21,8 @@ from deltacoord.schemas.action_arrow import (
     file_key_strings,
     key_string,
     string_array,
-    without_cyclic_gc,
 )
-from deltacoord.schemas.actions import AddFile
+from deltacoord.schemas.actions import AddFile, without_cyclic_gc
 from deltacoord.storage.table import StorageError, StoredObject
 
 #: Rows of the checkpoint's `add` column decoded at a time.

@@ -24,6 +24,7 @@ version (S3's StartAfter) finds it and every commit after it
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -34,6 +35,7 @@ from typing import Any, TypeAlias
 from urllib.parse import unquote, urlparse
 
 from deltacoord.schemas.actions import (
+    ARROW_LINES_MIN_BYTES,
     Action,
     ActionParseError,
     CommitInfo,
@@ -456,6 +458,13 @@ def parse_commit_lines(data: bytes | str, *, source: str = "<commit>") -> list[A
     protocol after this reader was written, as Delta readers must. A malformed
     known action is an error.
     """
+    if isinstance(data, bytes) and len(data) >= ARROW_LINES_MIN_BYTES and (head := data.find(b"\n") + 1):
+        # a large commit: its lines after the first (a commitInfo) read by Arrow when it vouches for them
+        from deltacoord.schemas.action_lines import parse_file_lines
+
+        rest = parse_file_lines(data, head)
+        if rest is not None:
+            return [a for _lineno, a in _line_actions(commit_lines(data[:head]), source)] + rest
     return [a for _lineno, a in iter_commit_actions(data, source=source)]
 
 
@@ -466,12 +475,45 @@ def iter_commit_actions(data: bytes | str, *, source: str = "<commit>") -> Itera
 
 def stream_commit_actions(obj: StoredObject) -> Iterator[tuple[int, Action]]:
     """`iter_commit_actions` of a stored commit read a piece at a time: a version of a million files is never
-    held as its bytes beside what is made of them."""
-    return _line_actions(commit_piece_lines(obj.storage.read_pieces(obj.key)), str(obj))
+    held as its bytes beside what is made of them. A large one (`ARROW_LINES_MIN_BYTES`) is read a block of lines
+    at a time, each by Arrow when it vouches for it (`deltacoord.schemas.action_lines`), by the parser from the
+    first block it does not."""
+    source = str(obj)
+    pieces = iter(obj.storage.read_pieces(obj.key))
+    head: list[bytes] = []
+    size = 0
+    for piece in pieces:  # a small commit is read by the parser alone (Arrow is not imported for it)
+        head.append(piece)
+        size += len(piece)
+        if size >= ARROW_LINES_MIN_BYTES:
+            break
+    else:
+        yield from _line_actions(commit_piece_lines(head), source)
+        return
+    from deltacoord.schemas.action_lines import BLOCK_BYTES, LineParser, line_blocks
+
+    blocks = line_blocks(itertools.chain(head, pieces), BLOCK_BYTES)
+    first = next(blocks)
+    cut = first.find(b"\n") + 1
+    lineno = 0
+    parser = LineParser()
+    rest = first[cut:] if cut else first
+    if cut:  # the first line (a published version's commitInfo) as the parser reads it
+        yield from _line_actions(commit_lines(first[:cut]), source)
+        lineno = 1
+    for block in itertools.chain((rest,) if rest else (), blocks):
+        actions = parser.parse(block) if cut else None
+        if actions is None:
+            yield from _line_actions(commit_piece_lines(itertools.chain((block,), blocks)), source, lineno + 1)
+            return
+        for a in actions:  # a block it vouches for holds one action a line, no blank line
+            lineno += 1
+            yield lineno, a
 
 
-def _line_actions(lines: Iterable[str], source: str) -> Iterator[tuple[int, Action]]:
-    for lineno, line in enumerate(lines, 1):
+def _line_actions(lines: Iterable[str], source: str, first: int = 1) -> Iterator[tuple[int, Action]]:
+    """(line number, action) of each known action of `lines`, the first of which is line `first` of `source`."""
+    for lineno, line in enumerate(lines, first):
         if not line or line.isspace():
             continue
         try:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from deltacoord.reader.log import commit_key
+from deltacoord.schemas.actions import Action
 from deltacoord.schemas.messages import Decision, Proposal, StagedActions
 from deltacoord.schemas.staged import (
     READ_PIECE_BYTES,
@@ -27,6 +28,7 @@ from deltacoord.schemas.staged import (
     decided_commit_info,
     decided_key,
     decided_version,
+    holds_verbatim,
     parse_staged,
     parse_staged_pieces,
     staged_pieces,
@@ -58,7 +60,7 @@ def load_proposal(storage: TableStorage, proposal: Proposal, max_bytes: int | No
                 raise StagedCommitTooLargeError(
                     f"the proposal's staged actions ({size:,} bytes) exceed this coordinator's max_staged_bytes "
                     f"({max_bytes:,}): split the commit, or raise the limit")
-        actions = parse_staged_pieces(_pieces(storage, key), ref, where)
+        actions = parse_staged_pieces(lambda: _pieces(storage, key), ref, where)
     except FileNotFoundError as e:
         raise StagedCommitError(f"{where} does not exist: the writer's staged actions are gone (deleted after "
                                 "a decision, or never written)") from e
@@ -69,17 +71,25 @@ class StagedCommitTooLargeError(StagedCommitError):
     """Staged actions larger than the reader's limit: refused before anything is read."""
 
 
-def stage_decision(storage: TableStorage, decision: Decision) -> Decision:
+def stage_decision(storage: TableStorage, decision: Decision, source: Proposal | None = None) -> Decision:
     """Stage a committed decision's whole commit, written a piece at a time (its bytes are never held whole); the
-    decision, still whole in memory, now names the file (published from it: `copy_decided`)."""
+    decision, still whole in memory, now names the file (published from it: `copy_decided`).
+
+    When the commit is its commitInfo and then exactly the actions `source` loaded from a writer's staged file that
+    vouched for its lines (`holds_verbatim`), the file is that commitInfo's line and then the writer's file, copied
+    (and checked against its digest on the way: a file changed since it was loaded is not copied, the actions are
+    written instead)."""
     assert decision.version is not None
     tmp = storage.temp_for(f"{STAGED_DIR}staging.json")
     try:
         digest = StagedDigest()
-        with open(tmp, "wb") as out:
-            for piece in staged_pieces(decision.actions):
-                digest.update(piece)
-                out.write(piece)
+        if not (source is not None and source.staged is not None and holds_verbatim(decision.actions, source.actions)
+                and _copy_writer_file(storage, decision.actions[0], source, tmp, digest)):
+            digest = StagedDigest()
+            with open(tmp, "wb") as out:
+                for piece in staged_pieces(decision.actions):
+                    digest.update(piece)
+                    out.write(piece)
         ref = digest.ref()
         key = decided_key(decision.proposal_id, decision.version, ref)
         if not storage.put_file_if_absent(key, tmp) and not _matches(storage, key, ref):
@@ -91,6 +101,33 @@ def stage_decision(storage: TableStorage, decision: Decision) -> Decision:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
     return dataclasses.replace(decision, staged=ref)
+
+
+def _copy_writer_file(storage: TableStorage, commit_info: Action, source: Proposal, tmp: str,
+                      digest: StagedDigest) -> bool:
+    """Write `commit_info`'s line and then the writer's staged file of `source` into `tmp`, feeding `digest`; False
+    (`tmp` then holds nothing of use) when that file is gone or is no longer the one `source` names."""
+    ref = source.staged
+    assert ref is not None
+    check = hashlib.sha256()
+    size, last = 0, b""
+    try:
+        with open(tmp, "wb") as out:
+            for piece in staged_pieces((commit_info,)):
+                digest.update(piece)
+                out.write(piece)
+            for piece in _pieces(storage, writer_key(source.proposal_id, ref)):
+                size += len(piece)
+                if size > ref.size:
+                    return False
+                check.update(piece)
+                digest.update(piece)
+                out.write(piece)
+                last = piece[-1:] or last
+    except FileNotFoundError:
+        return False
+    # Its last line ends as every line of a commit does (so a decided file counts one newline an action).
+    return size == ref.size and check.hexdigest() == ref.sha256 and last == b"\n"
 
 
 def _matches(storage: TableStorage, key: str, ref: StagedActions) -> bool:

@@ -11,8 +11,6 @@ the Delta model, so that reader, writer and coordinator share it; reading checkp
 
 from __future__ import annotations
 
-import contextlib
-import gc
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +28,7 @@ from deltacoord.schemas.actions import (
     Protocol,
     RemoveFile,
     SetTransaction,
+    without_cyclic_gc,
 )
 
 _STR_MAP = pa.map_(pa.string(), pa.string())
@@ -376,23 +375,6 @@ def _field_list(arr: pa.Array, name: str) -> list[Any]:
         return ints
     values: list[Any] = child.to_pylist()
     return values
-
-
-@contextlib.contextmanager
-def without_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building many acyclic objects.
-
-    Building 100k AddFiles (with their dicts) set off generation-2 collections
-    that traversed every object built so far: a third of the time. Actions hold
-    no reference cycles, so nothing is left for the collector to find later.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 @without_cyclic_gc()

@@ -17,11 +17,14 @@ start with a letter):
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-from collections.abc import Iterable, Iterator, Sequence
+import operator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
 
 from deltacoord.schemas.actions import (
+    ARROW_LINES_MIN_BYTES,
     Action,
     CommitInfo,
     commit_to_json_lines,
@@ -94,11 +97,25 @@ def check_staged(data: bytes, ref: StagedActions, where: str) -> None:
         raise StagedCommitError(f"{where} has SHA-256 {digest}, not {ref.sha256}: it was changed after it was staged")
 
 
+def _parse_file(data: bytes) -> list[Action]:
+    """`parse_commit(data)`, its lines after the first (a decided commit's commitInfo) read by Arrow when it
+    vouches for them (`deltacoord.schemas.action_lines`)."""
+    head = data.find(b"\n") + 1
+    if not head or len(data) - head < ARROW_LINES_MIN_BYTES:
+        return parse_commit(data)
+    from deltacoord.schemas.action_lines import parse_file_lines
+
+    rest = parse_file_lines(data, head)
+    if rest is None:
+        return parse_commit(data)
+    return parse_commit(data[:head]) + rest
+
+
 def parse_staged(data: bytes, ref: StagedActions, where: str) -> tuple[Action, ...]:
     """The actions of a staged file, after its size and digest are checked."""
     check_staged(data, ref, where)
     try:
-        actions = tuple(parse_commit(data))
+        actions = tuple(_parse_file(data))
     except (ValueError, json.JSONDecodeError) as e:
         raise StagedCommitError(f"{where} is not Delta JSON actions: {e}") from e
     if len(actions) != ref.count:
@@ -136,10 +153,33 @@ class _Digesting:
                                     "it was staged")
 
 
-def parse_staged_pieces(pieces: Iterable[bytes], ref: StagedActions, where: str) -> tuple[Action, ...]:
-    """`parse_staged` of a file read a piece at a time (`READ_PIECE_BYTES`), hashed while it is parsed: its bytes are
-    never held whole beside its actions. The digest is the first verdict: a file changed after it was staged is
-    refused as such, even when the change also broke its JSON."""
+def parse_staged_pieces(open_pieces: Callable[[], Iterable[bytes]], ref: StagedActions, where: str) -> tuple[Action, ...]:
+    """`parse_staged` of a file read a piece at a time (`READ_PIECE_BYTES`, each read from `open_pieces()`), hashed
+    while it is parsed: its bytes are never held whole beside its actions. A large file is read by Arrow a block
+    of lines at a time (`parse_line_blocks`); when it cannot vouch for a block, the file is read again by the
+    Python parser. The digest is the first verdict: a file changed after it was staged is refused as such, even
+    when the change also broke its JSON."""
+    if ref.size >= ARROW_LINES_MIN_BYTES:
+        from deltacoord.schemas.action_lines import parse_line_blocks
+
+        pieces = open_pieces()
+        try:
+            seen = _Digesting(pieces, ref, where)
+            fast = parse_line_blocks(seen)
+            if fast is not None:
+                seen.check()
+                if len(fast) != ref.count:
+                    raise StagedCommitError(f"{where} holds {len(fast)} actions, not the {ref.count} the message names")
+                return VerbatimActions(fast)
+        finally:
+            close = getattr(pieces, "close", None)
+            if close is not None:
+                close()
+    return _parse_pieces(open_pieces(), ref, where)
+
+
+def _parse_pieces(pieces: Iterable[bytes], ref: StagedActions, where: str) -> tuple[Action, ...]:
+    """`parse_staged_pieces` by the Python parser."""
     seen = _Digesting(pieces, ref, where)
     actions: list[Action] = []
     broken: ValueError | None = None
@@ -179,6 +219,24 @@ class StagedDigest:
         return StagedActions(sha256=self._hash.hexdigest(), count=self.count, size=self.size)
 
 
+class VerbatimActions(tuple[Action, ...]):
+    """Actions read from a writer's staged file whose every line the strict reading vouched for
+    (`deltacoord.schemas.action_lines`): each line is one plain add or remove object of only the fields it reads,
+    each of its JSON type, so that any JSON reader takes from the line exactly the action it stands for. A decided
+    commit that holds exactly these actions, in order, after its commitInfo, is then that commitInfo's line followed
+    by the writer's file byte for byte (`deltacoord.reader.staged_commits.stage_decision`): the largest commits are
+    copied, not encoded field by field again."""
+
+    __slots__ = ()
+
+
+def holds_verbatim(actions: Sequence[Action], source: Sequence[Action]) -> bool:
+    """Whether `actions` are a commitInfo and then exactly the objects of `source`, in order, and `source` is
+    `VerbatimActions` (so the decided commit can be the writer's file after one line of its own)."""
+    return (isinstance(source, VerbatimActions) and len(actions) == len(source) + 1
+            and isinstance(actions[0], CommitInfo) and all(map(operator.is_, itertools.islice(actions, 1, None), source)))
+
+
 def decided_commit_info(actions: Sequence[Action]) -> tuple[Action, ...]:
     """What a decision by reference keeps inline: its commitInfo (the first action), for history and answers."""
     return tuple(a for a in actions[:1] if isinstance(a, CommitInfo))
@@ -193,10 +251,12 @@ __all__ = [
     "WRITER",
     "StagedCommitError",
     "StagedDigest",
+    "VerbatimActions",
     "check_staged",
     "decided_commit_info",
     "decided_key",
     "decided_version",
+    "holds_verbatim",
     "is_staged_key",
     "parse_staged",
     "parse_staged_pieces",

@@ -359,14 +359,15 @@ class BatchChecks:
         store before the transaction that ratifies it, and the decision names it by digest. Versions of proposals
         that came by reference, and any with more actions than a message should hold. Tables whose store did not
         take the file are returned with why (their batch is decided again without them: nothing is ratified)."""
-        by_ref = {(x.proposal.table_id, x.proposal.proposal_id) for x in proposals if x.proposal.staged is not None}
+        by_ref = {(x.proposal.table_id, x.proposal.proposal_id): x.proposal for x in proposals
+                  if x.proposal.staged is not None}
         out: list[Decision] = []
         cannot: dict[str, str] = {}
         for d in decided:
             if (d.holds_version and d.staged is None
                     and ((d.table_id, d.proposal_id) in by_ref or len(d.actions) > DECISION_INLINE_MAX_ACTIONS)):
                 try:
-                    d = stage_decision(self.publisher.locations.storage(d.table_uri), d)
+                    d = stage_decision(self.publisher.locations.storage(d.table_uri), d, by_ref.get((d.table_id, d.proposal_id)))
                 except (TableLocationError, StorageError, OSError) as e:
                     cannot[d.table_id] = (f"the table's store did not take the staged commit of version {d.version} "
                                           f"({e}); nothing was decided, retry")

@@ -514,7 +514,8 @@ def test_building_actions_pauses_the_cyclic_gc_and_restores_its_state() -> None:
 
     import pyarrow as pa
 
-    from deltacoord.schemas.action_arrow import adds_from_struct, without_cyclic_gc
+    from deltacoord.schemas.action_arrow import adds_from_struct
+    from deltacoord.schemas.actions import without_cyclic_gc
 
     with without_cyclic_gc():
         assert not gc.isenabled()

@@ -22,12 +22,14 @@ from deltacoord.reader.staged_commits import (
     stage_decision,
     sweep_decided,
 )
-from deltacoord.schemas.actions import commit_to_json_lines, parse_commit
+from deltacoord.schemas import staged as staged_module
+from deltacoord.schemas.actions import Action, AddFile, CommitInfo, commit_to_json_lines, parse_commit
 from deltacoord.schemas.codec import decode_decision, decode_proposal, encode_decision, encode_proposal
-from deltacoord.schemas.messages import Decision, Outcome
+from deltacoord.schemas.messages import Decision, Outcome, Proposal, StagedActions
 from deltacoord.schemas.staged import (
     STAGED_DIR,
     StagedCommitError,
+    VerbatimActions,
     decided_key,
     decided_version,
     is_staged_key,
@@ -72,7 +74,7 @@ def test_an_altered_staged_file_is_refused(change: str) -> None:
         parse_staged(bad, ref, "f")
     # Read a piece at a time, the digest is the verdict too, even where the change broke the JSON.
     with pytest.raises(StagedCommitError, match=r"SHA-256|bytes"):
-        parse_staged_pieces((bad[i:i + 7] for i in range(0, len(bad), 7)), ref, "f")
+        parse_staged_pieces(lambda: (bad[i:i + 7] for i in range(0, len(bad), 7)), ref, "f")
 
 
 @pytest.mark.parametrize("piece", [1, 3, 64, 1 << 20])
@@ -80,14 +82,14 @@ def test_a_staged_file_read_in_pieces_of_any_size_gives_its_actions(piece: int) 
     """Lines cut anywhere, a multi-byte character cut in two included, parse as the whole file does."""
     actions = (*FULL_PROPOSAL.actions, dataclasses.replace(ACTIONS["add-minimal"], path="dåte=ü/ñ\u2028 x.parquet"))
     data, ref = staged_bytes(actions)
-    assert parse_staged_pieces((data[i:i + piece] for i in range(0, len(data), piece)), ref, "f") == actions
+    assert parse_staged_pieces(lambda: (data[i:i + piece] for i in range(0, len(data), piece)), ref, "f") == actions
     broken = data.replace(b'{"add"', b'{"add" x', 1)
     bad_ref = dataclasses.replace(ref, sha256=hashlib.sha256(broken).hexdigest(), size=len(broken))
     with pytest.raises(StagedCommitError, match="not Delta JSON actions"):
-        parse_staged_pieces((broken[i:i + piece] for i in range(0, len(broken), piece)), bad_ref, "f")
+        parse_staged_pieces(lambda: (broken[i:i + piece] for i in range(0, len(broken), piece)), bad_ref, "f")
     with pytest.raises(StagedCommitError, match="holds 2 actions, not the 3"):
         short, _ = staged_bytes(actions[:2])
-        parse_staged_pieces([short], dataclasses.replace(ref, sha256=hashlib.sha256(short).hexdigest(), size=len(short),
+        parse_staged_pieces(lambda: [short], dataclasses.replace(ref, sha256=hashlib.sha256(short).hexdigest(), size=len(short),
                                                          count=3), "f")
 
 
@@ -265,3 +267,77 @@ def test_max_staged_bytes_is_an_operators_setting(tmp_path: Path) -> None:
     assert settings.load(cfg, {"max_staged_bytes": 2000}, environ={}).coordinator.max_staged_bytes == 2000
     with pytest.raises(settings.SettingsError, match="max_staged_bytes must be 1 or more"):
         settings.load(None, {"max_staged_bytes": 0}, environ={})
+
+
+def _vouched(storage: TableStorage, data: bytes) -> tuple[Proposal, Decision]:
+    """A proposal by reference whose file `data` a strict reading vouched for, and a commit of exactly its actions."""
+    ref = StagedActions(hashlib.sha256(data).hexdigest(), len(parse_commit(data)), len(data))
+    storage.put(writer_key(FULL_PROPOSAL.proposal_id, ref), data)
+    p = dataclasses.replace(FULL_PROPOSAL, actions=VerbatimActions(parse_commit(data)), staged=ref)
+    assert isinstance(COMMITTED.actions[0], CommitInfo)
+    return p, dataclasses.replace(COMMITTED, proposal_id=p.proposal_id, actions=(COMMITTED.actions[0], *p.actions))
+
+
+def _decided_bytes(storage: TableStorage, d: Decision) -> bytes:
+    assert d.staged is not None and d.version is not None
+    return storage.get(decided_key(d.proposal_id, d.version, d.staged))
+
+
+def test_a_commit_of_exactly_a_vouched_writer_file_is_its_commit_info_then_that_file(tmp_path: Path) -> None:
+    storage = TableStorage(str(tmp_path))
+    p, d = _vouched(storage, commit_to_json_lines(FULL_PROPOSAL.actions))
+    encoded = _decided_bytes(storage, stage_decision(storage, d))
+    copied = stage_decision(storage, d, p)
+    assert _decided_bytes(storage, copied) == encoded, "a file written by this project's encoder: the same bytes"
+    # Lines another writer laid out otherwise (key order, spaces, an explicit null) are copied as they are.
+    other = b"".join(json.dumps({k: dict(reversed(v.items())) for k, v in json.loads(line).items()}).encode() + b"\n"
+                     for line in commit_to_json_lines(FULL_PROPOSAL.actions).splitlines())
+    assert other != commit_to_json_lines(FULL_PROPOSAL.actions)
+    p, d = _vouched(storage, other)
+    copied = stage_decision(storage, d, p)
+    data = _decided_bytes(storage, copied)
+    assert data == commit_to_json_lines(d.actions[:1]) + other
+    assert copied.staged == StagedActions(hashlib.sha256(data).hexdigest(), len(d.actions), len(data))
+    assert tuple(parse_commit(data)) == d.actions
+
+
+def test_a_writer_file_is_not_copied_unless_the_commit_is_exactly_its_vouched_actions(tmp_path: Path) -> None:
+    storage = TableStorage(str(tmp_path))
+    other = commit_to_json_lines(FULL_PROPOSAL.actions).replace(b'{"', b'{ "')
+    p, d = _vouched(storage, other)
+    encoded = commit_to_json_lines(d.actions)
+    plain = dataclasses.replace(p, actions=tuple(p.actions))
+    assert _decided_bytes(storage, stage_decision(storage, d, plain)) == encoded, "not vouched for: written anew"
+    equal_not_same = dataclasses.replace(d, actions=(d.actions[0], *(dataclasses.replace(a) for a in p.actions)))
+    assert _decided_bytes(storage, stage_decision(storage, equal_not_same, p)) == encoded, "rebased: written anew"
+    assert _decided_bytes(storage, stage_decision(storage, d, p)) != encoded, "exactly its actions: copied"
+    assert p.staged is not None
+    storage.put(writer_key(p.proposal_id, p.staged), other.replace(b'"path"', b'"pat\\u0068"'))
+    assert _decided_bytes(storage, stage_decision(storage, d, p)) == encoded, "changed since it was read: written anew"
+    storage.delete(writer_key(p.proposal_id, p.staged))
+    again = stage_decision(storage, d, p)
+    assert _decided_bytes(storage, again) == encoded, "gone: written anew"
+    assert again.staged == staged_bytes(d.actions)[1]
+
+
+def test_only_a_file_the_strict_reading_took_whole_is_loaded_as_verbatim(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(staged_module, "ARROW_LINES_MIN_BYTES", 0)  # the strict reading for any size
+    storage = TableStorage(str(tmp_path))
+    files = tuple(AddFile(f"part-{i:05d}.parquet", {}, 100 + i, 1, True, stats=f'{{"numRecords":{i}}}')
+                  for i in range(50))
+
+    def loaded(actions: tuple[Action, ...]) -> Proposal:
+        data, ref = staged_bytes(actions)
+        storage.put(writer_key(FULL_PROPOSAL.proposal_id, ref), data)
+        return load_proposal(storage, dataclasses.replace(FULL_PROPOSAL, actions=(), staged=ref))
+
+    p = loaded((*files, files[0].to_remove(5)))
+    assert isinstance(p.actions, VerbatimActions) and p.actions == (*files, files[0].to_remove(5))
+    d = dataclasses.replace(COMMITTED, proposal_id=p.proposal_id, actions=(COMMITTED.actions[0], *p.actions))
+    assert _decided_bytes(storage, stage_decision(storage, d, p)) == commit_to_json_lines(d.actions)
+    with_metadata = loaded((*files, ACTIONS["metadata-minimal"]))
+    assert with_metadata.actions == (*files, ACTIONS["metadata-minimal"])
+    assert not isinstance(with_metadata.actions, VerbatimActions), "a line the strict reading leaves to the parser"
+    monkeypatch.setattr(staged_module, "ARROW_LINES_MIN_BYTES", 1 << 40)
+    assert not isinstance(loaded(files).actions, VerbatimActions), "a file read by the parser alone"
