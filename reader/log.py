@@ -46,6 +46,7 @@ from deltacoord.schemas.actions import (
     decode_line,
 )
 from deltacoord.schemas.errors import DeltaCoordError
+from deltacoord.schemas.staged import lines_after_first_by_arrow
 from deltacoord.storage.table import StoredObject, TableStorage, parse_table_uri, stored_object
 from deltacoord.storage.uri import check_key
 
@@ -458,13 +459,10 @@ def parse_commit_lines(data: bytes | str, *, source: str = "<commit>") -> list[A
     protocol after this reader was written, as Delta readers must. A malformed
     known action is an error.
     """
-    if isinstance(data, bytes) and len(data) >= ARROW_LINES_MIN_BYTES and (head := data.find(b"\n") + 1):
-        # a large commit: its lines after the first (a commitInfo) read by Arrow when it vouches for them
-        from deltacoord.schemas.action_lines import parse_file_lines
-
-        rest = parse_file_lines(data, head)
-        if rest is not None:
-            return [a for _lineno, a in _line_actions(commit_lines(data[:head]), source)] + rest
+    if isinstance(data, bytes) and (split := lines_after_first_by_arrow(data)) is not None:
+        # a large commit: its lines after the first (a commitInfo) read by Arrow, which vouched for them
+        head, rest = split
+        return [a for _lineno, a in _line_actions(commit_lines(data[:head]), source)] + rest
     return [a for _lineno, a in iter_commit_actions(data, source=source)]
 
 

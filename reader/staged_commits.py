@@ -22,6 +22,7 @@ from deltacoord.schemas.messages import Decision, Proposal, StagedActions
 from deltacoord.schemas.staged import (
     READ_PIECE_BYTES,
     STAGED_DIR,
+    DigestingPieces,
     StagedCommitError,
     StagedDigest,
     check_staged,
@@ -109,25 +110,23 @@ def _copy_writer_file(storage: TableStorage, commit_info: Action, source: Propos
     (`tmp` then holds nothing of use) when that file is gone or is no longer the one `source` names."""
     ref = source.staged
     assert ref is not None
-    check = hashlib.sha256()
-    size, last = 0, b""
+    key = writer_key(source.proposal_id, ref)
+    last = b""
     try:
         with open(tmp, "wb") as out:
             for piece in staged_pieces((commit_info,)):
                 digest.update(piece)
                 out.write(piece)
-            for piece in _pieces(storage, writer_key(source.proposal_id, ref)):
-                size += len(piece)
-                if size > ref.size:
-                    return False
-                check.update(piece)
+            seen = DigestingPieces(_pieces(storage, key), ref, key)
+            for piece in seen:
                 digest.update(piece)
                 out.write(piece)
                 last = piece[-1:] or last
-    except FileNotFoundError:
+            seen.check()
+    except (FileNotFoundError, StagedCommitError):
         return False
     # Its last line ends as every line of a commit does (so a decided file counts one newline an action).
-    return size == ref.size and check.hexdigest() == ref.sha256 and last == b"\n"
+    return last == b"\n"
 
 
 def _matches(storage: TableStorage, key: str, ref: StagedActions) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 PartitionValues = Mapping[str, "str | None"]
 #: The partition values of every unpartitioned file read from JSON: one shared empty dict rather than one each
 #: (64 bytes a file, 64 MB for a commit of a million). Never changed: `PartitionValues` is a read-only Mapping.
-_NO_PARTITION_VALUES: dict[str, str | None] = {}
+NO_PARTITION_VALUES: dict[str, str | None] = {}
 #: `json.loads` without its per-call argument checks.
 _DECODE = json.JSONDecoder().decode
 #: The C scanner `_DECODE` runs: `_SCAN(line, 0)` is (the value, where it ends), without `decode`'s two whitespace
@@ -146,11 +146,11 @@ class AddFile:
     def from_json(d: Mapping[str, Any]) -> AddFile:
         pv = d.get("partitionValues")
         if d.keys() == _PLAIN_ADD_KEYS:  # most adds: the same fields, positionally (a million in a commit)
-            return _plain_add(d["path"], dict(pv) if pv else _NO_PARTITION_VALUES, d["size"],  # type: ignore[no-any-return]
+            return plain_add(d["path"], dict(pv) if pv else NO_PARTITION_VALUES, d["size"],  # type: ignore[no-any-return]
                               d["modificationTime"], d["dataChange"], d["stats"])
         return AddFile(
             path=d["path"],
-            partition_values=dict(pv) if pv else _NO_PARTITION_VALUES,
+            partition_values=dict(pv) if pv else NO_PARTITION_VALUES,
             size=d["size"],
             modification_time=d["modificationTime"],
             data_change=d["dataChange"],
@@ -218,16 +218,16 @@ class RemoveFile:
     def from_json(d: Mapping[str, Any]) -> RemoveFile:
         pv = d.get("partitionValues")
         if d.keys() == _PLAIN_REMOVE_KEYS:  # an overwrite's removes: the same fields, positionally
-            return _plain_remove(d["path"], d["deletionTimestamp"], d["dataChange"],  # type: ignore[no-any-return]
+            return plain_remove(d["path"], d["deletionTimestamp"], d["dataChange"],  # type: ignore[no-any-return]
                                  d["extendedFileMetadata"],
-                                 dict(pv) if pv else (None if pv is None else _NO_PARTITION_VALUES), d["size"],
+                                 dict(pv) if pv else (None if pv is None else NO_PARTITION_VALUES), d["size"],
                                  d["stats"])
         return RemoveFile(
             path=d["path"],
             deletion_timestamp=d.get("deletionTimestamp"),
             data_change=d["dataChange"],
             extended_file_metadata=d.get("extendedFileMetadata"),
-            partition_values=dict(pv) if pv else (None if pv is None else _NO_PARTITION_VALUES),
+            partition_values=dict(pv) if pv else (None if pv is None else NO_PARTITION_VALUES),
             size=d.get("size"),
             stats=d.get("stats"),
             tags=d.get("tags"),
@@ -477,14 +477,10 @@ def _slot_maker(cls: type, given: int) -> Any:
     return ns["make"]
 
 
-#: A plain add and remove as `from_json` reads them (the fields of `_PLAIN_ADD_KEYS`, `_PLAIN_REMOVE_KEYS`).
-_plain_add = _slot_maker(AddFile, 6)
-_plain_remove = _slot_maker(RemoveFile, 7)
-#: The two, and the shared empty partition values, for a module that builds plain files column-wise as `from_json`
-#: does line by line (`deltacoord.schemas.action_lines`).
-plain_add = _plain_add
-plain_remove = _plain_remove
-NO_PARTITION_VALUES = _NO_PARTITION_VALUES
+#: A plain add and remove as `from_json` reads them (the fields of `_PLAIN_ADD_KEYS`, `_PLAIN_REMOVE_KEYS`), also
+#: built column-wise by `deltacoord.schemas.action_lines`.
+plain_add = _slot_maker(AddFile, 6)
+plain_remove = _slot_maker(RemoveFile, 7)
 
 
 @contextlib.contextmanager

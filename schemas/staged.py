@@ -97,17 +97,26 @@ def check_staged(data: bytes, ref: StagedActions, where: str) -> None:
         raise StagedCommitError(f"{where} has SHA-256 {digest}, not {ref.sha256}: it was changed after it was staged")
 
 
-def _parse_file(data: bytes) -> list[Action]:
-    """`parse_commit(data)`, its lines after the first (a decided commit's commitInfo) read by Arrow when it
-    vouches for them (`deltacoord.schemas.action_lines`)."""
+def lines_after_first_by_arrow(data: bytes) -> tuple[int, list[Action]] | None:
+    """For a commit file of `ARROW_LINES_MIN_BYTES` or more after its first line (a published or decided commit's
+    commitInfo, which the caller parses): where that line ends, and the actions of the lines after it when Arrow
+    vouches for every one (`deltacoord.schemas.action_lines`). None: the caller parses the whole file itself."""
     head = data.find(b"\n") + 1
     if not head or len(data) - head < ARROW_LINES_MIN_BYTES:
-        return parse_commit(data)
+        return None
     from deltacoord.schemas.action_lines import parse_file_lines
 
     rest = parse_file_lines(data, head)
-    if rest is None:
+    return None if rest is None else (head, rest)
+
+
+def _parse_file(data: bytes) -> list[Action]:
+    """`parse_commit(data)`, its lines after the first (a decided commit's commitInfo) read by Arrow when it
+    vouches for them."""
+    split = lines_after_first_by_arrow(data)
+    if split is None:
         return parse_commit(data)
+    head, rest = split
     return parse_commit(data[:head]) + rest
 
 
@@ -123,7 +132,7 @@ def parse_staged(data: bytes, ref: StagedActions, where: str) -> tuple[Action, .
     return actions
 
 
-class _Digesting:
+class DigestingPieces:
     """The pieces of a staged file as they are read, hashed and counted on the way: reading stops at the first
     byte beyond the size the message names (such a file cannot be the one named)."""
 
@@ -164,7 +173,7 @@ def parse_staged_pieces(open_pieces: Callable[[], Iterable[bytes]], ref: StagedA
 
         pieces = open_pieces()
         try:
-            seen = _Digesting(pieces, ref, where)
+            seen = DigestingPieces(pieces, ref, where)
             fast = parse_line_blocks(seen)
             if fast is not None:
                 seen.check()
@@ -180,7 +189,7 @@ def parse_staged_pieces(open_pieces: Callable[[], Iterable[bytes]], ref: StagedA
 
 def _parse_pieces(pieces: Iterable[bytes], ref: StagedActions, where: str) -> tuple[Action, ...]:
     """`parse_staged_pieces` by the Python parser."""
-    seen = _Digesting(pieces, ref, where)
+    seen = DigestingPieces(pieces, ref, where)
     actions: list[Action] = []
     broken: ValueError | None = None
     try:
@@ -249,6 +258,7 @@ __all__ = [
     "READ_PIECE_BYTES",
     "STAGED_DIR",
     "WRITER",
+    "DigestingPieces",
     "StagedCommitError",
     "StagedDigest",
     "VerbatimActions",
@@ -258,6 +268,7 @@ __all__ = [
     "decided_version",
     "holds_verbatim",
     "is_staged_key",
+    "lines_after_first_by_arrow",
     "parse_staged",
     "parse_staged_pieces",
     "staged_bytes",

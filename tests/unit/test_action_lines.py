@@ -272,12 +272,12 @@ def _both(monkeypatch: pytest.MonkeyPatch, run: Callable[[], Any], *modules: Any
         except ValueError as e:
             return (type(e), str(e))
     with monkeypatch.context() as m:
-        for module in modules:
+        for module in (*modules, staged_module):
             m.setattr(module, "ARROW_LINES_MIN_BYTES", 0)
         m.setattr(lines_module, "BLOCK_BYTES", 700)  # several blocks
         fast = once()
     with monkeypatch.context() as m:
-        for module in modules:
+        for module in (*modules, staged_module):
             m.setattr(module, "ARROW_LINES_MIN_BYTES", 1 << 60)
         slow = once()
     return fast, slow
