@@ -146,25 +146,26 @@ def _deltacoord(bootstrap: str, prefix: str, workdir: Path, n: int, hold: bool =
     stop, small_out = workdir / f"stop-{tag}", workdir / f"small-{tag}.json"
     small: Any = None
     topics = Topics.with_prefix(prefix)
+
+    def big(name: str) -> Table:
+        """A new table for the large commits, created (its `with` closes it)."""
+        t = Table(str(workdir / name), bootstrap, topics=topics, decision_timeout_s=1800, publish_timeout_s=1800)
+        t.create(schema)
+        return t
+
     try:
         with Table(small_path, bootstrap, topics=topics) as t:
             create_when_served(t, schema, [coordinator])
         # The coordinator's first large commit (its one-time imports and first hold) on a table of its own,
         # reported apart; then the compared pair alone, as delta-rs runs; then again beside the small writers.
-        with Table(str(workdir / f"dc-first-{tag}"), bootstrap, topics=topics, decision_timeout_s=1800,
-                   publish_timeout_s=1800) as t:
-            t.create(schema)
+        with big(f"dc-first-{tag}") as t:
             first_s, _ = _big_pair(t, FIRST_FILES, schema)
-        with Table(str(workdir / f"dc-{tag}"), bootstrap, topics=topics, decision_timeout_s=1800,
-                   publish_timeout_s=1800) as t:
-            t.create(schema)
+        with big(f"dc-{tag}") as t:
             append_s, overwrite_s = _big_pair(t, n, schema)
         small = mp.get_context("spawn").Process(target=_small_writer,
                                                 args=(bootstrap, prefix, small_path, str(stop), str(small_out)))
         small.start()
-        with Table(str(workdir / f"dc-busy-{tag}"), bootstrap, topics=topics, decision_timeout_s=1800,
-                   publish_timeout_s=1800) as t:
-            t.create(schema)
+        with big(f"dc-busy-{tag}") as t:
             time.sleep(3)  # the small writers' latency before the large commits
             big_start = time.time()
             busy_append_s, busy_overwrite_s = _big_pair(t, n, schema)
